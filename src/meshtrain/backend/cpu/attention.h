@@ -1,0 +1,54 @@
+// Causal multi-head attention with grouped-query heads and (optionally)
+// rotary position embeddings over interleaved pairs (x[2i], x[2i+1]), as in
+// Meta's Llama and llama2.c.
+#pragma once
+
+#include <cstdint>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::cpu {
+
+struct AttentionDims {
+  int64_t batch = 0, seq = 0;
+  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
+};
+
+// cos/sin of position p and pair i: [max_seq, head_dim/2].
+struct RopeTable {
+  Tensor cos, sin;
+  int64_t head_dim = 0, max_seq = 0;
+};
+RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, float theta, MemoryTracker& tracker);
+
+// Rotates [rows, n_heads, head_dim] in place; position of row r is pos0 + r % seq.
+// inverse = true applies the transpose rotation (the backward pass).
+void rope_apply(const RopeTable& rope, float* x, int64_t rows, int64_t seq, int64_t n_heads,
+                int64_t head_dim, int64_t pos0, bool inverse);
+
+// What the backward pass needs, allocated by attention_forward (category activations).
+struct AttentionSaved {
+  Tensor q, k, v;  // post-RoPE, head-major layouts, compute dtype
+  Tensor probs;    // softmax probabilities [B, H, T, T]
+};
+
+// qkv: [B, T, (H + 2*KV)*D] f32, each row = [q heads | k heads | v heads].
+// out: [B, T, H*D] in `compute` dtype. rope == nullptr means no rotation (GPT-2).
+void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,
+                       DType compute, const float* qkv, void* out, AttentionSaved& saved);
+// d_out: [B, T, H*D] f32. d_qkv: [B, T, (H + 2*KV)*D] in `compute` dtype (overwritten).
+void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,
+                        DType compute, const AttentionSaved& saved, const float* d_out, void* d_qkv);
+
+// Incremental decoding. The cache holds post-RoPE k and v for positions [0, len).
+struct KVCacheLayer {
+  Tensor k, v;  // [B, KV, max_seq, D] f32
+};
+// qkv: [B, T_new, qkv_width] f32 for positions [pos0, pos0 + T_new); appends to the cache,
+// attends causally over [0, pos0 + t]; out: [B, T_new, H*D] f32.
+void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,
+                      const float* qkv, int64_t pos0, KVCacheLayer& cache, float* out);
+
+}  // namespace meshtrain::cpu

@@ -1,0 +1,30 @@
+// GEMM through oneDNN: f32 or bf16 inputs, f32 accumulation.
+#pragma once
+
+#include <cstdint>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/tensor/dtype.h"
+
+namespace meshtrain::cpu {
+
+struct MatmulDims {
+  int64_t batch = 1;
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false;      // A stored [k, m] instead of [m, k]
+  bool trans_b = false;      // B stored [n, k] instead of [k, n] (nn.Linear weights)
+  bool broadcast_b = false;  // one B shared by every batch
+};
+
+// C[b] = alpha * op(A[b]) · op(B[b]) (+ bias[n]) (+ C[b] when accumulate).
+// A and B have dtype `ab` (f32 or bf16); C has dtype `c_dtype` (f32 or bf16;
+// accumulate requires f32). Batches are contiguous. bias is f32 or nullptr.
+void matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, const void* a, const void* b,
+            DType c_dtype, void* c, float alpha = 1.0f, bool accumulate = false,
+            const float* bias = nullptr);
+
+// Measures this process's sustained matmul FLOP/s with the given input dtype
+// (square-ish GEMMs of the sizes a transformer uses), for MFU denominators.
+double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds = 1.0);
+
+}  // namespace meshtrain::cpu

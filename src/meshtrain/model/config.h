@@ -1,0 +1,54 @@
+// Model shape for the two supported families and the named presets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshtrain/tensor/dtype.h"
+
+namespace meshtrain {
+
+enum class Family { llama, gpt2 };
+std::string_view family_name(Family family);
+Family parse_family(std::string_view name);  // "llama" | "gpt2"
+
+// fp32: everything f32. bf16: bf16 compute copies of matmul weights and bf16
+// matmul inputs, f32 master weights, f32 gradients and f32 AdamW state.
+enum class Precision { fp32, bf16 };
+Precision parse_precision(std::string_view name);  // "fp32" | "bf16"
+std::string_view precision_name(Precision precision);
+inline DType compute_dtype(Precision precision) {
+  return precision == Precision::bf16 ? DType::bf16 : DType::f32;
+}
+
+struct ModelConfig {
+  Family family = Family::llama;
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;   // grouped-query attention (llama); == n_heads for gpt2
+  int64_t hidden_dim = 0;   // feed-forward width (SwiGLU hidden for llama, 4*dim for gpt2)
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;  // llama only
+  bool tie_embeddings = true;   // output layer shares the token embedding
+  float init_std = 0.02f;
+
+  int64_t head_dim() const { return dim / n_heads; }
+  // Throws Error naming the first invalid field ("model.n_heads: ...").
+  void validate() const;
+  // Parameter count (tied output counted once).
+  int64_t num_params() const;
+  // Model FLOPs per token of training (forward + backward): 6 * matmul params
+  // (incl. output layer) + 12 * layers * seq * dim for attention (PaLM convention).
+  double train_flops_per_token(int64_t seq) const;
+};
+
+// Named shapes: "llama-tiny", "llama-60M", "gpt2-124M", "stories260K".
+ModelConfig model_preset(std::string_view name);
+std::vector<std::string> model_preset_names();
+
+}  // namespace meshtrain

@@ -1,0 +1,42 @@
+// The parameter registry: every parameter has a global name (Hugging Face
+// Llama / GPT-2 names), a global shape, a role (weight decay or not) and an
+// initialisation rule. The model stores all parameters in three flat buffers
+// (f32 master, f32 grads, bf16 compute copy), in registry order, so the
+// optimizer, clipping and (later) gradient buckets and ZeRO shards work on
+// contiguous memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain {
+
+enum class ParamRole { decay, no_decay };
+
+enum class InitKind { normal, zeros, ones };
+
+struct ParamSpec {
+  std::string name;   // e.g. "model.layers.3.self_attn.q_proj.weight"
+  Shape shape;        // global shape, as Hugging Face stores it
+  ParamRole role = ParamRole::decay;
+  InitKind init = InitKind::normal;
+  float init_std = 0.02f;
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+struct Parameter {
+  ParamSpec spec;
+  int64_t offset = 0;  // element offset in the flat buffers
+  Tensor master;       // f32 view into the flat master buffer
+  Tensor grad;         // f32 view into the flat grad buffer
+  Tensor compute;      // bf16 view (bf16 precision, matmul weights only); else undefined
+};
+
+// Fills `out` (f32, spec.numel() elements) with the parameter's initial values:
+// a function of (seed, spec.name, element index) only.
+void init_parameter(const ParamSpec& spec, uint64_t seed, float* out);
+
+}  // namespace meshtrain

@@ -1,0 +1,61 @@
+// Element types: f32 for math and master weights, bf16 for compute copies and
+// activations in mixed precision, f16 as a storage format (import/export).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace meshtrain {
+
+enum class DType : uint8_t { f32, bf16, f16 };
+
+size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);
+// Parses "f32" / "bf16" / "f16" (also safetensors' "F32", "BF16", "F16"); throws Error otherwise.
+DType parse_dtype(std::string_view name);
+
+// bfloat16 storage: the upper 16 bits of an IEEE float.
+struct bf16 {
+  uint16_t bits;
+};
+
+inline float bf16_to_float(bf16 value) {
+  uint32_t u = static_cast<uint32_t>(value.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Round to nearest even, NaN kept quiet (same as PyTorch's c10::BFloat16).
+inline bf16 float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{static_cast<uint16_t>(u >> 16)};
+}
+
+// IEEE half precision storage, converted through the compiler's _Float16.
+struct f16 {
+  uint16_t bits;
+};
+
+inline float f16_to_float(f16 value) {
+  _Float16 h;
+  std::memcpy(&h, &value.bits, sizeof h);
+  return static_cast<float>(h);
+}
+
+inline f16 float_to_f16(float f) {
+  auto h = static_cast<_Float16>(f);
+  f16 out;
+  std::memcpy(&out.bits, &h, sizeof h);
+  return out;
+}
+
+// Converts n elements between any two dtypes (threaded).
+void convert(DType from, const void* src, DType to, void* dst, size_t n);
+
+}  // namespace meshtrain

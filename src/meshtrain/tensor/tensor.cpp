@@ -1,0 +1,63 @@
+#include "meshtrain/tensor/tensor.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+Storage::Storage(size_t bytes, MemCategory category, MemoryTracker& tracker)
+    : bytes_(bytes), category_(category), tracker_(&tracker) {
+  constexpr size_t kAlign = 64;
+  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  data_ = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
+  if (data_ == nullptr) throw std::bad_alloc();
+  std::memset(data_, 0, rounded);
+  tracker_->on_alloc(category_, bytes_);
+}
+
+Storage::~Storage() {
+  std::free(data_);
+  tracker_->on_free(category_, bytes_);
+}
+
+Tensor::Tensor(Shape shape, DType dtype, MemCategory category, MemoryTracker& tracker)
+    : shape_(std::move(shape)), numel_(shape_numel(shape_)), dtype_(dtype) {
+  MESHTRAIN_CHECK(numel_ >= 0, "negative tensor shape {}", shape_str(shape_));
+  storage_ = std::make_shared<Storage>(bytes(), category, tracker);
+}
+
+Tensor Tensor::view(int64_t element_offset, Shape shape) const {
+  Tensor out;
+  out.storage_ = storage_;
+  out.offset_bytes_ = offset_bytes_ + static_cast<size_t>(element_offset) * dtype_size(dtype_);
+  out.shape_ = std::move(shape);
+  out.numel_ = shape_numel(out.shape_);
+  out.dtype_ = dtype_;
+  MESHTRAIN_CHECK(element_offset >= 0 && element_offset + out.numel_ <= numel_,
+                  "view of {} elements at offset {} exceeds tensor {}", out.numel_, element_offset,
+                  shape_str(shape_));
+  return out;
+}
+
+void Tensor::zero() { std::memset(raw(), 0, bytes()); }
+
+void Tensor::copy_from(const Tensor& other) {
+  MESHTRAIN_CHECK(other.numel() == numel_, "copy of {} into {}: element counts differ",
+                  shape_str(other.shape()), shape_str(shape_));
+  convert(other.dtype(), other.raw(), dtype_, raw(), static_cast<size_t>(numel_));
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,78 @@
+// A dense, row-major host tensor. Storage is 64-byte aligned, counted by a
+// MemoryTracker under one category, and shared between a tensor and its views
+// (a view keeps the storage alive; it is not counted twice).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/tensor/dtype.h"
+#include "meshtrain/tensor/memory_tracker.h"
+
+namespace meshtrain {
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "[2, 3]"
+
+// Aligned, tracked bytes. Zero-filled on creation.
+class Storage {
+ public:
+  Storage(size_t bytes, MemCategory category, MemoryTracker& tracker);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return category_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_;
+  MemoryTracker* tracker_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates a zero-filled tensor.
+  Tensor(Shape shape, DType dtype, MemCategory category, MemoryTracker& tracker);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim(size_t i) const { return shape_.at(i); }
+  size_t rank() const { return shape_.size(); }
+  int64_t numel() const { return numel_; }
+  DType dtype() const { return dtype_; }
+  size_t bytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+
+  void* raw() const { return static_cast<char*>(storage_->data()) + offset_bytes_; }
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
+
+  // A tensor over `shape` starting `element_offset` elements into this one; shares storage.
+  Tensor view(int64_t element_offset, Shape shape) const;
+  // Same elements, another shape with the same numel.
+  Tensor reshape(Shape shape) const { return view(0, std::move(shape)); }
+
+  void zero();
+  // Copies all elements from `other` (same numel), converting dtype if needed.
+  void copy_from(const Tensor& other);
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t offset_bytes_ = 0;
+  Shape shape_;
+  int64_t numel_ = 0;
+  DType dtype_ = DType::f32;
+};
+
+}  // namespace meshtrain

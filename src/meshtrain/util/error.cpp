@@ -1,0 +1,1 @@
+#include "meshtrain/util/error.h"
