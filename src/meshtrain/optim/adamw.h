@@ -1,0 +1,41 @@
+// AdamW over the model's flat parameter buffers: fp32 master weights, fp32
+// moments, decoupled weight decay applied only to parameters whose role is
+// `decay`, bias correction. Writes the bf16 compute copies when the model
+// runs in bf16.
+#pragma once
+
+#include <cstdint>
+
+#include "meshtrain/model/model.h"
+
+namespace meshtrain {
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+class AdamW {
+ public:
+  AdamW(Model& model, const AdamWConfig& config);
+
+  // One update with learning rate lr; every gradient is first multiplied by
+  // grad_scale (the clipping factor, 1 when not clipping). Increments step_count.
+  void step(float lr, float grad_scale = 1.0f);
+
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t step) { step_count_ = step; }
+  const AdamWConfig& config() const { return config_; }
+  Tensor& exp_avg() { return exp_avg_; }        // flat, same layout as the model's flat buffers
+  Tensor& exp_avg_sq() { return exp_avg_sq_; }
+
+ private:
+  Model& model_;
+  AdamWConfig config_;
+  Tensor exp_avg_, exp_avg_sq_;  // category optimizer
+  int64_t step_count_ = 0;
+};
+
+}  // namespace meshtrain
