@@ -1,0 +1,43 @@
+#include "meshtrain/optim/adamw.h"
+
+#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+AdamW::AdamW(Model& model, const AdamWConfig& config)
+    : model_(model),
+      config_(config),
+      exp_avg_({model.num_params()}, DType::f32, MemCategory::optimizer, model.ctx().tracker()),
+      exp_avg_sq_({model.num_params()}, DType::f32, MemCategory::optimizer,
+                  model.ctx().tracker()) {
+  MESHTRAIN_CHECK(config.beta1 >= 0 && config.beta1 < 1, "optim.beta1 must be in [0, 1), got {}",
+                  config.beta1);
+  MESHTRAIN_CHECK(config.beta2 >= 0 && config.beta2 < 1, "optim.beta2 must be in [0, 1), got {}",
+                  config.beta2);
+  MESHTRAIN_CHECK(config.eps > 0, "optim.eps must be > 0, got {}", config.eps);
+  MESHTRAIN_CHECK(config.weight_decay >= 0, "optim.weight_decay must be >= 0, got {}",
+                  config.weight_decay);
+}
+
+void AdamW::step(float lr, float grad_scale) {
+  ++step_count_;
+  float* m = exp_avg_.data<float>();
+  float* v = exp_avg_sq_.data<float>();
+  // Per parameter, so weight decay follows the role (never the tensor's index).
+  for (Parameter& p : model_.params()) {
+    cpu::AdamWHyper hyper;
+    hyper.lr = lr;
+    hyper.beta1 = config_.beta1;
+    hyper.beta2 = config_.beta2;
+    hyper.eps = config_.eps;
+    hyper.weight_decay = p.spec.role == ParamRole::decay ? config_.weight_decay : 0.0f;
+    hyper.step = step_count_;
+    hyper.grad_scale = grad_scale;
+    bf16* compute = p.compute.defined() ? p.compute.data<bf16>() : nullptr;
+    cpu::adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(), m + p.offset,
+                      v + p.offset, compute, p.spec.numel());
+  }
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,469 @@
+#include "meshtrain/train/config.h"
+
+#include <glob.h>
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string_view>
+#include <toml++/toml.h>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+enum class Kind { integer, number, boolean, string, string_list };
+
+struct KeySpec {
+  std::string_view section, name;
+  Kind kind;
+};
+
+// Every accepted key; docs/config.md documents each (a test checks).
+constexpr KeySpec kKeys[] = {
+    {"model", "preset", Kind::string},        {"model", "family", Kind::string},
+    {"model", "dim", Kind::integer},          {"model", "n_layers", Kind::integer},
+    {"model", "n_heads", Kind::integer},      {"model", "n_kv_heads", Kind::integer},
+    {"model", "hidden_dim", Kind::integer},   {"model", "vocab_size", Kind::integer},
+    {"model", "max_seq_len", Kind::integer},  {"model", "norm_eps", Kind::number},
+    {"model", "rope_theta", Kind::number},    {"model", "tie_embeddings", Kind::boolean},
+    {"model", "init_std", Kind::number},
+
+    {"train", "precision", Kind::string},     {"train", "seed", Kind::integer},
+    {"train", "steps", Kind::integer},        {"train", "batch_size", Kind::integer},
+    {"train", "micro_batch_size", Kind::integer}, {"train", "seq_len", Kind::integer},
+    {"train", "threads", Kind::integer},      {"train", "grad_clip", Kind::number},
+    {"train", "eval_interval", Kind::integer}, {"train", "eval_batches", Kind::integer},
+    {"train", "log_interval", Kind::integer}, {"train", "peak_flops", Kind::number},
+    {"train", "checkpoint_interval", Kind::integer}, {"train", "out_dir", Kind::string},
+
+    {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
+    {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
+    {"optim", "beta1", Kind::number},         {"optim", "beta2", Kind::number},
+    {"optim", "eps", Kind::number},           {"optim", "weight_decay", Kind::number},
+
+    {"data", "train", Kind::string_list},     {"data", "val", Kind::string},
+};
+
+std::string_view kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::integer: return "an integer";
+    case Kind::number: return "a number";
+    case Kind::boolean: return "a boolean (true or false)";
+    case Kind::string: return "a string";
+    case Kind::string_list: return "a string or an array of strings";
+  }
+  return "?";
+}
+
+std::string full_name(const KeySpec& spec) {
+  return fmt::format("{}.{}", spec.section, spec.name);
+}
+
+const KeySpec* find_key(std::string_view section, std::string_view name) {
+  for (const KeySpec& spec : kKeys) {
+    if (spec.section == section && spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+bool known_section(std::string_view section) {
+  for (const KeySpec& spec : kKeys) {
+    if (spec.section == section) return true;
+  }
+  return false;
+}
+
+// What the user wrote, for "got ..." in messages.
+std::string describe(const toml::node& node) {
+  std::ostringstream os;
+  if (node.is_string()) {
+    os << '"' << node.as_string()->get() << '"';
+  } else if (node.is_table()) {
+    os << "a table";
+  } else if (node.is_array()) {
+    os << "an array";
+  } else {
+    node.visit([&](auto&& v) { os << v; });
+  }
+  return os.str();
+}
+
+bool kind_matches(Kind kind, const toml::node& node) {
+  switch (kind) {
+    case Kind::integer: return node.is_integer();
+    case Kind::number: return node.is_integer() || node.is_floating_point();
+    case Kind::boolean: return node.is_boolean();
+    case Kind::string: return node.is_string();
+    case Kind::string_list:
+      return node.is_string() || (node.is_array() && node.as_array()->is_homogeneous<std::string>());
+  }
+  return false;
+}
+
+// Parses a command-line override value per the key's type.
+void apply_override(toml::table& root, const std::string& key, const std::string& value) {
+  auto dot = key.find('.');
+  std::string_view section = dot == std::string::npos ? std::string_view{} : std::string_view(key).substr(0, dot);
+  std::string_view name = dot == std::string::npos ? std::string_view(key) : std::string_view(key).substr(dot + 1);
+  const KeySpec* spec = find_key(section, name);
+  MESHTRAIN_CHECK(spec != nullptr, "config: unknown key '{}'", key);
+  auto bad = [&]() {
+    fail("config: {} must be {}, got \"{}\"", key, kind_name(spec->kind), value);
+  };
+  if (!root.contains(section)) root.insert(section, toml::table{});
+  toml::table* table = root[section].as_table();
+  MESHTRAIN_CHECK(table != nullptr, "config: [{}] must be a table", section);
+  switch (spec->kind) {
+    case Kind::integer: {
+      int64_t v = 0;
+      auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (ec != std::errc() || ptr != value.data() + value.size()) bad();
+      table->insert_or_assign(name, v);
+      break;
+    }
+    case Kind::number: {
+      double v = 0;
+      auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (ec != std::errc() || ptr != value.data() + value.size()) bad();
+      table->insert_or_assign(name, v);
+      break;
+    }
+    case Kind::boolean:
+      if (value != "true" && value != "false") bad();
+      table->insert_or_assign(name, value == "true");
+      break;
+    case Kind::string:
+    case Kind::string_list:
+      table->insert_or_assign(name, value);
+      break;
+  }
+}
+
+// Typed access to one validated table; missing keys keep the default.
+class Section {
+ public:
+  Section(const toml::table& root, std::string_view name) : name_(name) {
+    if (const toml::node* node = root.get(name)) table_ = node->as_table();
+  }
+  const toml::node* get(std::string_view key) const {
+    return table_ == nullptr ? nullptr : table_->get(key);
+  }
+  bool has(std::string_view key) const { return get(key) != nullptr; }
+  void read(std::string_view key, int64_t& out) const {
+    if (auto* n = get(key)) out = n->as_integer()->get();
+  }
+  void read(std::string_view key, int& out) const {
+    if (auto* n = get(key)) {
+      int64_t v = n->as_integer()->get();
+      MESHTRAIN_CHECK(v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(),
+                      "config: {}.{} is out of range, got {}", name_, key, v);
+      out = static_cast<int>(v);
+    }
+  }
+  void read(std::string_view key, double& out) const {
+    if (auto* n = get(key)) out = n->is_integer() ? static_cast<double>(n->as_integer()->get())
+                                                  : n->as_floating_point()->get();
+  }
+  void read(std::string_view key, float& out) const {
+    double v = out;
+    read(key, v);
+    out = static_cast<float>(v);
+  }
+  void read(std::string_view key, bool& out) const {
+    if (auto* n = get(key)) out = n->as_boolean()->get();
+  }
+  void read(std::string_view key, std::string& out) const {
+    if (auto* n = get(key)) out = n->as_string()->get();
+  }
+  void read(std::string_view key, std::vector<std::string>& out) const {
+    if (auto* n = get(key)) {
+      out.clear();
+      if (n->is_string()) {
+        out.push_back(n->as_string()->get());
+      } else {
+        for (const toml::node& item : *n->as_array()) out.push_back(item.as_string()->get());
+      }
+    }
+  }
+
+ private:
+  std::string_view name_;
+  const toml::table* table_ = nullptr;
+};
+
+// Rejects unknown sections and keys and values of the wrong type.
+void check_keys_and_types(const toml::table& root) {
+  for (auto&& [section, node] : root) {
+    MESHTRAIN_CHECK(known_section(section.str()), "config: unknown section '{}'", section.str());
+    const toml::table* table = node.as_table();
+    MESHTRAIN_CHECK(table != nullptr, "config: '{}' must be a table ([{}])", section.str(),
+                    section.str());
+    for (auto&& [key, value] : *table) {
+      const KeySpec* spec = find_key(section.str(), key.str());
+      MESHTRAIN_CHECK(spec != nullptr, "config: unknown key '{}.{}'", section.str(), key.str());
+      MESHTRAIN_CHECK(kind_matches(spec->kind, value), "config: {} must be {}, got {}",
+                      full_name(*spec), kind_name(spec->kind), describe(value));
+    }
+  }
+}
+
+template <typename T>
+void check_min(std::string_view key, T value, T min) {
+  MESHTRAIN_CHECK(value >= min, "config: {} must be >= {}, got {}", key, min, value);
+}
+
+ModelConfig read_model(const Section& s, std::string& preset) {
+  ModelConfig m;
+  s.read("preset", preset);
+  if (!preset.empty()) {
+    bool known = false;
+    for (const std::string& name : model_preset_names()) known = known || name == preset;
+    MESHTRAIN_CHECK(known, "config: model.preset must be one of {}, got \"{}\"",
+                    fmt::join(model_preset_names(), ", "), preset);
+    m = model_preset(preset);
+  }
+  std::string family(family_name(m.family));
+  s.read("family", family);
+  MESHTRAIN_CHECK(family == "llama" || family == "gpt2",
+                  "config: model.family must be \"llama\" or \"gpt2\", got \"{}\"", family);
+  m.family = parse_family(family);
+  s.read("dim", m.dim);
+  s.read("n_layers", m.n_layers);
+  s.read("n_heads", m.n_heads);
+  s.read("n_kv_heads", m.n_kv_heads);
+  // Without a preset, n_kv_heads defaults to n_heads (no grouping).
+  if (preset.empty() && !s.has("n_kv_heads")) m.n_kv_heads = m.n_heads;
+  s.read("hidden_dim", m.hidden_dim);
+  s.read("vocab_size", m.vocab_size);
+  s.read("max_seq_len", m.max_seq_len);
+  s.read("norm_eps", m.norm_eps);
+  s.read("rope_theta", m.rope_theta);
+  s.read("tie_embeddings", m.tie_embeddings);
+  s.read("init_std", m.init_std);
+  try {
+    m.validate();
+  } catch (const Error& e) {
+    fail("config: {}", e.what());
+  }
+  return m;
+}
+
+TrainSettings read_train(const Section& s, const ModelConfig& model) {
+  TrainSettings t;
+  std::string precision(precision_name(t.precision));
+  s.read("precision", precision);
+  MESHTRAIN_CHECK(precision == "fp32" || precision == "bf16",
+                  "config: train.precision must be \"fp32\" or \"bf16\", got \"{}\"", precision);
+  t.precision = parse_precision(precision);
+  int64_t seed = static_cast<int64_t>(t.seed);
+  s.read("seed", seed);
+  check_min<int64_t>("train.seed", seed, 0);
+  t.seed = static_cast<uint64_t>(seed);
+  s.read("steps", t.steps);
+  s.read("batch_size", t.batch_size);
+  s.read("micro_batch_size", t.micro_batch_size);
+  s.read("seq_len", t.seq_len);
+  s.read("threads", t.threads);
+  s.read("grad_clip", t.grad_clip);
+  s.read("eval_interval", t.eval_interval);
+  s.read("eval_batches", t.eval_batches);
+  s.read("log_interval", t.log_interval);
+  s.read("peak_flops", t.peak_flops);
+  s.read("checkpoint_interval", t.checkpoint_interval);
+  s.read("out_dir", t.out_dir);
+
+  check_min<int64_t>("train.steps", t.steps, 1);
+  check_min<int64_t>("train.batch_size", t.batch_size, 1);
+  check_min<int64_t>("train.micro_batch_size", t.micro_batch_size, 0);
+  if (t.micro_batch_size == 0) t.micro_batch_size = t.batch_size;
+  MESHTRAIN_CHECK(t.batch_size % t.micro_batch_size == 0,
+                  "config: train.batch_size ({}) must be a multiple of train.micro_batch_size ({})",
+                  t.batch_size, t.micro_batch_size);
+  check_min<int64_t>("train.seq_len", t.seq_len, 1);
+  MESHTRAIN_CHECK(t.seq_len <= model.max_seq_len,
+                  "config: train.seq_len ({}) must be <= model.max_seq_len ({})", t.seq_len,
+                  model.max_seq_len);
+  check_min("train.threads", t.threads, 0);
+  MESHTRAIN_CHECK(std::isfinite(t.grad_clip) && t.grad_clip >= 0,
+                  "config: train.grad_clip must be >= 0 (0 = off), got {}", t.grad_clip);
+  check_min<int64_t>("train.eval_interval", t.eval_interval, 0);
+  check_min<int64_t>("train.eval_batches", t.eval_batches, 1);
+  check_min<int64_t>("train.log_interval", t.log_interval, 1);
+  MESHTRAIN_CHECK(std::isfinite(t.peak_flops) && t.peak_flops >= 0,
+                  "config: train.peak_flops must be >= 0 (0 = measure), got {}", t.peak_flops);
+  check_min<int64_t>("train.checkpoint_interval", t.checkpoint_interval, 0);
+  MESHTRAIN_CHECK(!t.out_dir.empty(), "config: train.out_dir must not be empty");
+  return t;
+}
+
+OptimSettings read_optim(const Section& s) {
+  OptimSettings o;
+  s.read("lr", o.lr);
+  s.read("min_lr", o.min_lr);
+  s.read("warmup_steps", o.warmup_steps);
+  std::string decay = "cosine";
+  s.read("decay", decay);
+  MESHTRAIN_CHECK(decay == "cosine" || decay == "constant",
+                  "config: optim.decay must be \"cosine\" or \"constant\", got \"{}\"", decay);
+  o.decay = parse_lr_decay(decay);
+  s.read("beta1", o.adamw.beta1);
+  s.read("beta2", o.adamw.beta2);
+  s.read("eps", o.adamw.eps);
+  s.read("weight_decay", o.adamw.weight_decay);
+
+  MESHTRAIN_CHECK(std::isfinite(o.lr) && o.lr > 0, "config: optim.lr must be > 0, got {}", o.lr);
+  MESHTRAIN_CHECK(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr,
+                  "config: optim.min_lr must be in [0, optim.lr = {}], got {}", o.lr, o.min_lr);
+  check_min<int64_t>("optim.warmup_steps", o.warmup_steps, 0);
+  for (auto [key, value] : {std::pair{"optim.beta1", o.adamw.beta1}, {"optim.beta2", o.adamw.beta2}}) {
+    MESHTRAIN_CHECK(value >= 0 && value < 1, "config: {} must be in [0, 1), got {}", key, value);
+  }
+  MESHTRAIN_CHECK(std::isfinite(o.adamw.eps) && o.adamw.eps > 0,
+                  "config: optim.eps must be > 0, got {}", o.adamw.eps);
+  MESHTRAIN_CHECK(std::isfinite(o.adamw.weight_decay) && o.adamw.weight_decay >= 0,
+                  "config: optim.weight_decay must be >= 0, got {}", o.adamw.weight_decay);
+  return o;
+}
+
+DataSettings read_data(const Section& s) {
+  DataSettings d;
+  s.read("train", d.train);
+  s.read("val", d.val);
+  MESHTRAIN_CHECK(!d.train.empty(), "config: data.train is required (a token file, glob or list)");
+  for (const std::string& path : d.train) {
+    MESHTRAIN_CHECK(!path.empty(), "config: data.train must not contain an empty path");
+  }
+  return d;
+}
+
+TrainConfig from_table(const toml::table& root) {
+  check_keys_and_types(root);
+  TrainConfig c;
+  c.model = read_model(Section(root, "model"), c.model_preset);
+  c.train = read_train(Section(root, "train"), c.model);
+  c.optim = read_optim(Section(root, "optim"));
+  c.data = read_data(Section(root, "data"));
+  return c;
+}
+
+// Float settings are written in their shortest decimal form, so a saved
+// config reads back to the same float bits.
+double exact(float value) { return std::stod(fmt::format("{}", value)); }
+
+toml::table to_table(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  toml::table model{
+      {"family", std::string(family_name(m.family))}, {"dim", m.dim},
+      {"n_layers", m.n_layers},                       {"n_heads", m.n_heads},
+      {"n_kv_heads", m.n_kv_heads},                   {"hidden_dim", m.hidden_dim},
+      {"vocab_size", m.vocab_size},                   {"max_seq_len", m.max_seq_len},
+      {"norm_eps", exact(m.norm_eps)},                {"rope_theta", exact(m.rope_theta)},
+      {"tie_embeddings", m.tie_embeddings},           {"init_std", exact(m.init_std)},
+  };
+  const TrainSettings& t = c.train;
+  toml::table train{
+      {"precision", std::string(precision_name(t.precision))},
+      {"seed", static_cast<int64_t>(t.seed)},
+      {"steps", t.steps},
+      {"batch_size", t.batch_size},
+      {"micro_batch_size", t.micro_batch_size},
+      {"seq_len", t.seq_len},
+      {"threads", t.threads},
+      {"grad_clip", exact(t.grad_clip)},
+      {"eval_interval", t.eval_interval},
+      {"eval_batches", t.eval_batches},
+      {"log_interval", t.log_interval},
+      {"peak_flops", t.peak_flops},
+      {"checkpoint_interval", t.checkpoint_interval},
+      {"out_dir", t.out_dir},
+  };
+  const OptimSettings& o = c.optim;
+  toml::table optim{
+      {"lr", exact(o.lr)},
+      {"min_lr", exact(o.min_lr)},
+      {"warmup_steps", o.warmup_steps},
+      {"decay", o.decay == LrDecay::cosine ? "cosine" : "constant"},
+      {"beta1", exact(o.adamw.beta1)},
+      {"beta2", exact(o.adamw.beta2)},
+      {"eps", exact(o.adamw.eps)},
+      {"weight_decay", exact(o.adamw.weight_decay)},
+  };
+  toml::array train_files;
+  for (const std::string& path : c.data.train) train_files.push_back(path);
+  toml::table data{{"train", std::move(train_files)}};
+  if (!c.data.val.empty()) data.insert("val", c.data.val);
+  return toml::table{{"model", std::move(model)},
+                     {"train", std::move(train)},
+                     {"optim", std::move(optim)},
+                     {"data", std::move(data)}};
+}
+
+}  // namespace
+
+LrSchedule TrainConfig::lr_schedule() const {
+  LrSchedule s;
+  s.max_lr = optim.lr;
+  s.min_lr = optim.min_lr;
+  s.warmup_steps = optim.warmup_steps;
+  s.total_steps = train.steps;
+  s.decay = optim.decay;
+  return s;
+}
+
+TrainConfig parse_config(const std::string& toml_text, const std::string& source_name,
+                         const ConfigOverrides& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source_name);
+  } catch (const toml::parse_error& e) {
+    fail("config: {}:{}:{}: {}", source_name, e.source().begin.line, e.source().begin.column,
+         e.description());
+  }
+  for (const auto& [key, value] : overrides) apply_override(root, key, value);
+  return from_table(root);
+}
+
+TrainConfig load_config(const std::string& path, const ConfigOverrides& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  MESHTRAIN_CHECK(in.good(), "config: cannot read '{}'", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string config_to_toml(const TrainConfig& config) {
+  std::ostringstream os;
+  os << to_table(config) << '\n';
+  return os.str();
+}
+
+std::string config_to_json(const TrainConfig& config) {
+  std::ostringstream os;
+  os << toml::json_formatter{to_table(config)};
+  return os.str();
+}
+
+std::vector<std::string> expand_train_files(const DataSettings& data) {
+  std::vector<std::string> files;
+  for (const std::string& pattern : data.train) {
+    if (pattern.find_first_of("*?[") == std::string::npos) {
+      files.push_back(pattern);
+      continue;
+    }
+    glob_t matches{};
+    int rc = ::glob(pattern.c_str(), 0, nullptr, &matches);
+    if (rc == 0) {
+      // glob(3) sorts its matches.
+      for (size_t i = 0; i < matches.gl_pathc; ++i) files.emplace_back(matches.gl_pathv[i]);
+    }
+    ::globfree(&matches);
+    MESHTRAIN_CHECK(rc == 0, "config: data.train: no file matches '{}'", pattern);
+  }
+  return files;
+}
+
+}  // namespace meshtrain

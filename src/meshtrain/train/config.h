@@ -1,0 +1,81 @@
+// The training run's configuration: a TOML file with sections [model],
+// [train], [optim] and [data], plus command-line overrides `--section.key
+// value`. Every key is documented in docs/config.md. Unknown keys, wrong types
+// and invalid values are rejected with a message naming the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/model/config.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/schedule.h"
+
+namespace meshtrain {
+
+struct TrainSettings {
+  Precision precision = Precision::fp32;
+  uint64_t seed = 1337;
+  int64_t steps = 100;
+  int64_t batch_size = 8;        // sequences per optimizer step
+  int64_t micro_batch_size = 0;  // sequences per forward/backward; 0 = batch_size
+  int64_t seq_len = 256;
+  int threads = 0;               // 0 = the cores available to the process
+  float grad_clip = 1.0f;        // 0 = no clipping
+  int64_t eval_interval = 100;   // steps; 0 = never (except never at all without data.val)
+  int64_t eval_batches = 4;      // micro-batches per validation
+  int64_t log_interval = 1;
+  double peak_flops = 0;         // MFU denominator; 0 = measure at start
+  int64_t checkpoint_interval = 0;  // steps; 0 = only at the end
+  std::string out_dir = "runs/default";
+
+  int64_t grad_accum_steps() const { return batch_size / micro_batch_size; }
+  int64_t tokens_per_step() const { return batch_size * seq_len; }
+};
+
+struct OptimSettings {
+  float lr = 3e-4f;
+  float min_lr = 3e-5f;
+  int64_t warmup_steps = 0;
+  LrDecay decay = LrDecay::cosine;
+  AdamWConfig adamw;
+};
+
+struct DataSettings {
+  std::vector<std::string> train;  // as written (files or globs)
+  std::string val;                 // empty = no validation
+};
+
+struct TrainConfig {
+  std::string model_preset;  // empty when every model field is explicit
+  ModelConfig model;
+  TrainSettings train;
+  OptimSettings optim;
+  DataSettings data;
+
+  LrSchedule lr_schedule() const;
+};
+
+// "section.key" -> "value" as given on the command line.
+using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;
+
+// Parses TOML text (`source_name` names it in errors), applies the overrides
+// (each value parsed per its key's type) and validates. Throws Error
+// ("config: unknown key 'train.stepz'").
+TrainConfig parse_config(const std::string& toml_text, const std::string& source_name,
+                         const ConfigOverrides& overrides = {});
+TrainConfig load_config(const std::string& path, const ConfigOverrides& overrides = {});
+
+// The resolved configuration as TOML text that parse_config accepts (every
+// key explicit, no preset needed) — saved with checkpoints.
+std::string config_to_toml(const TrainConfig& config);
+// The same as a JSON object text.
+std::string config_to_json(const TrainConfig& config);
+
+// data.train expanded: globs matched (sorted), lists flattened. Throws Error
+// naming the pattern when nothing matches.
+std::vector<std::string> expand_train_files(const DataSettings& data);
+
+}  // namespace meshtrain
