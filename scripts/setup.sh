@@ -10,7 +10,7 @@ PACKAGES=(
   libdnnl-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-torch python3-numpy
+  python3-torch python3-numpy libopenblas0-openmp
   bible-kjv
 )
 missing=()
