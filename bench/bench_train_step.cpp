@@ -1,0 +1,91 @@
+// meshtrain side of the training benchmark (bench/train_vs_torch.sh runs it
+// next to bench/torch_train.py): the same Llama shape, batch, sequence and
+// threads; random tokens; AdamW step included. Prints one JSON line.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <vector>
+
+#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/model/model.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/clip.h"
+
+int main(int argc, char** argv) {
+  using namespace meshtrain;
+  CLI::App app{"meshtrain training-step benchmark"};
+  std::string precision_name = "fp32";
+  int threads = 2, steps = 6;
+  int64_t batch = 8, seq = 256;
+  double peak = 0;
+  ModelConfig config;
+  config.family = Family::llama;
+  config.dim = 512, config.n_layers = 8, config.n_heads = 8, config.n_kv_heads = 8;
+  config.hidden_dim = 1536, config.vocab_size = 50257, config.max_seq_len = 256;
+  bool tied = true;
+  app.add_option("--precision", precision_name)->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--threads", threads);
+  app.add_option("--steps", steps);
+  app.add_option("--dim", config.dim);
+  app.add_option("--layers", config.n_layers);
+  app.add_option("--heads", config.n_heads);
+  app.add_option("--kv-heads", config.n_kv_heads);
+  app.add_option("--hidden", config.hidden_dim);
+  app.add_option("--vocab", config.vocab_size);
+  app.add_option("--seq", seq);
+  app.add_option("--batch", batch);
+  app.add_option("--tied", tied);
+  app.add_option("--peak-flops", peak, "matmul peak; 0 = measure");
+  CLI11_PARSE(app, argc, argv);
+  config.max_seq_len = seq;
+  config.tie_embeddings = tied;
+  config.validate();
+
+  Precision precision = parse_precision(precision_name);
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(threads, tracker);
+  if (peak <= 0) peak = cpu::measure_matmul_peak_flops(ctx, compute_dtype(precision), 2.0);
+  Model model(config, precision, ctx);
+  model.init_weights(1);
+  AdamW optimizer(model, AdamWConfig{});
+
+  std::mt19937 rng(0);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<int32_t> data(static_cast<size_t>(batch * (seq + 1)));
+  for (auto& t : data) t = token(rng);
+  std::vector<int32_t> inputs, targets;
+  for (int64_t b = 0; b < batch; ++b) {
+    auto row = data.begin() + b * (seq + 1);
+    inputs.insert(inputs.end(), row, row + seq);
+    targets.insert(targets.end(), row + 1, row + seq + 1);
+  }
+
+  std::vector<double> times;
+  double loss = 0;
+  const int64_t tokens = batch * seq;
+  for (int s = 0; s <= steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    model.zero_grads();
+    loss = model.forward_backward(inputs.data(), targets.data(), batch, seq,
+                                  1.0f / static_cast<float>(tokens)) / static_cast<double>(tokens);
+    float scale = clip_factor(global_grad_norm(model), 1.0f);
+    optimizer.step(3e-4f, scale);
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::vector<double> timed(times.begin() + 1, times.end());
+  std::sort(timed.begin(), timed.end());
+  double median = timed[timed.size() / 2];
+  double flops = config.train_flops_per_token(seq) * static_cast<double>(tokens);
+  fmt::print(
+      "{{\"side\": \"meshtrain\", \"precision\": \"{}\", \"threads\": {}, \"step_ms\": [{:.1f}], "
+      "\"median_ms\": {:.1f}, \"tokens_per_s\": {:.1f}, \"mfu\": {:.3f}, \"peak_gflops\": {:.1f}, "
+      "\"loss\": {:.5f}, \"peak_memory_mib\": {:.1f}}}\n",
+      precision_name, ctx.threads(), fmt::join(std::vector<double>(times.begin() + 1, times.end()), ", "),
+      median, static_cast<double>(tokens) / median * 1000.0, flops / (median / 1000.0) / peak,
+      peak / 1e9, loss, static_cast<double>(tracker.peak_total()) / (1 << 20));
+  return 0;
+}
