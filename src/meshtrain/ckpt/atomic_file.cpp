@@ -1,0 +1,60 @@
+#include "meshtrain/ckpt/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  std::filesystem::path parent = std::filesystem::path(path_).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    MESHTRAIN_CHECK(!ec, "{}: cannot create directory {}: {}", path_, parent.string(), ec.message());
+  }
+  temp_path_ = fmt::format("{}.tmp.{}", path_, ::getpid());
+  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MESHTRAIN_CHECK(fd_ >= 0, "{}: cannot create {}: {}", path_, temp_path_, std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(temp_path_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  MESHTRAIN_CHECK(fd_ >= 0 && !committed_, "{}: write after commit", path_);
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    MESHTRAIN_CHECK(n > 0, "{}: write failed: {}", path_, std::strerror(errno));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  MESHTRAIN_CHECK(fd_ >= 0 && !committed_, "{}: commit twice", path_);
+  MESHTRAIN_CHECK(::fsync(fd_) == 0, "{}: fsync failed: {}", path_, std::strerror(errno));
+  int rc = ::close(fd_);
+  fd_ = -1;
+  MESHTRAIN_CHECK(rc == 0, "{}: close failed: {}", path_, std::strerror(errno));
+  MESHTRAIN_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, "{}: rename from {} failed: {}",
+                  path_, temp_path_, std::strerror(errno));
+  committed_ = true;
+}
+
+void write_file_atomic(const std::string& path, std::string_view text) {
+  AtomicFile file(path);
+  file.write(text);
+  file.commit();
+}
+
+}  // namespace meshtrain

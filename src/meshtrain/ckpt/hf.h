@@ -1,0 +1,49 @@
+// Hugging Face checkpoints: <dir>/model.safetensors + <dir>/config.json for
+// LlamaForCausalLM or GPT2LMHeadModel, loadable by transformers as they are.
+//
+// RoPE layout: meshtrain (like Meta's Llama and llama2.c) rotates interleaved
+// pairs (x[2i], x[2i+1]) of each head; HF's Llama rotates halves (x[i],
+// x[i + hd/2]) ("rotate_half"). Both compute the same function once each
+// head's q_proj and k_proj output rows are permuted: HF row c*hd/2 + i holds
+// meshtrain row 2i + c (c in {0, 1}), which is permute() in HF's
+// convert_llama_weights_to_hf.py. Export applies it, import inverts it.
+// GPT-2 needs nothing: the registry already uses HF's Conv1D [in, out] layout.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "meshtrain/model/model.h"
+
+namespace meshtrain {
+
+// config.json text for the model shape; `dtype` is recorded as torch_dtype.
+std::string hf_config_json(const ModelConfig& config, DType dtype = DType::f32);
+// Parses config.json text; `source` names the file in errors. Rejects features
+// meshtrain does not implement (rope_scaling, biases in Llama, other activations).
+ModelConfig parse_hf_config(std::string_view json_text, std::string_view source);
+ModelConfig read_hf_config(const std::string& config_json_path);
+
+// Writes <dir>/model.safetensors (weights converted to `dtype`) and
+// <dir>/config.json, each atomically. A tied output layer is not stored (HF's
+// convention). Non-const only because the permuted copies use the model's tracker.
+void export_hf(Model& model, const std::string& dir, DType dtype = DType::f32);
+
+// Loads HF weights (F32/BF16/F16/F64 -> f32 master) into a model of the right
+// shape: every parameter must be present with HF's shape; unknown tensors are
+// an Error, except buffers HF sometimes saves (attn.bias, attn.masked_bias,
+// rotary_emb.inv_freq) and a stored copy of a tied lm_head. GPT-2 names are
+// also found without the "transformer." prefix (checkpoints of GPT2Model).
+void load_hf_weights(Model& model, const std::string& safetensors_path);
+
+// read_hf_config(<dir>/config.json), a new model, load_hf_weights(<dir>/model.safetensors).
+std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision,
+                                 cpu::CpuContext& ctx);
+
+// The q/k row permutation for one [heads * head_dim, cols] weight.
+void rope_rows_to_hf(const float* src, float* dst, int64_t heads, int64_t head_dim, int64_t cols);
+void rope_rows_from_hf(const float* src, float* dst, int64_t heads, int64_t head_dim,
+                       int64_t cols);
+
+}  // namespace meshtrain

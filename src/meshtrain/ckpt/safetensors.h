@@ -1,0 +1,104 @@
+// The safetensors format: an 8-byte little-endian header length N, N bytes of
+// JSON ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, ...,
+// "__metadata__": {string: string}}), then the raw little-endian data, with
+// offsets relative to the end of the header.
+//
+// The reader trusts no byte: the header length, the JSON, every field, dtype,
+// shape and offset range are checked when the file is opened, the tensors
+// must tile the data section exactly (no overlap, no hole, no trailing bytes,
+// as the reference implementation requires), and every problem is one Error
+// naming the file and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain {
+
+// Element types a safetensors file may hold that meshtrain reads: the float
+// types convert to any DType; the integer types hold counters and RNG state.
+enum class StDType : uint8_t { F64, F32, BF16, F16, I64, I32 };
+size_t st_dtype_size(StDType dtype);
+std::string_view st_dtype_name(StDType dtype);  // "F32", ...
+bool st_dtype_is_float(StDType dtype);
+StDType to_st_dtype(DType dtype);
+
+struct StTensorInfo {
+  std::string name;
+  StDType dtype = StDType::F32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;  // byte range within the data section
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+class SafetensorsReader {
+ public:
+  // Opens and validates the whole header; throws Error on any problem.
+  explicit SafetensorsReader(std::string path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  // In data order (ascending offsets).
+  const std::vector<StTensorInfo>& tensors() const { return tensors_; }
+  bool contains(std::string_view name) const { return find(name) != nullptr; }
+  const StTensorInfo* find(std::string_view name) const;
+  const StTensorInfo& info(std::string_view name) const;  // Error "<file>: no tensor named 'x'"
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Error naming the file and key when absent.
+  const std::string& metadata(std::string_view key) const;
+
+  // Reads a float tensor into dst (converted to dst's dtype). The stored shape
+  // must equal dst's shape (or only its element count when match_shape is false).
+  void read(std::string_view name, const Tensor& dst, bool match_shape = true) const;
+  // Reads a float tensor into a new tensor of the stored shape.
+  Tensor read_tensor(std::string_view name, DType dtype, MemCategory category,
+                     MemoryTracker& tracker) const;
+  // Reads an I32 or I64 tensor (small: counters, ids, RNG state).
+  std::vector<int64_t> read_ints(std::string_view name) const;
+
+ private:
+  void read_bytes(uint64_t file_offset, void* dst, size_t bytes) const;
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;  // 8 + header length
+  std::vector<StTensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Collects tensors, then writes the file atomically. The data pointed to must
+// stay alive until write() returns. Tensors are written in the order added.
+class SafetensorsWriter {
+ public:
+  // Stored exactly as given.
+  void add(std::string name, StDType dtype, Shape shape, const void* data);
+  // Stored in the tensor's dtype.
+  void add(std::string name, const Tensor& tensor);
+  // Stored as `stored` (converted while writing, chunk by chunk).
+  void add(std::string name, const Tensor& tensor, DType stored);
+  void set_metadata(std::string key, std::string value);
+  size_t size() const { return entries_.size(); }
+
+  void write(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    Shape shape;
+    StDType stored;
+    StDType source;
+    const void* data;
+  };
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace meshtrain
