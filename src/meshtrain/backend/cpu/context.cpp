@@ -3,6 +3,8 @@
 #include <omp.h>
 #include <sched.h>
 
+#include "meshtrain/backend/cpu/onednn.h"
+
 namespace meshtrain::cpu {
 
 int available_cores() {
@@ -12,5 +14,27 @@ int available_cores() {
   int n = CPU_COUNT(&set);
   return n > 0 ? n : 1;
 }
+
+CpuContext::Impl::Impl(MemoryTracker& tracker)
+    : engine(dnnl::engine::kind::cpu, 0), stream(engine), tracker_(tracker) {}
+
+void* CpuContext::Impl::scratch(Scratch slot, size_t bytes) {
+  Tensor& t = scratch_[static_cast<size_t>(slot)];
+  if (!t.defined() || t.bytes() < bytes) {
+    t = Tensor();  // free first so the peak does not count both
+    // 2-byte elements: the tensor only provides tracked, aligned bytes.
+    t = Tensor({static_cast<int64_t>((bytes + 1) / 2)}, DType::bf16, MemCategory::workspace, tracker_);
+  }
+  return t.raw();
+}
+
+CpuContext::CpuContext(int threads, MemoryTracker& tracker)
+    : threads_(threads > 0 ? threads : available_cores()), tracker_(&tracker) {
+  // oneDNN (OpenMP build) and our kernels both follow the OpenMP thread count.
+  omp_set_num_threads(threads_);
+  impl_ = std::make_unique<Impl>(tracker);
+}
+
+CpuContext::~CpuContext() = default;
 
 }  // namespace meshtrain::cpu

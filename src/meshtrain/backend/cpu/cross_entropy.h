@@ -21,6 +21,7 @@ struct ClassifierArgs {
   float* dh = nullptr;          // [rows, dim] f32, overwritten; nullptr = no backward
   float* dw = nullptr;          // [vocab, dim] f32, accumulated; nullptr = no backward
   float* row_losses = nullptr;  // optional [rows]
+  int64_t chunk_rows = 0;       // rows per logits chunk; 0 = the backend's default
 };
 
 // Returns the sum over rows of -log softmax(logits)[target].

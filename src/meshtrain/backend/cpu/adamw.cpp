@@ -1,0 +1,67 @@
+#include "meshtrain/backend/cpu/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "meshtrain/backend/cpu/simd.h"
+
+namespace meshtrain::cpu {
+
+void adamw_update(const AdamWHyper& hyper, float* param, const float* grad, float* m, float* v,
+                  bf16* compute, int64_t n) {
+  // Same operation order as PyTorch 1.13's AdamW (single-tensor path):
+  // p *= 1 - lr*wd; m, v updated; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
+  const double bc1 = 1.0 - std::pow(static_cast<double>(hyper.beta1), static_cast<double>(hyper.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(hyper.beta2), static_cast<double>(hyper.step));
+  const float step_size = static_cast<float>(static_cast<double>(hyper.lr) / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(hyper.lr) * hyper.weight_decay);
+  const float b1 = hyper.beta1, b2 = hyper.beta2;
+  const float one_b1 = static_cast<float>(1.0 - static_cast<double>(b1));
+  const float one_b2 = static_cast<float>(1.0 - static_cast<double>(b2));
+  const float eps = hyper.eps, scale = hyper.grad_scale;
+  constexpr int64_t kBlock = 1024;
+#pragma omp parallel for schedule(static) if (n > 8192)
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t i1 = std::min(n, i0 + kBlock);
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = grad[i] * scale;
+      const float p = param[i] * decay;
+      const float mi = m[i] * b1 + g * one_b1;
+      const float vi = v[i] * b2 + one_b2 * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      param[i] = p - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+    }
+    if (compute != nullptr) simd::store_row(compute + i0, param + i0, i1 - i0);
+  }
+}
+
+double sum_squares(const float* x, int64_t n) {
+  // Fixed blocks, each summed in double over 8 fixed lanes, then blocks in
+  // order: the result depends on n only.
+  constexpr int64_t kBlock = 1 << 14;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t i0 = blk * kBlock, i1 = std::min(n, i0 + kBlock);
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+      for (int l = 0; l < 8; ++l) {
+        const double xv = x[i + l];
+        lane[l] += xv * xv;
+      }
+    }
+    for (; i < i1; ++i) lane[0] += static_cast<double>(x[i]) * x[i];
+    partial[blk] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+}  // namespace meshtrain::cpu

@@ -1,0 +1,88 @@
+#include "meshtrain/backend/cpu/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/cpu/onednn.h"
+#include "meshtrain/backend/cpu/simd.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::cpu {
+
+namespace {
+
+// Rows per chunk: large enough that the dW GEMM (K = chunk) runs near peak and
+// dW is swept few times, small enough that the logits chunk stays modest.
+constexpr int64_t kDefaultChunkRows = 256;
+
+}  // namespace
+
+double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
+  const int64_t rows = args.rows, dim = args.dim, V = args.vocab;
+  MESHTRAIN_CHECK(rows >= 0 && dim > 0 && V > 0, "fused_classifier: bad dims rows={} dim={} vocab={}",
+                  rows, dim, V);
+  MESHTRAIN_CHECK(args.compute == DType::f32 || args.compute == DType::bf16,
+                  "fused_classifier: compute dtype {} unsupported", dtype_name(args.compute));
+  for (int64_t r = 0; r < rows; ++r)
+    MESHTRAIN_CHECK(args.targets[r] < V, "fused_classifier: target {} at row {} >= vocab {}",
+                    args.targets[r], r, V);
+  const int64_t chunk = std::max<int64_t>(1, std::min(rows, args.chunk_rows > 0 ? args.chunk_rows
+                                                                                 : kDefaultChunkRows));
+  const bool backward = args.dh != nullptr || args.dw != nullptr;
+  const bool to_bf16 = backward && args.compute == DType::bf16;
+  const size_t esize = dtype_size(args.compute);
+  auto& impl = ctx.impl();
+  float* logits = static_cast<float*>(impl.scratch(Scratch::logits, chunk * V * sizeof(float)));
+  bf16* dl_bf16 = to_bf16 ? static_cast<bf16*>(impl.scratch(Scratch::dlogits, chunk * V * 2)) : nullptr;
+  const void* dlogits = to_bf16 ? static_cast<void*>(dl_bf16) : static_cast<void*>(logits);
+  std::vector<double> loss(static_cast<size_t>(chunk));
+  const float gs = args.grad_scale;
+  double total = 0.0;
+
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    const void* h = static_cast<const char*>(args.h) + r0 * dim * esize;
+    matmul(ctx, {1, n, V, dim, false, true, false}, args.compute, h, args.w, DType::f32, logits);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      float* row = logits + r * V;
+      const int32_t target = args.targets[r0 + r];
+      if (target < 0) {
+        loss[r] = 0.0;
+        if (to_bf16) {
+          std::memset(static_cast<void*>(dl_bf16 + r * V), 0, V * sizeof(bf16));
+        } else if (backward) {
+          std::fill(row, row + V, 0.0f);
+        }
+        continue;
+      }
+      const float target_logit = row[target];
+      const float mx = simd::max_of(row, V);
+      const float sum = simd::exp_shift_sum(row, V, mx);
+      loss[r] = std::log(static_cast<double>(sum)) - (static_cast<double>(target_logit) - mx);
+      if (!backward) continue;
+      // d_logits = (softmax - onehot) * grad_scale, in place.
+      const float f = gs / sum;
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) row[j] *= f;
+      row[target] -= gs;
+      if (to_bf16) simd::store_row(dl_bf16 + r * V, row, V);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      total += loss[r];
+      if (args.row_losses != nullptr) args.row_losses[r0 + r] = static_cast<float>(loss[r]);
+    }
+    if (args.dh != nullptr)
+      matmul(ctx, {1, n, dim, V, false, false, false}, args.compute, dlogits, args.w, DType::f32,
+             args.dh + r0 * dim);
+    if (args.dw != nullptr)
+      matmul(ctx, {1, V, dim, n, true, false, false}, args.compute, dlogits, h, DType::f32, args.dw,
+             1.0f, true);
+  }
+  return total;
+}
+
+}  // namespace meshtrain::cpu

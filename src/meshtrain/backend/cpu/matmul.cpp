@@ -1,0 +1,165 @@
+#include "meshtrain/backend/cpu/matmul.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "meshtrain/backend/cpu/onednn.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::cpu {
+
+namespace {
+
+using dnnl::memory;
+
+memory::data_type onednn_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return memory::data_type::f32;
+    case DType::bf16: return memory::data_type::bf16;
+    default: fail("matmul: dtype {} is not supported (f32 or bf16)", dtype_name(dtype));
+  }
+}
+
+// Builds the primitive for one key. Transposes are strides on plain
+// memory; a broadcast B has batch dimension 1.
+MatmulEntry create_matmul(CpuContext::Impl& impl, const MatmulKey& key) {
+  const bool trans_a = key.flags & 1, trans_b = key.flags & 2, broadcast_b = key.flags & 4;
+  const bool accumulate = key.flags & 8, has_bias = key.flags & 16;
+  const int64_t B = key.batch, M = key.m, N = key.n, K = key.k;
+  auto ab = static_cast<memory::data_type>(key.ab);
+  auto c = static_cast<memory::data_type>(key.c);
+  memory::desc src, wei, dst, bias;
+  if (B == 1) {
+    src = memory::desc({M, K}, ab, trans_a ? memory::dims{1, M} : memory::dims{K, 1});
+    wei = memory::desc({K, N}, ab, trans_b ? memory::dims{1, K} : memory::dims{N, 1});
+    dst = memory::desc({M, N}, c, memory::dims{N, 1});
+    bias = memory::desc({1, N}, memory::data_type::f32, memory::dims{N, 1});
+  } else {
+    src = memory::desc({B, M, K}, ab, trans_a ? memory::dims{M * K, 1, M} : memory::dims{M * K, K, 1});
+    wei = memory::desc({broadcast_b ? 1 : B, K, N}, ab,
+                       trans_b ? memory::dims{K * N, 1, K} : memory::dims{K * N, N, 1});
+    dst = memory::desc({B, M, N}, c, memory::dims{M * N, N, 1});
+    bias = memory::desc({1, 1, N}, memory::data_type::f32, memory::dims{N, N, 1});
+  }
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  float alpha;
+  std::memcpy(&alpha, &key.alpha_bits, sizeof alpha);
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  // oneDNN scales (A·B + bias) by the output scale; for alpha·A·B + bias the
+  // bias becomes a binary-add post-op applied after the scaling.
+  const bool bias_post_op = has_bias && alpha != 1.0f;
+  dnnl::post_ops ops;
+  if (accumulate) ops.append_sum(1.0f);
+  if (bias_post_op) ops.append_binary(dnnl::algorithm::binary_add, bias);
+  attr.set_post_ops(ops);
+  auto desc = has_bias && !bias_post_op ? dnnl::matmul::desc(src, wei, bias, dst)
+                                        : dnnl::matmul::desc(src, wei, dst);
+  dnnl::matmul::primitive_desc pd(desc, attr, impl.engine);
+  MatmulEntry entry;
+  entry.prim = dnnl::matmul(pd);
+  entry.src = memory(src, impl.engine, DNNL_MEMORY_NONE);
+  entry.wei = memory(wei, impl.engine, DNNL_MEMORY_NONE);
+  entry.dst = memory(dst, impl.engine, DNNL_MEMORY_NONE);
+  if (has_bias) entry.bias = memory(bias, impl.engine, DNNL_MEMORY_NONE);
+  entry.bias_arg = bias_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(accumulate ? 1 : 0) | DNNL_ARG_SRC_1)
+                                : DNNL_ARG_BIAS;
+  entry.scratchpad_bytes = pd.scratchpad_desc().get_size();
+  return entry;
+}
+
+}  // namespace
+
+void matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, const void* a, const void* b,
+            DType c_dtype, void* c, float alpha, bool accumulate, const float* bias) {
+  MESHTRAIN_CHECK(dims.batch >= 1 && dims.m >= 0 && dims.n >= 0 && dims.k >= 0,
+                  "matmul: bad dims batch={} m={} n={} k={}", dims.batch, dims.m, dims.n, dims.k);
+  MESHTRAIN_CHECK(!accumulate || c_dtype == DType::f32, "matmul: accumulate requires an f32 output");
+  if (dims.m == 0 || dims.n == 0) return;
+  MatmulKey key{};
+  key.batch = dims.batch;
+  key.m = dims.m;
+  key.n = dims.n;
+  key.k = dims.k;
+  std::memcpy(&key.alpha_bits, &alpha, sizeof alpha);
+  key.ab = static_cast<uint8_t>(onednn_type(ab));
+  key.c = static_cast<uint8_t>(onednn_type(c_dtype));
+  key.flags = static_cast<uint8_t>(dims.trans_a | dims.trans_b << 1 |
+                                   (dims.broadcast_b && dims.batch > 1) << 2 | accumulate << 3 |
+                                   (bias != nullptr) << 4);
+  CpuContext::Impl& impl = ctx.impl();
+  auto it = impl.matmuls.find(key);
+  if (it == impl.matmuls.end()) it = impl.matmuls.emplace(key, create_matmul(impl, key)).first;
+  MatmulEntry& e = it->second;
+  e.src.set_data_handle(const_cast<void*>(a));
+  e.wei.set_data_handle(const_cast<void*>(b));
+  e.dst.set_data_handle(c);
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.wei}, {DNNL_ARG_DST, e.dst}};
+  if (bias != nullptr) {
+    e.bias.set_data_handle(const_cast<float*>(bias));
+    args.emplace(e.bias_arg, e.bias);
+  }
+  if (e.scratchpad_bytes > 0) {
+    void* pad = impl.scratch(Scratch::onednn, e.scratchpad_bytes);
+    if (!impl.scratchpad || impl.scratchpad.get_data_handle() != pad ||
+        impl.scratchpad.get_desc().get_size() < e.scratchpad_bytes) {
+      impl.scratchpad = memory({{static_cast<int64_t>(e.scratchpad_bytes)}, memory::data_type::u8,
+                                memory::dims{1}},
+                               impl.engine, pad);
+    }
+    args.emplace(DNNL_ARG_SCRATCHPAD, impl.scratchpad);
+  }
+  e.prim.execute(impl.stream, args);
+  impl.stream.wait();
+}
+
+double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds) {
+  // Shapes of a dim-512..1536 transformer layer at 2048 tokens.
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  const std::vector<Shape3> shapes = {{2048, 1536, 512}, {2048, 512, 1536}, {2048, 1024, 1024}};
+  int64_t max_ab = 0, max_c = 0;
+  for (auto s : shapes) {
+    max_ab = std::max({max_ab, s.m * s.k, s.k * s.n});
+    max_c = std::max(max_c, s.m * s.n);
+  }
+  MemoryTracker& tracker = ctx.tracker();
+  Tensor a({max_ab}, ab, MemCategory::workspace, tracker);
+  Tensor b({max_ab}, ab, MemCategory::workspace, tracker);
+  Tensor c({max_c}, DType::f32, MemCategory::workspace, tracker);
+  // Non-zero inputs (denormal-free) so timing reflects real data.
+  std::vector<float> fill(static_cast<size_t>(max_ab));
+  for (size_t i = 0; i < fill.size(); ++i) fill[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+  convert(DType::f32, fill.data(), ab, a.raw(), fill.size());
+  convert(DType::f32, fill.data(), ab, b.raw(), fill.size());
+
+  using Clock = std::chrono::steady_clock;
+  const double per_shape = std::max(seconds, 0.05) / static_cast<double>(shapes.size());
+  double best = 0.0;
+  for (auto s : shapes) {
+    MatmulDims dims;
+    dims.m = s.m;
+    dims.n = s.n;
+    dims.k = s.k;
+    dims.trans_b = true;
+    matmul(ctx, dims, ab, a.raw(), b.raw(), DType::f32, c.raw());  // warm-up (JIT, pages)
+    const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
+    // Sustained rate: all the work over all the time for this shape.
+    int64_t runs = 0;
+    auto start = Clock::now();
+    double elapsed = 0.0;
+    do {
+      matmul(ctx, dims, ab, a.raw(), b.raw(), DType::f32, c.raw());
+      ++runs;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (elapsed < per_shape || runs < 2);
+    best = std::max(best, flops * static_cast<double>(runs) / elapsed);
+  }
+  return best;
+}
+
+}  // namespace meshtrain::cpu

@@ -1,0 +1,161 @@
+// RoPE and causal GQA attention: forward against float64 loops, backward
+// against finite differences, decoding through the KV cache against the
+// full forward.
+#include "meshtrain/backend/cpu/attention.h"
+#include "meshtrain/util/error.h"
+#include "reference.h"
+
+namespace meshtrain::testing {
+namespace {
+
+using cpu::AttentionDims;
+constexpr double kTheta = 10000.0;
+
+// Rotates pairs of one head (float64), position p.
+void rotate_ref(double* x, int64_t D, int64_t p) {
+  for (int64_t i = 0; i < D / 2; ++i) {
+    const double a = static_cast<double>(p) * std::pow(kTheta, -2.0 * static_cast<double>(i) / D);
+    const double x0 = x[2 * i], x1 = x[2 * i + 1];
+    x[2 * i] = x0 * std::cos(a) - x1 * std::sin(a);
+    x[2 * i + 1] = x0 * std::sin(a) + x1 * std::cos(a);
+  }
+}
+
+std::vector<double> attention_ref(std::vector<double> qkv, const AttentionDims& d, bool rope) {
+  const int64_t B = d.batch, T = d.seq, H = d.n_heads, KV = d.n_kv_heads, D = d.head_dim;
+  const int64_t W = d.qkv_width(), rep = H / KV;
+  if (rope)
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      for (int64_t h = 0; h < H + KV; ++h) rotate_ref(&qkv[bt * W + h * D], D, bt % T);
+  std::vector<double> out(B * T * H * D, 0.0), p(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const double* q = &qkv[(b * T + t) * W + h * D];
+        double mx = -1e300, sum = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          const double* k = &qkv[(b * T + s) * W + (H + h / rep) * D];
+          double dot = 0;
+          for (int64_t i = 0; i < D; ++i) dot += q[i] * k[i];
+          p[s] = dot / std::sqrt(static_cast<double>(D));
+          mx = std::max(mx, p[s]);
+        }
+        for (int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        for (int64_t s = 0; s <= t; ++s) {
+          const double* v = &qkv[(b * T + s) * W + (H + KV + h / rep) * D];
+          for (int64_t i = 0; i < D; ++i) out[((b * T + t) * H + h) * D + i] += p[s] / sum * v[i];
+        }
+      }
+  return out;
+}
+
+struct AttnCase {
+  AttentionDims dims;
+  bool rope;
+};
+
+class Attention : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(Attention, ForwardAndGradientCheckF32) {
+  const auto [d, use_rope] = GetParam();
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  auto table = cpu::make_rope_table(d.head_dim, 16, static_cast<float>(kTheta), tracker);
+  const cpu::RopeTable* rope = use_rope ? &table : nullptr;
+  const int64_t n_qkv = d.batch * d.seq * d.qkv_width(), n_out = d.batch * d.seq * d.n_heads * d.head_dim;
+  auto qkv = random_floats(n_qkv, 80, -1.5, 1.5);
+  std::vector<float> out(n_out);
+  cpu::AttentionSaved saved;
+  cpu::attention_forward(ctx, d, rope, DType::f32, qkv.data(), out.data(), saved);
+  expect_close(out, attention_ref(to_double(qkv), d, use_rope), 1e-5, 1e-6, "out");
+  EXPECT_GT(tracker.live(MemCategory::activations), 0u);
+
+  auto dout = random_floats(n_out, 81);
+  std::vector<float> dqkv(n_qkv, 99.0f);
+  cpu::attention_backward(ctx, d, rope, DType::f32, saved, dout.data(), dqkv.data());
+  auto g = finite_difference(
+      [&](const auto& v) { return weighted_sum(attention_ref(v, d, use_rope), dout); }, to_double(qkv));
+  expect_close(dqkv, g, 1e-4, 1e-5, "d_qkv");
+}
+
+TEST_P(Attention, Bf16MatchesReferenceLoosely) {
+  const auto [d, use_rope] = GetParam();
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  auto table = cpu::make_rope_table(d.head_dim, 16, static_cast<float>(kTheta), tracker);
+  const cpu::RopeTable* rope = use_rope ? &table : nullptr;
+  const int64_t n_qkv = d.batch * d.seq * d.qkv_width(), n_out = d.batch * d.seq * d.n_heads * d.head_dim;
+  auto qkv = random_floats(n_qkv, 90, -1.5, 1.5);
+  std::vector<bf16> out(n_out);
+  cpu::AttentionSaved saved;
+  cpu::attention_forward(ctx, d, rope, DType::bf16, qkv.data(), out.data(), saved);
+  expect_close(from_bf16(out), attention_ref(to_double(qkv), d, use_rope), 2e-2, 1e-2, "out bf16");
+  auto dout = random_floats(n_out, 91);
+  std::vector<bf16> dqkv(n_qkv);
+  cpu::attention_backward(ctx, d, rope, DType::bf16, saved, dout.data(), dqkv.data());
+  auto g = finite_difference(
+      [&](const auto& v) { return weighted_sum(attention_ref(v, d, use_rope), dout); }, to_double(qkv));
+  expect_close(from_bf16(dqkv), g, 3e-2, 2e-2, "d_qkv bf16");
+}
+
+TEST_P(Attention, DecodingThroughTheCacheEqualsTheFullForward) {
+  const auto [d, use_rope] = GetParam();
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  auto table = cpu::make_rope_table(d.head_dim, 16, static_cast<float>(kTheta), tracker);
+  const cpu::RopeTable* rope = use_rope ? &table : nullptr;
+  const int64_t B = d.batch, T = d.seq, W = d.qkv_width(), HD = d.n_heads * d.head_dim;
+  auto qkv = random_floats(B * T * W, 100, -1.5, 1.5);
+  std::vector<float> full(B * T * HD);
+  cpu::AttentionSaved saved;
+  cpu::attention_forward(ctx, d, rope, DType::f32, qkv.data(), full.data(), saved);
+
+  cpu::KVCacheLayer cache;
+  cache.k = Tensor({B, d.n_kv_heads, 12, d.head_dim}, DType::f32, MemCategory::activations, tracker);
+  cache.v = Tensor({B, d.n_kv_heads, 12, d.head_dim}, DType::f32, MemCategory::activations, tracker);
+  std::vector<float> got(B * T * HD);
+  // A prompt of 2 tokens, then one token at a time.
+  for (int64_t pos = 0; pos < T;) {
+    const int64_t n = pos == 0 ? 2 : 1;
+    AttentionDims step = d;
+    step.seq = n;
+    std::vector<float> in(B * n * W), out(B * n * HD);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(&qkv[(b * T + pos) * W], n * W, &in[b * n * W]);
+    cpu::attention_decode(ctx, step, rope, in.data(), pos, cache, out.data());
+    for (int64_t b = 0; b < B; ++b) std::copy_n(&out[b * n * HD], n * HD, &got[(b * T + pos) * HD]);
+    pos += n;
+  }
+  std::vector<double> want(full.begin(), full.end());
+  expect_close(got, want, 1e-5, 1e-6, "decoded");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
+                         ::testing::Values(AttnCase{{2, 5, 4, 2, 8}, true},   // GQA + RoPE
+                                           AttnCase{{1, 6, 3, 3, 6}, false},  // MHA, no RoPE
+                                           AttnCase{{2, 4, 4, 1, 4}, true}));  // MQA
+
+TEST(Rope, MatchesReferenceAndInverseIsTheTranspose) {
+  const int64_t B = 2, T = 5, H = 3, D = 8, pos0 = 2;
+  MemoryTracker tracker;
+  auto table = cpu::make_rope_table(D, 16, static_cast<float>(kTheta), tracker);
+  auto x = random_floats(B * T * H * D, 110);
+  auto ref = [&](std::vector<double> v, int64_t p0) {
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t h = 0; h < H; ++h) rotate_ref(&v[(r * H + h) * D], D, p0 + r % T);
+    return v;
+  };
+  auto y = x;
+  cpu::rope_apply(table, y.data(), B * T, T, H, D, pos0, false);
+  expect_close(y, ref(to_double(x), pos0), 1e-5, 1e-6, "rotated");
+  // Backward of a rotation: the inverse applied to dy equals the finite-difference gradient.
+  auto dy = random_floats(x.size(), 111);
+  auto dx = dy;
+  cpu::rope_apply(table, dx.data(), B * T, T, H, D, pos0, true);
+  auto g = finite_difference([&](const auto& v) { return weighted_sum(ref(v, pos0), dy); }, to_double(x));
+  expect_close(dx, g, 1e-5, 1e-6, "dx");
+  EXPECT_THROW(cpu::rope_apply(table, y.data(), B * T, T, H, D, 12, false), Error);
+}
+
+}  // namespace
+}  // namespace meshtrain::testing

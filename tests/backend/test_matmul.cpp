@@ -1,0 +1,156 @@
+#include <omp.h>
+
+#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/util/error.h"
+#include "reference.h"
+
+namespace meshtrain::testing {
+
+ScopedThreads::ScopedThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+ScopedThreads::~ScopedThreads() { omp_set_num_threads(saved_); }
+
+namespace {
+
+using cpu::MatmulDims;
+
+struct Case {
+  MatmulDims dims;
+  DType ab = DType::f32, c = DType::f32;
+  float alpha = 1.0f;
+  bool accumulate = false, bias = false;
+};
+
+// C[b] = alpha * op(A[b]) op(B[b]) + bias (+ C0) in float64 from the (rounded) inputs.
+std::vector<double> reference(const Case& cs, const std::vector<float>& a, const std::vector<float>& b,
+                              const std::vector<float>& bias, const std::vector<float>& c0) {
+  const auto& d = cs.dims;
+  std::vector<double> c(static_cast<size_t>(d.batch * d.m * d.n));
+  for (int64_t bt = 0; bt < d.batch; ++bt) {
+    const float* ab = a.data() + bt * d.m * d.k;
+    const float* bb = b.data() + (d.broadcast_b ? 0 : bt * d.k * d.n);
+    for (int64_t i = 0; i < d.m; ++i) {
+      for (int64_t j = 0; j < d.n; ++j) {
+        double s = 0.0;
+        for (int64_t p = 0; p < d.k; ++p) {
+          const double av = d.trans_a ? ab[p * d.m + i] : ab[i * d.k + p];
+          const double bv = d.trans_b ? bb[j * d.k + p] : bb[p * d.n + j];
+          s += av * bv;
+        }
+        const size_t idx = static_cast<size_t>((bt * d.m + i) * d.n + j);
+        double v = cs.alpha * s;
+        if (cs.bias) v += bias[j];
+        if (cs.accumulate) v += c0[idx];
+        c[idx] = v;
+      }
+    }
+  }
+  return c;
+}
+
+void run_case(cpu::CpuContext& ctx, const Case& cs) {
+  const auto& d = cs.dims;
+  auto a = random_floats(d.batch * d.m * d.k, 1);
+  auto b = random_floats((d.broadcast_b ? 1 : d.batch) * d.k * d.n, 2);
+  auto bias = random_floats(d.n, 3);
+  auto c0 = random_floats(d.batch * d.m * d.n, 4);
+  if (cs.ab == DType::bf16) {
+    a = round_bf16(a);
+    b = round_bf16(b);
+  }
+  auto want = reference(cs, a, b, bias, c0);
+  auto ab16 = to_bf16(a), bb16 = to_bf16(b);
+  const void* pa = cs.ab == DType::bf16 ? static_cast<const void*>(ab16.data()) : a.data();
+  const void* pb = cs.ab == DType::bf16 ? static_cast<const void*>(bb16.data()) : b.data();
+  const float* pbias = cs.bias ? bias.data() : nullptr;
+  SCOPED_TRACE(::testing::Message() << "batch " << d.batch << " m " << d.m << " n " << d.n << " k "
+                                    << d.k << " ta " << d.trans_a << " tb " << d.trans_b << " bcast "
+                                    << d.broadcast_b << " ab " << dtype_name(cs.ab) << " c "
+                                    << dtype_name(cs.c) << " alpha " << cs.alpha << " acc "
+                                    << cs.accumulate << " bias " << cs.bias);
+  if (cs.c == DType::f32) {
+    std::vector<float> c = c0;
+    cpu::matmul(ctx, d, cs.ab, pa, pb, DType::f32, c.data(), cs.alpha, cs.accumulate, pbias);
+    expect_close(c, want, 1e-5, 1e-6, "C");
+  } else {
+    std::vector<bf16> c(want.size());
+    cpu::matmul(ctx, d, cs.ab, pa, pb, DType::bf16, c.data(), cs.alpha, false, pbias);
+    expect_close(from_bf16(c), want, 8e-3, 1e-4, "C(bf16)");
+  }
+}
+
+TEST(Matmul, AllTransposesBatchesAndBroadcast) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  for (int64_t batch : {1, 3})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool bcast : {false, true}) {
+          if (bcast && batch == 1) continue;
+          Case cs;
+          cs.dims = {batch, 7, 5, 9, ta, tb, bcast};
+          run_case(ctx, cs);
+        }
+}
+
+TEST(Matmul, AlphaAccumulateBias) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  for (float alpha : {1.0f, 0.37f})
+    for (bool acc : {false, true})
+      for (bool bias : {false, true}) {
+        Case cs;
+        cs.dims = {2, 7, 13, 11, false, true, false};
+        cs.alpha = alpha;
+        cs.accumulate = acc;
+        cs.bias = bias;
+        run_case(ctx, cs);
+      }
+}
+
+TEST(Matmul, Bf16InputsAndOutput) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  for (DType c : {DType::f32, DType::bf16})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Case cs;
+        cs.dims = {2, 9, 17, 33, ta, tb, false};
+        cs.ab = DType::bf16;
+        cs.c = c;
+        run_case(ctx, cs);
+      }
+  Case cs;
+  cs.dims = {3, 5, 7, 6, false, true, true};
+  cs.ab = DType::bf16;
+  cs.accumulate = true;
+  cs.alpha = 0.5f;
+  cs.bias = true;
+  run_case(ctx, cs);
+}
+
+TEST(Matmul, RepeatedCallsReuseThePrimitiveWithNewPointers) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  Case cs;
+  cs.dims = {1, 4, 6, 5, false, false, false};
+  run_case(ctx, cs);
+  run_case(ctx, cs);  // same key, fresh buffers
+}
+
+TEST(Matmul, RejectsAccumulateIntoBf16) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  std::vector<bf16> a(4), b(4), c(4);
+  EXPECT_THROW(cpu::matmul(ctx, {1, 2, 2, 2, false, false, false}, DType::bf16, a.data(), b.data(),
+                           DType::bf16, c.data(), 1.0f, true),
+               Error);
+}
+
+TEST(Matmul, PeakProbeReturnsAPositiveRate) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  EXPECT_GT(cpu::measure_matmul_peak_flops(ctx, DType::f32, 0.05), 1e8);
+}
+
+}  // namespace
+}  // namespace meshtrain::testing
