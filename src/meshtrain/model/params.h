@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/model/config.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain {
@@ -24,6 +25,9 @@ struct ParamSpec {
   ParamRole role = ParamRole::decay;
   InitKind init = InitKind::normal;
   float init_std = 0.02f;
+  // Used as a GEMM operand (linear layers, the output layer, a tied embedding):
+  // gets a bf16 compute copy in bf16 precision and counts toward model FLOPs.
+  bool matmul_weight = false;
   int64_t numel() const { return shape_numel(shape); }
 };
 
@@ -38,5 +42,10 @@ struct Parameter {
 // Fills `out` (f32, spec.numel() elements) with the parameter's initial values:
 // a function of (seed, spec.name, element index) only.
 void init_parameter(const ParamSpec& spec, uint64_t seed, float* out);
+
+// The registry of a model shape, in flat-buffer order: embeddings, then per
+// layer, then the final norm and (untied llama) lm_head. Llama's q/k/v and
+// gate/up projections are adjacent so one GEMM covers each group.
+std::vector<ParamSpec> build_param_specs(const ModelConfig& config);
 
 }  // namespace meshtrain

@@ -1,0 +1,293 @@
+// The transformer block's explicit forward and backward, shared by both
+// families: a family is a choice of norm (RMSNorm / LayerNorm + bias), weight
+// layout (nn.Linear / Conv1D), biases, activation (SwiGLU / GELU) and RoPE.
+#include <algorithm>
+
+#include "meshtrain/backend/cpu/activation.h"
+#include "meshtrain/backend/cpu/embedding.h"
+#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/cpu/norm.h"
+#include "meshtrain/model/model_impl.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+namespace {
+
+// Registry slots within one block (see params.cpp for the order).
+namespace llama_slot {
+enum : size_t { in_norm, q, k, v, o, post_norm, gate, up, down, count };
+}
+namespace gpt2_slot {
+enum : size_t { ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b,
+                proj_w, proj_b, count };
+}
+
+}  // namespace
+
+Model::Impl::Impl(Model& owner) : model(owner), cfg(owner.config_), ctx(owner.ctx_) {
+  const size_t layers = static_cast<size_t>(cfg.n_layers);
+  embed = 0;
+  if (cfg.family == Family::llama) {
+    has_rope = true;
+    rope = cpu::make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_theta, ctx.tracker());
+    const size_t end = 1 + layers * llama_slot::count;
+    final_norm = Norm{end, kNoParam};
+    output = cfg.tie_embeddings ? embed : end + 1;
+  } else {
+    positions = 1;
+    const size_t end = 2 + layers * gpt2_slot::count;
+    final_norm = Norm{end, end + 1};
+    output = embed;
+  }
+  // The slots above must agree with the registry.
+  MESHTRAIN_CHECK(model.params_[final_norm.weight].spec.shape == Shape{cfg.dim} &&
+                      model.params_[output].spec.shape == (Shape{cfg.vocab_size, cfg.dim}),
+                  "model: registry layout does not match the block slots");
+}
+
+const void* Model::Impl::weight(size_t i, DType dt) const {
+  const Parameter& p = model.params_[i];
+  if (dt == DType::f32) return p.master.raw();
+  MESHTRAIN_CHECK(p.compute.defined(), "model: parameter '{}' has no {} compute copy", p.spec.name,
+                  dtype_name(dt));
+  return p.compute.raw();
+}
+
+void Model::Impl::ready(size_t i) {
+  MESHTRAIN_CHECK(i + 1 == next_ready, "model: gradient of '{}' (index {}) reported out of order",
+                  model.params_[i].spec.name, i);
+  next_ready = i;
+  if (model.on_grad_ready) model.on_grad_ready(i);
+}
+
+Block Model::Impl::block(int64_t layer) const {
+  const int64_t d = cfg.dim, hd = cfg.head_dim(), h = cfg.hidden_dim;
+  const int64_t qkv_width = (cfg.n_heads + 2 * cfg.n_kv_heads) * hd, q_width = cfg.n_heads * hd;
+  Block b;
+  const size_t l = static_cast<size_t>(layer);
+  if (cfg.family == Family::llama) {
+    using namespace llama_slot;
+    const size_t base = 1 + l * count;
+    b.norm1 = Norm{base + in_norm, kNoParam};
+    b.norm2 = Norm{base + post_norm, kNoParam};
+    b.qkv = Linear{base + q, 3, kNoParam, d, qkv_width, true};
+    b.proj = Linear{base + o, 1, kNoParam, q_width, d, true};
+    b.ff_in = Linear{base + gate, 2, kNoParam, d, 2 * h, true};
+    b.ff_out = Linear{base + down, 1, kNoParam, h, d, true};
+  } else {
+    using namespace gpt2_slot;
+    const size_t base = 2 + l * count;
+    b.norm1 = Norm{base + ln1_w, base + ln1_b};
+    b.norm2 = Norm{base + ln2_w, base + ln2_b};
+    b.qkv = Linear{base + attn_w, 1, base + attn_b, d, qkv_width, false};
+    b.proj = Linear{base + attn_proj_w, 1, base + attn_proj_b, q_width, d, false};
+    b.ff_in = Linear{base + fc_w, 1, base + fc_b, d, h, false};
+    b.ff_out = Linear{base + proj_w, 1, base + proj_b, h, d, false};
+  }
+  return b;
+}
+
+cpu::AttentionDims Model::Impl::attention_dims(int64_t batch, int64_t seq) const {
+  return cpu::AttentionDims{batch, seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim()};
+}
+
+void Model::Impl::ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const {
+  if (!t.defined() || t.shape() != shape || t.dtype() != dtype) {
+    t = Tensor();  // free first, so the peak does not count both
+    t = Tensor(shape, dtype, category, ctx.tracker());
+  }
+}
+
+void Model::Impl::check_tokens(const int32_t* ids, int64_t n, bool allow_negative,
+                               const char* what) const {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = ids[i];
+    if (id >= cfg.vocab_size || (id < 0 && !allow_negative)) {
+      fail("model: {} id {} at position {} is outside the vocabulary [0, {})", what, id, i,
+           cfg.vocab_size);
+    }
+  }
+}
+
+void Model::Impl::forward_trunk(Activations& acts, const int32_t* tokens, int64_t batch,
+                                int64_t seq, DType dt, bool keep_all, KVCache* cache) {
+  MESHTRAIN_CHECK(batch > 0 && seq > 0, "model: batch {} and seq {} must be > 0", batch, seq);
+  const int64_t pos0 = cache ? cache->length : 0;
+  MESHTRAIN_CHECK(pos0 + seq <= cfg.max_seq_len,
+                  "model: positions up to {} exceed model.max_seq_len {}", pos0 + seq,
+                  cfg.max_seq_len);
+  const int64_t rows = batch * seq, d = cfg.dim;
+  check_tokens(tokens, rows, false, "token");
+  const size_t layers = static_cast<size_t>(cfg.n_layers);
+  const size_t n_res = keep_all ? layers + 1 : 2;
+  acts.residual.resize(n_res);
+  acts.blocks.resize(keep_all ? layers : 1);
+  acts.batch = batch;
+  acts.seq = seq;
+  // Without backward nothing is kept: the buffers count as workspace.
+  const MemCategory cat = keep_all ? MemCategory::activations : MemCategory::workspace;
+  acts.category = cat;
+  for (BlockActs& a : acts.blocks) a.category = cat;
+  for (Tensor& r : acts.residual) ensure(r, {rows, d}, DType::f32, cat);
+
+  const float* wpe = positions != kNoParam ? master(positions) : nullptr;
+  cpu::embedding_forward(master(embed), wpe, tokens, acts.residual[0].data<float>(), batch, seq, d,
+                         pos0);
+  for (size_t l = 0; l < layers; ++l) {
+    const Tensor& x = acts.residual[keep_all ? l : l % 2];
+    Tensor& out = acts.residual[keep_all ? l + 1 : (l + 1) % 2];
+    BlockActs& a = acts.blocks[keep_all ? l : 0];
+    cpu::KVCacheLayer* layer_cache = cache ? &cache->layers[l] : nullptr;
+    forward_block(static_cast<int64_t>(l), x, a, out, dt, batch, seq, layer_cache, pos0);
+  }
+  const Tensor& last = acts.residual[keep_all ? layers : layers % 2];
+  norm_forward(final_norm, last, dt, acts.hn, acts.mean_f, acts.rstd_f, rows, cat);
+}
+
+void Model::Impl::norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y,
+                               Tensor& mean, Tensor& rstd, int64_t rows, MemCategory category) {
+  const int64_t d = cfg.dim;
+  ensure(y, {rows, d}, dt, category);
+  ensure(rstd, {rows}, DType::f32, category);
+  if (norm.layer_norm()) {
+    ensure(mean, {rows}, DType::f32, category);
+    cpu::layernorm_forward(x.data<float>(), master(norm.weight), master(norm.bias), dt, y.raw(),
+                           mean.data<float>(), rstd.data<float>(), rows, d, cfg.norm_eps);
+  } else {
+    cpu::rmsnorm_forward(x.data<float>(), master(norm.weight), dt, y.raw(), rstd.data<float>(),
+                         rows, d, cfg.norm_eps);
+  }
+}
+
+void Model::Impl::norm_backward(const Norm& norm, const Tensor& x, const Tensor& mean,
+                                const Tensor& rstd, const float* dy, float* dx, int64_t rows) {
+  const int64_t d = cfg.dim;
+  if (norm.layer_norm()) {
+    cpu::layernorm_backward(x.data<float>(), master(norm.weight), mean.data<float>(),
+                            rstd.data<float>(), dy, dx, grad(norm.weight), grad(norm.bias), rows,
+                            d);
+    ready(norm.bias);
+  } else {
+    cpu::rmsnorm_backward(x.data<float>(), master(norm.weight), rstd.data<float>(), dy, dx,
+                          grad(norm.weight), rows, d);
+  }
+  ready(norm.weight);
+}
+
+void Model::Impl::linear_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y,
+                                 bool accumulate) {
+  cpu::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
+  const float* bias = lin.bias != kNoParam ? master(lin.bias) : nullptr;
+  cpu::matmul(ctx, dims, dt, x, weight(lin.weight, dt), DType::f32, y, 1.0f, accumulate, bias);
+}
+
+void Model::Impl::linear_backward(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
+                                  const void* x, int64_t rows, float* dx, float* scratch) {
+  // dW += dY^T · X ([out, in], nn.Linear) or X^T · dY ([in, out], Conv1D).
+  if (lin.nn_linear) {
+    cpu::MatmulDims dims{.m = lin.out, .n = lin.in, .k = rows, .trans_a = true};
+    cpu::matmul(ctx, dims, dt, dy, x, DType::f32, grad(lin.weight), 1.0f, true);
+  } else {
+    cpu::MatmulDims dims{.m = lin.in, .n = lin.out, .k = rows, .trans_a = true};
+    cpu::matmul(ctx, dims, dt, x, dy, DType::f32, grad(lin.weight), 1.0f, true);
+  }
+  if (lin.bias != kNoParam) {
+    if (dy_f32 == nullptr) {
+      if (dt == DType::f32) {
+        dy_f32 = static_cast<const float*>(dy);
+      } else {
+        convert(dt, dy, DType::f32, scratch, static_cast<size_t>(rows * lin.out));
+        dy_f32 = scratch;
+      }
+    }
+    cpu::bias_backward(dy_f32, grad(lin.bias), rows, lin.out);
+    ready(lin.bias);
+  }
+  for (size_t i = lin.n_weights; i-- > 0;) ready(lin.weight + i);
+  if (dx != nullptr) {
+    // dX = dY · W ([out, in]) or dY · W^T ([in, out]).
+    cpu::MatmulDims dims{.m = rows, .n = lin.in, .k = lin.out, .trans_b = !lin.nn_linear};
+    cpu::matmul(ctx, dims, dt, dy, weight(lin.weight, dt), DType::f32, dx);
+  }
+}
+
+const void* Model::Impl::residual_grad_compute(DType dt, int64_t rows) {
+  if (dt == DType::f32) return ws.dres.raw();
+  ensure(ws.dres_c, {rows, cfg.dim}, dt, MemCategory::workspace);
+  ws.dres_c.copy_from(ws.dres);
+  return ws.dres_c.raw();
+}
+
+void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out,
+                                DType dt, int64_t batch, int64_t seq, cpu::KVCacheLayer* cache,
+                                int64_t pos0) {
+  const Block b = block(layer);
+  const int64_t rows = batch * seq, d = cfg.dim;
+  const cpu::AttentionDims dims = attention_dims(batch, seq);
+  const MemCategory act = a.category;
+
+  // Attention sub-block: mid = x + proj(attention(qkv(norm1(x)))).
+  norm_forward(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, rows, act);
+  ensure(ws.qkv, {rows, b.qkv.out}, DType::f32, MemCategory::workspace);
+  linear_forward(b.qkv, dt, a.xn1.raw(), rows, ws.qkv.data<float>(), false);
+  ensure(a.att, {rows, b.proj.in}, dt, act);
+  if (cache != nullptr) {
+    MESHTRAIN_CHECK(dt == DType::f32, "model: decoding runs in f32");
+    cpu::attention_decode(ctx, dims, rope_table(), ws.qkv.data<float>(), pos0, *cache,
+                          a.att.data<float>());
+  } else {
+    cpu::attention_forward(ctx, dims, rope_table(), dt, ws.qkv.data<float>(), a.att.raw(), a.attn);
+  }
+  ensure(a.mid, {rows, d}, DType::f32, act);
+  a.mid.copy_from(x);
+  linear_forward(b.proj, dt, a.att.raw(), rows, a.mid.data<float>(), true);
+
+  // Feed-forward sub-block: out = mid + ff_out(act(ff_in(norm2(mid)))).
+  norm_forward(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, rows, act);
+  ensure(a.ff_pre, {rows, b.ff_in.out}, DType::f32, act);
+  linear_forward(b.ff_in, dt, a.xn2.raw(), rows, a.ff_pre.data<float>(), false);
+  ensure(a.ff_act, {rows, b.ff_out.in}, dt, act);
+  if (cfg.family == Family::llama) {
+    cpu::swiglu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows, cfg.hidden_dim);
+  } else {
+    cpu::gelu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows * cfg.hidden_dim);
+  }
+  out.copy_from(a.mid);
+  linear_forward(b.ff_out, dt, a.ff_act.raw(), rows, out.data<float>(), true);
+}
+
+void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt,
+                                 int64_t batch, int64_t seq) {
+  const Block b = block(layer);
+  const int64_t rows = batch * seq, d = cfg.dim, h = cfg.hidden_dim;
+  const MemCategory wsc = MemCategory::workspace;
+  ensure(ws.dx, {rows, d}, DType::f32, wsc);
+  ensure(ws.dff, {rows, std::max(h, b.qkv.out)}, DType::f32, wsc);
+  ensure(ws.dff_c, {rows, b.ff_in.out}, dt, wsc);
+  ensure(ws.dqkv, {rows, b.qkv.out}, dt, wsc);
+  float* dres = ws.dres.data<float>();
+  float* dx = ws.dx.data<float>();
+  float* dff = ws.dff.data<float>();
+
+  // Feed-forward sub-block, in reverse.
+  const void* dres_c = residual_grad_compute(dt, rows);
+  linear_backward(b.ff_out, dt, dres_c, dres, a.ff_act.raw(), rows, dff, nullptr);
+  if (cfg.family == Family::llama) {
+    cpu::swiglu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows, h);
+  } else {
+    cpu::gelu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * h);
+  }
+  linear_backward(b.ff_in, dt, ws.dff_c.raw(), nullptr, a.xn2.raw(), rows, dx, dff);
+  norm_backward(b.norm2, a.mid, a.mean2, a.rstd2, dx, dres, rows);  // dres += d(norm2 input)
+
+  // Attention sub-block, in reverse.
+  dres_c = residual_grad_compute(dt, rows);
+  linear_backward(b.proj, dt, dres_c, dres, a.att.raw(), rows, dx, nullptr);
+  cpu::attention_backward(ctx, attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
+                          ws.dqkv.raw());
+  linear_backward(b.qkv, dt, ws.dqkv.raw(), nullptr, a.xn1.raw(), rows, dx, dff);
+  norm_backward(b.norm1, x, a.mean1, a.rstd1, dx, dres, rows);
+}
+
+}  // namespace meshtrain

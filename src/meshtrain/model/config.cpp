@@ -1,0 +1,130 @@
+#include "meshtrain/model/config.h"
+
+#include <fmt/format.h>
+
+#include "meshtrain/model/params.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+std::string_view family_name(Family family) {
+  return family == Family::llama ? "llama" : "gpt2";
+}
+
+Family parse_family(std::string_view name) {
+  if (name == "llama") return Family::llama;
+  if (name == "gpt2") return Family::gpt2;
+  fail("unknown model family '{}' (expected \"llama\" or \"gpt2\")", name);
+}
+
+Precision parse_precision(std::string_view name) {
+  if (name == "fp32") return Precision::fp32;
+  if (name == "bf16") return Precision::bf16;
+  fail("unknown precision '{}' (expected \"fp32\" or \"bf16\")", name);
+}
+
+std::string_view precision_name(Precision precision) {
+  return precision == Precision::bf16 ? "bf16" : "fp32";
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](std::string_view field, int64_t value) {
+    MESHTRAIN_CHECK(value > 0, "model.{}: must be > 0, got {}", field, value);
+  };
+  positive("dim", dim);
+  positive("n_layers", n_layers);
+  positive("n_heads", n_heads);
+  positive("n_kv_heads", n_kv_heads);
+  positive("hidden_dim", hidden_dim);
+  positive("vocab_size", vocab_size);
+  positive("max_seq_len", max_seq_len);
+  MESHTRAIN_CHECK(dim % n_heads == 0, "model.n_heads: {} does not divide dim {}", n_heads, dim);
+  MESHTRAIN_CHECK(n_heads % n_kv_heads == 0, "model.n_kv_heads: {} does not divide n_heads {}",
+                  n_kv_heads, n_heads);
+  MESHTRAIN_CHECK(vocab_size <= (int64_t{1} << 31) - 1, "model.vocab_size: {} does not fit int32",
+                  vocab_size);
+  MESHTRAIN_CHECK(norm_eps > 0, "model.norm_eps: must be > 0, got {}", norm_eps);
+  MESHTRAIN_CHECK(init_std > 0, "model.init_std: must be > 0, got {}", init_std);
+  if (family == Family::llama) {
+    MESHTRAIN_CHECK(head_dim() % 2 == 0,
+                    "model.n_heads: head_dim {} (dim {} / n_heads {}) must be even for RoPE",
+                    head_dim(), dim, n_heads);
+    MESHTRAIN_CHECK(rope_theta > 0, "model.rope_theta: must be > 0, got {}", rope_theta);
+  } else {
+    MESHTRAIN_CHECK(n_kv_heads == n_heads,
+                    "model.n_kv_heads: gpt2 has no grouped-query attention, so it must equal "
+                    "n_heads {} (got {})",
+                    n_heads, n_kv_heads);
+    MESHTRAIN_CHECK(tie_embeddings, "model.tie_embeddings: gpt2 always ties its output layer");
+  }
+}
+
+int64_t ModelConfig::num_params() const {
+  int64_t total = 0;
+  for (const ParamSpec& spec : build_param_specs(*this)) total += spec.numel();
+  return total;
+}
+
+double ModelConfig::train_flops_per_token(int64_t seq) const {
+  int64_t matmul_params = 0;
+  for (const ParamSpec& spec : build_param_specs(*this)) {
+    if (spec.matmul_weight) matmul_params += spec.numel();
+  }
+  // A tied embedding is a matmul weight already; an untied one is a lookup
+  // and lm_head is the output layer.
+  return 6.0 * static_cast<double>(matmul_params) +
+         12.0 * static_cast<double>(n_layers) * static_cast<double>(seq) *
+             static_cast<double>(dim);
+}
+
+namespace {
+
+ModelConfig llama_shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,
+                        int64_t hidden, int64_t vocab, int64_t seq, bool tied) {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.hidden_dim = hidden;
+  c.vocab_size = vocab;
+  c.max_seq_len = seq;
+  c.norm_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+}  // namespace
+
+ModelConfig model_preset(std::string_view name) {
+  // llama-tiny: a byte-level model for quick runs; untied like Llama 2.
+  if (name == "llama-tiny") return llama_shape(64, 2, 4, 2, 176, 256, 128, false);
+  // llama-60M: the benchmark model. Tied output: 53.0M parameters (untied would be
+  // 78.7M; 27.3M of it is non-embedding), so tied is the closer reading of the name.
+  if (name == "llama-60M") return llama_shape(512, 8, 8, 8, 1536, 50257, 256, true);
+  // llama2.c's stories260K (tied output).
+  if (name == "stories260K") return llama_shape(64, 5, 8, 4, 172, 512, 512, true);
+  if (name == "gpt2-124M") {
+    ModelConfig c;
+    c.family = Family::gpt2;
+    c.dim = 768;
+    c.n_layers = 12;
+    c.n_heads = 12;
+    c.n_kv_heads = 12;
+    c.hidden_dim = 3072;
+    c.vocab_size = 50257;
+    c.max_seq_len = 1024;
+    c.norm_eps = 1e-5f;
+    c.tie_embeddings = true;
+    return c;
+  }
+  fail("unknown model preset '{}' (known: {})", name, fmt::join(model_preset_names(), ", "));
+}
+
+std::vector<std::string> model_preset_names() {
+  return {"llama-tiny", "llama-60M", "gpt2-124M", "stories260K"};
+}
+
+}  // namespace meshtrain

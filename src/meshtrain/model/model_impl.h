@@ -1,0 +1,130 @@
+// Internal to the model module: the Model's layer plumbing, saved activations
+// and workspace. Not part of the public API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "meshtrain/backend/cpu/attention.h"
+#include "meshtrain/model/model.h"
+
+namespace meshtrain {
+
+inline constexpr size_t kNoParam = static_cast<size_t>(-1);
+
+// A linear layer over parameters of the registry. `nn_linear`: weight stored
+// [out, in] (torch nn.Linear, llama); otherwise [in, out] (HF Conv1D, GPT-2).
+// `n_weights` adjacent weight tensors form one GEMM (llama q|k|v, gate|up).
+struct Linear {
+  size_t weight = kNoParam;
+  size_t n_weights = 1;
+  size_t bias = kNoParam;
+  int64_t in = 0, out = 0;
+  bool nn_linear = true;
+};
+
+// A norm: RMSNorm when bias == kNoParam (llama), LayerNorm otherwise (gpt2).
+struct Norm {
+  size_t weight = kNoParam;
+  size_t bias = kNoParam;
+  bool layer_norm() const { return bias != kNoParam; }
+};
+
+// One pre-norm residual block:
+//   mid = x + proj(attention(qkv(norm1(x))));  out = mid + ff_out(act(ff_in(norm2(mid)))).
+struct Block {
+  Norm norm1, norm2;
+  Linear qkv, proj, ff_in, ff_out;
+};
+
+// What one block saves between forward and backward (rows N = batch * seq).
+// `dt` is the compute dtype (f32 or bf16).
+struct BlockActs {
+  MemCategory category = MemCategory::activations;  // workspace when nothing is kept
+  Tensor xn1, mean1, rstd1;  // norm1 output [N, d] dt; stats [N] f32 (mean: LayerNorm only)
+  cpu::AttentionSaved attn;  // q, k, v, probs (allocated by the kernel)
+  Tensor att;                // attention output [N, H*D] dt
+  Tensor mid;                // residual after attention [N, d] f32
+  Tensor xn2, mean2, rstd2;  // norm2 output and stats
+  Tensor ff_pre;             // [N, ff_in.out] f32: llama [gate|up], gpt2 pre-GELU
+  Tensor ff_act;             // [N, ff_out.in] dt: SwiGLU / GELU output
+};
+
+struct Activations {
+  int64_t batch = 0, seq = 0;
+  MemCategory category = MemCategory::activations;
+  std::vector<Tensor> residual;  // f32 [N, d]: residual[l] is the input of block l
+  std::vector<BlockActs> blocks;
+  Tensor hn, mean_f, rstd_f;     // final norm output [N, d] dt and stats
+};
+
+// Temporaries of one block call, reused across blocks and steps.
+struct Workspace {
+  Tensor qkv;     // f32 [N, qkv width] (forward)
+  Tensor dres;    // f32 [N, d]: gradient of the residual stream
+  Tensor dres_c;  // dt [N, d]: dres in the compute dtype (bf16 only)
+  Tensor dx;      // f32 [N, d]: gradient out of a norm's output / attention output
+  Tensor dff;     // f32 [N, max(hidden, qkv width)]: d(act output), bias-grad scratch
+  Tensor dff_c;   // dt [N, ff_in.out]: d(ff_in output)
+  Tensor dqkv;    // dt [N, qkv width]
+};
+
+struct Model::Impl {
+  Impl(Model& model);
+
+  // Parameter access by registry index.
+  const float* master(size_t i) const { return model.params_[i].master.data<float>(); }
+  float* grad(size_t i) const { return model.params_[i].grad.data<float>(); }
+  // The GEMM operand for dtype dt: the bf16 compute copy or the f32 master.
+  const void* weight(size_t i, DType dt) const;
+  // Reports a complete gradient; checks reverse registry order.
+  void ready(size_t i);
+
+  Block block(int64_t layer) const;
+  cpu::AttentionDims attention_dims(int64_t batch, int64_t seq) const;
+  const cpu::RopeTable* rope_table() const { return has_rope ? &rope : nullptr; }
+  void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const;
+  void check_tokens(const int32_t* ids, int64_t n, bool allow_negative, const char* what) const;
+
+  // Embeddings, all blocks, final norm into acts.hn. keep_all: one BlockActs
+  // and residual per layer (training); otherwise two residuals and one scratch
+  // block. cache != nullptr: incremental decoding from position cache->length
+  // (dt must be f32; the caller advances cache->length).
+  void forward_trunk(Activations& acts, const int32_t* tokens, int64_t batch, int64_t seq,
+                     DType dt, bool keep_all, KVCache* cache = nullptr);
+  // cache != nullptr: incremental decoding at positions [pos0, pos0 + seq) (f32 only).
+  void forward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out, DType dt,
+                     int64_t batch, int64_t seq, cpu::KVCacheLayer* cache, int64_t pos0);
+  // Workspace dres holds d(out) on entry and d(x) on return.
+  void backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt, int64_t batch,
+                      int64_t seq);
+
+  void norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y, Tensor& mean,
+                    Tensor& rstd, int64_t rows, MemCategory category);
+  void norm_backward(const Norm& norm, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                     const float* dy, float* dx, int64_t rows);
+  // y[rows, out] (=|+=) x · W (+ bias), x in dt.
+  void linear_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y,
+                      bool accumulate);
+  // Adds the weight (and bias) gradients, reports them ready, and writes
+  // dx[rows, in] when dx != nullptr. dy: dY in dt; dy_f32: dY in f32 or nullptr
+  // (then the bias gradient converts dy into `scratch`).
+  void linear_backward(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
+                       const void* x, int64_t rows, float* dx, float* scratch);
+  // dres in the compute dtype (dres itself in fp32).
+  const void* residual_grad_compute(DType dt, int64_t rows);
+
+  Model& model;
+  const ModelConfig& cfg;
+  cpu::CpuContext& ctx;
+  bool has_rope = false;
+  cpu::RopeTable rope;
+  size_t embed = 0, positions = kNoParam, output = 0;
+  Norm final_norm;
+  size_t next_ready = 0;  // the registry index + 1 the next ready() must report
+  Activations train;
+  Workspace ws;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,262 @@
+// Model behaviour beyond the math: consistency between the passes, decoding,
+// determinism, bf16, the gradient-ready hook and memory accounting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/model/model.h"
+#include "meshtrain/util/error.h"
+#include "tiny.h"
+
+namespace meshtrain {
+namespace {
+
+std::vector<ModelConfig> configs() {
+  return {testing::tiny_llama(false), testing::tiny_llama(true), testing::tiny_gpt2()};
+}
+
+std::vector<float> grads_of(Model& model) {
+  const float* g = model.flat_grad().data<float>();
+  return std::vector<float>(g, g + model.num_params());
+}
+
+double cross_entropy(const std::vector<float>& logits, const std::vector<int32_t>& targets,
+                     int64_t vocab) {
+  double total = 0;
+  for (size_t r = 0; r < targets.size(); ++r) {
+    const float* row = logits.data() + r * static_cast<size_t>(vocab);
+    double mx = row[0], sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, double(row[v]));
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - mx);
+    total += std::log(sum) + mx - row[targets[r]];
+  }
+  return total;
+}
+
+TEST(ModelPasses, LossesAgreeAcrossForwardBackwardLossAndLogits) {
+  for (const ModelConfig& c : configs()) {
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      SCOPED_TRACE(std::string(family_name(c.family)) + " " + std::string(precision_name(prec)));
+      MemoryTracker tracker;
+      cpu::CpuContext ctx(2, tracker);
+      Model model(c, prec, ctx);
+      testing::init_for_test(model, 1);
+      const int64_t B = 3, T = 9, n = B * T, V = c.vocab_size;
+      auto tokens = testing::random_ids(3, n, V), targets = testing::random_ids(4, n, V);
+      const double train_loss = model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f);
+      const double eval_loss = model.forward_loss(tokens.data(), targets.data(), B, T);
+      EXPECT_NEAR(train_loss, eval_loss, 1e-6 * eval_loss);
+      std::vector<float> logits(static_cast<size_t>(n * V));
+      model.forward_logits(tokens.data(), B, T, logits.data());
+      const double tol = prec == Precision::fp32 ? 1e-5 : 1e-3;
+      EXPECT_NEAR(cross_entropy(logits, targets, V), eval_loss, tol * eval_loss);
+    }
+  }
+}
+
+TEST(ModelPasses, DecodeTokenByTokenEqualsFullForward) {
+  for (const ModelConfig& c : configs()) {
+    SCOPED_TRACE(family_name(c.family));
+    MemoryTracker tracker;
+    cpu::CpuContext ctx(2, tracker);
+    Model model(c, Precision::fp32, ctx);
+    testing::init_for_test(model, 9);
+    const int64_t B = 2, T = 10, V = c.vocab_size;
+    auto tokens = testing::random_ids(5, B * T, V);
+    std::vector<float> full(static_cast<size_t>(B * T * V));
+    model.forward_logits(tokens.data(), B, T, full.data());
+
+    // A 3-token prompt in one call, then one token at a time.
+    KVCache cache = model.make_kv_cache(B, T);
+    std::vector<float> last(static_cast<size_t>(B * V));
+    int64_t pos = 0;
+    while (pos < T) {
+      const int64_t step = pos == 0 ? 3 : 1;
+      std::vector<int32_t> chunk;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = pos; t < pos + step; ++t) chunk.push_back(tokens[b * T + t]);
+      model.decode(chunk.data(), B, step, cache, last.data());
+      pos += step;
+      EXPECT_EQ(cache.length, pos);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t v = 0; v < V; ++v) {
+          const float want = full[((b * T) + pos - 1) * V + v];
+          ASSERT_NEAR(last[b * V + v], want, 1e-5 * (1 + std::abs(want)))
+              << "batch " << b << " position " << pos - 1 << " token " << v;
+        }
+    }
+    EXPECT_THROW(model.decode(tokens.data(), B, 1, cache, last.data()), Error);  // cache full
+  }
+}
+
+TEST(ModelPasses, GradientsAccumulateAndIgnoredTargetsContributeNothing) {
+  const ModelConfig c = testing::tiny_llama(false);
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(2, tracker);
+  Model model(c, Precision::fp32, ctx);
+  testing::init_for_test(model, 2);
+  const int64_t B = 2, T = 6, n = B * T;
+  auto tokens = testing::random_ids(6, n, c.vocab_size), targets = testing::random_ids(7, n, c.vocab_size);
+  model.zero_grads();
+  model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f);
+  const std::vector<float> once = grads_of(model);
+  model.zero_grads();
+  model.forward_backward(tokens.data(), targets.data(), B, T, 0.5f);
+  model.forward_backward(tokens.data(), targets.data(), B, T, 0.5f);
+  const std::vector<float> twice = grads_of(model);
+  for (size_t i = 0; i < once.size(); ++i) ASSERT_NEAR(twice[i], once[i], 1e-6 + 1e-5 * std::abs(once[i]));
+
+  // All targets ignored: zero loss, zero gradient.
+  std::vector<int32_t> none(static_cast<size_t>(n), -1);
+  model.zero_grads();
+  EXPECT_EQ(model.forward_backward(tokens.data(), none.data(), B, T, 1.0f), 0.0);
+  for (float g : grads_of(model)) ASSERT_EQ(g, 0.0f);
+}
+
+TEST(ModelPasses, TwoRunsGiveBitIdenticalGradients) {
+  for (const ModelConfig& c : configs()) {
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      std::vector<std::vector<float>> runs;
+      std::vector<double> losses;
+      for (int run = 0; run < 2; ++run) {
+        MemoryTracker tracker;
+        cpu::CpuContext ctx(2, tracker);
+        Model model(c, prec, ctx);
+        model.init_weights(17);
+        const int64_t B = 2, T = 8, n = B * T;
+        auto tokens = testing::random_ids(8, n, c.vocab_size);
+        auto targets = testing::random_ids(9, n, c.vocab_size);
+        model.zero_grads();
+        losses.push_back(model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f / n));
+        runs.push_back(grads_of(model));
+      }
+      EXPECT_EQ(losses[0], losses[1]);
+      EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)))
+          << family_name(c.family) << " " << precision_name(prec);
+    }
+  }
+}
+
+// bf16 compute with f32 master weights stays close to fp32: the loss within
+// 1% and the gradient direction within cosine 0.99.
+TEST(ModelPasses, Bf16IsCloseToFp32) {
+  for (const ModelConfig& base : configs()) {
+    SCOPED_TRACE(family_name(base.family));
+    ModelConfig c = base;
+    c.init_std = 0.1f;
+    std::vector<std::vector<float>> grads;
+    std::vector<double> losses;
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      MemoryTracker tracker;
+      cpu::CpuContext ctx(2, tracker);
+      Model model(c, prec, ctx);
+      model.init_weights(23);
+      const int64_t B = 2, T = 12, n = B * T;
+      auto tokens = testing::random_ids(10, n, c.vocab_size);
+      auto targets = testing::random_ids(11, n, c.vocab_size);
+      model.zero_grads();
+      losses.push_back(model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f / n));
+      grads.push_back(grads_of(model));
+    }
+    EXPECT_NEAR(losses[1], losses[0], 1e-2 * losses[0]);
+    double dot = 0, a2 = 0, b2 = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      dot += double(grads[0][i]) * grads[1][i];
+      a2 += double(grads[0][i]) * grads[0][i];
+      b2 += double(grads[1][i]) * grads[1][i];
+    }
+    EXPECT_GT(dot / std::sqrt(a2 * b2), 0.99);
+  }
+}
+
+TEST(ModelPasses, GradReadyFiresOncePerParameterInReverseOrder) {
+  for (const ModelConfig& c : configs()) {
+    SCOPED_TRACE(family_name(c.family));
+    MemoryTracker tracker;
+    cpu::CpuContext ctx(2, tracker);
+    Model model(c, Precision::bf16, ctx);
+    model.init_weights(1);
+    std::vector<size_t> order;
+    std::vector<float> snapshot;  // the gradient when reported ready
+    bool complete_when_ready = true;
+    model.on_grad_ready = [&](size_t i) { order.push_back(i); };
+    const int64_t B = 2, T = 5, n = B * T;
+    auto tokens = testing::random_ids(12, n, c.vocab_size), targets = testing::random_ids(13, n, c.vocab_size);
+    for (int step = 0; step < 2; ++step) {
+      order.clear();
+      model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f);
+      ASSERT_EQ(order.size(), model.params().size());
+      for (size_t k = 0; k < order.size(); ++k) EXPECT_EQ(order[k], order.size() - 1 - k);
+    }
+    // A gradient reported ready does not change afterwards in the same pass.
+    model.zero_grads();
+    std::vector<std::vector<float>> at_ready(model.params().size());
+    model.on_grad_ready = [&](size_t i) {
+      const Parameter& p = model.params()[i];
+      at_ready[i].assign(p.grad.data<float>(), p.grad.data<float>() + p.spec.numel());
+    };
+    model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f);
+    for (size_t i = 0; i < at_ready.size(); ++i) {
+      const Parameter& p = model.params()[i];
+      complete_when_ready &= std::memcmp(at_ready[i].data(), p.grad.data<float>(),
+                                         at_ready[i].size() * sizeof(float)) == 0;
+    }
+    EXPECT_TRUE(complete_when_ready);
+    (void)snapshot;
+  }
+}
+
+TEST(ModelPasses, MemoryTrackerSeesParamsGradsAndActivations) {
+  for (Precision prec : {Precision::fp32, Precision::bf16}) {
+    const ModelConfig c = testing::tiny_llama(false);
+    MemoryTracker tracker;
+    cpu::CpuContext ctx(2, tracker);
+    Model model(c, prec, ctx);
+    model.init_weights(1);
+    int64_t matmul_numel = 0;
+    for (const Parameter& p : model.params()) matmul_numel += p.spec.matmul_weight ? p.spec.numel() : 0;
+    const size_t n = static_cast<size_t>(model.num_params());
+    const size_t compute = prec == Precision::bf16 ? 2 * static_cast<size_t>(matmul_numel) : 0;
+    EXPECT_GE(tracker.live(MemCategory::params), 4 * n + compute);
+    EXPECT_LT(tracker.live(MemCategory::params), 4 * n + compute + (1 << 16));  // + rope table
+    EXPECT_EQ(tracker.live(MemCategory::grads), 4 * n);
+    EXPECT_EQ(tracker.live(MemCategory::activations), 0u);
+
+    const int64_t B = 2, T = 16, rows = B * T;
+    auto tokens = testing::random_ids(1, rows, c.vocab_size), targets = testing::random_ids(2, rows, c.vocab_size);
+    model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f);
+    // At least the residual stream of every layer plus the attention probabilities.
+    const size_t probs = static_cast<size_t>(B * c.n_heads * T * T) * dtype_size(compute_dtype(prec));
+    const size_t floor = static_cast<size_t>(c.n_layers) * (4 * rows * c.dim + probs);
+    EXPECT_GE(tracker.live(MemCategory::activations), floor);
+    EXPECT_GT(tracker.peak(MemCategory::workspace), 0u);
+  }
+}
+
+TEST(ModelPasses, RejectsBadInput) {
+  const ModelConfig c = testing::tiny_llama(false);
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(1, tracker);
+  Model model(c, Precision::fp32, ctx);
+  model.init_weights(1);
+  std::vector<int32_t> tokens(8, 1), targets(8, 2);
+  tokens[5] = static_cast<int32_t>(c.vocab_size);
+  EXPECT_THROW(model.forward_backward(tokens.data(), targets.data(), 2, 4, 1.0f), Error);
+  tokens[5] = -1;
+  EXPECT_THROW(model.forward_loss(tokens.data(), targets.data(), 2, 4), Error);
+  tokens[5] = 1;
+  targets[2] = 999;
+  EXPECT_THROW(model.forward_loss(tokens.data(), targets.data(), 2, 4), Error);
+  std::vector<int32_t> long_seq(static_cast<size_t>(c.max_seq_len + 1), 1);
+  EXPECT_THROW(model.forward_loss(long_seq.data(), long_seq.data(), 1, c.max_seq_len + 1), Error);
+  EXPECT_THROW(model.make_kv_cache(1, c.max_seq_len + 1), Error);
+  ModelConfig bad = c;
+  bad.n_heads = 5;
+  EXPECT_THROW(Model(bad, Precision::fp32, ctx), Error);
+}
+
+}  // namespace
+}  // namespace meshtrain
