@@ -1,1 +1,257 @@
-int main() { return 0; }
+// meshtrain's command line: train, sample, ckpt export/import. Thin glue over
+// the library (train/, ckpt/); any error becomes one line on stderr.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/ckpt/hf.h"
+#include "meshtrain/ckpt/llama2c.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/generate.h"
+#include "meshtrain/train/trainer.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+// Signals a command-line usage problem (exit code 2).
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// "--section.key value" and "--section.key=value" pairs left over by CLI11.
+ConfigOverrides parse_overrides(const std::vector<std::string>& args) {
+  ConfigOverrides overrides;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0 || arg.find('.') == std::string::npos) {
+      throw UsageError(fmt::format("train: unexpected argument '{}' (overrides are --section.key value)", arg));
+    }
+    std::string key = arg.substr(2), value;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key.resize(eq);
+    } else {
+      if (i + 1 >= args.size()) throw UsageError(fmt::format("train: {} needs a value", arg));
+      value = args[++i];
+    }
+    overrides.emplace_back(key, value);
+  }
+  return overrides;
+}
+
+struct TrainArgs {
+  std::string config, resume;
+};
+
+void run_train(const TrainArgs& args, const std::vector<std::string>& extras) {
+  TrainConfig config = load_config(args.config, parse_overrides(extras));
+  TrainerOptions options;
+  options.resume_dir = args.resume;
+  Trainer trainer(config, options);
+  trainer.run();
+}
+
+struct SampleArgs {
+  std::string checkpoint, model_file, prompt_ids, prompt, precision = "fp32";
+  float temperature = 1.0f;
+  int64_t top_k = 0, max_new_tokens = 256;
+  uint64_t seed = 0;
+  int threads = 0;
+  bool print_ids = false;
+};
+
+// A byte-level vocabulary prints as text; control bytes other than newline and tab are escaped.
+void print_bytes(const std::vector<int32_t>& ids) {
+  std::string text;
+  for (int32_t id : ids) {
+    if (id == '\n' || id == '\t' || (id >= 32 && id != 127)) {
+      text.push_back(static_cast<char>(id));
+    } else {
+      text += fmt::format("\\x{:02x}", id);
+    }
+  }
+  std::fwrite(text.data(), 1, text.size(), stdout);
+}
+
+void run_sample(const SampleArgs& args) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(args.threads, tracker);
+  Precision precision = parse_precision(args.precision);
+  std::unique_ptr<Model> model = args.checkpoint.empty()
+                                     ? import_llama2c(args.model_file, precision, ctx)
+                                     : load_model_dir(args.checkpoint, precision, ctx);
+  const bool bytes = model->config().vocab_size == 256;
+  std::vector<int32_t> prompt;
+  if (!args.prompt.empty()) {
+    if (!bytes) throw UsageError("sample: --prompt needs a byte-level model (vocab 256); use --prompt-ids");
+    for (unsigned char c : args.prompt) prompt.push_back(c);
+  } else if (!args.prompt_ids.empty()) {
+    prompt = parse_token_ids(args.prompt_ids);
+  } else {
+    prompt = {bytes ? int32_t{'\n'} : int32_t{1}};  // a newline, or llama2.c's BOS
+  }
+  SampleOptions options;
+  options.temperature = args.temperature;
+  options.top_k = args.top_k;
+  options.seed = args.seed;
+  options.max_new_tokens = args.max_new_tokens;
+  if (bytes && !args.print_ids) {
+    print_bytes(prompt);
+    std::fflush(stdout);
+  }
+  std::vector<int32_t> out = generate(*model, prompt, options, [&](int32_t id) {
+    if (bytes && !args.print_ids) {
+      print_bytes({id});
+      std::fflush(stdout);
+    }
+  });
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), out.begin(), out.end());
+  if (args.print_ids) {
+    fmt::print("{}\n", fmt::join(all, ","));
+    if (bytes) {
+      print_bytes(all);
+      std::fputc('\n', stdout);
+    }
+  } else if (bytes) {
+    std::fputc('\n', stdout);
+  } else {
+    fmt::print("{}\n", fmt::join(all, ","));  // no tokenizer: ids are all there is
+  }
+}
+
+struct CkptArgs {
+  std::string format, checkpoint, in, out, dtype = "f32";
+  int threads = 0;
+};
+
+void run_export(const CkptArgs& args) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(args.threads, tracker);
+  std::unique_ptr<Model> model = load_model_dir(args.checkpoint, Precision::fp32, ctx);
+  if (args.format == "hf") {
+    export_hf(*model, args.out, parse_dtype(args.dtype));
+  } else {
+    export_llama2c(*model, args.out);
+  }
+  fmt::print("exported {} to {} ({})\n", args.checkpoint, args.out, args.format);
+}
+
+void run_import(const CkptArgs& args) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(args.threads, tracker);
+  std::unique_ptr<Model> model = args.format == "llama2c"
+                                     ? import_llama2c(args.in, Precision::fp32, ctx)
+                                     : import_hf(args.in, Precision::fp32, ctx);
+  export_hf(*model, args.out, parse_dtype(args.dtype));
+  fmt::print("imported {} ({}) to {}: {} params\n", args.in, args.format, args.out,
+             model->num_params());
+}
+
+// Errors are single lines: join anything multi-line a library might produce.
+std::string one_line(std::string message) {
+  for (char& c : message) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return message;
+}
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"meshtrain: trains decoder-only language models (Llama, GPT-2)"};
+  app.require_subcommand(1);
+
+  TrainArgs train_args;
+  CLI::App* train = app.add_subcommand("train", "Train a model from a TOML config");
+  train->add_option("--config", train_args.config, "TOML file (keys: docs/config.md)")->required();
+  train->add_option("--resume", train_args.resume, "Resume from a step directory (out_dir/step_N)");
+  train->allow_extras();
+  train->footer("Any config key can be overridden: --section.key value (e.g. --train.steps 100)");
+
+  SampleArgs sample_args;
+  CLI::App* sample = app.add_subcommand("sample", "Generate tokens from saved weights");
+  auto* ckpt_opt = sample->add_option("--checkpoint", sample_args.checkpoint,
+                                      "Training step directory or Hugging Face directory");
+  auto* file_opt = sample->add_option("--model-file", sample_args.model_file,
+                                      "llama2.c checkpoint (.bin)");
+  ckpt_opt->excludes(file_opt);
+  sample->add_option("--temperature", sample_args.temperature, "0 = greedy")
+      ->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
+  sample->add_option("--top-k", sample_args.top_k, "0 = whole vocabulary")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  sample->add_option("--seed", sample_args.seed)->capture_default_str();
+  sample->add_option("--max-new-tokens", sample_args.max_new_tokens)
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  sample->add_option("--prompt-ids", sample_args.prompt_ids, "Comma-separated token ids");
+  sample->add_option("--prompt", sample_args.prompt, "Prompt text (byte-level models only)");
+  sample->add_flag("--print-ids", sample_args.print_ids, "Print the token ids");
+  sample->add_option("--precision", sample_args.precision)
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  sample->add_option("--threads", sample_args.threads, "0 = cores available")
+      ->check(CLI::NonNegativeNumber);
+
+  CLI::App* ckpt = app.add_subcommand("ckpt", "Convert weights to and from other formats");
+  ckpt->require_subcommand(1);
+  CkptArgs export_args, import_args;
+  CLI::App* exp = ckpt->add_subcommand("export", "Write a checkpoint as Hugging Face or llama2.c");
+  exp->add_option("--format", export_args.format)->required()->check(CLI::IsMember({"hf", "llama2c"}));
+  exp->add_option("--checkpoint", export_args.checkpoint, "Training step or Hugging Face directory")
+      ->required();
+  exp->add_option("--out", export_args.out, "Output directory (hf) or file (llama2c)")->required();
+  exp->add_option("--dtype", export_args.dtype, "hf weight dtype")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  CLI::App* imp = ckpt->add_subcommand("import", "Read llama2.c or Hugging Face weights");
+  imp->add_option("--format", import_args.format)->required()->check(CLI::IsMember({"hf", "llama2c"}));
+  imp->add_option("--in", import_args.in, "llama2.c file or Hugging Face directory")->required();
+  imp->add_option("--out", import_args.out, "Output (Hugging Face) directory")->required();
+  imp->add_option("--dtype", import_args.dtype, "stored weight dtype")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+    if (sample->parsed() && sample_args.checkpoint.empty() && sample_args.model_file.empty()) {
+      throw UsageError("sample: --checkpoint or --model-file is required");
+    }
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "meshtrain: %s (see --help)\n", one_line(e.what()).c_str());
+    return 2;
+  }
+
+  if (train->parsed()) {
+    run_train(train_args, train->remaining());
+  } else if (sample->parsed()) {
+    run_sample(sample_args);
+  } else if (exp->parsed()) {
+    run_export(export_args);
+  } else if (imp->parsed()) {
+    run_import(import_args);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+int main(int argc, char** argv) {
+  try {
+    return meshtrain::main_impl(argc, argv);
+  } catch (const meshtrain::UsageError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "meshtrain: %s\n", meshtrain::one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "meshtrain: %s\n", meshtrain::one_line(e.what()).c_str());
+    return 1;
+  }
+}

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string_view>
 #include <toml++/toml.h>
@@ -402,6 +403,38 @@ toml::table to_table(const TrainConfig& c) {
                      {"data", std::move(data)}};
 }
 
+// JSON values as TOML nodes (integers stay integers), for config_from_json.
+void insert_json(toml::table& table, const std::string& key, const nlohmann::json& value);
+
+toml::array json_array(const nlohmann::json& value) {
+  toml::array array;
+  for (const nlohmann::json& item : value) {
+    MESHTRAIN_CHECK(item.is_string(), "config: only arrays of strings are supported");
+    array.push_back(item.get<std::string>());
+  }
+  return array;
+}
+
+void insert_json(toml::table& table, const std::string& key, const nlohmann::json& value) {
+  if (value.is_object()) {
+    toml::table sub;
+    for (const auto& [k, v] : value.items()) insert_json(sub, k, v);
+    table.insert_or_assign(key, std::move(sub));
+  } else if (value.is_array()) {
+    table.insert_or_assign(key, json_array(value));
+  } else if (value.is_boolean()) {
+    table.insert_or_assign(key, value.get<bool>());
+  } else if (value.is_number_integer()) {
+    table.insert_or_assign(key, value.get<int64_t>());
+  } else if (value.is_number_float()) {
+    table.insert_or_assign(key, value.get<double>());
+  } else if (value.is_string()) {
+    table.insert_or_assign(key, value.get<std::string>());
+  } else {
+    fail("config: {} has an unsupported JSON value", key);
+  }
+}
+
 }  // namespace
 
 LrSchedule TrainConfig::lr_schedule() const {
@@ -445,6 +478,19 @@ std::string config_to_json(const TrainConfig& config) {
   std::ostringstream os;
   os << toml::json_formatter{to_table(config)};
   return os.str();
+}
+
+TrainConfig config_from_json(const std::string& json_text) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("config: not valid JSON: {}", e.what());
+  }
+  MESHTRAIN_CHECK(json.is_object(), "config: expected a JSON object");
+  toml::table root;
+  for (const auto& [key, value] : json.items()) insert_json(root, key, value);
+  return from_table(root);
 }
 
 std::vector<std::string> expand_train_files(const DataSettings& data) {

@@ -71,8 +71,9 @@ TrainConfig load_config(const std::string& path, const ConfigOverrides& override
 // The resolved configuration as TOML text that parse_config accepts (every
 // key explicit, no preset needed) — saved with checkpoints.
 std::string config_to_toml(const TrainConfig& config);
-// The same as a JSON object text.
+// The same as a JSON object text, and back (checkpoints' train_state.json).
 std::string config_to_json(const TrainConfig& config);
+TrainConfig config_from_json(const std::string& json_text);
 
 // data.train expanded: globs matched (sorted), lists flattened. Throws Error
 // naming the pattern when nothing matches.

@@ -1,0 +1,36 @@
+// Text generation from a model: incremental decoding with the KV cache,
+// greedy (temperature 0) or temperature + top-k sampling with a seeded,
+// counter-based RNG (the draw for a position depends only on seed and position).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/model/model.h"
+
+namespace meshtrain {
+
+struct SampleOptions {
+  float temperature = 1.0f;  // 0 = greedy (argmax)
+  int64_t top_k = 0;         // 0 = the whole vocabulary
+  uint64_t seed = 0;
+  int64_t max_new_tokens = 64;
+};
+
+// Picks a token from logits[vocab]. `draw` indexes the random stream.
+int32_t pick_token(const float* logits, int64_t vocab, const SampleOptions& options,
+                   uint64_t draw);
+
+// Feeds the prompt (at least one id), then generates up to max_new_tokens
+// (fewer if the model's max_seq_len is reached). on_token sees each new id as
+// it is produced. Returns the new ids.
+std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt,
+                              const SampleOptions& options,
+                              const std::function<void(int32_t)>& on_token = {});
+
+// "1,2,3" -> {1, 2, 3}; Error naming the bad entry.
+std::vector<int32_t> parse_token_ids(const std::string& text);
+
+}  // namespace meshtrain

@@ -1,0 +1,82 @@
+// The single-rank training loop: gradient accumulation over micro-batches,
+// global-norm clipping, AdamW with the LR schedule, periodic validation,
+// console and JSONL metrics, checkpoints that resume bit-exactly.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/data/sampler.h"
+#include "meshtrain/model/model.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/train/config.h"
+
+namespace meshtrain {
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based: the step just completed
+  double loss = 0;   // mean token loss over the step's batch
+  float lr = 0;
+  double grad_norm = 0;  // before clipping
+  double tokens_per_s = 0;
+  double mfu = 0;
+  double step_ms = 0;
+};
+
+struct TrainerOptions {
+  std::string resume_dir;  // a step directory to resume from; empty = start from the seed
+  bool console = true;     // per-step lines and reports on stdout
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& config, const TrainerOptions& options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs the remaining steps up to train.steps with evaluation, logging and
+  // checkpoints (always one at the end). Returns the records of the steps run.
+  std::vector<StepRecord> run();
+  // One optimizer step (no logging, evaluation or checkpoint).
+  StepRecord train_step();
+  // Mean validation loss per token over train.eval_batches micro-batches.
+  double evaluate();
+  // Writes <out_dir>/step_<N>/ for the current step; returns its path.
+  std::string save_checkpoint();
+
+  int64_t step() const { return step_; }
+  const TrainConfig& config() const { return config_; }
+  Model& model() { return *model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  SamplerPosition sampler_position() const { return sampler_->position(); }
+  double peak_flops() const { return peak_flops_; }
+
+ private:
+  void log_step(const StepRecord& record);
+  void log_eval(double val_loss);
+
+  TrainConfig config_;
+  TrainerOptions options_;
+  MemoryTracker tracker_;
+  std::unique_ptr<cpu::CpuContext> ctx_;
+  std::unique_ptr<TokenDataset> train_data_;
+  std::unique_ptr<TokenDataset> val_data_;  // null without data.val
+  std::unique_ptr<ShuffledSampler> sampler_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  LrSchedule schedule_;
+  int64_t step_ = 0;
+  double peak_flops_ = 0;
+  std::string peak_source_;
+  std::vector<int32_t> inputs_, targets_;  // one micro-batch of token ids
+  std::ofstream metrics_;
+};
+
+}  // namespace meshtrain
