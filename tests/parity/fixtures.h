@@ -1,0 +1,83 @@
+// Access to the PyTorch reference fixtures (tests/reference/generate_fixtures.py).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/ckpt/hf.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/ckpt/weights.h"
+#include "meshtrain/model/model.h"
+
+namespace meshtrain::parity {
+
+// $MESHTRAIN_FIXTURES (ctest sets it to the fixtures it regenerated), else
+// the build's fixtures/ when present, else the committed tests/reference/fixtures.
+inline std::string fixture_path(const std::string& name) {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("MESHTRAIN_FIXTURES"); env != nullptr && *env != '\0') {
+    return (fs::path(env) / name).string();
+  }
+  fs::path built = fs::path(MESHTRAIN_BINARY_DIR) / "fixtures" / name;
+  if (fs::exists(built)) return built.string();
+  return (fs::path(MESHTRAIN_SOURCE_DIR) / "tests/reference/fixtures" / name).string();
+}
+
+inline std::string stories_path() {
+  return (std::filesystem::path(MESHTRAIN_SHARED_DIR) / "data/stories260K.bin").string();
+}
+
+// A scratch directory unique to the running test (ctest runs tests in parallel).
+inline std::string scratch_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  auto dir = std::filesystem::path(MESHTRAIN_BINARY_DIR) / "test_scratch" /
+             (std::string(info->test_suite_name()) + "." + info->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// ||a - b|| / ||b|| in double: the error measure for every tensor comparison here.
+inline double rel_error(const float* a, const float* b, int64_t n) {
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    diff += d * d;
+    ref += static_cast<double>(b[i]) * static_cast<double>(b[i]);
+  }
+  return ref == 0 ? std::sqrt(diff) : std::sqrt(diff / ref);
+}
+
+inline std::vector<int32_t> to_i32(const std::vector<int64_t>& v) {
+  return std::vector<int32_t>(v.begin(), v.end());
+}
+
+// The case's model (config from the weights file's metadata) with its initial weights.
+struct FixtureModel {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx{0, tracker};
+  std::unique_ptr<Model> model;
+
+  FixtureModel(const std::string& case_name, Precision precision) {
+    const std::string path = fixture_path(case_name + ".weights.safetensors");
+    SafetensorsReader weights(path);
+    ModelConfig config = parse_hf_config(weights.metadata("config"), path);
+    model = std::make_unique<Model>(config, precision, ctx);
+    load_model_weights(*model, weights);
+  }
+
+  std::vector<float> logits(const std::vector<int32_t>& tokens, int64_t batch, int64_t seq) {
+    std::vector<float> out(static_cast<size_t>(batch * seq * model->config().vocab_size));
+    model->forward_logits(tokens.data(), batch, seq, out.data());
+    return out;
+  }
+};
+
+}  // namespace meshtrain::parity

@@ -1,0 +1,56 @@
+// (a) fp32 logits, loss and every parameter gradient against the float64
+// PyTorch reference. Error per tensor: ||meshtrain - reference|| / ||reference||.
+#include <gtest/gtest.h>
+
+#include "fixtures.h"
+
+namespace meshtrain::parity {
+namespace {
+
+constexpr double kTol = 1e-5;
+
+class ForwardBackward : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ForwardBackward, LogitsLossAndEveryGradientMatchFloat64Reference) {
+  const std::string name = GetParam();
+  FixtureModel f(name, Precision::fp32);
+  Model& model = *f.model;
+  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
+  const auto& shape = ref.info("tokens").shape;
+  const int64_t batch = shape[0], seq = shape[1], n = batch * seq;
+  const auto tokens = to_i32(ref.read_ints("tokens"));
+  const auto targets = to_i32(ref.read_ints("targets"));
+
+  Tensor ref_logits = ref.read_tensor("logits", DType::f32, MemCategory::workspace, f.tracker);
+  std::vector<float> logits = f.logits(tokens, batch, seq);
+  ASSERT_EQ(static_cast<int64_t>(logits.size()), ref_logits.numel());
+  const double logits_err = rel_error(logits.data(), ref_logits.data<float>(), ref_logits.numel());
+  EXPECT_LE(logits_err, kTol) << "logits";
+
+  model.zero_grads();
+  const double loss = model.forward_backward(tokens.data(), targets.data(), batch, seq,
+                                             1.0f / static_cast<float>(n)) / static_cast<double>(n);
+  Tensor ref_loss = ref.read_tensor("loss", DType::f32, MemCategory::workspace, f.tracker);
+  const double ref_loss_value = ref_loss.data<float>()[0];
+  EXPECT_LE(std::abs(loss - ref_loss_value) / std::abs(ref_loss_value), kTol)
+      << "loss " << loss << " vs " << ref_loss_value;
+
+  double worst = 0;
+  std::string worst_name;
+  for (const Parameter& p : model.params()) {
+    Tensor g = ref.read_tensor("grad/" + p.spec.name, DType::f32, MemCategory::workspace,
+                               f.tracker);
+    ASSERT_EQ(g.shape(), p.spec.shape) << p.spec.name;
+    const double err = rel_error(p.grad.data<float>(), g.data<float>(), g.numel());
+    EXPECT_LE(err, kTol) << "gradient of " << p.spec.name;
+    if (err > worst) worst = err, worst_name = p.spec.name;
+  }
+  std::printf("%s: logits rel err %.2e, loss rel err %.2e, worst gradient rel err %.2e (%s)\n",
+              name.c_str(), logits_err, std::abs(loss - ref_loss_value) / ref_loss_value, worst,
+              worst_name.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ForwardBackward, ::testing::Values("llama_gqa", "gpt2"));
+
+}  // namespace
+}  // namespace meshtrain::parity

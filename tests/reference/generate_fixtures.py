@@ -1,0 +1,259 @@
+"""Writes the parity fixtures meshtrain's tests compare against (deterministic).
+
+    /usr/bin/python3 tests/reference/generate_fixtures.py --out tests/reference/fixtures
+
+For each case (llama_gqa, gpt2):
+  <case>.weights.safetensors    initial weights, registry names and layout, F32;
+                                __metadata__ "config" = config.json text
+  <case>.reference.safetensors  tokens/targets [B, T] I32, logits [B*T, V], loss [1],
+                                grad/<name> (gradient of the mean loss), and a 20-step
+                                AdamW run: train/tokens [steps, B, T+1],
+                                train/loss_fp32, train/grad_norm (float64 reference),
+                                train/loss_bf16 (torch bf16 autocast, for the tolerance);
+                                __metadata__ holds the optimizer settings.
+stories260k.reference.safetensors: logits of a fixed id sequence and greedy ids from BOS
+(with the top-1/top-2 logit margins), from the llama2.c file in ../shared/data.
+All math is float64 from the float32-rounded weights, so the C++ fp32 error is what is measured.
+"""
+import argparse
+import json
+import os
+import struct
+
+import numpy as np
+import torch
+
+import reference_model as ref
+import stfile
+
+CASES = {
+    # GQA, untied, head_dim 8, a hidden size and vocab that are not multiples of 16.
+    "llama_gqa": ref.Config("llama", dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=72,
+                            vocab_size=97, max_seq_len=16, tie_embeddings=False),
+    # Sequence 12 < max_seq_len 16: the unused position rows must get zero gradient.
+    "gpt2": ref.Config("gpt2", dim=32, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=128,
+                       vocab_size=97, max_seq_len=16),
+}
+SEQ = {"llama_gqa": 16, "gpt2": 12}
+BATCH = 2
+TRAIN = dict(steps=20, lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+             max_grad_norm=1.0)
+STORIES_IDS = [1, 365, 301, 471, 30, 9, 266, 94, 260, 324, 31, 70, 418, 13, 452, 33,
+               1, 500, 2, 77, 128, 256, 411, 7]
+STORIES_GREEDY = 40
+
+
+def init_weights(c, seed):
+    """Scales chosen so attention is far from uniform and every term matters."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (shape, kind) in ref.param_shapes(c).items():
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        if kind == "norm":
+            x = 1.0 + 0.2 * x
+        elif kind == "bias":
+            x = 0.1 * x
+        elif "embed" in name or "wte" in name or "wpe" in name:
+            x = 0.5 * x
+        else:
+            x = x / np.sqrt(shape[0] if c.family == "gpt2" else shape[1])  # 1/sqrt(fan_in)
+        out[name] = x.to(torch.float32).to(torch.float64)  # what the f32 file holds
+    return out
+
+
+def leaf_copy(P, dtype):
+    return {k: v.detach().clone().to(dtype).requires_grad_(True) for k, v in P.items()}
+
+
+def decay_groups(P, c, wd):
+    shapes = ref.param_shapes(c)
+    decay = [P[k] for k in P if shapes[k][1] == "matrix"]
+    no_decay = [P[k] for k in P if shapes[k][1] != "matrix"]
+    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def train_trace(P0, c, batches, dtype, autocast):
+    P = leaf_copy(P0, dtype)
+    opt = torch.optim.AdamW(decay_groups(P, c, TRAIN["weight_decay"]), lr=TRAIN["lr"],
+                            betas=(TRAIN["beta1"], TRAIN["beta2"]), eps=TRAIN["eps"])
+    losses, norms = [], []
+    for batch in batches:
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = ref.mean_loss(P, c, batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(list(P.values()), TRAIN["max_grad_norm"])
+        losses.append(loss.item())
+        norms.append(norm.item())
+        opt.step()
+    return losses, norms
+
+
+def f32(t):
+    return t.detach().to(torch.float32).numpy()
+
+
+def model_case(name, c, out_dir, seed):
+    P0 = init_weights(c, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    T = SEQ[name]
+    data = torch.randint(0, c.vocab_size, (BATCH, T + 1), generator=g)
+    tokens, targets = data[:, :-1], data[:, 1:]
+    # Two batches, alternating, so the loss falls visibly (memorisation) in 20 steps.
+    pool = torch.randint(0, c.vocab_size, (2, BATCH, T + 1), generator=g)
+    batches = pool[torch.arange(TRAIN["steps"]) % 2]
+
+    config_text = json.dumps(c.hf_config(), indent=2)
+    stfile.write(os.path.join(out_dir, f"{name}.weights.safetensors"),
+                 {k: f32(v) for k, v in P0.items()}, {"config": config_text})
+
+    P = leaf_copy(P0, torch.float64)
+    logits = ref.logits(P, c, tokens)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1))
+    loss.backward()
+
+    losses, norms = train_trace(P0, c, batches, torch.float64, autocast=False)
+    bf16_losses, _ = train_trace(P0, c, batches, torch.float32, autocast=True)
+    dev = max(abs(a - b) / abs(b) for a, b in zip(bf16_losses, losses))
+    print(f"{name}: loss {loss.item():.6f}, trace {losses[0]:.4f} -> {losses[-1]:.4f}, "
+          f"grad norms {min(norms):.3f}..{max(norms):.3f} (clip {TRAIN['max_grad_norm']}), "
+          f"torch bf16 autocast vs float64: max rel {dev:.2e}")
+
+    tensors = {"tokens": tokens.to(torch.int32).numpy(), "targets": targets.to(torch.int32).numpy(),
+               "logits": f32(logits.reshape(-1, c.vocab_size)), "loss": np.array([loss.item()])}
+    for k, v in P.items():
+        tensors["grad/" + k] = f32(v.grad)
+    tensors["train/tokens"] = batches.to(torch.int32).numpy()
+    tensors["train/loss_fp32"] = np.array(losses)
+    tensors["train/grad_norm"] = np.array(norms)
+    tensors["train/loss_bf16"] = np.array(bf16_losses)
+    meta = {k: repr(v) for k, v in TRAIN.items()}
+    meta["config"] = config_text
+    stfile.write(os.path.join(out_dir, f"{name}.reference.safetensors"), tensors, meta)
+
+
+def load_llama2c(path):
+    """llama2.c legacy v0 file -> (Config, params dict in registry names, float64)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    dim, hidden, layers, heads, kv_heads, vocab, seq = struct.unpack("<7i", raw[:28])
+    tied = vocab > 0
+    vocab = abs(vocab)
+    c = ref.Config("llama", dim, layers, heads, kv_heads, hidden, vocab, seq, tie_embeddings=tied)
+    w = np.frombuffer(raw, dtype="<f4", offset=28).astype(np.float64)
+    pos = 0
+
+    def take(*shape):
+        nonlocal pos
+        n = int(np.prod(shape))
+        out = torch.from_numpy(w[pos:pos + n].reshape(shape).copy())
+        pos += n
+        return out
+
+    kv = kv_heads * dim // heads
+    P = {"model.embed_tokens.weight": take(vocab, dim)}
+    order = [("input_layernorm.weight", (dim,)), ("self_attn.q_proj.weight", (dim, dim)),
+             ("self_attn.k_proj.weight", (kv, dim)), ("self_attn.v_proj.weight", (kv, dim)),
+             ("self_attn.o_proj.weight", (dim, dim)), ("post_attention_layernorm.weight", (dim,)),
+             ("mlp.gate_proj.weight", (hidden, dim)), ("mlp.down_proj.weight", (dim, hidden)),
+             ("mlp.up_proj.weight", (hidden, dim))]
+    for suffix, shape in order:
+        for layer in range(layers):
+            P[f"model.layers.{layer}.{suffix}"] = take(*shape)
+    P["model.norm.weight"] = take(dim)
+    hd = dim // heads
+    freq_cos, freq_sin = take(seq, hd // 2), take(seq, hd // 2)
+    cos, sin = ref.rope_angles(c, torch.arange(seq), torch.float64)
+    assert torch.allclose(freq_cos, cos, atol=1e-4) and torch.allclose(freq_sin, sin, atol=1e-4), \
+        "file's RoPE tables are not theta 10000 over interleaved pairs"
+    if not tied:
+        P["lm_head.weight"] = take(vocab, dim)
+    assert pos == len(w), f"{path}: {len(w) - pos} floats left over"
+    return c, P
+
+
+def runc_greedy(path, steps):
+    """A second, independent implementation: llama2.c's run.c forward, one token at a time
+    with a KV cache and the file's own RoPE tables (numpy, float64)."""
+    raw = open(path, "rb").read()
+    dim, hid, L, H, KV, V, S = struct.unpack("<7i", raw[:28])
+    w = np.frombuffer(raw, dtype="<f4", offset=28).astype(np.float64)
+    hs, V = dim // H, abs(V)
+    kvd, pos_ = KV * hs, [0]
+
+    def take(*shape):
+        n = int(np.prod(shape))
+        out = w[pos_[0]:pos_[0] + n].reshape(shape)
+        pos_[0] += n
+        return out
+
+    emb, ra = take(V, dim), take(L, dim)
+    wq, wk, wv, wo = take(L, dim, dim), take(L, kvd, dim), take(L, kvd, dim), take(L, dim, dim)
+    rf, w1, w2, w3 = take(L, dim), take(L, hid, dim), take(L, dim, hid), take(L, hid, dim)
+    rfin, fcr, fci = take(dim), take(S, hs // 2), take(S, hs // 2)
+    wcls = emb if struct.unpack("<i", raw[20:24])[0] > 0 else take(V, dim)
+
+    def rms(x, g):
+        return g * (x / np.sqrt((x * x).mean() + 1e-5))
+
+    def rotate(x, pos):
+        x = x.reshape(-1, hs // 2, 2)
+        c, s = fcr[pos][None, :], fci[pos][None, :]
+        return np.stack((x[..., 0] * c - x[..., 1] * s, x[..., 0] * s + x[..., 1] * c), -1).ravel()
+
+    kc, vc = np.zeros((L, S, kvd)), np.zeros((L, S, kvd))
+    token, out = 1, []
+    for pos in range(steps):
+        x = emb[token].copy()
+        for l in range(L):
+            xb = rms(x, ra[l])
+            q, k, v = rotate(wq[l] @ xb, pos), rotate(wk[l] @ xb, pos), wv[l] @ xb
+            kc[l, pos], vc[l, pos] = k, v
+            att = np.zeros(dim)
+            for h in range(H):
+                kh = h // (H // KV)
+                keys, vals = kc[l, :pos + 1, kh * hs:(kh + 1) * hs], vc[l, :pos + 1, kh * hs:(kh + 1) * hs]
+                score = keys @ q[h * hs:(h + 1) * hs] / np.sqrt(hs)
+                a = np.exp(score - score.max())
+                att[h * hs:(h + 1) * hs] = (a / a.sum()) @ vals
+            x = x + wo[l] @ att
+            xb = rms(x, rf[l])
+            hb = w1[l] @ xb
+            x = x + w2[l] @ (hb / (1 + np.exp(-hb)) * (w3[l] @ xb))
+        token = int((wcls @ rms(x, rfin)).argmax())
+        out.append(token)
+    return out
+
+
+def stories_case(path, out_dir):
+    c, P = load_llama2c(path)
+    ids = torch.tensor([STORIES_IDS])
+    logits = ref.logits(P, c, ids)[0]
+    seq, margins = [1], []
+    for _ in range(STORIES_GREEDY):
+        last = ref.logits(P, c, torch.tensor([seq]))[0, -1]
+        top = torch.topk(last, 2).values
+        margins.append((top[0] - top[1]).item())
+        seq.append(int(last.argmax()))
+    assert seq[1:] == runc_greedy(path, STORIES_GREEDY), "reference and run.c port disagree"
+    print(f"stories260K: greedy {seq[1:]}, smallest top-2 margin {min(margins):.2e}")
+    stfile.write(os.path.join(out_dir, "stories260k.reference.safetensors"),
+                 {"tokens": np.array(STORIES_IDS, dtype=np.int32), "logits": f32(logits),
+                  "greedy": np.array(seq[1:], dtype=np.int32), "greedy_margin": np.array(margins)})
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.path.join(here, "fixtures"))
+    parser.add_argument("--stories", default=os.path.join(here, "../../../shared/data/stories260K.bin"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # fixed reduction order: bit-identical fixtures run to run
+    os.makedirs(args.out, exist_ok=True)
+    for seed, (name, c) in enumerate(CASES.items()):
+        model_case(name, c, args.out, 1000 + 10 * seed)
+    stories_case(args.stories, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""PyTorch reference of meshtrain's two model families, written from the papers.
+
+Functional: a model is a dict {Hugging Face parameter name: tensor} in meshtrain's
+registry layout, so gradients and optimizer steps line up with the C++ side by name.
+- Llama: RMSNorm, RoPE over interleaved pairs (x[2i], x[2i+1]) (Meta / llama2.c),
+  grouped-query attention (query head h reads kv head h // (n_heads / n_kv_heads)),
+  SwiGLU down(silu(gate x) * up x), optional tied output.
+- GPT-2: LayerNorm with bias, learned positions, Conv1D weights [in, out]
+  (HF's layout, which meshtrain keeps), GELU with tanh, output tied to wte.
+rope="half" gives Hugging Face's rotate_half convention, used to check exported files.
+"""
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    family: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    vocab_size: int
+    max_seq_len: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+
+    @property
+    def head_dim(self):
+        return self.dim // self.n_heads
+
+    def hf_config(self):
+        """config.json as meshtrain's hf.cpp writes and parses it."""
+        if self.family == "llama":
+            return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                    "hidden_size": self.dim, "intermediate_size": self.hidden_dim,
+                    "num_hidden_layers": self.n_layers, "num_attention_heads": self.n_heads,
+                    "num_key_value_heads": self.n_kv_heads, "vocab_size": self.vocab_size,
+                    "max_position_embeddings": self.max_seq_len, "rms_norm_eps": self.norm_eps,
+                    "rope_theta": self.rope_theta, "hidden_act": "silu",
+                    "tie_word_embeddings": self.tie_embeddings}
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": self.dim,
+                "n_layer": self.n_layers, "n_head": self.n_heads,
+                "n_inner": None if self.hidden_dim == 4 * self.dim else self.hidden_dim,
+                "n_positions": self.max_seq_len, "vocab_size": self.vocab_size,
+                "layer_norm_epsilon": self.norm_eps, "activation_function": "gelu_new",
+                "tie_word_embeddings": True}
+
+    @staticmethod
+    def from_hf_config(text):
+        j = json.loads(text)
+        if j["model_type"] == "llama":
+            return Config("llama", j["hidden_size"], j["num_hidden_layers"],
+                          j["num_attention_heads"], j.get("num_key_value_heads") or j["num_attention_heads"],
+                          j["intermediate_size"], j["vocab_size"], j["max_position_embeddings"],
+                          j["rms_norm_eps"], j.get("rope_theta", 10000.0),
+                          j.get("tie_word_embeddings", False))
+        d = j["n_embd"]
+        return Config("gpt2", d, j["n_layer"], j["n_head"], j["n_head"], j.get("n_inner") or 4 * d,
+                      j["vocab_size"], j["n_positions"], j["layer_norm_epsilon"])
+
+
+def param_shapes(c):
+    """Name -> (shape, kind) in meshtrain's registry order; kind: matrix | norm | bias."""
+    out = {}
+    if c.family == "llama":
+        hd = c.head_dim
+        out["model.embed_tokens.weight"] = ((c.vocab_size, c.dim), "matrix")
+        for i in range(c.n_layers):
+            p = f"model.layers.{i}."
+            out[p + "input_layernorm.weight"] = ((c.dim,), "norm")
+            out[p + "self_attn.q_proj.weight"] = ((c.n_heads * hd, c.dim), "matrix")
+            out[p + "self_attn.k_proj.weight"] = ((c.n_kv_heads * hd, c.dim), "matrix")
+            out[p + "self_attn.v_proj.weight"] = ((c.n_kv_heads * hd, c.dim), "matrix")
+            out[p + "self_attn.o_proj.weight"] = ((c.dim, c.n_heads * hd), "matrix")
+            out[p + "post_attention_layernorm.weight"] = ((c.dim,), "norm")
+            out[p + "mlp.gate_proj.weight"] = ((c.hidden_dim, c.dim), "matrix")
+            out[p + "mlp.up_proj.weight"] = ((c.hidden_dim, c.dim), "matrix")
+            out[p + "mlp.down_proj.weight"] = ((c.dim, c.hidden_dim), "matrix")
+        out["model.norm.weight"] = ((c.dim,), "norm")
+        if not c.tie_embeddings:
+            out["lm_head.weight"] = ((c.vocab_size, c.dim), "matrix")
+        return out
+    d, h = c.dim, c.hidden_dim
+    out["transformer.wte.weight"] = ((c.vocab_size, d), "matrix")
+    out["transformer.wpe.weight"] = ((c.max_seq_len, d), "matrix")
+    for i in range(c.n_layers):
+        p = f"transformer.h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            out[p + ln + ".weight"] = ((d,), "norm")
+            out[p + ln + ".bias"] = ((d,), "bias")
+        out[p + "attn.c_attn.weight"] = ((d, 3 * d), "matrix")
+        out[p + "attn.c_attn.bias"] = ((3 * d,), "bias")
+        out[p + "attn.c_proj.weight"] = ((d, d), "matrix")
+        out[p + "attn.c_proj.bias"] = ((d,), "bias")
+        out[p + "mlp.c_fc.weight"] = ((d, h), "matrix")
+        out[p + "mlp.c_fc.bias"] = ((h,), "bias")
+        out[p + "mlp.c_proj.weight"] = ((h, d), "matrix")
+        out[p + "mlp.c_proj.bias"] = ((d,), "bias")
+    out["transformer.ln_f.weight"] = ((d,), "norm")
+    out["transformer.ln_f.bias"] = ((d,), "bias")
+    return out
+
+
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_angles(c, positions, dtype):
+    i = torch.arange(c.head_dim // 2, dtype=torch.float64)
+    inv_freq = c.rope_theta ** (-2.0 * i / c.head_dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # [T, hd/2]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rope_interleaved(x, cos, sin):
+    """x [B, T, H, hd]: rotates pairs (x[2i], x[2i+1]) by angle pos * theta^(-2i/hd)."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+
+
+def rope_half(x, cos, sin):
+    """Hugging Face's rotate_half: pairs (x[i], x[i + hd/2])."""
+    half = x.shape[-1] // 2
+    x0, x1 = x[..., :half], x[..., half:]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+
+
+def causal_attention(q, k, v):
+    """q [B, T, H, hd], k/v [B, T, KV, hd] -> [B, T, H*hd]; head h reads kv head h // (H/KV)."""
+    B, T, H, hd = q.shape
+    rep = H // k.shape[2]
+    k = k.repeat_interleave(rep, dim=2)
+    v = v.repeat_interleave(rep, dim=2)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hd)
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    out = torch.matmul(torch.softmax(scores.float() if scores.dtype == torch.bfloat16 else scores,
+                                     dim=-1).to(v.dtype), v)
+    return out.transpose(1, 2).reshape(B, T, H * hd)
+
+
+def llama_logits(P, c, tokens, rope="interleaved"):
+    B, T = tokens.shape
+    hd = c.head_dim
+    rotate = rope_interleaved if rope == "interleaved" else rope_half
+    x = P["model.embed_tokens.weight"][tokens]
+    cos, sin = rope_angles(c, torch.arange(T), x.dtype)
+    for i in range(c.n_layers):
+        p = f"model.layers.{i}."
+        h = rms_norm(x, P[p + "input_layernorm.weight"], c.norm_eps)
+        q = F.linear(h, P[p + "self_attn.q_proj.weight"]).view(B, T, c.n_heads, hd)
+        k = F.linear(h, P[p + "self_attn.k_proj.weight"]).view(B, T, c.n_kv_heads, hd)
+        v = F.linear(h, P[p + "self_attn.v_proj.weight"]).view(B, T, c.n_kv_heads, hd)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        x = x + F.linear(causal_attention(q, k, v), P[p + "self_attn.o_proj.weight"])
+        h = rms_norm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
+        gate = F.linear(h, P[p + "mlp.gate_proj.weight"])
+        up = F.linear(h, P[p + "mlp.up_proj.weight"])
+        x = x + F.linear(F.silu(gate) * up, P[p + "mlp.down_proj.weight"])
+    x = rms_norm(x, P["model.norm.weight"], c.norm_eps)
+    head = P["model.embed_tokens.weight"] if c.tie_embeddings else P["lm_head.weight"]
+    return F.linear(x, head)
+
+
+def conv1d(x, weight, bias):
+    """HF GPT-2's Conv1D: weight [in, out]."""
+    return torch.matmul(x, weight) + bias
+
+
+def gpt2_logits(P, c, tokens):
+    B, T = tokens.shape
+    hd = c.head_dim
+    x = P["transformer.wte.weight"][tokens] + P["transformer.wpe.weight"][:T][None]
+    for i in range(c.n_layers):
+        p = f"transformer.h.{i}."
+        h = F.layer_norm(x, (c.dim,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], c.norm_eps)
+        qkv = conv1d(h, P[p + "attn.c_attn.weight"], P[p + "attn.c_attn.bias"])
+        q, k, v = (t.reshape(B, T, c.n_heads, hd) for t in qkv.split(c.dim, dim=-1))
+        x = x + conv1d(causal_attention(q, k, v), P[p + "attn.c_proj.weight"],
+                       P[p + "attn.c_proj.bias"])
+        h = F.layer_norm(x, (c.dim,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], c.norm_eps)
+        h = F.gelu(conv1d(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]), approximate="tanh")
+        x = x + conv1d(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
+    x = F.layer_norm(x, (c.dim,), P["transformer.ln_f.weight"], P["transformer.ln_f.bias"],
+                     c.norm_eps)
+    return F.linear(x, P["transformer.wte.weight"])
+
+
+def logits(P, c, tokens, rope="interleaved"):
+    return llama_logits(P, c, tokens, rope) if c.family == "llama" else gpt2_logits(P, c, tokens)
+
+
+def mean_loss(P, c, tokens, targets):
+    out = logits(P, c, tokens)
+    return F.cross_entropy(out.reshape(-1, c.vocab_size).float() if out.dtype == torch.bfloat16
+                           else out.reshape(-1, c.vocab_size), targets.reshape(-1))
