@@ -1,0 +1,176 @@
+// Hugging Face config.json and weights: parsing, rejection of unsupported
+// features, the q/k row permutation, import errors.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/ckpt/atomic_file.h"
+#include "meshtrain/ckpt/hf.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "util.h"
+
+namespace meshtrain {
+namespace {
+
+using ckpt_test::scratch_dir;
+
+void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.dim, b.dim);
+  EXPECT_EQ(a.n_layers, b.n_layers);
+  EXPECT_EQ(a.n_heads, b.n_heads);
+  EXPECT_EQ(a.n_kv_heads, b.n_kv_heads);
+  EXPECT_EQ(a.hidden_dim, b.hidden_dim);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.max_seq_len, b.max_seq_len);
+  EXPECT_EQ(a.norm_eps, b.norm_eps);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.init_std, b.init_std);
+  if (a.family == Family::llama) {
+    EXPECT_EQ(a.rope_theta, b.rope_theta);
+  }
+}
+
+TEST(HfConfig, WriteThenParseGivesTheSameConfig) {
+  for (ModelConfig c : {ckpt_test::small_llama(true), ckpt_test::small_llama(false),
+                        ckpt_test::small_gpt2(), model_preset("gpt2-124M"),
+                        model_preset("stories260K")}) {
+    c.rope_theta = c.family == Family::llama ? 500000.0f : c.rope_theta;
+    expect_same_config(parse_hf_config(hf_config_json(c), "config.json"), c);
+  }
+  ModelConfig wide = ckpt_test::small_gpt2();
+  wide.hidden_dim = 48;  // not 4 * dim: written as n_inner
+  expect_same_config(parse_hf_config(hf_config_json(wide), "config.json"), wide);
+  EXPECT_NE(hf_config_json(ckpt_test::small_llama(true)).find("\"rms_norm_eps\": 1e-05"),
+            std::string::npos);
+}
+
+TEST(HfConfig, ParsesAHuggingFaceLlamaConfigWithDefaults) {
+  const char* text = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 5,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
+    "bos_token_id": 1, "torch_dtype": "float32", "transformers_version": "4.40.0"})";
+  ModelConfig c = parse_hf_config(text, "config.json");
+  EXPECT_EQ(c.family, Family::llama);
+  EXPECT_EQ(c.n_kv_heads, 4);
+  EXPECT_EQ(c.max_seq_len, 2048);  // LlamaConfig's defaults
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-6f);
+  EXPECT_EQ(c.rope_theta, 10000.0f);
+  EXPECT_FALSE(c.tie_embeddings);
+}
+
+TEST(HfConfig, BadConfigsNameTheFileAndKey) {
+  const std::string llama = R"("model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 97)";
+  auto parse = [](const std::string& body) { parse_hf_config("{" + body + "}", "cfg/config.json"); };
+  EXPECT_ERROR(parse_hf_config("{", "cfg/config.json"), "cfg/config.json", "not valid JSON");
+  EXPECT_ERROR(parse(R"("model_type": "mistral")"), "cfg/config.json", "model_type 'mistral'");
+  EXPECT_ERROR(parse(R"("model_type": "llama", "hidden_size": 64)"), "cfg/config.json",
+               "key 'intermediate_size' is missing");
+  EXPECT_ERROR(parse(llama + R"(, "num_key_value_heads": "two")"), "cfg/config.json",
+               "key 'num_key_value_heads' must be a positive integer");
+  EXPECT_ERROR(parse(llama + R"(, "num_key_value_heads": 3)"), "cfg/config.json", "n_kv_heads");
+  EXPECT_ERROR(parse(llama + R"(, "rope_scaling": {"type": "linear", "factor": 2.0})"),
+               "cfg/config.json", "key 'rope_scaling'");
+  EXPECT_ERROR(parse(llama + R"(, "hidden_act": "gelu")"), "cfg/config.json", "key 'hidden_act'");
+  EXPECT_ERROR(parse(llama + R"(, "attention_bias": true)"), "cfg/config.json",
+               "key 'attention_bias'");
+  EXPECT_ERROR(parse(llama + R"(, "rms_norm_eps": -1)"), "cfg/config.json", "key 'rms_norm_eps'");
+  EXPECT_ERROR(parse(llama + R"(, "head_dim": 32)"), "cfg/config.json", "key 'head_dim'");
+  EXPECT_ERROR(parse(R"("model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+    "vocab_size": 97, "activation_function": "relu")"), "cfg/config.json", "'activation_function'");
+  EXPECT_ERROR(read_hf_config(scratch_dir() + "/none/config.json"), "none/config.json",
+               "cannot open");
+}
+
+TEST(HfRope, PermutationMatchesConvertLlamaWeightsToHf) {
+  // One head of dim 4, one column: meshtrain rows (x0, x1, x2, x3) pair (0,1), (2,3);
+  // HF pairs (0,2), (1,3), so HF rows are (x0, x2, x1, x3).
+  const float mesh[4] = {10, 11, 12, 13};
+  float hf[4], back[4];
+  rope_rows_to_hf(mesh, hf, 1, 4, 1);
+  EXPECT_EQ(std::vector<float>(hf, hf + 4), (std::vector<float>{10, 12, 11, 13}));
+  rope_rows_from_hf(hf, back, 1, 4, 1);
+  EXPECT_EQ(std::vector<float>(back, back + 4), (std::vector<float>{10, 11, 12, 13}));
+
+  // Two heads of dim 8, three columns: round trip is the identity, heads stay in place.
+  std::vector<float> x(48), y(48), z(48);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+  rope_rows_to_hf(x.data(), y.data(), 2, 8, 3);
+  rope_rows_from_hf(y.data(), z.data(), 2, 8, 3);
+  EXPECT_EQ(z, x);
+  EXPECT_EQ(y[(8 + 4) * 3], x[(8 + 1) * 3]);  // head 1, HF row 4 = c 1, i 0 = meshtrain row 1
+}
+
+class HfImport : public ::testing::Test {
+ protected:
+  MemoryTracker tracker;
+  cpu::CpuContext ctx{1, tracker};
+  std::string dir = scratch_dir();
+};
+
+TEST_F(HfImport, ExportLayoutAndBenignExtras) {
+  Model model(ckpt_test::small_llama(true), Precision::fp32, ctx);
+  model.init_weights(9);
+  export_hf(model, dir, DType::f16);
+  SafetensorsReader file(dir + "/model.safetensors");
+  EXPECT_FALSE(file.contains("lm_head.weight"));  // tied: HF does not store it
+  EXPECT_EQ(file.info("model.layers.0.self_attn.q_proj.weight").dtype, StDType::F16);
+  EXPECT_EQ(file.metadata("format"), "pt");
+  const auto config = nlohmann::json::parse(ckpt_test::read_bytes(dir + "/config.json"));
+  EXPECT_EQ(config["torch_dtype"], "float16");
+
+  // A stored tied lm_head and rotary buffers are ignored on import.
+  SafetensorsWriter writer;
+  for (const Parameter& p : model.params()) writer.add(p.spec.name, p.master);
+  writer.add("lm_head.weight", model.param("model.embed_tokens.weight").master);
+  float inv_freq[2] = {1, 0.1f};
+  writer.add("model.layers.0.self_attn.rotary_emb.inv_freq", StDType::F32, {2}, inv_freq);
+  writer.write(dir + "/model.safetensors");
+  EXPECT_NO_THROW(import_hf(dir, Precision::fp32, ctx));
+}
+
+TEST_F(HfImport, Gpt2NamesWithoutTransformerPrefixAreFound) {
+  Model model(ckpt_test::small_gpt2(), Precision::fp32, ctx);
+  model.init_weights(4);
+  SafetensorsWriter writer;  // as GPT2Model (e.g. the openai-community/gpt2 file) names them
+  for (const Parameter& p : model.params()) writer.add(p.spec.name.substr(12), p.master);
+  std::vector<float> mask(64, 1.0f);
+  writer.add("h.0.attn.bias", StDType::F32, {1, 1, 8, 8}, mask.data());
+  writer.write(dir + "/model.safetensors");
+  write_file_atomic(dir + "/config.json", hf_config_json(model.config()));
+  auto back = import_hf(dir, Precision::fp32, ctx);
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    EXPECT_EQ(std::memcmp(model.params()[i].master.raw(), back->params()[i].master.raw(),
+                          model.params()[i].master.bytes()), 0);
+  }
+}
+
+TEST_F(HfImport, MissingAndWrongTensorsAreErrors) {
+  Model model(ckpt_test::small_llama(false), Precision::fp32, ctx);
+  export_hf(model, dir);
+  SafetensorsWriter writer;
+  for (const Parameter& p : model.params()) {
+    if (p.spec.name != "lm_head.weight") writer.add(p.spec.name, p.master);
+  }
+  writer.write(dir + "/model.safetensors");
+  EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), "model.safetensors",
+               "tensor 'lm_head.weight' is missing");
+
+  // A config that disagrees with the weights: shape mismatch, named.
+  ModelConfig wider = model.config();
+  wider.hidden_dim = 32;
+  write_file_atomic(dir + "/config.json", hf_config_json(wider));
+  EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), "model.safetensors",
+               "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [24, 16], expected [32, 16]");
+}
+
+TEST_F(HfImport, ShardedCheckpointsAreRejectedClearly) {
+  ckpt_test::write_bytes(dir + "/model.safetensors.index.json", "{}");
+  EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), dir, "sharded");
+}
+
+}  // namespace
+}  // namespace meshtrain
