@@ -15,6 +15,7 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/ckpt/weights.h"
 #include "meshtrain/model/model.h"
+#include "../ckpt/util.h"
 
 namespace meshtrain::parity {
 
@@ -34,15 +35,7 @@ inline std::string stories_path() {
   return (std::filesystem::path(MESHTRAIN_SHARED_DIR) / "data/stories260K.bin").string();
 }
 
-// A scratch directory unique to the running test (ctest runs tests in parallel).
-inline std::string scratch_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::path(MESHTRAIN_BINARY_DIR) / "test_scratch" /
-             (std::string(info->test_suite_name()) + "." + info->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
+using ckpt_test::scratch_dir;  // shared with the ckpt tests
 
 // ||a - b|| / ||b|| in double: the error measure for every tensor comparison here.
 inline double rel_error(const float* a, const float* b, int64_t n) {
