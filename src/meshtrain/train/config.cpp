@@ -199,10 +199,11 @@ class Section {
 // Rejects unknown sections and keys and values of the wrong type.
 void check_keys_and_types(const toml::table& root) {
   for (auto&& [section, node] : root) {
-    MESHTRAIN_CHECK(known_section(section.str()), "config: unknown section '{}'", section.str());
     const toml::table* table = node.as_table();
-    MESHTRAIN_CHECK(table != nullptr, "config: '{}' must be a table ([{}])", section.str(),
+    MESHTRAIN_CHECK(table != nullptr,
+                    "config: unknown key '{}' (keys belong in [model], [train], [optim] or [data])",
                     section.str());
+    MESHTRAIN_CHECK(known_section(section.str()), "config: unknown section '{}'", section.str());
     for (auto&& [key, value] : *table) {
       const KeySpec* spec = find_key(section.str(), key.str());
       MESHTRAIN_CHECK(spec != nullptr, "config: unknown key '{}.{}'", section.str(), key.str());
@@ -296,7 +297,7 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   check_min<int64_t>("train.log_interval", t.log_interval, 1);
   MESHTRAIN_CHECK(std::isfinite(t.peak_flops) && t.peak_flops >= 0,
                   "config: train.peak_flops must be >= 0 (0 = measure), got {}", t.peak_flops);
-  check_min<int64_t>("train.checkpoint_interval", t.checkpoint_interval, 0);
+  check_min<int64_t>("train.checkpoint_interval", t.checkpoint_interval, -1);
   MESHTRAIN_CHECK(!t.out_dir.empty(), "config: train.out_dir must not be empty");
   return t;
 }
@@ -478,6 +479,12 @@ std::string config_to_json(const TrainConfig& config) {
   std::ostringstream os;
   os << toml::json_formatter{to_table(config)};
   return os.str();
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const KeySpec& spec : kKeys) keys.push_back(full_name(spec));
+  return keys;
 }
 
 TrainConfig config_from_json(const std::string& json_text) {

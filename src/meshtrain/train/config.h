@@ -28,7 +28,7 @@ struct TrainSettings {
   int64_t eval_batches = 4;      // micro-batches per validation
   int64_t log_interval = 1;
   double peak_flops = 0;         // MFU denominator; 0 = measure at start
-  int64_t checkpoint_interval = 0;  // steps; 0 = only at the end
+  int64_t checkpoint_interval = 0;  // steps; 0 = only at the end, -1 = never
   std::string out_dir = "runs/default";
 
   int64_t grad_accum_steps() const { return batch_size / micro_batch_size; }
@@ -74,6 +74,9 @@ std::string config_to_toml(const TrainConfig& config);
 // The same as a JSON object text, and back (checkpoints' train_state.json).
 std::string config_to_json(const TrainConfig& config);
 TrainConfig config_from_json(const std::string& json_text);
+
+// Every accepted key as "section.key" (docs/config.md must document each).
+std::vector<std::string> config_keys();
 
 // data.train expanded: globs matched (sorted), lists flattened. Throws Error
 // naming the pattern when nothing matches.

@@ -58,17 +58,26 @@ std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt,
   MESHTRAIN_CHECK(prompt_len <= config.max_seq_len,
                   "sample: the prompt has {} ids, more than max_seq_len {}", prompt_len,
                   config.max_seq_len);
-  int64_t total = std::min(config.max_seq_len, prompt_len + options.max_new_tokens);
-  KVCache cache = model.make_kv_cache(1, total);
+  KVCache cache = model.make_kv_cache(1, config.max_seq_len);
   Tensor logits({config.vocab_size}, DType::f32, MemCategory::workspace, model.ctx().tracker());
   model.decode(prompt.data(), 1, prompt_len, cache, logits.data<float>());
-  std::vector<int32_t> out;
-  for (int64_t pos = prompt_len; pos < total; ++pos) {
+  std::vector<int32_t> text = prompt, out;
+  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     int32_t id = pick_token(logits.data<float>(), config.vocab_size, options,
-                            static_cast<uint64_t>(pos));
+                            static_cast<uint64_t>(text.size()));
     out.push_back(id);
+    text.push_back(id);
     if (on_token) on_token(id);
-    if (pos + 1 < total) model.decode(&id, 1, 1, cache, logits.data<float>());
+    if (i + 1 == options.max_new_tokens) break;
+    if (cache.length < config.max_seq_len) {
+      model.decode(&id, 1, 1, cache, logits.data<float>());
+    } else {
+      // The window is full: start again from position 0 with the last half of the text.
+      int64_t keep = std::max<int64_t>(1, config.max_seq_len / 2);
+      cache.length = 0;
+      model.decode(text.data() + text.size() - static_cast<size_t>(keep), 1, keep, cache,
+                   logits.data<float>());
+    }
   }
   return out;
 }

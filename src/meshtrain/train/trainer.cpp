@@ -216,7 +216,8 @@ std::vector<StepRecord> Trainer::run() {
     if (val_data_ && t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       log_eval(evaluate());
     }
-    if (last || (t.checkpoint_interval > 0 && step_ % t.checkpoint_interval == 0)) {
+    bool periodic = t.checkpoint_interval > 0 && step_ % t.checkpoint_interval == 0;
+    if (t.checkpoint_interval >= 0 && (last || periodic)) {
       std::string dir = save_checkpoint();
       if (options_.console) fmt::print("checkpoint: {}\n", dir);
     }

@@ -42,7 +42,8 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Runs the remaining steps up to train.steps with evaluation, logging and
-  // checkpoints (always one at the end). Returns the records of the steps run.
+  // checkpoints (one at the end unless train.checkpoint_interval is -1).
+  // Returns the records of the steps run.
   std::vector<StepRecord> run();
   // One optimizer step (no logging, evaluation or checkpoint).
   StepRecord train_step();

@@ -1,0 +1,174 @@
+// Config parsing: every bad key, type and value is rejected with a message
+// naming the key; overrides go through the same checks; docs cover every key.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "meshtrain/train/config.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+const char* kBase = R"(
+[model]
+preset = "llama-tiny"
+[train]
+steps = 10
+batch_size = 4
+seq_len = 32
+[data]
+train = "train.bin"
+)";
+
+// The Error message of parsing `text` with `overrides`, or "" when it parses.
+std::string error_of(const std::string& text, const ConfigOverrides& overrides = {}) {
+  try {
+    parse_config(text, "run.toml", overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, ParsesPresetAndDefaults) {
+  TrainConfig c = parse_config(kBase, "run.toml");
+  EXPECT_EQ(c.model_preset, "llama-tiny");
+  EXPECT_EQ(c.model.vocab_size, model_preset("llama-tiny").vocab_size);
+  EXPECT_EQ(c.train.steps, 10);
+  EXPECT_EQ(c.train.micro_batch_size, 4);  // 0 -> batch_size
+  EXPECT_EQ(c.train.grad_accum_steps(), 1);
+  EXPECT_EQ(c.train.precision, Precision::fp32);
+  ASSERT_EQ(c.data.train.size(), 1u);
+  EXPECT_EQ(c.data.train[0], "train.bin");
+  EXPECT_TRUE(c.data.val.empty());
+}
+
+TEST(Config, ExplicitModelFieldsOverridePreset) {
+  TrainConfig c = parse_config(std::string(kBase) + "", "run.toml",
+                               {{"model.dim", "32"}, {"model.n_layers", "3"}});
+  EXPECT_EQ(c.model.dim, 32);
+  EXPECT_EQ(c.model.n_layers, 3);
+  EXPECT_EQ(c.model.n_heads, model_preset("llama-tiny").n_heads);
+
+  TrainConfig e = parse_config(R"(
+[model]
+family = "gpt2"
+dim = 32
+n_layers = 2
+n_heads = 4
+hidden_dim = 128
+vocab_size = 256
+max_seq_len = 64
+[train]
+seq_len = 64
+[data]
+train = ["a.bin", "b*.bin"]
+)",
+                               "run.toml");
+  EXPECT_EQ(e.model.family, Family::gpt2);
+  EXPECT_EQ(e.model.n_kv_heads, 4);  // defaults to n_heads
+  EXPECT_EQ(e.data.train.size(), 2u);
+}
+
+TEST(Config, UnknownKeysAndSectionsNamed) {
+  EXPECT_EQ(error_of(std::string(kBase) + "[train.x]\n"),
+            "config: unknown key 'train.x'");  // a sub-table is a key of [train]
+  EXPECT_EQ(error_of(kBase, {{"train.stepz", "3"}}), "config: unknown key 'train.stepz'");
+  std::string text = kBase;
+  text.replace(text.find("steps"), 5, "stepz");
+  EXPECT_EQ(error_of(text), "config: unknown key 'train.stepz'");
+  EXPECT_EQ(error_of(std::string(kBase) + "[trian]\nsteps = 1\n"), "config: unknown section 'trian'");
+  EXPECT_EQ(error_of(std::string("lr = 1\n") + kBase),
+            "config: unknown key 'lr' (keys belong in [model], [train], [optim] or [data])");
+}
+
+TEST(Config, WrongTypesNamed) {
+  std::string text = kBase;
+  text.replace(text.find("steps = 10"), 10, "steps = \"10\"");
+  EXPECT_EQ(error_of(text), "config: train.steps must be an integer, got \"10\"");
+  EXPECT_EQ(error_of(kBase, {{"train.steps", "ten"}}),
+            "config: train.steps must be an integer, got \"ten\"");
+  EXPECT_EQ(error_of(kBase, {{"optim.lr", "fast"}}), "config: optim.lr must be a number, got \"fast\"");
+  EXPECT_EQ(error_of(kBase, {{"model.tie_embeddings", "yes"}}),
+            "config: model.tie_embeddings must be a boolean (true or false), got \"yes\"");
+  EXPECT_EQ(error_of(std::string(kBase) + "[optim]\nlr = true\n"),
+            "config: optim.lr must be a number, got true");
+  EXPECT_EQ(error_of(std::string(kBase) + "[optim]\ndecay = 3\n"),
+            "config: optim.decay must be a string, got 3");
+}
+
+TEST(Config, InvalidValuesNamed) {
+  EXPECT_EQ(error_of(kBase, {{"train.precision", "fp8"}}),
+            "config: train.precision must be \"fp32\" or \"bf16\", got \"fp8\"");
+  EXPECT_EQ(error_of(kBase, {{"optim.decay", "linear"}}),
+            "config: optim.decay must be \"cosine\" or \"constant\", got \"linear\"");
+  EXPECT_EQ(error_of(kBase, {{"train.steps", "0"}}), "config: train.steps must be >= 1, got 0");
+  EXPECT_EQ(error_of(kBase, {{"train.micro_batch_size", "3"}}),
+            "config: train.batch_size (4) must be a multiple of train.micro_batch_size (3)");
+  EXPECT_NE(error_of(kBase, {{"train.seq_len", "100000"}}).find("train.seq_len"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"optim.beta2", "1"}}).find("optim.beta2"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"optim.lr", "-1"}}).find("optim.lr"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"optim.min_lr", "1"}}).find("optim.min_lr"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"model.preset", "llama-7T"}}).find("model.preset"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"model.family", "rwkv"}}).find("model.family"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"model.n_heads", "5"}}).find("model.n_heads"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"train.threads", "-1"}}).find("train.threads"), std::string::npos);
+  std::string no_data = kBase;
+  no_data.erase(no_data.find("[data]"));
+  EXPECT_NE(error_of(no_data).find("data.train"), std::string::npos);
+}
+
+TEST(Config, SyntaxErrorNamesFileAndLine) {
+  std::string msg = error_of("[train]\nsteps = = 3\n");
+  EXPECT_EQ(msg.rfind("config: run.toml:2:", 0), 0u) << msg;
+}
+
+TEST(Config, OverridesApplyOnTopOfFile) {
+  TrainConfig c = parse_config(kBase, "run.toml",
+                               {{"train.steps", "77"},
+                                {"optim.lr", "1e-3"},
+                                {"train.precision", "bf16"},
+                                {"data.val", "v.bin"},
+                                {"model.tie_embeddings", "true"}});
+  EXPECT_EQ(c.train.steps, 77);
+  EXPECT_FLOAT_EQ(c.optim.lr, 1e-3f);
+  EXPECT_EQ(c.train.precision, Precision::bf16);
+  EXPECT_EQ(c.data.val, "v.bin");
+  EXPECT_TRUE(c.model.tie_embeddings);
+}
+
+TEST(Config, RoundTripsThroughTomlAndJson) {
+  TrainConfig c = parse_config(kBase, "run.toml",
+                               {{"optim.lr", "3e-4"}, {"optim.min_lr", "1.234567e-5"},
+                                {"model.norm_eps", "1e-6"}, {"train.seed", "42"}});
+  for (const TrainConfig& back :
+       {parse_config(config_to_toml(c), "saved.toml"), config_from_json(config_to_json(c))}) {
+    EXPECT_EQ(config_to_toml(back), config_to_toml(c));
+    EXPECT_EQ(back.optim.lr, c.optim.lr);
+    EXPECT_EQ(back.optim.min_lr, c.optim.min_lr);
+    EXPECT_EQ(back.model.norm_eps, c.model.norm_eps);
+    EXPECT_EQ(back.train.seed, 42u);
+  }
+}
+
+TEST(Config, EveryKeyDocumented) {
+  std::ifstream in(MESHTRAIN_SOURCE_DIR "/docs/config.md");
+  ASSERT_TRUE(in.good()) << "docs/config.md missing";
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const std::string& key : config_keys()) {
+    EXPECT_NE(text.str().find("`" + key + "`"), std::string::npos) << key << " is not in docs/config.md";
+  }
+}
+
+TEST(Config, ExampleConfigsParse) {
+  for (const char* name : {"llama-tiny-bytes.toml", "bench-llama-60M.toml"}) {
+    EXPECT_NO_THROW(load_config(std::string(MESHTRAIN_SOURCE_DIR "/configs/") + name)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain

@@ -1,0 +1,255 @@
+// The training loop: bit-identical repeat runs, bit-exact save/resume (fp32,
+// bf16, both families), gradient accumulation, falling loss, metrics, and
+// generation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "meshtrain/data/token_file.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/generate.h"
+#include "meshtrain/train/trainer.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("meshtrain_trainer_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A learnable stream: a short repeating phrase with some variation.
+    std::vector<uint16_t> train, val;
+    const char* text = "in the beginning was the word, and the word was with god. ";
+    for (int i = 0; i < 3000; ++i) {
+      train.push_back(static_cast<uint16_t>((text[i % std::strlen(text)] - 32) % 64));
+    }
+    for (int i = 0; i < 600; ++i) val.push_back(train[static_cast<size_t>(i + 7)]);
+    write_token_file((dir_ / "train.bin").string(), train);
+    write_token_file((dir_ / "val.bin").string(), val);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  TrainConfig config(const std::string& out, ConfigOverrides extra = {}) const {
+    std::string toml = R"(
+[model]
+family = "llama"
+dim = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+hidden_dim = 64
+vocab_size = 64
+max_seq_len = 32
+tie_embeddings = false
+[train]
+steps = 8
+batch_size = 4
+micro_batch_size = 2
+seq_len = 16
+threads = 2
+grad_clip = 1.0
+eval_interval = 4
+eval_batches = 2
+peak_flops = 1e11
+[optim]
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 2
+[data]
+)";
+    toml += "train = \"" + (dir_ / "train.bin").string() + "\"\n";
+    toml += "val = \"" + (dir_ / "val.bin").string() + "\"\n";
+    extra.insert(extra.begin(), {"train.out_dir", (dir_ / out).string()});
+    return parse_config(toml, "test.toml", extra);
+  }
+
+  static std::vector<StepRecord> run(const TrainConfig& c, const std::string& resume = "") {
+    TrainerOptions options;
+    options.console = false;
+    options.resume_dir = resume;
+    Trainer trainer(c, options);
+    return trainer.run();
+  }
+
+  static std::vector<char> bytes(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+
+  fs::path dir_;
+};
+
+void expect_same_trace(const std::vector<StepRecord>& a, const std::vector<StepRecord>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].step, b[i].step);
+    // Bit-identical, not merely close.
+    EXPECT_EQ(std::memcmp(&a[i].loss, &b[i].loss, sizeof(double)), 0)
+        << "step " << a[i].step << ": " << a[i].loss << " vs " << b[i].loss;
+    EXPECT_EQ(std::memcmp(&a[i].grad_norm, &b[i].grad_norm, sizeof(double)), 0)
+        << "step " << a[i].step;
+    EXPECT_EQ(a[i].lr, b[i].lr);
+  }
+}
+
+TEST_F(TrainerTest, TwoRunsAreBitIdentical) {
+  auto a = run(config("a"));
+  auto b = run(config("b"));
+  ASSERT_EQ(a.size(), 8u);
+  expect_same_trace(a, b);
+  for (const char* f : {"model.safetensors", "exp_avg.safetensors", "exp_avg_sq.safetensors"}) {
+    EXPECT_EQ(bytes(dir_ / "a/step_8" / f), bytes(dir_ / "b/step_8" / f)) << f;
+  }
+}
+
+struct ResumeCase {
+  const char* family;
+  const char* precision;
+};
+
+class ResumeTest : public TrainerTest, public ::testing::WithParamInterface<ResumeCase> {};
+
+TEST_P(ResumeTest, ResumeEqualsUninterruptedRunBitForBit) {
+  ConfigOverrides o = {{"model.family", GetParam().family},
+                       {"train.precision", GetParam().precision},
+                       {"train.checkpoint_interval", "3"}};
+  if (std::string(GetParam().family) == "gpt2") {
+    o.push_back({"model.hidden_dim", "128"});
+    o.push_back({"model.n_kv_heads", "4"});
+    o.push_back({"model.tie_embeddings", "true"});
+  }
+  auto full = run(config("full", o));
+  ASSERT_TRUE(fs::exists(dir_ / "full/step_3/train_state.json"));
+  ASSERT_TRUE(fs::exists(dir_ / "full/step_6"));
+
+  auto resumed = run(config("resumed", o), (dir_ / "full/step_3").string());
+  ASSERT_EQ(resumed.size(), 5u);
+  EXPECT_EQ(resumed.front().step, 4);
+  expect_same_trace(std::vector<StepRecord>(full.begin() + 3, full.end()), resumed);
+  for (const char* f : {"model.safetensors", "exp_avg.safetensors", "exp_avg_sq.safetensors"}) {
+    EXPECT_EQ(bytes(dir_ / "full/step_8" / f), bytes(dir_ / "resumed/step_8" / f)) << f;
+  }
+  TrainState a = read_train_state((dir_ / "full/step_8").string());
+  TrainState b = read_train_state((dir_ / "resumed/step_8").string());
+  EXPECT_EQ(a.step, 8);
+  EXPECT_EQ(a.optimizer_step, b.optimizer_step);
+  EXPECT_EQ(a.sampler, b.sampler);
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, ResumeTest,
+                         ::testing::Values(ResumeCase{"llama", "fp32"}, ResumeCase{"llama", "bf16"},
+                                           ResumeCase{"gpt2", "fp32"}),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param.family) + "_" + param_info.param.precision;
+                         });
+
+TEST_F(TrainerTest, GradientAccumulationMatchesOneBigBatch) {
+  auto one = run(config("one", {{"train.micro_batch_size", "4"}, {"train.steps", "2"}}));
+  auto four = run(config("four", {{"train.micro_batch_size", "1"}, {"train.steps", "2"}}));
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(one[i].loss, four[i].loss, 1e-5 * one[i].loss);
+    EXPECT_NEAR(one[i].grad_norm, four[i].grad_norm, 1e-4 * one[i].grad_norm);
+  }
+}
+
+TEST_F(TrainerTest, LossFallsAndMetricsAreWritten) {
+  auto records = run(config("fall", {{"train.steps", "40"}, {"train.eval_interval", "20"}}));
+  EXPECT_LT(records.back().loss, records.front().loss - 1.0)
+      << records.front().loss << " -> " << records.back().loss;
+  std::ifstream in(dir_ / "fall/metrics.jsonl");
+  std::string line;
+  int steps = 0, evals = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) {
+      ++evals;
+      continue;
+    }
+    ++steps;
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_ms"}) {
+      EXPECT_TRUE(j.contains(key)) << key;
+    }
+  }
+  EXPECT_EQ(steps, 40);
+  EXPECT_EQ(evals, 2);
+}
+
+TEST_F(TrainerTest, ResumeRejectsADifferentModelOrBrokenState) {
+  run(config("a", {{"train.steps", "1"}}));
+  std::string step = (dir_ / "a/step_1").string();
+  try {
+    run(config("b", {{"model.dim", "64"}}), step);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differs"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir_ / "a/step_1/train_state.json") << "{\"format\": \"meshtrain-train-state\"";
+  try {
+    run(config("c"), step);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train_state.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainerTest, GenerationIsDeterministic) {
+  run(config("gen", {{"train.steps", "2"}}));
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(2, tracker);
+  auto model = load_model_dir((dir_ / "gen/step_2").string(), Precision::fp32, ctx);
+  SampleOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 10;
+  auto g1 = generate(*model, {1, 2, 3}, greedy);
+  auto g2 = generate(*model, {1, 2, 3}, greedy);
+  EXPECT_EQ(g1.size(), 10u);
+  EXPECT_EQ(g1, g2);
+  SampleOptions top1 = greedy;
+  top1.temperature = 0.7f;
+  top1.top_k = 1;
+  EXPECT_EQ(generate(*model, {1, 2, 3}, top1), g1);  // top-1 is greedy
+  SampleOptions sampled;
+  sampled.temperature = 1.0f;
+  sampled.seed = 5;
+  sampled.max_new_tokens = 70;  // past max_seq_len 32: the window restarts twice
+  auto s1 = generate(*model, {1, 2, 3}, sampled);
+  EXPECT_EQ(s1.size(), 70u);
+  EXPECT_EQ(s1, generate(*model, {1, 2, 3}, sampled));
+  sampled.seed = 6;
+  EXPECT_NE(s1, generate(*model, {1, 2, 3}, sampled));
+  EXPECT_THROW(generate(*model, {64}, greedy), Error);  // outside the vocabulary
+}
+
+TEST(PickToken, GreedyTopKAndTemperature) {
+  std::vector<float> logits = {0.0f, 3.0f, 1.0f, 3.0f, -2.0f};
+  SampleOptions o;
+  o.temperature = 0;
+  EXPECT_EQ(pick_token(logits.data(), 5, o, 0), 1);  // first of the tied maxima
+  o.temperature = 1.0f;
+  o.top_k = 3;
+  std::vector<int> counts(5, 0);
+  for (uint64_t d = 0; d < 2000; ++d) ++counts[static_cast<size_t>(pick_token(logits.data(), 5, o, d))];
+  EXPECT_EQ(counts[0] + counts[4], 0);  // outside the top 3
+  EXPECT_GT(counts[2], 0);
+  EXPECT_NEAR(double(counts[1]) / counts[3], 1.0, 0.2);
+  EXPECT_NEAR(double(counts[2]) / 2000, std::exp(1.0) / (2 * std::exp(3.0) + std::exp(1.0)), 0.03);
+  EXPECT_EQ(parse_token_ids("1, 2,3"), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_THROW(parse_token_ids("1,,2"), Error);
+  EXPECT_THROW(parse_token_ids("a"), Error);
+}
+
+}  // namespace
+}  // namespace meshtrain
