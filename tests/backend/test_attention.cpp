@@ -133,10 +133,13 @@ TEST_P(Attention, DecodingThroughTheCacheEqualsTheFullForward) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          ::testing::Values(AttnCase{{2, 5, 4, 2, 8}, true},   // GQA + RoPE
                                            AttnCase{{1, 6, 3, 3, 6}, false},  // MHA, no RoPE
-                                           AttnCase{{2, 4, 4, 1, 4}, true}));  // MQA
+                                           AttnCase{{2, 4, 4, 1, 4}, true},   // MQA
+                                           AttnCase{{1, 5, 2, 1, 20}, true}));  // vector RoPE + tail
 
-TEST(Rope, MatchesReferenceAndInverseIsTheTranspose) {
-  const int64_t B = 2, T = 5, H = 3, D = 8, pos0 = 2;
+class Rope : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Rope, MatchesReferenceAndInverseIsTheTranspose) {
+  const int64_t B = 2, T = 5, H = 3, D = GetParam(), pos0 = 2;
   MemoryTracker tracker;
   auto table = cpu::make_rope_table(D, 16, static_cast<float>(kTheta), tracker);
   auto x = random_floats(B * T * H * D, 110);
@@ -156,6 +159,8 @@ TEST(Rope, MatchesReferenceAndInverseIsTheTranspose) {
   expect_close(dx, g, 1e-5, 1e-6, "dx");
   EXPECT_THROW(cpu::rope_apply(table, y.data(), B * T, T, H, D, 12, false), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, Rope, ::testing::Values(8, 20, 32));
 
 }  // namespace
 }  // namespace meshtrain::testing

@@ -1,5 +1,7 @@
 #include "meshtrain/backend/cpu/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,11 +20,25 @@ namespace {
 // inverse applies the transpose rotation. out may alias x.
 inline void rotate(const float* cos, const float* sin, const float* x, float* out, int64_t half,
                    bool inverse) {
-  const float sign = inverse ? -1.0f : 1.0f;
-#pragma omp simd
-  for (int64_t i = 0; i < half; ++i) {
+  int64_t i = 0;
+#if defined(MESHTRAIN_AVX512)
+  // 8 pairs per vector: out = x * [c c] + swap_pairs(x) * [-s s] (signs flipped for inverse).
+  const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512 sign = inverse ? _mm512_set_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1)
+                              : _mm512_set_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+  for (; i + 8 <= half; i += 8) {
+    const __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cos + i)));
+    const __m512 s = _mm512_mul_ps(
+        sign, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sin + i))));
+    const __m512 v = _mm512_loadu_ps(x + 2 * i);
+    const __m512 swapped = _mm512_permute_ps(v, 0xB1);
+    _mm512_storeu_ps(out + 2 * i, _mm512_fmadd_ps(v, c, _mm512_mul_ps(swapped, s)));
+  }
+#endif
+  const float sgn = inverse ? -1.0f : 1.0f;
+  for (; i < half; ++i) {
     const float x0 = x[2 * i], x1 = x[2 * i + 1];
-    const float c = cos[i], s = sign * sin[i];
+    const float c = cos[i], s = sgn * sin[i];
     out[2 * i] = x0 * c - x1 * s;
     out[2 * i + 1] = x0 * s + x1 * c;
   }
@@ -116,6 +132,34 @@ void rope_apply(const RopeTable& rope, float* x, int64_t rows, int64_t seq, int6
   }
 }
 
+namespace {
+
+// Hands out 64-byte aligned pieces of one thread's workspace.
+class Carver {
+ public:
+  explicit Carver(void* base) : p_(static_cast<char*>(base)) {}
+  template <typename T>
+  T* take(int64_t n) {
+    T* out = reinterpret_cast<T*>(p_);
+    p_ += (static_cast<size_t>(n) * sizeof(T) + 63) / 64 * 64;
+    return out;
+  }
+  static size_t bytes(std::initializer_list<int64_t> sizes) {
+    size_t total = 0;
+    for (int64_t s : sizes) total += (static_cast<size_t>(s) + 63) / 64 * 64;
+    return total;
+  }
+
+ private:
+  char* p_;
+};
+
+}  // namespace
+
+// Work is split by (batch, kv head) group: a thread takes a group and runs its
+// GEMMs single-threaded, stacking the group's rep query heads as rows, so the
+// group's scores ([rep*T, T]) stay in that core's L2 between the GEMMs and
+// the softmax.
 void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,
                        DType compute, const float* qkv, void* out, AttentionSaved& saved) {
   check_dims(dims, rope, dims.seq);
@@ -126,12 +170,14 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
   ensure(saved.k, {B, KV, T, D}, compute, tracker);
   ensure(saved.v, {B, KV, T, D}, compute, tracker);
   ensure(saved.probs, {B, H, T, T}, compute, tracker);
-  const size_t esize = dtype_size(compute);
+  const int64_t esize = static_cast<int64_t>(dtype_size(compute));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
   simd::dispatch_store(compute, saved.q.raw(), [&](auto* q) {
     using E = std::remove_pointer_t<decltype(q)>;
     E* k = saved.k.data<E>();
     E* v = saved.v.data<E>();
+    E* probs = saved.probs.data<E>();
     // 1. Split heads into [B, heads, T, D] layouts, rotating q and k.
 #pragma omp parallel
     {
@@ -151,31 +197,32 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
         }
       }
     }
-    // 2. scores = q k^T / sqrt(D): one batched GEMM per kv group, the group's
-    //    query heads stacked as rows ([rep*T, D] against [T, D]).
-    E* probs = saved.probs.data<E>();
-    float* scores = compute == DType::f32
-                        ? reinterpret_cast<float*>(probs)
-                        : static_cast<float*>(ctx.impl().scratch(Scratch::attn_a, B * H * T * T * 4));
-    MatmulDims qk{B * KV, rep * T, T, D, false, true, false};
-    matmul(ctx, qk, compute, q, k, DType::f32, scores, 1.0f / std::sqrt(static_cast<float>(D)));
-    // 3. Causal softmax, only over each row's first t + 1 entries.
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < B * H * T; ++row) {
-      const int64_t t = row % T;
-      softmax_row(scores + row * T, probs + row * T, t + 1, T);
-    }
-    // 4. out_heads = P v, then back to [B, T, H*D].
-    E* out_heads = static_cast<E*>(ctx.impl().scratch(Scratch::attn_b, B * H * T * D * esize));
-    MatmulDims pv{B * KV, rep * T, D, T, false, false, false};
-    matmul(ctx, pv, compute, probs, v, compute, out_heads);
+    // 2. Per group: scores = q k^T / sqrt(D), causal softmax, out = P v.
+    const int64_t M = rep * T;
+    ThreadMatmul qk(ctx, {1, M, T, D, false, true, false}, compute, DType::f32, scale);
+    ThreadMatmul pv(ctx, {1, M, D, T, false, false, false}, compute, compute);
+    const auto pad = static_cast<int64_t>(std::max(qk.scratchpad_bytes(), pv.scratchpad_bytes()));
+    const bool f32 = compute == DType::f32;
+    const size_t per_thread = Carver::bytes({f32 ? 0 : M * T * 4, M * D * esize, pad});
+    char* base = static_cast<char*>(
+        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
     E* o = static_cast<E*>(out);
 #pragma omp parallel for schedule(static)
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      const int64_t b = bt / T, t = bt % T;
-      for (int64_t h = 0; h < H; ++h)
-        std::memcpy(static_cast<void*>(o + (bt * H + h) * D),
-                    static_cast<const void*>(out_heads + ((b * H + h) * T + t) * D), D * esize);
+    for (int64_t g = 0; g < B * KV; ++g) {
+      const int tid = omp_get_thread_num();
+      Carver mine(base + per_thread * tid);
+      float* scores = f32 ? nullptr : mine.take<float>(M * T);
+      E* out_g = mine.take<E>(M * D);
+      void* pad_g = mine.take<char>(pad);
+      E* probs_g = probs + g * M * T;
+      if (f32) scores = reinterpret_cast<float*>(probs_g);
+      qk.run(tid, q + g * M * D, k + g * T * D, scores, pad_g);
+      for (int64_t r = 0; r < M; ++r) softmax_row(scores + r * T, probs_g + r * T, r % T + 1, T);
+      pv.run(tid, probs_g, v + g * T * D, out_g, pad_g);
+      const int64_t b = g / KV, h0 = (g % KV) * rep;
+      for (int64_t r = 0; r < M; ++r)
+        std::memcpy(static_cast<void*>(o + ((b * T + r % T) * H + h0 + r / T) * D),
+                    static_cast<const void*>(out_g + r * D), D * esize);
     }
   });
 }
@@ -189,8 +236,8 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
                       saved.probs.numel() == B * H * T * T,
                   "attention_backward: saved tensors do not match dims/compute dtype");
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const size_t esize = dtype_size(compute);
-  auto& impl = ctx.impl();
+  const int64_t esize = static_cast<int64_t>(dtype_size(compute));
+  const int64_t M = rep * T;
 
   simd::dispatch_store(compute, d_qkv, [&](auto* dqkv) {
     using E = std::remove_pointer_t<decltype(dqkv)>;
@@ -198,62 +245,66 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     const E* k = saved.k.data<E>();
     const E* v = saved.v.data<E>();
     const E* probs = saved.probs.data<E>();
-    // 1. d_out to [B, H, T, D] in the compute dtype.
-    E* dout_h = static_cast<E*>(impl.scratch(Scratch::attn_a, B * H * T * D * esize));
+    ThreadMatmul dp_mm(ctx, {1, M, T, D, false, true, false}, compute, DType::f32);  // dO v^T
+    ThreadMatmul dq_mm(ctx, {1, M, D, T, false, false, false}, compute, DType::f32);  // dS k
+    ThreadMatmul dkv_mm(ctx, {1, T, D, M, true, false, false}, compute, DType::f32);  // dS^T q, P^T dO
+    const auto pad = static_cast<int64_t>(
+        std::max({dp_mm.scratchpad_bytes(), dq_mm.scratchpad_bytes(), dkv_mm.scratchpad_bytes()}));
+    const bool f32 = compute == DType::f32;
+    const size_t per_thread = Carver::bytes({M * D * esize, M * T * 4, f32 ? 0 : M * T * esize,
+                                             M * D * 4, T * D * 4, T * D * 4, D * 4, pad});
+    char* base = static_cast<char*>(
+        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
 #pragma omp parallel for schedule(static)
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      const int64_t b = bt / T, t = bt % T;
-      for (int64_t h = 0; h < H; ++h)
-        simd::store_row(dout_h + ((b * H + h) * T + t) * D, d_out + (bt * H + h) * D, D);
-    }
-    // 2. dP = dO v^T, then dS = P (dP - sum(P dP)) * scale over the causal part.
-    float* dp = static_cast<float*>(impl.scratch(Scratch::attn_b, B * H * T * T * 4));
-    MatmulDims dov{B * KV, rep * T, T, D, false, true, false};
-    matmul(ctx, dov, compute, dout_h, v, DType::f32, dp);
-    E* ds = compute == DType::f32 ? reinterpret_cast<E*>(dp)
-                                  : static_cast<E*>(impl.scratch(Scratch::attn_c, B * H * T * T * esize));
-#pragma omp parallel
-    {
-      std::vector<float> p(static_cast<size_t>(T));
-#pragma omp for schedule(static)
-      for (int64_t row = 0; row < B * H * T; ++row) {
-        const int64_t n = row % T + 1;
-        float* dpr = dp + row * T;
-        simd::load_row(p.data(), probs + row * T, n);
+    for (int64_t g = 0; g < B * KV; ++g) {
+      const int tid = omp_get_thread_num();
+      Carver mine(base + per_thread * tid);
+      E* dout_g = mine.take<E>(M * D);
+      float* dp = mine.take<float>(M * T);
+      E* ds = f32 ? nullptr : mine.take<E>(M * T);
+      float* dq = mine.take<float>(M * D);
+      float* dk = mine.take<float>(T * D);
+      float* dv = mine.take<float>(T * D);
+      float* tmp = mine.take<float>(D);
+      void* pad_g = mine.take<char>(pad);
+      if (f32) ds = reinterpret_cast<E*>(dp);
+      const int64_t b = g / KV, j = g % KV, h0 = j * rep;
+      const E* probs_g = probs + g * M * T;
+      // dO for the group's heads, stacked like q.
+      for (int64_t r = 0; r < M; ++r)
+        simd::store_row(dout_g + r * D, d_out + ((b * T + r % T) * H + h0 + r / T) * D, D);
+      // dP = dO v^T; dS = P (dP - sum(P dP)) * scale over the causal part.
+      dp_mm.run(tid, dout_g, v + g * T * D, dp, pad_g);
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t n = r % T + 1;
+        float* dpr = dp + r * T;
+        const E* pr = probs_g + r * T;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t s = 0; s < n; ++s) dot += p[s] * dpr[s];
+        for (int64_t s = 0; s < n; ++s) dot += simd::load1(pr + s) * dpr[s];
 #pragma omp simd
-        for (int64_t s = 0; s < n; ++s) dpr[s] = p[s] * (dpr[s] - dot) * scale;
-        E* dsr = ds + row * T;
-        simd::store_row(dsr, dpr, n);
+        for (int64_t s = 0; s < n; ++s) dpr[s] = simd::load1(pr + s) * (dpr[s] - dot) * scale;
+        E* dsr = ds + r * T;
+        if (!f32) simd::store_row(dsr, dpr, n);  // in f32, dS overwrites dP in place
         std::memset(static_cast<void*>(dsr + n), 0, static_cast<size_t>(T - n) * esize);
       }
-    }
-    // 3. dQ = dS k; dK = dS^T q and dV = P^T dO, each summed over the kv group.
-    float* dq = static_cast<float*>(impl.scratch(Scratch::attn_d, B * H * T * D * 4));
-    float* dk = static_cast<float*>(impl.scratch(Scratch::attn_e, 2 * B * KV * T * D * 4));
-    float* dv = dk + B * KV * T * D;
-    matmul(ctx, {B * KV, rep * T, D, T, false, false, false}, compute, ds, k, DType::f32, dq);
-    matmul(ctx, {B * KV, T, D, rep * T, true, false, false}, compute, ds, q, DType::f32, dk);
-    matmul(ctx, {B * KV, T, D, rep * T, true, false, false}, compute, probs, dout_h, DType::f32, dv);
-    // 4. Back to [B, T, (H + 2KV) * D], undoing the rotation.
-#pragma omp parallel
-    {
-      std::vector<float> tmp(static_cast<size_t>(D));
-#pragma omp for schedule(static)
-      for (int64_t bt = 0; bt < B * T; ++bt) {
-        const int64_t b = bt / T, t = bt % T;
-        E* row = dqkv + bt * W;
+      // dQ = dS k; dK = dS^T q and dV = P^T dO (these sum over the group's heads).
+      dq_mm.run(tid, ds, k + g * T * D, dq, pad_g);
+      dkv_mm.run(tid, ds, q + g * M * D, dk, pad_g);
+      dkv_mm.run(tid, probs_g, dout_g, dv, pad_g);
+      // Back to [B, T, (H + 2KV) * D], undoing the rotation.
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t t = r % T;
         const float* c = rope ? rope->cos.data<float>() + t * half : nullptr;
         const float* s = rope ? rope->sin.data<float>() + t * half : nullptr;
-        for (int64_t h = 0; h < H; ++h)
-          put_head(dq + ((b * H + h) * T + t) * D, row + h * D, c, s, D, true, tmp.data());
-        for (int64_t j = 0; j < KV; ++j) {
-          const int64_t src = ((b * KV + j) * T + t) * D;
-          put_head(dk + src, row + (H + j) * D, c, s, D, true, tmp.data());
-          put_head(dv + src, row + (H + KV + j) * D, nullptr, nullptr, D, true, tmp.data());
-        }
+        put_head(dq + r * D, dqkv + (b * T + t) * W + (h0 + r / T) * D, c, s, D, true, tmp);
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        const float* c = rope ? rope->cos.data<float>() + t * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + t * half : nullptr;
+        E* row = dqkv + (b * T + t) * W;
+        put_head(dk + t * D, row + (H + j) * D, c, s, D, true, tmp);
+        put_head(dv + t * D, row + (H + KV + j) * D, nullptr, nullptr, D, true, tmp);
       }
     }
   });

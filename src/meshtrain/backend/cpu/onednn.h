@@ -8,8 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
+#include <vector>
 
 #include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::cpu {
@@ -49,11 +51,7 @@ struct MatmulEntry {
 // hot kernels do not allocate and zero-fill large temporaries every step.
 enum class Scratch : uint8_t {
   onednn,  // oneDNN's scratchpad
-  attn_a,
-  attn_b,
-  attn_c,
-  attn_d,
-  attn_e,
+  attention,  // per-thread workspace of attention_forward/backward
   logits,
   dlogits,
   count
@@ -66,6 +64,7 @@ struct CpuContext::Impl {
   dnnl::stream stream;
   std::unordered_map<MatmulKey, MatmulEntry, MatmulKeyHash> matmuls;
   dnnl::memory scratchpad;
+  std::vector<dnnl::stream> thread_streams;  // one per OpenMP thread, for ThreadMatmul
 
   // At least `bytes` of 64-byte aligned workspace for `slot` (contents unspecified).
   void* scratch(Scratch slot, size_t bytes);
@@ -73,6 +72,31 @@ struct CpuContext::Impl {
  private:
   MemoryTracker& tracker_;
   std::array<Tensor, static_cast<size_t>(Scratch::count)> scratch_;
+};
+
+// The cached primitive for these arguments (created on first use; not thread-safe).
+MatmulEntry& find_matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype,
+                         float alpha, bool accumulate, bool bias);
+
+// A GEMM that many OpenMP threads run at once on their own operands (e.g. one
+// attention head group each); oneDNN then runs each call single-threaded.
+// Construct outside the parallel region; run() from inside it.
+class ThreadMatmul {
+ public:
+  ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype, float alpha = 1.0f);
+  // Bytes of scratchpad each thread must pass to run().
+  size_t scratchpad_bytes() const { return pad_bytes_; }
+  void run(int thread, const void* a, const void* b, void* c, void* pad);
+
+ private:
+  struct PerThread {
+    dnnl::memory src, wei, dst, pad;
+    std::unordered_map<int, dnnl::memory> args;
+  };
+  dnnl::matmul prim_;
+  std::vector<PerThread> threads_;
+  std::vector<dnnl::stream>* streams_;
+  size_t pad_bytes_ = 0;
 };
 
 }  // namespace meshtrain::cpu
