@@ -2,7 +2,6 @@
 // times PyPI tiktoken in the same run, alternating A B A B).
 //   bench_tokenizer speed RANKS REPS FILE...      single-threaded encode, MB/s (best of REPS)
 //   bench_tokenizer prepare RANKS THREADS OUT INPUT...   one prepare run, MB/s
-//   bench_tokenizer encode RANKS OUT FILE...      ids in tiktoken_ref.py's format (for diffing)
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -64,19 +63,6 @@ int prepare(const std::string& ranks, int threads, const std::string& out,
   return 0;
 }
 
-int encode(const std::string& ranks, const std::string& out, const std::vector<std::string>& files) {
-  auto tok = meshtrain::BpeTokenizer::load(ranks);
-  std::ofstream o(out, std::ios::binary);
-  for (const auto& f : files) {
-    auto ids = tok->encode_ordinary(read_file(f));
-    auto n = static_cast<int32_t>(ids.size());
-    o.write(reinterpret_cast<const char*>(&n), 4);
-    o.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(4 * ids.size()));
-  }
-  MESHTRAIN_CHECK(o.good(), "bench_tokenizer: cannot write '{}'", out);
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,13 +74,11 @@ int main(int argc, char** argv) {
     if (a.size() >= 5 && a[0] == "prepare") {
       return prepare(a[1], std::stoi(a[2]), a[3], {a.begin() + 4, a.end()});
     }
-    if (a.size() >= 4 && a[0] == "encode") return encode(a[1], a[2], {a.begin() + 3, a.end()});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_tokenizer: %s\n", e.what());
     return 1;
   }
   std::fprintf(stderr,
-               "usage: bench_tokenizer speed RANKS REPS FILE... | prepare RANKS THREADS OUT INPUT... "
-               "| encode RANKS OUT FILE...\n");
+               "usage: bench_tokenizer speed RANKS REPS FILE... | prepare RANKS THREADS OUT INPUT...\n");
   return 2;
 }

@@ -96,7 +96,13 @@ struct BpeTokenizer::Impl {
   std::string source;
   std::string arena;               // token bytes, concatenated by rank
   std::vector<uint32_t> offsets;   // token r is arena[offsets[r], offsets[r+1])
-  std::vector<int32_t> slots;      // open addressing: rank or -1
+  // Open addressing, linear probing. A slot holds a rank (-1: empty) and the
+  // high half of its hash, so most mismatches skip the byte comparison.
+  struct Slot {
+    uint32_t tag;
+    int32_t rank;
+  };
+  std::vector<Slot> slots;
   uint64_t slot_mask = 0;
   pcre2_code* regex = nullptr;
   bool jit = false;
@@ -113,10 +119,12 @@ struct BpeTokenizer::Impl {
 
   // Rank of exactly these bytes, or -1.
   int32_t find(std::string_view s) const {
-    for (uint64_t i = hash_bytes(s) & slot_mask;; i = (i + 1) & slot_mask) {
-      int32_t r = slots[i];
-      if (r < 0) return -1;
-      if (bytes_of(r) == s) return r;
+    uint64_t h = hash_bytes(s);
+    auto tag = static_cast<uint32_t>(h >> 32);
+    for (uint64_t i = h & slot_mask;; i = (i + 1) & slot_mask) {
+      Slot slot = slots[i];
+      if (slot.rank < 0) return -1;
+      if (slot.tag == tag && bytes_of(slot.rank) == s) return slot.rank;
     }
   }
 
@@ -310,18 +318,19 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_ranks_text(std::string_view tex
   impl->offsets.push_back(static_cast<uint32_t>(impl->arena.size()));
   size_t capacity = 1024;
   while (capacity < 2 * tokens.size()) capacity *= 2;
-  impl->slots.assign(capacity, -1);
+  impl->slots.assign(capacity, Impl::Slot{0, -1});
   impl->slot_mask = capacity - 1;
   for (int32_t r = 0; r < impl->num_ranks(); ++r) {
     std::string_view b = impl->bytes_of(r);
-    uint64_t i = hash_bytes(b) & impl->slot_mask;
-    for (; impl->slots[i] >= 0; i = (i + 1) & impl->slot_mask) {
-      int32_t other = impl->slots[i];
+    uint64_t h = hash_bytes(b);
+    uint64_t i = h & impl->slot_mask;
+    for (; impl->slots[i].rank >= 0; i = (i + 1) & impl->slot_mask) {
+      int32_t other = impl->slots[i].rank;
       MESHTRAIN_CHECK(impl->bytes_of(other) != b,
                       "ranks file '{}' line {}: same token bytes as rank {} (line {})", source,
                       line_of[r], other, line_of[other]);
     }
-    impl->slots[i] = r;
+    impl->slots[i] = {static_cast<uint32_t>(h >> 32), r};
   }
   for (int b = 0; b < 256; ++b) {
     char c = static_cast<char>(b);
