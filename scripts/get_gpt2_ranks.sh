@@ -25,5 +25,6 @@ member=$(tar -tzf "$sdist" | grep '/whisper/assets/gpt2.tiktoken$' | head -n1)
 tar -xzf "$sdist" -C "$tmp" "$member"
 have_sha "$tmp/$member" || { echo "get_gpt2_ranks: $member has the wrong SHA-256 (expected $SHA)" >&2; exit 1; }
 mkdir -p "$(dirname "$OUT")"
-mv "$tmp/$member" "$OUT.tmp" && mv "$OUT.tmp" "$OUT"
+# Through a unique name in the target folder, so concurrent runs never see half a file.
+mv "$tmp/$member" "$OUT.tmp.$$" && mv "$OUT.tmp.$$" "$OUT"
 echo "get_gpt2_ranks: wrote $OUT"
