@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../model/tiny.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
@@ -15,19 +16,7 @@
 namespace meshtrain {
 namespace {
 
-ModelConfig tiny_llama() {
-  ModelConfig c;
-  c.family = Family::llama;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.hidden_dim = 24;
-  c.vocab_size = 32;
-  c.max_seq_len = 8;
-  c.tie_embeddings = false;
-  return c;
-}
+ModelConfig tiny_llama() { return testing::tiny_llama(/*tied=*/false); }
 
 void fill_grads(Model& model, uint64_t key) {
   float* g = model.flat_grad().data<float>();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../ckpt/util.h"
 #include "meshtrain/data/sampler.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/util/error.h"
@@ -21,13 +22,7 @@ namespace fs = std::filesystem;
 
 class TokenFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshtrain_data_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { dir_ = ckpt_test::scratch_dir(); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // A raw file: header fields and token bytes as given.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../ckpt/util.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/generate.h"
@@ -25,11 +26,7 @@ namespace fs = std::filesystem;
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshtrain_trainer_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = ckpt_test::scratch_dir();
     // A learnable stream: a short repeating phrase with some variation.
     std::vector<uint16_t> train, val;
     const char* text = "in the beginning was the word, and the word was with god. ";
@@ -40,8 +37,6 @@ class TrainerTest : public ::testing::Test {
     write_token_file((dir_ / "train.bin").string(), train);
     write_token_file((dir_ / "val.bin").string(), val);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
   TrainConfig config(const std::string& out, ConfigOverrides extra = {}) const {
     std::string toml = R"(
 [model]
