@@ -25,7 +25,7 @@ set_tests_properties(tokenizer.kjv_text PROPERTIES FIXTURES_SETUP kjv_text TIMEO
 add_test(NAME tokenizer.gpt2_gtests COMMAND test_data --gtest_filter=Gpt2*:Prepare.Gpt2*)
 set_tests_properties(tokenizer.gpt2_gtests PROPERTIES
   FIXTURES_REQUIRED gpt2_ranks
-  ENVIRONMENT "MESHTRAIN_GPT2_RANKS=${tok_ranks};MESHTRAIN_REQUIRE_GPT2_RANKS=1"
+  ENVIRONMENT "MESHTRAIN_GPT2_RANKS=${tok_ranks};MESHTRAIN_REQUIRE_GPT2_RANKS=1;MESHTRAIN_TEST_SCRATCH=${tok_dir}/scratch"
   TIMEOUT 120)
 
 # Token ids against tiktoken: the whole KJV, the Unicode stress text, a sweep of code points.

@@ -33,10 +33,13 @@ inline std::string gpt2_ranks_path() {
     }                                                                                        \
   } while (0)
 
-// A fresh directory under the build tree, named after the running test.
+// A fresh directory named after the running test, under $MESHTRAIN_TEST_SCRATCH
+// (set by tests/tokenizer.cmake's second runs, which may overlap the first) or
+// the build tree's test_scratch.
 inline std::string scratch_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::path(MESHTRAIN_BINARY_DIR) / "test_scratch" /
+  const char* root = std::getenv("MESHTRAIN_TEST_SCRATCH");
+  auto dir = std::filesystem::path(root != nullptr ? root : MESHTRAIN_BINARY_DIR "/test_scratch") /
              (std::string(info->test_suite_name()) + "." + info->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
