@@ -79,3 +79,5 @@ meshtrain_cli_case(sample_bad_llama2c 1 "^meshtrain: .*train.bin"
 meshtrain_cli_case(sample_bad_prompt_ids 1 "^meshtrain: token ids: 'x' is not a non-negative integer"
                    FIXTURE cli_trained
                    ARGS sample --checkpoint ${cli_work}/run/step_30 --prompt-ids 1,x)
+meshtrain_cli_case(prepare_missing_input 1 "^meshtrain: prepare: input '.*/no_text' does not exist$"
+                   ARGS prepare --input ${cli_work}/no_text --out ${cli_work}/prepared --tokenizer bytes)

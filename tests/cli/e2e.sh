@@ -51,6 +51,11 @@ for src in "--checkpoint $WORK/hf" "--model-file $WORK/model.bin" "--checkpoint 
   test "$(head -1 <<<"$c")" = "$(head -1 <<<"$a")" || { echo "ids differ after $src"; exit 1; }
 done
 
+# prepare (byte tokenizer) writes shards the trainer reads.
+"$BIN" prepare --input "$WORK/text" --out "$WORK/prepared" --tokenizer bytes --val-fraction 0.5 --progress none
+"$BIN" train --config "$WORK/good.toml" --data.train "$WORK/prepared/train_*.bin" \
+  --data.val "$WORK/prepared/val_000000.bin" --train.steps 2 --train.out_dir "$WORK/run_prepared" >/dev/null
+
 # Malformed checkpoints for the error cases (tests/cli.cmake).
 for bad in truncated header_len bad_json; do
   rm -rf "$WORK/ckpt_$bad" && cp -r "$WORK/run/step_30" "$WORK/ckpt_$bad"

@@ -24,6 +24,10 @@ objects = ["the city", "the mountain", "the temple", "his house", "the river"]
 lines = [f"And {rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}.\n" for _ in range(3000)]
 text = "".join(lines).encode()
 split = len(text) * 9 // 10
+import os
+os.makedirs(f"{work}/text")
+for name, part in (("a", text[:split]), ("b", text[split:])):
+    open(f"{work}/text/{name}.txt", "wb").write(part)
 write("train.bin", list(text[:split]))
 write("val.bin", list(text[split:]))
 

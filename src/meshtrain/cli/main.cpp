@@ -1,5 +1,5 @@
-// meshtrain's command line: train, sample, ckpt export/import. Thin glue over
-// the library (train/, ckpt/); any error becomes one line on stderr.
+// meshtrain's command line: train, sample, prepare, ckpt export/import. Thin
+// glue over the library (train/, data/, ckpt/); any error becomes one line on stderr.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -11,6 +11,7 @@
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
+#include "meshtrain/data/prepare.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/generate.h"
@@ -213,6 +214,28 @@ int main_impl(int argc, char** argv) {
   imp->add_option("--dtype", import_args.dtype, "stored weight dtype")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
 
+  PrepareOptions prepare_args;
+  CLI::App* prepare = app.add_subcommand("prepare", "Tokenize text into llm.c token shards");
+  prepare->add_option("--input", prepare_args.inputs, "Text files or directories (*.txt)")
+      ->required();
+  prepare->add_option("--out", prepare_args.output_dir, "Output directory for the shards")
+      ->required();
+  prepare->add_option("--tokenizer", prepare_args.tokenizer)
+      ->check(CLI::IsMember({"gpt2", "bytes"}))->capture_default_str();
+  prepare->add_option("--gpt2-ranks", prepare_args.gpt2_ranks, "tiktoken ranks file")
+      ->capture_default_str();
+  prepare->add_option("--shard-tokens", prepare_args.shard_tokens)
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  prepare->add_option("--val-fraction", prepare_args.val_fraction,
+                      "Share of documents held out for validation")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  prepare->add_option("--seed", prepare_args.seed)->capture_default_str();
+  prepare->add_option("--separator", prepare_args.separator, "Splits files into documents");
+  prepare->add_option("--threads", prepare_args.threads, "0 = cores available")
+      ->check(CLI::NonNegativeNumber);
+  prepare->add_option("--progress", prepare_args.progress)
+      ->check(CLI::IsMember({"auto", "bar", "lines", "none"}))->capture_default_str();
+
   try {
     app.parse(argc, argv);
     if (sample->parsed() && sample_args.checkpoint.empty() && sample_args.model_file.empty()) {
@@ -231,6 +254,8 @@ int main_impl(int argc, char** argv) {
     run_train(train_args, train->remaining());
   } else if (sample->parsed()) {
     run_sample(sample_args);
+  } else if (prepare->parsed()) {
+    return run_prepare(prepare_args);
   } else if (exp->parsed()) {
     run_export(export_args);
   } else if (imp->parsed()) {
