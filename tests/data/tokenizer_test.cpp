@@ -141,7 +141,7 @@ TEST(BpeTokenizer, RejectsBadRanksWithFileAndLine) {
   expect_error(good + "YWI= -1\n", {"line 257", "not a non-negative integer"});
   expect_error(good + "YWI= 5\n", {"line 257", "rank 5 already given on line 6"});
   expect_error(good + "YQ== 256\n", {"same token bytes as rank 97"});
-  expect_error(good + "YWI= 300\n", {"rank 256 is missing"});
+  expect_error(good + "YWI= 300\n", {"line 257", "rank 300 out of range (ranks are 0..256"});
   std::string no_a;  // every byte but 'A', ranks kept dense
   for (int b = 0, r = 0; b < 256; ++b) {
     if (b != 'A') no_a += base64(std::string(1, static_cast<char>(b))) + " " + std::to_string(r++) + "\n";

@@ -93,7 +93,6 @@ struct Part {
 }  // namespace
 
 struct BpeTokenizer::Impl {
-  std::string source;
   std::string arena;               // token bytes, concatenated by rank
   std::vector<uint32_t> offsets;   // token r is arena[offsets[r], offsets[r+1])
   // Open addressing, linear probing. A slot holds a rank (-1: empty) and the
@@ -114,7 +113,7 @@ struct BpeTokenizer::Impl {
   int32_t num_ranks() const { return static_cast<int32_t>(offsets.size()) - 1; }
 
   std::string_view bytes_of(int32_t rank) const {
-    return std::string_view(arena).substr(offsets[rank], offsets[rank + 1] - offsets[rank]);
+    return {arena.data() + offsets[rank], offsets[rank + 1] - offsets[rank]};
   }
 
   // Rank of exactly these bytes, or -1.
@@ -263,20 +262,21 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path) {
 std::unique_ptr<BpeTokenizer> BpeTokenizer::from_ranks_text(std::string_view text,
                                                             const std::string& source) {
   auto impl = std::make_unique<Impl>();
-  impl->source = source;
-  // Parse "<base64> <rank>" lines (blank lines skipped, as tiktoken does).
-  std::vector<std::string> tokens;
-  std::vector<int64_t> line_of;
-  std::string bytes;
-  size_t line_no = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
+  // The non-empty lines (tiktoken skips blank ones), each "<base64> <rank>".
+  std::vector<std::pair<size_t, std::string_view>> lines;
+  for (size_t pos = 0, line_no = 1; pos < text.size(); ++line_no) {
+    size_t end = std::min(text.find('\n', pos), text.size());
     std::string_view line = text.substr(pos, end - pos);
     pos = end + 1;
-    ++line_no;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty()) continue;
+    if (!line.empty()) lines.emplace_back(line_no, line);
+  }
+  MESHTRAIN_CHECK(!lines.empty(), "ranks file '{}': no tokens", source);
+  // Ranks are 0..N-1 for N lines, each once.
+  std::vector<std::string> tokens(lines.size());
+  std::vector<size_t> line_of(lines.size(), 0);
+  std::string bytes;
+  for (auto [line_no, line] : lines) {
     size_t space = line.find(' ');
     MESHTRAIN_CHECK(space != std::string_view::npos && line.find(' ', space + 1) == line.npos,
                     "ranks file '{}' line {}: expected '<base64 token bytes> <rank>', got '{}'",
@@ -284,31 +284,22 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_ranks_text(std::string_view tex
     std::string_view b64 = line.substr(0, space), rank_text = line.substr(space + 1);
     MESHTRAIN_CHECK(base64_decode(b64, bytes), "ranks file '{}' line {}: '{}' is not base64",
                     source, line_no, b64.substr(0, 80));
-    int64_t rank = 0;
+    size_t rank = 0;
     bool digits = !rank_text.empty() && rank_text.size() <= 9;
     for (char c : rank_text) {
       digits = digits && c >= '0' && c <= '9';
-      rank = rank * 10 + (c - '0');
+      rank = rank * 10 + static_cast<size_t>(c - '0');
     }
     MESHTRAIN_CHECK(digits, "ranks file '{}' line {}: rank '{}' is not a non-negative integer",
                     source, line_no, rank_text.substr(0, 40));
-    if (static_cast<size_t>(rank) >= tokens.size()) {
-      tokens.resize(static_cast<size_t>(rank) + 1);
-      line_of.resize(static_cast<size_t>(rank) + 1, 0);
-    }
+    MESHTRAIN_CHECK(rank < lines.size(),
+                    "ranks file '{}' line {}: rank {} out of range (ranks are 0..{}, one per line)",
+                    source, line_no, rank, lines.size() - 1);
     MESHTRAIN_CHECK(line_of[rank] == 0, "ranks file '{}' line {}: rank {} already given on line {}",
                     source, line_no, rank, line_of[rank]);
     tokens[rank] = bytes;
-    line_of[rank] = static_cast<int64_t>(line_no);
+    line_of[rank] = line_no;
   }
-  MESHTRAIN_CHECK(!tokens.empty(), "ranks file '{}': no tokens", source);
-  for (size_t r = 0; r < tokens.size(); ++r) {
-    MESHTRAIN_CHECK(line_of[r] != 0, "ranks file '{}': rank {} is missing (ranks must be 0..{})",
-                    source, r, tokens.size() - 1);
-  }
-  MESHTRAIN_CHECK(tokens.size() < 65535,
-                  "ranks file '{}': {} tokens; token files hold ids below 65536", source,
-                  tokens.size());
 
   impl->offsets.reserve(tokens.size() + 1);
   for (const auto& t : tokens) {
