@@ -273,7 +273,11 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
   // Workers encode documents in any order; this thread writes them in input
   // order. A window bounds how far workers run ahead (and so the memory held).
   const int64_t window = 4 * static_cast<int64_t>(threads);
-  std::vector<std::optional<std::vector<uint16_t>>> done(static_cast<size_t>(n_docs));
+  // Encoded documents waiting to be written; document d sits in slot d % window.
+  std::vector<std::optional<std::vector<uint16_t>>> done(static_cast<size_t>(window));
+  auto slot = [&](int64_t doc) -> std::optional<std::vector<uint16_t>>& {
+    return done[static_cast<size_t>(doc % window)];
+  };
   std::mutex mutex;
   std::condition_variable ready, room;
   int64_t next_claim = 0, next_write = 0;
@@ -298,7 +302,7 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
         tokens.push_back(eot);
         for (int32_t id : ids) tokens.push_back(static_cast<uint16_t>(id));
         std::lock_guard lock(mutex);
-        done[static_cast<size_t>(doc)] = std::move(tokens);
+        slot(doc) = std::move(tokens);
       } catch (...) {
         std::lock_guard lock(mutex);
         if (!error) error = std::current_exception();
@@ -316,17 +320,17 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
       std::vector<uint16_t> tokens;
       {
         std::unique_lock lock(mutex);
-        while (!error && !done[static_cast<size_t>(next_write)]) {
+        while (!error && !slot(next_write)) {
           ready.wait_for(lock, std::chrono::milliseconds(200));
-          if (!done[static_cast<size_t>(next_write)]) {
+          if (!slot(next_write)) {
             lock.unlock();
             progress.update(bytes_done, train.total() + val.total());
             lock.lock();
           }
         }
         if (error) break;
-        tokens = std::move(*done[static_cast<size_t>(next_write)]);
-        done[static_cast<size_t>(next_write)].reset();
+        tokens = std::move(*slot(next_write));
+        slot(next_write).reset();
       }
       (is_val[static_cast<size_t>(next_write)] ? val : train).append(tokens);
       bytes_done += static_cast<int64_t>(docs[static_cast<size_t>(next_write)].size());
