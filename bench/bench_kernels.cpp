@@ -100,7 +100,7 @@ void BM_Classifier(benchmark::State& state) {
 }
 BENCHMARK(BM_Classifier)
     ->ArgNames({"bf16", "chunk"})
-    ->ArgsProduct({{0, 1}, {0}})
+    ->ArgsProduct({{0, 1}, {0, 128, 512}})
     ->Unit(benchmark::kMillisecond)
     ->Iterations(2)->UseRealTime();
 

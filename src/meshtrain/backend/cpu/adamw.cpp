@@ -25,8 +25,26 @@ void adamw_update(const AdamWHyper& hyper, float* param, const float* grad, floa
 #pragma omp parallel for schedule(static) if (n > 8192)
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
     const int64_t i1 = std::min(n, i0 + kBlock);
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) {
+    int64_t i = i0;
+#if defined(MESHTRAIN_AVX512)
+    // Same operations as the scalar tail, 16 lanes at a time (std::sqrt's
+    // errno path keeps the compiler from vectorising it).
+    const __m512 vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2), v1b1 = _mm512_set1_ps(one_b1);
+    const __m512 v1b2 = _mm512_set1_ps(one_b2), vscale = _mm512_set1_ps(scale), vdecay = _mm512_set1_ps(decay);
+    const __m512 vbc2 = _mm512_set1_ps(bc2_sqrt), veps = _mm512_set1_ps(eps), vstep = _mm512_set1_ps(step_size);
+    for (; i + simd::kLanes <= i1; i += simd::kLanes) {
+      const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), vscale);
+      const __m512 p = _mm512_mul_ps(_mm512_loadu_ps(param + i), vdecay);
+      const __m512 mi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(m + i), vb1), _mm512_mul_ps(g, v1b1));
+      const __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), vb2),
+                                      _mm512_mul_ps(_mm512_mul_ps(v1b2, g), g));
+      _mm512_storeu_ps(m + i, mi);
+      _mm512_storeu_ps(v + i, vi);
+      const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), vbc2), veps);
+      _mm512_storeu_ps(param + i, _mm512_sub_ps(p, _mm512_mul_ps(vstep, _mm512_div_ps(mi, denom))));
+    }
+#endif
+    for (; i < i1; ++i) {
       const float g = grad[i] * scale;
       const float p = param[i] * decay;
       const float mi = m[i] * b1 + g * one_b1;
