@@ -209,6 +209,9 @@ void Trainer::log_eval(double val_loss) {
 std::vector<StepRecord> Trainer::run() {
   const TrainSettings& t = config_.train;
   std::vector<StepRecord> records;
+  if (step_ >= t.steps && options_.console) {
+    fmt::print("nothing to do: at step {} of train.steps = {}\n", step_, t.steps);
+  }
   while (step_ < t.steps) {
     records.push_back(train_step());
     log_step(records.back());
