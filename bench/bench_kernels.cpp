@@ -104,6 +104,40 @@ BENCHMARK(BM_Classifier)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(2)->UseRealTime();
 
+// The classifier's three GEMMs for one chunk of rows: 0 logits = h w^T,
+// 1 dh = dlogits w, 2 dw += dlogits^T h.
+void BM_ClassifierGemm(benchmark::State& state) {
+  const DType dt = dtype_arg(state);
+  const int64_t rows = state.range(1), pass = state.range(2);
+  Tensor h = filled({rows, kDim}, dt), w = filled({kVocab, kDim}, dt), dl = filled({rows, kVocab}, dt);
+  Tensor out({rows * kVocab + kVocab * kDim}, DType::f32, MemCategory::workspace, env().tracker);
+  auto& ctx = env().ctx;
+  for (auto _ : state) {
+    if (pass == 0) {
+      cpu::matmul(ctx, {1, rows, kVocab, kDim, false, true, false}, dt, h.raw(), w.raw(), DType::f32, out.raw());
+    } else if (pass == 1) {
+      cpu::matmul(ctx, {1, rows, kDim, kVocab, false, false, false}, dt, dl.raw(), w.raw(), DType::f32, out.raw());
+    } else if (pass == 2) {
+      cpu::matmul(ctx, {1, kVocab, kDim, rows, true, false, false}, dt, dl.raw(), h.raw(), DType::f32,
+                  out.raw(), 1.0f, true);
+    } else if (pass == 3) {
+      cpu::matmul(ctx, {1, kVocab, kDim, rows, true, false, false}, dt, dl.raw(), h.raw(), DType::f32,
+                  out.raw(), 1.0f, false);
+    } else if (pass == 4) {
+      cpu::matmul(ctx, {1, kVocab, kDim, rows, false, false, false}, dt, dl.raw(), h.raw(), DType::f32,
+                  out.raw(), 1.0f, true);
+    } else {
+      cpu::matmul(ctx, {1, kDim, kVocab, rows, true, false, false}, dt, h.raw(), dl.raw(), DType::f32,
+                  out.raw(), 1.0f, true);
+    }
+  }
+  set_flops(state, 2.0 * rows * kDim * kVocab);
+}
+BENCHMARK(BM_ClassifierGemm)
+    ->ArgNames({"bf16", "rows", "pass"})
+    ->ArgsProduct({{0, 1}, {256, 512}, {0, 1, 2, 3, 4, 5}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // Attention FLOPs counted as the model does: causal half of the 4 T^2 D GEMMs
 // per head forward (QK^T, PV), twice that backward.
 double attention_flops() { return 2.0 * kBatch * kHeads * kSeq * kSeq * kHeadDim; }

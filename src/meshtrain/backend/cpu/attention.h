@@ -29,9 +29,10 @@ void rope_apply(const RopeTable& rope, float* x, int64_t rows, int64_t seq, int6
                 int64_t head_dim, int64_t pos0, bool inverse);
 
 // What the backward pass needs, allocated by attention_forward (category activations).
+// Reused across calls when shapes and dtype match (no reallocation per step).
 struct AttentionSaved {
-  Tensor q, k, v;  // post-RoPE, head-major layouts, compute dtype
-  Tensor probs;    // softmax probabilities [B, H, T, T]
+  Tensor q, k, v;  // post-RoPE, compute dtype: q [B, H, T, D], k and v [B, KV, T, D]
+  Tensor probs;    // softmax probabilities [B, H, T, T], compute dtype, zero above the diagonal
 };
 
 // qkv: [B, T, (H + 2*KV)*D] f32, each row = [q heads | k heads | v heads].
