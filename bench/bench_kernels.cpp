@@ -105,7 +105,8 @@ BENCHMARK(BM_Classifier)
     ->Iterations(2)->UseRealTime();
 
 // The classifier's three GEMMs for one chunk of rows: 0 logits = h w^T,
-// 1 dh = dlogits w, 2 dw += dlogits^T h.
+// 1 dh = dlogits w, 2 dw += dlogits^T h; 3 is the alternative dw^T += h^T dlogits
+// (faster alone in f32, but no measurable gain inside fused_classifier).
 void BM_ClassifierGemm(benchmark::State& state) {
   const DType dt = dtype_arg(state);
   const int64_t rows = state.range(1), pass = state.range(2);
@@ -120,12 +121,6 @@ void BM_ClassifierGemm(benchmark::State& state) {
     } else if (pass == 2) {
       cpu::matmul(ctx, {1, kVocab, kDim, rows, true, false, false}, dt, dl.raw(), h.raw(), DType::f32,
                   out.raw(), 1.0f, true);
-    } else if (pass == 3) {
-      cpu::matmul(ctx, {1, kVocab, kDim, rows, true, false, false}, dt, dl.raw(), h.raw(), DType::f32,
-                  out.raw(), 1.0f, false);
-    } else if (pass == 4) {
-      cpu::matmul(ctx, {1, kVocab, kDim, rows, false, false, false}, dt, dl.raw(), h.raw(), DType::f32,
-                  out.raw(), 1.0f, true);
     } else {
       cpu::matmul(ctx, {1, kDim, kVocab, rows, true, false, false}, dt, h.raw(), dl.raw(), DType::f32,
                   out.raw(), 1.0f, true);
@@ -135,7 +130,7 @@ void BM_ClassifierGemm(benchmark::State& state) {
 }
 BENCHMARK(BM_ClassifierGemm)
     ->ArgNames({"bf16", "rows", "pass"})
-    ->ArgsProduct({{0, 1}, {256, 512}, {0, 1, 2, 3, 4, 5}})
+    ->ArgsProduct({{0, 1}, {256}, {0, 1, 2, 3}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Attention FLOPs counted as the model does: causal half of the 4 T^2 D GEMMs
