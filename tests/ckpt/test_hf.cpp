@@ -5,7 +5,6 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/atomic_file.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/safetensors.h"
@@ -14,7 +13,7 @@
 namespace meshtrain {
 namespace {
 
-using ckpt_test::scratch_dir;
+using testing::scratch_dir;
 
 void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.family, b.family);
@@ -34,16 +33,16 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
 }
 
 TEST(HfConfig, WriteThenParseGivesTheSameConfig) {
-  for (ModelConfig c : {ckpt_test::small_llama(true), ckpt_test::small_llama(false),
-                        ckpt_test::small_gpt2(), model_preset("gpt2-124M"),
+  for (ModelConfig c : {testing::small_llama(true), testing::small_llama(false),
+                        testing::small_gpt2(), model_preset("gpt2-124M"),
                         model_preset("stories260K")}) {
     c.rope_theta = c.family == Family::llama ? 500000.0f : c.rope_theta;
     expect_same_config(parse_hf_config(hf_config_json(c), "config.json"), c);
   }
-  ModelConfig wide = ckpt_test::small_gpt2();
+  ModelConfig wide = testing::small_gpt2();
   wide.hidden_dim = 48;  // not 4 * dim: written as n_inner
   expect_same_config(parse_hf_config(hf_config_json(wide), "config.json"), wide);
-  EXPECT_NE(hf_config_json(ckpt_test::small_llama(true)).find("\"rms_norm_eps\": 1e-05"),
+  EXPECT_NE(hf_config_json(testing::small_llama(true)).find("\"rms_norm_eps\": 1e-05"),
             std::string::npos);
 }
 
@@ -104,22 +103,17 @@ TEST(HfRope, PermutationMatchesConvertLlamaWeightsToHf) {
   EXPECT_EQ(y[(8 + 4) * 3], x[(8 + 1) * 3]);  // head 1, HF row 4 = c 1, i 0 = meshtrain row 1
 }
 
-class HfImport : public ::testing::Test {
- protected:
-  MemoryTracker tracker;
-  cpu::CpuContext ctx{1, tracker};
-  std::string dir = scratch_dir();
-};
+class HfImport : public ckpt_test::CkptTest {};
 
 TEST_F(HfImport, ExportLayoutAndBenignExtras) {
-  Model model(ckpt_test::small_llama(true), Precision::fp32, ctx);
+  Model model(testing::small_llama(true), Precision::fp32, ctx);
   model.init_weights(9);
   export_hf(model, dir, DType::f16);
   SafetensorsReader file(dir + "/model.safetensors");
   EXPECT_FALSE(file.contains("lm_head.weight"));  // tied: HF does not store it
   EXPECT_EQ(file.info("model.layers.0.self_attn.q_proj.weight").dtype, StDType::F16);
   EXPECT_EQ(file.metadata("format"), "pt");
-  const auto config = nlohmann::json::parse(ckpt_test::read_bytes(dir + "/config.json"));
+  const auto config = nlohmann::json::parse(testing::read_file(dir + "/config.json"));
   EXPECT_EQ(config["torch_dtype"], "float16");
 
   // A stored tied lm_head and rotary buffers are ignored on import.
@@ -133,7 +127,7 @@ TEST_F(HfImport, ExportLayoutAndBenignExtras) {
 }
 
 TEST_F(HfImport, Gpt2NamesWithoutTransformerPrefixAreFound) {
-  Model model(ckpt_test::small_gpt2(), Precision::fp32, ctx);
+  Model model(testing::small_gpt2(), Precision::fp32, ctx);
   model.init_weights(4);
   SafetensorsWriter writer;  // as GPT2Model (e.g. the openai-community/gpt2 file) names them
   for (const Parameter& p : model.params()) writer.add(p.spec.name.substr(12), p.master);
@@ -149,7 +143,7 @@ TEST_F(HfImport, Gpt2NamesWithoutTransformerPrefixAreFound) {
 }
 
 TEST_F(HfImport, MissingAndWrongTensorsAreErrors) {
-  Model model(ckpt_test::small_llama(false), Precision::fp32, ctx);
+  Model model(testing::small_llama(false), Precision::fp32, ctx);
   export_hf(model, dir);
   SafetensorsWriter writer;
   for (const Parameter& p : model.params()) {
@@ -168,7 +162,7 @@ TEST_F(HfImport, MissingAndWrongTensorsAreErrors) {
 }
 
 TEST_F(HfImport, ShardedCheckpointsAreRejectedClearly) {
-  ckpt_test::write_bytes(dir + "/model.safetensors.index.json", "{}");
+  testing::write_file(dir + "/model.safetensors.index.json", "{}");
   EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), dir, "sharded");
 }
 

@@ -4,30 +4,23 @@
 #include <array>
 #include <cstring>
 
-#include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/llama2c.h"
 #include "util.h"
 
 namespace meshtrain {
 namespace {
 
-using ckpt_test::read_bytes;
-using ckpt_test::scratch_dir;
-using ckpt_test::write_bytes;
+using testing::read_file;
+using testing::write_file;
 
-class Llama2c : public ::testing::Test {
- protected:
-  MemoryTracker tracker;
-  cpu::CpuContext ctx{1, tracker};
-  std::string dir = scratch_dir();
-};
+class Llama2c : public ckpt_test::CkptTest {};
 
 TEST_F(Llama2c, TiedRoundTripAndLayout) {
-  Model model(ckpt_test::small_llama(true), Precision::fp32, ctx);
+  Model model(testing::small_llama(true), Precision::fp32, ctx);
   model.init_weights(5);
   const std::string path = dir + "/m.bin";
   export_llama2c(model, path);
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = read_file(path);
   std::array<int32_t, 7> header{};
   std::memcpy(header.data(), bytes.data(), 28);
   EXPECT_EQ(header, (std::array<int32_t, 7>{16, 24, 2, 4, 2, 19, 8}));  // positive vocab: tied
@@ -46,33 +39,33 @@ TEST_F(Llama2c, TiedRoundTripAndLayout) {
 }
 
 TEST_F(Llama2c, UntiedHeaderHasNegativeVocab) {
-  Model model(ckpt_test::small_llama(false), Precision::fp32, ctx);
+  Model model(testing::small_llama(false), Precision::fp32, ctx);
   const std::string path = dir + "/m.bin";
   export_llama2c(model, path);
   int32_t vocab = 0;
-  std::memcpy(&vocab, read_bytes(path).data() + 20, 4);
+  std::memcpy(&vocab, read_file(path).data() + 20, 4);
   EXPECT_EQ(vocab, -19);
   EXPECT_FALSE(read_llama2c_config(path).tie_embeddings);
 }
 
 TEST_F(Llama2c, TruncatedOrPaddedFileIsAnError) {
-  Model model(ckpt_test::small_llama(true), Precision::fp32, ctx);
+  Model model(testing::small_llama(true), Precision::fp32, ctx);
   const std::string path = dir + "/m.bin";
   export_llama2c(model, path);
-  const std::string bytes = read_bytes(path);
-  write_bytes(path, bytes.substr(0, bytes.size() - 4));
+  const std::string bytes = read_file(path);
+  write_file(path, bytes.substr(0, bytes.size() - 4));
   EXPECT_ERROR(import_llama2c(path, Precision::fp32, ctx), "m.bin",
                fmt::format("file is {} bytes but its header", bytes.size() - 4));
-  write_bytes(path, bytes + "xxxx");
+  write_file(path, bytes + "xxxx");
   EXPECT_ERROR(import_llama2c(path, Precision::fp32, ctx), "m.bin", "truncated or not a llama2.c");
-  write_bytes(path, bytes.substr(0, 10));
+  write_file(path, bytes.substr(0, 10));
   EXPECT_ERROR(import_llama2c(path, Precision::fp32, ctx), "m.bin", "too short for the 28-byte");
 }
 
 TEST_F(Llama2c, BadHeadersAreErrors) {
   const std::string path = dir + "/h.bin";
   auto write_header = [&](std::array<int32_t, 7> h) {
-    write_bytes(path, std::string(reinterpret_cast<const char*>(h.data()), 28) + std::string(64, '\0'));
+    write_file(path, std::string(reinterpret_cast<const char*>(h.data()), 28) + std::string(64, '\0'));
   };
   write_header({-64, 172, 5, 8, 4, 512, 512});
   EXPECT_ERROR(read_llama2c_config(path), "h.bin", "header dim = -64 is out of range");
@@ -84,9 +77,9 @@ TEST_F(Llama2c, BadHeadersAreErrors) {
 }
 
 TEST_F(Llama2c, ExportRejectsWhatTheFormatCannotHold) {
-  Model gpt2(ckpt_test::small_gpt2(), Precision::fp32, ctx);
+  Model gpt2(testing::small_gpt2(), Precision::fp32, ctx);
   EXPECT_ERROR(export_llama2c(gpt2, dir + "/g.bin"), "g.bin", "needs a llama model");
-  ModelConfig c = ckpt_test::small_llama(true);
+  ModelConfig c = testing::small_llama(true);
   c.rope_theta = 500000.0f;
   Model llama(c, Precision::fp32, ctx);
   EXPECT_ERROR(export_llama2c(llama, dir + "/l.bin"), "l.bin", "rope_theta 10000");

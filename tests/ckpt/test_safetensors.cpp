@@ -4,7 +4,6 @@
 
 #include <cstring>
 
-#include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/ckpt/weights.h"
 #include "util.h"
@@ -12,9 +11,9 @@
 namespace meshtrain {
 namespace {
 
-using ckpt_test::read_bytes;
-using ckpt_test::scratch_dir;
-using ckpt_test::write_bytes;
+using testing::read_file;
+using testing::scratch_dir;
+using testing::write_file;
 
 // A file from a header text and a data section, length prefix included.
 std::string st_file(const std::string& header, const std::string& data) {
@@ -43,7 +42,7 @@ TEST(Safetensors, RoundTripWithConversionAndMetadata) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
 
   // Data section 8-byte aligned, as the reference writer does.
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = read_file(path);
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes.data(), 8);
   EXPECT_EQ(header_len % 8, 0u);
@@ -102,7 +101,7 @@ class MalformedFile : public ::testing::TestWithParam<Malformed> {};
 
 TEST_P(MalformedFile, GivesOneClearError) {
   const std::string path = scratch_dir() + "/bad.safetensors";
-  write_bytes(path, GetParam().bytes);
+  write_file(path, GetParam().bytes);
   EXPECT_ERROR(SafetensorsReader reader(path), "bad.safetensors", GetParam().message);
 }
 
@@ -136,12 +135,10 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"metadata_not_string", st_file(R"({"__metadata__":{"step":3}})", ""), "__metadata__ 'step' is not a string"}),
     [](const auto& test) { return std::string(test.param.label); });
 
-class LoadWeights : public ::testing::Test {
+class LoadWeights : public ckpt_test::CkptTest {
  protected:
-  MemoryTracker tracker;
-  cpu::CpuContext ctx{1, tracker};
-  Model model{ckpt_test::small_llama(false), Precision::fp32, ctx};
-  std::string path = scratch_dir() + "/model.safetensors";
+  Model model{testing::small_llama(false), Precision::fp32, ctx};
+  std::string path = dir + "/model.safetensors";
 };
 
 TEST_F(LoadWeights, SaveLoadRoundTripIsExact) {

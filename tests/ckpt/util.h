@@ -1,37 +1,18 @@
-// Helpers for the checkpoint tests: scratch files and a tiny model.
+// Helpers for the checkpoint tests: the one-line Error check and a fixture with
+// a CPU context and a scratch directory. Shapes and file helpers are in tests/support.
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <string>
 
-#include "meshtrain/model/model.h"
+#include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/util/error.h"
+#include "support/scratch.h"
+#include "support/tiny_models.h"
 
 namespace meshtrain::ckpt_test {
-
-// A scratch directory unique to the running test (ctest runs tests in parallel).
-inline std::string scratch_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::path(MESHTRAIN_BINARY_DIR) / "test_scratch" /
-             (std::string(info->test_suite_name()) + "." + info->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
-inline void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-inline std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // The Error message `fn` throws; fails the test when it throws nothing or something else.
 inline std::string error_of(const std::function<void()>& fn) {
@@ -56,33 +37,12 @@ inline std::string error_of(const std::function<void()>& fn) {
     EXPECT_EQ(msg_.find('\n'), std::string::npos) << msg_;                \
   } while (0)
 
-inline ModelConfig small_llama(bool tied) {
-  ModelConfig c;
-  c.family = Family::llama;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.hidden_dim = 24;
-  c.vocab_size = 19;
-  c.max_seq_len = 8;
-  c.tie_embeddings = tied;
-  c.init_std = 0.3f;
-  return c;
-}
-
-inline ModelConfig small_gpt2() {
-  ModelConfig c;
-  c.family = Family::gpt2;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 2;
-  c.hidden_dim = 64;
-  c.vocab_size = 19;
-  c.max_seq_len = 8;
-  c.init_std = 0.3f;
-  return c;
-}
+// A one-thread CPU context and a fresh scratch directory for each test.
+class CkptTest : public ::testing::Test {
+ protected:
+  MemoryTracker tracker;
+  cpu::CpuContext ctx{1, tracker};
+  std::string dir = testing::scratch_dir();
+};
 
 }  // namespace meshtrain::ckpt_test

@@ -1,14 +1,14 @@
-// Shared by the tokenizer and prepare tests: where the GPT-2 ranks are, a
-// scratch directory, and small file helpers.
+// Shared by the tokenizer and prepare tests: where the GPT-2 ranks are (and,
+// through support/scratch.h, a scratch directory and file helpers).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "support/scratch.h"
 
 namespace meshtrain::testing {
 
@@ -32,31 +32,5 @@ inline std::string gpt2_ranks_path() {
                    << " (scripts/get_gpt2_ranks.sh fetches them)";                          \
     }                                                                                        \
   } while (0)
-
-// A fresh directory named after the running test, under $MESHTRAIN_TEST_SCRATCH
-// (set by tests/tokenizer.cmake's second runs, which may overlap the first) or
-// the build tree's test_scratch.
-inline std::string scratch_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const char* root = std::getenv("MESHTRAIN_TEST_SCRATCH");
-  auto dir = std::filesystem::path(root != nullptr ? root : MESHTRAIN_BINARY_DIR "/test_scratch") /
-             (std::string(info->test_suite_name()) + "." + info->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
-inline void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-  ASSERT_TRUE(out.good()) << path;
-}
-
-inline std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 }  // namespace meshtrain::testing

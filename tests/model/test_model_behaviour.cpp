@@ -9,7 +9,7 @@
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/util/error.h"
-#include "tiny.h"
+#include "support/tiny_models.h"
 
 namespace meshtrain {
 namespace {
@@ -21,6 +21,25 @@ std::vector<ModelConfig> configs() {
 std::vector<float> grads_of(Model& model) {
   const float* g = model.flat_grad().data<float>();
   return std::vector<float>(g, g + model.num_params());
+}
+
+struct LossAndGrads {
+  double loss;
+  std::vector<float> grads;
+};
+
+// A fresh model initialised from `init_seed`: its loss and gradients, scaled by
+// 1/n, on a B x T batch of tokens and targets drawn from `ids_seed` and `ids_seed + 1`.
+LossAndGrads loss_and_grads(const ModelConfig& c, Precision prec, uint64_t init_seed,
+                            uint64_t ids_seed, int64_t B, int64_t T) {
+  testing::CpuModel m(c, prec);
+  m.model.init_weights(init_seed);
+  const int64_t n = B * T;
+  auto tokens = testing::random_ids(ids_seed, n, c.vocab_size);
+  auto targets = testing::random_ids(ids_seed + 1, n, c.vocab_size);
+  m.model.zero_grads();
+  const double loss = m.model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f / n);
+  return {loss, grads_of(m.model)};
 }
 
 double cross_entropy(const std::vector<float>& logits, const std::vector<int32_t>& targets,
@@ -40,9 +59,8 @@ TEST(ModelPasses, LossesAgreeAcrossForwardBackwardLossAndLogits) {
   for (const ModelConfig& c : configs()) {
     for (Precision prec : {Precision::fp32, Precision::bf16}) {
       SCOPED_TRACE(std::string(family_name(c.family)) + " " + std::string(precision_name(prec)));
-      MemoryTracker tracker;
-      cpu::CpuContext ctx(2, tracker);
-      Model model(c, prec, ctx);
+      testing::CpuModel m(c, prec);
+      Model& model = m.model;
       testing::init_for_test(model, 1);
       const int64_t B = 3, T = 9, n = B * T, V = c.vocab_size;
       auto tokens = testing::random_ids(3, n, V), targets = testing::random_ids(4, n, V);
@@ -60,9 +78,8 @@ TEST(ModelPasses, LossesAgreeAcrossForwardBackwardLossAndLogits) {
 TEST(ModelPasses, DecodeTokenByTokenEqualsFullForward) {
   for (const ModelConfig& c : configs()) {
     SCOPED_TRACE(family_name(c.family));
-    MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
-    Model model(c, Precision::fp32, ctx);
+    testing::CpuModel m(c, Precision::fp32);
+    Model& model = m.model;
     testing::init_for_test(model, 9);
     const int64_t B = 2, T = 10, V = c.vocab_size;
     auto tokens = testing::random_ids(5, B * T, V);
@@ -91,7 +108,7 @@ TEST(ModelPasses, DecodeTokenByTokenEqualsFullForward) {
     EXPECT_THROW(model.decode(tokens.data(), B, 1, cache, last.data()), Error);  // cache full
 
     // A bf16 model decodes in f32 on its master weights: the fp32 logits.
-    Model half(c, Precision::bf16, ctx);
+    Model half(c, Precision::bf16, m.ctx);
     testing::init_for_test(half, 9);
     KVCache half_cache = half.make_kv_cache(1, T);
     half.decode(tokens.data(), 1, T, half_cache, last.data());
@@ -126,9 +143,8 @@ TEST(ModelPasses, SmallPresetsStartNearUniform) {
   for (const char* name : {"llama-tiny", "stories260K"}) {
     SCOPED_TRACE(name);
     const ModelConfig c = model_preset(name);
-    MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
-    Model model(c, Precision::bf16, ctx);
+    testing::CpuModel m(c, Precision::bf16);
+    Model& model = m.model;
     EXPECT_EQ(model.num_params(), c.num_params());
     model.init_weights(1);
     const int64_t B = 2, T = 32, n = B * T;
@@ -140,9 +156,8 @@ TEST(ModelPasses, SmallPresetsStartNearUniform) {
 
 TEST(ModelPasses, GradientsAccumulateAndIgnoredTargetsContributeNothing) {
   const ModelConfig c = testing::tiny_llama(false);
-  MemoryTracker tracker;
-  cpu::CpuContext ctx(2, tracker);
-  Model model(c, Precision::fp32, ctx);
+  testing::CpuModel m(c, Precision::fp32);
+  Model& model = m.model;
   testing::init_for_test(model, 2);
   const int64_t B = 2, T = 6, n = B * T;
   auto tokens = testing::random_ids(6, n, c.vocab_size), targets = testing::random_ids(7, n, c.vocab_size);
@@ -165,22 +180,10 @@ TEST(ModelPasses, GradientsAccumulateAndIgnoredTargetsContributeNothing) {
 TEST(ModelPasses, TwoRunsGiveBitIdenticalGradients) {
   for (const ModelConfig& c : configs()) {
     for (Precision prec : {Precision::fp32, Precision::bf16}) {
-      std::vector<std::vector<float>> runs;
-      std::vector<double> losses;
-      for (int run = 0; run < 2; ++run) {
-        MemoryTracker tracker;
-        cpu::CpuContext ctx(2, tracker);
-        Model model(c, prec, ctx);
-        model.init_weights(17);
-        const int64_t B = 2, T = 8, n = B * T;
-        auto tokens = testing::random_ids(8, n, c.vocab_size);
-        auto targets = testing::random_ids(9, n, c.vocab_size);
-        model.zero_grads();
-        losses.push_back(model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f / n));
-        runs.push_back(grads_of(model));
-      }
-      EXPECT_EQ(losses[0], losses[1]);
-      EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)))
+      const LossAndGrads a = loss_and_grads(c, prec, 17, 8, 2, 8);
+      const LossAndGrads b = loss_and_grads(c, prec, 17, 8, 2, 8);
+      EXPECT_EQ(a.loss, b.loss);
+      EXPECT_EQ(0, std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float)))
           << family_name(c.family) << " " << precision_name(prec);
     }
   }
@@ -193,26 +196,14 @@ TEST(ModelPasses, Bf16IsCloseToFp32) {
     SCOPED_TRACE(family_name(base.family));
     ModelConfig c = base;
     c.init_std = 0.1f;
-    std::vector<std::vector<float>> grads;
-    std::vector<double> losses;
-    for (Precision prec : {Precision::fp32, Precision::bf16}) {
-      MemoryTracker tracker;
-      cpu::CpuContext ctx(2, tracker);
-      Model model(c, prec, ctx);
-      model.init_weights(23);
-      const int64_t B = 2, T = 12, n = B * T;
-      auto tokens = testing::random_ids(10, n, c.vocab_size);
-      auto targets = testing::random_ids(11, n, c.vocab_size);
-      model.zero_grads();
-      losses.push_back(model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f / n));
-      grads.push_back(grads_of(model));
-    }
-    EXPECT_NEAR(losses[1], losses[0], 1e-2 * losses[0]);
+    const LossAndGrads full = loss_and_grads(c, Precision::fp32, 23, 10, 2, 12);
+    const LossAndGrads half = loss_and_grads(c, Precision::bf16, 23, 10, 2, 12);
+    EXPECT_NEAR(half.loss, full.loss, 1e-2 * full.loss);
     double dot = 0, a2 = 0, b2 = 0;
-    for (size_t i = 0; i < grads[0].size(); ++i) {
-      dot += double(grads[0][i]) * grads[1][i];
-      a2 += double(grads[0][i]) * grads[0][i];
-      b2 += double(grads[1][i]) * grads[1][i];
+    for (size_t i = 0; i < full.grads.size(); ++i) {
+      dot += double(full.grads[i]) * half.grads[i];
+      a2 += double(full.grads[i]) * full.grads[i];
+      b2 += double(half.grads[i]) * half.grads[i];
     }
     EXPECT_GT(dot / std::sqrt(a2 * b2), 0.99);
   }
@@ -221,9 +212,8 @@ TEST(ModelPasses, Bf16IsCloseToFp32) {
 TEST(ModelPasses, GradReadyFiresOncePerParameterInReverseOrder) {
   for (const ModelConfig& c : configs()) {
     SCOPED_TRACE(family_name(c.family));
-    MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
-    Model model(c, Precision::bf16, ctx);
+    testing::CpuModel m(c, Precision::bf16);
+    Model& model = m.model;
     model.init_weights(1);
     std::vector<size_t> order;
     bool complete_when_ready = true;
@@ -256,9 +246,9 @@ TEST(ModelPasses, GradReadyFiresOncePerParameterInReverseOrder) {
 TEST(ModelPasses, MemoryTrackerSeesParamsGradsAndActivations) {
   for (Precision prec : {Precision::fp32, Precision::bf16}) {
     const ModelConfig c = testing::tiny_llama(false);
-    MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
-    Model model(c, prec, ctx);
+    testing::CpuModel m(c, prec);
+    Model& model = m.model;
+    const MemoryTracker& tracker = m.tracker;
     model.init_weights(1);
     int64_t matmul_numel = 0;
     for (const Parameter& p : model.params()) matmul_numel += p.spec.matmul_weight ? p.spec.numel() : 0;
@@ -282,9 +272,8 @@ TEST(ModelPasses, MemoryTrackerSeesParamsGradsAndActivations) {
 
 TEST(ModelPasses, RejectsBadInput) {
   const ModelConfig c = testing::tiny_llama(false);
-  MemoryTracker tracker;
-  cpu::CpuContext ctx(1, tracker);
-  Model model(c, Precision::fp32, ctx);
+  testing::CpuModel m(c, Precision::fp32, 1);
+  Model& model = m.model;
   model.init_weights(1);
   std::vector<int32_t> tokens(8, 1), targets(8, 2);
   tokens[5] = static_cast<int32_t>(c.vocab_size);
@@ -299,7 +288,7 @@ TEST(ModelPasses, RejectsBadInput) {
   EXPECT_THROW(model.make_kv_cache(1, c.max_seq_len + 1), Error);
   ModelConfig bad = c;
   bad.n_heads = 5;
-  EXPECT_THROW(Model(bad, Precision::fp32, ctx), Error);
+  EXPECT_THROW(Model(bad, Precision::fp32, m.ctx), Error);
 }
 
 }  // namespace

@@ -5,10 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/model/model.h"
 #include "reference.h"
-#include "tiny.h"
+#include "support/tiny_models.h"
 
 namespace meshtrain {
 namespace {
@@ -32,9 +31,8 @@ constexpr int64_t kBatch = 2, kSeq = 7;
 TEST(ModelMath, LogitsAndLossMatchFloat64Reference) {
   for (const Case& tc : cases()) {
     SCOPED_TRACE(tc.label);
-    MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
-    Model model(tc.config, Precision::fp32, ctx);
+    testing::CpuModel m(tc.config, Precision::fp32);
+    Model& model = m.model;
     testing::init_for_test(model, 3);
     const int64_t V = tc.config.vocab_size, n = kBatch * kSeq;
     auto tokens = testing::random_ids(1, n, V);
@@ -63,9 +61,8 @@ TEST(ModelMath, LogitsAndLossMatchFloat64Reference) {
 TEST(ModelMath, EveryGradientMatchesFiniteDifferencesOfReference) {
   for (const Case& tc : cases()) {
     SCOPED_TRACE(tc.label);
-    MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
-    Model model(tc.config, Precision::fp32, ctx);
+    testing::CpuModel m(tc.config, Precision::fp32);
+    Model& model = m.model;
     testing::init_for_test(model, 5);
     const int64_t V = tc.config.vocab_size, n = kBatch * kSeq;
     auto tokens = testing::random_ids(11, n, V);

@@ -3,11 +3,10 @@
 #include <cmath>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/model/params.h"
 #include "meshtrain/util/error.h"
-#include "tiny.h"
+#include "support/tiny_models.h"
 
 namespace meshtrain {
 namespace {
@@ -111,10 +110,9 @@ TEST(ParamInit, NormalHasTheRequestedScaleAndConstantsAreExact) {
 }
 
 TEST(ModelParams, FlatLayoutAndLayoutIndependentInit) {
-  MemoryTracker tracker;
-  cpu::CpuContext ctx(1, tracker);
   const ModelConfig c = testing::tiny_llama(false);
-  Model model(c, Precision::bf16, ctx);
+  testing::CpuModel m(c, Precision::bf16, 1);
+  Model& model = m.model;
   EXPECT_EQ(model.num_params(), c.num_params());
   model.init_weights(42);
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../model/tiny.h"
+#include "support/tiny_models.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"

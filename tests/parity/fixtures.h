@@ -15,7 +15,7 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/ckpt/weights.h"
 #include "meshtrain/model/model.h"
-#include "../ckpt/util.h"
+#include "support/scratch.h"
 
 namespace meshtrain::parity {
 
@@ -35,7 +35,7 @@ inline std::string stories_path() {
   return (std::filesystem::path(MESHTRAIN_SHARED_DIR) / "data/stories260K.bin").string();
 }
 
-using ckpt_test::scratch_dir;  // shared with the ckpt tests
+using testing::scratch_dir;
 
 // ||a - b|| / ||b|| in double: the error measure for every tensor comparison here.
 inline double rel_error(const float* a, const float* b, int64_t n) {

@@ -69,14 +69,26 @@ double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
   return worst;
 }
 
+// A case's steps at one precision beside its reference file and float64 losses.
+struct CaseRun {
+  CaseRun(const std::string& case_name, Precision precision)
+      : name(case_name),
+        f(name, precision),
+        ref(fixture_path(name + ".reference.safetensors")),
+        trace(run_steps(f, ref)),
+        ref_loss(read_doubles(ref, "train/loss_fp32", f.tracker)) {}
+  std::string name;
+  FixtureModel f;
+  SafetensorsReader ref;
+  Trace trace;
+  std::vector<double> ref_loss;
+};
+
 class AdamWTrace : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(AdamWTrace, Fp32LossesMatchFloat64Reference) {
-  const std::string name = GetParam();
-  FixtureModel f(name, Precision::fp32);
-  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
-  const Trace trace = run_steps(f, ref);
-  const auto ref_loss = read_doubles(ref, "train/loss_fp32", f.tracker);
+  CaseRun run(GetParam(), Precision::fp32);
+  auto& [name, f, ref, trace, ref_loss] = run;
   const auto ref_norm = read_doubles(ref, "train/grad_norm", f.tracker);
   ASSERT_EQ(trace.loss.size(), ref_loss.size());
   for (size_t s = 0; s < ref_loss.size(); ++s) {
@@ -91,11 +103,8 @@ TEST_P(AdamWTrace, Fp32LossesMatchFloat64Reference) {
 }
 
 TEST_P(AdamWTrace, Bf16LossesWithinDocumentedTolerance) {
-  const std::string name = GetParam();
-  FixtureModel f(name, Precision::bf16);
-  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
-  const Trace trace = run_steps(f, ref);
-  const auto ref_loss = read_doubles(ref, "train/loss_fp32", f.tracker);
+  CaseRun run(GetParam(), Precision::bf16);
+  auto& [name, f, ref, trace, ref_loss] = run;
   const auto torch_bf16 = read_doubles(ref, "train/loss_bf16", f.tracker);
   for (size_t s = 0; s < ref_loss.size(); ++s) {
     EXPECT_LE(std::abs(trace.loss[s] - ref_loss[s]) / ref_loss[s], kBf16Tol)

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "../ckpt/util.h"
 #include "meshtrain/data/sampler.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/util/error.h"
+#include "support/scratch.h"
 
 namespace meshtrain {
 namespace {
@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 class TokenFileTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = ckpt_test::scratch_dir(); }
+  void SetUp() override { dir_ = testing::scratch_dir(); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // A raw file: header fields and token bytes as given.

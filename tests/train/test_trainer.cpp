@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "../ckpt/util.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
+#include "support/scratch.h"
 
 namespace meshtrain {
 namespace {
@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ckpt_test::scratch_dir();
+    dir_ = testing::scratch_dir();
     // A learnable stream: a short repeating phrase with some variation.
     std::vector<uint16_t> train, val;
     const char* text = "in the beginning was the word, and the word was with god. ";
