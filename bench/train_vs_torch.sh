@@ -7,9 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}; THREADS=${2:-2}; shift $(( $# > 2 ? 2 : $# )) || true
-BIN=build/bench_train_step
+BIN=build/bench/bench_train_step
 [ -x "$BIN" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 export OMP_NUM_THREADS=$THREADS
+# Debian's OpenBLAS detects this VM's CPU as "Prescott" and runs a generic kernel
+# (~40 GFLOP/s); the peer gets the AVX-512 kernel unless the caller chose one.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
+  export OPENBLAS_CORETYPE=SkylakeX
+fi
+/usr/bin/python3 -c "import ctypes; l = ctypes.CDLL('libblas.so.3'); l.openblas_get_corename.restype = ctypes.c_char_p; print('pytorch fp32 BLAS: OpenBLAS', l.openblas_get_corename().decode())" >&2 || true
 out=$(mktemp)
 lscpu | grep "Model name" >&2
 for precision in fp32 bf16; do
