@@ -132,12 +132,18 @@ TEST(Config, OverridesApplyOnTopOfFile) {
                                 {"optim.lr", "1e-3"},
                                 {"train.precision", "bf16"},
                                 {"data.val", "v.bin"},
+                                {"data.tokenizer", "bytes"},
                                 {"model.tie_embeddings", "true"}});
   EXPECT_EQ(c.train.steps, 77);
   EXPECT_FLOAT_EQ(c.optim.lr, 1e-3f);
   EXPECT_EQ(c.train.precision, Precision::bf16);
-  EXPECT_EQ(c.data.val, "v.bin");
+  EXPECT_EQ(c.data.val, std::vector<std::string>{"v.bin"});
   EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.data.tokenizer, "bytes");
+  EXPECT_EQ(c.data.gpt2_ranks, "data/gpt2.tiktoken");
+  EXPECT_NE(error_of(std::string(kBase) + "tokenizer = \"sentencepiece\"\n")
+                .find("data.tokenizer must be \"gpt2\" or \"bytes\""),
+            std::string::npos);
 }
 
 TEST(Config, RoundTripsThroughTomlAndJson) {

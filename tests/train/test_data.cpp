@@ -1,5 +1,5 @@
-// Token files (every header check), the dataset's windows, the keyed
-// permutation and the sampler's determinism and resumability.
+// Token files (every header check), the dataset's windows and the keyed
+// permutation (the loader's order: tests/data/loader_test.cpp).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -129,38 +129,6 @@ TEST(KeyedPermutation, IsABijection) {
   }
   EXPECT_LT(fixed, 20);
   EXPECT_LT(same, 20);
-}
-
-TEST(ShuffledSampler, DeterministicEpochsAndExactResume) {
-  const int64_t n = 50;
-  ShuffledSampler s1(n, 7), s2(n, 7), other(n, 8);
-  std::vector<int64_t> order1, order2, order_other;
-  for (int i = 0; i < 3 * n; ++i) {
-    order1.push_back(s1.next());
-    order2.push_back(s2.next());
-    order_other.push_back(other.next());
-  }
-  EXPECT_EQ(order1, order2);
-  EXPECT_NE(order1, order_other);
-  // Each epoch visits every sample once, in a different order.
-  for (int e = 0; e < 3; ++e) {
-    std::set<int64_t> epoch(order1.begin() + e * n, order1.begin() + (e + 1) * n);
-    EXPECT_EQ(epoch.size(), static_cast<size_t>(n));
-  }
-  EXPECT_NE(std::vector<int64_t>(order1.begin(), order1.begin() + n),
-            std::vector<int64_t>(order1.begin() + n, order1.begin() + 2 * n));
-  EXPECT_EQ(s1.position(), (SamplerPosition{3, 0}));
-
-  // Resume from a saved position mid-epoch continues the same sequence.
-  ShuffledSampler run(n, 7);
-  for (int i = 0; i < 73; ++i) run.next();
-  SamplerPosition saved = run.position();
-  EXPECT_EQ(saved, (SamplerPosition{1, 23}));
-  ShuffledSampler resumed(n, 7);
-  resumed.set_position(saved);
-  for (int i = 73; i < 3 * n; ++i) ASSERT_EQ(resumed.next(), order1[static_cast<size_t>(i)]) << i;
-  EXPECT_THROW(resumed.set_position({0, n}), Error);
-  EXPECT_THROW(resumed.set_position({-1, 0}), Error);
 }
 
 }  // namespace

@@ -69,30 +69,30 @@ uint64_t KeyedPermutation::operator()(uint64_t i) const {
   return x;
 }
 
-ShuffledSampler::ShuffledSampler(int64_t num_samples, uint64_t seed)
-    : num_samples_(num_samples), seed_(seed), current_(order(0)) {}
+GlobalOrder::GlobalOrder(int64_t num_samples, uint64_t seed, int64_t global_batch)
+    : num_samples_(num_samples), global_batch_(global_batch), seed_(seed) {
+  MESHTRAIN_CHECK(global_batch > 0, "data: global batch must be > 0, got {}", global_batch);
+  MESHTRAIN_CHECK(num_samples >= global_batch,
+                  "data: {} training samples, fewer than one global batch of train.batch_size = {}",
+                  num_samples, global_batch);
+}
 
-KeyedPermutation ShuffledSampler::order(int64_t epoch) const {
+KeyedPermutation GlobalOrder::order(int64_t epoch) const {
   uint64_t key = mix64(stream_key(seed_, "data.order") ^ mix64(static_cast<uint64_t>(epoch)));
   return KeyedPermutation(static_cast<uint64_t>(num_samples_), key);
 }
 
-int64_t ShuffledSampler::next() {
-  auto sample = static_cast<int64_t>(current_(static_cast<uint64_t>(position_.index)));
-  if (++position_.index == num_samples_) {
-    position_.index = 0;
-    ++position_.epoch;
-    current_ = order(position_.epoch);
-  }
-  return sample;
+SamplerPosition GlobalOrder::batch_start(SamplerPosition p) const {
+  MESHTRAIN_CHECK(p.epoch >= 0 && p.index >= 0 && p.index <= num_samples_,
+                  "data: position (epoch {}, index {}) out of range for {} samples", p.epoch,
+                  p.index, num_samples_);
+  if (p.index + global_batch_ > num_samples_) return {p.epoch + 1, 0};
+  return p;
 }
 
-void ShuffledSampler::set_position(SamplerPosition position) {
-  MESHTRAIN_CHECK(position.epoch >= 0 && position.index >= 0 && position.index < num_samples_,
-                  "data: sampler position (epoch {}, index {}) out of range for {} samples",
-                  position.epoch, position.index, num_samples_);
-  position_ = position;
-  current_ = order(position.epoch);
+SamplerPosition GlobalOrder::next_batch(SamplerPosition p) const {
+  SamplerPosition start = batch_start(p);
+  return batch_start({start.epoch, start.index + global_batch_});
 }
 
 }  // namespace meshtrain

@@ -1,8 +1,9 @@
-// Training samples from token files, and a resumable shuffled order over them.
+// Training samples from token files, and the global order over them.
 // A sample is a window of seq+1 tokens starting at a multiple of seq within one
-// file (inputs = the first seq, targets = the last seq). The order is a keyed
-// permutation per epoch; the sampler's state is a global position
-// (epoch, index), so resuming, or later splitting across data-parallel ranks,
+// file (inputs = the first seq, targets = the last seq). The order is global
+// (the same on every rank): epoch e visits the samples in a keyed permutation
+// of (seed, e), cut into global batches of G consecutive positions. A position
+// (epoch, index) is the whole state, so resuming, with any data-parallel size,
 // needs nothing else.
 #pragma once
 
@@ -14,19 +15,29 @@
 
 namespace meshtrain {
 
-class TokenDataset {
+// Samples by index: a TokenDataset, or a test's stand-in. read_sample must be
+// safe to call from another thread (the loader's prefetch thread).
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual int64_t num_samples() const = 0;
+  virtual int64_t seq_len() const = 0;
+  // Writes sample `index` (0 <= index < num_samples) as seq inputs and seq targets.
+  virtual void read_sample(int64_t index, int32_t* inputs, int32_t* targets) const = 0;
+};
+
+class TokenDataset final : public SampleSource {
  public:
   // Opens and validates every file (token ids < vocab_size). Throws Error when
   // no file holds a single sample.
   TokenDataset(const std::vector<std::string>& paths, int64_t vocab_size, int64_t seq_len);
 
-  int64_t num_samples() const { return total_samples_; }
-  int64_t seq_len() const { return seq_len_; }
+  int64_t num_samples() const override { return total_samples_; }
+  int64_t seq_len() const override { return seq_len_; }
   int64_t num_tokens() const;
   const std::vector<TokenFile>& files() const { return files_; }
 
-  // Writes sample `index` (0 <= index < num_samples) as seq inputs and seq targets.
-  void read_sample(int64_t index, int32_t* inputs, int32_t* targets) const;
+  void read_sample(int64_t index, int32_t* inputs, int32_t* targets) const override;
 
  private:
   std::vector<TokenFile> files_;
@@ -49,30 +60,37 @@ class KeyedPermutation {
   uint64_t half_mask_;
 };
 
+// A position in the global order: the index-th sample of epoch `epoch`'s permutation.
 struct SamplerPosition {
   int64_t epoch = 0;
-  int64_t index = 0;  // position within the epoch's order
+  int64_t index = 0;
   bool operator==(const SamplerPosition&) const = default;
 };
 
-// Hands out sample indices in a shuffled order keyed by (seed, epoch).
-class ShuffledSampler {
+// The global order, walked in global batches of G positions. An epoch holds
+// floor(N / G) full batches: when fewer than G positions remain, the epoch
+// ends there (those N mod G samples sit elsewhere in the next epoch's
+// permutation), so every batch is full and no batch spans two epochs.
+class GlobalOrder {
  public:
-  ShuffledSampler(int64_t num_samples, uint64_t seed);
+  // Throws Error when num_samples < global_batch (not even one batch).
+  GlobalOrder(int64_t num_samples, uint64_t seed, int64_t global_batch);
 
-  // The sample at the current position; then advances (wrapping into the next epoch).
-  int64_t next();
-  SamplerPosition position() const { return position_; }
-  // Restores a saved position; throws Error if it is out of range for this data.
-  void set_position(SamplerPosition position);
   int64_t num_samples() const { return num_samples_; }
+  int64_t global_batch() const { return global_batch_; }
+  int64_t batches_per_epoch() const { return num_samples_ / global_batch_; }
+
+  // The permutation of `epoch` (sample at index i = order(epoch)(i)).
+  KeyedPermutation order(int64_t epoch) const;
+  // Where the batch at or after `p` starts: p, or the next epoch's start when
+  // fewer than G positions remain. Throws Error on a position out of range.
+  SamplerPosition batch_start(SamplerPosition p) const;
+  // The start of the batch after the one at batch_start(p).
+  SamplerPosition next_batch(SamplerPosition p) const;
 
  private:
-  KeyedPermutation order(int64_t epoch) const;
-  int64_t num_samples_;
+  int64_t num_samples_, global_batch_;
   uint64_t seed_;
-  SamplerPosition position_;
-  KeyedPermutation current_;
 };
 
 }  // namespace meshtrain

@@ -46,7 +46,8 @@ constexpr KeySpec kKeys[] = {
     {"optim", "beta1", Kind::number},         {"optim", "beta2", Kind::number},
     {"optim", "eps", Kind::number},           {"optim", "weight_decay", Kind::number},
 
-    {"data", "train", Kind::string_list},     {"data", "val", Kind::string},
+    {"data", "train", Kind::string_list},     {"data", "val", Kind::string_list},
+    {"data", "tokenizer", Kind::string},      {"data", "gpt2_ranks", Kind::string},
 };
 
 std::string_view kind_name(Kind kind) {
@@ -339,6 +340,14 @@ DataSettings read_data(const Section& s) {
   for (const std::string& path : d.train) {
     MESHTRAIN_CHECK(!path.empty(), "config: data.train must not contain an empty path");
   }
+  for (const std::string& path : d.val) {
+    MESHTRAIN_CHECK(!path.empty(), "config: data.val must not contain an empty path");
+  }
+  s.read("tokenizer", d.tokenizer);
+  MESHTRAIN_CHECK(d.tokenizer == "gpt2" || d.tokenizer == "bytes",
+                  "config: data.tokenizer must be \"gpt2\" or \"bytes\", got \"{}\"", d.tokenizer);
+  s.read("gpt2_ranks", d.gpt2_ranks);
+  MESHTRAIN_CHECK(!d.gpt2_ranks.empty(), "config: data.gpt2_ranks must not be empty");
   return d;
 }
 
@@ -396,8 +405,12 @@ toml::table to_table(const TrainConfig& c) {
   };
   toml::array train_files;
   for (const std::string& path : c.data.train) train_files.push_back(path);
-  toml::table data{{"train", std::move(train_files)}};
-  if (!c.data.val.empty()) data.insert("val", c.data.val);
+  toml::array val_files;
+  for (const std::string& path : c.data.val) val_files.push_back(path);
+  toml::table data{{"train", std::move(train_files)},
+                   {"tokenizer", c.data.tokenizer},
+                   {"gpt2_ranks", c.data.gpt2_ranks}};
+  if (!c.data.val.empty()) data.insert("val", std::move(val_files));
   return toml::table{{"model", std::move(model)},
                      {"train", std::move(train)},
                      {"optim", std::move(optim)},
@@ -500,9 +513,11 @@ TrainConfig config_from_json(const std::string& json_text) {
   return from_table(root);
 }
 
-std::vector<std::string> expand_train_files(const DataSettings& data) {
+namespace {
+
+std::vector<std::string> expand_files(const std::vector<std::string>& patterns, const char* key) {
   std::vector<std::string> files;
-  for (const std::string& pattern : data.train) {
+  for (const std::string& pattern : patterns) {
     if (pattern.find_first_of("*?[") == std::string::npos) {
       files.push_back(pattern);
       continue;
@@ -514,9 +529,19 @@ std::vector<std::string> expand_train_files(const DataSettings& data) {
       for (size_t i = 0; i < matches.gl_pathc; ++i) files.emplace_back(matches.gl_pathv[i]);
     }
     ::globfree(&matches);
-    MESHTRAIN_CHECK(rc == 0, "config: data.train: no file matches '{}'", pattern);
+    MESHTRAIN_CHECK(rc == 0, "config: {}: no file matches '{}'", key, pattern);
   }
   return files;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_train_files(const DataSettings& data) {
+  return expand_files(data.train, "data.train");
+}
+
+std::vector<std::string> expand_val_files(const DataSettings& data) {
+  return expand_files(data.val, "data.val");
 }
 
 }  // namespace meshtrain

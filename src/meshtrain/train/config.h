@@ -45,7 +45,9 @@ struct OptimSettings {
 
 struct DataSettings {
   std::vector<std::string> train;  // as written (files or globs)
-  std::string val;                 // empty = no validation
+  std::vector<std::string> val;    // the same; empty = no validation
+  std::string tokenizer = "gpt2";  // what the token ids mean: "gpt2" or "bytes"
+  std::string gpt2_ranks = "data/gpt2.tiktoken";  // the GPT-2 ranks file (tokenizer "gpt2")
 };
 
 struct TrainConfig {
@@ -78,8 +80,9 @@ TrainConfig config_from_json(const std::string& json_text);
 // Every accepted key as "section.key" (docs/config.md must document each).
 std::vector<std::string> config_keys();
 
-// data.train expanded: globs matched (sorted), lists flattened. Throws Error
-// naming the pattern when nothing matches.
+// data.train / data.val expanded: globs matched (sorted), lists flattened.
+// Throws Error naming the key and pattern when nothing matches.
 std::vector<std::string> expand_train_files(const DataSettings& data);
+std::vector<std::string> expand_val_files(const DataSettings& data);
 
 }  // namespace meshtrain

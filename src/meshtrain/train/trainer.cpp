@@ -52,11 +52,19 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // Data first: a bad file should fail before anything slow happens.
   train_data_ = std::make_unique<TokenDataset>(expand_train_files(config_.data),
                                                config_.model.vocab_size, t.seq_len);
+  LoaderOptions loader;
+  loader.global_batch = t.batch_size;
+  loader.micro_batch = t.micro_batch_size;
+  loader.dp_rank = options_.dp_rank;
+  loader.dp_size = options_.dp_size;
+  loader.seed = t.seed;
+  loader.prefetch = options_.prefetch;
   if (!config_.data.val.empty()) {
-    val_data_ = std::make_unique<TokenDataset>(std::vector<std::string>{config_.data.val},
+    val_data_ = std::make_unique<TokenDataset>(expand_val_files(config_.data),
                                                config_.model.vocab_size, t.seq_len);
+    val_set_ = std::make_unique<ValidationSet>(*val_data_, loader, t.eval_batches);
   }
-  sampler_ = std::make_unique<ShuffledSampler>(train_data_->num_samples(), t.seed);
+  loader_ = std::make_unique<DataLoader>(*train_data_, loader, resumed.sampler);
 
   ctx_ = std::make_unique<cpu::CpuContext>(t.threads, tracker_);
   model_ = std::make_unique<Model>(config_.model, t.precision, *ctx_);
@@ -66,11 +74,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   } else {
     load_checkpoint_tensors(options_.resume_dir, *model_, *optimizer_);
     optimizer_->set_step_count(resumed.optimizer_step);
-    sampler_->set_position(resumed.sampler);
     step_ = resumed.step;
   }
-  inputs_.resize(static_cast<size_t>(t.micro_batch_size * t.seq_len));
-  targets_.resize(inputs_.size());
 
   fs::create_directories(t.out_dir);
   std::string metrics_path = (fs::path(t.out_dir) / "metrics.jsonl").string();
@@ -95,12 +100,22 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                config_.model_preset.empty() ? "" : fmt::format("({}) ", config_.model_preset),
                m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.hidden_dim, m.vocab_size,
                model_->num_params());
-    fmt::print("train: {} steps, {} x {} tokens per step ({} micro-batches of {}), {}, {} threads\n",
-               t.steps, t.batch_size, t.seq_len, t.grad_accum_steps(), t.micro_batch_size,
-               precision_name(t.precision), ctx_->threads());
-    fmt::print("data: {} tokens, {} samples of {} (+1) tokens{}\n", train_data_->num_tokens(),
-               train_data_->num_samples(), t.seq_len,
-               val_data_ ? fmt::format("; val {} tokens", val_data_->num_tokens()) : "");
+    fmt::print("train: {} steps, {} x {} tokens per step ({}{} micro-batches of {}), {}, {} threads\n",
+               t.steps, t.batch_size, t.seq_len,
+               options_.dp_size > 1 ? fmt::format("dp rank {} of {}: ", options_.dp_rank,
+                                                  options_.dp_size)
+                                    : "",
+               loader_->micro_batches_per_step(), t.micro_batch_size, precision_name(t.precision),
+               ctx_->threads());
+    const GlobalOrder& order = loader_->order();
+    fmt::print("data: {} tokens, {} samples of {} (+1) tokens, {} steps per epoch ({:.2f} epochs)"
+               "{}\n",
+               train_data_->num_tokens(), train_data_->num_samples(), t.seq_len,
+               order.batches_per_epoch(),
+               static_cast<double>(t.steps) / static_cast<double>(order.batches_per_epoch()),
+               val_data_ ? fmt::format("; val {} tokens, {} sequences per validation",
+                                       val_data_->num_tokens(), t.eval_batches * t.batch_size)
+                         : "");
     fmt::print("MFU peak: {} ({})\n", format_flops(peak_flops_), peak_source_);
     if (!options_.resume_dir.empty()) {
       fmt::print("resumed from {} at step {} (epoch {}, sample {})\n", options_.resume_dir, step_,
@@ -116,19 +131,19 @@ Trainer::~Trainer() = default;
 StepRecord Trainer::train_step() {
   const TrainSettings& t = config_.train;
   auto start = std::chrono::steady_clock::now();
-  const int64_t micro = t.micro_batch_size, seq = t.seq_len;
+  const int64_t seq = t.seq_len;
   // Each token's loss weighs 1/tokens-per-step: the gradient of the step's mean.
   const float grad_scale = 1.0f / static_cast<float>(t.tokens_per_step());
 
   model_->zero_grads();
   double loss_sum = 0;
-  for (int64_t a = 0; a < t.grad_accum_steps(); ++a) {
-    for (int64_t b = 0; b < micro; ++b) {
-      train_data_->read_sample(sampler_->next(), inputs_.data() + b * seq,
-                               targets_.data() + b * seq);
-    }
-    loss_sum += model_->forward_backward(inputs_.data(), targets_.data(), micro, seq, grad_scale);
+  double data_seconds = loader_->stats().wait_seconds;
+  for (int64_t a = 0; a < loader_->micro_batches_per_step(); ++a) {
+    const MicroBatch& batch = loader_->next();
+    loss_sum += model_->forward_backward(batch.inputs.data(), batch.targets.data(), batch.rows,
+                                         seq, grad_scale);
   }
+  data_seconds = loader_->stats().wait_seconds - data_seconds;
   StepRecord r;
   r.step = step_ + 1;
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
@@ -144,26 +159,24 @@ StepRecord Trainer::train_step() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto tokens = static_cast<double>(t.tokens_per_step());
   r.step_ms = seconds * 1e3;
+  r.data_ms = data_seconds * 1e3;
   r.tokens_per_s = tokens / seconds;
   r.mfu = config_.model.train_flops_per_token(seq) * tokens / seconds / peak_flops_;
   return r;
 }
 
 double Trainer::evaluate() {
-  MESHTRAIN_CHECK(val_data_ != nullptr, "evaluate: no validation data (data.val)");
-  const TrainSettings& t = config_.train;
-  const int64_t micro = t.micro_batch_size, seq = t.seq_len;
-  // Always the same leading samples, so successive values are comparable.
+  MESHTRAIN_CHECK(val_set_ != nullptr, "evaluate: no validation data (data.val)");
+  // Always the same leading windows, so successive values are comparable.
   double loss_sum = 0;
-  int64_t sample = 0;
-  for (int64_t e = 0; e < t.eval_batches; ++e) {
-    for (int64_t b = 0; b < micro; ++b) {
-      val_data_->read_sample(sample, inputs_.data() + b * seq, targets_.data() + b * seq);
-      sample = (sample + 1) % val_data_->num_samples();
-    }
-    loss_sum += model_->forward_loss(inputs_.data(), targets_.data(), micro, seq);
+  int64_t tokens = 0;
+  for (int64_t k = 0; k < val_set_->num_micro_batches(); ++k) {
+    val_set_->read(k, val_batch_);
+    loss_sum += model_->forward_loss(val_batch_.inputs.data(), val_batch_.targets.data(),
+                                     val_batch_.rows, val_batch_.seq_len);
+    tokens += val_batch_.rows * val_batch_.seq_len;
   }
-  return loss_sum / static_cast<double>(t.eval_batches * micro * seq);
+  return loss_sum / static_cast<double>(tokens);
 }
 
 std::string Trainer::save_checkpoint() {
@@ -171,7 +184,7 @@ std::string Trainer::save_checkpoint() {
   TrainState state;
   state.step = step_;
   state.optimizer_step = optimizer_->step_count();
-  state.sampler = sampler_->position();
+  state.sampler = loader_->position();
   state.seed = config_.train.seed;
   meshtrain::save_checkpoint(dir, *model_, *optimizer_, state, config_);
   return dir;
@@ -184,7 +197,8 @@ void Trainer::log_step(const StepRecord& r) {
                              {"grad_norm", number(r.grad_norm)},
                              {"tokens_per_s", r.tokens_per_s},
                              {"mfu", r.mfu},
-                             {"step_ms", r.step_ms}}
+                             {"step_ms", r.step_ms},
+                             {"data_ms", r.data_ms}}
                   .dump()
            << '\n';
   metrics_.flush();
@@ -216,7 +230,7 @@ std::vector<StepRecord> Trainer::run() {
     records.push_back(train_step());
     log_step(records.back());
     bool last = step_ == t.steps;
-    if (val_data_ && t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
+    if (val_set_ && t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       log_eval(evaluate());
     }
     bool periodic = t.checkpoint_interval > 0 && step_ % t.checkpoint_interval == 0;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "meshtrain/backend/cpu/context.h"
-#include "meshtrain/data/sampler.h"
+#include "meshtrain/data/loader.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/train/config.h"
@@ -27,11 +27,17 @@ struct StepRecord {
   double tokens_per_s = 0;
   double mfu = 0;
   double step_ms = 0;
+  double data_ms = 0;  // of step_ms, waiting for the loader's micro-batches
 };
 
 struct TrainerOptions {
   std::string resume_dir;  // a step directory to resume from; empty = start from the seed
   bool console = true;     // per-step lines and reports on stdout
+  // This process's data-parallel rank and the data-parallel size: the loader
+  // hands it rows [dp_rank, dp_rank + 1) * batch_size / dp_size of each global batch.
+  int64_t dp_rank = 0;
+  int64_t dp_size = 1;
+  int prefetch = 2;  // micro-batches the loader makes ahead (0 = on the training thread)
 };
 
 class Trainer {
@@ -47,7 +53,8 @@ class Trainer {
   std::vector<StepRecord> run();
   // One optimizer step (no logging, evaluation or checkpoint).
   StepRecord train_step();
-  // Mean validation loss per token over train.eval_batches micro-batches.
+  // Mean validation loss per token over this rank's share of the fixed
+  // validation set (train.eval_batches global batches).
   double evaluate();
   // Writes <out_dir>/step_<N>/ for the current step; returns its path.
   std::string save_checkpoint();
@@ -56,7 +63,8 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   Model& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
-  SamplerPosition sampler_position() const { return sampler_->position(); }
+  // The global data position of the next step (saved in checkpoints).
+  SamplerPosition sampler_position() const { return loader_->position(); }
   double peak_flops() const { return peak_flops_; }
 
  private:
@@ -69,14 +77,15 @@ class Trainer {
   std::unique_ptr<cpu::CpuContext> ctx_;
   std::unique_ptr<TokenDataset> train_data_;
   std::unique_ptr<TokenDataset> val_data_;  // null without data.val
-  std::unique_ptr<ShuffledSampler> sampler_;
+  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<ValidationSet> val_set_;  // null without data.val
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
   int64_t step_ = 0;
   double peak_flops_ = 0;
   std::string peak_source_;
-  std::vector<int32_t> inputs_, targets_;  // one micro-batch of token ids
+  MicroBatch val_batch_;  // scratch for evaluate()
   std::ofstream metrics_;
 };
 

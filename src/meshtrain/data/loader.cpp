@@ -1,0 +1,185 @@
+#include "meshtrain/data/loader.h"
+
+#include <chrono>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+int64_t rank_share(const LoaderOptions& o) {
+  MESHTRAIN_CHECK(o.dp_size >= 1 && o.dp_rank >= 0 && o.dp_rank < o.dp_size,
+                  "data: data-parallel rank {} out of range for dp = {}", o.dp_rank, o.dp_size);
+  MESHTRAIN_CHECK(o.global_batch >= 1 && o.micro_batch >= 1,
+                  "data: train.batch_size ({}) and train.micro_batch_size ({}) must be >= 1",
+                  o.global_batch, o.micro_batch);
+  MESHTRAIN_CHECK(o.global_batch % o.dp_size == 0,
+                  "data: train.batch_size ({}) must be divisible by the data-parallel size dp = {}",
+                  o.global_batch, o.dp_size);
+  int64_t share = o.global_batch / o.dp_size;
+  MESHTRAIN_CHECK(share % o.micro_batch == 0,
+                  "data: train.batch_size ({}) / dp ({}) = {} sequences per rank must be a multiple "
+                  "of train.micro_batch_size ({})",
+                  o.global_batch, o.dp_size, share, o.micro_batch);
+  return share;
+}
+
+void read_micro_batch(const SampleSource& source, MicroBatch& out) {
+  const int64_t seq = source.seq_len();
+  out.rows = static_cast<int64_t>(out.samples.size());
+  out.seq_len = seq;
+  out.inputs.resize(static_cast<size_t>(out.rows * seq));
+  out.targets.resize(out.inputs.size());
+  for (int64_t row = 0; row < out.rows; ++row) {
+    source.read_sample(out.samples[static_cast<size_t>(row)], out.inputs.data() + row * seq,
+                       out.targets.data() + row * seq);
+  }
+}
+
+DataLoader::DataLoader(const SampleSource& source, const LoaderOptions& options,
+                       SamplerPosition start)
+    : source_(source),
+      options_(options),
+      order_(source.num_samples(), options.seed, options.global_batch) {
+  share_ = rank_share(options_);
+  steps_micro_ = share_ / options_.micro_batch;
+  MESHTRAIN_CHECK(options_.prefetch >= 0, "data: prefetch depth must be >= 0, got {}",
+                  options_.prefetch);
+  consumed_.batch = order_.batch_start(start);  // validates the position
+  produced_ = consumed_;
+  slots_.resize(static_cast<size_t>(options_.prefetch) + 1);
+  for (size_t i = 0; i < slots_.size(); ++i) free_.push_back(i);
+  if (options_.prefetch > 0) producer_ = std::thread([this] { producer_loop(); });
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  free_cv_.notify_all();
+  if (producer_.joinable()) producer_.join();
+}
+
+void DataLoader::produce(Cursor& cursor, MicroBatch& out) const {
+  KeyedPermutation order = order_.order(cursor.batch.epoch);
+  int64_t first = cursor.batch.index + options_.dp_rank * share_ + cursor.micro * options_.micro_batch;
+  out.samples.resize(static_cast<size_t>(options_.micro_batch));
+  for (int64_t row = 0; row < options_.micro_batch; ++row) {
+    out.samples[static_cast<size_t>(row)] =
+        static_cast<int64_t>(order(static_cast<uint64_t>(first + row)));
+  }
+  read_micro_batch(source_, out);
+}
+
+void DataLoader::advance(Cursor& cursor) const {
+  if (++cursor.micro == steps_micro_) {
+    cursor.micro = 0;
+    cursor.batch = order_.next_batch(cursor.batch);
+  }
+}
+
+void DataLoader::producer_loop() {
+  for (;;) {
+    size_t slot = 0;
+    {
+      std::unique_lock lock(mutex_);
+      free_cv_.wait(lock, [&] { return stop_ || !free_.empty(); });
+      if (stop_) return;
+      slot = free_.front();
+      free_.pop_front();
+    }
+    auto start = std::chrono::steady_clock::now();
+    try {
+      produce(produced_, slots_[slot]);
+      advance(produced_);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      error_ = std::current_exception();
+      ready_cv_.notify_all();
+      return;
+    }
+    double took = seconds_since(start);
+    {
+      std::lock_guard lock(mutex_);
+      stats_.produce_seconds += took;
+      ready_.push_back(slot);
+    }
+    ready_cv_.notify_one();
+  }
+}
+
+const MicroBatch& DataLoader::next() {
+  auto start = std::chrono::steady_clock::now();
+  std::unique_lock lock(mutex_);
+  if (held_ >= 0) {
+    free_.push_back(static_cast<size_t>(held_));
+    held_ = -1;
+    free_cv_.notify_one();
+  }
+  if (options_.prefetch == 0) {
+    // Synchronous: make it here (errors propagate directly, and again next time).
+    if (error_) std::rethrow_exception(error_);
+    size_t slot = free_.front();
+    free_.pop_front();
+    try {
+      produce(produced_, slots_[slot]);
+    } catch (...) {
+      error_ = std::current_exception();
+      free_.push_back(slot);
+      throw;
+    }
+    advance(produced_);
+    stats_.produce_seconds += seconds_since(start);
+    ready_.push_back(slot);
+  }
+  ready_cv_.wait(lock, [&] { return !ready_.empty() || error_ != nullptr; });
+  // Micro-batches made before an error are still handed out, as a synchronous read would.
+  if (ready_.empty()) std::rethrow_exception(error_);
+  held_ = static_cast<int64_t>(ready_.front());
+  ready_.pop_front();
+  advance(consumed_);
+  ++stats_.micro_batches;
+  stats_.wait_seconds += seconds_since(start);
+  return slots_[static_cast<size_t>(held_)];
+}
+
+SamplerPosition DataLoader::position() const {
+  std::lock_guard lock(mutex_);
+  return consumed_.batch;
+}
+
+LoaderStats DataLoader::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+ValidationSet::ValidationSet(const SampleSource& source, const LoaderOptions& options,
+                             int64_t batches)
+    : source_(source), options_(options) {
+  MESHTRAIN_CHECK(batches >= 1, "data: validation needs at least one batch, got {}", batches);
+  share_ = rank_share(options_);
+  per_batch_ = share_ / options_.micro_batch;
+  num_micro_ = batches * per_batch_;
+}
+
+void ValidationSet::read(int64_t k, MicroBatch& out) const {
+  MESHTRAIN_CHECK(k >= 0 && k < num_micro_, "data: validation micro-batch {} out of range [0, {})",
+                  k, num_micro_);
+  int64_t batch = k / per_batch_, micro = k % per_batch_;
+  int64_t first = batch * options_.global_batch + options_.dp_rank * share_ +
+                  micro * options_.micro_batch;
+  out.samples.resize(static_cast<size_t>(options_.micro_batch));
+  for (int64_t row = 0; row < options_.micro_batch; ++row) {
+    out.samples[static_cast<size_t>(row)] = (first + row) % source_.num_samples();
+  }
+  read_micro_batch(source_, out);
+}
+
+}  // namespace meshtrain
