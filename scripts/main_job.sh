@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The main job: set up, turn the King James Bible into byte-level tokens,
-# train a small Llama on it and sample from the result.
+# The main job, from raw text to a trained model with the GPT-2 tokenizer:
+# set up, write the King James Bible as text (one document per book), tokenize
+# it into train/validation shards, train a small Llama (vocab 50257) on them and
+# sample from the result. Extra arguments go to `meshtrain train` (overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
 bash scripts/kjv_text.sh data/kjv/text
-python3 scripts/bytes_to_tokens.py data/kjv/text data/kjv/kjv_bytes
-./build/meshtrain train --config configs/llama-tiny-bytes.toml "$@"
-last=$(ls -d runs/llama-tiny-bytes/step_* | sort -t_ -k2 -n | tail -1)
+./build/meshtrain prepare --input data/kjv/text --out data/kjv/gpt2 --tokenizer gpt2 \
+  --gpt2-ranks data/gpt2.tiktoken --val-fraction 0.05
+./build/meshtrain train --config configs/llama-kjv-gpt2.toml "$@"
+last=$(ls -d runs/llama-kjv-gpt2/step_* | sort -t_ -k2 -n | tail -1)
 echo "sampling from $last"
-./build/meshtrain sample --checkpoint "$last" --prompt-ids 65,110,100,32 --max-new-tokens 200 \
+./build/meshtrain sample --checkpoint "$last" --prompt "And God said" --max-new-tokens 120 \
   --temperature 0.8 --top-k 40 --seed 1

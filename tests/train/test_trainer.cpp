@@ -174,12 +174,54 @@ TEST_F(TrainerTest, LossFallsAndMetricsAreWritten) {
       continue;
     }
     ++steps;
-    for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_ms"}) {
+    for (const char* key :
+         {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_ms", "data_ms"}) {
       EXPECT_TRUE(j.contains(key)) << key;
     }
   }
   EXPECT_EQ(steps, 40);
   EXPECT_EQ(evals, 2);
+}
+
+TEST_F(TrainerTest, CheckpointHoldsTheGlobalDataPositionAndTokenizer) {
+  // 600 tokens: 37 samples of 16 + 1, 4 per step: 9 steps per epoch (1 sample skipped).
+  std::vector<uint16_t> small(600);
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<uint16_t>((i * 7) % 64);
+  std::string small_path = (dir_ / "small.bin").string();
+  write_token_file(small_path, small);
+  ConfigOverrides o = {{"data.train", small_path}, {"train.steps", "12"},
+                       {"train.eval_interval", "0"}, {"data.tokenizer", "bytes"}};
+  ConfigOverrides full_o = o;
+  full_o.push_back({"train.checkpoint_interval", "4"});
+  auto full = run(config("full", full_o));
+  TrainConfig saved;
+  TrainState at8 = read_train_state((dir_ / "full/step_8").string(), &saved);
+  EXPECT_EQ(at8.sampler, (SamplerPosition{0, 32}));
+  EXPECT_EQ(saved.data.tokenizer, "bytes");
+  EXPECT_EQ(read_train_state((dir_ / "full/step_12").string()).sampler, (SamplerPosition{1, 12}));
+  // Resumed across the epoch boundary with another micro-batch split: the
+  // same samples, so the same losses up to summation order.
+  ConfigOverrides resumed_o = o;
+  resumed_o.push_back({"train.micro_batch_size", "1"});
+  auto resumed = run(config("resumed", resumed_o), (dir_ / "full/step_8").string());
+  ASSERT_EQ(resumed.size(), 4u);
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_NEAR(resumed[i].loss, full[8 + i].loss, 1e-5 * full[8 + i].loss) << i;
+  }
+  EXPECT_EQ(read_train_state((dir_ / "resumed/step_12").string()).sampler, (SamplerPosition{1, 12}));
+}
+
+TEST_F(TrainerTest, BatchMustSplitOverDataParallelRanks) {
+  TrainerOptions options;
+  options.console = false;
+  options.dp_size = 3;
+  try {
+    Trainer trainer(config("dp3"), options);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "data: train.batch_size (4) must be divisible by the data-parallel size dp = 3");
+  }
 }
 
 TEST_F(TrainerTest, ResumeRejectsADifferentModelOrBrokenState) {

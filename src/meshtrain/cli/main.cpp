@@ -12,6 +12,7 @@
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
 #include "meshtrain/data/prepare.h"
+#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/generate.h"
@@ -61,6 +62,7 @@ void run_train(const TrainArgs& args, const std::vector<std::string>& extras) {
 
 struct SampleArgs {
   std::string checkpoint, model_file, prompt_ids, prompt, precision = "fp32";
+  std::string tokenizer, gpt2_ranks;  // empty = the run's (train_state.json), else by vocabulary
   float temperature = 1.0f;
   int64_t top_k = 0, max_new_tokens = 256;
   uint64_t seed = 0;
@@ -68,17 +70,51 @@ struct SampleArgs {
   bool print_ids = false;
 };
 
-// A byte-level vocabulary prints as text; control bytes other than newline and tab are escaped.
-void print_bytes(const std::vector<int32_t>& ids) {
-  std::string text;
-  for (int32_t id : ids) {
-    if (id == '\n' || id == '\t' || (id >= 32 && id != 127)) {
-      text.push_back(static_cast<char>(id));
-    } else {
-      text += fmt::format("\\x{:02x}", id);
+// Text output: a byte-level vocabulary escapes control bytes other than newline and tab.
+void print_text(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
+  std::string raw = tokenizer.decode(ids), text;
+  if (tokenizer.name() != "bytes") {
+    text = std::move(raw);
+  } else {
+    for (unsigned char c : raw) {
+      if (c == '\n' || c == '\t' || (c >= 32 && c != 127)) {
+        text.push_back(static_cast<char>(c));
+      } else {
+        text += fmt::format("\\x{:02x}", c);
+      }
     }
   }
   std::fwrite(text.data(), 1, text.size(), stdout);
+}
+
+// The tokenizer that gives the model's ids their meaning: --tokenizer, else the
+// training run's data.tokenizer, else guessed from the vocabulary (256: bytes,
+// 50257: GPT-2); null when none is known (ids are printed instead).
+std::unique_ptr<Tokenizer> sample_tokenizer(const SampleArgs& args, int64_t vocab) {
+  std::string kind = args.tokenizer, ranks = args.gpt2_ranks;
+  bool from_run = false;
+  if (!args.checkpoint.empty() &&
+      std::filesystem::exists(std::filesystem::path(args.checkpoint) / "train_state.json")) {
+    TrainConfig run;
+    read_train_state(args.checkpoint, &run);
+    if (kind.empty()) {
+      kind = run.data.tokenizer;
+      from_run = true;
+    }
+    if (ranks.empty()) ranks = run.data.gpt2_ranks;
+  }
+  if (ranks.empty()) ranks = kDefaultGpt2Ranks;
+  const int64_t kind_vocab = kind == "bytes" ? 256 : kind == "gpt2" ? 50257 : 0;
+  if (kind_vocab > vocab) {
+    if (!from_run) {
+      throw UsageError(fmt::format("sample: tokenizer '{}' has {} ids, the model only {}", kind,
+                                   kind_vocab, vocab));
+    }
+    kind.clear();  // a run whose ids are not that tokenizer's: guess below
+  }
+  if (kind.empty()) kind = vocab == 256 ? "bytes" : vocab == 50257 ? "gpt2" : "";
+  if (kind.empty()) return nullptr;
+  return make_tokenizer(kind, ranks);
 }
 
 void run_sample(const SampleArgs& args) {
@@ -88,43 +124,50 @@ void run_sample(const SampleArgs& args) {
   std::unique_ptr<Model> model = args.checkpoint.empty()
                                      ? import_llama2c(args.model_file, precision, ctx)
                                      : load_model_dir(args.checkpoint, precision, ctx);
-  const bool bytes = model->config().vocab_size == 256;
+  std::unique_ptr<Tokenizer> tokenizer = sample_tokenizer(args, model->config().vocab_size);
   std::vector<int32_t> prompt;
+  bool default_prompt = false;
   if (!args.prompt.empty()) {
-    if (!bytes) throw UsageError("sample: --prompt needs a byte-level model (vocab 256); use --prompt-ids");
-    for (unsigned char c : args.prompt) prompt.push_back(c);
+    if (!tokenizer) {
+      throw UsageError(fmt::format("sample: --prompt needs a tokenizer for this model (vocab {}); "
+                                   "use --tokenizer or --prompt-ids", model->config().vocab_size));
+    }
+    prompt = tokenizer->encode_ordinary(args.prompt);
   } else if (!args.prompt_ids.empty()) {
     prompt = parse_token_ids(args.prompt_ids);
   } else {
-    prompt = {bytes ? int32_t{'\n'} : int32_t{1}};  // a newline, or llama2.c's BOS
+    // A document start: GPT-2's <|endoftext|>, a newline for bytes, llama2.c's BOS.
+    default_prompt = true;
+    prompt = {!tokenizer                    ? int32_t{1}
+              : tokenizer->name() == "gpt2" ? tokenizer->eot_id()
+                                            : int32_t{'\n'}};
   }
   SampleOptions options;
   options.temperature = args.temperature;
   options.top_k = args.top_k;
   options.seed = args.seed;
   options.max_new_tokens = args.max_new_tokens;
-  if (bytes && !args.print_ids) {
-    print_bytes(prompt);
+  const bool stream = tokenizer && !args.print_ids;
+  if (stream && !default_prompt) {
+    print_text(*tokenizer, prompt);
     std::fflush(stdout);
   }
   std::vector<int32_t> out = generate(*model, prompt, options, [&](int32_t id) {
-    if (bytes && !args.print_ids) {
-      print_bytes({id});
+    if (stream) {
+      print_text(*tokenizer, {id});
       std::fflush(stdout);
     }
   });
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), out.begin(), out.end());
-  if (args.print_ids) {
-    fmt::print("{}\n", fmt::join(all, ","));
-    if (bytes) {
-      print_bytes(all);
-      std::fputc('\n', stdout);
-    }
-  } else if (bytes) {
+  if (stream) {
     std::fputc('\n', stdout);
-  } else {
-    fmt::print("{}\n", fmt::join(all, ","));  // no tokenizer: ids are all there is
+    return;
+  }
+  fmt::print("{}\n", fmt::join(all, ","));  // --print-ids, or no tokenizer: ids are all there is
+  if (tokenizer) {
+    print_text(*tokenizer, all);
+    std::fputc('\n', stdout);
   }
 }
 
@@ -190,7 +233,12 @@ int main_impl(int argc, char** argv) {
   sample->add_option("--max-new-tokens", sample_args.max_new_tokens)
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   sample->add_option("--prompt-ids", sample_args.prompt_ids, "Comma-separated token ids");
-  sample->add_option("--prompt", sample_args.prompt, "Prompt text (byte-level models only)");
+  sample->add_option("--prompt", sample_args.prompt, "Prompt text, encoded with the tokenizer");
+  sample->add_option("--tokenizer", sample_args.tokenizer,
+                     "Token meaning (default: the run's data.tokenizer)")
+      ->check(CLI::IsMember({"gpt2", "bytes"}));
+  sample->add_option("--gpt2-ranks", sample_args.gpt2_ranks,
+                     "GPT-2 ranks file (default: the run's data.gpt2_ranks)");
   sample->add_flag("--print-ids", sample_args.print_ids, "Print the token ids");
   sample->add_option("--precision", sample_args.precision)
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
