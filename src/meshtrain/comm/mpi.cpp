@@ -1,0 +1,418 @@
+#include "meshtrain/comm/mpi.h"
+
+#include <algorithm>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <thread>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+// The single thread that makes every MPI call between init and finalize.
+class CommThread {
+ public:
+  CommThread() : thread_([this] { loop(); }) {}
+  ~CommThread() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    ready_.notify_one();
+    thread_.join();
+  }
+
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(task));
+    }
+    ready_.notify_one();
+  }
+
+  // Posts and waits; rethrows the task's exception.
+  void run(const std::function<void()>& task) {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+    post([&] {
+      try {
+        task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard lock(m);
+      done = true;
+      cv.notify_one();
+    });
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return done; });
+    if (error) std::rethrow_exception(error);
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+namespace {
+
+// The completion side of one call.
+class MpiWork final : public Work::State {
+ public:
+  void wait() override {
+    std::unique_lock lock(mutex_);
+    done_cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool test() override {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+  CallRecord record() const override {
+    std::lock_guard lock(mutex_);
+    return record_;
+  }
+  void complete(const CallRecord& record, std::exception_ptr error) {
+    {
+      std::lock_guard lock(mutex_);
+      record_ = record;
+      error_ = std::move(error);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  CallRecord record_;
+};
+
+// MPI counts and displacements are ints; larger calls are split (all_reduce,
+// broadcast) or refused.
+constexpr int64_t kMaxChunk = int64_t{1} << 30;
+
+void check_mpi(int rc, const std::string& comm, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail("comm {}: {} failed: {}", comm, call, std::string(text, static_cast<size_t>(len)));
+}
+
+MPI_Datatype mpi_type(CommDType dtype) {
+  switch (dtype) {
+    case CommDType::f32: return MPI_FLOAT;
+    case CommDType::bf16: return MPI_UINT16_T;  // moved as bits; reduced through f32
+    case CommDType::f64: return MPI_DOUBLE;
+    case CommDType::i32: return MPI_INT32_T;
+    case CommDType::i64: return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+template <typename T>
+void divide(void* data, int64_t n, int by) {
+  T* p = static_cast<T*>(data);
+  const T d = static_cast<T>(by);
+  for (int64_t i = 0; i < n; ++i) p[i] /= d;
+}
+
+// Serial on purpose: OpenMP on the communication thread would start a second
+// thread team competing with the compute threads.
+void bf16_to_f32(const void* src, float* dst, int64_t n) {
+  const bf16* s = static_cast<const bf16*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+}
+
+void f32_to_bf16(const float* src, void* dst, int64_t n) {
+  bf16* d = static_cast<bf16*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
+}
+
+int64_t sum_of(std::span<const int64_t> counts) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return total;
+}
+
+CallRecord call_record(CommOp op, CommDType dtype, size_t bytes, int peer = -1) {
+  CallRecord r;
+  r.op = op;
+  r.dtype = dtype;
+  r.bytes = bytes;
+  r.peer = peer;
+  return r;
+}
+
+void check_int_range(const Communicator& comm, std::string_view call, int64_t total) {
+  MESHTRAIN_CHECK(total <= INT_MAX, "comm {}: {} of {} elements exceeds MPI's int counts",
+                  comm.name(), call, total);
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<CommThread> thread, MPI_Comm comm,
+                                 std::string name, MemoryTracker& tracker)
+    : thread_(std::move(thread)), comm_(comm), name_(std::move(name)), tracker_(tracker) {
+  thread_->run([&] {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  });
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  // Queued after every pending call, so those finish first.
+  thread_->run([&] { MPI_Comm_free(&comm_); });
+}
+
+Work MpiCommunicator::submit(CallRecord record, std::function<void()> fn) {
+  auto state = std::make_shared<MpiWork>();
+  std::lock_guard lock(submit_mutex_);
+  record.seq = next_seq_.fetch_add(1);
+  record.submitted = CommClock::now();
+  thread_->post([this, state, record, fn = std::move(fn)]() mutable {
+    std::exception_ptr error;
+    record.started = CommClock::now();
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    record.finished = CommClock::now();
+    trace_.record(record);
+    state->complete(record, std::move(error));
+  });
+  return Work(state, record.seq);
+}
+
+float* MpiCommunicator::scratch(size_t floats) {
+  if (!scratch_.defined() || static_cast<size_t>(scratch_.numel()) < floats) {
+    scratch_ = Tensor();
+    scratch_ = Tensor({static_cast<int64_t>(std::max<size_t>(floats, 1))}, DType::f32,
+                      MemCategory::comm, tracker_);
+  }
+  return scratch_.data<float>();
+}
+
+Work MpiCommunicator::all_reduce_async(void* data, int64_t count, CommDType dtype, ReduceOp op) {
+  MESHTRAIN_CHECK(count >= 0, "comm {}: all_reduce: negative count {}", name_, count);
+  check_reduce(*this, "all_reduce", dtype, op);
+  CallRecord rec = call_record(CommOp::all_reduce, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype));
+  return submit(rec, [=, this] {
+    const bool via_f32 = dtype == CommDType::bf16;
+    const CommDType wire = via_f32 ? CommDType::f32 : dtype;
+    for (int64_t begin = 0; begin < count; begin += kMaxChunk) {
+      const int64_t n = std::min(kMaxChunk, count - begin);
+      void* part = static_cast<char*>(data) + begin * static_cast<int64_t>(comm_dtype_size(dtype));
+      void* buf = part;
+      if (via_f32) {
+        float* f = scratch(static_cast<size_t>(n));
+        bf16_to_f32(part, f, n);
+        buf = f;
+      }
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(n), mpi_type(wire), mpi_op(op),
+                              comm_),
+                name_, "MPI_Allreduce");
+      if (op == ReduceOp::avg) {
+        if (wire == CommDType::f64) {
+          divide<double>(buf, n, size_);
+        } else {
+          divide<float>(buf, n, size_);
+        }
+      }
+      if (via_f32) f32_to_bf16(static_cast<float*>(buf), part, n);
+    }
+  });
+}
+
+Work MpiCommunicator::reduce_scatter_async(const void* send, void* recv,
+                                           std::span<const int64_t> counts, CommDType dtype,
+                                           ReduceOp op) {
+  check_counts(*this, "reduce_scatter", counts);
+  check_reduce(*this, "reduce_scatter", dtype, op);
+  const int64_t total = sum_of(counts);
+  check_int_range(*this, "reduce_scatter", total);
+  std::vector<int> icounts(counts.begin(), counts.end());
+  CallRecord rec = call_record(CommOp::reduce_scatter, dtype, static_cast<size_t>(total) * comm_dtype_size(dtype));
+  return submit(rec, [=, this, icounts = std::move(icounts)] {
+    const int64_t mine = icounts[static_cast<size_t>(rank_)];
+    if (dtype == CommDType::bf16) {
+      float* in = scratch(static_cast<size_t>(total + mine));
+      float* out = in + total;
+      bf16_to_f32(send, in, total);
+      check_mpi(MPI_Reduce_scatter(in, out, icounts.data(), MPI_FLOAT, mpi_op(op), comm_), name_,
+                "MPI_Reduce_scatter");
+      if (op == ReduceOp::avg) divide<float>(out, mine, size_);
+      f32_to_bf16(out, recv, mine);
+      return;
+    }
+    check_mpi(MPI_Reduce_scatter(send, recv, icounts.data(), mpi_type(dtype), mpi_op(op), comm_),
+              name_, "MPI_Reduce_scatter");
+    if (op == ReduceOp::avg) {
+      if (dtype == CommDType::f64) {
+        divide<double>(recv, mine, size_);
+      } else {
+        divide<float>(recv, mine, size_);
+      }
+    }
+  });
+}
+
+Work MpiCommunicator::all_gather_async(const void* send, void* recv,
+                                       std::span<const int64_t> counts, CommDType dtype) {
+  check_counts(*this, "all_gather", counts);
+  const int64_t total = sum_of(counts);
+  check_int_range(*this, "all_gather", total);
+  std::vector<int> icounts(counts.begin(), counts.end()), displs(counts.size(), 0);
+  for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + icounts[r - 1];
+  const size_t elem = comm_dtype_size(dtype);
+  const bool in_place =
+      send == static_cast<const char*>(recv) + static_cast<size_t>(displs[static_cast<size_t>(rank_)]) * elem;
+  CallRecord rec = call_record(CommOp::all_gather, dtype, static_cast<size_t>(total) * elem);
+  return submit(rec, [=, this, icounts = std::move(icounts), displs = std::move(displs)] {
+    const MPI_Datatype t = mpi_type(dtype);
+    check_mpi(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, icounts[static_cast<size_t>(rank_)], t,
+                             recv, icounts.data(), displs.data(), t, comm_),
+              name_, "MPI_Allgatherv");
+  });
+}
+
+Work MpiCommunicator::broadcast_async(void* data, int64_t count, CommDType dtype, int root) {
+  MESHTRAIN_CHECK(count >= 0, "comm {}: broadcast: negative count {}", name_, count);
+  check_peer(*this, "broadcast", root, "root");
+  CallRecord rec = call_record(CommOp::broadcast, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), root);
+  return submit(rec, [=, this] {
+    const int64_t elem = static_cast<int64_t>(comm_dtype_size(dtype));
+    for (int64_t begin = 0; begin < count; begin += kMaxChunk) {
+      const int64_t n = std::min(kMaxChunk, count - begin);
+      check_mpi(MPI_Bcast(static_cast<char*>(data) + begin * elem, static_cast<int>(n),
+                          mpi_type(dtype), root, comm_),
+                name_, "MPI_Bcast");
+    }
+  });
+}
+
+Work MpiCommunicator::send_async(const void* data, int64_t count, CommDType dtype, int peer,
+                                 int tag) {
+  check_peer(*this, "send", peer, "peer");
+  check_int_range(*this, "send", count);
+  MESHTRAIN_CHECK(count >= 0, "comm {}: send: negative count {}", name_, count);
+  CallRecord rec = call_record(CommOp::send, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
+  return submit(rec, [=, this] {
+    check_mpi(MPI_Send(data, static_cast<int>(count), mpi_type(dtype), peer, tag, comm_), name_,
+              "MPI_Send");
+  });
+}
+
+Work MpiCommunicator::recv_async(void* data, int64_t count, CommDType dtype, int peer, int tag) {
+  check_peer(*this, "recv", peer, "peer");
+  check_int_range(*this, "recv", count);
+  MESHTRAIN_CHECK(count >= 0, "comm {}: recv: negative count {}", name_, count);
+  CallRecord rec = call_record(CommOp::recv, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
+  return submit(rec, [=, this] {
+    MPI_Status status;
+    check_mpi(MPI_Recv(data, static_cast<int>(count), mpi_type(dtype), peer, tag, comm_, &status),
+              name_, "MPI_Recv");
+    int got = 0;
+    MPI_Get_count(&status, mpi_type(dtype), &got);
+    MESHTRAIN_CHECK(got == count, "comm {}: recv from rank {}: got {} elements, expected {}", name_,
+                    peer, got, count);
+  });
+}
+
+Work MpiCommunicator::barrier_async() {
+  return submit(call_record(CommOp::barrier, CommDType::f32, 0),
+                [this] { check_mpi(MPI_Barrier(comm_), name_, "MPI_Barrier"); });
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {
+  MESHTRAIN_CHECK(color >= 0, "comm {}: split: color must be >= 0, got {}", name_, color);
+  MPI_Comm sub = MPI_COMM_NULL;
+  thread_->run([&] { check_mpi(MPI_Comm_split(comm_, color, key, &sub), name_, "MPI_Comm_split"); });
+  return std::unique_ptr<Communicator>(new MpiCommunicator(thread_, sub, std::move(name), tracker_));
+}
+
+void MpiCommunicator::run_raw(const std::function<void(MPI_Comm)>& fn) {
+  thread_->run([&] { fn(comm_); });
+}
+
+MpiEnvironment::MpiEnvironment() {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  MESHTRAIN_CHECK(!initialised, "MPI: already initialised in this process (one MpiEnvironment per process)");
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    MPI_Finalize();
+    fail("MPI: the library provides thread level {} but meshtrain needs MPI_THREAD_SERIALIZED ({}): "
+         "all MPI calls run on a communication thread",
+         provided, MPI_THREAD_SERIALIZED);
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &local_rank_);
+  MPI_Comm_size(local, &local_size_);
+  MPI_Comm_free(&local);
+  // From here on, MPI is called from the communication thread only.
+  thread_ = std::make_shared<CommThread>();
+}
+
+MpiEnvironment::~MpiEnvironment() {
+  if (thread_.use_count() != 1) {
+    std::fprintf(stderr, "meshtrain: MPI: a communicator outlives the MpiEnvironment\n");
+  }
+  thread_.reset();  // joins
+  MPI_Finalize();
+}
+
+std::unique_ptr<MpiCommunicator> MpiEnvironment::world(MemoryTracker& tracker, std::string name) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  thread_->run([&] { check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "world", "MPI_Comm_dup"); });
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(thread_, dup, std::move(name), tracker));
+}
+
+void MpiEnvironment::abort(int exit_code) {
+  // Called from a failing thread while the communication thread may be inside
+  // a call that will never complete: the job ends regardless.
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+int default_threads_per_rank(int local_ranks, int available_cores) {
+  const int node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, node / std::max(1, local_ranks));
+  return std::max(1, std::min(share, available_cores));
+}
+
+}  // namespace meshtrain
