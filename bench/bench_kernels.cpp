@@ -48,24 +48,27 @@ void set_flops(benchmark::State& state, double flops) {
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The three GEMMs of a linear layer y = x w^T with x [tokens, k], w [n, k]:
+// The three GEMMs of a linear layer y = x w^T with x [rows, k], w [n, k]:
 // pass 0 forward, 1 dx = dy w, 2 dw += dy^T x (accumulating, as the model does).
+void linear_gemm(int64_t pass, DType dt, int64_t rows, int64_t n, int64_t k, const Tensor& x,
+                 const Tensor& w, const Tensor& dy, Tensor& out) {
+  auto& ctx = env().ctx;
+  if (pass == 0) {
+    cpu::matmul(ctx, {1, rows, n, k, false, true, false}, dt, x.raw(), w.raw(), DType::f32, out.raw());
+  } else if (pass == 1) {
+    cpu::matmul(ctx, {1, rows, k, n, false, false, false}, dt, dy.raw(), w.raw(), DType::f32, out.raw());
+  } else {
+    cpu::matmul(ctx, {1, n, k, rows, true, false, false}, dt, dy.raw(), x.raw(), DType::f32,
+                out.raw(), 1.0f, true);
+  }
+}
+
 void BM_Matmul(benchmark::State& state) {
   const DType dt = dtype_arg(state);
   const int64_t n = state.range(1), k = state.range(2), pass = state.range(3);
   Tensor x = filled({kTokens, k}, dt), w = filled({n, k}, dt), dy = filled({kTokens, n}, dt);
   Tensor out({kTokens * std::max(n, k) + n * k}, DType::f32, MemCategory::workspace, env().tracker);
-  auto& ctx = env().ctx;
-  for (auto _ : state) {
-    if (pass == 0) {
-      cpu::matmul(ctx, {1, kTokens, n, k, false, true, false}, dt, x.raw(), w.raw(), DType::f32, out.raw());
-    } else if (pass == 1) {
-      cpu::matmul(ctx, {1, kTokens, k, n, false, false, false}, dt, dy.raw(), w.raw(), DType::f32, out.raw());
-    } else {
-      cpu::matmul(ctx, {1, n, k, kTokens, true, false, false}, dt, dy.raw(), x.raw(), DType::f32,
-                  out.raw(), 1.0f, true);
-    }
-  }
+  for (auto _ : state) linear_gemm(pass, dt, kTokens, n, k, x, w, dy, out);
   set_flops(state, 2.0 * kTokens * n * k);
 }
 BENCHMARK(BM_Matmul)
@@ -83,18 +86,9 @@ void BM_Classifier(benchmark::State& state) {
   Tensor dw({kVocab, kDim}, DType::f32, MemCategory::workspace, env().tracker);
   std::vector<int32_t> targets(kTokens);
   for (int64_t i = 0; i < kTokens; ++i) targets[i] = static_cast<int32_t>((i * 31) % kVocab);
-  cpu::ClassifierArgs args;
-  args.rows = kTokens;
-  args.dim = kDim;
-  args.vocab = kVocab;
-  args.compute = dt;
-  args.h = h.raw();
-  args.w = w.raw();
-  args.targets = targets.data();
-  args.grad_scale = 1.0f / kTokens;
-  args.dh = dh.data<float>();
-  args.dw = dw.data<float>();
-  args.chunk_rows = state.range(1);
+  cpu::ClassifierArgs args{.rows = kTokens, .dim = kDim, .vocab = kVocab, .compute = dt, .h = h.raw(),
+                           .w = w.raw(), .targets = targets.data(), .grad_scale = 1.0f / kTokens,
+                           .dh = dh.data<float>(), .dw = dw.data<float>(), .chunk_rows = state.range(1)};
   for (auto _ : state) benchmark::DoNotOptimize(cpu::fused_classifier(env().ctx, args));
   set_flops(state, 6.0 * kTokens * kDim * kVocab);
 }
@@ -112,18 +106,12 @@ void BM_ClassifierGemm(benchmark::State& state) {
   const int64_t rows = state.range(1), pass = state.range(2);
   Tensor h = filled({rows, kDim}, dt), w = filled({kVocab, kDim}, dt), dl = filled({rows, kVocab}, dt);
   Tensor out({rows * kVocab + kVocab * kDim}, DType::f32, MemCategory::workspace, env().tracker);
-  auto& ctx = env().ctx;
   for (auto _ : state) {
-    if (pass == 0) {
-      cpu::matmul(ctx, {1, rows, kVocab, kDim, false, true, false}, dt, h.raw(), w.raw(), DType::f32, out.raw());
-    } else if (pass == 1) {
-      cpu::matmul(ctx, {1, rows, kDim, kVocab, false, false, false}, dt, dl.raw(), w.raw(), DType::f32, out.raw());
-    } else if (pass == 2) {
-      cpu::matmul(ctx, {1, kVocab, kDim, rows, true, false, false}, dt, dl.raw(), h.raw(), DType::f32,
-                  out.raw(), 1.0f, true);
+    if (pass < 3) {
+      linear_gemm(pass, dt, rows, kVocab, kDim, h, w, dl, out);
     } else {
-      cpu::matmul(ctx, {1, kDim, kVocab, rows, true, false, false}, dt, h.raw(), dl.raw(), DType::f32,
-                  out.raw(), 1.0f, true);
+      cpu::matmul(env().ctx, {1, kDim, kVocab, rows, true, false, false}, dt, h.raw(), dl.raw(),
+                  DType::f32, out.raw(), 1.0f, true);
     }
   }
   set_flops(state, 2.0 * rows * kDim * kVocab);

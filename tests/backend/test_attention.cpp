@@ -1,6 +1,8 @@
 // RoPE and causal GQA attention: forward against float64 loops, backward
 // against finite differences, decoding through the KV cache against the
 // full forward.
+#include <type_traits>
+
 #include "meshtrain/backend/cpu/attention.h"
 #include "meshtrain/util/error.h"
 #include "reference.h"
@@ -56,54 +58,69 @@ struct AttnCase {
 
 class Attention : public ::testing::TestWithParam<AttnCase> {};
 
-TEST_P(Attention, ForwardAndGradientCheckF32) {
-  const auto [d, use_rope] = GetParam();
-  MemoryTracker tracker;
-  cpu::CpuContext ctx(0, tracker);
-  auto table = cpu::make_rope_table(d.head_dim, 16, static_cast<float>(kTheta), tracker);
-  const cpu::RopeTable* rope = use_rope ? &table : nullptr;
-  const int64_t n_qkv = d.batch * d.seq * d.qkv_width(), n_out = d.batch * d.seq * d.n_heads * d.head_dim;
-  auto qkv = random_floats(n_qkv, 80, -1.5, 1.5);
-  std::vector<float> out(n_out);
-  cpu::AttentionSaved saved;
-  cpu::attention_forward(ctx, d, rope, DType::f32, qkv.data(), out.data(), saved);
-  expect_close(out, attention_ref(to_double(qkv), d, use_rope), 1e-5, 1e-6, "out");
-  EXPECT_GT(tracker.live(MemCategory::activations), 0u);
+// What both precisions' tests share: a context, the rope table (or none) and the sizes.
+struct AttnSetup {
+  explicit AttnSetup(const AttnCase& c)
+      : d(c.dims),
+        use_rope(c.rope),
+        table(cpu::make_rope_table(d.head_dim, 16, static_cast<float>(kTheta), tracker)) {}
+  const cpu::RopeTable* rope() const { return use_rope ? &table : nullptr; }
+  std::vector<double> reference(const std::vector<double>& qkv) const {
+    return attention_ref(qkv, d, use_rope);
+  }
+  // d(sum(dout * out))/d(qkv) by finite differences of the float64 reference.
+  std::vector<double> gradient(const std::vector<float>& qkv, const std::vector<float>& dout) const {
+    return finite_difference([&](const auto& v) { return weighted_sum(reference(v), dout); },
+                             to_double(qkv));
+  }
 
-  auto dout = random_floats(n_out, 81);
-  std::vector<float> dqkv(n_qkv, 99.0f);
-  cpu::attention_backward(ctx, d, rope, DType::f32, saved, dout.data(), dqkv.data());
-  auto g = finite_difference(
-      [&](const auto& v) { return weighted_sum(attention_ref(v, d, use_rope), dout); }, to_double(qkv));
-  expect_close(dqkv, g, 1e-4, 1e-5, "d_qkv");
+  AttentionDims d;
+  bool use_rope;
+  MemoryTracker tracker;
+  cpu::CpuContext ctx{0, tracker};
+  cpu::RopeTable table;
+  int64_t n_qkv = d.batch * d.seq * d.qkv_width(), n_out = d.batch * d.seq * d.n_heads * d.head_dim;
+};
+
+std::vector<float> as_f32(const std::vector<float>& v) { return v; }
+std::vector<float> as_f32(const std::vector<bf16>& v) { return from_bf16(v); }
+
+// Forward against the float64 reference, backward against its finite
+// differences, in compute dtype E (tolerances: out, then d_qkv).
+template <typename E>
+void check_attention(const AttnCase& c, uint32_t seed, double rel_out, double abs_out, double rel_grad,
+                     double abs_grad) {
+  AttnSetup t(c);
+  const DType dt = std::is_same_v<E, bf16> ? DType::bf16 : DType::f32;
+  auto qkv = random_floats(t.n_qkv, seed, -1.5, 1.5);
+  std::vector<E> out(t.n_out);
+  cpu::AttentionSaved saved;
+  cpu::attention_forward(t.ctx, t.d, t.rope(), dt, qkv.data(), out.data(), saved);
+  expect_close(as_f32(out), t.reference(to_double(qkv)), rel_out, abs_out, "out");
+  EXPECT_GT(t.tracker.live(MemCategory::activations), 0u);
+
+  auto dout = random_floats(t.n_out, seed + 1);
+  std::vector<E> dqkv(t.n_qkv);  // poisoned: the kernel must overwrite every element
+  const std::vector<float> poison(dqkv.size(), 99.0f);
+  convert(DType::f32, poison.data(), dt, dqkv.data(), dqkv.size());
+  cpu::attention_backward(t.ctx, t.d, t.rope(), dt, saved, dout.data(), dqkv.data());
+  expect_close(as_f32(dqkv), t.gradient(qkv, dout), rel_grad, abs_grad, "d_qkv");
+}
+
+TEST_P(Attention, ForwardAndGradientCheckF32) {
+  check_attention<float>(GetParam(), 80, 1e-5, 1e-6, 1e-4, 1e-5);
 }
 
 TEST_P(Attention, Bf16MatchesReferenceLoosely) {
-  const auto [d, use_rope] = GetParam();
-  MemoryTracker tracker;
-  cpu::CpuContext ctx(0, tracker);
-  auto table = cpu::make_rope_table(d.head_dim, 16, static_cast<float>(kTheta), tracker);
-  const cpu::RopeTable* rope = use_rope ? &table : nullptr;
-  const int64_t n_qkv = d.batch * d.seq * d.qkv_width(), n_out = d.batch * d.seq * d.n_heads * d.head_dim;
-  auto qkv = random_floats(n_qkv, 90, -1.5, 1.5);
-  std::vector<bf16> out(n_out);
-  cpu::AttentionSaved saved;
-  cpu::attention_forward(ctx, d, rope, DType::bf16, qkv.data(), out.data(), saved);
-  expect_close(from_bf16(out), attention_ref(to_double(qkv), d, use_rope), 2e-2, 1e-2, "out bf16");
-  auto dout = random_floats(n_out, 91);
-  std::vector<bf16> dqkv(n_qkv);
-  cpu::attention_backward(ctx, d, rope, DType::bf16, saved, dout.data(), dqkv.data());
-  auto g = finite_difference(
-      [&](const auto& v) { return weighted_sum(attention_ref(v, d, use_rope), dout); }, to_double(qkv));
-  expect_close(from_bf16(dqkv), g, 3e-2, 2e-2, "d_qkv bf16");
+  check_attention<bf16>(GetParam(), 90, 2e-2, 1e-2, 3e-2, 2e-2);
 }
 
 TEST_P(Attention, DecodingThroughTheCacheEqualsTheFullForward) {
-  const auto [d, use_rope] = GetParam();
-  MemoryTracker tracker;
-  cpu::CpuContext ctx(0, tracker);
-  auto table = cpu::make_rope_table(d.head_dim, 16, static_cast<float>(kTheta), tracker);
-  const cpu::RopeTable* rope = use_rope ? &table : nullptr;
+  AttnSetup t(GetParam());
+  const AttentionDims& d = t.d;
+  MemoryTracker& tracker = t.tracker;
+  cpu::CpuContext& ctx = t.ctx;
+  const cpu::RopeTable* rope = t.rope();
   const int64_t B = d.batch, T = d.seq, W = d.qkv_width(), HD = d.n_heads * d.head_dim;
   auto qkv = random_floats(B * T * W, 100, -1.5, 1.5);
   std::vector<float> full(B * T * HD);

@@ -39,18 +39,9 @@ TEST(FusedClassifier, LossAndGradientCheckF32) {
   for (int64_t chunk : {0, 3, 7}) {
     SCOPED_TRACE(chunk);
     std::vector<float> dh(h.size(), 99.0f), dw(w.size(), 0.5f), rows(kRows);
-    cpu::ClassifierArgs args;
-    args.rows = kRows;
-    args.dim = kDim;
-    args.vocab = kVocab;
-    args.h = h.data();
-    args.w = w.data();
-    args.targets = kTargets.data();
-    args.grad_scale = grad_scale;
-    args.dh = dh.data();
-    args.dw = dw.data();
-    args.row_losses = rows.data();
-    args.chunk_rows = chunk;
+    cpu::ClassifierArgs args{.rows = kRows, .dim = kDim, .vocab = kVocab, .h = h.data(), .w = w.data(),
+                             .targets = kTargets.data(), .grad_scale = grad_scale, .dh = dh.data(),
+                             .dw = dw.data(), .row_losses = rows.data(), .chunk_rows = chunk};
     const double loss = cpu::fused_classifier(ctx, args);
     std::vector<double> want_rows;
     const double want = loss_ref(to_double(h), to_double(w), &want_rows);
@@ -66,13 +57,8 @@ TEST(FusedClassifier, LossAndGradientCheckF32) {
     for (int64_t i = 0; i < kDim; ++i) EXPECT_EQ(dh[3 * kDim + i], 0.0f) << "ignored row";
   }
   // Forward only.
-  cpu::ClassifierArgs args;
-  args.rows = kRows;
-  args.dim = kDim;
-  args.vocab = kVocab;
-  args.h = h.data();
-  args.w = w.data();
-  args.targets = kTargets.data();
+  cpu::ClassifierArgs args{.rows = kRows, .dim = kDim, .vocab = kVocab, .h = h.data(), .w = w.data(),
+                           .targets = kTargets.data()};
   EXPECT_NEAR(cpu::fused_classifier(ctx, args), loss_ref(to_double(h), to_double(w), nullptr), 1e-4);
   std::vector<int32_t> bad = kTargets;
   bad[2] = kVocab;
@@ -87,18 +73,9 @@ TEST(FusedClassifier, Bf16) {
   auto w = round_bf16(random_floats(kVocab * kDim, 131, -1, 1));
   auto h16 = to_bf16(h), w16 = to_bf16(w);
   std::vector<float> dh(h.size()), dw(w.size(), 0.0f);
-  cpu::ClassifierArgs args;
-  args.rows = kRows;
-  args.dim = kDim;
-  args.vocab = kVocab;
-  args.compute = DType::bf16;
-  args.h = h16.data();
-  args.w = w16.data();
-  args.targets = kTargets.data();
-  args.grad_scale = 1.0f;
-  args.dh = dh.data();
-  args.dw = dw.data();
-  args.chunk_rows = 4;
+  cpu::ClassifierArgs args{.rows = kRows, .dim = kDim, .vocab = kVocab, .compute = DType::bf16,
+                           .h = h16.data(), .w = w16.data(), .targets = kTargets.data(),
+                           .grad_scale = 1.0f, .dh = dh.data(), .dw = dw.data(), .chunk_rows = 4};
   // Inputs are exactly representable in bf16 and accumulation is f32: the loss is f32-accurate.
   const double want = loss_ref(to_double(h), to_double(w), nullptr);
   EXPECT_NEAR(cpu::fused_classifier(ctx, args), want, 1e-5 * want);

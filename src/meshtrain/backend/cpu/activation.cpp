@@ -29,48 +29,49 @@ void gelu_inner(const float* x, float* two_u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) two_u[i] = 2.0f * kGeluC0 * (x[i] + kGeluC1 * x[i] * x[i] * x[i]);
 }
 
+// Calls fn(out, r, j0, n) for every block [j0, j0 + n) of every row r of a
+// [rows, hidden] output in dtype `dtype`, threaded over (row, block).
+template <typename Fn>
+void for_each_row_block(DType dtype, void* out, int64_t rows, int64_t hidden, Fn fn) {
+  simd::dispatch_store(dtype, out, [&](auto* o) {
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j0 = 0; j0 < hidden; j0 += kBlock) fn(o, r, j0, std::min(kBlock, hidden - j0));
+    }
+  });
+}
+
 }  // namespace
 
 void swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows, int64_t hidden) {
-  simd::dispatch_store(out_dtype, out, [&](auto* o) {
-#pragma omp parallel for schedule(static) collapse(2)
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j0 = 0; j0 < hidden; j0 += kBlock) {
-        const int64_t n = std::min(kBlock, hidden - j0);
-        const float* g = gate_up + r * 2 * hidden + j0;
-        const float* u = g + hidden;
-        float buf[kBlock];
-        sigmoid_block(g, 1.0f, buf, n);
+  for_each_row_block(out_dtype, out, rows, hidden, [&](auto* o, int64_t r, int64_t j0, int64_t n) {
+    const float* g = gate_up + r * 2 * hidden + j0;
+    const float* u = g + hidden;
+    float buf[kBlock];
+    sigmoid_block(g, 1.0f, buf, n);
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) buf[i] = g[i] * buf[i] * u[i];
-        simd::store_row(o + r * hidden + j0, buf, n);
-      }
-    }
+    for (int64_t i = 0; i < n; ++i) buf[i] = g[i] * buf[i] * u[i];
+    simd::store_row(o + r * hidden + j0, buf, n);
   });
 }
 
 void swiglu_backward(const float* gate_up, const float* d_out, DType grad_dtype, void* d_gate_up,
                      int64_t rows, int64_t hidden) {
-  simd::dispatch_store(grad_dtype, d_gate_up, [&](auto* dgu) {
-#pragma omp parallel for schedule(static) collapse(2)
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j0 = 0; j0 < hidden; j0 += kBlock) {
-        const int64_t n = std::min(kBlock, hidden - j0);
-        const float* g = gate_up + r * 2 * hidden + j0;
-        const float* u = g + hidden;
-        const float* d = d_out + r * hidden + j0;
-        float sig[kBlock], dg[kBlock], du[kBlock];
-        sigmoid_block(g, 1.0f, sig, n);
+  // d_gate_up is [rows, 2 * hidden]: blocks of the gate half, each also writing its up half.
+  for_each_row_block(grad_dtype, d_gate_up, rows, hidden, [&](auto* dgu, int64_t r, int64_t j0, int64_t n) {
+    const float* g = gate_up + r * 2 * hidden + j0;
+    const float* u = g + hidden;
+    const float* d = d_out + r * hidden + j0;
+    float sig[kBlock], dg[kBlock], du[kBlock];
+    sigmoid_block(g, 1.0f, sig, n);
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) {
-          // silu'(g) = sig * (1 + g * (1 - sig))
-          dg[i] = d[i] * u[i] * sig[i] * (1.0f + g[i] * (1.0f - sig[i]));
-          du[i] = d[i] * g[i] * sig[i];
-        }
-        simd::store_row(dgu + r * 2 * hidden + j0, dg, n);
-        simd::store_row(dgu + r * 2 * hidden + hidden + j0, du, n);
-      }
+    for (int64_t i = 0; i < n; ++i) {
+      // silu'(g) = sig * (1 + g * (1 - sig))
+      dg[i] = d[i] * u[i] * sig[i] * (1.0f + g[i] * (1.0f - sig[i]));
+      du[i] = d[i] * g[i] * sig[i];
     }
+    simd::store_row(dgu + r * 2 * hidden + j0, dg, n);
+    simd::store_row(dgu + r * 2 * hidden + hidden + j0, du, n);
   });
 }
 

@@ -73,25 +73,21 @@ inline float load1(const bf16* p) { return bf16_to_float(*p); }
 inline void store1(float* p, float v) { *p = v; }
 inline void store1(bf16* p, float v) { *p = float_to_bf16(v); }
 
-// dst[i] = src[i] for n elements, converting f32 -> T.
-template <typename T>
-inline void store_row(T* dst, const float* src, int64_t n) {
+// dst[i] = src[i] for n elements, converting S -> D (f32 <-> bf16 or a copy).
+template <typename D, typename S>
+inline void convert_row(D* dst, const S* src, int64_t n) {
   int64_t i = 0;
 #if defined(MESHTRAIN_AVX512)
   for (; i + kLanes <= n; i += kLanes) store_ps(dst + i, load_ps(src + i));
 #endif
-  for (; i < n; ++i) store1(dst + i, src[i]);
+  for (; i < n; ++i) store1(dst + i, load1(src + i));
 }
 
-// dst[i] = src[i] converting T -> f32.
+// f32 -> T and T -> f32.
 template <typename T>
-inline void load_row(float* dst, const T* src, int64_t n) {
-  int64_t i = 0;
-#if defined(MESHTRAIN_AVX512)
-  for (; i + kLanes <= n; i += kLanes) store_ps(dst + i, load_ps(src + i));
-#endif
-  for (; i < n; ++i) dst[i] = load1(src + i);
-}
+inline void store_row(T* dst, const float* src, int64_t n) { convert_row(dst, src, n); }
+template <typename T>
+inline void load_row(float* dst, const T* src, int64_t n) { convert_row(dst, src, n); }
 
 // In place x[i] = exp(x[i] - shift); returns the sum of the results.
 inline float exp_shift_sum(float* x, int64_t n, float shift) {
