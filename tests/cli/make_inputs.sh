@@ -57,6 +57,7 @@ warmup_steps = 3
 [data]
 train = "$WORK/train.bin"
 val = "$WORK/val.bin"
+tokenizer = "bytes"
 TOML
 sed 's/^steps = 30/stepz = 30/' "$WORK/good.toml" >"$WORK/unknown_key.toml"
 sed 's/^steps = 30/steps = "30"/' "$WORK/good.toml" >"$WORK/bad_type.toml"
