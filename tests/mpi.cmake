@@ -33,11 +33,44 @@ set_tests_properties(comm.singleton PROPERTIES TIMEOUT 60)
 meshtrain_mpi_test(comm.np2 test_comm 2)
 meshtrain_mpi_test(comm.np4 test_comm 4)
 
-if(TARGET meshtrain_ddp)
-  file(GLOB ddp_test_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ddp/test_*.cpp)
-  meshtrain_mpi_program(test_ddp DEPS meshtrain_train
-                        SOURCES ${ddp_test_srcs} ${CMAKE_CURRENT_SOURCE_DIR}/comm/mpi_test_main.cpp)
-  meshtrain_mpi_test(ddp.np1 test_ddp 1)
-  meshtrain_mpi_test(ddp.np2 test_ddp 2)
-  meshtrain_mpi_test(ddp.np4 test_ddp 4 TIMEOUT 180)
-endif()
+file(GLOB ddp_test_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ddp/test_*.cpp)
+meshtrain_mpi_program(test_ddp DEPS meshtrain_train
+                      SOURCES ${ddp_test_srcs} ${CMAKE_CURRENT_SOURCE_DIR}/comm/mpi_test_main.cpp)
+meshtrain_mpi_test(ddp.np1 test_ddp 1)
+meshtrain_mpi_test(ddp.np2 test_ddp 2)
+meshtrain_mpi_test(ddp.np4 test_ddp 4 TIMEOUT 180)
+
+# Failures end the whole job within seconds, with the failing rank's line.
+set(expect_failure ${CMAKE_CURRENT_SOURCE_DIR}/ddp/expect_failure.sh)
+meshtrain_mpi_program(ddp_fault DEPS meshtrain_ddp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/ddp/fault_main.cpp)
+add_test(NAME ddp.rank_throws_aborts_job
+         COMMAND bash ${expect_failure} 20 "^rank 1: injected failure at step 3 in backward"
+                 -- ${mpi_run} 2 $<TARGET_FILE:ddp_fault>)
+set_tests_properties(ddp.rank_throws_aborts_job PROPERTIES TIMEOUT 60 PROCESSORS 2)
+
+# The CLI under mpirun, on the CLI tests' byte corpus (tests/cli.cmake).
+set(ddp_cli_work ${CMAKE_CURRENT_BINARY_DIR}/cli_work)
+set(ddp_good ${ddp_cli_work}/good.toml)
+add_test(NAME ddp.cli_train_np2
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ddp/cli_ddp.sh ${mpi_run} -- $<TARGET_FILE:meshtrain> ${ddp_cli_work})
+# meshtrain_mpi_cli_failure(name max_seconds PATTERNS p... COMMAND args...)
+function(meshtrain_mpi_cli_failure name max_seconds)
+  cmake_parse_arguments(F "" "" "PATTERNS;COMMAND" ${ARGN})
+  add_test(NAME ddp.${name} COMMAND bash ${expect_failure} ${max_seconds} ${F_PATTERNS} -- ${F_COMMAND})
+endfunction()
+meshtrain_mpi_cli_failure(cli_mesh_not_dividing 30
+  PATTERNS "^rank 0: mesh: world size 2 is not divisible by tp 3 x pp 1 = 3: run a multiple of 3 ranks$"
+           "^rank 1: mesh: world size 2 is not divisible by tp 3 x pp 1 = 3"
+  COMMAND ${mpi_run} 2 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --parallel.tp 3)
+meshtrain_mpi_cli_failure(cli_tp_not_implemented 30
+  PATTERNS "^rank 0: parallel.tp = 2: tensor parallelism is not implemented yet"
+           "^rank 1: parallel.tp = 2: tensor parallelism is not implemented yet"
+  COMMAND ${mpi_run} 2 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --parallel.tp 2)
+meshtrain_mpi_cli_failure(cli_ranks_given_different_configs 30
+  PATTERNS "^rank 0: config: rank 1 was given a different configuration from rank 0"
+           "^rank 1: config: rank 1 was given a different configuration from rank 0"
+  COMMAND ${mpi_run} 1 $<TARGET_FILE:meshtrain> train --config ${ddp_good}
+          : ${MPIEXEC_NUMPROC_FLAG} 1 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --optim.lr 1e-3)
+set_tests_properties(ddp.cli_train_np2 ddp.cli_mesh_not_dividing ddp.cli_tp_not_implemented
+                     ddp.cli_ranks_given_different_configs
+                     PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 60 PROCESSORS 2)

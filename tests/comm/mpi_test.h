@@ -14,8 +14,12 @@ namespace meshtrain::testing {
 
 MpiEnvironment& mpi_env();
 
-// A directory of this test for this rank: <build>/test_scratch/mpi_np<N>/<suite>.<test>/rank<R>.
+// A fresh directory of this test for this rank:
+// <build>/test_scratch/mpi_np<N>/<suite>.<test>/rank<R>.
 std::string rank_scratch_dir();
+// A fresh directory of this test shared by all ranks (rank 0 makes it; collective):
+// <build>/test_scratch/mpi_np<N>/<suite>.<test>/shared.
+std::string shared_scratch_dir(Communicator& world);
 
 // True on every rank when `ok` is true on every rank (so a rank's failure
 // is seen by all and no rank waits in a collective the others skipped).

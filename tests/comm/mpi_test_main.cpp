@@ -38,14 +38,31 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 
 MpiEnvironment& mpi_env() { return *g_env; }
 
-std::string rank_scratch_dir() {
+namespace {
+
+std::filesystem::path test_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::path(MESHTRAIN_BINARY_DIR "/test_scratch") /
-             ("mpi_np" + std::to_string(g_env->world_size())) /
-             (std::string(info->test_suite_name()) + "." + info->name()) /
-             ("rank" + std::to_string(g_env->world_rank()));
+  return std::filesystem::path(MESHTRAIN_BINARY_DIR "/test_scratch") /
+         ("mpi_np" + std::to_string(g_env->world_size())) /
+         (std::string(info->test_suite_name()) + "." + info->name());
+}
+
+}  // namespace
+
+std::string rank_scratch_dir() {
+  auto dir = test_dir() / ("rank" + std::to_string(g_env->world_rank()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+std::string shared_scratch_dir(Communicator& world) {
+  auto dir = test_dir() / "shared";
+  if (world.rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  world.barrier();
   return dir.string();
 }
 

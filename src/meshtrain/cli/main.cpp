@@ -11,6 +11,7 @@
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
+#include "meshtrain/cli/ranks.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/train/checkpoint.h"
@@ -52,12 +53,9 @@ struct TrainArgs {
   std::string config, resume;
 };
 
-void run_train(const TrainArgs& args, const std::vector<std::string>& extras) {
-  TrainConfig config = load_config(args.config, parse_overrides(extras));
-  TrainerOptions options;
-  options.resume_dir = args.resume;
-  Trainer trainer(config, options);
-  trainer.run();
+// One rank of a job (mpirun -np N meshtrain train ...), or the only one.
+int run_train(const TrainArgs& args, const std::vector<std::string>& extras) {
+  return run_train_ranks(args.config, parse_overrides(extras), args.resume);
 }
 
 struct SampleArgs {
@@ -284,6 +282,18 @@ int main_impl(int argc, char** argv) {
   prepare->add_option("--progress", prepare_args.progress)
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}))->capture_default_str();
 
+  BenchCommArgs bench_comm_args;
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* bench_comm = bench->add_subcommand(
+      "comm", "Collectives' time and bandwidth (nccl-tests definitions), meshtrain vs raw MPI; "
+              "run under mpirun -np N");
+  bench_comm->add_flag("--quick", bench_comm_args.quick, "Sizes up to 16M, fewer iterations");
+  bench_comm->add_option("--min-size", bench_comm_args.min_size, "Smallest message (default 4K)");
+  bench_comm->add_option("--max-size", bench_comm_args.max_size, "Largest message (default 256M)");
+  bench_comm->add_option("--ops", bench_comm_args.ops,
+                         "all_reduce reduce_scatter all_gather broadcast sendrecv (default: all)");
+
   try {
     app.parse(argc, argv);
     if (sample->parsed() && sample_args.checkpoint.empty() && sample_args.model_file.empty()) {
@@ -299,7 +309,9 @@ int main_impl(int argc, char** argv) {
   }
 
   if (train->parsed()) {
-    run_train(train_args, train->remaining());
+    return run_train(train_args, train->remaining());
+  } else if (bench_comm->parsed()) {
+    return run_bench_comm(bench_comm_args);
   } else if (sample->parsed()) {
     run_sample(sample_args);
   } else if (prepare->parsed()) {

@@ -1,5 +1,6 @@
 #include "meshtrain/comm/abort.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -13,7 +14,9 @@ RankFailureHandler::~RankFailureHandler() = default;
 
 int RankFailureHandler::fail_rank(std::string_view message, std::chrono::milliseconds grace) {
   std::fflush(stdout);
-  std::string line = "rank " + std::to_string(env_.world_rank()) + ": " + std::string(message) + "\n";
+  std::string line = "rank " + std::to_string(env_.world_rank()) + ": " + std::string(message);
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  line += '\n';
   std::fputs(line.c_str(), stderr);
   std::fflush(stderr);
   if (env_.world_size() == 1) return 1;

@@ -157,6 +157,13 @@ void f32_to_bf16(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
 }
 
+bool all_equal(std::span<const int64_t> counts) {
+  for (int64_t c : counts) {
+    if (c != counts[0]) return false;
+  }
+  return true;
+}
+
 int64_t sum_of(std::span<const int64_t> counts) {
   int64_t total = 0;
   for (int64_t c : counts) total += c;
@@ -262,6 +269,7 @@ Work MpiCommunicator::reduce_scatter_async(const void* send, void* recv,
   const int64_t total = sum_of(counts);
   check_int_range(*this, "reduce_scatter", total);
   std::vector<int> icounts(counts.begin(), counts.end());
+  const bool even = all_equal(counts);  // MPI's _block variant has the faster algorithms
   CallRecord rec = call_record(CommOp::reduce_scatter, dtype, static_cast<size_t>(total) * comm_dtype_size(dtype));
   return submit(rec, [=, this, icounts = std::move(icounts)] {
     const int64_t mine = icounts[static_cast<size_t>(rank_)];
@@ -269,13 +277,16 @@ Work MpiCommunicator::reduce_scatter_async(const void* send, void* recv,
       float* in = scratch(static_cast<size_t>(total + mine));
       float* out = in + total;
       bf16_to_f32(send, in, total);
-      check_mpi(MPI_Reduce_scatter(in, out, icounts.data(), MPI_FLOAT, mpi_op(op), comm_), name_,
-                "MPI_Reduce_scatter");
+      check_mpi(even ? MPI_Reduce_scatter_block(in, out, static_cast<int>(mine), MPI_FLOAT, mpi_op(op), comm_)
+                     : MPI_Reduce_scatter(in, out, icounts.data(), MPI_FLOAT, mpi_op(op), comm_),
+                name_, "MPI_Reduce_scatter");
       if (op == ReduceOp::avg) divide<float>(out, mine, size_);
       f32_to_bf16(out, recv, mine);
       return;
     }
-    check_mpi(MPI_Reduce_scatter(send, recv, icounts.data(), mpi_type(dtype), mpi_op(op), comm_),
+    check_mpi(even ? MPI_Reduce_scatter_block(send, recv, static_cast<int>(mine), mpi_type(dtype),
+                                              mpi_op(op), comm_)
+                   : MPI_Reduce_scatter(send, recv, icounts.data(), mpi_type(dtype), mpi_op(op), comm_),
               name_, "MPI_Reduce_scatter");
     if (op == ReduceOp::avg) {
       if (dtype == CommDType::f64) {
@@ -295,14 +306,17 @@ Work MpiCommunicator::all_gather_async(const void* send, void* recv,
   std::vector<int> icounts(counts.begin(), counts.end()), displs(counts.size(), 0);
   for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + icounts[r - 1];
   const size_t elem = comm_dtype_size(dtype);
+  const bool even = all_equal(counts);
   const bool in_place =
       send == static_cast<const char*>(recv) + static_cast<size_t>(displs[static_cast<size_t>(rank_)]) * elem;
   CallRecord rec = call_record(CommOp::all_gather, dtype, static_cast<size_t>(total) * elem);
   return submit(rec, [=, this, icounts = std::move(icounts), displs = std::move(displs)] {
     const MPI_Datatype t = mpi_type(dtype);
-    check_mpi(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, icounts[static_cast<size_t>(rank_)], t,
-                             recv, icounts.data(), displs.data(), t, comm_),
-              name_, "MPI_Allgatherv");
+    const int mine = icounts[static_cast<size_t>(rank_)];
+    const void* src = in_place ? MPI_IN_PLACE : send;
+    check_mpi(even ? MPI_Allgather(src, mine, t, recv, mine, t, comm_)
+                   : MPI_Allgatherv(src, mine, t, recv, icounts.data(), displs.data(), t, comm_),
+              name_, "MPI_Allgather");
   });
 }
 

@@ -48,6 +48,9 @@ constexpr KeySpec kKeys[] = {
 
     {"data", "train", Kind::string_list},     {"data", "val", Kind::string_list},
     {"data", "tokenizer", Kind::string},      {"data", "gpt2_ranks", Kind::string},
+
+    {"parallel", "tp", Kind::integer},        {"parallel", "pp", Kind::integer},
+    {"parallel", "bucket_mb", Kind::number},  {"parallel", "overlap", Kind::boolean},
 };
 
 std::string_view kind_name(Kind kind) {
@@ -351,6 +354,19 @@ DataSettings read_data(const Section& s) {
   return d;
 }
 
+ParallelSettings read_parallel(const Section& s) {
+  ParallelSettings p;
+  s.read("tp", p.tp);
+  s.read("pp", p.pp);
+  s.read("bucket_mb", p.bucket_mb);
+  s.read("overlap", p.overlap);
+  check_min("parallel.tp", p.tp, 1);
+  check_min("parallel.pp", p.pp, 1);
+  MESHTRAIN_CHECK(std::isfinite(p.bucket_mb) && p.bucket_mb > 0,
+                  "config: parallel.bucket_mb must be > 0, got {}", p.bucket_mb);
+  return p;
+}
+
 TrainConfig from_table(const toml::table& root) {
   check_keys_and_types(root);
   TrainConfig c;
@@ -358,6 +374,7 @@ TrainConfig from_table(const toml::table& root) {
   c.train = read_train(Section(root, "train"), c.model);
   c.optim = read_optim(Section(root, "optim"));
   c.data = read_data(Section(root, "data"));
+  c.parallel = read_parallel(Section(root, "parallel"));
   return c;
 }
 
@@ -411,10 +428,13 @@ toml::table to_table(const TrainConfig& c) {
                    {"tokenizer", c.data.tokenizer},
                    {"gpt2_ranks", c.data.gpt2_ranks}};
   if (!c.data.val.empty()) data.insert("val", std::move(val_files));
+  const ParallelSettings& p = c.parallel;
+  toml::table parallel{{"tp", p.tp}, {"pp", p.pp}, {"bucket_mb", p.bucket_mb}, {"overlap", p.overlap}};
   return toml::table{{"model", std::move(model)},
                      {"train", std::move(train)},
                      {"optim", std::move(optim)},
-                     {"data", std::move(data)}};
+                     {"data", std::move(data)},
+                     {"parallel", std::move(parallel)}};
 }
 
 // JSON values as TOML nodes (integers stay integers), for config_from_json.

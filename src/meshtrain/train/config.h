@@ -50,12 +50,22 @@ struct DataSettings {
   std::string gpt2_ranks = "data/gpt2.tiktoken";  // the GPT-2 ranks file (tokenizer "gpt2")
 };
 
+// [parallel]: the device mesh (dp = world size / (tp * pp)) and data-parallel
+// gradient synchronisation; see docs/distributed.md.
+struct ParallelSettings {
+  int tp = 1;             // tensor-parallel size (only 1 is implemented)
+  int pp = 1;             // pipeline-parallel size (only 1 is implemented)
+  double bucket_mb = 25;  // gradient bucket size in MiB
+  bool overlap = true;    // all-reduce buckets while backward runs
+};
+
 struct TrainConfig {
   std::string model_preset;  // empty when every model field is explicit
   ModelConfig model;
   TrainSettings train;
   OptimSettings optim;
   DataSettings data;
+  ParallelSettings parallel;
 
   LrSchedule lr_schedule() const;
 };

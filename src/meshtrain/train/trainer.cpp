@@ -10,6 +10,7 @@
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/distributed.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -40,6 +41,14 @@ bool same_model(const ModelConfig& a, const ModelConfig& b) {
 Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     : config_(config), options_(options), schedule_(config.lr_schedule()) {
   const TrainSettings& t = config_.train;
+  if (options_.mesh != nullptr) {
+    DeviceMesh& mesh = *options_.mesh;
+    check_same_config_on_all_ranks(config_, mesh.world());
+    check_parallel_layout(config_.parallel, mesh);
+    options_.dp_rank = mesh.coord().dp;
+    options_.dp_size = mesh.layout().dp();
+    options_.console = options_.console && mesh.rank() == 0;
+  }
   TrainState resumed;
   if (!options_.resume_dir.empty()) {
     TrainConfig saved;
@@ -54,7 +63,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                                config_.model.vocab_size, t.seq_len);
   LoaderOptions loader;
   loader.global_batch = t.batch_size;
-  loader.micro_batch = t.micro_batch_size;
+  // With dp ranks, each runs batch_size / dp rows per step, in micro-batches
+  // of at most micro_batch_size.
+  loader.micro_batch = std::min(t.micro_batch_size, std::max<int64_t>(1, t.batch_size / options_.dp_size));
   loader.dp_rank = options_.dp_rank;
   loader.dp_size = options_.dp_size;
   loader.seed = t.seed;
@@ -76,9 +87,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     optimizer_->set_step_count(resumed.optimizer_step);
     step_ = resumed.step;
   }
+  if (options_.mesh != nullptr && options_.dp_size > 1) {
+    ddp_ = std::make_unique<DistributedDataParallel>(
+        *model_, options_.mesh->dp(), DdpOptions{config_.parallel.bucket_mb, config_.parallel.overlap});
+  }
 
   fs::create_directories(t.out_dir);
-  std::string metrics_path = (fs::path(t.out_dir) / "metrics.jsonl").string();
+  std::string metrics_path = (fs::path(t.out_dir) / metrics_file_name(options_.mesh ? options_.mesh->rank() : 0)).string();
   // A resumed run appends to the trace of the run it continues.
   metrics_.open(metrics_path, options_.resume_dir.empty() ? std::ios::trunc : std::ios::app);
   MESHTRAIN_CHECK(metrics_.good(), "cannot write metrics file '{}'", metrics_path);
@@ -105,8 +120,16 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                options_.dp_size > 1 ? fmt::format("dp rank {} of {}: ", options_.dp_rank,
                                                   options_.dp_size)
                                     : "",
-               loader_->micro_batches_per_step(), t.micro_batch_size, precision_name(t.precision),
+               loader_->micro_batches_per_step(), loader.micro_batch, precision_name(t.precision),
                ctx_->threads());
+    if (options_.mesh != nullptr) {
+      fmt::print("parallel: {} ({} threads per rank); {}\n", options_.mesh->layout().describe(),
+                 ctx_->threads(),
+                 ddp_ ? fmt::format("DDP: {} gradient buckets of <= {} MiB, overlap {}",
+                                    ddp_->buckets().size(), config_.parallel.bucket_mb,
+                                    config_.parallel.overlap ? "on" : "off")
+                      : "no gradient sync (dp 1)");
+    }
     const GlobalOrder& order = loader_->order();
     fmt::print("data: {} tokens, {} samples of {} (+1) tokens, {} steps per epoch ({:.2f} epochs)"
                "{}\n",
@@ -132,19 +155,27 @@ StepRecord Trainer::train_step() {
   const TrainSettings& t = config_.train;
   auto start = std::chrono::steady_clock::now();
   const int64_t seq = t.seq_len;
-  // Each token's loss weighs 1/tokens-per-step: the gradient of the step's mean.
-  const float grad_scale = 1.0f / static_cast<float>(t.tokens_per_step());
+  // Each token's loss weighs 1/tokens-per-step: the gradient of the step's
+  // mean (with dp ranks: of this rank's share, averaged over ranks by DDP).
+  const float grad_scale = 1.0f / static_cast<float>(t.tokens_per_step() / options_.dp_size);
 
   model_->zero_grads();
   double loss_sum = 0;
   double data_seconds = loader_->stats().wait_seconds;
   for (int64_t a = 0; a < loader_->micro_batches_per_step(); ++a) {
     const MicroBatch& batch = loader_->next();
+    if (ddp_) ddp_->begin_micro_batch(a + 1 == loader_->micro_batches_per_step());
     loss_sum += model_->forward_backward(batch.inputs.data(), batch.targets.data(), batch.rows,
                                          seq, grad_scale);
   }
   data_seconds = loader_->stats().wait_seconds - data_seconds;
   StepRecord r;
+  if (ddp_) {
+    ddp_->finish_gradient_sync();
+    loss_sum = sum_over_ranks(ddp_->dp(), loss_sum);
+    r.comm_ms = ddp_->last_sync().comm_seconds * 1e3;
+    r.exposed_comm_ms = ddp_->last_sync().exposed_seconds * 1e3;
+  }
   r.step = step_ + 1;
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
   MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step, r.loss);
@@ -161,7 +192,9 @@ StepRecord Trainer::train_step() {
   r.step_ms = seconds * 1e3;
   r.data_ms = data_seconds * 1e3;
   r.tokens_per_s = tokens / seconds;
-  r.mfu = config_.model.train_flops_per_token(seq) * tokens / seconds / peak_flops_;
+  // Per rank: this rank's tokens against this rank's peak.
+  r.mfu = config_.model.train_flops_per_token(seq) * tokens / static_cast<double>(options_.dp_size) /
+          seconds / peak_flops_;
   return r;
 }
 
@@ -175,6 +208,10 @@ double Trainer::evaluate() {
     loss_sum += model_->forward_loss(val_batch_.inputs.data(), val_batch_.targets.data(),
                                      val_batch_.rows, val_batch_.seq_len);
     tokens += val_batch_.rows * val_batch_.seq_len;
+  }
+  if (ddp_) {
+    loss_sum = sum_over_ranks(ddp_->dp(), loss_sum);
+    tokens = static_cast<int64_t>(sum_over_ranks(ddp_->dp(), static_cast<double>(tokens)));
   }
   return loss_sum / static_cast<double>(tokens);
 }
@@ -198,15 +235,19 @@ void Trainer::log_step(const StepRecord& r) {
                              {"tokens_per_s", r.tokens_per_s},
                              {"mfu", r.mfu},
                              {"step_ms", r.step_ms},
-                             {"data_ms", r.data_ms}}
+                             {"data_ms", r.data_ms},
+                             {"comm_ms", r.comm_ms},
+                             {"exposed_comm_ms", r.exposed_comm_ms}}
                   .dump()
            << '\n';
   metrics_.flush();
   const TrainSettings& t = config_.train;
   if (options_.console && (r.step % t.log_interval == 0 || r.step == 1 || r.step == t.steps)) {
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
-               "MFU {:.1f}% | {:.1f} ms\n",
-               r.step, t.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu * 100, r.step_ms);
+               "MFU {:.1f}% | {:.1f} ms{}\n",
+               r.step, t.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu * 100, r.step_ms,
+               ddp_ ? fmt::format(" | comm {:.1f} ms, {:.1f} exposed", r.comm_ms, r.exposed_comm_ms)
+                    : "");
     std::fflush(stdout);
   }
 }
@@ -234,7 +275,9 @@ std::vector<StepRecord> Trainer::run() {
       log_eval(evaluate());
     }
     bool periodic = t.checkpoint_interval > 0 && step_ % t.checkpoint_interval == 0;
-    if (t.checkpoint_interval >= 0 && (last || periodic)) {
+    // Replicas are identical: rank 0 writes for all.
+    const bool writer = options_.mesh == nullptr || options_.mesh->rank() == 0;
+    if (writer && t.checkpoint_interval >= 0 && (last || periodic)) {
       std::string dir = save_checkpoint();
       if (options_.console) fmt::print("checkpoint: {}\n", dir);
     }

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/comm/mesh.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/ddp/ddp.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -28,6 +30,8 @@ struct StepRecord {
   double mfu = 0;
   double step_ms = 0;
   double data_ms = 0;  // of step_ms, waiting for the loader's micro-batches
+  double comm_ms = 0;          // data parallel: the gradient all-reduces' busy time
+  double exposed_comm_ms = 0;  // of step_ms, waiting for them after backward
 };
 
 struct TrainerOptions {
@@ -38,6 +42,11 @@ struct TrainerOptions {
   int64_t dp_rank = 0;
   int64_t dp_size = 1;
   int prefetch = 2;  // micro-batches the loader makes ahead (0 = on the training thread)
+  // A multi-rank run: the mesh (which must outlive the trainer) sets dp_rank
+  // and dp_size; with dp > 1 gradients are averaged by DistributedDataParallel.
+  // Only rank 0 prints and writes checkpoints; rank R > 0 writes its metrics
+  // to out_dir/metrics.rank<R>.jsonl.
+  DeviceMesh* mesh = nullptr;
 };
 
 class Trainer {
@@ -81,6 +90,7 @@ class Trainer {
   std::unique_ptr<ValidationSet> val_set_;  // null without data.val
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<DistributedDataParallel> ddp_;  // dp > 1 only; after model_ (uses it)
   LrSchedule schedule_;
   int64_t step_ = 0;
   double peak_flops_ = 0;

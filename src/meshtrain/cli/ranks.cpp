@@ -1,0 +1,106 @@
+#include "meshtrain/cli/ranks.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdio>
+#include <memory>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/comm/abort.h"
+#include "meshtrain/comm/bench.h"
+#include "meshtrain/comm/mesh.h"
+#include "meshtrain/train/trainer.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+// This process as a rank: MPI, the world communicator, the failure handler.
+struct RankJob {
+  MemoryTracker tracker;  // communication scratch
+  MpiEnvironment env;
+  RankFailureHandler failure{env, tracker};
+  std::unique_ptr<MpiCommunicator> world = env.world(tracker);
+};
+
+// "4096", "4K", "64M", "1G" (powers of 1024).
+int64_t parse_size(const std::string& text) {
+  int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  std::string_view unit(ptr, static_cast<size_t>(text.data() + text.size() - ptr));
+  int shift = unit.empty() ? 0 : unit == "K" || unit == "k" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : -1;
+  MESHTRAIN_CHECK(ec == std::errc() && value > 0 && shift >= 0,
+                  "bench comm: size '{}' is not a positive byte count (e.g. 4096, 4K, 64M, 1G)", text);
+  return value << shift;
+}
+
+CommOp parse_op(const std::string& name) {
+  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather,
+                    CommOp::broadcast}) {
+    if (name == comm_op_name(op)) return op;
+  }
+  if (name == "sendrecv" || name == "send") return CommOp::send;
+  fail("bench comm: unknown op '{}' (all_reduce, reduce_scatter, all_gather, broadcast, sendrecv)",
+       name);
+}
+
+}  // namespace
+
+int run_train_ranks(const std::string& config_path, const ConfigOverrides& overrides,
+                    const std::string& resume_dir) {
+  RankJob job;
+  // Outlive the catch below: a failing rank reports while its pending
+  // collectives still have their buffers (see comm/abort.h).
+  std::unique_ptr<DeviceMesh> mesh;
+  std::unique_ptr<Trainer> trainer;
+  try {
+    TrainConfig config = load_config(config_path, overrides);
+    const bool multi = job.env.world_size() > 1;
+    if (multi && config.train.threads == 0) {
+      config.train.threads = default_threads_per_rank(job.env.local_size(), cpu::available_cores());
+    }
+    mesh = std::make_unique<DeviceMesh>(*job.world, config.parallel.tp, config.parallel.pp);
+    TrainerOptions options;
+    options.resume_dir = resume_dir;
+    options.mesh = multi ? mesh.get() : nullptr;
+    trainer = std::make_unique<Trainer>(config, options);
+    trainer->run();
+    return 0;
+  } catch (const std::exception& e) {
+    if (job.env.world_size() == 1) throw;
+    return job.failure.fail_rank(e.what());
+  }
+}
+
+int run_bench_comm(const BenchCommArgs& args) {
+  RankJob job;
+  try {
+    CommBenchOptions options = args.quick ? quick_comm_bench() : CommBenchOptions{};
+    if (!args.min_size.empty()) options.min_bytes = parse_size(args.min_size);
+    if (!args.max_size.empty()) options.max_bytes = parse_size(args.max_size);
+    if (!args.ops.empty()) {
+      options.ops.clear();
+      for (const std::string& op : args.ops) options.ops.push_back(parse_op(op));
+    }
+    const bool print = job.world->rank() == 0;
+    if (print) {
+      fmt::print("bench comm: {} ranks ({} on this node), f32, sizes {} .. {} bytes; times are the "
+                 "slowest rank's mean per call\n{}\n",
+                 job.world->size(), job.env.local_size(), options.min_bytes, options.max_bytes,
+                 comm_bench_header());
+      std::fflush(stdout);
+    }
+    run_comm_bench(*job.world, job.tracker, options, [&](const CommBenchRow& row) {
+      if (!print) return;
+      fmt::print("{}\n", format_comm_bench_row(row));
+      std::fflush(stdout);
+    });
+    return 0;
+  } catch (const std::exception& e) {
+    if (job.env.world_size() == 1) throw;
+    return job.failure.fail_rank(e.what());
+  }
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,24 @@
+// The subcommands that run as one rank of a job (under mpirun/srun, or alone
+// as a single rank): train and bench comm. On a multi-rank run, an error on
+// any rank is printed as "rank R: <message>" and ends the whole job
+// (comm/abort.h); a single rank throws it to main() like any other command.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "meshtrain/train/config.h"
+
+namespace meshtrain {
+
+int run_train_ranks(const std::string& config_path, const ConfigOverrides& overrides,
+                    const std::string& resume_dir);
+
+struct BenchCommArgs {
+  bool quick = false;
+  std::string min_size, max_size;  // "4K", "256M", bytes
+  std::vector<std::string> ops;    // all_reduce reduce_scatter all_gather broadcast sendrecv
+};
+int run_bench_comm(const BenchCommArgs& args);
+
+}  // namespace meshtrain

@@ -1,0 +1,92 @@
+#include "meshtrain/parallel/ddp/ddp.h"
+
+#include <cmath>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+std::vector<GradBucket> make_grad_buckets(const std::vector<Parameter>& params,
+                                          size_t bucket_bytes) {
+  std::vector<GradBucket> buckets;
+  size_t end = params.size();
+  while (end > 0) {
+    size_t first = end, bytes = 0;
+    // At least one parameter per bucket, however small bucket_bytes is.
+    do {
+      --first;
+      bytes += static_cast<size_t>(params[first].spec.numel()) * sizeof(float);
+    } while (first > 0 && bytes < bucket_bytes);
+    GradBucket b;
+    b.first_param = first;
+    b.end_param = end;
+    b.offset = params[first].offset;
+    b.numel = params[end - 1].offset + params[end - 1].spec.numel() - b.offset;
+    buckets.push_back(b);
+    end = first;
+  }
+  return buckets;
+}
+
+DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& dp,
+                                                 const DdpOptions& options)
+    : model_(model), dp_(dp), options_(options) {
+  MESHTRAIN_CHECK(std::isfinite(options.bucket_mb) && options.bucket_mb > 0,
+                  "ddp: parallel.bucket_mb must be > 0, got {}", options.bucket_mb);
+  MESHTRAIN_CHECK(!model.on_grad_ready, "ddp: the model already has an on_grad_ready hook");
+  buckets_ = make_grad_buckets(model.params(),
+                               static_cast<size_t>(options.bucket_mb * 1024.0 * 1024.0));
+  model_.on_grad_ready = [this](size_t i) { on_grad_ready(i); };
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  model_.on_grad_ready = nullptr;
+  // The buffers the pending calls use belong to the model: let them finish.
+  for (Work& w : pending_) {
+    try {
+      w.wait();
+    } catch (...) {  // already failing; the error was or will be reported elsewhere
+    }
+  }
+}
+
+void DistributedDataParallel::begin_micro_batch(bool last) {
+  MESHTRAIN_CHECK(pending_.empty(), "ddp: a micro-batch began before the previous sync finished");
+  syncing_ = last;
+  next_bucket_ = 0;
+}
+
+void DistributedDataParallel::on_grad_ready(size_t param_index) {
+  if (!syncing_ || !options_.overlap) return;
+  // Gradients complete in strictly decreasing registry order (the model
+  // checks), so a bucket is complete when its first parameter is.
+  if (next_bucket_ < buckets_.size() && param_index == buckets_[next_bucket_].first_param) {
+    launch(next_bucket_++);
+  }
+}
+
+void DistributedDataParallel::launch(size_t bucket) {
+  const GradBucket& b = buckets_[bucket];
+  float* grads = model_.flat_grad().data<float>() + b.offset;
+  pending_.push_back(dp_.all_reduce_async(grads, b.numel, CommDType::f32, ReduceOp::avg));
+}
+
+void DistributedDataParallel::finish_gradient_sync() {
+  MESHTRAIN_CHECK(syncing_, "ddp: finish_gradient_sync without a final micro-batch");
+  timing_ = DdpSyncTiming{};
+  timing_.backward_end = CommClock::now();
+  while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
+  for (Work& w : pending_) {
+    w.wait();
+    CallRecord r = w.record();
+    timing_.comm_seconds += r.busy_seconds();
+    timing_.calls.push_back(r);
+  }
+  pending_.clear();
+  syncing_ = false;
+  timing_.sync_end = CommClock::now();
+  timing_.exposed_seconds =
+      std::chrono::duration<double>(timing_.sync_end - timing_.backward_end).count();
+}
+
+}  // namespace meshtrain

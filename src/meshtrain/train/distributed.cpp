@@ -1,0 +1,58 @@
+#include "meshtrain/train/distributed.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+void check_same_config_on_all_ranks(const TrainConfig& config, Communicator& world) {
+  TrainConfig shared = config;
+  shared.train.threads = 0;
+  auto mine = static_cast<int64_t>(fnv1a(config_to_json(shared)));
+  std::vector<int64_t> all(static_cast<size_t>(world.size()));
+  world.all_gather(&mine, all.data(), 1, CommDType::i64);
+  for (size_t r = 0; r < all.size(); ++r) {
+    MESHTRAIN_CHECK(all[r] == all[0],
+                    "config: rank {} was given a different configuration from rank 0 "
+                    "(every rank must run the same config and overrides)",
+                    r);
+  }
+}
+
+void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& mesh) {
+  MESHTRAIN_CHECK(mesh.layout().tp() == parallel.tp && mesh.layout().pp() == parallel.pp,
+                  "parallel: the mesh ({}) does not match parallel.tp = {}, parallel.pp = {}",
+                  mesh.layout().describe(), parallel.tp, parallel.pp);
+  MESHTRAIN_CHECK(parallel.tp == 1,
+                  "parallel.tp = {}: tensor parallelism is not implemented yet (set parallel.tp = 1)",
+                  parallel.tp);
+  MESHTRAIN_CHECK(parallel.pp == 1,
+                  "parallel.pp = {}: pipeline parallelism is not implemented yet (set parallel.pp = 1)",
+                  parallel.pp);
+}
+
+double sum_over_ranks(Communicator& comm, double value) {
+  comm.all_reduce(&value, 1, CommDType::f64, ReduceOp::sum);
+  return value;
+}
+
+std::string metrics_file_name(int rank) {
+  return rank == 0 ? "metrics.jsonl" : fmt::format("metrics.rank{}.jsonl", rank);
+}
+
+}  // namespace meshtrain

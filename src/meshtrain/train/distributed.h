@@ -1,0 +1,25 @@
+// The multi-rank parts of the training loop, kept out of the loop itself.
+#pragma once
+
+#include <string>
+
+#include "meshtrain/comm/mesh.h"
+#include "meshtrain/train/config.h"
+
+namespace meshtrain {
+
+// Throws Error on every rank when the ranks were given different
+// configurations (a hash of the resolved config; train.threads may differ
+// between nodes and is left out). Collective over `world`.
+void check_same_config_on_all_ranks(const TrainConfig& config, Communicator& world);
+
+// Checks what the mesh can run today (tp = pp = 1) against the config.
+void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& mesh);
+
+// Sum of `value` over the group (blocking).
+double sum_over_ranks(Communicator& comm, double value);
+
+// Rank 0 writes metrics.jsonl (as a single-rank run does); rank R > 0 metrics.rank<R>.jsonl.
+std::string metrics_file_name(int rank);
+
+}  // namespace meshtrain
