@@ -285,6 +285,28 @@ TEST_F(DdpTraining, BucketSizeAndOverlapChangeNothingBeyondRounding) {
   expect_replicas_identical(*world_, small.weights);
 }
 
+// Rank 0 writes the checkpoints for all; every rank resumes from them and
+// continues exactly as the uninterrupted run.
+TEST_F(DdpTraining, ResumeFromRankZerosCheckpointContinuesBitForBit) {
+  DeviceMesh mesh(*world_, 1, 1);
+  Run full = run(config("full", {{"train.checkpoint_interval", "10"}}), &mesh);
+  world_->barrier();  // rank 0's step_10 is on disk
+  EXPECT_EQ(std::filesystem::exists(dir_ + "/full/step_10/model.safetensors"), true);
+  TrainerOptions options;
+  options.console = false;
+  options.mesh = &mesh;
+  options.resume_dir = dir_ + "/full/step_10";
+  Trainer resumed(config("resumed"), options);
+  EXPECT_EQ(resumed.step(), 10);
+  std::vector<StepRecord> rest = resumed.run();
+  ASSERT_EQ(rest.size(), 10u);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    EXPECT_EQ(rest[i].loss, full.records[10 + i].loss) << "step " << rest[i].step;
+  }
+  const Tensor& w = resumed.model().flat_master();
+  EXPECT_EQ(std::memcmp(w.data<float>(), full.weights.data(), full.weights.size() * 4), 0);
+}
+
 TEST_F(DdpTraining, EachRankWritesItsMetricsWithCommunicationTimes) {
   DeviceMesh mesh(*world_, 1, 1);
   run(config("metrics", {{"train.steps", "3"}}), &mesh);
