@@ -154,6 +154,36 @@ class Carver {
   char* p_;
 };
 
+// Query blocks of the causal GEMMs: block i holds queries [i*size, i*size + rows)
+// and multiplies only keys [0, end) (end = i*size + rows): the masked upper
+// triangle beyond the block's diagonal is never computed (~3/8 of the
+// score-sized GEMMs at 4 blocks). ~4 blocks, at most 64 rows each.
+struct CausalBlocks {
+  explicit CausalBlocks(int64_t T) : seq(T), size(std::max<int64_t>(1, std::min<int64_t>(64, (T + 3) / 4))) {}
+  int64_t count() const { return (seq + size - 1) / size; }
+  int64_t begin(int64_t i) const { return i * size; }
+  int64_t rows(int64_t i) const { return std::min(size, seq - i * size); }
+  int64_t end(int64_t i) const { return begin(i) + rows(i); }
+  int64_t seq, size;
+};
+
+// One ThreadMatmul per causal block, dims from make(block index).
+template <typename MakeDims>
+std::vector<ThreadMatmul> per_block(CpuContext& ctx, const CausalBlocks& blocks, DType ab, DType c,
+                                    MakeDims make, float alpha = 1.0f, bool accumulate = false) {
+  std::vector<ThreadMatmul> out;
+  out.reserve(static_cast<size_t>(blocks.count()));
+  for (int64_t i = 0; i < blocks.count(); ++i) out.emplace_back(ctx, make(i), ab, c, alpha, accumulate);
+  return out;
+}
+
+size_t max_pad(std::initializer_list<const std::vector<ThreadMatmul>*> groups) {
+  size_t pad = 0;
+  for (const auto* g : groups)
+    for (const ThreadMatmul& m : *g) pad = std::max(pad, m.scratchpad_bytes());
+  return pad;
+}
+
 }  // namespace
 
 // Work is split by (batch, kv head) group: a thread takes a group and runs its
@@ -199,9 +229,15 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
     }
     // 2. Per group: scores = q k^T / sqrt(D), causal softmax, out = P v.
     const int64_t M = rep * T;
-    ThreadMatmul qk(ctx, {1, M, T, D, false, true, false}, compute, DType::f32, scale);
-    ThreadMatmul pv(ctx, {1, M, D, T, false, false, false}, compute, compute);
-    const auto pad = static_cast<int64_t>(std::max(qk.scratchpad_bytes(), pv.scratchpad_bytes()));
+    const CausalBlocks blk(T);
+    // scores[rows, 0:end) = q[rows] k[0:end)^T; out[rows] = P[rows, 0:end) v[0:end).
+    auto qk = per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
+      return MatmulDims{1, blk.rows(i), blk.end(i), D, false, true, false, D, D, T};
+    }, scale);
+    auto pv = per_block(ctx, blk, compute, compute, [&](int64_t i) {
+      return MatmulDims{1, blk.rows(i), D, blk.end(i), false, false, false, T, D, D};
+    });
+    const auto pad = static_cast<int64_t>(max_pad({&qk, &pv}));
     const bool f32 = compute == DType::f32;
     const size_t per_thread = Carver::bytes({f32 ? 0 : M * T * 4, M * D * esize, pad});
     char* base = static_cast<char*>(
@@ -216,9 +252,19 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
       void* pad_g = mine.take<char>(pad);
       E* probs_g = probs + g * M * T;
       if (f32) scores = reinterpret_cast<float*>(probs_g);
-      qk.run(tid, q + g * M * D, k + g * T * D, scores, pad_g);
+      for (int64_t hh = 0; hh < rep; ++hh) {
+        for (int64_t i = 0; i < blk.count(); ++i) {
+          const int64_t r0 = hh * T + blk.begin(i);
+          qk[static_cast<size_t>(i)].run(tid, q + (g * M + r0) * D, k + g * T * D, scores + r0 * T, pad_g);
+        }
+      }
       for (int64_t r = 0; r < M; ++r) softmax_row(scores + r * T, probs_g + r * T, r % T + 1, T);
-      pv.run(tid, probs_g, v + g * T * D, out_g, pad_g);
+      for (int64_t hh = 0; hh < rep; ++hh) {
+        for (int64_t i = 0; i < blk.count(); ++i) {
+          const int64_t r0 = hh * T + blk.begin(i);
+          pv[static_cast<size_t>(i)].run(tid, probs_g + r0 * T, v + g * T * D, out_g + r0 * D, pad_g);
+        }
+      }
       const int64_t b = g / KV, h0 = (g % KV) * rep;
       for (int64_t r = 0; r < M; ++r)
         std::memcpy(static_cast<void*>(o + ((b * T + r % T) * H + h0 + r / T) * D),
@@ -245,11 +291,23 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     const E* k = saved.k.data<E>();
     const E* v = saved.v.data<E>();
     const E* probs = saved.probs.data<E>();
-    ThreadMatmul dp_mm(ctx, {1, M, T, D, false, true, false}, compute, DType::f32);  // dO v^T
-    ThreadMatmul dq_mm(ctx, {1, M, D, T, false, false, false}, compute, DType::f32);  // dS k
-    ThreadMatmul dkv_mm(ctx, {1, T, D, M, true, false, false}, compute, DType::f32);  // dS^T q, P^T dO
-    const auto pad = static_cast<int64_t>(
-        std::max({dp_mm.scratchpad_bytes(), dq_mm.scratchpad_bytes(), dkv_mm.scratchpad_bytes()}));
+    const CausalBlocks blk(T);
+    // Query block i: dP[rows, 0:end) = dO[rows] v[0:end)^T; dQ[rows] = dS[rows, 0:end) k[0:end).
+    auto dp_mm = per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
+      return MatmulDims{1, blk.rows(i), blk.end(i), D, false, true, false, D, D, T};
+    });
+    auto dq_mm = per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
+      return MatmulDims{1, blk.rows(i), D, blk.end(i), false, false, false, T, D, D};
+    });
+    // Key block i: dK[keys] = dS[begin:T, keys]^T q[begin:T] (and dV from P, dO), summed
+    // over the group's heads (the first head overwrites, the others accumulate).
+    auto kv_dims = [&](int64_t i) {
+      return MatmulDims{1, blk.rows(i), D, T - blk.begin(i), true, false, false, T, D, D};
+    };
+    auto dkv_mm = per_block(ctx, blk, compute, DType::f32, kv_dims);
+    auto dkv_acc = rep > 1 ? per_block(ctx, blk, compute, DType::f32, kv_dims, 1.0f, true)
+                           : std::vector<ThreadMatmul>{};
+    const auto pad = static_cast<int64_t>(max_pad({&dp_mm, &dq_mm, &dkv_mm, &dkv_acc}));
     const bool f32 = compute == DType::f32;
     const size_t per_thread = Carver::bytes({M * D * esize, M * T * 4, f32 ? 0 : M * T * esize,
                                              M * D * 4, T * D * 4, T * D * 4, D * 4, pad});
@@ -274,7 +332,12 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       for (int64_t r = 0; r < M; ++r)
         simd::store_row(dout_g + r * D, d_out + ((b * T + r % T) * H + h0 + r / T) * D, D);
       // dP = dO v^T; dS = P (dP - sum(P dP)) * scale over the causal part.
-      dp_mm.run(tid, dout_g, v + g * T * D, dp, pad_g);
+      for (int64_t hh = 0; hh < rep; ++hh) {
+        for (int64_t i = 0; i < blk.count(); ++i) {
+          const int64_t r0 = hh * T + blk.begin(i);
+          dp_mm[static_cast<size_t>(i)].run(tid, dout_g + r0 * D, v + g * T * D, dp + r0 * T, pad_g);
+        }
+      }
       for (int64_t r = 0; r < M; ++r) {
         const int64_t n = r % T + 1;
         float* dpr = dp + r * T;
@@ -289,9 +352,16 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
         std::memset(static_cast<void*>(dsr + n), 0, static_cast<size_t>(T - n) * esize);
       }
       // dQ = dS k; dK = dS^T q and dV = P^T dO (these sum over the group's heads).
-      dq_mm.run(tid, ds, k + g * T * D, dq, pad_g);
-      dkv_mm.run(tid, ds, q + g * M * D, dk, pad_g);
-      dkv_mm.run(tid, probs_g, dout_g, dv, pad_g);
+      for (int64_t hh = 0; hh < rep; ++hh) {
+        for (int64_t i = 0; i < blk.count(); ++i) {
+          const auto bi = static_cast<size_t>(i);
+          const int64_t r0 = hh * T + blk.begin(i), s0 = blk.begin(i);
+          dq_mm[bi].run(tid, ds + r0 * T, k + g * T * D, dq + r0 * D, pad_g);
+          ThreadMatmul& kv = hh == 0 ? dkv_mm[bi] : dkv_acc[bi];
+          kv.run(tid, ds + r0 * T + s0, q + (g * M + r0) * D, dk + s0 * D, pad_g);
+          kv.run(tid, probs_g + r0 * T + s0, dout_g + r0 * D, dv + s0 * D, pad_g);
+        }
+      }
       // Back to [B, T, (H + 2KV) * D], undoing the rotation.
       for (int64_t r = 0; r < M; ++r) {
         const int64_t t = r % T;

@@ -34,9 +34,9 @@ MatmulEntry create_matmul(CpuContext::Impl& impl, const MatmulKey& key) {
   auto c = static_cast<memory::data_type>(key.c);
   memory::desc src, wei, dst, bias;
   if (B == 1) {
-    src = memory::desc({M, K}, ab, trans_a ? memory::dims{1, M} : memory::dims{K, 1});
-    wei = memory::desc({K, N}, ab, trans_b ? memory::dims{1, K} : memory::dims{N, 1});
-    dst = memory::desc({M, N}, c, memory::dims{N, 1});
+    src = memory::desc({M, K}, ab, trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
+    wei = memory::desc({K, N}, ab, trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
+    dst = memory::desc({M, N}, c, memory::dims{key.ldc, 1});
     bias = memory::desc({1, N}, memory::data_type::f32, memory::dims{N, 1});
   } else {
     src = memory::desc({B, M, K}, ab, trans_a ? memory::dims{M * K, 1, M} : memory::dims{M * K, K, 1});
@@ -79,11 +79,21 @@ MatmulEntry& find_matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DTyp
   MESHTRAIN_CHECK(dims.batch >= 1 && dims.m >= 0 && dims.n >= 0 && dims.k >= 0,
                   "matmul: bad dims batch={} m={} n={} k={}", dims.batch, dims.m, dims.n, dims.k);
   MESHTRAIN_CHECK(!accumulate || c_dtype == DType::f32, "matmul: accumulate requires an f32 output");
+  const int64_t dense_a = dims.trans_a ? dims.m : dims.k, dense_b = dims.trans_b ? dims.k : dims.n;
+  MESHTRAIN_CHECK((dims.lda == 0 && dims.ldb == 0 && dims.ldc == 0) ||
+                      (dims.batch == 1 && dims.lda >= 0 && dims.ldb >= 0 && dims.ldc >= 0 &&
+                       (dims.lda == 0 || dims.lda >= dense_a) && (dims.ldb == 0 || dims.ldb >= dense_b) &&
+                       (dims.ldc == 0 || dims.ldc >= dims.n)),
+                  "matmul: bad leading dimensions lda={} ldb={} ldc={} for m={} n={} k={} batch={}",
+                  dims.lda, dims.ldb, dims.ldc, dims.m, dims.n, dims.k, dims.batch);
   MatmulKey key{};
   key.batch = dims.batch;
   key.m = dims.m;
   key.n = dims.n;
   key.k = dims.k;
+  key.lda = dims.lda > 0 ? dims.lda : dense_a;
+  key.ldb = dims.ldb > 0 ? dims.ldb : dense_b;
+  key.ldc = dims.ldc > 0 ? dims.ldc : dims.n;
   std::memcpy(&key.alpha_bits, &alpha, sizeof alpha);
   key.ab = static_cast<uint8_t>(onednn_type(ab));
   key.c = static_cast<uint8_t>(onednn_type(c_dtype));
@@ -124,8 +134,9 @@ void matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, const void* a, co
   impl.stream.wait();
 }
 
-ThreadMatmul::ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype, float alpha) {
-  MatmulEntry& e = find_matmul(ctx, dims, ab, c_dtype, alpha, false, false);
+ThreadMatmul::ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype, float alpha,
+                           bool accumulate) {
+  MatmulEntry& e = find_matmul(ctx, dims, ab, c_dtype, alpha, accumulate, false);
   CpuContext::Impl& impl = ctx.impl();
   const int n = omp_get_max_threads();
   while (static_cast<int>(impl.thread_streams.size()) < n) impl.thread_streams.emplace_back(impl.engine);

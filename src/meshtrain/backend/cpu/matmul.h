@@ -14,6 +14,8 @@ struct MatmulDims {
   bool trans_a = false;      // A stored [k, m] instead of [m, k]
   bool trans_b = false;      // B stored [n, k] instead of [k, n] (nn.Linear weights)
   bool broadcast_b = false;  // one B shared by every batch
+  // Leading dimensions (elements between rows as stored); 0 = dense. batch 1 only.
+  int64_t lda = 0, ldb = 0, ldc = 0;
 };
 
 // C[b] = alpha * op(A[b]) · op(B[b]) (+ bias[n]) (+ C[b] when accumulate).

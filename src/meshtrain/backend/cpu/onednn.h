@@ -19,6 +19,7 @@ namespace meshtrain::cpu {
 // Everything that selects a distinct matmul primitive.
 struct MatmulKey {
   int64_t batch, m, n, k;
+  int64_t lda, ldb, ldc;  // resolved (never 0)
   uint32_t alpha_bits;
   uint8_t ab, c, flags;  // flags: trans_a | trans_b<<1 | broadcast_b<<2 | accumulate<<3 | bias<<4
   bool operator==(const MatmulKey&) const = default;
@@ -32,6 +33,8 @@ struct MatmulKeyHash {
     mix(static_cast<uint64_t>(key.m));
     mix(static_cast<uint64_t>(key.n));
     mix(static_cast<uint64_t>(key.k));
+    mix(static_cast<uint64_t>(key.lda) | static_cast<uint64_t>(key.ldb) << 21 |
+        static_cast<uint64_t>(key.ldc) << 42);
     mix(key.alpha_bits);
     mix(static_cast<uint64_t>(key.ab) | static_cast<uint64_t>(key.c) << 8 |
         static_cast<uint64_t>(key.flags) << 16);
@@ -83,7 +86,8 @@ MatmulEntry& find_matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DTyp
 // Construct outside the parallel region; run() from inside it.
 class ThreadMatmul {
  public:
-  ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype, float alpha = 1.0f);
+  ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype, float alpha = 1.0f,
+               bool accumulate = false);
   // Bytes of scratchpad each thread must pass to run().
   size_t scratchpad_bytes() const { return pad_bytes_; }
   void run(int thread, const void* a, const void* b, void* c, void* pad);
