@@ -99,8 +99,11 @@ BENCHMARK(BM_Classifier)
     ->Iterations(2)->UseRealTime();
 
 // The classifier's three GEMMs for one chunk of rows: 0 logits = h w^T,
-// 1 dh = dlogits w, 2 dw += dlogits^T h; 3 is the alternative dw^T += h^T dlogits
-// (faster alone in f32, but no measurable gain inside fused_classifier).
+// 1 dh = dlogits w, 2 dw += dlogits^T h. Alternatives for the slow pass 2 (oneDNN
+// copies the transposed A): 3 dw^T += h^T dlogits, 4 dw += dlogits^T h from a
+// pre-transposed [vocab, rows] dlogits. Alone they ran 0-18% (3) and 0-10% (4)
+// faster than 2; inside fused_classifier (3 with a [dim, vocab] buffer added
+// into dw once per call: +98 MiB) the paired A/B ratio was 0.94-1.07, noise.
 void BM_ClassifierGemm(benchmark::State& state) {
   const DType dt = dtype_arg(state);
   const int64_t rows = state.range(1), pass = state.range(2);
@@ -109,8 +112,11 @@ void BM_ClassifierGemm(benchmark::State& state) {
   for (auto _ : state) {
     if (pass < 3) {
       linear_gemm(pass, dt, rows, kVocab, kDim, h, w, dl, out);
-    } else {
+    } else if (pass == 3) {
       cpu::matmul(env().ctx, {1, kDim, kVocab, rows, true, false, false}, dt, h.raw(), dl.raw(),
+                  DType::f32, out.raw(), 1.0f, true);
+    } else {  // dw += (dlogits^T stored [vocab, rows]) h: A not transposed
+      cpu::matmul(env().ctx, {1, kVocab, kDim, rows, false, false, false}, dt, dl.raw(), h.raw(),
                   DType::f32, out.raw(), 1.0f, true);
     }
   }
@@ -118,7 +124,7 @@ void BM_ClassifierGemm(benchmark::State& state) {
 }
 BENCHMARK(BM_ClassifierGemm)
     ->ArgNames({"bf16", "rows", "pass"})
-    ->ArgsProduct({{0, 1}, {256}, {0, 1, 2, 3}})
+    ->ArgsProduct({{0, 1}, {256}, {0, 1, 2, 3, 4}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Attention FLOPs counted as the model does: causal half of the 4 T^2 D GEMMs

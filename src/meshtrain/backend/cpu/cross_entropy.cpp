@@ -64,12 +64,17 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
       const float sum = simd::exp_shift_sum(row, V, mx);
       loss[r] = std::log(static_cast<double>(sum)) - (static_cast<double>(target_logit) - mx);
       if (!backward) continue;
-      // d_logits = (softmax - onehot) * grad_scale, in place.
+      // d_logits = (softmax - onehot) * grad_scale: in place in f32; in bf16
+      // scaled straight into the bf16 copy (same rounding, one pass less).
       const float f = gs / sum;
-#pragma omp simd
-      for (int64_t j = 0; j < V; ++j) row[j] *= f;
-      row[target] -= gs;
-      if (to_bf16) simd::store_row(dl_bf16 + r * V, row, V);
+      const float target_grad = row[target] * f - gs;
+      if (to_bf16) {
+        simd::scale_row(dl_bf16 + r * V, row, f, V);
+        dl_bf16[r * V + target] = float_to_bf16(target_grad);
+      } else {
+        simd::scale_row(row, row, f, V);
+        row[target] = target_grad;
+      }
     }
     for (int64_t r = 0; r < n; ++r) {
       total += loss[r];

@@ -83,6 +83,17 @@ inline void convert_row(D* dst, const S* src, int64_t n) {
   for (; i < n; ++i) store1(dst + i, load1(src + i));
 }
 
+// dst[i] = src[i] * scale (f32 product, then rounded to T); dst may alias src.
+template <typename T>
+inline void scale_row(T* dst, const float* src, float scale, int64_t n) {
+  int64_t i = 0;
+#if defined(MESHTRAIN_AVX512)
+  const __m512 s = _mm512_set1_ps(scale);
+  for (; i + kLanes <= n; i += kLanes) store_ps(dst + i, _mm512_mul_ps(load_ps(src + i), s));
+#endif
+  for (; i < n; ++i) store1(dst + i, src[i] * scale);
+}
+
 // f32 -> T and T -> f32.
 template <typename T>
 inline void store_row(T* dst, const float* src, int64_t n) { convert_row(dst, src, n); }
