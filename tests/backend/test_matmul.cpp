@@ -1,5 +1,8 @@
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/util/error.h"
 #include "reference.h"
@@ -90,6 +93,54 @@ TEST(Matmul, AllTransposesBatchesAndBroadcast) {
           cs.dims = {batch, 7, 5, 9, ta, tb, bcast};
           run_case(ctx, cs);
         }
+}
+
+// Copies a dense [rows, cols] matrix into rows of length ld (the rest is pad).
+std::vector<float> pad_rows(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t ld, float pad) {
+  std::vector<float> out(static_cast<size_t>(rows * ld), pad);
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(x.begin() + r * cols, cols, out.begin() + r * ld);
+  return out;
+}
+
+TEST(Matmul, LeadingDimensionsReadAndWriteInsideLargerRows) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool acc : {false, true}) {
+        Case cs;
+        cs.dims = {1, 7, 5, 9, ta, tb, false};
+        cs.accumulate = acc;
+        const auto& d = cs.dims;
+        auto a = random_floats(d.m * d.k, 1), b = random_floats(d.k * d.n, 2), c0 = random_floats(d.m * d.n, 4);
+        auto want = reference(cs, a, b, {}, c0);
+        // Stored shapes: A [m, k] or [k, m]; B [k, n] or [n, k]; C [m, n].
+        const int64_t a_rows = ta ? d.k : d.m, a_cols = ta ? d.m : d.k;
+        const int64_t b_rows = tb ? d.n : d.k, b_cols = tb ? d.k : d.n;
+        cpu::MatmulDims dims = d;
+        dims.lda = a_cols + 3;
+        dims.ldb = b_cols + 1;
+        dims.ldc = d.n + 2;
+        auto pa = pad_rows(a, a_rows, a_cols, dims.lda, NAN), pb = pad_rows(b, b_rows, b_cols, dims.ldb, NAN);
+        auto pc = pad_rows(c0, d.m, d.n, dims.ldc, -7.0f);
+        cpu::matmul(ctx, dims, DType::f32, pa.data(), pb.data(), DType::f32, pc.data(), 1.0f, acc);
+        std::vector<float> got;
+        for (int64_t i = 0; i < d.m; ++i) {
+          for (int64_t j = 0; j < dims.ldc; ++j) {
+            const float v = pc[static_cast<size_t>(i * dims.ldc + j)];
+            if (j < d.n) {
+              got.push_back(v);
+            } else {
+              EXPECT_EQ(v, -7.0f) << "pad of C written at row " << i;
+            }
+          }
+        }
+        expect_close(got, want, 1e-5, 1e-6, "C with leading dims");
+      }
+  cpu::MatmulDims bad{1, 7, 5, 9, false, false, false, 8, 0, 0};  // lda < k
+  std::vector<float> x(100);
+  EXPECT_THROW(cpu::matmul(ctx, bad, DType::f32, x.data(), x.data(), DType::f32, x.data()), Error);
 }
 
 TEST(Matmul, AlphaAccumulateBias) {
