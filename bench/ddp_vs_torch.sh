@@ -7,8 +7,12 @@
 #   - the share of the 2-rank step where communication was exposed:
 #     meshtrain measures it (exposed_comm_ms: waiting for all-reduces after
 #     backward), with overlap on and off; PyTorch's is the step time minus
-#     that of the same step under no_sync() (torch_ddp.py alternates them).
-# Order: m1 p1 m2(overlap on) p2 m2(overlap off); medians over STEPS timed steps.
+#     that of the same step under no_sync() (torch_ddp.py alternates them);
+#   - on a shared or small machine two ranks also compete for cores: "2 alone"
+#     runs two independent single-rank processes at once (no communication),
+#     and "vs 2 alone" = their step time / the 2-rank step time isolates what
+#     data parallelism itself costs.
+# Order: m1 p1 m2(overlap on) p2 m2(overlap off) m1 x2 p1 x2; medians over STEPS timed steps.
 # usage: bench/ddp_vs_torch.sh [steps=4] [batch_per_rank=4]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +56,7 @@ train = "$work/train.bin"
 bucket_mb = 25
 TOML
 
-m() {  # name ranks overlap
+m() {  # name ranks overlap [out_suffix]
   local name=$1 ranks=$2 overlap=$3
   local args=(train --config "$work/run.toml" --train.out_dir "$work/$name"
               --train.batch_size $((BATCH * ranks)) --train.micro_batch_size "$BATCH"
@@ -61,13 +65,23 @@ m() {  # name ranks overlap
   if [ "$ranks" = 1 ]; then "$BIN" "${args[@]}" >"$work/$name.log"
   else "${MPIRUN[@]}" -np "$ranks" "$BIN" "${args[@]}" >"$work/$name.log"; fi
 }
-p() {  # ranks
+p() {  # ranks [port] [output]
   echo "== pytorch: $1 rank(s)" >&2
   /usr/bin/python3 bench/torch_ddp.py --nproc "$1" --threads 1 --batch "$BATCH" --steps "$STEPS" \
-    >>"$work/torch.jsonl"
+    --port "${2:-29517}" >>"${3:-$work/torch.jsonl}"
+}
+# Two single-rank runs at once (each its own out_dir / port).
+m_pair() {
+  echo "== meshtrain: 2 independent single-rank runs at once" >&2
+  m m1a 1 true & m m1b 1 true; wait
+}
+p_pair() {
+  echo "== pytorch: 2 independent single-rank runs at once" >&2
+  p 1 29518 "$work/torch_pair.jsonl" & p 1 29519 "$work/torch_pair.jsonl"; wait
 }
 lscpu | grep "Model name" >&2
 m m1 1 true; p 1; m m2 2 true; p 2; m m2off 2 false
+m_pair; p_pair
 
 python3 - "$work" "$STEPS" "$BATCH" <<'PY'
 import glob, json, os, statistics, sys
@@ -84,18 +98,24 @@ def meshtrain(name):
     return step, exposed, comm
 
 torch = {r["ranks"]: r for r in map(json.loads, open(f"{work}/torch.jsonl"))}
+torch_pair = max(json.loads(l)["step_ms"] for l in open(f"{work}/torch_pair.jsonl"))
 m1, _, _ = meshtrain("m1")
 m2, m2_exp, m2_comm = meshtrain("m2")
 off, off_exp, off_comm = meshtrain("m2off")
+m_pair = max(meshtrain("m1a")[0], meshtrain("m1b")[0])
 p1, p2 = torch[1]["step_ms"], torch[2]["step_ms"]
 tok = lambda ranks, ms: ranks * batch * 256 / ms * 1000
 print(f"llama-60M, seq 256, {batch} sequences per rank per step, 1 thread per rank, bucket 25 MiB; "
-      f"medians of {steps} steps")
-print(f"{'':28} {'1 rank ms':>10} {'2 ranks ms':>10} {'tok/s (2)':>10} {'weak scaling':>12} {'exposed comm':>13}")
-print(f"{'meshtrain, overlap on':28} {m1:10.0f} {m2:10.0f} {tok(2, m2):10.0f} {m1 / m2:12.1%} "
-      f"{m2_exp / m2:13.1%}   (all-reduce busy {m2_comm:.0f} ms, exposed {m2_exp:.0f} ms)")
-print(f"{'meshtrain, overlap off':28} {m1:10.0f} {off:10.0f} {tok(2, off):10.0f} {m1 / off:12.1%} "
-      f"{off_exp / off:13.1%}   (all-reduce busy {off_comm:.0f} ms, exposed {off_exp:.0f} ms)")
-print(f"{'pytorch DDP (gloo)':28} {p1:10.0f} {p2:10.0f} {tok(2, p2):10.0f} {p1 / p2:12.1%} "
-      f"{torch[2]['exposed_share']:13.1%}   (no_sync step {torch[2]['nosync_ms']:.0f} ms)")
+      f"medians of {steps} steps (ms)")
+print(f"{'':24} {'1 rank':>7} {'2 alone':>8} {'2 ranks':>8} {'tok/s':>6} {'weak scaling':>12} "
+      f"{'vs 2 alone':>10} {'exposed comm':>12}")
+def row(name, one, alone, two, exposed, note):
+    print(f"{name:24} {one:7.0f} {alone:8.0f} {two:8.0f} {tok(2, two):6.0f} {one / two:12.1%} "
+          f"{alone / two:10.1%} {exposed:12.1%}   {note}")
+row("meshtrain, overlap on", m1, m_pair, m2, m2_exp / m2,
+    f"(all-reduce busy {m2_comm:.0f} ms, exposed {m2_exp:.0f} ms)")
+row("meshtrain, overlap off", m1, m_pair, off, off_exp / off,
+    f"(all-reduce busy {off_comm:.0f} ms, exposed {off_exp:.0f} ms)")
+row("pytorch DDP (gloo)", p1, torch_pair, p2, torch[2]["exposed_share"],
+    f"(no_sync step {torch[2]['nosync_ms']:.0f} ms)")
 PY
