@@ -1,6 +1,8 @@
 #include "meshtrain/comm/mpi.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
@@ -33,6 +35,11 @@ class CommThread {
     }
     ready_.notify_one();
   }
+
+  // Callers blocked in Work::wait() on any call of this thread (all
+  // communicators): while one waits, requests are awaited at full speed
+  // (see await_request in this file).
+  std::atomic<int> waiters{0};
 
   // Posts and waits; rethrows the task's exception.
   void run(const std::function<void()>& task) {
@@ -82,9 +89,14 @@ namespace {
 // The completion side of one call.
 class MpiWork final : public Work::State {
  public:
+  explicit MpiWork(CommThread& thread) : thread_(thread) {}
   void wait() override {
     std::unique_lock lock(mutex_);
-    done_cv_.wait(lock, [&] { return done_; });
+    if (!done_) {
+      ++thread_.waiters;
+      done_cv_.wait(lock, [&] { return done_; });
+      --thread_.waiters;
+    }
     if (error_) std::rethrow_exception(error_);
   }
   bool test() override {
@@ -106,6 +118,7 @@ class MpiWork final : public Work::State {
   }
 
  private:
+  CommThread& thread_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
@@ -123,6 +136,45 @@ void check_mpi(int rc, const std::string& comm, const char* call) {
   int len = 0;
   MPI_Error_string(rc, text, &len);
   fail("comm {}: {} failed: {}", comm, call, std::string(text, static_cast<size_t>(len)));
+}
+
+// Waiting for peers without spinning. MPI's blocking calls busy-poll, and
+// on a CPU the communication thread shares the cores with the compute
+// threads: waiting for a peer that is still in its backward would cost a
+// core. So, unless a caller is already waiting on this thread (then the
+// cores are idle anyway), a request is tested every 50 us with the thread
+// asleep in between; once a caller waits, MPI_Wait.
+MPI_Status await_request(CommThread& thread, MPI_Request& request, const std::string& comm,
+                         const char* call) {
+  MPI_Status status{};
+  for (;;) {
+    if (thread.waiters.load() > 0) {
+      check_mpi(MPI_Wait(&request, &status), comm, call);
+      return status;
+    }
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, &status), comm, call);
+    if (done) return status;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+// Collectives of at least this many bytes (in total, the same on every rank,
+// so every rank takes the same path) first meet in a nonblocking barrier
+// awaited as above; the blocking collective (MPI's tuned algorithms) then
+// starts with every peer present, so it hardly spins. Blocking and
+// nonblocking collectives never match each other in MPI, hence a barrier
+// rather than switching the collective itself.
+constexpr size_t kHandshakeBytes = size_t{64} << 10;
+
+void collective(CommThread& thread, MPI_Comm mpi_comm, size_t total_bytes, const std::string& comm,
+                const char* call, const std::function<int()>& blocking) {
+  if (total_bytes >= kHandshakeBytes) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibarrier(mpi_comm, &request), comm, call);
+    await_request(thread, request, comm, call);
+  }
+  check_mpi(blocking(), comm, call);
 }
 
 MPI_Datatype mpi_type(CommDType dtype) {
@@ -202,7 +254,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 Work MpiCommunicator::submit(CallRecord record, std::function<void()> fn) {
-  auto state = std::make_shared<MpiWork>();
+  auto state = std::make_shared<MpiWork>(*thread_);
   std::lock_guard lock(submit_mutex_);
   record.seq = next_seq_.fetch_add(1);
   record.submitted = CommClock::now();
@@ -219,6 +271,19 @@ Work MpiCommunicator::submit(CallRecord record, std::function<void()> fn) {
     state->complete(record, std::move(error));
   });
   return Work(state, record.seq);
+}
+
+void MpiCommunicator::reduce_scatter_call(const void* send, void* recv, const std::vector<int>& counts,
+                                          MPI_Datatype type, ReduceOp op, bool even) {
+  const int mine = counts[static_cast<size_t>(rank_)];
+  int size_of_type = 0;
+  MPI_Type_size(type, &size_of_type);
+  size_t total = 0;
+  for (int c : counts) total += static_cast<size_t>(c);
+  collective(*thread_, comm_, total * static_cast<size_t>(size_of_type), name_, "MPI_Reduce_scatter", [&] {
+    return even ? MPI_Reduce_scatter_block(send, recv, mine, type, mpi_op(op), comm_)
+                : MPI_Reduce_scatter(send, recv, counts.data(), type, mpi_op(op), comm_);
+  });
 }
 
 float* MpiCommunicator::scratch(size_t floats) {
@@ -246,9 +311,11 @@ Work MpiCommunicator::all_reduce_async(void* data, int64_t count, CommDType dtyp
         bf16_to_f32(part, f, n);
         buf = f;
       }
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(n), mpi_type(wire), mpi_op(op),
-                              comm_),
-                name_, "MPI_Allreduce");
+      const int in = static_cast<int>(n);
+      collective(*thread_, comm_, static_cast<size_t>(n) * comm_dtype_size(dtype), name_,
+                 "MPI_Allreduce", [&] {
+                   return MPI_Allreduce(MPI_IN_PLACE, buf, in, mpi_type(wire), mpi_op(op), comm_);
+                 });
       if (op == ReduceOp::avg) {
         if (wire == CommDType::f64) {
           divide<double>(buf, n, size_);
@@ -277,17 +344,12 @@ Work MpiCommunicator::reduce_scatter_async(const void* send, void* recv,
       float* in = scratch(static_cast<size_t>(total + mine));
       float* out = in + total;
       bf16_to_f32(send, in, total);
-      check_mpi(even ? MPI_Reduce_scatter_block(in, out, static_cast<int>(mine), MPI_FLOAT, mpi_op(op), comm_)
-                     : MPI_Reduce_scatter(in, out, icounts.data(), MPI_FLOAT, mpi_op(op), comm_),
-                name_, "MPI_Reduce_scatter");
+      reduce_scatter_call(in, out, icounts, MPI_FLOAT, op, even);
       if (op == ReduceOp::avg) divide<float>(out, mine, size_);
       f32_to_bf16(out, recv, mine);
       return;
     }
-    check_mpi(even ? MPI_Reduce_scatter_block(send, recv, static_cast<int>(mine), mpi_type(dtype),
-                                              mpi_op(op), comm_)
-                   : MPI_Reduce_scatter(send, recv, icounts.data(), mpi_type(dtype), mpi_op(op), comm_),
-              name_, "MPI_Reduce_scatter");
+    reduce_scatter_call(send, recv, icounts, mpi_type(dtype), op, even);
     if (op == ReduceOp::avg) {
       if (dtype == CommDType::f64) {
         divide<double>(recv, mine, size_);
@@ -314,9 +376,10 @@ Work MpiCommunicator::all_gather_async(const void* send, void* recv,
     const MPI_Datatype t = mpi_type(dtype);
     const int mine = icounts[static_cast<size_t>(rank_)];
     const void* src = in_place ? MPI_IN_PLACE : send;
-    check_mpi(even ? MPI_Allgather(src, mine, t, recv, mine, t, comm_)
-                   : MPI_Allgatherv(src, mine, t, recv, icounts.data(), displs.data(), t, comm_),
-              name_, "MPI_Allgather");
+    collective(*thread_, comm_, static_cast<size_t>(total) * elem, name_, "MPI_Allgather", [&] {
+      return even ? MPI_Allgather(src, mine, t, recv, mine, t, comm_)
+                  : MPI_Allgatherv(src, mine, t, recv, icounts.data(), displs.data(), t, comm_);
+    });
   });
 }
 
@@ -328,9 +391,10 @@ Work MpiCommunicator::broadcast_async(void* data, int64_t count, CommDType dtype
     const int64_t elem = static_cast<int64_t>(comm_dtype_size(dtype));
     for (int64_t begin = 0; begin < count; begin += kMaxChunk) {
       const int64_t n = std::min(kMaxChunk, count - begin);
-      check_mpi(MPI_Bcast(static_cast<char*>(data) + begin * elem, static_cast<int>(n),
-                          mpi_type(dtype), root, comm_),
-                name_, "MPI_Bcast");
+      void* part = static_cast<char*>(data) + begin * elem;
+      const int in = static_cast<int>(n);
+      collective(*thread_, comm_, static_cast<size_t>(n * elem), name_, "MPI_Bcast",
+                 [&] { return MPI_Bcast(part, in, mpi_type(dtype), root, comm_); });
     }
   });
 }
@@ -342,8 +406,10 @@ Work MpiCommunicator::send_async(const void* data, int64_t count, CommDType dtyp
   MESHTRAIN_CHECK(count >= 0, "comm {}: send: negative count {}", name_, count);
   CallRecord rec = call_record(CommOp::send, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
   return submit(rec, [=, this] {
-    check_mpi(MPI_Send(data, static_cast<int>(count), mpi_type(dtype), peer, tag, comm_), name_,
-              "MPI_Send");
+    const int n = static_cast<int>(count);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Isend(data, n, mpi_type(dtype), peer, tag, comm_, &request), name_, "MPI_Isend");
+    await_request(*thread_, request, name_, "MPI_Isend");
   });
 }
 
@@ -353,9 +419,10 @@ Work MpiCommunicator::recv_async(void* data, int64_t count, CommDType dtype, int
   MESHTRAIN_CHECK(count >= 0, "comm {}: recv: negative count {}", name_, count);
   CallRecord rec = call_record(CommOp::recv, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
   return submit(rec, [=, this] {
-    MPI_Status status;
-    check_mpi(MPI_Recv(data, static_cast<int>(count), mpi_type(dtype), peer, tag, comm_, &status),
-              name_, "MPI_Recv");
+    const int n = static_cast<int>(count);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Irecv(data, n, mpi_type(dtype), peer, tag, comm_, &request), name_, "MPI_Irecv");
+    MPI_Status status = await_request(*thread_, request, name_, "MPI_Irecv");
     int got = 0;
     MPI_Get_count(&status, mpi_type(dtype), &got);
     MESHTRAIN_CHECK(got == count, "comm {}: recv from rank {}: got {} elements, expected {}", name_,
@@ -365,7 +432,11 @@ Work MpiCommunicator::recv_async(void* data, int64_t count, CommDType dtype, int
 
 Work MpiCommunicator::barrier_async() {
   return submit(call_record(CommOp::barrier, CommDType::f32, 0),
-                [this] { check_mpi(MPI_Barrier(comm_), name_, "MPI_Barrier"); });
+                [this] {
+                  MPI_Request request = MPI_REQUEST_NULL;
+                  check_mpi(MPI_Ibarrier(comm_, &request), name_, "MPI_Ibarrier");
+                  await_request(*thread_, request, name_, "MPI_Ibarrier");
+                });
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {

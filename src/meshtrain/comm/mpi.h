@@ -4,6 +4,12 @@
 // run on the thread that owns the MpiEnvironment. Works under mpirun/srun and
 // as a plain process (MPI singleton: one rank).
 //
+// Waiting for peers does not spin while compute runs: collectives of 64 KiB
+// or more first meet in a nonblocking barrier that the thread tests every
+// 50 us, asleep in between (MPI_Wait once a caller waits on the thread), then
+// run MPI's blocking (tuned) collective with every peer present. send/recv
+// and barrier are nonblocking requests awaited the same way.
+//
 // Because all communicators share that one thread, calls on different
 // communicators are serialised too: a process that issues a tp collective and
 // then a dp collective runs them in that order.
@@ -59,6 +65,8 @@ class MpiCommunicator final : public Communicator {
   Work submit(CallRecord record, std::function<void()> fn);
   // f32 scratch for bf16 reductions (touched on the communication thread only).
   float* scratch(size_t floats);
+  void reduce_scatter_call(const void* send, void* recv, const std::vector<int>& counts,
+                           MPI_Datatype type, ReduceOp op, bool even);
 
   std::shared_ptr<CommThread> thread_;
   MPI_Comm comm_;
