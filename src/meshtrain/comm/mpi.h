@@ -5,8 +5,8 @@
 // as a plain process (MPI singleton: one rank).
 //
 // Waiting for peers does not spin while compute runs: collectives of 64 KiB
-// or more first meet in a nonblocking barrier that the thread tests every
-// 50 us, asleep in between (MPI_Wait once a caller waits on the thread), then
+// or more first meet in a nonblocking barrier that the thread tests now and
+// then (20..500 us), asleep in between (MPI_Wait once a caller waits), then
 // run MPI's blocking (tuned) collective with every peer present. send/recv
 // and barrier are nonblocking requests awaited the same way.
 //
