@@ -31,7 +31,8 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
   export OPENBLAS_CORETYPE=SkylakeX
 fi
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# KEEP=1 keeps the runs' metrics (the directory is printed).
+if [ -n "${KEEP:-}" ]; then echo "runs in $work" >&2; else trap 'rm -rf "$work"' EXIT; fi
 
 # Throughput only: random GPT-2 token ids in llm.c's format.
 python3 - "$work/train.bin" <<'PY'
@@ -70,7 +71,7 @@ m() {  # name ranks overlap [out_suffix]
 }
 p() {  # ranks [port] [output]
   echo "== pytorch: $1 rank(s)" >&2
-  /usr/bin/python3 bench/torch_ddp.py --nproc "$1" --threads 1 --batch "$BATCH" --steps "$STEPS" \
+  timeout 1200 /usr/bin/python3 bench/torch_ddp.py --nproc "$1" --threads 1 --batch "$BATCH" --steps "$STEPS" \
     --port "${2:-29517}" >>"${3:-$work/torch.jsonl}"
 }
 # Two single-rank runs at once (each its own out_dir / port).
@@ -92,10 +93,10 @@ python3 - "$work" "$STEPS" "$BATCH" "$ROUNDS" <<'PY'
 import glob, json, statistics, sys
 work, steps, batch, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 
-def meshtrain(name):
-    """Best step (ms), median exposed share, median exposed and comm ms over all rounds."""
+def meshtrain(name, round="*"):
+    """Best step (ms), median exposed share, median exposed and comm ms over the rounds."""
     best, shares, exposed, comm = [], [], [], []
-    for run in sorted(glob.glob(f"{work}/{name}.*")):
+    for run in sorted(glob.glob(f"{work}/{name}.{round}")):
         if not glob.glob(f"{run}/metrics*.jsonl"):
             continue
         ranks = [[json.loads(l) for l in open(p)][2:]  # skip two warm-up steps
@@ -121,7 +122,7 @@ p_pair = min(max(a["best_ms"], b["best_ms"]) for a, b in zip(pair[::2], pair[1::
 m1 = meshtrain("m1")[0]
 m2, m2_share, m2_exp, m2_comm = meshtrain("m2")
 off, off_share, off_exp, off_comm = meshtrain("m2off")
-m_pair = min(max(meshtrain(f"m1a.{r}")[0], meshtrain(f"m1b.{r}")[0]) for r in range(1, rounds + 1))
+m_pair = min(max(meshtrain("m1a", r)[0], meshtrain("m1b", r)[0]) for r in range(1, rounds + 1))
 tok = lambda ranks, ms: ranks * batch * 256 / ms * 1000
 print(f"llama-60M, seq 256, {batch} sequences per rank per step, 1 thread per rank, bucket 25 MiB; "
       f"best step of {rounds} x {steps} (ms), median exposed share")

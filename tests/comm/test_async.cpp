@@ -40,8 +40,10 @@ TEST(Async, CallsRunInIssueOrderWithConsecutiveSequenceNumbers) {
     EXPECT_EQ(bufs[static_cast<size_t>(k)][123], static_cast<float>(k * world->size()) + ranks_sum);
   }
   for (int k = 1; k < n; ++k) {
-    CallRecord prev = works[static_cast<size_t>(k - 1)].record(), cur = works[static_cast<size_t>(k)].record();
-    EXPECT_LE(prev.finished, cur.started) << "call " << k << " started before call " << k - 1 << " ended";
+    CallRecord prev = works[static_cast<size_t>(k - 1)].record(),
+               cur = works[static_cast<size_t>(k)].record();
+    EXPECT_LE(prev.finished, cur.started)
+        << "call " << k << " started before call " << k - 1 << " ended";
     EXPECT_LE(cur.submitted, cur.started);
     EXPECT_LE(cur.started, cur.finished);
     EXPECT_EQ(cur.bytes, 20000u * 4);

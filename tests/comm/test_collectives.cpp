@@ -32,23 +32,33 @@ struct Buffer {
   double get(int64_t i) const {
     const char* p = bytes.data() + i * static_cast<int64_t>(comm_dtype_size(dtype));
     switch (dtype) {
-      case CommDType::f32: { float v; std::memcpy(&v, p, 4); return v; }
-      case CommDType::bf16: { bf16 v; std::memcpy(&v, p, 2); return bf16_to_float(v); }
-      case CommDType::f64: { double v; std::memcpy(&v, p, 8); return v; }
-      case CommDType::i32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-      case CommDType::i64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+      case CommDType::f32: return load<float>(p);
+      case CommDType::bf16: return bf16_to_float(load<bf16>(p));
+      case CommDType::f64: return load<double>(p);
+      case CommDType::i32: return load<int32_t>(p);
+      case CommDType::i64: return static_cast<double>(load<int64_t>(p));
     }
     return 0;
   }
   void set(int64_t i, double x) {
     char* p = bytes.data() + i * static_cast<int64_t>(comm_dtype_size(dtype));
     switch (dtype) {
-      case CommDType::f32: { float v = static_cast<float>(x); std::memcpy(p, &v, 4); break; }
-      case CommDType::bf16: { bf16 v = float_to_bf16(static_cast<float>(x)); std::memcpy(p, &v, 2); break; }
-      case CommDType::f64: std::memcpy(p, &x, 8); break;
-      case CommDType::i32: { auto v = static_cast<int32_t>(x * 4); std::memcpy(p, &v, 4); break; }
-      case CommDType::i64: { auto v = static_cast<int64_t>(x * 4) << 33; std::memcpy(p, &v, 8); break; }
+      case CommDType::f32: store(p, static_cast<float>(x)); break;
+      case CommDType::bf16: store(p, float_to_bf16(static_cast<float>(x))); break;
+      case CommDType::f64: store(p, x); break;
+      case CommDType::i32: store(p, static_cast<int32_t>(x * 4)); break;
+      case CommDType::i64: store(p, static_cast<int64_t>(x * 4) << 33); break;
     }
+  }
+  template <typename T>
+  static T load(const char* p) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  template <typename T>
+  static void store(char* p, T v) {
+    std::memcpy(p, &v, sizeof v);
   }
 };
 
@@ -78,7 +88,8 @@ struct Case {
 
 std::vector<Case> reduce_cases() {
   std::vector<Case> cases;
-  for (CommDType t : {CommDType::f32, CommDType::bf16, CommDType::f64, CommDType::i32, CommDType::i64}) {
+  for (CommDType t :
+       {CommDType::f32, CommDType::bf16, CommDType::f64, CommDType::i32, CommDType::i64}) {
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
       if (op == ReduceOp::avg && !is_floating(t)) continue;
       cases.push_back({t, op});
@@ -147,10 +158,12 @@ TEST_F(Collectives, ReduceScatterUnevenMatchesReference) {
   }
   // Even parts through the convenience form.
   std::vector<float> in(static_cast<size_t>(4 * size())), out(4);
-  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(input(rank(), static_cast<int64_t>(i)));
+  for (size_t i = 0; i < in.size(); ++i)
+    in[i] = static_cast<float>(input(rank(), static_cast<int64_t>(i)));
   world_->reduce_scatter(in.data(), out.data(), 4, CommDType::f32, ReduceOp::sum);
   for (int64_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(out[static_cast<size_t>(i)], reduce_reference(CommDType::f32, ReduceOp::sum, size(), i, 4 * rank()));
+    EXPECT_EQ(out[static_cast<size_t>(i)],
+              reduce_reference(CommDType::f32, ReduceOp::sum, size(), i, 4 * rank()));
   }
 }
 
@@ -166,14 +179,16 @@ TEST_F(Collectives, AllGatherUnevenAndInPlace) {
         send.set(i, input(rank(), i));
         if (in_place) recv.set(offset + i, input(rank(), i));
       }
-      const char* src = in_place ? recv.bytes.data() + offset * static_cast<int64_t>(comm_dtype_size(t))
-                                 : send.bytes.data();
+      const char* src = in_place
+                            ? recv.bytes.data() + offset * static_cast<int64_t>(comm_dtype_size(t))
+                            : send.bytes.data();
       world_->all_gather(src, recv.data(), counts, t);
       int64_t at = 0;
       for (int r = 0; r < size(); ++r) {
         for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i, ++at) {
           EXPECT_EQ(recv.get(at), as_stored(t, input(r, i)))
-              << comm_dtype_name(t) << (in_place ? " in place" : "") << " rank " << r << " [" << i << "]";
+              << comm_dtype_name(t) << (in_place ? " in place" : "") << " rank " << r << " [" << i
+              << "]";
         }
       }
     }
@@ -206,7 +221,8 @@ TEST_F(Collectives, SendRecvRing) {
     world_->recv(in.data(), static_cast<int64_t>(in.size()), CommDType::i64, left, 7);
     world_->send(out.data(), static_cast<int64_t>(out.size()), CommDType::i64, right, 7);
   }
-  for (size_t i = 0; i < in.size(); i += 1013) EXPECT_EQ(in[i], int64_t{left} * 1000000 + static_cast<int64_t>(i));
+  for (size_t i = 0; i < in.size(); i += 1013)
+    EXPECT_EQ(in[i], int64_t{left} * 1000000 + static_cast<int64_t>(i));
 
   // A shorter message than expected is an Error from wait(), naming the peer.
   std::vector<float> small(10);
@@ -217,7 +233,8 @@ TEST_F(Collectives, SendRecvRing) {
       world_->recv(small.data(), 10, CommDType::f32, left);
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("got 5 elements, expected 10"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("got 5 elements, expected 10"), std::string::npos)
+          << e.what();
     }
   }
 }
@@ -234,7 +251,9 @@ TEST_F(Collectives, BadArgumentsThrowBeforeAnythingIsQueued) {
     world_->send(&x, 1, CommDType::f32, -1);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), ("comm world: send: peer -1 is not a rank in [0, " + std::to_string(size()) + ")").c_str());
+    EXPECT_STREQ(
+        e.what(),
+        ("comm world: send: peer -1 is not a rank in [0, " + std::to_string(size()) + ")").c_str());
   }
   EXPECT_EQ(world_->calls_issued(), before);
 }

@@ -16,7 +16,9 @@ namespace {
 using testing::mpi_env;
 
 TEST(MeshLayout, RanksAndCoordinatesForSeveralShapes) {
-  struct Shape { int world, tp, pp, dp; };
+  struct Shape {
+    int world, tp, pp, dp;
+  };
   for (Shape s : {Shape{1, 1, 1, 1}, Shape{8, 2, 2, 2}, Shape{12, 2, 3, 2}, Shape{16, 4, 1, 4},
                   Shape{6, 1, 3, 2}, Shape{24, 2, 4, 3}}) {
     MeshLayout m(s.world, s.tp, s.pp);
@@ -43,7 +45,9 @@ TEST(MeshLayout, NonDividingWorldNamesTheNumbers) {
     MeshLayout(6, 4, 1);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "mesh: world size 6 is not divisible by tp 4 x pp 1 = 4: run a multiple of 4 ranks");
+    EXPECT_STREQ(
+        e.what(),
+        "mesh: world size 6 is not divisible by tp 4 x pp 1 = 4: run a multiple of 4 ranks");
   }
   EXPECT_THROW(MeshLayout(4, 0, 1), Error);
   EXPECT_THROW(MeshLayout(4, 1, -2), Error);
@@ -77,7 +81,8 @@ TEST(DeviceMesh, SubCommunicatorsHoldTheRightRanks) {
       std::vector<int32_t> dp = group_members(mesh.dp(), world->rank());
       std::vector<int32_t> tpg = group_members(mesh.tp(), world->rank());
       std::vector<int32_t> ppg = group_members(mesh.pp(), world->rank());
-      for (int i = 0; i < L.dp(); ++i) EXPECT_EQ(dp[static_cast<size_t>(i)], L.rank({i, c.tp, c.pp}));
+      for (int i = 0; i < L.dp(); ++i)
+        EXPECT_EQ(dp[static_cast<size_t>(i)], L.rank({i, c.tp, c.pp}));
       for (int i = 0; i < tp; ++i) EXPECT_EQ(tpg[static_cast<size_t>(i)], L.rank({c.dp, i, c.pp}));
       for (int i = 0; i < pp; ++i) EXPECT_EQ(ppg[static_cast<size_t>(i)], L.rank({c.dp, c.tp, i}));
       EXPECT_EQ(mesh.dp().name(), "dp");

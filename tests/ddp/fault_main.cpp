@@ -22,7 +22,8 @@ int main() {
   try {
     MESHTRAIN_CHECK(world->size() >= 2, "ddp_fault needs at least 2 ranks");
     m.model.init_weights(1);
-    ddp = std::make_unique<DistributedDataParallel>(m.model, *world, DdpOptions{.bucket_mb = 0.002, .overlap = true});
+    ddp = std::make_unique<DistributedDataParallel>(
+        m.model, *world, DdpOptions{.bucket_mb = 0.002, .overlap = true});
     auto sync_hook = m.model.on_grad_ready;
     int step = 0;
     const size_t middle = m.model.params().size() / 2;

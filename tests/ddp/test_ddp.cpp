@@ -73,7 +73,8 @@ TEST_F(DdpModel, AveragesGradientsOverRanks) {
   // Overlap off first: the local gradients can be read before they are reduced.
   std::vector<float> averaged;
   for (bool overlap : {false, true}) {
-    DistributedDataParallel ddp(m_.model, *world_, DdpOptions{.bucket_mb = 0.002, .overlap = overlap});
+    DistributedDataParallel ddp(m_.model, *world_,
+                                DdpOptions{.bucket_mb = 0.002, .overlap = overlap});
     m_.model.zero_grads();
     ddp.begin_micro_batch(true);
     micro_batch(0);
@@ -84,9 +85,12 @@ TEST_F(DdpModel, AveragesGradientsOverRanks) {
     if (!overlap) {
       // Reference: every rank's local gradient summed explicitly, over the size.
       std::vector<float> sum = local;
-      world_->all_reduce(sum.data(), static_cast<int64_t>(sum.size()), CommDType::f32, ReduceOp::sum);
+      world_->all_reduce(sum.data(), static_cast<int64_t>(sum.size()), CommDType::f32,
+                         ReduceOp::sum);
       for (size_t i = 0; i < sum.size(); ++i) {
-        ASSERT_NEAR(g[i], sum[i] / static_cast<float>(world_->size()), 1e-7f + 1e-6f * std::fabs(g[i])) << i;
+        ASSERT_NEAR(g[i], sum[i] / static_cast<float>(world_->size()),
+                    1e-7f + 1e-6f * std::fabs(g[i]))
+            << i;
       }
       averaged.assign(g, g + m_.model.num_params());
     } else {
@@ -128,7 +132,8 @@ TEST(DdpOverlap, BucketAllReducesStartDuringBackward) {
   c.max_seq_len = 64;
   testing::CpuModel m(c, Precision::fp32, 1);
   m.model.init_weights(3);
-  std::vector<int32_t> ids = testing::random_ids(static_cast<uint64_t>(world->rank()), 4 * 64 + 1, c.vocab_size);
+  std::vector<int32_t> ids =
+      testing::random_ids(static_cast<uint64_t>(world->rank()), 4 * 64 + 1, c.vocab_size);
   for (bool overlap : {true, false}) {
     DistributedDataParallel ddp(m.model, *world, DdpOptions{.bucket_mb = 0.05, .overlap = overlap});
     int steps_with_overlap = 0;
@@ -179,7 +184,8 @@ class DdpTraining : public ::testing::Test {
       tokens.push_back(static_cast<uint16_t>((text[i % std::strlen(text)] - 32 + i / 997) % 64));
     }
     write_token_file(dir_ + "/train.bin", tokens);
-    write_token_file(dir_ + "/val.bin", std::vector<uint16_t>(tokens.begin(), tokens.begin() + 800));
+    write_token_file(dir_ + "/val.bin",
+                     std::vector<uint16_t>(tokens.begin(), tokens.begin() + 800));
     world_->barrier();
   }
 
@@ -279,7 +285,8 @@ TEST_F(DdpTraining, BucketSizeAndOverlapChangeNothingBeyondRounding) {
   DeviceMesh mesh(*world_, 1, 1);
   Run big = run(config("big", {{"parallel.bucket_mb", "25"}}), &mesh);
   Run small = run(config("small", {{"parallel.bucket_mb", "0.001"}}), &mesh);
-  Run off = run(config("off", {{"parallel.bucket_mb", "0.001"}, {"parallel.overlap", "false"}}), &mesh);
+  Run off =
+      run(config("off", {{"parallel.bucket_mb", "0.001"}, {"parallel.overlap", "false"}}), &mesh);
   expect_close(small, big, "bucket_mb 0.001 vs 25");
   expect_close(off, small, "overlap off vs on");
   expect_replicas_identical(*world_, small.weights);

@@ -29,15 +29,20 @@ int64_t parse_size(const std::string& text) {
   int64_t value = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   std::string_view unit(ptr, static_cast<size_t>(text.data() + text.size() - ptr));
-  int shift = unit.empty() ? 0 : unit == "K" || unit == "k" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : -1;
+  int shift = unit.empty()                 ? 0
+              : unit == "K" || unit == "k" ? 10
+              : unit == "M"                ? 20
+              : unit == "G"                ? 30
+                                           : -1;
   MESHTRAIN_CHECK(ec == std::errc() && value > 0 && shift >= 0,
-                  "bench comm: size '{}' is not a positive byte count (e.g. 4096, 4K, 64M, 1G)", text);
+                  "bench comm: size '{}' is not a positive byte count (e.g. 4096, 4K, 64M, 1G)",
+                  text);
   return value << shift;
 }
 
 CommOp parse_op(const std::string& name) {
-  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather,
-                    CommOp::broadcast}) {
+  for (CommOp op :
+       {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::broadcast}) {
     if (name == comm_op_name(op)) return op;
   }
   if (name == "sendrecv" || name == "send") return CommOp::send;
@@ -85,10 +90,11 @@ int run_bench_comm(const BenchCommArgs& args) {
     }
     const bool print = job.world->rank() == 0;
     if (print) {
-      fmt::print("bench comm: {} ranks ({} on this node), f32, sizes {} .. {} bytes; times are the "
-                 "slowest rank's mean per call\n{}\n",
-                 job.world->size(), job.env.local_size(), options.min_bytes, options.max_bytes,
-                 comm_bench_header());
+      fmt::print(
+          "bench comm: {} ranks ({} on this node), f32, sizes {} .. {} bytes; times are the "
+          "slowest rank's mean per call\n{}\n",
+          job.world->size(), job.env.local_size(), options.min_bytes, options.max_bytes,
+          comm_bench_header());
       std::fflush(stdout);
     }
     run_comm_bench(*job.world, job.tracker, options, [&](const CommBenchRow& row) {

@@ -21,8 +21,8 @@ class RankFailureHandler {
   RankFailureHandler(MpiEnvironment& env, MemoryTracker& tracker);
   ~RankFailureHandler();
 
-  // Prints the line (newlines in the message become spaces), then returns 1 when all ranks failed together, or
-  // aborts the job (never returns).
+  // Prints the line (newlines in the message become spaces), then returns 1 when all ranks failed
+  // together, or aborts the job (never returns).
   int fail_rank(std::string_view message,
                 std::chrono::milliseconds grace = std::chrono::milliseconds(3000));
 

@@ -36,7 +36,9 @@ void run_meshtrain(MpiCommunicator& comm, Point& p) {
   float* b = p.b.data<float>();
   switch (p.op) {
     case CommOp::all_reduce: comm.all_reduce(a, p.count, CommDType::f32, ReduceOp::sum); break;
-    case CommOp::reduce_scatter: comm.reduce_scatter(a, b, p.part, CommDType::f32, ReduceOp::sum); break;
+    case CommOp::reduce_scatter:
+      comm.reduce_scatter(a, b, p.part, CommDType::f32, ReduceOp::sum);
+      break;
     case CommOp::all_gather: comm.all_gather(a, b, p.part, CommDType::f32); break;
     case CommOp::broadcast: comm.broadcast(a, p.count, CommDType::f32, 0); break;
     case CommOp::send: {
@@ -61,7 +63,9 @@ void run_raw(MPI_Comm comm, int rank, int size, Point& p) {
   const int n = static_cast<int>(p.count), part = static_cast<int>(p.part);
   switch (p.op) {
     case CommOp::all_reduce: MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, MPI_SUM, comm); break;
-    case CommOp::reduce_scatter: MPI_Reduce_scatter_block(a, b, part, MPI_FLOAT, MPI_SUM, comm); break;
+    case CommOp::reduce_scatter:
+      MPI_Reduce_scatter_block(a, b, part, MPI_FLOAT, MPI_SUM, comm);
+      break;
     case CommOp::all_gather: MPI_Allgather(a, part, MPI_FLOAT, b, part, MPI_FLOAT, comm); break;
     case CommOp::broadcast: MPI_Bcast(a, n, MPI_FLOAT, 0, comm); break;
     case CommOp::send: {
@@ -170,17 +174,19 @@ std::vector<CommBenchRow> run_comm_bench(MpiCommunicator& world, MemoryTracker& 
 }
 
 std::string comm_bench_header() {
-  return fmt::format("{:<15}{:>11}{:>6} |{:>11}{:>9}{:>9} |{:>11}{:>9}{:>9} |{:>7}\n{:<15}{:>11}{:>6} |{:>29} |{:>29} |{:>7}",
-                     "op", "size", "iters", "time (us)", "algbw", "busbw", "time (us)", "algbw",
-                     "busbw", "speed", "", "(bytes)", "", "meshtrain (GB/s)", "raw MPI (GB/s)", "vs raw");
+  return fmt::format(
+      "{:<15}{:>11}{:>6} |{:>11}{:>9}{:>9} |{:>11}{:>9}{:>9} |{:>7}\n{:<15}{:>11}{:>6} |{:>29} "
+      "|{:>29} |{:>7}",
+      "op", "size", "iters", "time (us)", "algbw", "busbw", "time (us)", "algbw", "busbw", "speed",
+      "", "(bytes)", "", "meshtrain (GB/s)", "raw MPI (GB/s)", "vs raw");
 }
 
 std::string format_comm_bench_row(const CommBenchRow& r) {
-  return fmt::format("{:<15}{:>11}{:>6} |{:>11.1f}{:>9.2f}{:>9.2f} |{:>11.1f}{:>9.2f}{:>9.2f} |{:>7.3f}",
-                     comm_op_name(r.op) == "send" ? "send/recv" : comm_op_name(r.op), r.bytes,
-                     r.iterations, r.seconds * 1e6, r.algbw / 1e9, r.busbw / 1e9,
-                     r.raw_seconds * 1e6, r.raw_algbw / 1e9, r.raw_busbw / 1e9,
-                     r.raw_seconds / r.seconds);
+  return fmt::format(
+      "{:<15}{:>11}{:>6} |{:>11.1f}{:>9.2f}{:>9.2f} |{:>11.1f}{:>9.2f}{:>9.2f} |{:>7.3f}",
+      comm_op_name(r.op) == "send" ? "send/recv" : comm_op_name(r.op), r.bytes, r.iterations,
+      r.seconds * 1e6, r.algbw / 1e9, r.busbw / 1e9, r.raw_seconds * 1e6, r.raw_algbw / 1e9,
+      r.raw_busbw / 1e9, r.raw_seconds / r.seconds);
 }
 
 }  // namespace meshtrain

@@ -35,7 +35,7 @@ struct CommBenchRow {
   CommOp op = CommOp::all_reduce;
   int64_t bytes = 0;
   int iterations = 0;
-  double seconds = 0, raw_seconds = 0;  // per call
+  double seconds = 0, raw_seconds = 0;                        // per call
   double algbw = 0, busbw = 0, raw_algbw = 0, raw_busbw = 0;  // bytes/s
 };
 

@@ -43,7 +43,15 @@ bool is_floating(CommDType dtype);
 enum class ReduceOp : uint8_t { sum, avg, max };
 std::string_view reduce_op_name(ReduceOp op);
 
-enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
+enum class CommOp : uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  send,
+  recv,
+  barrier
+};
 inline constexpr size_t kCommOps = 7;
 std::string_view comm_op_name(CommOp op);
 
@@ -97,8 +105,8 @@ class Work {
   class State {
    public:
     virtual ~State() = default;
-    virtual void wait() = 0;  // rethrows the call's error, if any
-    virtual bool test() = 0;  // true once complete (without blocking)
+    virtual void wait() = 0;                // rethrows the call's error, if any
+    virtual bool test() = 0;                // true once complete (without blocking)
     virtual CallRecord record() const = 0;  // complete once test() is true
   };
 
@@ -188,8 +196,7 @@ class Communicator {
 
 // Checks the arguments every backend shares; throws Error naming the
 // communicator, the call and the bad value.
-void check_counts(const Communicator& comm, std::string_view call,
-                  std::span<const int64_t> counts);
+void check_counts(const Communicator& comm, std::string_view call, std::span<const int64_t> counts);
 void check_peer(const Communicator& comm, std::string_view call, int peer, std::string_view what);
 void check_reduce(const Communicator& comm, std::string_view call, CommDType dtype, ReduceOp op);
 

@@ -276,17 +276,19 @@ Work MpiCommunicator::submit(CallRecord record, std::function<void()> fn) {
   return Work(state, record.seq);
 }
 
-void MpiCommunicator::reduce_scatter_call(const void* send, void* recv, const std::vector<int>& counts,
-                                          MPI_Datatype type, ReduceOp op, bool even) {
+void MpiCommunicator::reduce_scatter_call(const void* send, void* recv,
+                                          const std::vector<int>& counts, MPI_Datatype type,
+                                          ReduceOp op, bool even) {
   const int mine = counts[static_cast<size_t>(rank_)];
   int size_of_type = 0;
   MPI_Type_size(type, &size_of_type);
   size_t total = 0;
   for (int c : counts) total += static_cast<size_t>(c);
-  collective(*thread_, comm_, total * static_cast<size_t>(size_of_type), name_, "MPI_Reduce_scatter", [&] {
-    return even ? MPI_Reduce_scatter_block(send, recv, mine, type, mpi_op(op), comm_)
-                : MPI_Reduce_scatter(send, recv, counts.data(), type, mpi_op(op), comm_);
-  });
+  collective(*thread_, comm_, total * static_cast<size_t>(size_of_type), name_,
+             "MPI_Reduce_scatter", [&] {
+               return even ? MPI_Reduce_scatter_block(send, recv, mine, type, mpi_op(op), comm_)
+                           : MPI_Reduce_scatter(send, recv, counts.data(), type, mpi_op(op), comm_);
+             });
 }
 
 float* MpiCommunicator::scratch(size_t floats) {
@@ -301,7 +303,8 @@ float* MpiCommunicator::scratch(size_t floats) {
 Work MpiCommunicator::all_reduce_async(void* data, int64_t count, CommDType dtype, ReduceOp op) {
   MESHTRAIN_CHECK(count >= 0, "comm {}: all_reduce: negative count {}", name_, count);
   check_reduce(*this, "all_reduce", dtype, op);
-  CallRecord rec = call_record(CommOp::all_reduce, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype));
+  CallRecord rec =
+      call_record(CommOp::all_reduce, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype));
   return submit(rec, [=, this] {
     const bool via_f32 = dtype == CommDType::bf16;
     const CommDType wire = via_f32 ? CommDType::f32 : dtype;
@@ -315,10 +318,9 @@ Work MpiCommunicator::all_reduce_async(void* data, int64_t count, CommDType dtyp
         buf = f;
       }
       const int in = static_cast<int>(n);
-      collective(*thread_, comm_, static_cast<size_t>(n) * comm_dtype_size(dtype), name_,
-                 "MPI_Allreduce", [&] {
-                   return MPI_Allreduce(MPI_IN_PLACE, buf, in, mpi_type(wire), mpi_op(op), comm_);
-                 });
+      collective(
+          *thread_, comm_, static_cast<size_t>(n) * comm_dtype_size(dtype), name_, "MPI_Allreduce",
+          [&] { return MPI_Allreduce(MPI_IN_PLACE, buf, in, mpi_type(wire), mpi_op(op), comm_); });
       if (op == ReduceOp::avg) {
         if (wire == CommDType::f64) {
           divide<double>(buf, n, size_);
@@ -340,7 +342,8 @@ Work MpiCommunicator::reduce_scatter_async(const void* send, void* recv,
   check_int_range(*this, "reduce_scatter", total);
   std::vector<int> icounts(counts.begin(), counts.end());
   const bool even = all_equal(counts);  // MPI's _block variant has the faster algorithms
-  CallRecord rec = call_record(CommOp::reduce_scatter, dtype, static_cast<size_t>(total) * comm_dtype_size(dtype));
+  CallRecord rec = call_record(CommOp::reduce_scatter, dtype,
+                               static_cast<size_t>(total) * comm_dtype_size(dtype));
   return submit(rec, [=, this, icounts = std::move(icounts)] {
     const int64_t mine = icounts[static_cast<size_t>(rank_)];
     if (dtype == CommDType::bf16) {
@@ -372,8 +375,8 @@ Work MpiCommunicator::all_gather_async(const void* send, void* recv,
   for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + icounts[r - 1];
   const size_t elem = comm_dtype_size(dtype);
   const bool even = all_equal(counts);
-  const bool in_place =
-      send == static_cast<const char*>(recv) + static_cast<size_t>(displs[static_cast<size_t>(rank_)]) * elem;
+  const bool in_place = send == static_cast<const char*>(recv) +
+                                    static_cast<size_t>(displs[static_cast<size_t>(rank_)]) * elem;
   CallRecord rec = call_record(CommOp::all_gather, dtype, static_cast<size_t>(total) * elem);
   return submit(rec, [=, this, icounts = std::move(icounts), displs = std::move(displs)] {
     const MPI_Datatype t = mpi_type(dtype);
@@ -389,7 +392,8 @@ Work MpiCommunicator::all_gather_async(const void* send, void* recv,
 Work MpiCommunicator::broadcast_async(void* data, int64_t count, CommDType dtype, int root) {
   MESHTRAIN_CHECK(count >= 0, "comm {}: broadcast: negative count {}", name_, count);
   check_peer(*this, "broadcast", root, "root");
-  CallRecord rec = call_record(CommOp::broadcast, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), root);
+  CallRecord rec = call_record(CommOp::broadcast, dtype,
+                               static_cast<size_t>(count) * comm_dtype_size(dtype), root);
   return submit(rec, [=, this] {
     const int64_t elem = static_cast<int64_t>(comm_dtype_size(dtype));
     for (int64_t begin = 0; begin < count; begin += kMaxChunk) {
@@ -407,7 +411,8 @@ Work MpiCommunicator::send_async(const void* data, int64_t count, CommDType dtyp
   check_peer(*this, "send", peer, "peer");
   check_int_range(*this, "send", count);
   MESHTRAIN_CHECK(count >= 0, "comm {}: send: negative count {}", name_, count);
-  CallRecord rec = call_record(CommOp::send, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
+  CallRecord rec =
+      call_record(CommOp::send, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
   return submit(rec, [=, this] {
     const int n = static_cast<int>(count);
     MPI_Request request = MPI_REQUEST_NULL;
@@ -420,7 +425,8 @@ Work MpiCommunicator::recv_async(void* data, int64_t count, CommDType dtype, int
   check_peer(*this, "recv", peer, "peer");
   check_int_range(*this, "recv", count);
   MESHTRAIN_CHECK(count >= 0, "comm {}: recv: negative count {}", name_, count);
-  CallRecord rec = call_record(CommOp::recv, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
+  CallRecord rec =
+      call_record(CommOp::recv, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
   return submit(rec, [=, this] {
     const int n = static_cast<int>(count);
     MPI_Request request = MPI_REQUEST_NULL;
@@ -434,19 +440,20 @@ Work MpiCommunicator::recv_async(void* data, int64_t count, CommDType dtype, int
 }
 
 Work MpiCommunicator::barrier_async() {
-  return submit(call_record(CommOp::barrier, CommDType::f32, 0),
-                [this] {
-                  MPI_Request request = MPI_REQUEST_NULL;
-                  check_mpi(MPI_Ibarrier(comm_, &request), name_, "MPI_Ibarrier");
-                  await_request(*thread_, request, name_, "MPI_Ibarrier");
-                });
+  return submit(call_record(CommOp::barrier, CommDType::f32, 0), [this] {
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibarrier(comm_, &request), name_, "MPI_Ibarrier");
+    await_request(*thread_, request, name_, "MPI_Ibarrier");
+  });
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {
   MESHTRAIN_CHECK(color >= 0, "comm {}: split: color must be >= 0, got {}", name_, color);
   MPI_Comm sub = MPI_COMM_NULL;
-  thread_->run([&] { check_mpi(MPI_Comm_split(comm_, color, key, &sub), name_, "MPI_Comm_split"); });
-  return std::unique_ptr<Communicator>(new MpiCommunicator(thread_, sub, std::move(name), tracker_));
+  thread_->run(
+      [&] { check_mpi(MPI_Comm_split(comm_, color, key, &sub), name_, "MPI_Comm_split"); });
+  return std::unique_ptr<Communicator>(
+      new MpiCommunicator(thread_, sub, std::move(name), tracker_));
 }
 
 void MpiCommunicator::run_raw(const std::function<void(MPI_Comm)>& fn) {
@@ -456,14 +463,16 @@ void MpiCommunicator::run_raw(const std::function<void(MPI_Comm)>& fn) {
 MpiEnvironment::MpiEnvironment() {
   int initialised = 0;
   MPI_Initialized(&initialised);
-  MESHTRAIN_CHECK(!initialised, "MPI: already initialised in this process (one MpiEnvironment per process)");
+  MESHTRAIN_CHECK(!initialised,
+                  "MPI: already initialised in this process (one MpiEnvironment per process)");
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   if (provided < MPI_THREAD_SERIALIZED) {
     MPI_Finalize();
-    fail("MPI: the library provides thread level {} but meshtrain needs MPI_THREAD_SERIALIZED ({}): "
-         "all MPI calls run on a communication thread",
-         provided, MPI_THREAD_SERIALIZED);
+    fail(
+        "MPI: the library provides thread level {} but meshtrain needs MPI_THREAD_SERIALIZED ({}): "
+        "all MPI calls run on a communication thread",
+        provided, MPI_THREAD_SERIALIZED);
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
@@ -487,7 +496,8 @@ MpiEnvironment::~MpiEnvironment() {
 std::unique_ptr<MpiCommunicator> MpiEnvironment::world(MemoryTracker& tracker, std::string name) {
   MPI_Comm dup = MPI_COMM_NULL;
   thread_->run([&] { check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "world", "MPI_Comm_dup"); });
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(thread_, dup, std::move(name), tracker));
+  return std::unique_ptr<MpiCommunicator>(
+      new MpiCommunicator(thread_, dup, std::move(name), tracker));
 }
 
 void MpiEnvironment::abort(int exit_code) {

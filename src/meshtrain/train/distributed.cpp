@@ -38,12 +38,14 @@ void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& m
   MESHTRAIN_CHECK(mesh.layout().tp() == parallel.tp && mesh.layout().pp() == parallel.pp,
                   "parallel: the mesh ({}) does not match parallel.tp = {}, parallel.pp = {}",
                   mesh.layout().describe(), parallel.tp, parallel.pp);
-  MESHTRAIN_CHECK(parallel.tp == 1,
-                  "parallel.tp = {}: tensor parallelism is not implemented yet (set parallel.tp = 1)",
-                  parallel.tp);
-  MESHTRAIN_CHECK(parallel.pp == 1,
-                  "parallel.pp = {}: pipeline parallelism is not implemented yet (set parallel.pp = 1)",
-                  parallel.pp);
+  MESHTRAIN_CHECK(
+      parallel.tp == 1,
+      "parallel.tp = {}: tensor parallelism is not implemented yet (set parallel.tp = 1)",
+      parallel.tp);
+  MESHTRAIN_CHECK(
+      parallel.pp == 1,
+      "parallel.pp = {}: pipeline parallelism is not implemented yet (set parallel.pp = 1)",
+      parallel.pp);
 }
 
 double sum_over_ranks(Communicator& comm, double value) {

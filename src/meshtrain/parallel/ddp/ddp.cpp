@@ -34,8 +34,8 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& dp,
   MESHTRAIN_CHECK(std::isfinite(options.bucket_mb) && options.bucket_mb > 0,
                   "ddp: parallel.bucket_mb must be > 0, got {}", options.bucket_mb);
   MESHTRAIN_CHECK(!model.on_grad_ready, "ddp: the model already has an on_grad_ready hook");
-  buckets_ = make_grad_buckets(model.params(),
-                               static_cast<size_t>(options.bucket_mb * 1024.0 * 1024.0));
+  buckets_ =
+      make_grad_buckets(model.params(), static_cast<size_t>(options.bucket_mb * 1024.0 * 1024.0));
   model_.on_grad_ready = [this](size_t i) { on_grad_ready(i); };
 }
 

@@ -24,8 +24,9 @@
 namespace meshtrain {
 
 struct DdpOptions {
-  double bucket_mb = 25;  // MiB of gradients per bucket (the last one may be larger by one parameter)
-  bool overlap = true;    // all-reduce buckets during backward; false: all after backward
+  double bucket_mb =
+      25;               // MiB of gradients per bucket (the last one may be larger by one parameter)
+  bool overlap = true;  // all-reduce buckets during backward; false: all after backward
 };
 
 struct GradBucket {
