@@ -239,6 +239,16 @@ void check_int_range(const Communicator& comm, std::string_view call, int64_t to
                   comm.name(), call, total);
 }
 
+// Checks a send or recv and describes it.
+CallRecord p2p_record(const Communicator& comm, CommOp op, int64_t count, CommDType dtype,
+                      int peer) {
+  const std::string_view call = comm_op_name(op);
+  check_peer(comm, call, peer, "peer");
+  MESHTRAIN_CHECK(count >= 0, "comm {}: {}: negative count {}", comm.name(), call, count);
+  check_int_range(comm, call, count);
+  return call_record(op, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(std::shared_ptr<CommThread> thread, MPI_Comm comm,
@@ -408,12 +418,7 @@ Work MpiCommunicator::broadcast_async(void* data, int64_t count, CommDType dtype
 
 Work MpiCommunicator::send_async(const void* data, int64_t count, CommDType dtype, int peer,
                                  int tag) {
-  check_peer(*this, "send", peer, "peer");
-  check_int_range(*this, "send", count);
-  MESHTRAIN_CHECK(count >= 0, "comm {}: send: negative count {}", name_, count);
-  CallRecord rec =
-      call_record(CommOp::send, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
-  return submit(rec, [=, this] {
+  return submit(p2p_record(*this, CommOp::send, count, dtype, peer), [=, this] {
     const int n = static_cast<int>(count);
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Isend(data, n, mpi_type(dtype), peer, tag, comm_, &request), name_, "MPI_Isend");
@@ -422,12 +427,7 @@ Work MpiCommunicator::send_async(const void* data, int64_t count, CommDType dtyp
 }
 
 Work MpiCommunicator::recv_async(void* data, int64_t count, CommDType dtype, int peer, int tag) {
-  check_peer(*this, "recv", peer, "peer");
-  check_int_range(*this, "recv", count);
-  MESHTRAIN_CHECK(count >= 0, "comm {}: recv: negative count {}", name_, count);
-  CallRecord rec =
-      call_record(CommOp::recv, dtype, static_cast<size_t>(count) * comm_dtype_size(dtype), peer);
-  return submit(rec, [=, this] {
+  return submit(p2p_record(*this, CommOp::recv, count, dtype, peer), [=, this] {
     const int n = static_cast<int>(count);
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Irecv(data, n, mpi_type(dtype), peer, tag, comm_, &request), name_, "MPI_Irecv");
