@@ -24,13 +24,13 @@ int main() {
     m.model.init_weights(1);
     ddp = std::make_unique<DistributedDataParallel>(
         m.model, *world, DdpOptions{.bucket_mb = 0.002, .overlap = true});
-    auto sync_hook = m.model.on_grad_ready;
+    auto sync_hook = m.model.unit_hooks.after;
     int step = 0;
-    const size_t middle = m.model.params().size() / 2;
-    m.model.on_grad_ready = [&](size_t i) {
-      sync_hook(i);
-      if (world->rank() == 1 && step == 3 && i == middle) {
-        fail("injected failure at step {} in backward (parameter {})", step, i);
+    const size_t middle = m.model.units().size() / 2;
+    m.model.unit_hooks.after = [&](size_t unit, UnitPass pass) {
+      sync_hook(unit, pass);
+      if (world->rank() == 1 && step == 3 && pass == UnitPass::backward && unit == middle) {
+        fail("injected failure at step {} in backward (unit {})", step, unit);
       }
     };
     std::vector<int32_t> ids = testing::random_ids(7, 2 * 8 + 1, m.model.config().vocab_size);

@@ -1,5 +1,5 @@
 // Model behaviour beyond the math: consistency between the passes, decoding,
-// determinism, bf16, the gradient-ready hook and memory accounting.
+// determinism, bf16, complete unit gradients and memory accounting.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -209,37 +209,36 @@ TEST(ModelPasses, Bf16IsCloseToFp32) {
   }
 }
 
-TEST(ModelPasses, GradReadyFiresOncePerParameterInReverseOrder) {
+// A unit's gradients reported complete by after(u, backward) do not change
+// afterwards in the same pass (what data parallelism relies on).
+TEST(ModelPasses, UnitGradientsAreCompleteAtAfterBackward) {
   for (const ModelConfig& c : configs()) {
     SCOPED_TRACE(family_name(c.family));
     testing::CpuModel m(c, Precision::bf16);
     Model& model = m.model;
     model.init_weights(1);
-    std::vector<size_t> order;
-    bool complete_when_ready = true;
-    model.on_grad_ready = [&](size_t i) { order.push_back(i); };
     const int64_t B = 2, T = 5, n = B * T;
     auto tokens = testing::random_ids(12, n, c.vocab_size), targets = testing::random_ids(13, n, c.vocab_size);
-    for (int step = 0; step < 2; ++step) {
-      order.clear();
-      model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f);
-      ASSERT_EQ(order.size(), model.params().size());
-      for (size_t k = 0; k < order.size(); ++k) EXPECT_EQ(order[k], order.size() - 1 - k);
-    }
-    // A gradient reported ready does not change afterwards in the same pass.
-    model.zero_grads();
-    std::vector<std::vector<float>> at_ready(model.params().size());
-    model.on_grad_ready = [&](size_t i) {
-      const Parameter& p = model.params()[i];
-      at_ready[i].assign(p.grad.data<float>(), p.grad.data<float>() + p.spec.numel());
+    model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f);  // non-zero grads before
+    std::vector<std::vector<float>> at_done(model.units().size());
+    size_t done = 0;
+    model.unit_hooks.after = [&](size_t u, UnitPass pass) {
+      if (pass != UnitPass::backward) return;
+      const ParamUnit& unit = model.units()[u];
+      const float* g = model.params()[unit.first_param].grad.data<float>();
+      const int64_t end = unit.end_param < model.params().size()
+                              ? model.params()[unit.end_param].offset
+                              : model.num_params();
+      at_done[u].assign(g, g + (end - model.params()[unit.first_param].offset));
+      ++done;
     };
     model.forward_backward(tokens.data(), targets.data(), B, T, 1.0f);
-    for (size_t i = 0; i < at_ready.size(); ++i) {
-      const Parameter& p = model.params()[i];
-      complete_when_ready &= std::memcmp(at_ready[i].data(), p.grad.data<float>(),
-                                         at_ready[i].size() * sizeof(float)) == 0;
+    EXPECT_EQ(done, model.units().size());
+    for (size_t u = 0; u < at_done.size(); ++u) {
+      const float* g = model.params()[model.units()[u].first_param].grad.data<float>();
+      EXPECT_EQ(std::memcmp(at_done[u].data(), g, at_done[u].size() * sizeof(float)), 0)
+          << model.units()[u].name;
     }
-    EXPECT_TRUE(complete_when_ready);
   }
 }
 

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "meshtrain/backend/cpu/activation.h"
-#include "meshtrain/backend/cpu/embedding.h"
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/backend/cpu/norm.h"
 #include "meshtrain/model/model_impl.h"
@@ -40,9 +39,13 @@ Model::Impl::Impl(Model& owner) : model(owner), cfg(owner.config_), ctx(owner.ct
     final_norm = Norm{end, end + 1};
     output = embed;
   }
+  tied = output == embed;
+  head_unit = layers + 1;
   // The slots above must agree with the registry.
   MESHTRAIN_CHECK(model.params_[final_norm.weight].spec.shape == Shape{cfg.dim} &&
-                      model.params_[output].spec.shape == (Shape{cfg.vocab_size, cfg.dim}),
+                      model.params_[output].spec.shape == (Shape{cfg.vocab_size, cfg.dim}) &&
+                      model.units_.size() == head_unit + 1 &&
+                      model.units_[head_unit].first_param == final_norm.weight,
                   "model: registry layout does not match the block slots");
 }
 
@@ -58,7 +61,6 @@ void Model::Impl::ready(size_t i) {
   MESHTRAIN_CHECK(i + 1 == next_ready, "model: gradient of '{}' (index {}) reported out of order",
                   model.params_[i].spec.name, i);
   next_ready = i;
-  if (model.on_grad_ready) model.on_grad_ready(i);
 }
 
 Block Model::Impl::block(int64_t layer) const {
@@ -110,8 +112,8 @@ void Model::Impl::check_tokens(const int32_t* ids, int64_t n, bool allow_negativ
   }
 }
 
-void Model::Impl::forward_trunk(Activations& acts, const int32_t* tokens, int64_t batch,
-                                int64_t seq, DType dt, bool keep_all, KVCache* cache) {
+const Tensor& Model::Impl::forward_trunk(Activations& acts, const int32_t* tokens, int64_t batch,
+                                         int64_t seq, DType dt, bool keep_all, KVCache* cache) {
   MESHTRAIN_CHECK(batch > 0 && seq > 0, "model: batch {} and seq {} must be > 0", batch, seq);
   const int64_t pos0 = cache ? cache->length : 0;
   MESHTRAIN_CHECK(pos0 + seq <= cfg.max_seq_len,
@@ -131,18 +133,20 @@ void Model::Impl::forward_trunk(Activations& acts, const int32_t* tokens, int64_
   for (BlockActs& a : acts.blocks) a.category = cat;
   for (Tensor& r : acts.residual) ensure(r, {rows, d}, DType::f32, cat);
 
-  const float* wpe = positions != kNoParam ? master(positions) : nullptr;
-  cpu::embedding_forward(master(embed), wpe, tokens, acts.residual[0].data<float>(), batch, seq, d,
-                         pos0);
+  before(embed_unit, UnitPass::forward);
+  embedding_forward(tokens, batch, seq, pos0, acts.residual[0].data<float>());
+  after(embed_unit, UnitPass::forward);
   for (size_t l = 0; l < layers; ++l) {
     const Tensor& x = acts.residual[keep_all ? l : l % 2];
     Tensor& out = acts.residual[keep_all ? l + 1 : (l + 1) % 2];
     BlockActs& a = acts.blocks[keep_all ? l : 0];
     cpu::KVCacheLayer* layer_cache = cache ? &cache->layers[l] : nullptr;
-    forward_block(static_cast<int64_t>(l), x, a, out, dt, batch, seq, layer_cache, pos0);
+    const int64_t layer = static_cast<int64_t>(l);
+    before(layer_unit(layer), UnitPass::forward);
+    forward_block(layer, x, a, out, dt, batch, seq, layer_cache, pos0);
+    after(layer_unit(layer), UnitPass::forward);
   }
-  const Tensor& last = acts.residual[keep_all ? layers : layers % 2];
-  norm_forward(final_norm, last, dt, acts.hn, acts.mean_f, acts.rstd_f, rows, cat);
+  return acts.residual[keep_all ? layers : layers % 2];
 }
 
 void Model::Impl::norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y,

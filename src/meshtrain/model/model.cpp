@@ -2,6 +2,8 @@
 // The per-block math is in block.cpp.
 #include "meshtrain/model/model.h"
 
+#include <fmt/format.h>
+
 #include "meshtrain/backend/cpu/cross_entropy.h"
 #include "meshtrain/backend/cpu/embedding.h"
 #include "meshtrain/backend/cpu/matmul.h"
@@ -10,32 +12,41 @@
 
 namespace meshtrain {
 
-Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx)
-    : config_(config), precision_(precision), ctx_(ctx) {
+Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx,
+             ParamStorage storage)
+    : config_(config), precision_(precision), ctx_(ctx), storage_(storage) {
   config_.validate();
   std::vector<ParamSpec> specs = build_param_specs(config_);
-  int64_t total = 0, compute_total = 0;
+  units_ = build_param_units(config_);
+  int64_t compute_total = 0;
   for (const ParamSpec& spec : specs) {
-    total += spec.numel();
+    num_params_ += spec.numel();
     if (spec.matmul_weight) compute_total += spec.numel();
   }
+  const bool flat = storage_ == ParamStorage::flat;
   MemoryTracker& tracker = ctx.tracker();
-  flat_master_ = Tensor({total}, DType::f32, MemCategory::params, tracker);
-  flat_grad_ = Tensor({total}, DType::f32, MemCategory::grads, tracker);
+  if (flat) {
+    flat_master_ = Tensor({num_params_}, DType::f32, MemCategory::params, tracker);
+    flat_grad_ = Tensor({num_params_}, DType::f32, MemCategory::grads, tracker);
+  }
   // Only matmul weights get compute copies, packed in registry order (so q|k|v
   // and gate|up stay adjacent there too).
   const bool bf16 = precision_ == Precision::bf16;
-  if (bf16) flat_compute_ = Tensor({compute_total}, DType::bf16, MemCategory::params, tracker);
+  if (flat && bf16) {
+    flat_compute_ = Tensor({compute_total}, DType::bf16, MemCategory::params, tracker);
+  }
   int64_t offset = 0, compute_offset = 0;
   params_.reserve(specs.size());
   for (ParamSpec& spec : specs) {
     Parameter p;
     p.offset = offset;
-    p.master = flat_master_.view(offset, spec.shape);
-    p.grad = flat_grad_.view(offset, spec.shape);
-    if (bf16 && spec.matmul_weight) {
-      p.compute = flat_compute_.view(compute_offset, spec.shape);
-      compute_offset += spec.numel();
+    if (flat) {
+      p.master = flat_master_.view(offset, spec.shape);
+      p.grad = flat_grad_.view(offset, spec.shape);
+      if (bf16 && spec.matmul_weight) {
+        p.compute = flat_compute_.view(compute_offset, spec.shape);
+        compute_offset += spec.numel();
+      }
     }
     offset += spec.numel();
     p.spec = std::move(spec);
@@ -45,6 +56,94 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
 }
 
 Model::~Model() = default;
+
+void Model::Impl::before(size_t unit, UnitPass pass) {
+  if (model.unit_hooks.before) model.unit_hooks.before(unit, pass);
+  if (model.storage_ == ParamStorage::external) check_bound(unit, pass);
+}
+
+void Model::Impl::after(size_t unit, UnitPass pass) {
+  MESHTRAIN_CHECK(pass == UnitPass::forward || next_ready == model.units_[unit].first_param,
+                  "model: unit '{}' finished backward with gradients still missing",
+                  model.units_[unit].name);
+  if (model.unit_hooks.after) model.unit_hooks.after(unit, pass);
+}
+
+namespace {
+
+void check_view(const Tensor& view, DType dtype, const Parameter& p, const char* field,
+                const ParamUnit& unit) {
+  MESHTRAIN_CHECK(view.defined() && view.dtype() == dtype && view.numel() == p.spec.numel(),
+                  "model: external storage: parameter '{}' (unit '{}') needs its {} view bound "
+                  "({} x {}) before the model uses it; found {}",
+                  p.spec.name, unit.name, field, dtype_name(dtype), shape_str(p.spec.shape),
+                  view.defined() ? fmt::format("{} x {}", dtype_name(view.dtype()),
+                                               shape_str(view.shape()))
+                                 : std::string("nothing"));
+}
+
+// q|k|v and gate|up run as one GEMM over adjacent weights.
+void check_adjacent(const std::vector<Parameter>& params, const Linear& lin, Precision precision) {
+  for (size_t k = 1; k < lin.n_weights; ++k) {
+    const Parameter& prev = params[lin.weight + k - 1];
+    const Parameter& p = params[lin.weight + k];
+    const bool f32 = param_compute_dtype(p.spec, precision) == DType::f32;
+    const Tensor& a = f32 ? prev.master : prev.compute;
+    const Tensor& b = f32 ? p.master : p.compute;
+    const bool values = static_cast<const char*>(a.raw()) + a.bytes() == b.raw();
+    const bool grads = !prev.grad.defined() || !p.grad.defined() ||
+                       static_cast<const char*>(prev.grad.raw()) + prev.grad.bytes() ==
+                           p.grad.raw();
+    MESHTRAIN_CHECK(values && grads,
+                    "model: external storage: '{}' must directly follow '{}' in memory (value "
+                    "and grad views): they are one GEMM",
+                    p.spec.name, prev.spec.name);
+  }
+}
+
+}  // namespace
+
+void Model::Impl::check_bound(size_t unit, UnitPass pass) const {
+  const ParamUnit& u = model.units_[unit];
+  const std::vector<Parameter>& params = model.params_;
+  for (size_t i = u.first_param; i < u.end_param; ++i) {
+    const Parameter& p = params[i];
+    const DType dt = param_compute_dtype(p.spec, model.precision_);
+    check_view(dt == DType::f32 ? p.master : p.compute, dt, p, dt == DType::f32 ? "master" : "compute",
+               u);
+    // The embedding lookup reads a bound f32 master of a bf16 embedding.
+    if (dt != DType::f32 && p.master.defined()) check_view(p.master, DType::f32, p, "master", u);
+    if (pass == UnitPass::backward) check_view(p.grad, DType::f32, p, "grad", u);
+  }
+  if (unit != embed_unit && unit != head_unit) {
+    const Block b = block(static_cast<int64_t>(unit - layer_unit(0)));
+    for (const Linear* lin : {&b.qkv, &b.proj, &b.ff_in, &b.ff_out}) {
+      check_adjacent(params, *lin, model.precision_);
+    }
+  }
+}
+
+void Model::Impl::embedding_forward(const int32_t* tokens, int64_t batch, int64_t seq,
+                                    int64_t pos0, float* out) const {
+  const Parameter& table = model.params_[embed];
+  const float* wpe = positions != kNoParam ? master(positions) : nullptr;
+  const int64_t d = cfg.dim;
+  if (table.master.defined()) {
+    cpu::embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0);
+    return;
+  }
+  // External storage with a bf16 embedding bound as `compute` only: the
+  // kernel's sum on the rows converted to f32.
+  const bf16* rows = table.compute.data<bf16>();
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    float* o = out + i * d;
+    convert(DType::bf16, rows + static_cast<int64_t>(tokens[i]) * d, DType::f32, o,
+            static_cast<size_t>(d));
+    if (wpe == nullptr) continue;
+    const float* p = wpe + (pos0 + i % seq) * d;
+    for (int64_t j = 0; j < d; ++j) o[j] = o[j] + p[j];
+  }
+}
 
 const Parameter& Model::param(const std::string& name) const {
   for (const Parameter& p : params_) {
@@ -57,18 +156,41 @@ Parameter& Model::param(const std::string& name) {
   return const_cast<Parameter&>(static_cast<const Model&>(*this).param(name));
 }
 
+void Model::require_flat(const char* what) const {
+  if (storage_ == ParamStorage::external) {
+    fail("model: {} needs flat parameter storage; this model's parameters are external "
+         "(bound by their owner, e.g. ZeRO)",
+         what);
+  }
+}
+
+Tensor& Model::flat_master() {
+  require_flat("flat_master()");
+  return flat_master_;
+}
+
+Tensor& Model::flat_grad() {
+  require_flat("flat_grad()");
+  return flat_grad_;
+}
+
 void Model::init_weights(uint64_t seed) {
+  require_flat("init_weights");
   for (Parameter& p : params_) init_parameter(p.spec, seed, p.master.data<float>());
   sync_compute_weights();
 }
 
 void Model::sync_compute_weights() {
+  require_flat("sync_compute_weights");
   for (Parameter& p : params_) {
     if (p.compute.defined()) p.compute.copy_from(p.master);
   }
 }
 
-void Model::zero_grads() { flat_grad_.zero(); }
+void Model::zero_grads() {
+  require_flat("zero_grads");
+  flat_grad_.zero();
+}
 
 double Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                                int64_t seq, float grad_scale) {
@@ -76,8 +198,17 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   const DType dt = compute_dtype(precision_);
   const int64_t rows = batch * seq, d = config_.dim;
   m.check_tokens(targets, rows, true, "target");
-  m.forward_trunk(m.train, tokens, batch, seq, dt, true);
+  const Tensor& last = m.forward_trunk(m.train, tokens, batch, seq, dt, true);
+  m.before(m.head_unit, UnitPass::forward);
+  m.norm_forward(m.final_norm, last, dt, m.train.hn, m.train.mean_f, m.train.rstd_f, rows,
+                 m.train.category);
+  m.after(m.head_unit, UnitPass::forward);
 
+  // The fused classifier computes the loss and its gradients in one call: in
+  // training it belongs to the head's backward.
+  m.next_ready = params_.size();
+  m.before(m.head_unit, UnitPass::backward);
+  if (m.tied) m.before(m.embed_unit, UnitPass::backward);
   m.ensure(m.ws.dx, {rows, d}, DType::f32, MemCategory::workspace);
   m.ensure(m.ws.dres, {rows, d}, DType::f32, MemCategory::workspace);
   cpu::ClassifierArgs args;
@@ -92,22 +223,24 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   args.dh = m.ws.dx.data<float>();
   args.dw = m.grad(m.output);
   const double loss = cpu::fused_classifier(ctx_, args);
-
-  m.next_ready = params_.size();
-  if (m.output != m.embed) m.ready(m.output);
-  const Tensor& last = m.train.residual.back();
+  if (!m.tied) m.ready(m.output);
   m.ws.dres.zero();
   m.norm_backward(m.final_norm, last, m.train.mean_f, m.train.rstd_f, m.ws.dx.data<float>(),
                   m.ws.dres.data<float>(), rows);
+  m.after(m.head_unit, UnitPass::backward);
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
     const size_t i = static_cast<size_t>(l);
+    m.before(m.layer_unit(l), UnitPass::backward);
     m.backward_block(l, m.train.residual[i], m.train.blocks[i], dt, batch, seq);
+    m.after(m.layer_unit(l), UnitPass::backward);
   }
+  if (!m.tied) m.before(m.embed_unit, UnitPass::backward);
   float* dpositions = m.positions != kNoParam ? m.grad(m.positions) : nullptr;
   cpu::embedding_backward(tokens, m.ws.dres.data<float>(), m.grad(m.embed), dpositions, batch, seq,
                           d);
   if (m.positions != kNoParam) m.ready(m.positions);
   m.ready(m.embed);
+  m.after(m.embed_unit, UnitPass::backward);
   return loss;
 }
 
@@ -117,26 +250,32 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
   const DType dt = compute_dtype(precision_);
   m.check_tokens(targets, batch * seq, true, "target");
   Activations acts;
-  m.forward_trunk(acts, tokens, batch, seq, dt, false);
-  cpu::ClassifierArgs args;
-  args.rows = batch * seq;
-  args.dim = config_.dim;
-  args.vocab = config_.vocab_size;
-  args.compute = dt;
-  args.h = acts.hn.raw();
-  args.w = m.weight(m.output, dt);
-  args.targets = targets;
-  return cpu::fused_classifier(ctx_, args);
+  const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);
+  double loss = 0;
+  m.head_forward(acts, last, dt, [&] {
+    cpu::ClassifierArgs args;
+    args.rows = batch * seq;
+    args.dim = config_.dim;
+    args.vocab = config_.vocab_size;
+    args.compute = dt;
+    args.h = acts.hn.raw();
+    args.w = m.weight(m.output, dt);
+    args.targets = targets;
+    loss = cpu::fused_classifier(ctx_, args);
+  });
+  return loss;
 }
 
 void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits) {
   Impl& m = *impl_;
   const DType dt = compute_dtype(precision_);
   Activations acts;
-  m.forward_trunk(acts, tokens, batch, seq, dt, false);
-  cpu::MatmulDims dims{.m = batch * seq, .n = config_.vocab_size, .k = config_.dim,
-                       .trans_b = true};
-  cpu::matmul(ctx_, dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, logits);
+  const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);
+  m.head_forward(acts, last, dt, [&] {
+    cpu::MatmulDims dims{.m = batch * seq, .n = config_.vocab_size, .k = config_.dim,
+                         .trans_b = true};
+    cpu::matmul(ctx_, dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, logits);
+  });
 }
 
 KVCache Model::make_kv_cache(int64_t batch, int64_t max_seq) {
@@ -161,6 +300,7 @@ KVCache Model::make_kv_cache(int64_t batch, int64_t max_seq) {
 // training path, and f32 keeps sampling independent of the compute copies.
 void Model::decode(const int32_t* tokens, int64_t batch, int64_t n_new, KVCache& cache,
                    float* last_logits) {
+  require_flat("decode (it reads every f32 master weight)");
   Impl& m = *impl_;
   const int64_t d = config_.dim, pos0 = cache.length;
   MESHTRAIN_CHECK(batch == cache.batch, "decode: batch {} differs from the kv cache's batch {}",
@@ -172,14 +312,16 @@ void Model::decode(const int32_t* tokens, int64_t batch, int64_t n_new, KVCache&
                   "decode: kv cache has {} layers, model has {}", cache.layers.size(),
                   config_.n_layers);
   Activations acts;
-  m.forward_trunk(acts, tokens, batch, n_new, DType::f32, false, &cache);
-  // Logits of each sequence's last position only.
-  Tensor last({batch, d}, DType::f32, MemCategory::workspace, ctx_.tracker());
-  for (int64_t b = 0; b < batch; ++b) {
-    last.view(b * d, {d}).copy_from(acts.hn.view((b * n_new + n_new - 1) * d, {d}));
-  }
-  cpu::MatmulDims dims{.m = batch, .n = config_.vocab_size, .k = d, .trans_b = true};
-  cpu::matmul(ctx_, dims, DType::f32, last.raw(), m.master(m.output), DType::f32, last_logits);
+  const Tensor& residual = m.forward_trunk(acts, tokens, batch, n_new, DType::f32, false, &cache);
+  m.head_forward(acts, residual, DType::f32, [&] {
+    // Logits of each sequence's last position only.
+    Tensor last({batch, d}, DType::f32, MemCategory::workspace, ctx_.tracker());
+    for (int64_t b = 0; b < batch; ++b) {
+      last.view(b * d, {d}).copy_from(acts.hn.view((b * n_new + n_new - 1) * d, {d}));
+    }
+    cpu::MatmulDims dims{.m = batch, .n = config_.vocab_size, .k = d, .trans_b = true};
+    cpu::matmul(ctx_, dims, DType::f32, last.raw(), m.master(m.output), DType::f32, last_logits);
+  });
   cache.length += n_new;
 }
 

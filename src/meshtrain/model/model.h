@@ -20,9 +20,48 @@ struct KVCache {
   std::vector<cpu::KVCacheLayer> layers;
 };
 
+enum class UnitPass { forward, backward };
+
+// Called around each unit's use (see units()). before(u, pass): the model is
+// about to read unit u's parameters (in backward: and add to its gradients).
+// after(u, pass): it is done with them; after(u, backward) means unit u's
+// gradients for this micro-batch are complete. An empty function is not called.
+// forward_backward fires, for L layers (tied: embeddings are the output layer):
+//   before/after(embed, fwd); before/after(layers.i, fwd) for i = 0..L-1;
+//   before(head, fwd) final norm after(head, fwd);
+//   before(head, bwd) [tied: before(embed, bwd)] classifier (loss, dW, dh) and
+//   final-norm backward after(head, bwd); before/after(layers.i, bwd) for i = L-1..0;
+//   [untied: before(embed, bwd)] embedding backward after(embed, bwd).
+// forward_loss / forward_logits / decode: embed and layers as above, then
+//   before(head, fwd) [tied: before(embed, fwd)] final norm and classifier
+//   [tied: after(embed, fwd)] after(head, fwd).
+struct UnitHooks {
+  std::function<void(size_t unit, UnitPass pass)> before, after;
+};
+
+// flat: the model owns three flat buffers in registry order (master f32, grad
+// f32, compute bf16) and every Parameter views them.
+// external: no buffers; Parameter::master / compute / grad stay undefined until
+// the owner (ZeRO) binds them to its own memory, at the latest in
+// unit_hooks.before(u, pass) for unit u's parameters:
+//  - the value view of param_compute_dtype(spec, precision): `compute` (bf16)
+//    for bf16 matmul weights, `master` (f32) for everything else; in backward
+//    also `grad` (f32, gradients are ADDED). Shapes as in the spec.
+//  - q|k|v and gate|up (llama) are one GEMM each: their views must be adjacent
+//    in memory (registry order), value and grad alike.
+//  - the embedding lookup reads `master` of the token embedding if bound, else
+//    its bf16 `compute` (a tied bf16 embedding): then the embeddings differ from
+//    the flat model's by that bf16 rounding.
+//  - views share their storage: assign Tensor() to release it.
+// The model checks the bindings at before(u, pass) and throws Error if one is
+// missing. init_weights, sync_compute_weights, zero_grads, flat_master,
+// flat_grad and decode throw Error in external mode.
+enum class ParamStorage { flat, external };
+
 class Model {
  public:
-  Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx);
+  Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx,
+        ParamStorage storage = ParamStorage::flat);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -30,15 +69,18 @@ class Model {
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   cpu::CpuContext& ctx() { return ctx_; }
+  ParamStorage storage() const { return storage_; }
 
   // Registry order: embeddings, then per layer, then final norm and (untied) output.
   std::vector<Parameter>& params() { return params_; }
   const std::vector<Parameter>& params() const { return params_; }
   const Parameter& param(const std::string& name) const;  // throws Error if unknown
   Parameter& param(const std::string& name);
-  Tensor& flat_master() { return flat_master_; }
-  Tensor& flat_grad() { return flat_grad_; }
-  int64_t num_params() const { return flat_master_.numel(); }
+  // Contiguous registry ranges in registry order: embed, layers.0 .. layers.{L-1}, head.
+  const std::vector<ParamUnit>& units() const { return units_; }
+  Tensor& flat_master();  // flat storage only
+  Tensor& flat_grad();    // flat storage only
+  int64_t num_params() const { return num_params_; }
 
   // Layout-independent initialisation from the seed.
   void init_weights(uint64_t seed);
@@ -59,9 +101,8 @@ class Model {
   // Forward only: full logits [batch * seq, vocab] f32 (tests, small inputs).
   void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits);
 
-  // Called during backward, in reverse registry order, when a parameter's
-  // gradient for this micro-batch is complete (used by data parallelism).
-  std::function<void(size_t param_index)> on_grad_ready;
+  // Unit indices into units(); used by data parallelism and ZeRO.
+  UnitHooks unit_hooks;
 
   // Incremental decoding with a KV cache.
   KVCache make_kv_cache(int64_t batch, int64_t max_seq);
@@ -72,10 +113,14 @@ class Model {
 
  private:
   struct Impl;  // layers and saved activations, in model.cpp
+  void require_flat(const char* what) const;  // throws Error in external storage
   ModelConfig config_;
   Precision precision_;
   cpu::CpuContext& ctx_;
+  ParamStorage storage_;
   std::vector<Parameter> params_;
+  std::vector<ParamUnit> units_;
+  int64_t num_params_ = 0;
   Tensor flat_master_, flat_grad_, flat_compute_;
   std::unique_ptr<Impl> impl_;
 };

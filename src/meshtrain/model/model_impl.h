@@ -80,6 +80,12 @@ struct Model::Impl {
   const void* weight(size_t i, DType dt) const;
   // Reports a complete gradient; checks reverse registry order.
   void ready(size_t i);
+  // Fire unit_hooks (external storage: before() then checks the unit's views).
+  void before(size_t unit, UnitPass pass);
+  void after(size_t unit, UnitPass pass);
+  // External storage: throws unless unit's views are bound (see model.h).
+  void check_bound(size_t unit, UnitPass pass) const;
+  size_t layer_unit(int64_t layer) const { return 1 + static_cast<size_t>(layer); }
 
   Block block(int64_t layer) const;
   cpu::AttentionDims attention_dims(int64_t batch, int64_t seq) const;
@@ -87,12 +93,20 @@ struct Model::Impl {
   void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const;
   void check_tokens(const int32_t* ids, int64_t n, bool allow_negative, const char* what) const;
 
-  // Embeddings, all blocks, final norm into acts.hn. keep_all: one BlockActs
-  // and residual per layer (training); otherwise two residuals and one scratch
-  // block. cache != nullptr: incremental decoding from position cache->length
-  // (dt must be f32; the caller advances cache->length).
-  void forward_trunk(Activations& acts, const int32_t* tokens, int64_t batch, int64_t seq,
-                     DType dt, bool keep_all, KVCache* cache = nullptr);
+  // Embeddings and all blocks, with their forward hooks; returns the last
+  // residual. keep_all: one BlockActs and residual per layer (training);
+  // otherwise two residuals and one scratch block. cache != nullptr:
+  // incremental decoding from position cache->length (dt must be f32; the
+  // caller advances cache->length).
+  const Tensor& forward_trunk(Activations& acts, const int32_t* tokens, int64_t batch, int64_t seq,
+                              DType dt, bool keep_all, KVCache* cache = nullptr);
+  // out[rows, d] = token embeddings (+ positions from pos0).
+  void embedding_forward(const int32_t* tokens, int64_t batch, int64_t seq, int64_t pos0,
+                         float* out) const;
+  // Final norm of `last` into acts.hn, then `classifier` (reads the output
+  // layer), within the inference head hooks.
+  template <typename Classifier>
+  void head_forward(Activations& acts, const Tensor& last, DType dt, Classifier&& classifier);
   // cache != nullptr: incremental decoding at positions [pos0, pos0 + seq) (f32 only).
   void forward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out, DType dt,
                      int64_t batch, int64_t seq, cpu::KVCacheLayer* cache, int64_t pos0);
@@ -121,10 +135,28 @@ struct Model::Impl {
   bool has_rope = false;
   cpu::RopeTable rope;
   size_t embed = 0, positions = kNoParam, output = 0;
+  size_t embed_unit = 0, head_unit = 0;
+  bool tied = false;  // the token embedding is the output layer
   Norm final_norm;
   size_t next_ready = 0;  // the registry index + 1 the next ready() must report
   Activations train;
   Workspace ws;
 };
+
+}  // namespace meshtrain
+
+namespace meshtrain {
+
+template <typename Classifier>
+void Model::Impl::head_forward(Activations& acts, const Tensor& last, DType dt,
+                               Classifier&& classifier) {
+  before(head_unit, UnitPass::forward);
+  if (tied) before(embed_unit, UnitPass::forward);
+  norm_forward(final_norm, last, dt, acts.hn, acts.mean_f, acts.rstd_f, acts.batch * acts.seq,
+               acts.category);
+  classifier();
+  if (tied) after(embed_unit, UnitPass::forward);
+  after(head_unit, UnitPass::forward);
+}
 
 }  // namespace meshtrain

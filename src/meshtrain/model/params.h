@@ -31,12 +31,24 @@ struct ParamSpec {
   int64_t numel() const { return shape_numel(shape); }
 };
 
+// The dtype the model computes with: bf16 for matmul weights in bf16
+// precision (read from Parameter::compute), else f32 (read from master).
+DType param_compute_dtype(const ParamSpec& spec, Precision precision);
+
 struct Parameter {
   ParamSpec spec;
-  int64_t offset = 0;  // element offset in the flat buffers
+  int64_t offset = 0;  // element offset in the flat buffers (also set in external storage)
   Tensor master;       // f32 view into the flat master buffer
   Tensor grad;         // f32 view into the flat grad buffer
   Tensor compute;      // bf16 view (bf16 precision, matmul weights only); else undefined
+};
+
+// A unit: a contiguous registry range the model reads, and completes the
+// gradients of, together: "embed" (token embeddings, + GPT-2 positions),
+// "layers.<i>" (one per block), "head" (final norm, + untied lm_head).
+struct ParamUnit {
+  std::string name;
+  size_t first_param = 0, end_param = 0;  // registry indices [first, end)
 };
 
 // Fills `out` (f32, spec.numel() elements) with the parameter's initial values:
@@ -47,5 +59,7 @@ void init_parameter(const ParamSpec& spec, uint64_t seed, float* out);
 // layer, then the final norm and (untied llama) lm_head. Llama's q/k/v and
 // gate/up projections are adjacent so one GEMM covers each group.
 std::vector<ParamSpec> build_param_specs(const ModelConfig& config);
+// The units of that registry, in registry order; they cover it exactly once.
+std::vector<ParamUnit> build_param_units(const ModelConfig& config);
 
 }  // namespace meshtrain

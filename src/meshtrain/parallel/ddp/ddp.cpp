@@ -28,19 +28,35 @@ std::vector<GradBucket> make_grad_buckets(const std::vector<Parameter>& params,
   return buckets;
 }
 
+std::vector<size_t> bucket_first_units(const std::vector<GradBucket>& buckets,
+                                       const std::vector<ParamUnit>& units) {
+  std::vector<size_t> first_units;
+  for (const GradBucket& b : buckets) {
+    size_t u = 0;
+    while (u < units.size() && units[u].end_param <= b.first_param) ++u;
+    MESHTRAIN_CHECK(u < units.size(), "ddp: bucket at parameter {} lies outside every unit",
+                    b.first_param);
+    first_units.push_back(u);
+  }
+  return first_units;
+}
+
 DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& dp,
                                                  const DdpOptions& options)
     : model_(model), dp_(dp), options_(options) {
   MESHTRAIN_CHECK(std::isfinite(options.bucket_mb) && options.bucket_mb > 0,
                   "ddp: parallel.bucket_mb must be > 0, got {}", options.bucket_mb);
-  MESHTRAIN_CHECK(!model.on_grad_ready, "ddp: the model already has an on_grad_ready hook");
+  MESHTRAIN_CHECK(model.storage() == ParamStorage::flat,
+                  "ddp: needs the model's flat gradient buffer (flat parameter storage)");
+  MESHTRAIN_CHECK(!model.unit_hooks.after, "ddp: the model already has a unit_hooks.after hook");
   buckets_ =
       make_grad_buckets(model.params(), static_cast<size_t>(options.bucket_mb * 1024.0 * 1024.0));
-  model_.on_grad_ready = [this](size_t i) { on_grad_ready(i); };
+  bucket_units_ = bucket_first_units(buckets_, model.units());
+  model_.unit_hooks.after = [this](size_t unit, UnitPass pass) { on_unit_done(unit, pass); };
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  model_.on_grad_ready = nullptr;
+  model_.unit_hooks.after = nullptr;
   // The buffers the pending calls use belong to the model: let them finish.
   for (Work& w : pending_) {
     try {
@@ -56,11 +72,11 @@ void DistributedDataParallel::begin_micro_batch(bool last) {
   next_bucket_ = 0;
 }
 
-void DistributedDataParallel::on_grad_ready(size_t param_index) {
-  if (!syncing_ || !options_.overlap) return;
-  // Gradients complete in strictly decreasing registry order (the model
-  // checks), so a bucket is complete when its first parameter is.
-  if (next_bucket_ < buckets_.size() && param_index == buckets_[next_bucket_].first_param) {
+void DistributedDataParallel::on_unit_done(size_t unit, UnitPass pass) {
+  if (pass != UnitPass::backward || !syncing_ || !options_.overlap) return;
+  // Units complete in decreasing order (the model checks), so every bucket
+  // starting in this unit or a later one is complete.
+  while (next_bucket_ < buckets_.size() && bucket_units_[next_bucket_] >= unit) {
     launch(next_bucket_++);
   }
 }

@@ -5,9 +5,10 @@
 // Buckets are contiguous ranges of the model's flat gradient buffer, formed
 // in reverse registry order (the order backward completes gradients) up to
 // bucket_mb each, so a bucket is all-reduced in place with no copy. On the
-// last micro-batch of a step, Model::on_grad_ready tells us when a bucket's
-// last gradient is final; its all-reduce (avg) is issued at once and runs on
-// the communication thread while backward continues. Earlier micro-batches
+// last micro-batch of a step, Model::unit_hooks.after(u, backward) tells us
+// when unit u's gradients are final; a bucket whose every overlapped unit is
+// final is all-reduced (avg) at once on the communication thread while
+// backward continues. Earlier micro-batches
 // only accumulate locally (no communication). finish_gradient_sync() issues
 // whatever is left (everything, with overlap off) and waits: afterwards every
 // rank holds the same averaged gradients, so clipping and the optimizer step
@@ -34,6 +35,11 @@ struct GradBucket {
   int64_t offset = 0, numel = 0;          // elements of the flat gradient buffer
 };
 
+// The unit holding each bucket's first parameter: units finish backward in
+// decreasing order, so a bucket is complete once that unit is.
+std::vector<size_t> bucket_first_units(const std::vector<GradBucket>& buckets,
+                                       const std::vector<ParamUnit>& units);
+
 // The last synchronised step, for metrics and tests.
 struct DdpSyncTiming {
   CommClock::time_point backward_end;  // the last micro-batch's backward returned
@@ -50,7 +56,7 @@ std::vector<GradBucket> make_grad_buckets(const std::vector<Parameter>& params,
 
 class DistributedDataParallel {
  public:
-  // Installs the model's on_grad_ready hook; `model` and `dp` must outlive this.
+  // Installs the model's unit_hooks.after; `model` (flat storage) and `dp` must outlive this.
   DistributedDataParallel(Model& model, Communicator& dp, const DdpOptions& options);
   ~DistributedDataParallel();  // waits for pending all-reduces, removes the hook
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -68,13 +74,14 @@ class DistributedDataParallel {
   Communicator& dp() { return dp_; }
 
  private:
-  void on_grad_ready(size_t param_index);
+  void on_unit_done(size_t unit, UnitPass pass);
   void launch(size_t bucket);
 
   Model& model_;
   Communicator& dp_;
   DdpOptions options_;
   std::vector<GradBucket> buckets_;
+  std::vector<size_t> bucket_units_;  // bucket_first_units(buckets_, ...)
   std::vector<Work> pending_;  // one per bucket issued this step
   size_t next_bucket_ = 0;     // the next bucket to issue
   bool syncing_ = false;       // inside the final micro-batch's backward
