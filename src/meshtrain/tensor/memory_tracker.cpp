@@ -20,6 +20,7 @@ std::string_view mem_category_name(MemCategory category) {
     case MemCategory::activations: return "activations";
     case MemCategory::workspace: return "workspace";
     case MemCategory::comm: return "comm";
+    case MemCategory::offloaded: return "offloaded";
   }
   return "?";
 }
@@ -27,11 +28,13 @@ std::string_view mem_category_name(MemCategory category) {
 void MemoryTracker::on_alloc(MemCategory category, size_t bytes) {
   auto c = static_cast<size_t>(category);
   raise_to(peak_[c], live_[c].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  if (category == MemCategory::offloaded) return;
   raise_to(peak_total_, live_total_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
 }
 
 void MemoryTracker::on_free(MemCategory category, size_t bytes) {
   live_[static_cast<size_t>(category)].fetch_sub(bytes, std::memory_order_relaxed);
+  if (category == MemCategory::offloaded) return;
   live_total_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 

@@ -18,8 +18,9 @@ enum class MemCategory : uint8_t {
   activations,  // tensors saved between forward and backward
   workspace,    // temporaries that live within one kernel or layer call
   comm,         // communication buffers
+  offloaded,    // bytes moved to a slower tier (host copy, file); not part of the totals
 };
-inline constexpr size_t kMemCategories = 6;
+inline constexpr size_t kMemCategories = 7;
 
 std::string_view mem_category_name(MemCategory category);
 
@@ -30,6 +31,7 @@ class MemoryTracker {
 
   size_t live(MemCategory category) const;
   size_t peak(MemCategory category) const;
+  // Totals are the working memory: every category except `offloaded`.
   size_t live_total() const;
   // Highest total of live bytes seen at any moment (not the sum of per-category peaks).
   size_t peak_total() const;

@@ -1,8 +1,30 @@
 #include "meshtrain/parallel/zero/offload.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::zero {
+
+namespace {
+
+// File offsets of chunks are page aligned, so a later O_DIRECT path needs no new layout.
+constexpr uint64_t kFileAlign = 4096;
+
+std::string describe_bytes(size_t bytes) {
+  return fmt::format("{} ({} bytes)", format_bytes(bytes), bytes);
+}
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
 
 std::string_view offload_tier_name(OffloadTier tier) {
   switch (tier) {
@@ -18,6 +40,392 @@ OffloadTier parse_offload_tier(std::string_view name) {
   if (name == "cpu") return OffloadTier::cpu;
   if (name == "disk") return OffloadTier::disk;
   fail("offload: unknown tier '{}' (expected none, cpu or disk)", name);
+}
+
+OffloadStore::OffloadStore(std::string name, std::vector<OffloadChunkSpec> chunks,
+                           OffloadOptions options, MemoryTracker& tracker)
+    : name_(std::move(name)), options_(std::move(options)), tracker_(&tracker) {
+  std::set<std::string_view> names;
+  uint64_t offset = 0;
+  chunks_.reserve(chunks.size());
+  for (auto& spec : chunks) {
+    MESHTRAIN_CHECK(spec.numel > 0, "offload store '{}': chunk '{}' has {} elements", name_,
+                    spec.name, spec.numel);
+    Chunk c;
+    c.bytes = static_cast<size_t>(spec.numel) * sizeof(float);
+    MESHTRAIN_CHECK(!streams() || options_.budget_bytes == 0 || c.bytes <= options_.budget_bytes,
+                    "offload store '{}': chunk '{}' is {}, more than the resident budget of {}",
+                    name_, spec.name, describe_bytes(c.bytes),
+                    describe_bytes(options_.budget_bytes));
+    c.file_offset = offset;
+    offset += (c.bytes + kFileAlign - 1) / kFileAlign * kFileAlign;
+    c.spec = std::move(spec);
+    chunks_.push_back(std::move(c));
+  }
+  for (const auto& c : chunks_) {
+    MESHTRAIN_CHECK(names.insert(c.spec.name).second, "offload store '{}': chunk '{}' given twice",
+                    name_, c.spec.name);
+  }
+  switch (options_.tier) {
+    case OffloadTier::none:
+      for (auto& c : chunks_) {
+        c.home = Tensor({c.spec.numel}, DType::f32, options_.resident_category, *tracker_);
+      }
+      return;  // no I/O thread
+    case OffloadTier::cpu:
+      for (auto& c : chunks_) {
+        c.home = Tensor({c.spec.numel}, DType::f32, MemCategory::offloaded, *tracker_);
+      }
+      break;
+    case OffloadTier::disk: open_file(); break;
+  }
+  io_thread_ = std::thread([this] { io_loop(); });
+}
+
+void OffloadStore::open_file() {
+  namespace fs = std::filesystem;
+  MESHTRAIN_CHECK(!options_.directory.empty(),
+                  "offload store '{}': the disk tier needs a directory", name_);
+  std::error_code ec;
+  MESHTRAIN_CHECK(fs::is_directory(options_.directory, ec),
+                  "offload store '{}': directory '{}' does not exist or is not a directory", name_,
+                  options_.directory);
+  std::string file_name = fmt::format("meshtrain-offload-{}-XXXXXX", name_);
+  std::replace(file_name.begin(), file_name.end(), '/', '_');
+  std::string pattern = (fs::path(options_.directory) / file_name).string();
+  fd_ = ::mkstemp(pattern.data());
+  MESHTRAIN_CHECK(fd_ >= 0, "offload store '{}': cannot create a file in '{}': {}", name_,
+                  options_.directory, std::strerror(errno));
+  path_ = pattern;
+  uint64_t size = 0;
+  for (const auto& c : chunks_) {
+    size = c.file_offset + c.bytes;
+    stored_bytes_ += c.bytes;
+  }
+  // Reserve the space now, so a full disk fails here and not in the middle of a step.
+  // A file system without fallocate gets a sparse file (reads as zeros all the same).
+  int rc = size == 0 ? 0 : ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+  if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(fd_, static_cast<off_t>(size)) == 0 ? 0 : errno;
+  if (rc != 0) {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+    fd_ = -1;
+    fail("offload store '{}': cannot reserve {} in '{}': {}", name_, describe_bytes(size), path_,
+         std::strerror(rc));
+  }
+  tracker_->on_alloc(MemCategory::offloaded, stored_bytes_);
+}
+
+OffloadStore::~OffloadStore() {
+  if (io_thread_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    io_cv_.notify_all();
+    io_thread_.join();
+  }
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+    tracker_->on_free(MemCategory::offloaded, stored_bytes_);
+  }
+}
+
+size_t OffloadStore::find(std::string_view chunk_name) const {
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    if (chunks_[i].spec.name == chunk_name) return i;
+  }
+  fail("offload store '{}': no chunk named '{}'", name_, chunk_name);
+}
+
+void OffloadStore::check_no_error() {
+  if (error_) std::rethrow_exception(error_);
+}
+
+void OffloadStore::begin_pass(std::vector<size_t> order) {
+  std::unique_lock lock(mu_);
+  check_no_error();
+  MESHTRAIN_CHECK(!in_pass_, "offload store '{}': begin_pass inside a pass", name_);
+  MESHTRAIN_CHECK(held_bytes_ == 0, "offload store '{}': begin_pass with chunks still held",
+                  name_);
+  std::vector<bool> seen(chunks_.size(), false);
+  for (size_t id : order) {
+    MESHTRAIN_CHECK(id < chunks_.size(), "offload store '{}': pass names chunk {} of {}", name_,
+                    id, chunks_.size());
+    MESHTRAIN_CHECK(!seen[id], "offload store '{}': chunk '{}' appears twice in a pass", name_,
+                    chunks_[id].spec.name);
+    seen[id] = true;
+  }
+  order_ = std::move(order);
+  next_read_ = next_acquire_ = 0;
+  in_pass_ = true;
+  lock.unlock();
+  io_cv_.notify_all();
+}
+
+Tensor OffloadStore::acquire(size_t id) {
+  MESHTRAIN_CHECK(id < chunks_.size(), "offload store '{}': acquire of chunk {} of {}", name_, id,
+                  chunks_.size());
+  Chunk& c = chunks_[id];
+  std::unique_lock lock(mu_);
+  check_no_error();
+  if (in_pass_) {
+    MESHTRAIN_CHECK(next_acquire_ < order_.size() && order_[next_acquire_] == id,
+                    "offload store '{}': acquired chunk '{}' but the pass order has {} next",
+                    name_, c.spec.name,
+                    next_acquire_ < order_.size()
+                        ? fmt::format("'{}'", chunks_[order_[next_acquire_]].spec.name)
+                        : std::string("nothing"));
+  }
+  MESHTRAIN_CHECK(c.state != State::held, "offload store '{}': chunk '{}' is already held", name_,
+                  c.spec.name);
+  if (!streams()) {
+    if (in_pass_) ++next_acquire_;
+    c.state = State::held;
+    held_bytes_ += c.bytes;
+    return c.home;
+  }
+  // Otherwise the wait below could never end: the budget is full of the caller's chunks.
+  MESHTRAIN_CHECK(options_.budget_bytes == 0 || held_bytes_ + c.bytes <= options_.budget_bytes,
+                  "offload store '{}': holding {} already, chunk '{}' ({}) exceeds the resident "
+                  "budget of {}",
+                  name_, describe_bytes(held_bytes_), c.spec.name, describe_bytes(c.bytes),
+                  describe_bytes(options_.budget_bytes));
+  if (in_pass_) {
+    if (c.state == State::ready) {
+      ++stats_.ready_at_acquire;
+    } else {
+      ++stats_.waited_at_acquire;
+      auto start = Clock::now();
+      done_cv_.wait(lock, [&] { return c.state == State::ready || error_; });
+      stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      check_no_error();
+    }
+    ++next_acquire_;
+  } else {
+    // Outside a pass the I/O thread is idle: read here.
+    std::vector<Tensor> to_free;
+    c.buffer = take_buffer(c.bytes, to_free);
+    c.state = State::reading;
+    lock.unlock();
+    to_free.clear();
+    try {
+      if (!c.buffer.defined()) c.buffer = new_buffer(c);
+      read_chunk(c, c.buffer.data<float>());
+    } catch (...) {
+      lock.lock();
+      c.buffer = Tensor();
+      resident_bytes_ -= c.bytes;
+      c.state = State::stored;
+      throw;
+    }
+    lock.lock();
+  }
+  c.state = State::held;
+  held_bytes_ += c.bytes;
+  return c.buffer;
+}
+
+void OffloadStore::release(size_t id, bool dirty) {
+  MESHTRAIN_CHECK(id < chunks_.size(), "offload store '{}': release of chunk {} of {}", name_, id,
+                  chunks_.size());
+  Chunk& c = chunks_[id];
+  std::unique_lock lock(mu_);
+  MESHTRAIN_CHECK(c.state == State::held, "offload store '{}': release of chunk '{}' not held",
+                  name_, c.spec.name);
+  held_bytes_ -= c.bytes;
+  if (!streams()) {
+    c.state = State::stored;
+    return;
+  }
+  if (in_pass_) {
+    if (dirty) {
+      c.state = State::writing;
+      writes_.push_back(id);
+      lock.unlock();
+      io_cv_.notify_all();
+    } else {
+      c.state = State::stored;
+      spare_bytes_ += c.bytes;
+      spares_.push_back(std::move(c.buffer));
+      c.buffer = Tensor();
+      lock.unlock();
+      io_cv_.notify_all();
+    }
+    return;
+  }
+  Tensor buffer = std::move(c.buffer);
+  c.buffer = Tensor();
+  c.state = State::stored;
+  resident_bytes_ -= c.bytes;
+  lock.unlock();
+  if (dirty) write_chunk(c, buffer.data<float>());
+}
+
+void OffloadStore::end_pass() {
+  std::unique_lock lock(mu_);
+  MESHTRAIN_CHECK(in_pass_, "offload store '{}': end_pass outside a pass", name_);
+  auto start = Clock::now();
+  // Stop the read-ahead, then let the in-flight transfer and the writes finish.
+  next_read_ = order_.size();
+  done_cv_.wait(lock, [&] { return (!io_busy_ && writes_.empty()) || error_; });
+  stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  in_pass_ = false;
+  check_no_error();
+  std::vector<Tensor> to_free = std::move(spares_);
+  spares_.clear();
+  for (auto& c : chunks_) {
+    if (c.state == State::ready) {  // read ahead, never acquired
+      to_free.push_back(std::move(c.buffer));
+      c.buffer = Tensor();
+      c.state = State::stored;
+    }
+  }
+  for (const auto& t : to_free) resident_bytes_ -= t.bytes();
+  spare_bytes_ = 0;
+  lock.unlock();
+  to_free.clear();
+  // Held chunks keep their buffers; release() outside a pass writes and frees them.
+  MESHTRAIN_CHECK(held_bytes_ == 0, "offload store '{}': end_pass with chunks still held", name_);
+}
+
+void OffloadStore::wait_idle() {
+  std::unique_lock lock(mu_);
+  done_cv_.wait(lock, [&] { return (!io_busy_ && writes_.empty() && !can_read_ahead()) || error_; });
+  check_no_error();
+}
+
+OffloadStats OffloadStore::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+bool OffloadStore::can_read_ahead() const {
+  if (!in_pass_ || error_ || next_read_ >= order_.size()) return false;
+  size_t bytes = chunks_[order_[next_read_]].bytes;
+  if (options_.budget_bytes == 0) return true;
+  for (const auto& t : spares_) {
+    if (t.bytes() == bytes) return true;
+  }
+  return resident_bytes_ - spare_bytes_ + bytes <= options_.budget_bytes;
+}
+
+Tensor OffloadStore::take_buffer(size_t bytes, std::vector<Tensor>& to_free) {
+  for (size_t i = 0; i < spares_.size(); ++i) {
+    if (spares_[i].bytes() == bytes) {
+      Tensor t = std::move(spares_[i]);
+      spares_.erase(spares_.begin() + static_cast<long>(i));
+      spare_bytes_ -= bytes;
+      return t;
+    }
+  }
+  // Drop spares of other sizes until the new buffer fits.
+  while (!spares_.empty() && options_.budget_bytes != 0 &&
+         resident_bytes_ + bytes > options_.budget_bytes) {
+    resident_bytes_ -= spares_.back().bytes();
+    spare_bytes_ -= spares_.back().bytes();
+    to_free.push_back(std::move(spares_.back()));
+    spares_.pop_back();
+  }
+  resident_bytes_ += bytes;
+  return Tensor();
+}
+
+Tensor OffloadStore::new_buffer(const Chunk& chunk) {
+  return Tensor({chunk.spec.numel}, DType::f32, options_.resident_category, *tracker_);
+}
+
+void OffloadStore::io_loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    io_cv_.wait(lock, [&] { return stop_ || (!error_ && (!writes_.empty() || can_read_ahead())); });
+    if (stop_) return;
+    io_busy_ = true;
+    try {
+      if (!writes_.empty()) {  // writes first: they free room for the reads
+        Chunk& c = chunks_[writes_.front()];
+        lock.unlock();
+        write_chunk(c, c.buffer.data<float>());
+        lock.lock();
+        writes_.pop_front();
+        c.state = State::stored;
+        spare_bytes_ += c.bytes;
+        spares_.push_back(std::move(c.buffer));
+        c.buffer = Tensor();
+      } else {
+        Chunk& c = chunks_[order_[next_read_++]];
+        std::vector<Tensor> to_free;
+        c.buffer = take_buffer(c.bytes, to_free);
+        c.state = State::reading;
+        lock.unlock();
+        to_free.clear();  // freed before the new buffer is allocated: the peak stays in budget
+        if (!c.buffer.defined()) c.buffer = new_buffer(c);
+        read_chunk(c, c.buffer.data<float>());
+        lock.lock();
+        c.state = State::ready;
+      }
+    } catch (...) {
+      if (!lock.owns_lock()) lock.lock();
+      error_ = std::current_exception();
+    }
+    io_busy_ = false;
+    done_cv_.notify_all();
+  }
+}
+
+void OffloadStore::add_io_time(Clock::time_point start) {
+  std::lock_guard lock(mu_);
+  stats_.io_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void OffloadStore::read_chunk(const Chunk& c, float* dst) {
+  auto start = Clock::now();
+  if (options_.tier == OffloadTier::cpu) {
+    std::memcpy(dst, c.home.raw(), c.bytes);
+  } else {
+    auto* out = reinterpret_cast<char*>(dst);
+    size_t done = 0;
+    while (done < c.bytes) {
+      ssize_t n = ::pread(fd_, out + done, c.bytes - done, static_cast<off_t>(c.file_offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        fail("offload store '{}': reading chunk '{}' ({} at offset {}) from '{}': {}", name_,
+             c.spec.name, describe_bytes(c.bytes), c.file_offset, path_,
+             n == 0 ? fmt::format("file ends after {} of its bytes", done)
+                    : std::string(std::strerror(errno)));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  add_io_time(start);
+  std::lock_guard lock(mu_);
+  ++stats_.reads;
+  stats_.bytes_read += c.bytes;
+}
+
+void OffloadStore::write_chunk(const Chunk& c, const float* src) {
+  auto start = Clock::now();
+  if (options_.tier == OffloadTier::cpu) {
+    std::memcpy(c.home.raw(), src, c.bytes);
+  } else {
+    const auto* in = reinterpret_cast<const char*>(src);
+    size_t done = 0;
+    while (done < c.bytes) {
+      ssize_t n = ::pwrite(fd_, in + done, c.bytes - done, static_cast<off_t>(c.file_offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        fail("offload store '{}': writing chunk '{}' ({} at offset {}) to '{}': {}", name_,
+             c.spec.name, describe_bytes(c.bytes), c.file_offset, path_,
+             n == 0 ? std::string("nothing written") : std::string(std::strerror(errno)));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  add_io_time(start);
+  std::lock_guard lock(mu_);
+  ++stats_.writes;
+  stats_.bytes_written += c.bytes;
 }
 
 }  // namespace meshtrain::zero

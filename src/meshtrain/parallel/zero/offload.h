@@ -1,14 +1,156 @@
-// Offload tier for ZeRO optimizer-state shards (work in progress).
+// Offload store: named, fixed-size f32 chunks (ZeRO's optimizer-state shards and,
+// at stage 3, fp32 master shards) kept in a slower tier and streamed through a
+// bounded set of resident buffers, with read-ahead and write-behind on an I/O thread.
+//
+// Tiers:
+//   none  every chunk is one resident Tensor; acquire returns it, nothing is copied.
+//   cpu   a host copy per chunk (pinned host memory on GPUs; RAM here), copied into
+//         and out of separate resident working buffers.
+//   disk  one file per store in `directory`, read and written with pread/pwrite
+//         (like ZeRO-Infinity's NVMe tier).
+//
+// Use, one caller thread:
+//   OffloadStore store("opt", {{"layers.0.exp_avg", n0}, ...}, options, tracker);
+//   store.begin_pass({0, 1, 2, ...});          // order of this pass; read-ahead starts
+//   for (id : order) { Tensor t = store.acquire(id); ...; store.release(id, true); }
+//   store.end_pass();                          // waits for the writes
+// Within a pass chunks are acquired in the announced order (several may be held at
+// once, within the budget). Outside a pass acquire/release do the I/O on the caller's
+// thread (checkpoint save/load, filling initial values). Chunks start zero-filled.
+//
+// Memory: resident buffers (held, read ahead, or waiting to be written) count under
+// options.resident_category and never exceed options.budget_bytes together; the
+// slower tier (host copies, file bytes) counts as MemCategory::offloaded.
+// Errors (bad directory, chunk over budget, failed or short I/O) throw Error naming
+// the store, the chunk and the file; an I/O thread error is rethrown by the next call.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
+
+#include "meshtrain/tensor/memory_tracker.h"
+#include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::zero {
 
 enum class OffloadTier : uint8_t { none, cpu, disk };
 
 std::string_view offload_tier_name(OffloadTier tier);
+// "none" | "cpu" | "disk"; anything else throws.
 OffloadTier parse_offload_tier(std::string_view name);
+
+struct OffloadOptions {
+  OffloadTier tier = OffloadTier::none;
+  std::string directory;  // disk: an existing directory for the store's file
+  // cpu/disk: most bytes of resident chunk buffers at once (0 = no limit).
+  size_t budget_bytes = 0;
+  MemCategory resident_category = MemCategory::optimizer;
+};
+
+struct OffloadChunkSpec {
+  std::string name;
+  int64_t numel = 0;  // f32 elements
+};
+
+struct OffloadStats {
+  size_t reads = 0, writes = 0;  // chunk transfers from / to the slower tier
+  size_t bytes_read = 0, bytes_written = 0;
+  size_t ready_at_acquire = 0;   // pass acquires that found their chunk already read ahead
+  size_t waited_at_acquire = 0;  // pass acquires that had to wait for the read
+  double io_seconds = 0;         // time spent in reads and writes (either thread)
+  double wait_seconds = 0;       // caller time blocked in acquire and end_pass
+};
+
+class OffloadStore {
+ public:
+  // Creates the tier (for disk the file, space reserved). Throws if a chunk alone
+  // exceeds the budget, names repeat, or the directory is unusable.
+  OffloadStore(std::string name, std::vector<OffloadChunkSpec> chunks, OffloadOptions options,
+               MemoryTracker& tracker);
+  // Stops the I/O thread (unwritten data is dropped), frees the buffers, removes the file.
+  ~OffloadStore();
+  OffloadStore(const OffloadStore&) = delete;
+  OffloadStore& operator=(const OffloadStore&) = delete;
+
+  const std::string& name() const { return name_; }
+  OffloadTier tier() const { return options_.tier; }
+  size_t num_chunks() const { return chunks_.size(); }
+  const OffloadChunkSpec& chunk(size_t id) const { return chunks_.at(id).spec; }
+  size_t find(std::string_view chunk_name) const;  // throws if absent
+  const std::string& file_path() const { return path_; }  // disk only, else empty
+
+  // Starts a pass over `order` (distinct chunk ids; nothing may be held).
+  void begin_pass(std::vector<size_t> order);
+  // The chunk's resident values, an f32 [numel] tensor valid until release(id) (it
+  // shares the store's buffer: drop it right after release). In a pass `id` must be
+  // the next in the order; blocks until it is read.
+  Tensor acquire(size_t id);
+  // dirty: the values changed and go back to the slower tier (written behind in a pass).
+  void release(size_t id, bool dirty);
+  // Waits for the pending writes, drops chunks read ahead but not acquired.
+  void end_pass();
+  bool in_pass() const { return in_pass_; }
+
+  // Tests and benchmarks: blocks until the I/O thread has nothing it may do now.
+  void wait_idle();
+  OffloadStats stats() const;
+
+ private:
+  enum class State : uint8_t { stored, reading, ready, held, writing };
+  struct Chunk {
+    OffloadChunkSpec spec;
+    size_t bytes = 0;
+    uint64_t file_offset = 0;  // disk
+    Tensor home;               // none: the chunk itself; cpu: its host copy
+    Tensor buffer;             // cpu/disk: resident working buffer while not stored
+    State state = State::stored;
+  };
+
+  bool streams() const { return options_.tier != OffloadTier::none; }
+  void io_loop();
+  bool can_read_ahead() const;  // requires mu_
+  void check_no_error();        // requires mu_
+  // Reserves room for `bytes` (reusing or dropping spares, requires mu_); returns a
+  // spare of that size or an undefined tensor to allocate outside the lock.
+  Tensor take_buffer(size_t bytes, std::vector<Tensor>& to_free);
+  Tensor new_buffer(const Chunk& chunk);
+  void read_chunk(const Chunk& chunk, float* dst);
+  void write_chunk(const Chunk& chunk, const float* src);
+  void open_file();
+  void add_io_time(std::chrono::steady_clock::time_point start);
+
+  std::string name_;
+  OffloadOptions options_;
+  MemoryTracker* tracker_;
+  std::vector<Chunk> chunks_;
+  std::string path_;
+  int fd_ = -1;
+  size_t stored_bytes_ = 0;  // disk: counted as offloaded
+
+  mutable std::mutex mu_;
+  std::condition_variable io_cv_;    // wakes the I/O thread
+  std::condition_variable done_cv_;  // wakes the caller
+  bool in_pass_ = false;
+  std::vector<size_t> order_;
+  size_t next_read_ = 0, next_acquire_ = 0;
+  std::deque<size_t> writes_;
+  std::vector<Tensor> spares_;  // released buffers kept for reuse during a pass
+  size_t spare_bytes_ = 0;
+  size_t resident_bytes_ = 0;  // every buffer, spares included
+  size_t held_bytes_ = 0;
+  bool io_busy_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  OffloadStats stats_;
+  std::thread io_thread_;
+};
 
 }  // namespace meshtrain::zero
