@@ -99,7 +99,7 @@ def meshtrain(name, round="*"):
     for run in sorted(glob.glob(f"{work}/{name}.{round}")):
         if not glob.glob(f"{run}/metrics*.jsonl"):
             continue
-        ranks = [[json.loads(l) for l in open(p)][2:]  # skip two warm-up steps
+        ranks = [[r for r in map(json.loads, open(p)) if "step_ms" in r][2:]  # skip 2 warm-up steps
                  for p in sorted(glob.glob(f"{run}/metrics*.jsonl"))]
         for i in range(len(ranks[0])):
             slowest = max(ranks, key=lambda rows: rows[i]["step_ms"])[i]

@@ -121,6 +121,22 @@ TEST(Config, InvalidValuesNamed) {
   EXPECT_NE(error_of(no_data).find("data.train"), std::string::npos);
 }
 
+TEST(Config, GlobalBatchInTokens) {
+  std::string text = kBase;
+  text.erase(text.find("batch_size = 4\n"), 15);
+  TrainConfig c = parse_config(text, "run.toml", {{"train.batch_tokens", "256"}});
+  EXPECT_EQ(c.train.batch_size, 8);  // 256 tokens / seq_len 32
+  EXPECT_EQ(c.train.tokens_per_step(), 256);
+  EXPECT_EQ(c.train.micro_batch_size, 8);
+  // Given with a batch_size that agrees: fine; one that disagrees: named.
+  EXPECT_EQ(error_of(kBase, {{"train.batch_tokens", "128"}}), "");
+  EXPECT_EQ(error_of(kBase, {{"train.batch_tokens", "256"}}),
+            "config: train.batch_size (4) contradicts train.batch_tokens (256 = 8 sequences of "
+            "32); give one of them");
+  EXPECT_EQ(error_of(text, {{"train.batch_tokens", "100"}}),
+            "config: train.batch_tokens (100) must be a multiple of train.seq_len (32)");
+}
+
 TEST(Config, SyntaxErrorNamesFileAndLine) {
   std::string msg = error_of("[train]\nsteps = = 3\n");
   EXPECT_EQ(msg.rfind("config: run.toml:2:", 0), 0u) << msg;

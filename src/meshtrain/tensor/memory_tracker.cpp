@@ -55,14 +55,24 @@ void MemoryTracker::reset_peaks() {
   peak_total_.store(live_total_.load());
 }
 
-std::string MemoryTracker::report() const {
+MemorySnapshot MemoryTracker::snapshot() const {
+  MemorySnapshot s;
+  for (size_t c = 0; c < kMemCategories; ++c) {
+    s.live[c] = live_[c].load();
+    s.peak[c] = peak_[c].load();
+  }
+  s.live_total = live_total();
+  s.peak_total = peak_total();
+  return s;
+}
+
+std::string MemorySnapshot::report() const {
   std::string out;
   for (size_t c = 0; c < kMemCategories; ++c) {
-    auto category = static_cast<MemCategory>(c);
-    out += fmt::format("{} {} (peak {}), ", mem_category_name(category), format_bytes(live(category)),
-                       format_bytes(peak(category)));
+    out += fmt::format("{} {} (peak {}), ", mem_category_name(static_cast<MemCategory>(c)),
+                       format_bytes(live[c]), format_bytes(peak[c]));
   }
-  out += fmt::format("total {} (peak {})", format_bytes(live_total()), format_bytes(peak_total()));
+  out += fmt::format("total {} (peak {})", format_bytes(live_total), format_bytes(peak_total));
   return out;
 }
 

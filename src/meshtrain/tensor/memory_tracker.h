@@ -24,6 +24,15 @@ inline constexpr size_t kMemCategories = 7;
 
 std::string_view mem_category_name(MemCategory category);
 
+// Live and peak bytes by category at one moment (also the element-wise
+// maximum of several ranks' snapshots).
+struct MemorySnapshot {
+  std::array<size_t, kMemCategories> live{}, peak{};
+  size_t live_total = 0, peak_total = 0;
+  // "params 1.2 MiB (peak 1.2 MiB), grads ..., total 5.0 MiB (peak 6.1 MiB)"
+  std::string report() const;
+};
+
 class MemoryTracker {
  public:
   void on_alloc(MemCategory category, size_t bytes);
@@ -38,8 +47,8 @@ class MemoryTracker {
   // Resets every peak to the current live value (e.g. after initialisation).
   void reset_peaks();
 
-  // "params 1.2 MiB (peak 1.2 MiB), grads ..., total 5.0 MiB (peak 6.1 MiB)"
-  std::string report() const;
+  MemorySnapshot snapshot() const;
+  std::string report() const { return snapshot().report(); }
 
  private:
   std::array<std::atomic<size_t>, kMemCategories> live_{};

@@ -35,6 +35,7 @@ constexpr KeySpec kKeys[] = {
 
     {"train", "precision", Kind::string},     {"train", "seed", Kind::integer},
     {"train", "steps", Kind::integer},        {"train", "batch_size", Kind::integer},
+    {"train", "batch_tokens", Kind::integer},
     {"train", "micro_batch_size", Kind::integer}, {"train", "seq_len", Kind::integer},
     {"train", "threads", Kind::integer},      {"train", "grad_clip", Kind::number},
     {"train", "eval_interval", Kind::integer}, {"train", "eval_batches", Kind::integer},
@@ -271,6 +272,7 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   t.seed = static_cast<uint64_t>(seed);
   s.read("steps", t.steps);
   s.read("batch_size", t.batch_size);
+  s.read("batch_tokens", t.batch_tokens);
   s.read("micro_batch_size", t.micro_batch_size);
   s.read("seq_len", t.seq_len);
   s.read("threads", t.threads);
@@ -283,13 +285,25 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   s.read("out_dir", t.out_dir);
 
   check_min<int64_t>("train.steps", t.steps, 1);
+  check_min<int64_t>("train.seq_len", t.seq_len, 1);
+  check_min<int64_t>("train.batch_tokens", t.batch_tokens, 0);
+  if (t.batch_tokens > 0) {
+    MESHTRAIN_CHECK(t.batch_tokens % t.seq_len == 0,
+                    "config: train.batch_tokens ({}) must be a multiple of train.seq_len ({})",
+                    t.batch_tokens, t.seq_len);
+    const int64_t sequences = t.batch_tokens / t.seq_len;
+    MESHTRAIN_CHECK(!s.has("batch_size") || t.batch_size == sequences,
+                    "config: train.batch_size ({}) contradicts train.batch_tokens ({} = {} "
+                    "sequences of {}); give one of them",
+                    t.batch_size, t.batch_tokens, sequences, t.seq_len);
+    t.batch_size = sequences;
+  }
   check_min<int64_t>("train.batch_size", t.batch_size, 1);
   check_min<int64_t>("train.micro_batch_size", t.micro_batch_size, 0);
   if (t.micro_batch_size == 0) t.micro_batch_size = t.batch_size;
   MESHTRAIN_CHECK(t.batch_size % t.micro_batch_size == 0,
                   "config: train.batch_size ({}) must be a multiple of train.micro_batch_size ({})",
                   t.batch_size, t.micro_batch_size);
-  check_min<int64_t>("train.seq_len", t.seq_len, 1);
   MESHTRAIN_CHECK(t.seq_len <= model.max_seq_len,
                   "config: train.seq_len ({}) must be <= model.max_seq_len ({})", t.seq_len,
                   model.max_seq_len);
@@ -398,6 +412,7 @@ toml::table to_table(const TrainConfig& c) {
       {"seed", static_cast<int64_t>(t.seed)},
       {"steps", t.steps},
       {"batch_size", t.batch_size},
+      {"batch_tokens", t.batch_tokens},
       {"micro_batch_size", t.micro_batch_size},
       {"seq_len", t.seq_len},
       {"threads", t.threads},

@@ -19,7 +19,8 @@ struct TrainSettings {
   Precision precision = Precision::fp32;
   uint64_t seed = 1337;
   int64_t steps = 100;
-  int64_t batch_size = 8;        // sequences per optimizer step
+  int64_t batch_size = 8;        // sequences per optimizer step (the global batch)
+  int64_t batch_tokens = 0;      // the global batch in tokens instead (0 = use batch_size)
   int64_t micro_batch_size = 0;  // sequences per forward/backward; 0 = batch_size
   int64_t seq_len = 256;
   int threads = 0;               // 0 = the cores available to the process

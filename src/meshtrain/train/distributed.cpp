@@ -53,6 +53,25 @@ double sum_over_ranks(Communicator& comm, double value) {
   return value;
 }
 
+MemorySnapshot max_over_ranks(Communicator& comm, const MemorySnapshot& mine) {
+  // One all-reduce: live by category, peak by category, then the two totals.
+  std::vector<int64_t> values;
+  for (size_t v : mine.live) values.push_back(static_cast<int64_t>(v));
+  for (size_t v : mine.peak) values.push_back(static_cast<int64_t>(v));
+  values.push_back(static_cast<int64_t>(mine.live_total));
+  values.push_back(static_cast<int64_t>(mine.peak_total));
+  comm.all_reduce(values.data(), static_cast<int64_t>(values.size()), CommDType::i64,
+                  ReduceOp::max);
+  MemorySnapshot out;
+  for (size_t c = 0; c < kMemCategories; ++c) {
+    out.live[c] = static_cast<size_t>(values[c]);
+    out.peak[c] = static_cast<size_t>(values[kMemCategories + c]);
+  }
+  out.live_total = static_cast<size_t>(values[2 * kMemCategories]);
+  out.peak_total = static_cast<size_t>(values[2 * kMemCategories + 1]);
+  return out;
+}
+
 std::string metrics_file_name(int rank) {
   return rank == 0 ? "metrics.jsonl" : fmt::format("metrics.rank{}.jsonl", rank);
 }

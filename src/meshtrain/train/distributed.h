@@ -4,6 +4,7 @@
 #include <string>
 
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/tensor/memory_tracker.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -18,6 +19,9 @@ void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& m
 
 // Sum of `value` over the group (blocking).
 double sum_over_ranks(Communicator& comm, double value);
+
+// Every category's live and peak bytes: the maximum over the group (blocking).
+MemorySnapshot max_over_ranks(Communicator& comm, const MemorySnapshot& mine);
 
 // Rank 0 writes metrics.jsonl (as a single-rank run does); rank R > 0 metrics.rank<R>.jsonl.
 std::string metrics_file_name(int rank);

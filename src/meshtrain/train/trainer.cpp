@@ -115,8 +115,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                config_.model_preset.empty() ? "" : fmt::format("({}) ", config_.model_preset),
                m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.hidden_dim, m.vocab_size,
                model_->num_params());
-    fmt::print("train: {} steps, {} x {} tokens per step ({}{} micro-batches of {}), {}, {} threads\n",
-               t.steps, t.batch_size, t.seq_len,
+    fmt::print("train: {} steps, {} x {} = {} tokens per step ({}{} micro-batches of {}), {}, "
+               "{} threads\n",
+               t.steps, t.batch_size, t.seq_len, t.tokens_per_step(),
                options_.dp_size > 1 ? fmt::format("dp rank {} of {}: ", options_.dp_rank,
                                                   options_.dp_size)
                                     : "",
@@ -144,12 +145,37 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
       fmt::print("resumed from {} at step {} (epoch {}, sample {})\n", options_.resume_dir, step_,
                  resumed.sampler.epoch, resumed.sampler.index);
     }
-    fmt::print("memory: {}\n", tracker_.report());
     std::fflush(stdout);
   }
+  log_memory("start");
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::log_memory(const char* when) {
+  const MemorySnapshot mine = tracker_.snapshot();
+  nlohmann::json bytes;
+  for (size_t c = 0; c < kMemCategories; ++c) {
+    const std::string name(mem_category_name(static_cast<MemCategory>(c)));
+    bytes[name] = mine.live[c];
+    bytes[name + "_peak"] = mine.peak[c];
+  }
+  bytes["total"] = mine.live_total;
+  bytes["total_peak"] = mine.peak_total;
+  metrics_ << nlohmann::json{{"step", step_}, {"memory", when}, {"bytes", bytes}}.dump() << '\n';
+  metrics_.flush();
+  // Collective: every rank takes part, rank 0 prints.
+  const bool ranks = options_.mesh != nullptr && options_.mesh->world().size() > 1;
+  const MemorySnapshot max = ranks ? max_over_ranks(options_.mesh->world(), mine) : mine;
+  if (options_.console) {
+    fmt::print("memory at {}: {}\n", when, mine.report());
+    if (ranks) {
+      fmt::print("memory at {}, max over {} ranks: {}\n", when, options_.mesh->world().size(),
+                 max.report());
+    }
+    std::fflush(stdout);
+  }
+}
 
 StepRecord Trainer::train_step() {
   const TrainSettings& t = config_.train;
@@ -282,10 +308,7 @@ std::vector<StepRecord> Trainer::run() {
       if (options_.console) fmt::print("checkpoint: {}\n", dir);
     }
   }
-  if (options_.console) {
-    fmt::print("memory: {}\n", tracker_.report());
-    std::fflush(stdout);
-  }
+  log_memory("end");
   return records;
 }
 

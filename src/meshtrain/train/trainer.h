@@ -79,6 +79,9 @@ class Trainer {
  private:
   void log_step(const StepRecord& record);
   void log_eval(double val_loss);
+  // Rank 0 prints its bytes by category and (several ranks) the maximum over
+  // ranks; every rank writes its own to its metrics file. Collective.
+  void log_memory(const char* when);
 
   TrainConfig config_;
   TrainerOptions options_;
