@@ -117,6 +117,38 @@ TEST_F(DdpModel, NoCommunicationBeforeTheLastMicroBatch) {
   EXPECT_EQ(world_->calls_issued(), before + ddp.buckets().size());
 }
 
+// A bucket is issued as soon as every unit it overlaps has finished backward
+// (after(u, backward)), not later, and never before.
+TEST_F(DdpModel, BucketsLaunchWhenTheUnitsTheyOverlapFinishBackward) {
+  DistributedDataParallel ddp(m_.model, *world_, DdpOptions{.bucket_mb = 0.002, .overlap = true});
+  const std::vector<ParamUnit>& units = m_.model.units();
+  const std::vector<size_t> first_units = bucket_first_units(ddp.buckets(), units);
+  ASSERT_EQ(first_units.size(), ddp.buckets().size());
+  for (size_t b = 0; b < first_units.size(); ++b) {
+    const ParamUnit& u = units[first_units[b]];
+    EXPECT_LE(u.first_param, ddp.buckets()[b].first_param);
+    EXPECT_LT(ddp.buckets()[b].first_param, u.end_param);
+  }
+  std::vector<uint64_t> issued_at(units.size(), 0);
+  auto ddp_hook = m_.model.unit_hooks.after;
+  const uint64_t before = world_->calls_issued();
+  m_.model.unit_hooks.after = [&](size_t u, UnitPass pass) {
+    ddp_hook(u, pass);
+    if (pass == UnitPass::backward) issued_at[u] = world_->calls_issued() - before;
+  };
+  m_.model.zero_grads();
+  ddp.begin_micro_batch(true);
+  micro_batch(0);
+  ddp.finish_gradient_sync();
+  m_.model.unit_hooks.after = ddp_hook;
+  for (size_t u = 0; u < units.size(); ++u) {
+    uint64_t complete = 0;  // buckets lying in units u .. U-1
+    for (size_t f : first_units) complete += f >= u;
+    EXPECT_EQ(issued_at[u], complete) << "after backward of unit " << units[u].name;
+  }
+  EXPECT_EQ(issued_at[0], ddp.buckets().size());
+}
+
 // Overlap is measured, not assumed: with overlap on, some bucket's all-reduce
 // started (on the communication thread) before backward returned; with it
 // off, none did. Times come from the communicator's own records. The model is

@@ -1,9 +1,9 @@
 // The parameter registry: every parameter has a global name (Hugging Face
 // Llama / GPT-2 names), a global shape, a role (weight decay or not) and an
-// initialisation rule. The model stores all parameters in three flat buffers
-// (f32 master, f32 grads, bf16 compute copy), in registry order, so the
-// optimizer, clipping and (later) gradient buckets and ZeRO shards work on
-// contiguous memory.
+// initialisation rule. By default the model stores all parameters in three
+// flat buffers (f32 master, f32 grads, bf16 compute copy), in registry order,
+// so the optimizer, clipping and gradient buckets work on contiguous memory;
+// with external storage (model.h) an owner such as ZeRO binds them instead.
 #pragma once
 
 #include <cstdint>
