@@ -5,12 +5,7 @@
 
 namespace meshtrain {
 
-AdamW::AdamW(Model& model, const AdamWConfig& config)
-    : model_(model),
-      config_(config),
-      exp_avg_({model.num_params()}, DType::f32, MemCategory::optimizer, model.ctx().tracker()),
-      exp_avg_sq_({model.num_params()}, DType::f32, MemCategory::optimizer,
-                  model.ctx().tracker()) {
+void check_adamw_config(const AdamWConfig& config) {
   MESHTRAIN_CHECK(config.beta1 >= 0 && config.beta1 < 1, "optim.beta1 must be in [0, 1), got {}",
                   config.beta1);
   MESHTRAIN_CHECK(config.beta2 >= 0 && config.beta2 < 1, "optim.beta2 must be in [0, 1), got {}",
@@ -20,20 +15,35 @@ AdamW::AdamW(Model& model, const AdamWConfig& config)
                   config.weight_decay);
 }
 
+cpu::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, float lr,
+                            int64_t step, float grad_scale) {
+  cpu::AdamWHyper hyper;
+  hyper.lr = lr;
+  hyper.beta1 = config.beta1;
+  hyper.beta2 = config.beta2;
+  hyper.eps = config.eps;
+  hyper.weight_decay = spec.role == ParamRole::decay ? config.weight_decay : 0.0f;
+  hyper.step = step;
+  hyper.grad_scale = grad_scale;
+  return hyper;
+}
+
+AdamW::AdamW(Model& model, const AdamWConfig& config)
+    : model_(model),
+      config_(config),
+      exp_avg_({model.num_params()}, DType::f32, MemCategory::optimizer, model.ctx().tracker()),
+      exp_avg_sq_({model.num_params()}, DType::f32, MemCategory::optimizer,
+                  model.ctx().tracker()) {
+  check_adamw_config(config);
+}
+
 void AdamW::step(float lr, float grad_scale) {
   ++step_count_;
   float* m = exp_avg_.data<float>();
   float* v = exp_avg_sq_.data<float>();
   // Per parameter, so weight decay follows the role (never the tensor's index).
   for (Parameter& p : model_.params()) {
-    cpu::AdamWHyper hyper;
-    hyper.lr = lr;
-    hyper.beta1 = config_.beta1;
-    hyper.beta2 = config_.beta2;
-    hyper.eps = config_.eps;
-    hyper.weight_decay = p.spec.role == ParamRole::decay ? config_.weight_decay : 0.0f;
-    hyper.step = step_count_;
-    hyper.grad_scale = grad_scale;
+    cpu::AdamWHyper hyper = adamw_hyper(config_, p.spec, lr, step_count_, grad_scale);
     bf16* compute = p.compute.defined() ? p.compute.data<bf16>() : nullptr;
     cpu::adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(), m + p.offset,
                       v + p.offset, compute, p.spec.numel());

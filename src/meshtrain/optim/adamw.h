@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "meshtrain/backend/cpu/adamw.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -16,6 +17,12 @@ struct AdamWConfig {
   float eps = 1e-8f;
   float weight_decay = 0.1f;
 };
+
+// Throws Error naming the first invalid optim.* field.
+void check_adamw_config(const AdamWConfig& config);
+// The kernel's hyperparameters for one parameter: weight decay by its role.
+cpu::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, float lr,
+                            int64_t step, float grad_scale);
 
 class AdamW {
  public:

@@ -1,0 +1,65 @@
+#include "meshtrain/parallel/zero/flat_param.h"
+
+#include <algorithm>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::zero {
+
+std::vector<ShardSegment> FlatParam::segments(int rank) const {
+  std::vector<ShardSegment> out;
+  const int64_t begin = shard_begin(rank), end = begin + shard;
+  for (const FlatMember& m : members) {
+    const int64_t lo = std::max(begin, m.offset), hi = std::min(end, m.offset + m.numel);
+    if (lo >= hi) continue;
+    out.push_back({m.param, lo - begin, lo - m.offset, hi - lo});
+  }
+  return out;
+}
+
+int64_t ZeroLayout::padding() const {
+  int64_t total = 0;
+  for (const FlatParam& f : flats) total += f.padded - f.numel;
+  return total;
+}
+
+ZeroLayout make_zero_layout(const std::vector<ParamSpec>& specs,
+                            const std::vector<ParamUnit>& units, Precision precision, int dp) {
+  MESHTRAIN_CHECK(dp >= 1, "zero: data-parallel size must be >= 1, got {}", dp);
+  ZeroLayout layout;
+  layout.dp = dp;
+  layout.unit_flats.resize(units.size());
+  layout.param_flat.assign(specs.size(), static_cast<size_t>(-1));
+  layout.param_offset.assign(specs.size(), 0);
+  size_t expected_first = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ParamUnit& unit = units[u];
+    MESHTRAIN_CHECK(unit.first_param == expected_first && unit.end_param > unit.first_param &&
+                        unit.end_param <= specs.size(),
+                    "zero: unit '{}' [{}, {}) does not continue the registry at {}", unit.name,
+                    unit.first_param, unit.end_param, expected_first);
+    expected_first = unit.end_param;
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      FlatParam flat;
+      flat.unit = u;
+      flat.dtype = dtype;
+      for (size_t i = unit.first_param; i < unit.end_param; ++i) {
+        if (param_compute_dtype(specs[i], precision) != dtype) continue;
+        flat.members.push_back({i, flat.numel, specs[i].numel()});
+        layout.param_flat[i] = layout.flats.size();
+        layout.param_offset[i] = flat.numel;
+        flat.numel += specs[i].numel();
+      }
+      if (flat.members.empty()) continue;
+      flat.padded = (flat.numel + dp - 1) / dp * dp;
+      flat.shard = flat.padded / dp;
+      layout.unit_flats[u].push_back(layout.flats.size());
+      layout.flats.push_back(std::move(flat));
+    }
+  }
+  MESHTRAIN_CHECK(expected_first == specs.size(), "zero: units cover {} of {} parameters",
+                  expected_first, specs.size());
+  return layout;
+}
+
+}  // namespace meshtrain::zero

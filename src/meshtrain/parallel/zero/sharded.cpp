@@ -1,0 +1,492 @@
+#include "meshtrain/parallel/zero/sharded.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::zero {
+namespace {
+
+constexpr size_t kNone = static_cast<size_t>(-1);
+
+double seconds(CommClock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+struct ShardedDataParallel::Piece {
+  int64_t begin = 0, end = 0;                            // shard elements
+  size_t exp_avg = 0, exp_avg_sq = 0, master = kNone;    // store chunk ids
+};
+
+struct ShardedDataParallel::Flat {
+  Tensor full;                 // [padded] compute dtype; stage 3 only while gathered
+  Work gather;                 // the all-gather into `full`, until waited for
+  bool gather_pending = false;
+  Tensor compute_shard;        // stage 3: [shard] compute dtype
+  Tensor master_alias;         // f32 flats: the master shard within the compute values
+  Tensor grad_full;            // [padded] f32; stage 1 persistent, else per micro-batch
+  Tensor grad_shard;           // stages 2, 3: [shard] f32
+  bool shard_written = false;  // a reduce-scatter already wrote grad_shard this step
+  std::vector<ShardSegment> segments;
+  std::vector<Piece> pieces;
+};
+
+struct ShardedDataParallel::Reduce {
+  enum class Then { nothing, add_to_shard, copy_to_full };
+  size_t flat = 0;
+  Work work;
+  Tensor send, recv;  // kept alive until the call completes
+  Then then = Then::nothing;
+};
+
+ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const AdamWConfig& adamw,
+                                         const ZeroOptions& options)
+    : model_(model), dp_(dp), adamw_(adamw), options_(options), rank_(dp.rank()) {
+  MESHTRAIN_CHECK(options.stage >= 1 && options.stage <= 3,
+                  "zero: stage must be 1, 2 or 3, got {}", options.stage);
+  MESHTRAIN_CHECK(model.storage() == ParamStorage::external,
+                  "zero: the model must be built with ParamStorage::external");
+  MESHTRAIN_CHECK(!model.unit_hooks.before && !model.unit_hooks.after,
+                  "zero: the model already has unit hooks");
+  MESHTRAIN_CHECK(options.piece_elems > 0, "zero: piece_elems must be > 0, got {}",
+                  options.piece_elems);
+  check_adamw_config(adamw);
+  std::vector<ParamSpec> specs;
+  for (const Parameter& p : model.params()) specs.push_back(p.spec);
+  layout_ = make_zero_layout(specs, model.units(), model.precision(), dp.size());
+
+  MemoryTracker& tracker = model.ctx().tracker();
+  const int stage = options.stage;
+  std::vector<OffloadChunkSpec> chunks;
+  flats_.resize(layout_.flats.size());
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    const FlatParam& fp = layout_.flats[i];
+    Flat& f = flats_[i];
+    f.segments = fp.segments(rank_);
+    if (stage <= 2) {
+      f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, tracker);
+      if (fp.dtype == DType::f32) f.master_alias = f.full.view(fp.shard_begin(rank_), {fp.shard});
+      bind_values(i);
+    } else {
+      f.compute_shard = Tensor({fp.shard}, fp.dtype, MemCategory::params, tracker);
+      if (fp.dtype == DType::f32) f.master_alias = f.compute_shard;
+    }
+    if (stage == 1) {
+      f.grad_full = Tensor({fp.padded}, DType::f32, MemCategory::grads, tracker);
+      bind_grads(i, true);
+    } else {
+      f.grad_shard = Tensor({fp.shard}, DType::f32, MemCategory::grads, tracker);
+    }
+    const std::string name =
+        fmt::format("{}.{}", model.units()[fp.unit].name, dtype_name(fp.dtype));
+    for (int64_t begin = 0; begin < fp.shard; begin += options.piece_elems) {
+      Piece piece;
+      piece.begin = begin;
+      piece.end = std::min(fp.shard, begin + options.piece_elems);
+      const int64_t n = piece.end - piece.begin, k = begin / options.piece_elems;
+      piece.exp_avg = chunks.size();
+      chunks.push_back({fmt::format("{}.exp_avg.{}", name, k), n});
+      piece.exp_avg_sq = chunks.size();
+      chunks.push_back({fmt::format("{}.exp_avg_sq.{}", name, k), n});
+      if (!f.master_alias.defined()) {
+        piece.master = chunks.size();
+        chunks.push_back({fmt::format("{}.master.{}", name, k), n});
+      }
+      f.pieces.push_back(piece);
+    }
+  }
+  OffloadOptions store = options.offload;
+  store.resident_category = MemCategory::optimizer;
+  store_ = std::make_unique<OffloadStore>(fmt::format("zero_state.rank{}", rank_),
+                                          std::move(chunks), store, tracker);
+  model_.unit_hooks.before = [this](size_t u, UnitPass pass) { before(u, pass); };
+  model_.unit_hooks.after = [this](size_t u, UnitPass pass) { after(u, pass); };
+}
+
+ShardedDataParallel::~ShardedDataParallel() {
+  model_.unit_hooks = UnitHooks{};
+  // Pending calls use our buffers: let them finish.
+  for (Reduce& r : reduces_) {
+    try {
+      r.work.wait();
+    } catch (...) {  // already failing; reported elsewhere
+    }
+  }
+  for (Flat& f : flats_) {
+    try {
+      if (f.gather_pending) f.gather.wait();
+    } catch (...) {
+    }
+  }
+  for (Parameter& p : model_.params()) {
+    p.master = Tensor();
+    p.compute = Tensor();
+    p.grad = Tensor();
+  }
+}
+
+void ShardedDataParallel::bind_values(size_t flat) {
+  const FlatParam& fp = layout_.flats[flat];
+  const Tensor& full = flats_[flat].full;
+  for (const FlatMember& m : fp.members) {
+    Parameter& p = model_.params()[m.param];
+    Tensor view = full.defined() ? full.view(m.offset, p.spec.shape) : Tensor();
+    (fp.dtype == DType::f32 ? p.master : p.compute) = std::move(view);
+  }
+}
+
+void ShardedDataParallel::bind_grads(size_t flat, bool bound) {
+  const FlatParam& fp = layout_.flats[flat];
+  const Tensor& grads = flats_[flat].grad_full;
+  for (const FlatMember& m : fp.members) {
+    Parameter& p = model_.params()[m.param];
+    p.grad = bound ? grads.view(m.offset, p.spec.shape) : Tensor();
+  }
+}
+
+void ShardedDataParallel::finish(Work& work, double* exposed) {
+  const CommClock::time_point start = CommClock::now();
+  work.wait();
+  if (exposed != nullptr) *exposed += seconds(CommClock::now() - start);
+  const CallRecord r = work.record();
+  timing_.comm_seconds += r.busy_seconds();
+  timing_.bytes += r.bytes;
+  work = Work();
+}
+
+void ShardedDataParallel::gather_async(size_t flat) {
+  const FlatParam& fp = layout_.flats[flat];
+  Flat& f = flats_[flat];
+  f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.ctx().tracker());
+  std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
+  f.gather = dp_.all_gather_async(f.compute_shard.raw(), f.full.raw(), counts, comm_dtype(fp.dtype));
+  f.gather_pending = true;
+}
+
+void ShardedDataParallel::wait_gather(size_t flat) {
+  Flat& f = flats_[flat];
+  if (!f.gather_pending) return;
+  finish(f.gather, &timing_.exposed_seconds);
+  f.gather_pending = false;
+}
+
+void ShardedDataParallel::release_params(size_t flat) {
+  Flat& f = flats_[flat];
+  if (!f.full.defined()) return;
+  wait_gather(flat);
+  f.full = Tensor();
+  bind_values(flat);  // unbinds: the views held the storage
+}
+
+size_t ShardedDataParallel::prefetch_target(size_t unit, UnitPass pass) const {
+  if (pass == UnitPass::backward) return unit > 0 ? unit - 1 : kNone;
+  if (unit + 1 < layout_.unit_flats.size()) return unit + 1;
+  // The head's forward: with tied embeddings the token embedding is the output layer next.
+  const ModelConfig& c = model_.config();
+  return c.family == Family::gpt2 || c.tie_embeddings ? 0 : kNone;
+}
+
+void ShardedDataParallel::before(size_t unit, UnitPass pass) {
+  poll_reduces(false);
+  const int stage = options_.stage;
+  for (size_t i : layout_.unit_flats[unit]) {
+    Flat& f = flats_[i];
+    if (stage == 3) {
+      const CommClock::time_point needed = CommClock::now();
+      if (!f.full.defined()) gather_async(i);
+      if (f.gather_pending) {
+        Work work = f.gather;  // shares the state: its record stays readable
+        wait_gather(i);
+        timing_.gathers.push_back({unit, pass, needed, work.record()});
+      }
+      bind_values(i);
+    } else {
+      wait_gather(i);  // the update's all-gather
+    }
+    if (pass == UnitPass::backward && stage >= 2 && !f.grad_full.defined()) {
+      f.grad_full = Tensor({layout_.flats[i].padded}, DType::f32, MemCategory::grads,
+                           model_.ctx().tracker());
+      bind_grads(i, true);
+    }
+  }
+  if (stage == 3 && options_.prefetch) {
+    const size_t next = prefetch_target(unit, pass);
+    if (next != kNone) {
+      for (size_t i : layout_.unit_flats[next]) {
+        if (!flats_[i].full.defined()) gather_async(i);
+      }
+    }
+  }
+}
+
+void ShardedDataParallel::after(size_t unit, UnitPass pass) {
+  const int stage = options_.stage;
+  const size_t head = layout_.unit_flats.size() - 1;
+  for (size_t i : layout_.unit_flats[unit]) {
+    if (pass == UnitPass::forward) {
+      // Backward starts with the head: never free it after forward.
+      if (stage == 3 && options_.reshard_after_forward && unit != head) release_params(i);
+      continue;
+    }
+    if (stage == 3) release_params(i);
+    if (stage >= 2 || last_micro_batch_) reduce_scatter_grads(i);
+  }
+  poll_reduces(false);
+}
+
+void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
+  const FlatParam& fp = layout_.flats[flat];
+  Flat& f = flats_[flat];
+  MemoryTracker& tracker = model_.ctx().tracker();
+  Reduce r;
+  r.flat = flat;
+  r.send = f.grad_full;
+  if (options_.stage == 1) {
+    r.recv = Tensor({fp.shard}, DType::f32, MemCategory::grads, tracker);
+    r.then = Reduce::Then::copy_to_full;
+  } else if (!f.shard_written) {
+    r.recv = f.grad_shard;  // the step's first contribution: no addition needed
+    f.shard_written = true;
+  } else {
+    r.recv = Tensor({fp.shard}, DType::f32, MemCategory::grads, tracker);
+    r.then = Reduce::Then::add_to_shard;
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
+  r.work = dp_.reduce_scatter_async(r.send.raw(), r.recv.raw(), counts, CommDType::f32,
+                                    ReduceOp::avg);
+  if (options_.stage >= 2) {
+    bind_grads(flat, false);
+    f.grad_full = Tensor();  // freed when the call completes (r.send)
+  }
+  reduces_.push_back(std::move(r));
+}
+
+void ShardedDataParallel::poll_reduces(bool wait_all) {
+  size_t done = 0;
+  // In issue order: an accumulation adds after the shard's first write.
+  for (; done < reduces_.size(); ++done) {
+    Reduce& r = reduces_[done];
+    if (!wait_all && !r.work.test()) break;
+    finish(r.work, &timing_.exposed_seconds);
+    const FlatParam& fp = layout_.flats[r.flat];
+    Flat& f = flats_[r.flat];
+    const float* src = r.recv.data<float>();
+    if (r.then == Reduce::Then::add_to_shard) {
+      float* dst = f.grad_shard.data<float>();
+      for (int64_t k = 0; k < fp.shard; ++k) dst[k] += src[k];
+    } else if (r.then == Reduce::Then::copy_to_full) {
+      std::memcpy(f.grad_full.data<float>() + fp.shard_begin(rank_), src,
+                  static_cast<size_t>(fp.shard) * sizeof(float));
+    }
+  }
+  reduces_.erase(reduces_.begin(), reduces_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void ShardedDataParallel::begin_micro_batch(bool first, bool last) {
+  last_micro_batch_ = last;
+  if (!first) return;
+  MESHTRAIN_CHECK(reduces_.empty(), "zero: a step began before the previous sync finished");
+  timing_ = ZeroStepTiming{};
+  for (Flat& f : flats_) {
+    if (options_.stage == 1) {
+      f.grad_full.zero();
+    } else {
+      f.grad_shard.zero();
+      f.shard_written = false;
+    }
+  }
+}
+
+void ShardedDataParallel::finish_gradient_sync() {
+  poll_reduces(true);
+  for (const Flat& f : flats_) {
+    MESHTRAIN_CHECK(options_.stage == 1 || !f.grad_full.defined(),
+                    "zero: a unit's backward did not finish (after(u, backward) missing)");
+  }
+}
+
+float* ShardedDataParallel::grad_shard(size_t flat) {
+  Flat& f = flats_[flat];
+  if (options_.stage == 1) return f.grad_full.data<float>() + layout_.flats[flat].shard_begin(rank_);
+  return f.grad_shard.data<float>();
+}
+
+double ShardedDataParallel::grad_norm() {
+  MESHTRAIN_CHECK(reduces_.empty(), "zero: grad_norm before finish_gradient_sync");
+  // Padding is zero; each shard's sum has a fixed blocking.
+  double sum = 0;
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    sum += cpu::sum_squares(grad_shard(i), layout_.flats[i].shard);
+  }
+  dp_.all_reduce(&sum, 1, CommDType::f64, ReduceOp::sum);
+  return std::sqrt(sum);
+}
+
+void* ShardedDataParallel::compute_values(size_t flat) {
+  const FlatParam& fp = layout_.flats[flat];
+  Flat& f = flats_[flat];
+  if (options_.stage == 3) return f.compute_shard.raw();
+  return static_cast<char*>(f.full.raw()) +
+         static_cast<size_t>(fp.shard_begin(rank_)) * dtype_size(fp.dtype);
+}
+
+void ShardedDataParallel::step(float lr, float grad_scale) {
+  MESHTRAIN_CHECK(reduces_.empty(), "zero: step before finish_gradient_sync");
+  for (size_t i = 0; i < flats_.size(); ++i) wait_gather(i);  // sources of pending gathers
+  ++step_count_;
+  std::vector<size_t> order;
+  for (const Flat& f : flats_) {
+    for (const Piece& p : f.pieces) {
+      order.push_back(p.exp_avg);
+      order.push_back(p.exp_avg_sq);
+      if (p.master != kNone) order.push_back(p.master);
+    }
+  }
+  store_->begin_pass(std::move(order));
+  const std::vector<Parameter>& params = model_.params();
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    Flat& f = flats_[i];
+    const float* g = grad_shard(i);
+    bf16* compute =
+        layout_.flats[i].dtype == DType::bf16 ? static_cast<bf16*>(compute_values(i)) : nullptr;
+    for (const Piece& p : f.pieces) {
+      Tensor m = store_->acquire(p.exp_avg);
+      Tensor v = store_->acquire(p.exp_avg_sq);
+      Tensor master = p.master != kNone ? store_->acquire(p.master) : Tensor();
+      for (const ShardSegment& s : f.segments) {
+        const int64_t lo = std::max(s.shard_offset, p.begin);
+        const int64_t hi = std::min(s.shard_offset + s.numel, p.end);
+        if (lo >= hi) continue;
+        const int64_t k = lo - p.begin;  // within the piece's chunks
+        float* w = master.defined() ? master.data<float>() + k : f.master_alias.data<float>() + lo;
+        cpu::adamw_update(adamw_hyper(adamw_, params[s.param].spec, lr, step_count_, grad_scale),
+                          w, g + lo, m.data<float>() + k, v.data<float>() + k,
+                          compute != nullptr ? compute + lo : nullptr, hi - lo);
+      }
+      store_->release(p.exp_avg, true);
+      store_->release(p.exp_avg_sq, true);
+      if (p.master != kNone) store_->release(p.master, true);
+    }
+  }
+  store_->end_pass();
+  if (options_.stage <= 2) all_gather_updated();
+}
+
+void ShardedDataParallel::all_gather_updated() {
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    const FlatParam& fp = layout_.flats[i];
+    Flat& f = flats_[i];
+    wait_gather(i);
+    std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
+    f.gather = dp_.all_gather_async(compute_values(i), f.full.raw(), counts, comm_dtype(fp.dtype));
+    f.gather_pending = true;
+  }
+}
+
+void ShardedDataParallel::quiesce() {
+  poll_reduces(true);
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    wait_gather(i);
+    if (options_.stage == 3) release_params(i);
+  }
+}
+
+// --- state in and out (initialisation, checkpoints) ---
+
+void ShardedDataParallel::read_state(size_t flat, State state, float* out) {
+  const Flat& f = flats_[flat];
+  if (state == State::master && f.master_alias.defined()) {
+    std::memcpy(out, f.master_alias.data<float>(), f.master_alias.bytes());
+    return;
+  }
+  for (const Piece& p : f.pieces) {
+    const size_t id = state == State::master ? p.master
+                      : state == State::exp_avg ? p.exp_avg
+                                                : p.exp_avg_sq;
+    Tensor t = store_->acquire(id);
+    std::memcpy(out + p.begin, t.data<float>(), t.bytes());
+    store_->release(id, false);
+  }
+}
+
+void ShardedDataParallel::write_state(size_t flat, State state, const float* in) {
+  const FlatParam& fp = layout_.flats[flat];
+  Flat& f = flats_[flat];
+  if (state == State::master) {
+    if (fp.dtype == DType::bf16) convert(DType::f32, in, DType::bf16, compute_values(flat),
+                                         static_cast<size_t>(fp.shard));
+    if (f.master_alias.defined()) {
+      std::memcpy(f.master_alias.data<float>(), in, f.master_alias.bytes());
+      return;
+    }
+  }
+  for (const Piece& p : f.pieces) {
+    const size_t id = state == State::master ? p.master
+                      : state == State::exp_avg ? p.exp_avg
+                                                : p.exp_avg_sq;
+    Tensor t = store_->acquire(id);
+    std::memcpy(t.data<float>(), in + p.begin, t.bytes());
+    store_->release(id, true);
+  }
+}
+
+void ShardedDataParallel::init_weights(uint64_t seed) {
+  quiesce();
+  const std::vector<Parameter>& params = model_.params();
+  std::vector<float> values, whole;
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    values.assign(static_cast<size_t>(layout_.flats[i].shard), 0.0f);
+    for (const ShardSegment& s : flats_[i].segments) {
+      // A parameter's values depend on (seed, name, index) only.
+      const ParamSpec& spec = params[s.param].spec;
+      whole.resize(static_cast<size_t>(spec.numel()));
+      init_parameter(spec, seed, whole.data());
+      std::memcpy(values.data() + s.shard_offset, whole.data() + s.param_offset,
+                  static_cast<size_t>(s.numel) * sizeof(float));
+    }
+    write_state(i, State::master, values.data());
+  }
+  if (options_.stage <= 2) all_gather_updated();
+}
+
+void ShardedDataParallel::load_full(State state, const float* full) {
+  quiesce();
+  const std::vector<Parameter>& params = model_.params();
+  std::vector<float> values;
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    values.assign(static_cast<size_t>(layout_.flats[i].shard), 0.0f);
+    for (const ShardSegment& s : flats_[i].segments) {
+      std::memcpy(values.data() + s.shard_offset, full + params[s.param].offset + s.param_offset,
+                  static_cast<size_t>(s.numel) * sizeof(float));
+    }
+    write_state(i, state, values.data());
+  }
+  if (state == State::master && options_.stage <= 2) all_gather_updated();
+}
+
+void ShardedDataParallel::gather_full(State state, int root, float* full) {
+  quiesce();
+  MESHTRAIN_CHECK(rank_ != root || full != nullptr, "zero: gather_full without a buffer on root");
+  MemoryTracker& tracker = model_.ctx().tracker();
+  const std::vector<Parameter>& params = model_.params();
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    const FlatParam& fp = layout_.flats[i];
+    Tensor shard({fp.shard}, DType::f32, MemCategory::workspace, tracker);
+    Tensor all({fp.padded}, DType::f32, MemCategory::workspace, tracker);
+    read_state(i, state, shard.data<float>());
+    dp_.all_gather(shard.raw(), all.raw(), fp.shard, CommDType::f32);
+    if (rank_ != root) continue;
+    for (const FlatMember& m : fp.members) {
+      std::memcpy(full + params[m.param].offset, all.data<float>() + m.offset,
+                  static_cast<size_t>(m.numel) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace meshtrain::zero

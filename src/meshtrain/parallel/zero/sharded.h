@@ -1,0 +1,146 @@
+// ZeRO data parallelism (stages 1, 2, 3) over the flat parameters of
+// flat_param.h, driven by the model's unit hooks.
+//
+// Per rank and flat parameter (shard = padded / dp elements):
+//   stage 1: full compute params [padded] and full f32 grads [padded] resident;
+//            master, exp_avg, exp_avg_sq shards. On the step's last
+//            micro-batch each unit's grads are reduce-scattered (avg) as soon
+//            as after(u, backward) fires, overlapping the rest of backward.
+//   stage 2: + the f32 grad shard instead of full grads: every micro-batch's
+//            unit grads live in a transient full buffer from before(u, bwd)
+//            until their reduce-scatter completes, and are ADDED to the shard.
+//   stage 3: + compute params sharded: before(u, pass) all-gathers unit u
+//            (prefetch: unit u's successor is issued on the communication
+//            thread at once), after(u, fwd) frees it unless
+//            reshard_after_forward is false (never the head, which backward
+//            needs next), after(u, bwd) frees it.
+// Master shards: a f32 flat parameter's master shard IS its slice of the full
+// compute buffer (stages 1/2) or its compute shard (stage 3): in f32 the
+// values the model computes with are the master values. bf16 flat parameters
+// keep a separate f32 master shard. Optimizer state (exp_avg, exp_avg_sq and
+// the separate master shards) lives in an OffloadStore: resident with tier
+// none, streamed through the RAM budget with cpu/disk, with identical results.
+//
+// The step: grad_norm() (sum of squares of the grad shards, all-reduced) ->
+// step(lr, clip) (AdamW per (parameter ∩ shard) segment with that
+// parameter's decay role; stages 1/2 then all-gather the updated compute
+// values in place, waited for by the next before(u, pass)).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/model/model.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/zero/flat_param.h"
+#include "meshtrain/parallel/zero/offload.h"
+
+namespace meshtrain::zero {
+
+struct ZeroOptions {
+  int stage = 1;  // 1, 2 or 3
+  bool prefetch = true;                // stage 3: gather the next unit ahead
+  bool reshard_after_forward = true;   // stage 3: free a unit after its forward
+  OffloadOptions offload;              // optimizer state's tier (resident_category ignored)
+  // Optimizer state moves in pieces of at most this many elements per state
+  // (the same for every tier, so the tier cannot change a result).
+  int64_t piece_elems = int64_t{1} << 16;
+};
+
+// One stage-3 all-gather as the model met it.
+struct GatherEvent {
+  size_t unit = 0;
+  UnitPass pass = UnitPass::forward;
+  CommClock::time_point needed;  // before(unit, pass) was called
+  CallRecord call;               // submitted / started / finished
+};
+
+// The last step's communication.
+struct ZeroStepTiming {
+  double comm_seconds = 0;     // busy time of the collectives that completed in the step
+  double exposed_seconds = 0;  // what the training thread waited for them
+  uint64_t bytes = 0;          // CallRecord bytes (reduce_scatter: input, all_gather: output)
+  std::vector<GatherEvent> gathers;  // stage 3
+};
+
+class ShardedDataParallel {
+ public:
+  // `model` must use ParamStorage::external; model and dp must outlive this.
+  // Installs the model's unit hooks and binds the stage 1/2 buffers.
+  ShardedDataParallel(Model& model, Communicator& dp, const AdamWConfig& adamw,
+                      const ZeroOptions& options);
+  ~ShardedDataParallel();  // waits for pending calls, removes the hooks
+  ShardedDataParallel(const ShardedDataParallel&) = delete;
+  ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
+
+  const ZeroLayout& layout() const { return layout_; }
+  const ZeroOptions& options() const { return options_; }
+  Communicator& dp() { return dp_; }
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t step) { step_count_ = step; }
+
+  // Layout-independent initial weights: the values Model::init_weights(seed) gives.
+  void init_weights(uint64_t seed);
+
+  // Call before each micro-batch; first: the step's first (zeroes the
+  // gradients), last: its final one.
+  void begin_micro_batch(bool first, bool last);
+  // After the last micro-batch: waits until every gradient shard is complete.
+  void finish_gradient_sync();
+  // sqrt of the sum of squares of all gradients (collective).
+  double grad_norm();
+  // AdamW on this rank's shards with every gradient multiplied by grad_scale.
+  void step(float lr, float grad_scale);
+  // Waits for every pending call and frees gathered stage-3 units (after an
+  // evaluation; before reading weights).
+  void quiesce();
+  const ZeroStepTiming& last_step() const { return timing_; }
+
+  // Checkpoints: whole tensors in the flat model layout (parameter i at
+  // params()[i].offset, num_params() elements). gather: collective, only
+  // `root` receives (the others pass nullptr). load: every rank passes all.
+  enum class State { master, exp_avg, exp_avg_sq };
+  void gather_full(State state, int root, float* full);
+  void load_full(State state, const float* full);
+
+ private:
+  struct Piece;
+  struct Flat;
+  struct Reduce;
+
+  void before(size_t unit, UnitPass pass);
+  void after(size_t unit, UnitPass pass);
+  void gather_async(size_t flat);    // stage 3: allocate full, issue its all-gather
+  void wait_gather(size_t flat);     // any stage: wait for a pending all-gather
+  void release_params(size_t flat);  // stage 3
+  void reduce_scatter_grads(size_t flat);
+  void poll_reduces(bool wait_all);
+  void bind_values(size_t flat);
+  void bind_grads(size_t flat, bool bound);
+  void all_gather_updated();  // stages 1/2, after the update or a load
+  // Waits for a call, adds its time to timing_ (the wait to *exposed), resets it.
+  void finish(Work& work, double* exposed);
+  float* grad_shard(size_t flat);
+  void* compute_values(size_t flat);  // this rank's shard of the compute values
+  // A state's [shard] values (master writes also update the compute values).
+  void read_state(size_t flat, State state, float* out);
+  void write_state(size_t flat, State state, const float* in);
+  size_t prefetch_target(size_t unit, UnitPass pass) const;
+
+  Model& model_;
+  Communicator& dp_;
+  AdamWConfig adamw_;
+  ZeroOptions options_;
+  ZeroLayout layout_;
+  int rank_ = 0;
+  std::vector<Flat> flats_;
+  std::vector<Reduce> reduces_;  // in issue order
+  std::unique_ptr<OffloadStore> store_;
+  int64_t step_count_ = 0;
+  bool last_micro_batch_ = false;
+  ZeroStepTiming timing_;
+};
+
+}  // namespace meshtrain::zero

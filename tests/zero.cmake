@@ -1,0 +1,8 @@
+# ZeRO under mpirun: tests/zero_mpi/*.cpp -> test_zero_mpi at 1, 2, 3 and 4 ranks
+# (3: no flat parameter divides evenly).
+file(GLOB zero_mpi_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/zero_mpi/test_*.cpp)
+meshtrain_mpi_program(test_zero_mpi DEPS meshtrain_zero
+                      SOURCES ${zero_mpi_srcs} ${CMAKE_CURRENT_SOURCE_DIR}/comm/mpi_test_main.cpp)
+foreach(np 1 2 3 4)
+  meshtrain_mpi_test(zero.np${np} test_zero_mpi ${np} TIMEOUT 300)
+endforeach()
