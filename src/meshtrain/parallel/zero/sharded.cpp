@@ -369,6 +369,8 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
                           w, g + lo, m.data<float>() + k, v.data<float>() + k,
                           compute != nullptr ? compute + lo : nullptr, hi - lo);
       }
+      // Our handles go first: the store may free a buffer once released.
+      m = v = master = Tensor();
       store_->release(p.exp_avg, true);
       store_->release(p.exp_avg_sq, true);
       if (p.master != kNone) store_->release(p.master, true);
@@ -411,6 +413,7 @@ void ShardedDataParallel::read_state(size_t flat, State state, float* out) {
                                                 : p.exp_avg_sq;
     Tensor t = store_->acquire(id);
     std::memcpy(out + p.begin, t.data<float>(), t.bytes());
+    t = Tensor();
     store_->release(id, false);
   }
 }
@@ -432,6 +435,7 @@ void ShardedDataParallel::write_state(size_t flat, State state, const float* in)
                                                 : p.exp_avg_sq;
     Tensor t = store_->acquire(id);
     std::memcpy(t.data<float>(), in + p.begin, t.bytes());
+    t = Tensor();
     store_->release(id, true);
   }
 }
