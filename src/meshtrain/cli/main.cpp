@@ -11,6 +11,7 @@
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
+#include "meshtrain/cli/plan_command.h"
 #include "meshtrain/cli/ranks.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/tokenizer.h"
@@ -294,6 +295,11 @@ int main_impl(int argc, char** argv) {
   bench_comm->add_option("--ops", bench_comm_args.ops,
                          "all_reduce reduce_scatter all_gather broadcast sendrecv (default: all)");
 
+  PlanArgs plan_args;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Memory, parallelism layout, time and cost of a training run on GPUs (docs/plan.md)");
+  add_plan_options(*plan, plan_args);
+
   try {
     app.parse(argc, argv);
     if (sample->parsed() && sample_args.checkpoint.empty() && sample_args.model_file.empty()) {
@@ -310,6 +316,8 @@ int main_impl(int argc, char** argv) {
 
   if (train->parsed()) {
     return run_train(train_args, train->remaining());
+  } else if (plan->parsed()) {
+    return run_plan(plan_args);
   } else if (bench_comm->parsed()) {
     return run_bench_comm(bench_comm_args);
   } else if (sample->parsed()) {

@@ -1,0 +1,152 @@
+// --explain: the arithmetic behind one estimate, each formula with its numbers.
+#include <fmt/format.h>
+
+#include "meshtrain/plan/collectives.h"
+#include "meshtrain/plan/report.h"
+
+namespace meshtrain::plan {
+
+std::string format_explain(const PlanInputs& in, const Estimate& e) {
+  const PlanContext& ctx = in.ctx;
+  const ModelConfig& m = ctx.model;
+  const Job& j = in.job;
+  const Cluster& c = in.cluster;
+  const Layout& l = e.layout;
+  const TransformerCounts& n = ctx.counts;
+  const StateBytes sb = state_bytes(j.precision, j.optimizer);
+  const double psi = e.params_per_rank;
+  const double mb = static_cast<double>(e.microbatches);
+  const double e_bytes = j.precision == Precision::bf16 ? 2 : 4;
+  std::string o = fmt::format("explain: {} on {} x {}\n\n", describe(l), e.gpus, c.gpu.name);
+
+  o += "Parameters (closed form, = the registry's count):\n";
+  o += fmt::format("  per layer {} (GEMM weights {}), embedding {}, head {}; total {}\n",
+                   human_count(n.layer_params), human_count(n.layer_matmul_params),
+                   human_count(n.embedding_params), human_count(n.head_params),
+                   human_count(n.total_params));
+  o += fmt::format(
+      "  on one rank of the {} stage: Psi = ({} layers x {}{}) / tp {} = {}\n\n", e.memory_stage,
+      e.layers_per_stage, human_count(n.layer_params),
+      e.memory_stage == "last"    ? " + head (+ tied output copy)"
+      : e.memory_stage == "first" ? " + embedding"
+                                  : " + embedding + head",
+      l.tp, human_count(psi));
+
+  o += fmt::format("Model states (ZeRO, Rajbhandari et al. 2020; {} + {}: {}+{}+{} bytes/param):\n",
+                   precision_name(j.precision), optimizer_name(j.optimizer), sb.weights, sb.grads,
+                   sb.optimizer);
+  o += fmt::format("  params    = {} Psi{}       = {}\n", sb.weights,
+                   l.zero >= 3 ? fmt::format(" / dp {}", l.dp) : "", gib(e.memory.params));
+  o += fmt::format("  grads     = {} Psi{}       = {}\n", sb.grads,
+                   l.zero >= 2 ? fmt::format(" / dp {}", l.dp) : "", gib(e.memory.grads));
+  o += fmt::format("  optimizer = {} Psi{}      = {}{}\n\n", sb.optimizer,
+                   l.zero >= 1 ? fmt::format(" / dp {}", l.dp) : "",
+                   gib(e.memory.optimizer + e.memory.offloaded),
+                   l.offload == Offload::optimizer ? " (on the host: offload)" : "");
+
+  ActivationShape shape{m, j.seq, l.micro_batch, l.tp, l.sequence_parallel, l.recompute,
+                        j.dropout, e_bytes};
+  const double per_layer = layer_activation_bytes(shape);
+  const double s = static_cast<double>(j.seq), b = static_cast<double>(l.micro_batch);
+  const double h = static_cast<double>(m.dim);
+  o += "Activations (Korthikanti et al. 2022, section 4, generalised to GQA / SwiGLU):\n";
+  o += fmt::format("  s {} b {} h {} a {} kv width {} MLP {} tp {}{}, recompute {}, dropout {}\n",
+                   j.seq, l.micro_batch, m.dim, m.n_heads, m.n_kv_heads * m.head_dim(),
+                   m.hidden_dim, l.tp, l.sequence_parallel ? " (sequence parallel)" : "",
+                   recompute_name(l.recompute), j.dropout ? "on" : "off");
+  if (l.recompute == Recompute::full) {
+    o += fmt::format("  per layer = {} s b h{} = {}\n", e_bytes, l.sequence_parallel ? " / t" : "",
+                     gib(per_layer));
+  } else {
+    const double kv = static_cast<double>(m.n_kv_heads * m.head_dim()) / h;
+    const double f = static_cast<double>(m.hidden_dim) / h;
+    const double mlp = m.family == Family::llama ? 6 : 4;
+    o += fmt::format(
+        "  per layer = sbh x [({}{}){} + ({} + 4x{:.3g} + {}x{:.3g}) / t{}] = {} x {:.4g} = {}\n",
+        8, j.dropout ? " + 2 masks" : "", l.sequence_parallel ? " / t" : "", 4, kv, mlp, f,
+        l.recompute == Recompute::none
+            ? fmt::format(" + {} a s / (h t)", j.dropout ? 5 : 2)
+            : "",
+        fmt::format("{:.4g}", s * b * h), per_layer / (s * b * h), gib(per_layer));
+  }
+  const Schedule sched = l.pp == 1 ? Schedule::one_f_one_b : l.schedule;
+  const int64_t stage = e.memory_stage == "last" ? l.pp - 1 : 0;
+  const double inflight = inflight_microbatches(sched, l.pp, l.vpp, e.microbatches, stage);
+  o += fmt::format("  in flight on the {} stage ({}, p {} v {} m {}): {:.4g} micro-batches\n",
+                   e.memory_stage, schedule_name(sched), l.pp, l.vpp, e.microbatches, inflight);
+  o += fmt::format("  activations = {:.4g} x {} layers x {} + embedding / logits ends{} = {}\n\n",
+                   inflight, e.layers_per_stage, gib(per_layer),
+                   l.recompute == Recompute::full ? " + one rematerialised layer" : "",
+                   gib(e.memory.activations));
+  o += fmt::format(
+      "Other memory: workspace {} (reserve {} + GEMM temporaries), comm {}, fragmentation "
+      "{:.0f}% of {} = {}\n",
+      gib(e.memory.workspace), gib(j.reserve_bytes), gib(e.memory.comm), 100 * j.fragmentation,
+      gib(e.memory.tracked()), gib(e.memory.fragmentation));
+  o += fmt::format("  total {} of {} HBM ({:.0f}%)\n\n", gib(e.memory.device_total()),
+                   gib(c.gpu.hbm_bytes), 100 * e.hbm_fraction);
+
+  o += "FLOPs (PaLM appendix B: 6 N_gemm + 12 L s h per token):\n";
+  o += fmt::format("  per token 6 x {} + 12 x {} x {} x {} = {:.4g}\n",
+                   human_count(static_cast<double>(m.n_layers) * n.layer_matmul_params +
+                               n.output_matmul_params),
+                   m.n_layers, j.seq, m.dim, ctx.model_flops_per_token);
+  o += fmt::format("  per step x {} tokens = {:.4g} model FLOPs; with recomputation {:.4g}\n",
+                   j.tokens_per_step(), e.model_flops_per_step, e.hardware_flops_per_step);
+  const double rate = c.gpu.peak_flops * j.compute_efficiency;
+  const double t_mb = (e.time.compute + e.time.recompute) / mb;
+  o += fmt::format(
+      "  one micro-batch on the slowest stage: {} tokens x ({} layers x layer + output) / tp {} "
+      "/ ({:.4g} x {:.2f}) = {:.4f} s\n",
+      j.seq * l.micro_batch, e.layers_per_stage, l.tp, c.gpu.peak_flops, j.compute_efficiency,
+      t_mb);
+  o += fmt::format("  compute = m {} x {:.4f} = {:.3f} s (recompute {:.3f} s of it at {:.3g} FLOP/s)\n",
+                   e.microbatches, t_mb, e.time.compute + e.time.recompute, e.time.recompute, rate);
+  o += fmt::format("  bubble = (p - 1) / v x t_mb = ({} - 1) / {} x {:.4f} = {:.3f} s "
+                   "(fraction (p-1)/(v m) = {:.4f})\n\n",
+                   l.pp, l.vpp, t_mb, e.time.bubble, bubble_fraction(l.pp, l.vpp, e.microbatches));
+
+  o += "Communication (alpha-beta, nccl-tests bus bandwidth factors):\n";
+  if (l.tp > 1) {
+    const Link& link = l.tp <= c.gpus_per_node ? c.intra : c.inter;
+    o += fmt::format(
+        "  TP: m {} x {} layers x {} collectives x [2(t-1)/t x {} B / {:.0f} GB/s + latency] = "
+        "{:.3f} s (not overlapped)\n",
+        e.microbatches, e.layers_per_stage, l.recompute == Recompute::full ? 6 : 4,
+        fmt::format("{:.4g}", e_bytes * s * b * h), link.bus_bandwidth / 1e9, e.time.tp);
+  }
+  if (l.dp > 1) {
+    const Link& link = l.tp * l.dp <= c.gpus_per_node ? c.intra : c.inter;
+    const char* what = l.zero == 0   ? "all-reduce 2(n-1)/n x grads once"
+                       : l.zero == 1 ? "reduce-scatter grads + all-gather weights, (n-1)/n each, once"
+                       : l.zero == 2 ? "reduce-scatter grads every micro-batch + all-gather weights"
+                                     : "2 all-gathers of weights + reduce-scatter of grads, every micro-batch";
+    o += fmt::format("  DP (n = {}, {:.0f} GB/s): {}: grads {} = {:.3f} s; overlapped with {:.3f} s "
+                     "of backward/forward; exposed {:.3f} s\n",
+                     l.dp, link.bus_bandwidth / 1e9, what, gib(psi * sb.grads), e.dp_comm_raw,
+                     e.dp_overlap_window, e.time.dp);
+  }
+  if (l.pp > 1) {
+    o += fmt::format("  PP: 2 (m v + p - 1) x (alpha + sbh x {} / t / B) = 2 x ({} x {} + {} - 1) "
+                     "x ... = {:.3f} s\n",
+                     e_bytes, e.microbatches, l.vpp, l.pp, e.time.pp);
+  }
+  if (l.offload == Offload::optimizer) {
+    o += fmt::format("  offload: (grads down + weights up) over PCIe + CPU AdamW = {:.3f} s\n",
+                     e.time.offload);
+  }
+  o += fmt::format("\nStep = {:.3f} s; tokens/s = {} / {:.3f} = {}\n", e.step_seconds,
+                   grouped(static_cast<double>(j.tokens_per_step())), e.step_seconds,
+                   grouped(e.tokens_per_second));
+  o += fmt::format("MFU (PaLM) = model FLOPs / (step x GPUs x peak) = {:.4g} / ({:.3f} x {} x {:.4g}) "
+                   "= {:.1f}%\n",
+                   e.model_flops_per_step, e.step_seconds, e.gpus, c.gpu.peak_flops, 100 * e.mfu);
+  o += fmt::format("Train {} tokens = {} steps x {:.3f} s = {:.1f} days; {} GPU-hours x "
+                   "${:.2f} = {}\n",
+                   human_count(j.tokens), grouped(e.steps), e.step_seconds,
+                   e.train_seconds / 86400, human_count(e.gpu_hours), c.price_per_gpu_hour,
+                   money(e.cost));
+  return o;
+}
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,68 @@
+#include "meshtrain/plan/hardware.h"
+
+#include <fmt/format.h>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::plan {
+namespace {
+
+constexpr double kTera = 1e12, kGiga = 1e9, kMiB = 1024.0 * 1024.0;
+
+// Sources (docs/plan.md, "GPU catalog"): NVIDIA A100 / H100 / H200 datasheets
+// for FLOP/s, HBM bandwidth and NVLink; HBM size as nvidia-smi reports it where
+// known (A100 40960 MiB, A100 80GB 81920 MiB, H100 81559 MiB), the datasheet's
+// 141 GB for H200. NICs: HDR 200 Gb/s (A100 DGX), NDR 400 Gb/s (H100/H200 DGX),
+// one per GPU. Prices are placeholders of the order of 2025 cloud list prices.
+std::vector<GpuSpec> catalog() {
+  return {
+      {"a100-40gb", 312 * kTera, 40960 * kMiB, 1555 * kGiga, 300 * kGiga, 25 * kGiga, 32 * kGiga, 1.50},
+      {"a100-80gb", 312 * kTera, 81920 * kMiB, 2039 * kGiga, 300 * kGiga, 25 * kGiga, 32 * kGiga, 1.80},
+      {"h100-sxm", 989.4 * kTera, 81559 * kMiB, 3350 * kGiga, 450 * kGiga, 50 * kGiga, 64 * kGiga, 2.50},
+      {"h200", 989.4 * kTera, 141 * kGiga, 4800 * kGiga, 450 * kGiga, 50 * kGiga, 64 * kGiga, 3.50},
+  };
+}
+
+}  // namespace
+
+GpuSpec gpu_spec(std::string_view name) {
+  for (GpuSpec& spec : catalog()) {
+    if (spec.name == name) return spec;
+  }
+  fail("plan: unknown GPU '{}' (known: {})", name, fmt::join(gpu_names(), ", "));
+}
+
+std::vector<std::string> gpu_names() {
+  std::vector<std::string> names;
+  for (const GpuSpec& spec : catalog()) names.push_back(spec.name);
+  return names;
+}
+
+Cluster make_cluster(const GpuSpec& gpu, int64_t gpus, int64_t gpus_per_node) {
+  Cluster c;
+  c.gpu = gpu;
+  c.gpus = gpus;
+  c.gpus_per_node = gpus_per_node;
+  c.intra = {gpu.nvlink_bandwidth * kDefaultLinkEfficiency, 3e-6};
+  c.inter = {gpu.network_bandwidth * kDefaultLinkEfficiency, 10e-6};
+  c.price_per_gpu_hour = gpu.price_per_hour;
+  return c;
+}
+
+void validate(const Cluster& c) {
+  MESHTRAIN_CHECK(c.gpus > 0, "plan: --gpus must be > 0, got {}", c.gpus);
+  MESHTRAIN_CHECK(c.gpus_per_node > 0, "plan: --gpus-per-node must be > 0, got {}",
+                  c.gpus_per_node);
+  MESHTRAIN_CHECK(c.gpus <= c.gpus_per_node || c.gpus % c.gpus_per_node == 0,
+                  "plan: --gpus {} is not a whole number of {}-GPU nodes", c.gpus,
+                  c.gpus_per_node);
+  MESHTRAIN_CHECK(c.gpu.peak_flops > 0, "plan: --peak-tflops must be > 0");
+  MESHTRAIN_CHECK(c.gpu.hbm_bytes > 0, "plan: --hbm-gib must be > 0");
+  MESHTRAIN_CHECK(c.intra.bus_bandwidth > 0, "plan: --intra-bw must be > 0");
+  MESHTRAIN_CHECK(c.inter.bus_bandwidth > 0, "plan: --inter-bw must be > 0");
+  MESHTRAIN_CHECK(c.intra.latency >= 0, "plan: --intra-latency-us must be >= 0");
+  MESHTRAIN_CHECK(c.inter.latency >= 0, "plan: --inter-latency-us must be >= 0");
+  MESHTRAIN_CHECK(c.price_per_gpu_hour >= 0, "plan: --price must be >= 0");
+}
+
+}  // namespace meshtrain::plan

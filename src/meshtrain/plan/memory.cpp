@@ -1,0 +1,218 @@
+#include "meshtrain/plan/memory.h"
+
+#include <algorithm>
+
+#include "meshtrain/model/params.h"
+#include "meshtrain/plan/transformer.h"
+#include "meshtrain/tensor/memory_tracker.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::plan {
+
+std::string_view recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(std::string_view name) {
+  if (name == "none") return Recompute::none;
+  if (name == "selective") return Recompute::selective;
+  if (name == "full") return Recompute::full;
+  fail("plan: unknown recompute '{}' (expected none, selective or full)", name);
+}
+
+std::string_view schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::gpipe: return "gpipe";
+    case Schedule::one_f_one_b: return "1f1b";
+    case Schedule::interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+Schedule parse_schedule(std::string_view name) {
+  if (name == "gpipe") return Schedule::gpipe;
+  if (name == "1f1b") return Schedule::one_f_one_b;
+  if (name == "interleaved") return Schedule::interleaved;
+  fail("plan: unknown schedule '{}' (expected gpipe, 1f1b or interleaved)", name);
+}
+
+std::string_view offload_name(Offload o) { return o == Offload::none ? "none" : "optimizer"; }
+
+Offload parse_offload(std::string_view name) {
+  if (name == "none") return Offload::none;
+  if (name == "optimizer") return Offload::optimizer;
+  fail("plan: unknown offload '{}' (expected none or optimizer)", name);
+}
+
+std::string_view optimizer_name(Optimizer o) { return o == Optimizer::adamw ? "adamw" : "sgd"; }
+
+Optimizer parse_optimizer(std::string_view name) {
+  if (name == "adamw" || name == "adam") return Optimizer::adamw;
+  if (name == "sgd") return Optimizer::sgd;
+  fail("plan: unknown optimizer '{}' (expected adamw or sgd)", name);
+}
+
+StateBytes state_bytes(Precision precision, Optimizer optimizer) {
+  const double moments = optimizer == Optimizer::adamw ? 8 : 4;  // Adam m and v; SGD momentum
+  if (precision == Precision::bf16) return {2, 2, 4 + moments};  // + fp32 master copy
+  return {4, 4, moments};
+}
+
+ModelStates model_state_memory(double psi, const StateBytes& b, int zero_stage, int64_t n) {
+  MESHTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 3, "plan: zero stage must be 0..3, got {}",
+                  zero_stage);
+  MESHTRAIN_CHECK(n > 0, "plan: data-parallel size must be > 0, got {}", n);
+  const double shards = static_cast<double>(n);
+  ModelStates s;
+  s.params = b.weights * psi / (zero_stage >= 3 ? shards : 1.0);
+  s.grads = b.grads * psi / (zero_stage >= 2 ? shards : 1.0);
+  s.optimizer = b.optimizer * psi / (zero_stage >= 1 ? shards : 1.0);
+  return s;
+}
+
+// DeepSpeed counts 16-bit weights and gradients whole on every GPU at ZeRO-2
+// (4 bytes) and 16 bytes of fp32 state sharded; ZeRO-3 shards 18 bytes and
+// keeps the largest layer's fp32 copy (4 bytes per parameter) live.
+double deepspeed_zero2_gpu_bytes(double params, int64_t gpus_per_node, int64_t nodes) {
+  const double gpus = static_cast<double>(gpus_per_node * nodes);
+  return 4 * params + 16 * params / gpus;
+}
+
+double deepspeed_zero3_gpu_bytes(double params, double largest_layer_params,
+                                 int64_t gpus_per_node, int64_t nodes) {
+  const double gpus = static_cast<double>(gpus_per_node * nodes);
+  return 4 * largest_layer_params + 18 * params / gpus;
+}
+
+namespace {
+
+struct Dims {
+  double s, b, h, a, kv, f, t, e;
+};
+
+Dims dims(const ActivationShape& x) {
+  const ModelConfig& c = x.model;
+  return {static_cast<double>(x.seq), static_cast<double>(x.micro_batch),
+          static_cast<double>(c.dim), static_cast<double>(c.n_heads),
+          static_cast<double>(c.n_kv_heads * c.head_dim()), static_cast<double>(c.hidden_dim),
+          static_cast<double>(x.tp), x.value_bytes};
+}
+
+}  // namespace
+
+double layer_activation_bytes(const ActivationShape& x) {
+  const Dims d = dims(x);
+  const double sbh = d.s * d.b * d.h, mask = x.dropout ? 1.0 : 0.0;
+  // Korthikanti et al. count 2-byte values and 1-byte masks; `e` scales the values.
+  const double half = d.e / 2;
+  if (x.recompute == Recompute::full) {
+    return d.e * sbh / (x.sequence_parallel ? d.t : 1.0);
+  }
+  const double whole = half * 8 * sbh + mask * 2 * sbh;
+  const double mlp = x.model.family == Family::llama ? 6 : 4;
+  const double split = half * (4 * sbh + 4 * d.s * d.b * d.kv + mlp * d.s * d.b * d.f);
+  const double core = (half * 2 + mask * (1 + 2 * half)) * d.a * d.s * d.s * d.b;
+  double bytes = whole / (x.sequence_parallel ? d.t : 1.0) + split / d.t;
+  if (x.recompute == Recompute::none) bytes += core / d.t;
+  return bytes;
+}
+
+double first_stage_activation_bytes(const ActivationShape& x) {
+  const Dims d = dims(x);
+  return (x.dropout ? 1.0 : 0.0) * d.s * d.b * d.h / (x.sequence_parallel ? d.t : 1.0);
+}
+
+double last_stage_activation_bytes(const ActivationShape& x) {
+  const Dims d = dims(x);
+  const double split_h = x.sequence_parallel ? d.t : 1.0;
+  const double vocab = static_cast<double>(x.model.vocab_size);
+  return 2 * d.e * d.s * d.b * d.h / split_h + 4 * d.s * d.b * vocab / d.t;
+}
+
+double inflight_microbatches(Schedule schedule, int64_t p, int64_t v, int64_t m, int64_t stage) {
+  MESHTRAIN_CHECK(p > 0 && v > 0 && m > 0 && stage >= 0 && stage < p,
+                  "plan: bad pipeline (p {}, v {}, m {}, stage {})", p, v, m, stage);
+  switch (schedule) {
+    case Schedule::gpipe:
+      return static_cast<double>(m);
+    case Schedule::one_f_one_b:
+      return static_cast<double>(std::min(p - stage, m));
+    case Schedule::interleaved: {
+      const int64_t chunks = std::min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
+      return static_cast<double>(chunks) / static_cast<double>(v);
+    }
+  }
+  return 0;
+}
+
+double bubble_fraction(int64_t p, int64_t v, int64_t m) {
+  return static_cast<double>(p - 1) / (static_cast<double>(v) * static_cast<double>(m));
+}
+
+std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m) {
+  return {{std::string(mem_category_name(MemCategory::params)), m.params},
+          {std::string(mem_category_name(MemCategory::grads)), m.grads},
+          {std::string(mem_category_name(MemCategory::optimizer)), m.optimizer},
+          {std::string(mem_category_name(MemCategory::activations)), m.activations},
+          {std::string(mem_category_name(MemCategory::workspace)), m.workspace},
+          {std::string(mem_category_name(MemCategory::comm)), m.comm},
+          {std::string(mem_category_name(MemCategory::offloaded)), m.offloaded},
+          {"fragmentation", m.fragmentation}};
+}
+
+MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t micro_batch,
+                              int64_t seq) {
+  c.validate();
+  MESHTRAIN_CHECK(micro_batch > 0 && seq > 0 && seq <= c.max_seq_len,
+                  "plan: micro-batch {} and seq {} must be > 0 (seq <= max_seq_len {})",
+                  micro_batch, seq, c.max_seq_len);
+  double params = 0, matmul = 0;
+  for (const ParamSpec& spec : build_param_specs(c)) {
+    params += static_cast<double>(spec.numel());
+    if (spec.matmul_weight) matmul += static_cast<double>(spec.numel());
+  }
+  const bool bf16 = precision == Precision::bf16;
+  const double e = bf16 ? 2 : 4;
+  MemoryBreakdown m;
+  m.params = 4 * params + (bf16 ? 2 * matmul : 0);
+  m.grads = 4 * params;
+  m.optimizer = 8 * params;  // AdamW exp_avg and exp_avg_sq, f32
+
+  // model_impl.h: residuals f32 (L + 1), per block BlockActs, final norm.
+  const double n = static_cast<double>(micro_batch * seq), d = static_cast<double>(c.dim);
+  const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
+  const double f = static_cast<double>(c.hidden_dim);
+  const double ff_in = c.family == Family::llama ? 2 * f : f;
+  const double stats = (c.family == Family::gpt2 ? 8 : 4) * n;  // rstd (+ mean) f32
+  const double probs = static_cast<double>(micro_batch * c.n_heads) * static_cast<double>(seq) *
+                       static_cast<double>(seq);
+  const double block = e * n * d + stats           // xn1
+                       + e * (n * d + 2 * n * kv)  // q, k, v
+                       + e * probs                 // softmax probabilities
+                       + e * n * d                 // attention output
+                       + 4 * n * d                 // mid residual
+                       + e * n * d + stats         // xn2
+                       + 4 * n * ff_in             // ff_pre
+                       + e * n * f;                // ff_act
+  const double layers = static_cast<double>(c.n_layers);
+  m.activations = 4 * n * d * (layers + 1) + layers * block + e * n * d + stats;
+  // Workspace (model_impl.h Workspace): qkv, dres, dres_c, dx, dff, dff_c, dqkv.
+  const double qkv = d + 2 * kv;
+  m.workspace = 4 * n * qkv + 4 * n * d + (bf16 ? e * n * d : 0) + 4 * n * d +
+                4 * n * std::max(f, qkv) + e * n * ff_in + e * n * qkv;
+  // The fused classifier's logits chunk (256 rows: backend/cpu/cross_entropy.cpp)
+  // and RoPE's cos/sin tables.
+  const double chunk = std::min(n, 256.0), vocab = static_cast<double>(c.vocab_size);
+  m.workspace += chunk * vocab * (4 + (bf16 ? 2 : 0));
+  if (c.family == Family::llama) {
+    m.workspace += 4 * static_cast<double>(c.max_seq_len * c.head_dim());
+  }
+  return m;
+}
+
+}  // namespace meshtrain::plan

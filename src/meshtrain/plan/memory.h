@@ -1,0 +1,103 @@
+// Memory per rank, by the engine's MemoryTracker categories (params, grads,
+// optimizer, activations, workspace, comm, offloaded: host memory) plus an
+// allowance for allocator fragmentation. Formulas and sources: docs/plan.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/model/config.h"
+
+namespace meshtrain::plan {
+
+enum class Recompute { none, selective, full };
+enum class Schedule { gpipe, one_f_one_b, interleaved };
+enum class Offload { none, optimizer };
+enum class Optimizer { adamw, sgd };
+
+std::string_view recompute_name(Recompute r);
+Recompute parse_recompute(std::string_view name);
+std::string_view schedule_name(Schedule s);
+Schedule parse_schedule(std::string_view name);
+std::string_view offload_name(Offload o);
+Offload parse_offload(std::string_view name);
+std::string_view optimizer_name(Optimizer o);
+Optimizer parse_optimizer(std::string_view name);
+
+// Bytes per parameter of each model state, the ZeRO paper's 2 + 2 + K.
+// Mixed-precision Adam: 16-bit weights and gradients, K = 12 (fp32 master
+// copy, momentum, variance). The master copy counts as optimizer state here,
+// as in the paper (the CPU engine counts it under params: engine_memory).
+struct StateBytes {
+  double weights = 2;
+  double grads = 2;
+  double optimizer = 12;
+};
+StateBytes state_bytes(Precision precision, Optimizer optimizer);
+
+struct ModelStates {
+  double params = 0, grads = 0, optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+// Per rank for `psi` parameters replicated over `n` data-parallel ranks.
+// ZeRO stage 1 shards the optimizer state, 2 also the gradients, 3 also the
+// weights (Rajbhandari et al. 2020, section 5 and figure 1).
+ModelStates model_state_memory(double psi, const StateBytes& bytes, int zero_stage, int64_t n);
+
+// DeepSpeed's documented estimators (deepspeed "Memory Requirements" page,
+// estimate_zero2/3_model_states_mem_needs, no offload): bytes per GPU.
+double deepspeed_zero2_gpu_bytes(double params, int64_t gpus_per_node, int64_t nodes);
+double deepspeed_zero3_gpu_bytes(double params, double largest_layer_params,
+                                 int64_t gpus_per_node, int64_t nodes);
+
+// One micro-batch through one transformer layer on one tensor-parallel rank.
+struct ActivationShape {
+  ModelConfig model;
+  int64_t seq = 0, micro_batch = 1, tp = 1;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::none;
+  bool dropout = false;   // GPT-style dropout masks (1 byte per value)
+  double value_bytes = 2; // 16-bit activations
+};
+// Korthikanti et al. 2022, section 4 (generalised to GQA and gated MLPs):
+//   kept whole under TP without SP: norm inputs 4sbh, attention and MLP inputs
+//   2sbh each, dropout masks sbh each; split by tp: Q 2sbh, K and V 2sb*kv each,
+//   attention output 2sbh, MLP (gated 6sbf, else 4sbf); attention core
+//   (2 + 3*dropout) * a*s^2*b, dropped by selective recomputation;
+//   full recomputation keeps only the layer input, 2sbh (/tp with SP).
+double layer_activation_bytes(const ActivationShape& shape);
+// Extra activation bytes per micro-batch on the first stage (embedding dropout
+// mask) and the last stage (final norm input, output-layer input, fp32 logits 4sbv/t).
+double first_stage_activation_bytes(const ActivationShape& shape);
+double last_stage_activation_bytes(const ActivationShape& shape);
+
+// How many micro-batches' worth of a stage's layers stage `stage` holds at its
+// peak (Narayanan et al. 2021; Korthikanti et al. 2022, section 4.2.3):
+//   GPipe m; 1F1B min(p - stage, m);
+//   interleaved (v chunks) min(2(p - stage - 1) + (v - 1)p + 1, m v) / v,
+//   which for stage 0 is p (1 + (p - 1)/(p v)).
+double inflight_microbatches(Schedule schedule, int64_t p, int64_t v, int64_t m, int64_t stage);
+// Idle fraction of the ideal step: (p - 1) / (v m).
+double bubble_fraction(int64_t p, int64_t v, int64_t m);
+
+struct MemoryBreakdown {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, comm = 0;
+  double fragmentation = 0;  // allowance on top of the tracked categories
+  double offloaded = 0;      // host memory (not counted in device_total)
+  double tracked() const { return params + grads + optimizer + activations + workspace + comm; }
+  double device_total() const { return tracked() + fragmentation; }
+};
+// (category name, bytes) in the engine's order (mem_category_name, incl.
+// "offloaded"), then "fragmentation".
+std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m);
+
+// What the CPU engine allocates for one rank of a run (train/ config): f32
+// master + bf16 compute copies of matmul weights (params), f32 grads, AdamW
+// moments, and the activations Model::forward_backward keeps for one
+// micro-batch (model/model_impl.h BlockActs; exact). Workspace is estimated.
+MemoryBreakdown engine_memory(const ModelConfig& model, Precision precision, int64_t micro_batch,
+                              int64_t seq);
+
+}  // namespace meshtrain::plan

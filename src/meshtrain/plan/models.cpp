@@ -1,0 +1,83 @@
+#include "meshtrain/plan/models.h"
+
+#include <fmt/format.h>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::plan {
+namespace {
+
+ModelConfig llama(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                  int64_t vocab, int64_t seq, float rope_theta) {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.hidden_dim = ffn;
+  c.vocab_size = vocab;
+  c.max_seq_len = seq;
+  c.rope_theta = rope_theta;
+  c.tie_embeddings = false;  // every Llama-2 / Llama-3 model has its own lm_head
+  return c;
+}
+
+// Shapes are the Hugging Face config.json files of the official checkpoints
+// (openai-community/gpt2*, meta-llama/Llama-2-*-hf, meta-llama/Meta-Llama-3-*,
+// Meta-Llama-3.1-405B); sizes as their authors publish them.
+std::vector<PlanModel> published() {
+  const std::string gpt2_src = "openai/gpt-2 model names (124M, 355M, 774M, 1558M); HF config.json";
+  const std::string l2_src = "Llama-2 HF config.json; sizes 6.74B / 13.0B / 69.0B as the HF hub lists them";
+  const std::string l3_src = "Llama-3 HF config.json; sizes 8B / 70B / 405B (Llama 3 paper, table 3)";
+  return {
+      {"gpt2-124m", gpt_dense(12, 768, 12, 50257, 1024), 124e6, gpt2_src},
+      {"gpt2-350m", gpt_dense(24, 1024, 16, 50257, 1024), 355e6, gpt2_src},
+      {"gpt2-774m", gpt_dense(36, 1280, 20, 50257, 1024), 774e6, gpt2_src},
+      {"gpt2-1.5b", gpt_dense(48, 1600, 25, 50257, 1024), 1558e6, gpt2_src},
+      {"llama2-7b", llama(4096, 32, 32, 32, 11008, 32000, 4096, 1e4f), 6.74e9, l2_src},
+      {"llama2-13b", llama(5120, 40, 40, 40, 13824, 32000, 4096, 1e4f), 13.0e9, l2_src},
+      {"llama2-70b", llama(8192, 80, 64, 8, 28672, 32000, 4096, 1e4f), 69.0e9, l2_src},
+      {"llama3-8b", llama(4096, 32, 32, 8, 14336, 128256, 8192, 5e5f), 8e9, l3_src},
+      {"llama3-70b", llama(8192, 80, 64, 8, 28672, 128256, 8192, 5e5f), 70e9, l3_src},
+      {"llama3-405b", llama(16384, 126, 128, 8, 53248, 128256, 8192, 5e5f), 405e9, l3_src},
+  };
+}
+
+}  // namespace
+
+ModelConfig gpt_dense(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab,
+                      int64_t max_seq) {
+  ModelConfig c;
+  c.family = Family::gpt2;
+  c.dim = hidden;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = heads;
+  c.hidden_dim = 4 * hidden;
+  c.vocab_size = vocab;
+  c.max_seq_len = max_seq;
+  c.tie_embeddings = true;
+  return c;
+}
+
+PlanModel plan_model(std::string_view name) {
+  for (PlanModel& m : published()) {
+    if (m.name == name) return m;
+  }
+  for (const std::string& engine : model_preset_names()) {
+    if (engine == name) return {engine, model_preset(engine), 0, "meshtrain preset (model/config.cpp)"};
+  }
+  std::vector<std::string> known = plan_model_names();
+  for (const std::string& engine : model_preset_names()) known.push_back(engine);
+  fail("plan: unknown model '{}' (known: {}; or give --layers/--hidden/--heads/--vocab)", name,
+       fmt::join(known, ", "));
+}
+
+std::vector<std::string> plan_model_names() {
+  std::vector<std::string> names;
+  for (const PlanModel& m : published()) names.push_back(m.name);
+  return names;
+}
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,90 @@
+// One candidate layout of a training job on a cluster: memory per rank by
+// category on the most loaded pipeline stage, step time by component, and
+// what the whole run costs. Pure arithmetic; formulas in docs/plan.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "meshtrain/model/config.h"
+#include "meshtrain/plan/hardware.h"
+#include "meshtrain/plan/memory.h"
+#include "meshtrain/plan/transformer.h"
+
+namespace meshtrain::plan {
+
+struct Job {
+  int64_t seq = 2048;
+  int64_t global_batch = 0;  // sequences per optimizer step
+  double tokens = 0;         // tokens to train on
+  Precision precision = Precision::bf16;
+  Optimizer optimizer = Optimizer::adamw;
+  bool dropout = false;
+  double compute_efficiency = 0.5;      // achieved / peak FLOP/s on the layers' GEMMs
+  double fragmentation = 0.10;          // allowance, fraction of the tracked bytes
+  double reserve_bytes = 1024.0 * 1024 * 1024;  // CUDA context, cuBLAS and NCCL workspaces
+  double bucket_bytes = 25.0 * 1024 * 1024;     // DDP gradient bucket (two in flight)
+  double cpu_adam_params_per_second = 1e9;      // per GPU, optimizer offload
+  void validate() const;
+  int64_t tokens_per_step() const { return global_batch * seq; }
+};
+
+struct Layout {
+  int64_t tp = 1, pp = 1, vpp = 1, dp = 1, micro_batch = 1;
+  int zero = 0;
+  Recompute recompute = Recompute::selective;
+  bool sequence_parallel = false;
+  Offload offload = Offload::none;
+  Schedule schedule = Schedule::one_f_one_b;
+};
+
+// Per-model numbers computed once (the registry walk is slow for 405B).
+struct PlanContext {
+  ModelConfig model;
+  TransformerCounts counts;
+  double layer_flops_per_token = 0;   // training, model FLOPs
+  double output_flops_per_token = 0;
+  double model_flops_per_token = 0;   // == ModelConfig::train_flops_per_token(seq)
+};
+PlanContext make_context(const ModelConfig& model, const Job& job);
+
+struct StepTime {
+  double compute = 0;    // model FLOPs at the efficiency factor
+  double recompute = 0;  // the extra forward work of activation recomputation
+  double bubble = 0;     // pipeline fill and drain
+  double tp = 0, dp = 0, pp = 0;  // exposed communication
+  double offload = 0;    // host transfers and CPU optimizer step
+  double total() const { return compute + recompute + bubble + tp + dp + pp + offload; }
+};
+
+struct Estimate {
+  Layout layout;
+  int64_t gpus = 0;
+  int64_t microbatches = 0;        // per optimizer step, per pipeline
+  int64_t layers_per_stage = 0;
+  MemoryBreakdown memory;          // the stage that needs the most
+  std::string memory_stage;        // "first", "last" or "only"
+  double params_per_rank = 0;      // before ZeRO sharding (the most loaded stage / tp)
+  double hbm_fraction = 0;         // memory.device_total() / HBM
+  bool fits = false;
+  StepTime time;
+  // All-ranks totals for one step (time.dp is what is exposed, these are the raw).
+  double dp_comm_raw = 0, dp_overlap_window = 0;
+  double model_flops_per_step = 0, hardware_flops_per_step = 0;
+  double step_seconds = 0, tokens_per_second = 0, mfu = 0;
+  double steps = 0, train_seconds = 0, gpu_hours = 0, cost = 0;
+  std::string bottleneck;  // "compute", or the largest overhead: "bubble", "TP comm", ...
+  double bottleneck_share = 0;
+};
+
+// "" when the layout can run on this cluster and job, else why not (one line).
+std::string check_layout(const PlanContext& ctx, const Cluster& cluster, const Job& job,
+                         const Layout& layout);
+// Requires check_layout(...) == "".
+Estimate evaluate(const PlanContext& ctx, const Cluster& cluster, const Job& job,
+                  const Layout& layout);
+
+// "tp 8 pp 4 v 2 dp 32 zero 1 mb 1 selective sp"
+std::string describe(const Layout& layout);
+
+}  // namespace meshtrain::plan

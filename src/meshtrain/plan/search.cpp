@@ -1,0 +1,213 @@
+#include "meshtrain/plan/search.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <tuple>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::plan {
+
+RankBy parse_rank_by(std::string_view name) {
+  if (name == "time") return RankBy::time;
+  if (name == "cost") return RankBy::cost;
+  fail("plan: unknown --rank-by '{}' (expected time or cost)", name);
+}
+
+std::string family_name(const Layout& l) {
+  std::string name;
+  if (l.tp > 1) name += "TP + ";
+  if (l.pp > 1) name += "PP + ";
+  name += l.zero == 3 ? "FSDP (ZeRO-3)" : "DP (ZeRO-0/1/2)";
+  if (l.offload != Offload::none) name += " + offload";
+  return name;
+}
+
+bool ranks_before(const Estimate& a, const Estimate& b, RankBy by) {
+  if (by == RankBy::cost && a.cost != b.cost) return a.cost < b.cost;
+  return a.step_seconds < b.step_seconds;
+}
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d == 0) {
+      out.push_back(d);
+      if (d != n / d) out.push_back(n / d);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+template <typename T>
+std::vector<T> choices(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
+// Fixed choices the model or cluster can never satisfy: one clear line.
+void check_fixed(const PlanContext& ctx, const Cluster& cl, const FixedChoices& f) {
+  const ModelConfig& m = ctx.model;
+  if (f.tp) {
+    MESHTRAIN_CHECK(*f.tp >= 1, "plan: --tp must be >= 1, got {}", *f.tp);
+    MESHTRAIN_CHECK(m.n_heads % *f.tp == 0, "plan: --tp {} does not divide the {} attention heads",
+                    *f.tp, m.n_heads);
+    MESHTRAIN_CHECK(m.n_kv_heads % *f.tp == 0, "plan: --tp {} does not divide the {} kv heads",
+                    *f.tp, m.n_kv_heads);
+    MESHTRAIN_CHECK(m.hidden_dim % *f.tp == 0, "plan: --tp {} does not divide the MLP width {}",
+                    *f.tp, m.hidden_dim);
+    MESHTRAIN_CHECK(cl.gpus % *f.tp == 0, "plan: --tp {} does not divide --gpus {}", *f.tp,
+                    cl.gpus);
+  }
+  if (f.pp) {
+    MESHTRAIN_CHECK(*f.pp >= 1 && *f.pp <= m.n_layers,
+                    "plan: --pp {} must be in 1..{} (the model's layers)", *f.pp, m.n_layers);
+    MESHTRAIN_CHECK(cl.gpus % *f.pp == 0, "plan: --pp {} does not divide --gpus {}", *f.pp,
+                    cl.gpus);
+  }
+  if (f.vpp) MESHTRAIN_CHECK(*f.vpp >= 1, "plan: --vpp must be >= 1, got {}", *f.vpp);
+  if (f.dp) {
+    MESHTRAIN_CHECK(*f.dp >= 1 && cl.gpus % *f.dp == 0, "plan: --dp {} does not divide --gpus {}",
+                    *f.dp, cl.gpus);
+  }
+  if (f.tp && f.pp && f.dp) {
+    MESHTRAIN_CHECK(*f.tp * *f.pp * *f.dp == cl.gpus,
+                    "plan: --tp {} x --pp {} x --dp {} = {} is not --gpus {}", *f.tp, *f.pp,
+                    *f.dp, *f.tp * *f.pp * *f.dp, cl.gpus);
+  }
+  if (f.zero) {
+    MESHTRAIN_CHECK(*f.zero >= 0 && *f.zero <= 3, "plan: --zero must be 0..3, got {}", *f.zero);
+  }
+  if (f.micro_batch) {
+    MESHTRAIN_CHECK(*f.micro_batch >= 1, "plan: --micro-batch must be >= 1, got {}",
+                    *f.micro_batch);
+  }
+  if (f.sequence_parallel && *f.sequence_parallel && f.tp) {
+    MESHTRAIN_CHECK(*f.tp > 1, "plan: --sp on needs --tp > 1");
+  }
+}
+
+}  // namespace
+
+SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
+                    const SearchOptions& opt) {
+  const auto start = std::chrono::steady_clock::now();
+  MESHTRAIN_CHECK(!opt.gpu_counts.empty(), "plan: --gpus is required");
+  MESHTRAIN_CHECK(opt.top >= 1, "plan: --top must be >= 1, got {}", opt.top);
+  job.validate();
+  const FixedChoices& f = opt.fixed;
+  const ModelConfig& model = ctx.model;
+
+  SearchResult result;
+  std::vector<Estimate> fitting;
+  std::map<std::string, FamilyReport> families;
+  std::map<std::string, std::map<std::string, int64_t>> reasons;  // family -> reason -> count
+
+  for (int64_t gpus : opt.gpu_counts) {
+    Cluster cl = base;
+    cl.gpus = gpus;
+    validate(cl);
+    check_fixed(ctx, cl, f);
+    std::vector<int64_t> tps;
+    for (int64_t t : divisors(gpus)) {
+      if (t <= cl.gpus_per_node) tps.push_back(t);  // TP stays inside a node unless fixed
+    }
+    for (int64_t tp : choices(f.tp, tps)) {
+      for (int64_t pp : choices(f.pp, divisors(gpus / tp))) {
+        if (gpus % (tp * pp) != 0 || pp > model.n_layers) continue;
+        const int64_t dp = gpus / (tp * pp);
+        if (f.dp && *f.dp != dp) continue;
+        std::vector<int64_t> vpps{1};
+        if (pp > 1) vpps = {1, 2, 3, 4, 5, 6, 8};
+        for (int64_t vpp : choices(f.vpp, vpps)) {
+          Schedule schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+          if (f.schedule) schedule = *f.schedule;
+          for (int zero : choices(f.zero, {0, 1, 2, 3})) {
+            for (int64_t mb : choices(f.micro_batch, {1, 2, 4, 8, 16})) {
+              for (Recompute rc : choices(
+                       f.recompute, {Recompute::none, Recompute::selective, Recompute::full})) {
+                for (Offload off : choices(f.offload, {Offload::none})) {
+                  Layout l;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.vpp = vpp;
+                  l.dp = dp;
+                  l.zero = zero;
+                  l.micro_batch = mb;
+                  l.recompute = rc;
+                  l.sequence_parallel = f.sequence_parallel ? *f.sequence_parallel : tp > 1;
+                  l.offload = off;
+                  l.schedule = schedule;
+                  ++result.evaluated;
+                  const std::string family = family_name(l);
+                  FamilyReport& fam = families[family];
+                  fam.family = family;
+                  const std::string why = check_layout(ctx, cl, job, l);
+                  if (!why.empty()) {
+                    ++reasons[family][why];
+                    continue;
+                  }
+                  ++result.valid;
+                  ++fam.valid;
+                  Estimate est = evaluate(ctx, cl, job, l);
+                  if (!fam.smallest ||
+                      est.memory.device_total() < fam.smallest->memory.device_total()) {
+                    fam.smallest = est;
+                  }
+                  if (!est.fits) continue;
+                  ++result.fits;
+                  ++fam.fits;
+                  if (!fam.best || ranks_before(est, *fam.best, opt.rank_by)) fam.best = est;
+                  fitting.push_back(std::move(est));
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  for (auto& [name, fam] : families) {
+    if (fam.valid == 0) {
+      const auto& counts = reasons[name];
+      auto it = std::max_element(counts.begin(), counts.end(),
+                                 [](const auto& a, const auto& b) { return a.second < b.second; });
+      if (it != counts.end()) fam.reason = it->first;
+    }
+    result.families.push_back(fam);
+  }
+  if (result.valid == 0) {
+    std::string why = "no layout divides the model and batch";
+    for (const FamilyReport& fam : result.families) {
+      if (!fam.reason.empty()) {
+        why = fam.reason;
+        break;
+      }
+    }
+    fail("plan: no layout can run: {}", why);
+  }
+
+  std::sort(fitting.begin(), fitting.end(),
+            [&](const Estimate& a, const Estimate& b) { return ranks_before(a, b, opt.rank_by); });
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>, bool> seen;
+  for (Estimate& est : fitting) {
+    const Layout& l = est.layout;
+    auto key = std::make_tuple(est.gpus, l.tp, l.pp, l.vpp, l.zero);
+    if (seen[key]) continue;
+    seen[key] = true;
+    result.ranked.push_back(std::move(est));
+    if (static_cast<int>(result.ranked.size()) == opt.top) break;
+  }
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace meshtrain::plan

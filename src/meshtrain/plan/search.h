@@ -1,0 +1,63 @@
+// The parallelism search: for each GPU count, every layout that divides the
+// model and the batch (tp, pp, virtual stages, dp, ZeRO stage, micro-batch,
+// recomputation), dropped when it does not fit in HBM, ranked by step time or
+// by cost; one line per rejected family saying why.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/plan/planner.h"
+
+namespace meshtrain::plan {
+
+// Choices the user fixed; unset ones are searched.
+struct FixedChoices {
+  std::optional<int64_t> tp, pp, vpp, dp, micro_batch;
+  std::optional<int> zero;
+  std::optional<Recompute> recompute;
+  std::optional<bool> sequence_parallel;
+  std::optional<Offload> offload;
+  std::optional<Schedule> schedule;
+};
+
+enum class RankBy { time, cost };
+RankBy parse_rank_by(std::string_view name);  // "time" | "cost"
+
+struct SearchOptions {
+  std::vector<int64_t> gpu_counts;
+  FixedChoices fixed;
+  RankBy rank_by = RankBy::time;
+  int top = 10;
+};
+
+// A family: DP, FSDP (ZeRO-3), TP + DP, TP + FSDP, PP + DP, TP + PP + DP;
+// "+ offload" when the optimizer state lives on the host.
+std::string family_name(const Layout& layout);
+
+struct FamilyReport {
+  std::string family;
+  int64_t valid = 0, fits = 0;   // layouts that can run; of those, that fit
+  std::optional<Estimate> best;  // fastest (or cheapest) that fits
+  std::optional<Estimate> smallest;  // least memory among the valid ones
+  std::string reason;            // the commonest structural reason when valid == 0
+};
+
+struct SearchResult {
+  std::vector<Estimate> ranked;  // the top N, at most one per (gpus, tp, pp, v, zero)
+  std::vector<FamilyReport> families;
+  int64_t evaluated = 0, valid = 0, fits = 0;
+  double seconds = 0;  // wall time of the search
+};
+
+// Throws Error (one line) when a fixed choice is impossible for this model and
+// cluster, or when no layout can run at all.
+SearchResult search(const PlanContext& ctx, const Cluster& cluster, const Job& job,
+                    const SearchOptions& options);
+
+// Better-first order for the chosen criterion.
+bool ranks_before(const Estimate& a, const Estimate& b, RankBy by);
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,207 @@
+// Presets against their published sizes, the closed-form counts against the
+// parameter registry, FLOPs against a count of the model's matmuls, the GPU
+// catalog, collectives and input parsing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "meshtrain/model/params.h"
+#include "meshtrain/util/error.h"
+#include "meshtrain/plan/collectives.h"
+#include "meshtrain/plan/hardware.h"
+#include "meshtrain/plan/inputs.h"
+#include "meshtrain/plan/models.h"
+#include "meshtrain/plan/planner.h"
+#include "meshtrain/plan/transformer.h"
+
+namespace meshtrain::plan {
+namespace {
+
+TEST(Presets, ParameterCountsWithinOnePercentOfPublished) {
+  const std::vector<std::string> names = plan_model_names();
+  ASSERT_EQ(names.size(), 10u);
+  for (const std::string& name : names) {
+    const PlanModel m = plan_model(name);
+    ASSERT_GT(m.published_params, 0) << name;
+    const double n = static_cast<double>(m.config.num_params());
+    EXPECT_NEAR(n / m.published_params, 1.0, 0.01) << name << ": " << n;
+  }
+}
+
+TEST(Presets, ExactCountsOfTheOfficialCheckpoints) {
+  // Hugging Face safetensors totals of the official checkpoints.
+  EXPECT_EQ(plan_model("gpt2-124m").config.num_params(), 124439808);
+  EXPECT_EQ(plan_model("gpt2-350m").config.num_params(), 354823168);
+  EXPECT_EQ(plan_model("gpt2-774m").config.num_params(), 774030080);
+  EXPECT_EQ(plan_model("gpt2-1.5b").config.num_params(), 1557611200);
+  EXPECT_EQ(plan_model("llama2-7b").config.num_params(), 6738415616);
+  EXPECT_EQ(plan_model("llama2-13b").config.num_params(), 13015864320);
+  EXPECT_EQ(plan_model("llama2-70b").config.num_params(), 68976648192);
+  EXPECT_EQ(plan_model("llama3-8b").config.num_params(), 8030261248);
+  EXPECT_EQ(plan_model("llama3-70b").config.num_params(), 70553706496);
+  EXPECT_EQ(plan_model("llama3-405b").config.num_params(), 405853388800);
+}
+
+TEST(Presets, UnknownNameListsTheKnownOnes) {
+  try {
+    plan_model("llama4-1t");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown model 'llama4-1t'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("llama3-405b"), std::string::npos);
+  }
+  EXPECT_EQ(plan_model("gpt2-124M").config.dim, 768);  // the engine's presets work too
+}
+
+TEST(Counts, ClosedFormEqualsTheRegistry) {
+  std::vector<ModelConfig> configs;
+  for (const std::string& name : plan_model_names()) configs.push_back(plan_model(name).config);
+  for (const std::string& name : model_preset_names()) configs.push_back(model_preset(name));
+  for (const ModelConfig& c : configs) {
+    const TransformerCounts n = count_transformer(c);
+    double matmul = 0, layer0 = 0;
+    for (const ParamSpec& spec : build_param_specs(c)) {
+      if (spec.matmul_weight) matmul += static_cast<double>(spec.numel());
+      const bool first_layer = spec.name.find("layers.0.") != std::string::npos ||
+                               spec.name.find("h.0.") != std::string::npos;
+      if (first_layer) layer0 += static_cast<double>(spec.numel());
+    }
+    EXPECT_EQ(n.total_params, static_cast<double>(c.num_params())) << c.dim;
+    EXPECT_EQ(n.layer_params, layer0) << c.dim;
+    EXPECT_EQ(static_cast<double>(c.n_layers) * n.layer_matmul_params + n.output_matmul_params,
+              matmul)
+        << c.dim;
+  }
+}
+
+// Training FLOPs per token from the registry's GEMM shapes: each weight
+// [out, in] costs 2 in out per token forward; attention QK^T and AV cost
+// 2 s (H D) each per token and layer; backward is twice the forward.
+double counted_flops_per_token(const ModelConfig& c, int64_t seq) {
+  double forward = 0;
+  for (const ParamSpec& spec : build_param_specs(c)) {
+    if (spec.matmul_weight) forward += 2.0 * static_cast<double>(spec.shape[0] * spec.shape[1]);
+  }
+  const double hd = static_cast<double>(c.n_heads * c.head_dim());
+  forward += static_cast<double>(c.n_layers) * 2 * (2.0 * static_cast<double>(seq) * hd);
+  return 3 * forward;
+}
+
+TEST(Flops, MatchACountOfTheMatmuls) {
+  for (const char* name : {"gpt2-124m", "gpt2-1.5b", "llama2-7b", "llama3-8b",
+                                  "llama3-70b"}) {
+    const ModelConfig c = plan_model(name).config;
+    for (int64_t seq : {1024, 4096}) {
+      const double counted = counted_flops_per_token(c, seq);
+      EXPECT_NEAR(c.train_flops_per_token(seq) / counted, 1.0, 1e-12) << name;
+      Job job;
+      job.seq = seq;
+      EXPECT_NEAR(make_context(c, job).model_flops_per_token / counted, 1.0, 1e-12) << name;
+      // 6 N + 12 L s h, with N the GEMM weights (an untied embedding is a lookup).
+      const TransformerCounts n = count_transformer(c);
+      const double six_n = 6 * (static_cast<double>(c.n_layers) * n.layer_matmul_params +
+                                n.output_matmul_params);
+      const double attention = 12.0 * static_cast<double>(c.n_layers * seq * c.dim);
+      EXPECT_NEAR((six_n + attention) / counted, 1.0, 1e-12) << name;
+    }
+  }
+}
+
+TEST(Flops, RecomputationAddsTheForwardItRepeats) {
+  const ModelConfig c = plan_model("llama3-8b").config;
+  Job job;
+  job.seq = 8192;
+  job.global_batch = 64;
+  job.tokens = 1e9;
+  const PlanContext ctx = make_context(c, job);
+  Cluster cl = make_cluster(gpu_spec("h100-sxm"), 8, 8);
+  Layout l;
+  l.tp = 8;
+  l.dp = 1;
+  l.sequence_parallel = true;
+  l.recompute = Recompute::none;
+  const Estimate none = evaluate(ctx, cl, job, l);
+  EXPECT_EQ(none.hardware_flops_per_step, none.model_flops_per_step);
+  l.recompute = Recompute::selective;
+  const Estimate sel = evaluate(ctx, cl, job, l);
+  const double tokens = 64.0 * 8192;
+  EXPECT_NEAR(sel.hardware_flops_per_step - sel.model_flops_per_step,
+              32 * 4.0 * 8192 * 4096 * tokens, 1e-6 * sel.model_flops_per_step);
+  l.recompute = Recompute::full;
+  const Estimate full = evaluate(ctx, cl, job, l);
+  EXPECT_NEAR(full.hardware_flops_per_step - full.model_flops_per_step,
+              32 * ctx.layer_flops_per_token / 3 * tokens, 1e-6 * full.model_flops_per_step);
+  EXPECT_GT(full.step_seconds, sel.step_seconds);
+  EXPECT_GT(sel.step_seconds, none.step_seconds);
+  EXPECT_LT(full.memory.activations, sel.memory.activations);
+  EXPECT_LT(sel.memory.activations, none.memory.activations);
+}
+
+TEST(Catalog, PublishedPeaksAndMemory) {
+  EXPECT_EQ(gpu_spec("a100-40gb").peak_flops, 312e12);
+  EXPECT_EQ(gpu_spec("a100-80gb").peak_flops, 312e12);
+  EXPECT_EQ(gpu_spec("h100-sxm").peak_flops, 989.4e12);
+  EXPECT_EQ(gpu_spec("h200").peak_flops, 989.4e12);
+  EXPECT_EQ(gpu_spec("a100-40gb").hbm_bytes, 40960.0 * 1024 * 1024);
+  EXPECT_EQ(gpu_spec("a100-80gb").hbm_bytes, 81920.0 * 1024 * 1024);
+  EXPECT_EQ(gpu_spec("h100-sxm").hbm_bytes, 81559.0 * 1024 * 1024);
+  EXPECT_EQ(gpu_spec("h200").hbm_bytes, 141e9);
+  EXPECT_EQ(gpu_spec("h100-sxm").hbm_bandwidth, 3.35e12);
+  EXPECT_EQ(gpu_spec("h200").hbm_bandwidth, 4.8e12);
+  EXPECT_EQ(gpu_spec("a100-80gb").hbm_bandwidth, 2.039e12);
+  EXPECT_EQ(gpu_spec("h100-sxm").nvlink_bandwidth, 450e9);  // 900 GB/s both directions
+  try {
+    gpu_spec("h300");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "plan: unknown GPU 'h300' (known: a100-40gb, a100-80gb, h100-sxm, h200)");
+  }
+}
+
+TEST(Collectives, NcclTestsBusBandwidthFactors) {
+  const Link link{100e9, 0};
+  const double bytes = 1e9;
+  EXPECT_DOUBLE_EQ(all_reduce_seconds(bytes, 8, link), 2.0 * 7 / 8 * bytes / 100e9);
+  EXPECT_DOUBLE_EQ(reduce_scatter_seconds(bytes, 8, link), 7.0 / 8 * bytes / 100e9);
+  EXPECT_DOUBLE_EQ(all_gather_seconds(bytes, 8, link), 7.0 / 8 * bytes / 100e9);
+  EXPECT_DOUBLE_EQ(send_recv_seconds(bytes, link), bytes / 100e9);
+  EXPECT_EQ(all_reduce_seconds(bytes, 1, link), 0);
+  const Link slow{100e9, 1e-5};
+  // Latency: min(ring 2(n-1), tree 2 log2 n) steps; reduce-scatter is a ring.
+  EXPECT_DOUBLE_EQ(all_reduce_seconds(0, 2, slow), 2e-5);
+  EXPECT_DOUBLE_EQ(all_reduce_seconds(0, 1024, slow), 20e-5);
+  EXPECT_DOUBLE_EQ(reduce_scatter_seconds(0, 4, slow), 3e-5);
+}
+
+TEST(Inputs, Counts) {
+  EXPECT_EQ(parse_count("15T", "--tokens"), 15e12);
+  EXPECT_EQ(parse_count("1.5e12", "--tokens"), 1.5e12);
+  EXPECT_EQ(parse_count("300B", "--tokens"), 300e9);
+  EXPECT_EQ(parse_count("8Ki", "--x"), 8192);
+  EXPECT_EQ(parse_count("42", "--x"), 42);
+  EXPECT_THROW(parse_count("abc", "--tokens"), Error);
+  EXPECT_THROW(parse_count("-5", "--tokens"), Error);
+  EXPECT_THROW(parse_count("16X", "--tokens"), Error);
+  EXPECT_THROW(parse_count("", "--tokens"), Error);
+}
+
+TEST(Inputs, GlobalBatchTokens) {
+  const GlobalBatch binary = parse_global_batch_tokens("16M", 8192);
+  EXPECT_EQ(binary.sequences, 2048);
+  EXPECT_NE(binary.note.find("16777216"), std::string::npos);
+  const GlobalBatch decimal = parse_global_batch_tokens("4M", 1000);
+  EXPECT_EQ(decimal.sequences, 4000);
+  EXPECT_TRUE(decimal.note.empty());
+  EXPECT_EQ(parse_global_batch_tokens("4Mi", 4096).sequences, 1024);
+  try {
+    parse_global_batch_tokens("1000", 3);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a whole number of 3-token sequences"),
+              std::string::npos);
+  }
+  EXPECT_THROW(parse_global_batch_tokens("100", 8192), Error);  // less than one sequence
+}
+
+}  // namespace
+}  // namespace meshtrain::plan

@@ -1,0 +1,215 @@
+// The search end to end: the llama3-70b / 1024 x H100 case, 16,384
+// GPUs, fixed choices, rejected families, bad inputs, and the outputs.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <set>
+
+#include "meshtrain/util/error.h"
+#include "meshtrain/plan/models.h"
+#include "meshtrain/plan/report.h"
+#include "meshtrain/plan/search.h"
+#include "meshtrain/tensor/memory_tracker.h"
+
+namespace meshtrain::plan {
+namespace {
+
+PlanInputs llama70b_on_h100(int64_t gpus) {
+  PlanInputs in;
+  in.model_name = "llama3-70b";
+  ModelConfig model = plan_model("llama3-70b").config;
+  in.job.seq = 8192;
+  in.job.global_batch = 2048;  // 16M tokens
+  in.job.tokens = 15e12;
+  in.ctx = make_context(model, in.job);
+  in.cluster = make_cluster(gpu_spec("h100-sxm"), gpus, 8);
+  in.options.gpu_counts = {gpus};
+  return in;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Search, Llama70bOn1024H100) {
+  PlanInputs in = llama70b_on_h100(1024);
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  ASSERT_EQ(r.ranked.size(), 10u);
+  EXPECT_GT(r.evaluated, r.valid);
+  EXPECT_GT(r.valid, r.fits);
+  std::set<std::tuple<int64_t, int64_t, int64_t, int>> shapes;
+  for (size_t i = 0; i < r.ranked.size(); ++i) {
+    const Estimate& e = r.ranked[i];
+    const Layout& l = e.layout;
+    EXPECT_TRUE(e.fits);
+    EXPECT_LE(e.memory.device_total(), in.cluster.gpu.hbm_bytes);
+    EXPECT_EQ(l.tp * l.pp * l.dp, 1024);
+    EXPECT_LE(l.tp, 8);
+    EXPECT_EQ(8 % l.tp, 0);  // divides the 8 kv heads
+    EXPECT_EQ(2048 % (l.dp * l.micro_batch), 0);
+    EXPECT_TRUE(shapes.insert({l.tp, l.pp, l.vpp, l.zero}).second) << "one row per shape";
+    if (i > 0) {
+      EXPECT_LE(r.ranked[i - 1].step_seconds, e.step_seconds);
+    }
+    // The step is the sum of its parts, and MFU follows from it.
+    EXPECT_NEAR(e.step_seconds, e.time.total(), 1e-9);
+    EXPECT_NEAR(e.mfu, e.model_flops_per_step / (e.step_seconds * 1024 * 989.4e12), 1e-12);
+    EXPECT_GT(e.mfu, 0.2);
+    EXPECT_LT(e.mfu, in.job.compute_efficiency);
+  }
+  // A 70B model cannot be plainly data-parallel on 80 GB GPUs: 16 bytes x 70B.
+  bool saw_dp = false;
+  for (const FamilyReport& f : r.families) {
+    if (f.family == "DP (ZeRO-0/1/2)") {
+      saw_dp = true;
+      EXPECT_GT(f.valid, 0);
+      EXPECT_EQ(f.fits, 0);
+      ASSERT_TRUE(f.smallest.has_value());
+      EXPECT_GT(f.smallest->memory.device_total(), in.cluster.gpu.hbm_bytes);
+    }
+    if (f.family == "PP + FSDP (ZeRO-3)") {
+      EXPECT_EQ(f.valid, 0);
+      EXPECT_NE(f.reason.find("ZeRO-2/3 with pp > 1"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(saw_dp);
+
+  const std::string table = format_table(in, r);
+  EXPECT_NE(table.find("rejected: none of"), std::string::npos);
+  EXPECT_NE(table.find("best overall"), std::string::npos);
+  const std::string explain = format_explain(in, r.ranked.front());
+  EXPECT_NE(explain.find("Korthikanti"), std::string::npos);
+  EXPECT_NE(explain.find("MFU (PaLM)"), std::string::npos);
+}
+
+TEST(Search, SixteenThousandGpus) {
+  PlanInputs in = llama70b_on_h100(16384);
+  in.ctx = make_context(plan_model("llama3-405b").config, in.job);
+  in.options.top = 5;
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const Estimate& e : r.ranked) {
+    EXPECT_TRUE(e.fits);
+    EXPECT_GT(e.layout.tp * e.layout.pp, 1) << "405B needs model parallelism";
+  }
+  std::printf("16384-GPU search: %lld layouts in %.3f s\n",
+              static_cast<long long>(r.evaluated), r.seconds);
+}
+
+TEST(Search, FixedChoicesAreKept) {
+  PlanInputs in = llama70b_on_h100(1024);
+  in.options.fixed.tp = 8;
+  in.options.fixed.zero = 3;
+  in.options.fixed.recompute = Recompute::selective;
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const Estimate& e : r.ranked) {
+    EXPECT_EQ(e.layout.tp, 8);
+    EXPECT_EQ(e.layout.zero, 3);
+    EXPECT_EQ(e.layout.pp, 1);  // ZeRO-3 excludes pipelines
+    EXPECT_EQ(e.layout.recompute, Recompute::selective);
+    EXPECT_TRUE(e.layout.sequence_parallel);
+  }
+}
+
+TEST(Search, RankByCostAcrossGpuCounts) {
+  PlanInputs in = llama70b_on_h100(512);
+  in.options.gpu_counts = {512, 1024, 2048};
+  in.options.rank_by = RankBy::cost;
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  ASSERT_GE(r.ranked.size(), 2u);
+  for (size_t i = 1; i < r.ranked.size(); ++i) {
+    EXPECT_LE(r.ranked[i - 1].cost, r.ranked[i].cost);
+  }
+  std::set<int64_t> counts;
+  for (const Estimate& e : r.ranked) counts.insert(e.gpus);
+  EXPECT_GE(counts.size(), 1u);
+}
+
+TEST(Search, ZeroThreeMemoryFallsWithDataParallelism) {
+  PlanInputs in = llama70b_on_h100(64);
+  Layout l;
+  l.tp = 8;
+  l.zero = 3;
+  l.sequence_parallel = true;
+  double previous = 1e300;
+  for (int64_t gpus : {64, 128, 256, 512}) {
+    in.cluster.gpus = gpus;
+    l.dp = gpus / 8;
+    ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
+    const Estimate e = evaluate(in.ctx, in.cluster, in.job, l);
+    EXPECT_LT(e.memory.params + e.memory.grads + e.memory.optimizer, previous);
+    previous = e.memory.params + e.memory.grads + e.memory.optimizer;
+  }
+}
+
+TEST(Search, NothingFitsIsReportedNotThrown) {
+  PlanInputs in = llama70b_on_h100(8);
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  EXPECT_TRUE(r.ranked.empty());
+  EXPECT_GT(r.valid, 0);
+  const std::string table = format_table(in, r);
+  EXPECT_NE(table.find("nothing fits"), std::string::npos);
+}
+
+TEST(BadInputs, OneClearLine) {
+  PlanInputs in = llama70b_on_h100(1024);
+  auto run = [&](PlanInputs x) { search(x.ctx, x.cluster, x.job, x.options); };
+  PlanInputs tp3 = in;
+  tp3.options.fixed.tp = 3;
+  EXPECT_EQ(error_of([&] { run(tp3); }),
+            "plan: --tp 3 does not divide the 64 attention heads");
+  PlanInputs tp16 = in;
+  tp16.options.fixed.tp = 16;
+  EXPECT_EQ(error_of([&] { run(tp16); }), "plan: --tp 16 does not divide the 8 kv heads");
+  PlanInputs product = in;
+  product.options.fixed.tp = 8;
+  product.options.fixed.pp = 4;
+  product.options.fixed.dp = 16;
+  EXPECT_EQ(error_of([&] { run(product); }),
+            "plan: --tp 8 x --pp 4 x --dp 16 = 512 is not --gpus 1024");
+  PlanInputs pp = in;
+  pp.options.fixed.pp = 81;
+  EXPECT_EQ(error_of([&] { run(pp); }), "plan: --pp 81 must be in 1..80 (the model's layers)");
+  PlanInputs nodes = in;
+  nodes.options.gpu_counts = {1020};
+  EXPECT_EQ(error_of([&] { run(nodes); }), "plan: --gpus 1020 is not a whole number of 8-GPU nodes");
+  PlanInputs batch = in;
+  batch.job.global_batch = 3;  // no dp > 1 divides 3 sequences except 3 itself
+  batch.options.gpu_counts = {16};
+  batch.options.fixed.dp = 16;
+  EXPECT_EQ(error_of([&] { run(batch); }),
+            "plan: no layout can run: global batch 3 is not a multiple of dp 16 x micro-batch 1");
+  PlanInputs zero = in;
+  zero.options.fixed.zero = 2;
+  zero.options.fixed.pp = 4;
+  EXPECT_NE(error_of([&] { run(zero); }).find("ZeRO-2/3 with pp > 1"), std::string::npos);
+  PlanInputs eff = in;
+  eff.job.compute_efficiency = 1.5;
+  EXPECT_EQ(error_of([&] { run(eff); }), "plan: --efficiency must be in (0, 1], got 1.5");
+}
+
+TEST(Output, JsonHasTheEngineCategories) {
+  PlanInputs in = llama70b_on_h100(1024);
+  in.options.top = 3;
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  const nlohmann::json j = nlohmann::json::parse(format_json(in, r));
+  ASSERT_EQ(j["ranked"].size(), 3u);
+  const auto& mem = j["ranked"][0]["memory_bytes"];
+  for (size_t i = 0; i < kMemCategories; ++i) {
+    EXPECT_TRUE(mem.contains(std::string(mem_category_name(static_cast<MemCategory>(i)))));
+  }
+  EXPECT_DOUBLE_EQ(mem["device_total"].get<double>(), r.ranked[0].memory.device_total());
+  EXPECT_DOUBLE_EQ(j["ranked"][0]["time_seconds"]["step"].get<double>(), r.ranked[0].step_seconds);
+  EXPECT_EQ(j["model"]["params"].get<double>(), 70553706496.0);
+  EXPECT_EQ(j["families"].size(), r.families.size());
+}
+
+}  // namespace
+}  // namespace meshtrain::plan
