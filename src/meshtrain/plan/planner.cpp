@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "meshtrain/plan/collectives.h"
 #include "meshtrain/util/error.h"
@@ -72,8 +73,11 @@ std::string check_layout(const PlanContext& ctx, const Cluster& cl, const Job& j
     if (l.schedule != Schedule::interleaved || l.pp == 1) {
       return "virtual stages need the interleaved schedule and pp > 1";
     }
-    if (m.n_layers % (l.pp * l.vpp) != 0) {
-      return fmt::format("pp {} x v {} does not divide {} layers", l.pp, l.vpp, m.n_layers);
+    // Stages hold ceil(L / pp) layers (a stage or two may hold one fewer, as
+    // Llama 3's 126 layers on 16 stages), split into v equal chunks.
+    const int64_t stage_layers = (m.n_layers + l.pp - 1) / l.pp;
+    if (stage_layers % l.vpp != 0) {
+      return fmt::format("v {} does not divide the {} layers of a stage", l.vpp, stage_layers);
     }
     if (m_count % l.pp != 0) {
       return fmt::format("interleaving needs micro-batches ({}) a multiple of pp {}", m_count,
@@ -207,28 +211,36 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
     est.time.tp = mb * static_cast<double>(layers) * per_layer *
                   all_reduce_seconds(e * sbh, l.tp, link);
   }
-  // DP: ZeRO's collectives over the rank's parameters (the DP group is strided by tp).
+  // DP: ZeRO's collectives over the rank's parameters (the DP group is strided
+  // by tp). They are issued per bucket (Megatron-Core's max(40M, 1M x dp)
+  // parameters) or, for ZeRO-3, per layer, and each call pays the latency.
   if (l.dp > 1) {
     const Link& link = l.tp * l.dp <= cl.gpus_per_node ? cl.intra : cl.inter;
     const StateBytes bytes = state_bytes(job.precision, job.optimizer);
     const double grads = worst.psi * bytes.grads, weights = worst.psi * bytes.weights;
-    const double rs = reduce_scatter_seconds(grads, l.dp, link);
-    const double ag = all_gather_seconds(weights, l.dp, link);
+    const double dp = static_cast<double>(l.dp);
+    auto calls = [&](double (*collective)(double, int64_t, const Link&), double total,
+                     double count) { return count * collective(total / count, l.dp, link); };
+    const double buckets = std::max(1.0, std::ceil(worst.psi / std::max(40e6, 1e6 * dp)));
+    const double units = static_cast<double>(layers) + 1;  // + the embedding or head
     switch (l.zero) {
       case 0:  // all-reduce once per step, behind the last micro-batch's backward
-        est.dp_comm_raw = all_reduce_seconds(grads, l.dp, link);
+        est.dp_comm_raw = calls(all_reduce_seconds, grads, buckets);
         est.dp_overlap_window = 2.0 / 3.0 * t_mb;
         break;
       case 1:  // reduce-scatter behind the last backward, all-gather behind the next forward
-        est.dp_comm_raw = rs + ag;
+        est.dp_comm_raw = calls(reduce_scatter_seconds, grads, buckets) +
+                          calls(all_gather_seconds, weights, buckets);
         est.dp_overlap_window = t_mb;
         break;
       case 2:  // reduce-scatter after every micro-batch's backward
-        est.dp_comm_raw = mb * rs + ag;
+        est.dp_comm_raw = mb * calls(reduce_scatter_seconds, grads, buckets) +
+                          calls(all_gather_seconds, weights, buckets);
         est.dp_overlap_window = mb * 2.0 / 3.0 * t_mb + t_mb / 3.0;
         break;
       default:  // gather weights for forward and backward, reduce-scatter, every micro-batch
-        est.dp_comm_raw = mb * (2 * ag + rs);
+        est.dp_comm_raw = mb * (2 * calls(all_gather_seconds, weights, units) +
+                                calls(reduce_scatter_seconds, grads, units));
         est.dp_overlap_window = mb * t_mb;
         break;
     }
