@@ -149,8 +149,25 @@ TEST(Search, ZeroThreeMemoryFallsWithDataParallelism) {
   }
 }
 
+TEST(Search, OffloadIsTriedWhenNothingElseFits) {
+  PlanInputs in = llama70b_on_h100(8);  // 16 x 70.6B bytes > 8 x 80 GB
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  EXPECT_TRUE(r.offload_retried);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const Estimate& e : r.ranked) {
+    EXPECT_EQ(e.layout.offload, Offload::optimizer);
+    EXPECT_EQ(e.memory.optimizer, 0);
+    EXPECT_GT(e.memory.offloaded, 0);
+    EXPECT_GT(e.time.offload, 0);
+  }
+  // Enough GPUs: no offload searched.
+  PlanInputs big = llama70b_on_h100(1024);
+  EXPECT_FALSE(search(big.ctx, big.cluster, big.job, big.options).offload_retried);
+}
+
 TEST(Search, NothingFitsIsReportedNotThrown) {
   PlanInputs in = llama70b_on_h100(8);
+  in.ctx = make_context(plan_model("llama3-405b").config, in.job);
   const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
   EXPECT_TRUE(r.ranked.empty());
   EXPECT_GT(r.valid, 0);

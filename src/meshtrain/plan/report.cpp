@@ -100,12 +100,14 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
   out += cluster_line(in, in.options.gpu_counts.front()) + "\n";
   out += job_line(in) + "\n";
   out += fmt::format(
-      "search   {} layouts in {:.3f} s: {} can run, {} fit in HBM; ranked by {}, best per "
+      "search   {} layouts in {:.3f} s: {} can run, {} fit in HBM{}; ranked by {}, best per "
       "(gpus, tp, pp, v, zero)\n\n",
       r.evaluated, r.seconds, r.valid, r.fits,
+      r.offload_retried ? " (nothing fit on the GPU alone: optimizer offload searched too)" : "",
       in.options.rank_by == RankBy::time ? "step time" : "cost");
   if (r.ranked.empty()) {
-    out += "nothing fits: see the families below (--fragmentation, --reserve-gib, a bigger GPU)\n";
+    out += "nothing fits, not even with the optimizer state on the host: see the families below "
+           "(more GPUs, a bigger GPU, --fragmentation, --reserve-gib)\n";
   } else {
     const bool many_counts = in.options.gpu_counts.size() > 1;
     out += fmt::format(
@@ -215,7 +217,7 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
                 {"compute_efficiency", j.compute_efficiency},
                 {"fragmentation", j.fragmentation}};
   out["search"] = {{"evaluated", r.evaluated}, {"valid", r.valid}, {"fits", r.fits},
-                   {"seconds", r.seconds}};
+                   {"offload_retried", r.offload_retried}, {"seconds", r.seconds}};
   json ranked = json::array();
   for (const Estimate& e : r.ranked) {
     const Layout& l = e.layout;

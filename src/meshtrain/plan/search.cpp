@@ -109,62 +109,68 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
   std::map<std::string, FamilyReport> families;
   std::map<std::string, std::map<std::string, int64_t>> reasons;  // family -> reason -> count
 
-  for (int64_t gpus : opt.gpu_counts) {
-    Cluster cl = base;
-    cl.gpus = gpus;
-    validate(cl);
-    check_fixed(ctx, cl, f);
-    std::vector<int64_t> tps;
-    for (int64_t t : divisors(gpus)) {
-      if (t <= cl.gpus_per_node) tps.push_back(t);  // TP stays inside a node unless fixed
+  auto consider = [&](const Cluster& cl, const Layout& l) {
+    ++result.evaluated;
+    const std::string family = family_name(l);
+    FamilyReport& fam = families[family];
+    fam.family = family;
+    const std::string why = check_layout(ctx, cl, job, l);
+    if (!why.empty()) {
+      ++reasons[family][why];
+      return;
     }
-    for (int64_t tp : choices(f.tp, tps)) {
-      for (int64_t pp : choices(f.pp, divisors(gpus / tp))) {
-        if (gpus % (tp * pp) != 0 || pp > model.n_layers) continue;
-        const int64_t dp = gpus / (tp * pp);
-        if (f.dp && *f.dp != dp) continue;
-        std::vector<int64_t> vpps{1};
-        if (pp > 1) vpps = {1, 2, 3, 4, 5, 6, 8};
-        for (int64_t vpp : choices(f.vpp, vpps)) {
-          Schedule schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
-          if (f.schedule) schedule = *f.schedule;
-          for (int zero : choices(f.zero, {0, 1, 2, 3})) {
-            for (int64_t mb : choices(f.micro_batch, {1, 2, 4, 8, 16})) {
-              for (Recompute rc : choices(
-                       f.recompute, {Recompute::none, Recompute::selective, Recompute::full})) {
-                for (Offload off : choices(f.offload, {Offload::none})) {
-                  Layout l;
-                  l.tp = tp;
-                  l.pp = pp;
-                  l.vpp = vpp;
-                  l.dp = dp;
-                  l.zero = zero;
-                  l.micro_batch = mb;
-                  l.recompute = rc;
-                  l.sequence_parallel = f.sequence_parallel ? *f.sequence_parallel : tp > 1;
-                  l.offload = off;
-                  l.schedule = schedule;
-                  ++result.evaluated;
-                  const std::string family = family_name(l);
-                  FamilyReport& fam = families[family];
-                  fam.family = family;
-                  const std::string why = check_layout(ctx, cl, job, l);
-                  if (!why.empty()) {
-                    ++reasons[family][why];
-                    continue;
+    ++result.valid;
+    ++fam.valid;
+    Estimate est = evaluate(ctx, cl, job, l);
+    if (!fam.smallest || est.memory.device_total() < fam.smallest->memory.device_total()) {
+      fam.smallest = est;
+    }
+    if (!est.fits) return;
+    ++result.fits;
+    ++fam.fits;
+    if (!fam.best || ranks_before(est, *fam.best, opt.rank_by)) fam.best = est;
+    fitting.push_back(std::move(est));
+  };
+
+  auto enumerate = [&](const std::vector<Offload>& offloads) {
+    for (int64_t gpus : opt.gpu_counts) {
+      Cluster cl = base;
+      cl.gpus = gpus;
+      validate(cl);
+      check_fixed(ctx, cl, f);
+      std::vector<int64_t> tps;
+      for (int64_t t : divisors(gpus)) {
+        if (t <= cl.gpus_per_node) tps.push_back(t);  // TP stays inside a node unless fixed
+      }
+      for (int64_t tp : choices(f.tp, tps)) {
+        for (int64_t pp : choices(f.pp, divisors(gpus / tp))) {
+          if (gpus % (tp * pp) != 0 || pp > model.n_layers) continue;
+          const int64_t dp = gpus / (tp * pp);
+          if (f.dp && *f.dp != dp) continue;
+          const std::vector<int64_t> vpps =
+              pp > 1 ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8} : std::vector<int64_t>{1};
+          // Without data parallelism there is nothing for ZeRO to shard.
+          const std::vector<int> zeros = dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0};
+          for (int64_t vpp : choices(f.vpp, vpps)) {
+            for (int zero : choices(f.zero, zeros)) {
+              for (int64_t mb : choices(f.micro_batch, {1, 2, 4, 8, 16})) {
+                for (Recompute rc : choices(f.recompute, {Recompute::none, Recompute::selective,
+                                                          Recompute::full})) {
+                  for (Offload off : offloads) {
+                    Layout l;
+                    l.tp = tp;
+                    l.pp = pp;
+                    l.vpp = vpp;
+                    l.dp = dp;
+                    l.zero = zero;
+                    l.micro_batch = mb;
+                    l.recompute = rc;
+                    l.sequence_parallel = f.sequence_parallel ? *f.sequence_parallel : tp > 1;
+                    l.offload = off;
+                    l.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+                    if (f.schedule) l.schedule = *f.schedule;
+                    consider(cl, l);
                   }
-                  ++result.valid;
-                  ++fam.valid;
-                  Estimate est = evaluate(ctx, cl, job, l);
-                  if (!fam.smallest ||
-                      est.memory.device_total() < fam.smallest->memory.device_total()) {
-                    fam.smallest = est;
-                  }
-                  if (!est.fits) continue;
-                  ++result.fits;
-                  ++fam.fits;
-                  if (!fam.best || ranks_before(est, *fam.best, opt.rank_by)) fam.best = est;
-                  fitting.push_back(std::move(est));
                 }
               }
             }
@@ -172,6 +178,13 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
         }
       }
     }
+  };
+  // Offloading the optimizer state costs PCIe time: searched only when asked
+  // for, or when nothing fits without it.
+  enumerate(f.offload ? std::vector<Offload>{*f.offload} : std::vector<Offload>{Offload::none});
+  if (result.fits == 0 && !f.offload) {
+    result.offload_retried = true;
+    enumerate({Offload::optimizer});
   }
 
   for (auto& [name, fam] : families) {

@@ -49,7 +49,8 @@ struct SearchResult {
   std::vector<Estimate> ranked;  // the top N, at most one per (gpus, tp, pp, v, zero)
   std::vector<FamilyReport> families;
   int64_t evaluated = 0, valid = 0, fits = 0;
-  double seconds = 0;  // wall time of the search
+  bool offload_retried = false;  // nothing fit, so optimizer offload was searched too
+  double seconds = 0;            // wall time of the search
 };
 
 // Throws Error (one line) when a fixed choice is impossible for this model and
