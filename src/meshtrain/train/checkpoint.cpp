@@ -20,18 +20,22 @@ namespace fs = std::filesystem;
 
 constexpr const char* kStateFile = "train_state.json";
 constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kMomentFiles[2] = {"exp_avg.safetensors", "exp_avg_sq.safetensors"};
 
-Tensor& moment(AdamW& optimizer, int which) {
-  return which == 0 ? optimizer.exp_avg() : optimizer.exp_avg_sq();
+// The three files and the tensors they hold.
+constexpr const char* kTensorFiles[3] = {kModelFile, "exp_avg.safetensors",
+                                         "exp_avg_sq.safetensors"};
+
+const Tensor& tensor_of(const CheckpointTensors& tensors, int which) {
+  return which == 0 ? tensors.master : which == 1 ? tensors.exp_avg : tensors.exp_avg_sq;
 }
 
 }  // namespace
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{}", step); }
 
-void save_checkpoint(const std::string& dir, const Model& model, AdamW& optimizer,
-                     const TrainState& state, const TrainConfig& config) {
+void save_checkpoint(const std::string& dir, const std::vector<Parameter>& params,
+                     const CheckpointTensors& tensors, const TrainState& state,
+                     const TrainConfig& config) {
   // Everything goes into a temporary directory renamed into place at the end.
   fs::path final_dir(dir);
   fs::path temp_dir = final_dir;
@@ -39,17 +43,19 @@ void save_checkpoint(const std::string& dir, const Model& model, AdamW& optimize
   fs::remove_all(temp_dir);
   fs::create_directories(temp_dir);
 
-  std::map<std::string, std::string> meta{{"format", "meshtrain"},
-                                          {"step", std::to_string(state.step)}};
-  save_model_weights(model, (temp_dir / kModelFile).string(), DType::f32, meta);
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 3; ++which) {
     SafetensorsWriter writer;
-    for (const Parameter& p : model.params()) {
-      writer.add(p.spec.name, moment(optimizer, which).view(p.offset, p.spec.shape));
+    for (const Parameter& p : params) {
+      writer.add(p.spec.name, tensor_of(tensors, which).view(p.offset, p.spec.shape));
     }
-    writer.set_metadata("format", "meshtrain-adamw");
-    writer.set_metadata("optimizer_step", std::to_string(state.optimizer_step));
-    writer.write((temp_dir / kMomentFiles[which]).string());
+    if (which == 0) {
+      writer.set_metadata("format", "meshtrain");
+      writer.set_metadata("step", std::to_string(state.step));
+    } else {
+      writer.set_metadata("format", "meshtrain-adamw");
+      writer.set_metadata("optimizer_step", std::to_string(state.optimizer_step));
+    }
+    writer.write((temp_dir / kTensorFiles[which]).string());
   }
   nlohmann::json json{
       {"format", "meshtrain-train-state"},
@@ -110,15 +116,15 @@ TrainState read_train_state(const std::string& dir, TrainConfig* config) {
   return state;
 }
 
-void load_checkpoint_tensors(const std::string& dir, Model& model, AdamW& optimizer) {
-  load_model_weights(model, (fs::path(dir) / kModelFile).string());
-  for (int which = 0; which < 2; ++which) {
-    SafetensorsReader reader((fs::path(dir) / kMomentFiles[which]).string());
-    MESHTRAIN_CHECK(reader.tensors().size() == model.params().size(),
+void load_checkpoint_tensors(const std::string& dir, const std::vector<Parameter>& params,
+                             CheckpointTensors& tensors) {
+  for (int which = 0; which < 3; ++which) {
+    SafetensorsReader reader((fs::path(dir) / kTensorFiles[which]).string());
+    MESHTRAIN_CHECK(reader.tensors().size() == params.size(),
                     "{}: {} tensors, the model has {} parameters", reader.path(),
-                    reader.tensors().size(), model.params().size());
-    for (const Parameter& p : model.params()) {
-      reader.read(p.spec.name, moment(optimizer, which).view(p.offset, p.spec.shape));
+                    reader.tensors().size(), params.size());
+    for (const Parameter& p : params) {
+      reader.read(p.spec.name, tensor_of(tensors, which).view(p.offset, p.spec.shape));
     }
   }
 }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "meshtrain/data/sampler.h"
 #include "meshtrain/model/model.h"
@@ -31,15 +32,26 @@ struct TrainState {
 
 std::string step_dir_name(int64_t step);  // "step_100"
 
+// A checkpoint's tensors, whole, in the flat model layout: parameter i at
+// params[i].offset, num_params f32 elements each. The flat model's buffers and
+// AdamW's moments are this layout; ZeRO gathers its shards into it.
+struct CheckpointTensors {
+  Tensor master, exp_avg, exp_avg_sq;
+};
+
 // Writes the checkpoint to `dir` (replacing an existing one) atomically.
-void save_checkpoint(const std::string& dir, const Model& model, AdamW& optimizer,
-                     const TrainState& state, const TrainConfig& config);
+void save_checkpoint(const std::string& dir, const std::vector<Parameter>& params,
+                     const CheckpointTensors& tensors, const TrainState& state,
+                     const TrainConfig& config);
 
 // Reads train_state.json: the state and the saved config. Errors name the file and field.
 TrainState read_train_state(const std::string& dir, TrainConfig* config = nullptr);
 
-// Restores weights and optimizer state into a model built from the same config.
-void load_checkpoint_tensors(const std::string& dir, Model& model, AdamW& optimizer);
+// Reads weights and optimizer state into `tensors` (allocated by the caller,
+// num_params f32 each). A missing, extra or misshapen tensor is an Error
+// naming the file and tensor.
+void load_checkpoint_tensors(const std::string& dir, const std::vector<Parameter>& params,
+                             CheckpointTensors& tensors);
 
 // A model from a directory: a training step directory (train_state.json) or a
 // Hugging Face one (config.json + model.safetensors).

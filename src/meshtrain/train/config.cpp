@@ -52,6 +52,10 @@ constexpr KeySpec kKeys[] = {
 
     {"parallel", "tp", Kind::integer},        {"parallel", "pp", Kind::integer},
     {"parallel", "bucket_mb", Kind::number},  {"parallel", "overlap", Kind::boolean},
+    {"parallel", "zero", Kind::integer},      {"parallel", "prefetch", Kind::boolean},
+    {"parallel", "reshard_after_forward", Kind::boolean},
+    {"parallel", "offload", Kind::string},    {"parallel", "offload_dir", Kind::string},
+    {"parallel", "offload_budget_mb", Kind::number},
 };
 
 std::string_view kind_name(Kind kind) {
@@ -378,6 +382,23 @@ ParallelSettings read_parallel(const Section& s) {
   check_min("parallel.pp", p.pp, 1);
   MESHTRAIN_CHECK(std::isfinite(p.bucket_mb) && p.bucket_mb > 0,
                   "config: parallel.bucket_mb must be > 0, got {}", p.bucket_mb);
+  s.read("zero", p.zero);
+  s.read("prefetch", p.prefetch);
+  s.read("reshard_after_forward", p.reshard_after_forward);
+  s.read("offload", p.offload);
+  s.read("offload_dir", p.offload_dir);
+  s.read("offload_budget_mb", p.offload_budget_mb);
+  MESHTRAIN_CHECK(p.zero >= 0 && p.zero <= 3, "config: parallel.zero must be 0, 1, 2 or 3, got {}",
+                  p.zero);
+  MESHTRAIN_CHECK(p.offload == "none" || p.offload == "cpu" || p.offload == "disk",
+                  "config: parallel.offload must be \"none\", \"cpu\" or \"disk\", got \"{}\"",
+                  p.offload);
+  MESHTRAIN_CHECK(p.offload == "none" || p.zero >= 1,
+                  "config: parallel.offload = \"{}\" moves ZeRO's sharded optimizer state: it "
+                  "needs parallel.zero >= 1",
+                  p.offload);
+  MESHTRAIN_CHECK(std::isfinite(p.offload_budget_mb) && p.offload_budget_mb >= 0,
+                  "config: parallel.offload_budget_mb must be >= 0, got {}", p.offload_budget_mb);
   return p;
 }
 
@@ -444,7 +465,16 @@ toml::table to_table(const TrainConfig& c) {
                    {"gpt2_ranks", c.data.gpt2_ranks}};
   if (!c.data.val.empty()) data.insert("val", std::move(val_files));
   const ParallelSettings& p = c.parallel;
-  toml::table parallel{{"tp", p.tp}, {"pp", p.pp}, {"bucket_mb", p.bucket_mb}, {"overlap", p.overlap}};
+  toml::table parallel{{"tp", p.tp},
+                       {"pp", p.pp},
+                       {"bucket_mb", p.bucket_mb},
+                       {"overlap", p.overlap},
+                       {"zero", p.zero},
+                       {"prefetch", p.prefetch},
+                       {"reshard_after_forward", p.reshard_after_forward},
+                       {"offload", p.offload},
+                       {"offload_dir", p.offload_dir},
+                       {"offload_budget_mb", p.offload_budget_mb}};
   return toml::table{{"model", std::move(model)},
                      {"train", std::move(train)},
                      {"optim", std::move(optim)},

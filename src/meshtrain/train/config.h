@@ -58,6 +58,14 @@ struct ParallelSettings {
   int pp = 1;             // pipeline-parallel size (only 1 is implemented)
   double bucket_mb = 25;  // gradient bucket size in MiB
   bool overlap = true;    // all-reduce buckets while backward runs
+  // ZeRO (docs/distributed.md): 0 = plain DDP; 1 shards optimizer state,
+  // 2 + gradients, 3 + parameters.
+  int zero = 0;
+  bool prefetch = true;               // stage 3: all-gather the next unit ahead
+  bool reshard_after_forward = true;  // stage 3: free a unit after its forward
+  std::string offload = "none";       // optimizer state: "none" | "cpu" | "disk"
+  std::string offload_dir;            // disk: where; empty = <train.out_dir>/offload
+  double offload_budget_mb = 0;       // cpu/disk: resident MiB of optimizer state (0 = no limit)
 };
 
 struct TrainConfig {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <vector>
 
 #include "meshtrain/util/error.h"
@@ -46,6 +47,41 @@ void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& m
       parallel.pp == 1,
       "parallel.pp = {}: pipeline parallelism is not implemented yet (set parallel.pp = 1)",
       parallel.pp);
+}
+
+zero::ZeroOptions zero_options(const TrainConfig& config) {
+  const ParallelSettings& p = config.parallel;
+  zero::ZeroOptions o;
+  o.stage = p.zero;
+  o.prefetch = p.prefetch;
+  o.reshard_after_forward = p.reshard_after_forward;
+  o.offload.tier = zero::parse_offload_tier(p.offload);
+  o.offload.budget_bytes = static_cast<size_t>(p.offload_budget_mb * 1024.0 * 1024.0);
+  if (o.offload.tier == zero::OffloadTier::disk) {
+    o.offload.directory = p.offload_dir.empty()
+                              ? (std::filesystem::path(config.train.out_dir) / "offload").string()
+                              : p.offload_dir;
+    std::filesystem::create_directories(o.offload.directory);
+  }
+  return o;
+}
+
+std::string describe_zero(const zero::ShardedDataParallel& zero) {
+  const zero::ZeroOptions& o = zero.options();
+  std::string text = fmt::format("ZeRO stage {}: {} flat parameters over dp {} (padding {} elements)",
+                                 o.stage, zero.layout().flats.size(), zero.layout().dp,
+                                 zero.layout().padding());
+  if (o.stage == 3) {
+    text += fmt::format(", prefetch {}, reshard after forward {}", o.prefetch ? "on" : "off",
+                        o.reshard_after_forward ? "on" : "off");
+  }
+  if (o.offload.tier != zero::OffloadTier::none) {
+    text += fmt::format(", optimizer state offloaded to {}", zero::offload_tier_name(o.offload.tier));
+    if (o.offload.budget_bytes > 0) {
+      text += fmt::format(" (resident budget {})", format_bytes(o.offload.budget_bytes));
+    }
+  }
+  return text;
 }
 
 double sum_over_ranks(Communicator& comm, double value) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/parallel/zero/sharded.h"
 #include "meshtrain/tensor/memory_tracker.h"
 #include "meshtrain/train/config.h"
 
@@ -16,6 +17,11 @@ void check_same_config_on_all_ranks(const TrainConfig& config, Communicator& wor
 
 // Checks what the mesh can run today (tp = pp = 1) against the config.
 void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& mesh);
+
+// ZeRO's options from [parallel] (the disk tier's directory created).
+zero::ZeroOptions zero_options(const TrainConfig& config);
+// "ZeRO stage 3: 14 flat parameters (padding 9 elements), prefetch on, ..." for the console.
+std::string describe_zero(const zero::ShardedDataParallel& zero);
 
 // Sum of `value` over the group (blocking).
 double sum_over_ranks(Communicator& comm, double value);

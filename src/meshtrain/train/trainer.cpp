@@ -78,16 +78,35 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   loader_ = std::make_unique<DataLoader>(*train_data_, loader, resumed.sampler);
 
   ctx_ = std::make_unique<cpu::CpuContext>(t.threads, tracker_);
-  model_ = std::make_unique<Model>(config_.model, t.precision, *ctx_);
-  optimizer_ = std::make_unique<AdamW>(*model_, config_.optim.adamw);
-  if (options_.resume_dir.empty()) {
-    model_->init_weights(t.seed);
+  const bool sharded = config_.parallel.zero > 0;
+  MESHTRAIN_CHECK(!sharded || options_.mesh != nullptr,
+                  "parallel.zero = {} needs a communicator: run through `meshtrain train` (or "
+                  "pass TrainerOptions::mesh)",
+                  config_.parallel.zero);
+  model_ = std::make_unique<Model>(config_.model, t.precision, *ctx_,
+                                   sharded ? ParamStorage::external : ParamStorage::flat);
+  if (sharded) {
+    zero_ = std::make_unique<zero::ShardedDataParallel>(
+        *model_, options_.mesh->dp(), config_.optim.adamw, zero_options(config_));
   } else {
-    load_checkpoint_tensors(options_.resume_dir, *model_, *optimizer_);
-    optimizer_->set_step_count(resumed.optimizer_step);
+    optimizer_ = std::make_unique<AdamW>(*model_, config_.optim.adamw);
+  }
+  if (options_.resume_dir.empty()) {
+    if (zero_) {
+      zero_->init_weights(t.seed);
+    } else {
+      model_->init_weights(t.seed);
+    }
+  } else {
+    load_state(options_.resume_dir);
+    if (zero_) {
+      zero_->set_step_count(resumed.optimizer_step);
+    } else {
+      optimizer_->set_step_count(resumed.optimizer_step);
+    }
     step_ = resumed.step;
   }
-  if (options_.mesh != nullptr && options_.dp_size > 1) {
+  if (!sharded && options_.mesh != nullptr && options_.dp_size > 1) {
     ddp_ = std::make_unique<DistributedDataParallel>(
         *model_, options_.mesh->dp(), DdpOptions{config_.parallel.bucket_mb, config_.parallel.overlap});
   }
@@ -126,10 +145,11 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     if (options_.mesh != nullptr) {
       fmt::print("parallel: {} ({} threads per rank); {}\n", options_.mesh->layout().describe(),
                  ctx_->threads(),
-                 ddp_ ? fmt::format("DDP: {} gradient buckets of <= {} MiB, overlap {}",
-                                    ddp_->buckets().size(), config_.parallel.bucket_mb,
-                                    config_.parallel.overlap ? "on" : "off")
-                      : "no gradient sync (dp 1)");
+                 zero_  ? describe_zero(*zero_)
+                 : ddp_ ? fmt::format("DDP: {} gradient buckets of <= {} MiB, overlap {}",
+                                      ddp_->buckets().size(), config_.parallel.bucket_mb,
+                                      config_.parallel.overlap ? "on" : "off")
+                        : "no gradient sync (dp 1)");
     }
     const GlobalOrder& order = loader_->order();
     fmt::print("data: {} tokens, {} samples of {} (+1) tokens, {} steps per epoch ({:.2f} epochs)"
@@ -151,6 +171,43 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
 }
 
 Trainer::~Trainer() = default;
+
+AdamW& Trainer::optimizer() {
+  MESHTRAIN_CHECK(optimizer_ != nullptr,
+                  "trainer: with parallel.zero = {} the optimizer state is sharded (zero())",
+                  config_.parallel.zero);
+  return *optimizer_;
+}
+
+void Trainer::load_state(const std::string& dir) {
+  if (!zero_) {
+    CheckpointTensors into{model_->flat_master(), optimizer_->exp_avg(), optimizer_->exp_avg_sq()};
+    load_checkpoint_tensors(dir, model_->params(), into);
+    model_->sync_compute_weights();
+    return;
+  }
+  // Every rank reads the whole tensors and keeps its shards.
+  const Shape flat{model_->num_params()};
+  CheckpointTensors into{Tensor(flat, DType::f32, MemCategory::workspace, tracker_),
+                         Tensor(flat, DType::f32, MemCategory::workspace, tracker_),
+                         Tensor(flat, DType::f32, MemCategory::workspace, tracker_)};
+  load_checkpoint_tensors(dir, model_->params(), into);
+  using State = zero::ShardedDataParallel::State;
+  zero_->load_full(State::master, into.master.data<float>());
+  zero_->load_full(State::exp_avg, into.exp_avg.data<float>());
+  zero_->load_full(State::exp_avg_sq, into.exp_avg_sq.data<float>());
+}
+
+std::vector<float> Trainer::gather_weights() {
+  if (!zero_) {
+    const Tensor& w = model_->flat_master();
+    return std::vector<float>(w.data<float>(), w.data<float>() + w.numel());
+  }
+  std::vector<float> weights(static_cast<size_t>(model_->num_params()));
+  zero_->gather_full(zero::ShardedDataParallel::State::master, 0, weights.data());
+  zero_->dp().broadcast(weights.data(), static_cast<int64_t>(weights.size()), CommDType::f32, 0);
+  return weights;
+}
 
 void Trainer::log_memory(const char* when) {
   const MemorySnapshot mine = tracker_.snapshot();
@@ -185,12 +242,14 @@ StepRecord Trainer::train_step() {
   // mean (with dp ranks: of this rank's share, averaged over ranks by DDP).
   const float grad_scale = 1.0f / static_cast<float>(t.tokens_per_step() / options_.dp_size);
 
-  model_->zero_grads();
+  if (!zero_) model_->zero_grads();
   double loss_sum = 0;
   double data_seconds = loader_->stats().wait_seconds;
-  for (int64_t a = 0; a < loader_->micro_batches_per_step(); ++a) {
+  const int64_t micro_batches = loader_->micro_batches_per_step();
+  for (int64_t a = 0; a < micro_batches; ++a) {
     const MicroBatch& batch = loader_->next();
-    if (ddp_) ddp_->begin_micro_batch(a + 1 == loader_->micro_batches_per_step());
+    if (ddp_) ddp_->begin_micro_batch(a + 1 == micro_batches);
+    if (zero_) zero_->begin_micro_batch(a == 0, a + 1 == micro_batches);
     loss_sum += model_->forward_backward(batch.inputs.data(), batch.targets.data(), batch.rows,
                                          seq, grad_scale);
   }
@@ -201,15 +260,29 @@ StepRecord Trainer::train_step() {
     loss_sum = sum_over_ranks(ddp_->dp(), loss_sum);
     r.comm_ms = ddp_->last_sync().comm_seconds * 1e3;
     r.exposed_comm_ms = ddp_->last_sync().exposed_seconds * 1e3;
+    for (const CallRecord& call : ddp_->last_sync().calls) r.comm_bytes += call.bytes;
+  }
+  if (zero_) {
+    zero_->finish_gradient_sync();
+    loss_sum = sum_over_ranks(zero_->dp(), loss_sum);
   }
   r.step = step_ + 1;
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
   MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step, r.loss);
-  r.grad_norm = global_grad_norm(*model_);
+  r.grad_norm = zero_ ? zero_->grad_norm() : global_grad_norm(*model_);
   MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
                   r.step, r.grad_norm);
   r.lr = schedule_.at(step_);
-  optimizer_->step(r.lr, clip_factor(r.grad_norm, t.grad_clip));
+  if (zero_) {
+    zero_->step(r.lr, clip_factor(r.grad_norm, t.grad_clip));
+    // The step's collectives: reduce-scatters, and the gathers waited for in it.
+    const zero::ZeroStepTiming& timing = zero_->last_step();
+    r.comm_ms = timing.comm_seconds * 1e3;
+    r.exposed_comm_ms = timing.exposed_seconds * 1e3;
+    r.comm_bytes = timing.bytes;
+  } else {
+    optimizer_->step(r.lr, clip_factor(r.grad_norm, t.grad_clip));
+  }
   ++step_;
 
   double seconds =
@@ -235,10 +308,12 @@ double Trainer::evaluate() {
                                      val_batch_.rows, val_batch_.seq_len);
     tokens += val_batch_.rows * val_batch_.seq_len;
   }
-  if (ddp_) {
-    loss_sum = sum_over_ranks(ddp_->dp(), loss_sum);
-    tokens = static_cast<int64_t>(sum_over_ranks(ddp_->dp(), static_cast<double>(tokens)));
+  Communicator* dp = ddp_ ? &ddp_->dp() : zero_ ? &zero_->dp() : nullptr;
+  if (dp != nullptr) {
+    loss_sum = sum_over_ranks(*dp, loss_sum);
+    tokens = static_cast<int64_t>(sum_over_ranks(*dp, static_cast<double>(tokens)));
   }
+  if (zero_) zero_->quiesce();  // stage 3: frees what the evaluation gathered
   return loss_sum / static_cast<double>(tokens);
 }
 
@@ -246,10 +321,29 @@ std::string Trainer::save_checkpoint() {
   std::string dir = (fs::path(config_.train.out_dir) / step_dir_name(step_)).string();
   TrainState state;
   state.step = step_;
-  state.optimizer_step = optimizer_->step_count();
+  state.optimizer_step = zero_ ? zero_->step_count() : optimizer_->step_count();
   state.sampler = loader_->position();
   state.seed = config_.train.seed;
-  meshtrain::save_checkpoint(dir, *model_, *optimizer_, state, config_);
+  if (!zero_) {
+    meshtrain::save_checkpoint(
+        dir, model_->params(),
+        CheckpointTensors{model_->flat_master(), optimizer_->exp_avg(), optimizer_->exp_avg_sq()},
+        state, config_);
+    return dir;
+  }
+  // The shards gathered to rank 0, which writes the same files as a flat run.
+  const bool writer = zero_->dp().rank() == 0;
+  const Shape flat{writer ? model_->num_params() : 0};
+  CheckpointTensors whole{Tensor(flat, DType::f32, MemCategory::workspace, tracker_),
+                          Tensor(flat, DType::f32, MemCategory::workspace, tracker_),
+                          Tensor(flat, DType::f32, MemCategory::workspace, tracker_)};
+  using State = zero::ShardedDataParallel::State;
+  for (auto [which, tensor] : {std::pair{State::master, &whole.master},
+                               {State::exp_avg, &whole.exp_avg},
+                               {State::exp_avg_sq, &whole.exp_avg_sq}}) {
+    zero_->gather_full(which, 0, writer ? tensor->data<float>() : nullptr);
+  }
+  if (writer) meshtrain::save_checkpoint(dir, model_->params(), whole, state, config_);
   return dir;
 }
 
@@ -263,7 +357,8 @@ void Trainer::log_step(const StepRecord& r) {
                              {"step_ms", r.step_ms},
                              {"data_ms", r.data_ms},
                              {"comm_ms", r.comm_ms},
-                             {"exposed_comm_ms", r.exposed_comm_ms}}
+                             {"exposed_comm_ms", r.exposed_comm_ms},
+                             {"comm_bytes", r.comm_bytes}}
                   .dump()
            << '\n';
   metrics_.flush();
@@ -272,8 +367,9 @@ void Trainer::log_step(const StepRecord& r) {
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
                "MFU {:.1f}% | {:.1f} ms{}\n",
                r.step, t.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu * 100, r.step_ms,
-               ddp_ ? fmt::format(" | comm {:.1f} ms, {:.1f} exposed", r.comm_ms, r.exposed_comm_ms)
-                    : "");
+               ddp_ || zero_
+                   ? fmt::format(" | comm {:.1f} ms, {:.1f} exposed", r.comm_ms, r.exposed_comm_ms)
+                   : "");
     std::fflush(stdout);
   }
 }
@@ -301,8 +397,9 @@ std::vector<StepRecord> Trainer::run() {
       log_eval(evaluate());
     }
     bool periodic = t.checkpoint_interval > 0 && step_ % t.checkpoint_interval == 0;
-    // Replicas are identical: rank 0 writes for all.
-    const bool writer = options_.mesh == nullptr || options_.mesh->rank() == 0;
+    // Replicas are identical: rank 0 writes for all (with ZeRO after a
+    // gather every rank takes part in).
+    const bool writer = options_.mesh == nullptr || options_.mesh->rank() == 0 || zero_;
     if (writer && t.checkpoint_interval >= 0 && (last || periodic)) {
       std::string dir = save_checkpoint();
       if (options_.console) fmt::print("checkpoint: {}\n", dir);

@@ -17,6 +17,7 @@
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/ddp/ddp.h"
+#include "meshtrain/parallel/zero/sharded.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -32,6 +33,7 @@ struct StepRecord {
   double data_ms = 0;  // of step_ms, waiting for the loader's micro-batches
   double comm_ms = 0;          // data parallel: the gradient all-reduces' busy time
   double exposed_comm_ms = 0;  // of step_ms, waiting for them after backward
+  uint64_t comm_bytes = 0;     // bytes of the step's collectives (CallRecord::bytes)
 };
 
 struct TrainerOptions {
@@ -43,7 +45,8 @@ struct TrainerOptions {
   int64_t dp_size = 1;
   int prefetch = 2;  // micro-batches the loader makes ahead (0 = on the training thread)
   // A multi-rank run: the mesh (which must outlive the trainer) sets dp_rank
-  // and dp_size; with dp > 1 gradients are averaged by DistributedDataParallel.
+  // and dp_size; with dp > 1 gradients are averaged by DistributedDataParallel,
+  // or with parallel.zero > 0 (which needs the mesh) sharded by ZeRO.
   // Only rank 0 prints and writes checkpoints; rank R > 0 writes its metrics
   // to out_dir/metrics.rank<R>.jsonl.
   DeviceMesh* mesh = nullptr;
@@ -65,13 +68,19 @@ class Trainer {
   // Mean validation loss per token over this rank's share of the fixed
   // validation set (train.eval_batches global batches).
   double evaluate();
-  // Writes <out_dir>/step_<N>/ for the current step; returns its path.
+  // Writes <out_dir>/step_<N>/ for the current step; returns its path. With
+  // ZeRO every rank must call it (the shards are gathered to rank 0, which writes).
   std::string save_checkpoint();
 
   int64_t step() const { return step_; }
   const TrainConfig& config() const { return config_; }
   Model& model() { return *model_; }
-  AdamW& optimizer() { return *optimizer_; }
+  // The flat AdamW (parallel.zero = 0 only; throws otherwise).
+  AdamW& optimizer();
+  zero::ShardedDataParallel* zero() { return zero_.get(); }  // null unless parallel.zero > 0
+  // The master weights in the flat layout (params()[i].offset), on every
+  // rank. Collective with ZeRO (gathered from the shards).
+  std::vector<float> gather_weights();
   // The global data position of the next step (saved in checkpoints).
   SamplerPosition sampler_position() const { return loader_->position(); }
   double peak_flops() const { return peak_flops_; }
@@ -79,6 +88,8 @@ class Trainer {
  private:
   void log_step(const StepRecord& record);
   void log_eval(double val_loss);
+  // Weights and optimizer state from a step directory (ZeRO: this rank's shards).
+  void load_state(const std::string& dir);
   // Rank 0 prints its bytes by category and (several ranks) the maximum over
   // ranks; every rank writes its own to its metrics file. Collective.
   void log_memory(const char* when);
@@ -94,6 +105,7 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DistributedDataParallel> ddp_;  // dp > 1 only; after model_ (uses it)
+  std::unique_ptr<zero::ShardedDataParallel> zero_;  // parallel.zero > 0; after model_
   LrSchedule schedule_;
   int64_t step_ = 0;
   double peak_flops_ = 0;
