@@ -230,3 +230,56 @@ TEST(Output, JsonHasTheEngineCategories) {
 
 }  // namespace
 }  // namespace meshtrain::plan
+
+namespace meshtrain::plan {
+namespace {
+
+TEST(StepTime, CheckpointWriteIsAmortisedOverItsInterval) {
+  PlanInputs in = llama70b_on_h100(1024);
+  Layout l;
+  l.tp = 8;
+  l.pp = 4;
+  l.dp = 32;
+  l.zero = 1;
+  l.sequence_parallel = true;
+  in.job.checkpoint_interval_seconds = 0;
+  const Estimate none = evaluate(in.ctx, in.cluster, in.job, l);
+  EXPECT_EQ(none.time.checkpoint, 0);
+  in.job.checkpoint_interval_seconds = 1800;
+  in.job.checkpoint_write_bandwidth = 50e9;
+  const Estimate with = evaluate(in.ctx, in.cluster, in.job, l);
+  const double save = 70553706496.0 * 14 / 50e9;  // bf16 weights + fp32 master and moments
+  EXPECT_DOUBLE_EQ(with.checkpoint_seconds, save);
+  EXPECT_NEAR(with.time.checkpoint, save * none.step_seconds / 1800, 1e-12);
+  EXPECT_NEAR(with.step_seconds, none.step_seconds + with.time.checkpoint, 1e-12);
+}
+
+TEST(StepTime, BubbleIsTheScheduleFormula) {
+  PlanInputs in = llama70b_on_h100(1024);
+  in.job.checkpoint_interval_seconds = 0;
+  Layout l;
+  l.tp = 8;
+  l.pp = 8;
+  l.dp = 16;
+  l.zero = 1;
+  l.sequence_parallel = true;
+  for (int64_t v : {1, 2, 5}) {
+    l.vpp = v;
+    l.schedule = v > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+    ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
+    const Estimate e = evaluate(in.ctx, in.cluster, in.job, l);
+    const double ideal = e.time.compute + e.time.recompute;  // m micro-batches, no bubble
+    EXPECT_NEAR(e.time.bubble / ideal, bubble_fraction(8, v, e.microbatches), 1e-12);
+    EXPECT_EQ(e.microbatches, 2048 / 16);
+  }
+  l.vpp = 1;
+  l.schedule = Schedule::gpipe;
+  const Estimate gpipe = evaluate(in.ctx, in.cluster, in.job, l);
+  l.schedule = Schedule::one_f_one_b;
+  const Estimate ofob = evaluate(in.ctx, in.cluster, in.job, l);
+  EXPECT_DOUBLE_EQ(gpipe.time.bubble, ofob.time.bubble);  // same bubble, more memory
+  EXPECT_GT(gpipe.memory.activations, 10 * ofob.memory.activations);
+}
+
+}  // namespace
+}  // namespace meshtrain::plan

@@ -53,6 +53,12 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
       ->capture_default_str();
   p.add_option("--reserve-gib", a.reserve_gib, "CUDA context and library workspaces per GPU")
       ->capture_default_str();
+  p.add_option("--ckpt-every-min", a.ckpt_every_min, "Blocking checkpoint interval (0 = none)")
+      ->capture_default_str();
+  p.add_option("--ckpt-bw", a.ckpt_bw, "Aggregate checkpoint write bandwidth, GB/s")
+      ->capture_default_str();
+  p.add_option("--cpu-adam-rate", a.cpu_adam_rate, "Offload: parameters/s the host updates per GPU")
+      ->capture_default_str();
   p.add_option("--tp", a.tp, "Fix tensor parallelism");
   p.add_option("--pp", a.pp, "Fix pipeline parallelism");
   p.add_option("--vpp", a.vpp, "Fix virtual pipeline stages (interleaved schedule)");
@@ -170,6 +176,9 @@ int run_plan(const PlanArgs& a) {
   job.compute_efficiency = a.efficiency;
   job.fragmentation = a.fragmentation;
   job.reserve_bytes = a.reserve_gib * 1024.0 * 1024 * 1024;
+  job.checkpoint_interval_seconds = a.ckpt_every_min * 60;
+  job.checkpoint_write_bandwidth = a.ckpt_bw * 1e9;
+  job.cpu_adam_params_per_second = a.cpu_adam_rate;
   in.ctx = make_context(model, job);
   job.tokens = a.tokens.empty() ? 20 * in.ctx.counts.total_params : parse_count(a.tokens, "--tokens");
   MESHTRAIN_CHECK(a.gpus_per_node > 0, "plan: --gpus-per-node must be > 0, got {}",

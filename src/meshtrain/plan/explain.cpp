@@ -135,6 +135,14 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
     o += fmt::format("  offload: (grads down + weights up) over PCIe + CPU AdamW = {:.3f} s\n",
                      e.time.offload);
   }
+  if (e.time.checkpoint > 0) {
+    o += fmt::format(
+        "  checkpoint: {} params x ({} + {}) bytes = {} at {:.0f} GB/s = {:.1f} s every {:.0f} "
+        "min = {:.3f} s per step\n",
+        human_count(n.total_params), sb.weights, sb.optimizer, gib(e.checkpoint_bytes),
+        j.checkpoint_write_bandwidth / 1e9, e.checkpoint_seconds,
+        j.checkpoint_interval_seconds / 60, e.time.checkpoint);
+  }
   o += fmt::format("\nStep = {:.3f} s; tokens/s = {} / {:.3f} = {}\n", e.step_seconds,
                    grouped(static_cast<double>(j.tokens_per_step())), e.step_seconds,
                    grouped(e.tokens_per_second));

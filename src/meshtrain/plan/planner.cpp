@@ -20,6 +20,9 @@ void Job::validate() const {
   MESHTRAIN_CHECK(fragmentation >= 0 && fragmentation < 1,
                   "plan: --fragmentation must be in [0, 1), got {}", fragmentation);
   MESHTRAIN_CHECK(reserve_bytes >= 0, "plan: --reserve-gib must be >= 0");
+  MESHTRAIN_CHECK(checkpoint_interval_seconds >= 0, "plan: --ckpt-every-min must be >= 0");
+  MESHTRAIN_CHECK(checkpoint_write_bandwidth > 0, "plan: --ckpt-bw must be > 0");
+  MESHTRAIN_CHECK(cpu_adam_params_per_second > 0, "plan: --cpu-adam-rate must be > 0");
 }
 
 PlanContext make_context(const ModelConfig& model, const Job& job) {
@@ -259,6 +262,16 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
                        shard / job.cpu_adam_params_per_second;
   }
 
+  // Checkpoints: weights and optimizer state (not gradients) written at the
+  // storage's aggregate bandwidth while training waits, once per interval.
+  if (job.checkpoint_interval_seconds > 0) {
+    const StateBytes bytes = state_bytes(job.precision, job.optimizer);
+    est.checkpoint_bytes = ctx.counts.total_params * (bytes.weights + bytes.optimizer);
+    est.checkpoint_seconds = est.checkpoint_bytes / job.checkpoint_write_bandwidth;
+    est.time.checkpoint =
+        est.checkpoint_seconds * est.time.total() / job.checkpoint_interval_seconds;
+  }
+
   est.step_seconds = est.time.total();
   const double tokens_step = static_cast<double>(job.tokens_per_step());
   est.model_flops_per_step = ctx.model_flops_per_token * tokens_step;
@@ -273,12 +286,14 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   est.gpu_hours = est.train_seconds * gpus / 3600.0;
   est.cost = est.gpu_hours * cl.price_per_gpu_hour;
 
-  const std::array<std::pair<const char*, double>, 6> overheads{{{"bubble", est.time.bubble},
-                                                                 {"TP comm", est.time.tp},
-                                                                 {"DP comm", est.time.dp},
-                                                                 {"PP comm", est.time.pp},
-                                                                 {"recompute", est.time.recompute},
-                                                                 {"offload", est.time.offload}}};
+  const std::array<std::pair<const char*, double>, 7> overheads{
+      {{"bubble", est.time.bubble},
+       {"TP comm", est.time.tp},
+       {"DP comm", est.time.dp},
+       {"PP comm", est.time.pp},
+       {"recompute", est.time.recompute},
+       {"offload", est.time.offload},
+       {"checkpoint I/O", est.time.checkpoint}}};
   est.bottleneck = "compute";
   est.bottleneck_share = est.time.compute / est.step_seconds;
   double largest = 0;

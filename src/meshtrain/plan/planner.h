@@ -25,6 +25,8 @@ struct Job {
   double reserve_bytes = 1024.0 * 1024 * 1024;  // CUDA context, cuBLAS and NCCL workspaces
   double bucket_bytes = 25.0 * 1024 * 1024;     // DDP gradient bucket (two in flight)
   double cpu_adam_params_per_second = 1e9;      // per GPU, optimizer offload
+  double checkpoint_interval_seconds = 3600;    // 0 = no checkpoints
+  double checkpoint_write_bandwidth = 100e9;    // aggregate bytes/s to storage
   void validate() const;
   int64_t tokens_per_step() const { return global_batch * seq; }
 };
@@ -54,7 +56,10 @@ struct StepTime {
   double bubble = 0;     // pipeline fill and drain
   double tp = 0, dp = 0, pp = 0;  // exposed communication
   double offload = 0;    // host transfers and CPU optimizer step
-  double total() const { return compute + recompute + bubble + tp + dp + pp + offload; }
+  double checkpoint = 0; // a blocking checkpoint write, amortised over its interval
+  double total() const {
+    return compute + recompute + bubble + tp + dp + pp + offload + checkpoint;
+  }
 };
 
 struct Estimate {
@@ -72,6 +77,7 @@ struct Estimate {
   double dp_comm_raw = 0, dp_overlap_window = 0;
   double model_flops_per_step = 0, hardware_flops_per_step = 0;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0;
+  double checkpoint_bytes = 0, checkpoint_seconds = 0;  // one save
   double steps = 0, train_seconds = 0, gpu_hours = 0, cost = 0;
   std::string bottleneck;  // "compute", or the largest overhead: "bubble", "TP comm", ...
   double bottleneck_share = 0;

@@ -57,12 +57,16 @@ std::string job_line(const PlanInputs& in) {
   const Job& j = in.job;
   return fmt::format(
       "job      seq {}, global batch {} sequences = {} tokens{}, {} tokens = {} steps, {} + {}, "
-      "compute efficiency {:.2f}",
+      "compute efficiency {:.2f}{}",
       j.seq, grouped(static_cast<double>(j.global_batch)),
       grouped(static_cast<double>(j.tokens_per_step())),
       in.batch_note.empty() ? "" : " (" + in.batch_note + ")", human_count(j.tokens),
       grouped(std::ceil(j.tokens / static_cast<double>(j.tokens_per_step()))),
-      precision_name(j.precision), optimizer_name(j.optimizer), j.compute_efficiency);
+      precision_name(j.precision), optimizer_name(j.optimizer), j.compute_efficiency,
+      j.checkpoint_interval_seconds > 0
+          ? fmt::format(", checkpoint every {:.0f} min at {:.0f} GB/s",
+                        j.checkpoint_interval_seconds / 60, j.checkpoint_write_bandwidth / 1e9)
+          : "");
 }
 
 }  // namespace
@@ -143,9 +147,11 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
     const double s = b.step_seconds;
     out += fmt::format(
         "\n#1 step {:.2f} s = compute {:.2f} + recompute {:.2f} + bubble {:.2f} + TP {:.2f} + DP "
-        "{:.2f} (of {:.2f}, rest overlapped) + PP {:.2f}{}  ({:.0f}% compute); {} GPU-hours\n",
+        "{:.2f} (of {:.2f}, rest overlapped) + PP {:.2f}{}{}  ({:.0f}% compute); {} GPU-hours\n",
         s, t.compute, t.recompute, t.bubble, t.tp, t.dp, b.dp_comm_raw, t.pp,
-        t.offload > 0 ? fmt::format(" + offload {:.2f}", t.offload) : "", 100 * t.compute / s,
+        t.offload > 0 ? fmt::format(" + offload {:.2f}", t.offload) : "",
+        t.checkpoint > 0 ? fmt::format(" + checkpoint {:.2f}", t.checkpoint) : "",
+        100 * t.compute / s,
         human_count(b.gpu_hours));
     out += fmt::format(
         "#1 memory on the {} stage: params {} + grads {} + optimizer {} + activations {} + "
@@ -215,7 +221,9 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
                 {"precision", std::string(precision_name(j.precision))},
                 {"optimizer", std::string(optimizer_name(j.optimizer))},
                 {"compute_efficiency", j.compute_efficiency},
-                {"fragmentation", j.fragmentation}};
+                {"fragmentation", j.fragmentation},
+                {"checkpoint_interval_seconds", j.checkpoint_interval_seconds},
+                {"checkpoint_write_bandwidth", j.checkpoint_write_bandwidth}};
   out["search"] = {{"evaluated", r.evaluated}, {"valid", r.valid}, {"fits", r.fits},
                    {"offload_retried", r.offload_retried}, {"seconds", r.seconds}};
   json ranked = json::array();
@@ -240,6 +248,7 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
           {{"compute", e.time.compute}, {"recompute", e.time.recompute},
            {"bubble", e.time.bubble}, {"tp", e.time.tp}, {"dp", e.time.dp},
            {"dp_raw", e.dp_comm_raw}, {"pp", e.time.pp}, {"offload", e.time.offload},
+           {"checkpoint", e.time.checkpoint},
            {"step", e.step_seconds}}},
          {"tokens_per_second", e.tokens_per_second},
          {"mfu", e.mfu},

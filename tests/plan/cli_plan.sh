@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `meshtrain plan` end to end. usage: cli_plan.sh MESHTRAIN_BINARY SOURCE_DIR
+set -euo pipefail
+bin=$1 src=$2
+python=/usr/bin/python3
+fail() { echo "FAIL: $*"; exit 1; }
+done_means=(plan --model llama3-70b --gpus 1024 --gpu h100-sxm --seq 8192
+            --global-batch-tokens 16M --tokens 15T)
+
+out=$("$bin" "${done_means[@]}")
+echo "$out" | head -20
+grep -q "^model    llama3-70b: 70.6B params" <<<"$out" || fail "model line"
+grep -q "global batch 2,048 sequences = 16,777,216 tokens" <<<"$out" || fail "batch line"
+rows=$(grep -cE "^ ?[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-3] " <<<"$out")
+[ "$rows" -eq 10 ] || fail "expected 10 ranked rows, got $rows"
+grep -q "^#1 memory on the" <<<"$out" || fail "memory breakdown of #1"
+grep -qE "^  DP \(ZeRO-0/1/2\) +rejected: none of [0-9]+ fits" <<<"$out" || fail "rejected DP family"
+grep -q "best overall" <<<"$out" || fail "the winning family"
+
+json=$("$bin" "${done_means[@]}" --json --top 3)
+"$python" - "$json" <<'PY' || fail "json"
+import json, sys
+j = json.loads(sys.argv[1])
+assert len(j["ranked"]) == 3, j["ranked"]
+r = j["ranked"][0]
+for k in ["params", "grads", "optimizer", "activations", "workspace", "comm", "offloaded"]:
+    assert k in r["memory_bytes"], k
+assert r["memory_bytes"]["device_total"] <= j["cluster"]["hbm_bytes"]
+assert r["layout"]["tp"] * r["layout"]["pp"] * r["layout"]["dp"] == 1024
+assert abs(sum(v for k, v in r["time_seconds"].items() if k not in ("step", "dp_raw"))
+           - r["time_seconds"]["step"]) < 1e-9 * r["time_seconds"]["step"]
+assert j["job"]["global_batch"] == 2048
+PY
+
+explain=$("$bin" "${done_means[@]}" --explain)
+for want in "Model states (ZeRO" "Activations (Korthikanti" "bubble = (p - 1) / v" "MFU (PaLM)" \
+            "TP: m "; do
+  grep -qF "$want" <<<"$explain" || fail "--explain lacks '$want'"
+done
+
+cfg=$("$bin" plan --config "$src/configs/llama-tiny-bytes.toml")
+grep -q "^predicted memory per rank for" <<<"$cfg" || fail "--config header"
+grep -qE "^  activations .*\(exact\)" <<<"$cfg" || fail "--config activations"
+
+many=$("$bin" plan --model llama3-8b --gpus 64,128,256 --global-batch-tokens 4M --seq 8192 \
+       --rank-by cost --top 5)
+grep -q "gpus" <<<"$many" || fail "a gpus column when several counts are compared"
+echo PASS
