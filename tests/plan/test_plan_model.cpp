@@ -10,6 +10,7 @@
 #include "meshtrain/plan/collectives.h"
 #include "meshtrain/plan/hardware.h"
 #include "meshtrain/plan/inputs.h"
+#include "meshtrain/plan/memory.h"
 #include "meshtrain/plan/models.h"
 #include "meshtrain/plan/planner.h"
 #include "meshtrain/plan/transformer.h"
@@ -201,6 +202,30 @@ TEST(Inputs, GlobalBatchTokens) {
               std::string::npos);
   }
   EXPECT_THROW(parse_global_batch_tokens("100", 8192), Error);  // less than one sequence
+}
+
+}  // namespace
+}  // namespace meshtrain::plan
+
+namespace meshtrain::plan {
+namespace {
+
+TEST(Inputs, OptionNamesRoundTrip) {
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    EXPECT_EQ(parse_recompute(recompute_name(r)), r);
+  }
+  for (Schedule s : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved}) {
+    EXPECT_EQ(parse_schedule(schedule_name(s)), s);
+  }
+  EXPECT_EQ(schedule_name(Schedule::one_f_one_b), "1f1b");
+  EXPECT_EQ(parse_offload("optimizer"), Offload::optimizer);
+  EXPECT_EQ(parse_optimizer("sgd"), Optimizer::sgd);
+  try {
+    parse_recompute("some");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "plan: unknown recompute 'some' (expected none, selective, full)");
+  }
 }
 
 }  // namespace

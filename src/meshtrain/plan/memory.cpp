@@ -1,6 +1,9 @@
 #include "meshtrain/plan/memory.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <array>
 
 #include "meshtrain/model/params.h"
 #include "meshtrain/plan/transformer.h"
@@ -9,53 +12,38 @@
 
 namespace meshtrain::plan {
 
-std::string_view recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::none: return "none";
-    case Recompute::selective: return "selective";
-    case Recompute::full: return "full";
+namespace {
+
+// One table per option enum: its names in order, for printing and parsing.
+template <typename E, size_t N>
+struct Names {
+  std::string_view option;
+  std::array<std::string_view, N> names;
+
+  std::string_view name(E value) const { return names[static_cast<size_t>(value)]; }
+  E parse(std::string_view text) const {
+    for (size_t i = 0; i < N; ++i) {
+      if (names[i] == text) return static_cast<E>(i);
+    }
+    fail("plan: unknown {} '{}' (expected {})", option, text, fmt::join(names, ", "));
   }
-  return "?";
-}
+};
 
-Recompute parse_recompute(std::string_view name) {
-  if (name == "none") return Recompute::none;
-  if (name == "selective") return Recompute::selective;
-  if (name == "full") return Recompute::full;
-  fail("plan: unknown recompute '{}' (expected none, selective or full)", name);
-}
+constexpr Names<Recompute, 3> kRecompute{"recompute", {"none", "selective", "full"}};
+constexpr Names<Schedule, 3> kSchedule{"schedule", {"gpipe", "1f1b", "interleaved"}};
+constexpr Names<Offload, 2> kOffload{"offload", {"none", "optimizer"}};
+constexpr Names<Optimizer, 2> kOptimizer{"optimizer", {"adamw", "sgd"}};
 
-std::string_view schedule_name(Schedule s) {
-  switch (s) {
-    case Schedule::gpipe: return "gpipe";
-    case Schedule::one_f_one_b: return "1f1b";
-    case Schedule::interleaved: return "interleaved";
-  }
-  return "?";
-}
+}  // namespace
 
-Schedule parse_schedule(std::string_view name) {
-  if (name == "gpipe") return Schedule::gpipe;
-  if (name == "1f1b") return Schedule::one_f_one_b;
-  if (name == "interleaved") return Schedule::interleaved;
-  fail("plan: unknown schedule '{}' (expected gpipe, 1f1b or interleaved)", name);
-}
-
-std::string_view offload_name(Offload o) { return o == Offload::none ? "none" : "optimizer"; }
-
-Offload parse_offload(std::string_view name) {
-  if (name == "none") return Offload::none;
-  if (name == "optimizer") return Offload::optimizer;
-  fail("plan: unknown offload '{}' (expected none or optimizer)", name);
-}
-
-std::string_view optimizer_name(Optimizer o) { return o == Optimizer::adamw ? "adamw" : "sgd"; }
-
-Optimizer parse_optimizer(std::string_view name) {
-  if (name == "adamw" || name == "adam") return Optimizer::adamw;
-  if (name == "sgd") return Optimizer::sgd;
-  fail("plan: unknown optimizer '{}' (expected adamw or sgd)", name);
-}
+std::string_view recompute_name(Recompute r) { return kRecompute.name(r); }
+Recompute parse_recompute(std::string_view name) { return kRecompute.parse(name); }
+std::string_view schedule_name(Schedule s) { return kSchedule.name(s); }
+Schedule parse_schedule(std::string_view name) { return kSchedule.parse(name); }
+std::string_view offload_name(Offload o) { return kOffload.name(o); }
+Offload parse_offload(std::string_view name) { return kOffload.parse(name); }
+std::string_view optimizer_name(Optimizer o) { return kOptimizer.name(o); }
+Optimizer parse_optimizer(std::string_view name) { return kOptimizer.parse(name); }
 
 StateBytes state_bytes(Precision precision, Optimizer optimizer) {
   const double moments = optimizer == Optimizer::adamw ? 8 : 4;  // Adam m and v; SGD momentum

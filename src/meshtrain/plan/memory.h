@@ -12,6 +12,7 @@
 
 namespace meshtrain::plan {
 
+// Printed and parsed by these names, in this order (memory.cpp).
 enum class Recompute { none, selective, full };
 enum class Schedule { gpipe, one_f_one_b, interleaved };
 enum class Offload { none, optimizer };

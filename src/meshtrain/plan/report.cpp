@@ -185,7 +185,7 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
                                   best.step_seconds / top->step_seconds, limit(best),
                                   fmt::format("{:.1f}% MFU", 100 * best.mfu));
     }
-    out += fmt::format("  {:<34} {}\n", f.family, line);
+    out += fmt::format("  {:<36} {}\n", f.family, line);
   }
   out += "\nassumptions: docs/plan.md (efficiency, link efficiency 0.8, fragmentation, reserve); "
          "--explain shows the arithmetic of #1\n";
