@@ -343,7 +343,9 @@ void OffloadStore::io_loop() {
     if (stop_) return;
     io_busy_ = true;
     try {
-      if (!writes_.empty()) {  // writes first: they free room for the reads
+      // The chunk the caller needs next goes first; otherwise writes, which free room.
+      const bool caller_needs_read = next_read_ == next_acquire_ && can_read_ahead();
+      if (!writes_.empty() && !caller_needs_read) {
         Chunk& c = chunks_[writes_.front()];
         lock.unlock();
         write_chunk(c, c.buffer.data<float>());
