@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -212,7 +213,7 @@ Tensor OffloadStore::acquire(size_t id) {
     to_free.clear();
     try {
       if (!c.buffer.defined()) c.buffer = new_buffer(c);
-      read_chunk(c, c.buffer.data<float>());
+      transfer(c, c.buffer.data<float>(), false);
     } catch (...) {
       lock.lock();
       c.buffer = Tensor();
@@ -260,7 +261,7 @@ void OffloadStore::release(size_t id, bool dirty) {
   c.state = State::stored;
   resident_bytes_ -= c.bytes;
   lock.unlock();
-  if (dirty) write_chunk(c, buffer.data<float>());
+  if (dirty) transfer(c, buffer.data<float>(), true);
 }
 
 void OffloadStore::end_pass() {
@@ -348,7 +349,7 @@ void OffloadStore::io_loop() {
       if (!writes_.empty() && !caller_needs_read) {
         Chunk& c = chunks_[writes_.front()];
         lock.unlock();
-        write_chunk(c, c.buffer.data<float>());
+        transfer(c, c.buffer.data<float>(), true);
         lock.lock();
         writes_.pop_front();
         c.state = State::stored;
@@ -363,7 +364,7 @@ void OffloadStore::io_loop() {
         lock.unlock();
         to_free.clear();  // freed before the new buffer is allocated: the peak stays in budget
         if (!c.buffer.defined()) c.buffer = new_buffer(c);
-        read_chunk(c, c.buffer.data<float>());
+        transfer(c, c.buffer.data<float>(), false);
         lock.lock();
         c.state = State::ready;
       }
@@ -376,58 +377,33 @@ void OffloadStore::io_loop() {
   }
 }
 
-void OffloadStore::add_io_time(Clock::time_point start) {
+void OffloadStore::transfer(const Chunk& c, float* buffer, bool to_tier) {
+  auto start = Clock::now();
+  if (options_.tier == OffloadTier::cpu) {
+    std::memcpy(to_tier ? c.home.raw() : buffer, to_tier ? buffer : c.home.raw(), c.bytes);
+  } else {
+    auto* bytes = reinterpret_cast<char*>(buffer);
+    size_t done = 0;
+    while (done < c.bytes) {  // pread/pwrite may move fewer bytes than asked
+      const auto at = static_cast<off_t>(c.file_offset + done);
+      ssize_t n = to_tier ? ::pwrite(fd_, bytes + done, c.bytes - done, at)
+                          : ::pread(fd_, bytes + done, c.bytes - done, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        fail("offload store '{}': {} chunk '{}' ({} at offset {}) {} '{}': {}", name_,
+             to_tier ? "writing" : "reading", c.spec.name, describe_bytes(c.bytes), c.file_offset,
+             to_tier ? "to" : "from", path_,
+             n < 0     ? std::string(std::strerror(errno))
+             : to_tier ? std::string("nothing written")
+                       : fmt::format("file ends after {} of its bytes", done));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
   std::lock_guard lock(mu_);
   stats_.io_seconds += std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-void OffloadStore::read_chunk(const Chunk& c, float* dst) {
-  auto start = Clock::now();
-  if (options_.tier == OffloadTier::cpu) {
-    std::memcpy(dst, c.home.raw(), c.bytes);
-  } else {
-    auto* out = reinterpret_cast<char*>(dst);
-    size_t done = 0;
-    while (done < c.bytes) {
-      ssize_t n = ::pread(fd_, out + done, c.bytes - done, static_cast<off_t>(c.file_offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        fail("offload store '{}': reading chunk '{}' ({} at offset {}) from '{}': {}", name_,
-             c.spec.name, describe_bytes(c.bytes), c.file_offset, path_,
-             n == 0 ? fmt::format("file ends after {} of its bytes", done)
-                    : std::string(std::strerror(errno)));
-      }
-      done += static_cast<size_t>(n);
-    }
-  }
-  add_io_time(start);
-  std::lock_guard lock(mu_);
-  ++stats_.reads;
-  stats_.bytes_read += c.bytes;
-}
-
-void OffloadStore::write_chunk(const Chunk& c, const float* src) {
-  auto start = Clock::now();
-  if (options_.tier == OffloadTier::cpu) {
-    std::memcpy(c.home.raw(), src, c.bytes);
-  } else {
-    const auto* in = reinterpret_cast<const char*>(src);
-    size_t done = 0;
-    while (done < c.bytes) {
-      ssize_t n = ::pwrite(fd_, in + done, c.bytes - done, static_cast<off_t>(c.file_offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        fail("offload store '{}': writing chunk '{}' ({} at offset {}) to '{}': {}", name_,
-             c.spec.name, describe_bytes(c.bytes), c.file_offset, path_,
-             n == 0 ? std::string("nothing written") : std::string(std::strerror(errno)));
-      }
-      done += static_cast<size_t>(n);
-    }
-  }
-  add_io_time(start);
-  std::lock_guard lock(mu_);
-  ++stats_.writes;
-  stats_.bytes_written += c.bytes;
+  (to_tier ? stats_.writes : stats_.reads) += 1;
+  (to_tier ? stats_.bytes_written : stats_.bytes_read) += c.bytes;
 }
 
 }  // namespace meshtrain::zero

@@ -25,7 +25,6 @@
 // the store, the chunk and the file; an I/O thread error is rethrown by the next call.
 #pragma once
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -122,10 +121,9 @@ class OffloadStore {
   // spare of that size or an undefined tensor to allocate outside the lock.
   Tensor take_buffer(size_t bytes, std::vector<Tensor>& to_free);
   Tensor new_buffer(const Chunk& chunk);
-  void read_chunk(const Chunk& chunk, float* dst);
-  void write_chunk(const Chunk& chunk, const float* src);
+  // Copies the chunk between `buffer` and its tier (to_tier: a write), counts it in stats_.
+  void transfer(const Chunk& chunk, float* buffer, bool to_tier);
   void open_file();
-  void add_io_time(std::chrono::steady_clock::time_point start);
 
   std::string name_;
   OffloadOptions options_;
