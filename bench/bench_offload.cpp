@@ -10,7 +10,7 @@
 // written (2 x state) for memcpy/cpu/disk and the state once for none.
 // A file of --mib stays in the page cache here, so "disk" measures the store's
 // machinery over pread/pwrite into the cache, not the device.
-//   build/bench/bench_offload [--mib 256] [--chunk-mib 4] [--budget-mib 32] [--sweeps 1] [--rounds 5]
+//   build/bench/bench_offload [--mib 256] [--chunk-kib 4096] [--budget-mib 32] [--sweeps 1] [--rounds 5]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -58,20 +58,20 @@ void store_pass(OffloadStore& store, int sweeps) {
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain offload benchmark"};
-  size_t mib = 256, chunk_mib = 4, budget_mib = 32;
+  size_t mib = 256, chunk_kib = 4096, budget_mib = 32;
   int rounds = 5, sweeps = 1;
   std::string dir = fs::temp_directory_path().string();
   app.add_option("--mib", mib, "optimizer state streamed per pass");
-  app.add_option("--chunk-mib", chunk_mib, "chunk size");
+  app.add_option("--chunk-kib", chunk_kib, "chunk size");
   app.add_option("--budget-mib", budget_mib, "resident budget of the cpu and disk tiers");
   app.add_option("--rounds", rounds, "timed rounds (after one warm-up)");
   app.add_option("--sweeps", sweeps, "update sweeps over each chunk (compute per byte moved)");
   app.add_option("--dir", dir, "directory for the disk tier's file");
   CLI11_PARSE(app, argc, argv);
 
-  const int64_t chunk_numel = static_cast<int64_t>(chunk_mib << 20) / 4;
+  const int64_t chunk_numel = static_cast<int64_t>(chunk_kib << 10) / 4;
   std::vector<OffloadChunkSpec> chunks;
-  for (size_t i = 0; i < mib / chunk_mib; ++i) chunks.push_back({fmt::format("c{}", i), chunk_numel});
+  for (size_t i = 0; i < (mib << 10) / chunk_kib; ++i) chunks.push_back({fmt::format("c{}", i), chunk_numel});
   const double state_bytes = static_cast<double>(chunks.size()) * chunk_numel * 4;
 
   MemoryTracker tracker, cpu_tracker, disk_tracker;  // one per store: peaks of their own
@@ -117,9 +117,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  fmt::print("state {} MiB in {} chunks of {} MiB, budget {} MiB, {} update sweep(s), disk file in {}, "
+  fmt::print("state {} MiB in {} chunks of {} KiB, budget {} MiB, {} update sweep(s), disk file in {}, "
              "{} rounds\n",
-             mib, chunks.size(), chunk_mib, budget_mib, sweeps, dir, rounds);
+             mib, chunks.size(), chunk_kib, budget_mib, sweeps, dir, rounds);
   fmt::print("{:<8} {:>9} {:>9} {:>9} {:>9}\n", "variant", "min s", "median s", "max s", "GB/s");
   for (auto& v : variants) {
     std::sort(v.times.begin(), v.times.end());
