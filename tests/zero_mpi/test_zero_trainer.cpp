@@ -35,7 +35,7 @@ class ZeroTrainer : public ::testing::Test {
     world_->barrier();
   }
 
-  // vocab 61 and hidden 44: no flat parameter divides by 2, 3 or 4.
+  // vocab 61 and an odd MLP width: padded flat parameters at dp 2, 3, 4.
   TrainConfig config(const std::string& out, ConfigOverrides extra = {}) const {
     std::string toml = R"(
 [model]
@@ -43,7 +43,7 @@ family = "gpt2"
 dim = 32
 n_layers = 2
 n_heads = 4
-hidden_dim = 44
+hidden_dim = 45
 vocab_size = 61
 max_seq_len = 32
 [train]

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# ZeRO stages side by side (issue 5): llama-60M (dim 512, 8 layers, GPT-2
+# vocab, tied; Ψ = 53.0M parameters), bf16, sequence 256, dp 2 under mpirun,
+# 1 thread per rank, BATCH sequences per rank per step:
+#   - step time (the slower rank's; best and median of the timed steps) and
+#     exposed communication (what the training thread waited for collectives);
+#   - per-rank memory from each rank's end-of-run report: model state
+#     (params + grads + optimizer, live after the last step) and the peak of
+#     everything, against the formulas of docs/distributed.md;
+#   - bytes per step: the CallRecord bytes of the step's collectives and what
+#     a ring algorithm sends per rank, against theory (2Ψ-equivalent for
+#     stages 0-2, 3Ψ for stage 3; see the table's note for the dtypes);
+#   - stage 3 with prefetch off, and with reshard_after_forward off.
+# usage: bench/zero_stages.sh [steps=3] [batch_per_rank=4]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-3}
+BATCH=${2:-4}
+BIN=${MESHTRAIN_BIN:-build/meshtrain}
+[ -x "$BIN" ] || { echo "build first (or set MESHTRAIN_BIN)" >&2; exit 1; }
+MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+work=$(mktemp -d)
+if [ -n "${KEEP:-}" ]; then echo "runs in $work" >&2; else trap 'rm -rf "$work"' EXIT; fi
+
+# Throughput only: random GPT-2 token ids in llm.c's format.
+python3 - "$work/train.bin" <<'PY'
+import random, struct, sys
+random.seed(1)
+n = 400_000
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack(f"<{n}H", *(random.randrange(50257) for _ in range(n))))
+PY
+cat >"$work/run.toml" <<TOML
+[model]
+preset = "llama-60M"
+[train]
+precision = "bf16"
+steps = $((STEPS + 1))
+seq_len = 256
+batch_size = $((2 * BATCH))
+micro_batch_size = $BATCH
+threads = 1
+eval_interval = 0
+log_interval = 1
+peak_flops = 1e11
+checkpoint_interval = -1
+[data]
+train = "$work/train.bin"
+TOML
+
+run() {  # name overrides...
+  local name=$1; shift
+  echo "== $name: $*" >&2
+  "${MPIRUN[@]}" -np 2 "$BIN" train --config "$work/run.toml" --train.out_dir "$work/$name" "$@" \
+    >"$work/$name.log"
+}
+lscpu | grep "Model name" >&2
+run zero0 --parallel.zero 0
+run zero1 --parallel.zero 1
+run zero2 --parallel.zero 2
+run zero3 --parallel.zero 3
+run zero3_noprefetch --parallel.zero 3 --parallel.prefetch false
+run zero3_keep --parallel.zero 3 --parallel.reshard_after_forward false
+
+python3 - "$work" "$STEPS" "$BATCH" <<'PY'
+import glob, json, statistics, sys
+work, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+MiB = 1 << 20
+def load(name):
+    ranks = [list(map(json.loads, open(p))) for p in sorted(glob.glob(f"{work}/{name}/metrics*.jsonl"))]
+    steps_ = [[r for r in rows if "step_ms" in r][1:] for rows in ranks]  # skip the warm-up step
+    end = [[r for r in rows if r.get("memory") == "end"][0]["bytes"] for rows in ranks]
+    return steps_, end
+log = open(f"{work}/zero0.log").read()
+psi = int(log.split(" params\n")[0].rsplit(" ", 1)[1])
+# llama-60M in bf16: every weight is a bf16 matmul weight except the 17 norms.
+wide = 8 * 2 * 512 + 512           # norms (f32 compute)
+narrow = psi - wide                # bf16 matmul weights
+compute = 2 * narrow + 4 * wide    # bytes of the compute values
+head = 4 * 512                     # the head unit (final norm; the output layer is the tied embedding)
+n = 2
+def formula(stage):
+    if stage == 0: return 4 * psi + 2 * narrow, 4 * psi, 8 * psi
+    params = compute / n if stage == 3 else compute
+    grads = 4 * psi / n if stage >= 2 else 4 * psi
+    return params, grads, (8 * psi + 4 * narrow) / n
+def theory_bytes(stage, regather):  # CallRecord bytes per step, and ring bytes sent per rank
+    if stage == 0: return 4 * psi, 2 * (n - 1) / n * 4 * psi
+    total = 4 * psi + compute + (compute - head if regather else 0)
+    return total, (n - 1) / n * total
+print(f"llama-60M (Ψ = {psi / 1e6:.2f}M), bf16, seq 256, {batch} sequences per rank, dp 2, "
+      f"1 thread per rank; {steps} timed steps (after 1 warm-up)")
+print(f"{'run':26} {'best ms':>8} {'median':>7} {'exposed':>8} {'model state MiB':>16} "
+      f"{'formula':>8} {'peak MiB':>9} {'MB/step':>8} {'theory':>7} {'sent/rank':>10}")
+for name, stage in [("zero0", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3),
+                    ("zero3_noprefetch", 3), ("zero3_keep", 3)]:
+    ranks, end = load(name)
+    slowest = [max(rows[i]["step_ms"] for rows in ranks) for i in range(len(ranks[0]))]
+    exposed = statistics.median(max(rows[i]["exposed_comm_ms"] for rows in ranks)
+                                for i in range(len(ranks[0])))
+    state = max(e["params"] + e["grads"] + e["optimizer"] for e in end)
+    peak = max(e["total_peak"] for e in end)
+    sent = statistics.median(ranks[0][i]["comm_bytes"] for i in range(len(ranks[0])))
+    # Stage 3 gathers again for backward unless reshard_after_forward is off.
+    want_total, want_sent = theory_bytes(stage, stage == 3 and name != "zero3_keep")
+    label = {"zero0": "zero 0 (DDP)", "zero3": "zero 3 (prefetch on)",
+             "zero3_noprefetch": "zero 3, prefetch off",
+             "zero3_keep": "zero 3, no reshard after fwd"}.get(name, name.replace("zero", "zero "))
+    print(f"{label:26} {min(slowest):8.0f} {statistics.median(slowest):7.0f} {exposed:8.0f} "
+          f"{state / MiB:16.1f} {sum(formula(stage)) / MiB:8.1f} {peak / MiB:9.1f} "
+          f"{sent / 1e6:8.1f} {want_total / 1e6:7.1f} {want_sent / 1e6:10.1f}")
+print("MB/step: CallRecord bytes of the step's collectives (all_reduce: the buffer; reduce_scatter:"
+      " its f32 input; all_gather: its output). theory: 4Ψ (stage 0), 4Ψ + c (1, 2),"
+      " 4Ψ + 2c - c_head (3; 4Ψ + c without resharding), c = the bf16/f32 compute bytes; sent/rank: what a ring sends,"
+      " 2(N-1)/N x (all-reduce) and (N-1)/N x (the others).")
+PY
