@@ -22,6 +22,9 @@ double seconds(CommClock::duration d) { return std::chrono::duration<double>(d).
 struct ShardedDataParallel::Piece {
   int64_t begin = 0, end = 0;                            // shard elements
   size_t exp_avg = 0, exp_avg_sq = 0, master = kNone;    // store chunk ids
+  size_t chunk(State state) const {
+    return state == State::master ? master : state == State::exp_avg ? exp_avg : exp_avg_sq;
+  }
 };
 
 struct ShardedDataParallel::Flat {
@@ -321,11 +324,20 @@ double ShardedDataParallel::grad_norm() {
   MESHTRAIN_CHECK(reduces_.empty(), "zero: grad_norm before finish_gradient_sync");
   // Padding is zero; each shard's sum has a fixed blocking.
   double sum = 0;
+  const TensorParallel& tp = model_.tensor_parallel();
   for (size_t i = 0; i < flats_.size(); ++i) {
-    sum += cpu::sum_squares(grad_shard(i), layout_.flats[i].shard);
+    if (!tp.active()) {
+      sum += cpu::sum_squares(grad_shard(i), layout_.flats[i].shard);
+      continue;
+    }
+    // Tensor parallel: parameters replicated over tp count on tp rank 0 only.
+    for (const ShardSegment& s : flats_[i].segments) {
+      if (!tp_counts_once(tp, model_.params()[s.param].spec.split)) continue;
+      sum += cpu::sum_squares(grad_shard(i) + s.shard_offset, s.numel);
+    }
   }
   dp_.all_reduce(&sum, 1, CommDType::f64, ReduceOp::sum);
-  return std::sqrt(sum);
+  return std::sqrt(tp_sum(tp, sum));
 }
 
 void* ShardedDataParallel::compute_values(size_t flat) {
@@ -408,9 +420,7 @@ void ShardedDataParallel::read_state(size_t flat, State state, float* out) {
     return;
   }
   for (const Piece& p : f.pieces) {
-    const size_t id = state == State::master ? p.master
-                      : state == State::exp_avg ? p.exp_avg
-                                                : p.exp_avg_sq;
+    const size_t id = p.chunk(state);
     Tensor t = store_->acquire(id);
     std::memcpy(out + p.begin, t.data<float>(), t.bytes());
     t = Tensor();
@@ -430,9 +440,7 @@ void ShardedDataParallel::write_state(size_t flat, State state, const float* in)
     }
   }
   for (const Piece& p : f.pieces) {
-    const size_t id = state == State::master ? p.master
-                      : state == State::exp_avg ? p.exp_avg
-                                                : p.exp_avg_sq;
+    const size_t id = p.chunk(state);
     Tensor t = store_->acquire(id);
     std::memcpy(t.data<float>(), in + p.begin, t.bytes());
     t = Tensor();
