@@ -146,7 +146,7 @@ TEST(Catalog, PublishedPeaksAndMemory) {
   EXPECT_EQ(gpu_spec("a100-40gb").hbm_bytes, 40960.0 * 1024 * 1024);
   EXPECT_EQ(gpu_spec("a100-80gb").hbm_bytes, 81920.0 * 1024 * 1024);
   EXPECT_EQ(gpu_spec("h100-sxm").hbm_bytes, 81559.0 * 1024 * 1024);
-  EXPECT_EQ(gpu_spec("h200").hbm_bytes, 141e9);
+  EXPECT_EQ(gpu_spec("h200").hbm_bytes, 143771.0 * 1024 * 1024);  // "141 GB"
   EXPECT_EQ(gpu_spec("h100-sxm").hbm_bandwidth, 3.35e12);
   EXPECT_EQ(gpu_spec("h200").hbm_bandwidth, 4.8e12);
   EXPECT_EQ(gpu_spec("a100-80gb").hbm_bandwidth, 2.039e12);

@@ -283,3 +283,57 @@ TEST(StepTime, BubbleIsTheScheduleFormula) {
 
 }  // namespace
 }  // namespace meshtrain::plan
+
+namespace meshtrain::plan {
+namespace {
+
+TEST(HybridSharding, ShardsOverTheGroupAndAllReducesAcrossReplicas) {
+  PlanInputs in = llama70b_on_h100(1024);
+  in.job.checkpoint_interval_seconds = 0;
+  Layout l;
+  l.tp = 8;
+  l.dp = 128;
+  l.zero = 3;
+  l.micro_batch = 2;
+  l.sequence_parallel = true;
+  const Estimate full = evaluate(in.ctx, in.cluster, in.job, l);
+  l.shard = 16;
+  ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
+  const Estimate hybrid = evaluate(in.ctx, in.cluster, in.job, l);
+  // Model states are ZeRO-3's over 16 ranks instead of 128.
+  const StateBytes adam = state_bytes(Precision::bf16, Optimizer::adamw);
+  const ModelStates want = model_state_memory(hybrid.params_per_rank, adam, 3, 16);
+  EXPECT_DOUBLE_EQ(hybrid.memory.params, want.params);
+  EXPECT_DOUBLE_EQ(hybrid.memory.optimizer, want.optimizer);
+  EXPECT_NEAR(hybrid.memory.params * 8, full.memory.params * 64, 1e-6 * full.memory.params * 64);
+  // The shard group (16 x tp 8 = 16 nodes) is smaller than the DP group: fewer
+  // latency steps per gather, plus one all-reduce across the 8 replicas.
+  EXPECT_LT(hybrid.dp_comm_raw, full.dp_comm_raw);
+  EXPECT_GT(hybrid.dp_comm_raw, 0);
+
+  l.shard = 12;
+  EXPECT_EQ(check_layout(in.ctx, in.cluster, in.job, l),
+            "shard group 12 must divide dp 128 and be smaller");
+  l.shard = 16;
+  l.zero = 1;
+  EXPECT_EQ(check_layout(in.ctx, in.cluster, in.job, l),
+            "a shard group (hybrid sharding) needs ZeRO-3");
+  EXPECT_EQ(zero_label(l), "1/16");
+}
+
+TEST(HybridSharding, FixedShardIsSearched) {
+  PlanInputs in = llama70b_on_h100(1024);
+  in.options.fixed.shard = 8;
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const Estimate& e : r.ranked) {
+    EXPECT_EQ(e.layout.zero, 3);
+    EXPECT_EQ(e.layout.shard, 8);
+  }
+  in.options.fixed.zero = 1;
+  EXPECT_EQ(error_of([&] { search(in.ctx, in.cluster, in.job, in.options); }),
+            "plan: --shard (hybrid sharding) needs --zero 3");
+}
+
+}  // namespace
+}  // namespace meshtrain::plan

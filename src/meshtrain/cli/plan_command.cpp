@@ -64,6 +64,7 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--vpp", a.vpp, "Fix virtual pipeline stages (interleaved schedule)");
   p.add_option("--dp", a.dp, "Fix data parallelism");
   p.add_option("--zero", a.zero, "Fix the ZeRO stage (0..3; 3 = FSDP)");
+  p.add_option("--shard", a.shard, "Fix ZeRO-3's shard group (hybrid sharding: replicate across)");
   p.add_option("--micro-batch", a.micro_batch, "Fix sequences per micro-batch");
   p.add_option("--recompute", a.recompute, "Fix activation recomputation")
       ->check(CLI::IsMember({"none", "selective", "full"}));
@@ -203,6 +204,7 @@ int run_plan(const PlanArgs& a) {
   if (a.vpp) f.vpp = a.vpp;
   if (a.dp) f.dp = a.dp;
   if (a.micro_batch) f.micro_batch = a.micro_batch;
+  if (a.shard) f.shard = a.shard;
   if (a.zero >= 0) f.zero = a.zero;
   if (!a.recompute.empty()) f.recompute = parse_recompute(a.recompute);
   if (!a.sp.empty()) f.sequence_parallel = a.sp == "on";

@@ -23,7 +23,7 @@ struct PlanArgs {
   double efficiency = 0.5, fragmentation = 0.10, reserve_gib = 1.0;
   double ckpt_every_min = 60, ckpt_bw = 100, cpu_adam_rate = 1e9;
   // Fixed choices (0 / -1 / "" = searched).
-  int64_t tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0;
+  int64_t tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, shard = 0;
   int zero = -1;
   std::string recompute, sp, offload, schedule;
   std::string rank_by = "time";

@@ -35,12 +35,13 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   o += fmt::format("Model states (ZeRO, Rajbhandari et al. 2020; {} + {}: {}+{}+{} bytes/param):\n",
                    precision_name(j.precision), optimizer_name(j.optimizer), sb.weights, sb.grads,
                    sb.optimizer);
-  o += fmt::format("  params    = {} Psi{}       = {}\n", sb.weights,
-                   l.zero >= 3 ? fmt::format(" / dp {}", l.dp) : "", gib(e.memory.params));
-  o += fmt::format("  grads     = {} Psi{}       = {}\n", sb.grads,
-                   l.zero >= 2 ? fmt::format(" / dp {}", l.dp) : "", gib(e.memory.grads));
-  o += fmt::format("  optimizer = {} Psi{}      = {}{}\n\n", sb.optimizer,
-                   l.zero >= 1 ? fmt::format(" / dp {}", l.dp) : "",
+  const std::string over = l.shard > 0 ? fmt::format(" / shard group {}", l.shard)
+                                       : fmt::format(" / dp {}", l.dp);
+  o += fmt::format("  params    = {} Psi{} = {}\n", sb.weights, l.zero >= 3 ? over : "",
+                   gib(e.memory.params));
+  o += fmt::format("  grads     = {} Psi{} = {}\n", sb.grads, l.zero >= 2 ? over : "",
+                   gib(e.memory.grads));
+  o += fmt::format("  optimizer = {} Psi{} = {}{}\n\n", sb.optimizer, l.zero >= 1 ? over : "",
                    gib(e.memory.optimizer + e.memory.offloaded),
                    l.offload == Offload::optimizer ? " (on the host: offload)" : "");
 
@@ -120,16 +121,25 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
     const char* what = l.zero == 0   ? "all-reduce 2(n-1)/n x grads once"
                        : l.zero == 1 ? "reduce-scatter grads + all-gather weights, (n-1)/n each, once"
                        : l.zero == 2 ? "reduce-scatter grads every micro-batch + all-gather weights"
-                                     : "2 all-gathers of weights + reduce-scatter of grads, every micro-batch";
+                       : l.shard > 0
+                           ? "in each shard group 2 all-gathers of weights + reduce-scatter of "
+                             "grads per layer and micro-batch, then an all-reduce of the grad "
+                             "shard across the replicas once"
+                           : "2 all-gathers of weights + reduce-scatter of grads per layer, every "
+                             "micro-batch";
     o += fmt::format("  DP (n = {}, {:.0f} GB/s): {}: grads {} = {:.3f} s; overlapped with {:.3f} s "
                      "of backward/forward; exposed {:.3f} s\n",
                      l.dp, link.bus_bandwidth / 1e9, what, gib(psi * sb.grads), e.dp_comm_raw,
                      e.dp_overlap_window, e.time.dp);
   }
   if (l.pp > 1) {
-    o += fmt::format("  PP: 2 (m v + p - 1) x (alpha + sbh x {} / t / B) = 2 x ({} x {} + {} - 1) "
-                     "x ... = {:.3f} s\n",
-                     e_bytes, e.microbatches, l.vpp, l.pp, e.time.pp);
+    const Link& link = l.tp * l.dp >= c.gpus_per_node ? c.inter : c.intra;
+    const double message = e_bytes * s * b * h / static_cast<double>(l.tp);
+    o += fmt::format(
+        "  PP: 2 (m v + p - 1) x (alpha + {} sbh / t / B) = 2 x ({} x {} + {} - 1) x ({:.0f} us + "
+        "{} B / {:.0f} GB/s) = {:.3f} s (not overlapped)\n",
+        e_bytes, e.microbatches, l.vpp, l.pp, link.latency * 1e6, human_count(message),
+        link.bus_bandwidth / 1e9, e.time.pp);
   }
   if (l.offload == Offload::optimizer) {
     o += fmt::format("  offload: (grads down + weights up) over PCIe + CPU AdamW = {:.3f} s\n",

@@ -10,16 +10,15 @@ namespace {
 constexpr double kTera = 1e12, kGiga = 1e9, kMiB = 1024.0 * 1024.0;
 
 // Sources (docs/plan.md, "GPU catalog"): NVIDIA A100 / H100 / H200 datasheets
-// for FLOP/s, HBM bandwidth and NVLink; HBM size as nvidia-smi reports it where
-// known (A100 40960 MiB, A100 80GB 81920 MiB, H100 81559 MiB), the datasheet's
-// 141 GB for H200. NICs: HDR 200 Gb/s (A100 DGX), NDR 400 Gb/s (H100/H200 DGX),
+// for FLOP/s, HBM bandwidth and NVLink; HBM size as nvidia-smi reports it
+// (A100 40960 MiB, A100 80GB 81920 MiB, H100 81559 MiB, H200 143771 MiB). NICs: HDR 200 Gb/s (A100 DGX), NDR 400 Gb/s (H100/H200 DGX),
 // one per GPU. Prices are placeholders of the order of 2025 cloud list prices.
 std::vector<GpuSpec> catalog() {
   return {
       {"a100-40gb", 312 * kTera, 40960 * kMiB, 1555 * kGiga, 300 * kGiga, 25 * kGiga, 32 * kGiga, 1.50},
       {"a100-80gb", 312 * kTera, 81920 * kMiB, 2039 * kGiga, 300 * kGiga, 25 * kGiga, 32 * kGiga, 1.80},
       {"h100-sxm", 989.4 * kTera, 81559 * kMiB, 3350 * kGiga, 450 * kGiga, 50 * kGiga, 64 * kGiga, 2.50},
-      {"h200", 989.4 * kTera, 141 * kGiga, 4800 * kGiga, 450 * kGiga, 50 * kGiga, 64 * kGiga, 3.50},
+      {"h200", 989.4 * kTera, 143771 * kMiB, 4800 * kGiga, 450 * kGiga, 50 * kGiga, 64 * kGiga, 3.50},
   };
 }
 

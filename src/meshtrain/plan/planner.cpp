@@ -37,10 +37,14 @@ PlanContext make_context(const ModelConfig& model, const Job& job) {
   return ctx;
 }
 
+std::string zero_label(const Layout& l) {
+  return l.shard > 0 ? fmt::format("{}/{}", l.zero, l.shard) : fmt::format("{}", l.zero);
+}
+
 std::string describe(const Layout& l) {
   std::string s = fmt::format("tp {} pp {}", l.tp, l.pp);
   if (l.vpp > 1) s += fmt::format(" v {}", l.vpp);
-  s += fmt::format(" dp {} zero {} mb {} {}", l.dp, l.zero, l.micro_batch,
+  s += fmt::format(" dp {} zero {} mb {} {}", l.dp, zero_label(l), l.micro_batch,
                    recompute_name(l.recompute));
   if (l.sequence_parallel) s += " sp";
   if (l.offload != Offload::none) s += " offload";
@@ -55,6 +59,12 @@ std::string check_layout(const PlanContext& ctx, const Cluster& cl, const Job& j
     return "tp, pp, vpp, dp and micro-batch must be >= 1";
   }
   if (l.zero < 0 || l.zero > 3) return fmt::format("zero stage {} is not 0..3", l.zero);
+  if (l.shard != 0) {
+    if (l.zero != 3) return "a shard group (hybrid sharding) needs ZeRO-3";
+    if (l.shard < 1 || l.shard >= l.dp || l.dp % l.shard != 0) {
+      return fmt::format("shard group {} must divide dp {} and be smaller", l.shard, l.dp);
+    }
+  }
   if (l.tp * l.pp * l.dp != cl.gpus) {
     return fmt::format("tp {} x pp {} x dp {} != {} GPUs", l.tp, l.pp, l.dp, cl.gpus);
   }
@@ -114,7 +124,7 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
   StageMemory out;
   out.psi = params / t;
   const StateBytes bytes = state_bytes(job.precision, job.optimizer);
-  const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.dp);
+  const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
   MemoryBreakdown& mem = out.memory;
   mem.params = states.params;
   mem.grads = states.grads;
@@ -241,11 +251,26 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
                           calls(all_gather_seconds, weights, buckets);
         est.dp_overlap_window = mb * 2.0 / 3.0 * t_mb + t_mb / 3.0;
         break;
-      default:  // gather weights for forward and backward, reduce-scatter, every micro-batch
-        est.dp_comm_raw = mb * (2 * calls(all_gather_seconds, weights, units) +
-                                calls(reduce_scatter_seconds, grads, units));
+      default: {  // gather weights for forward and backward, reduce-scatter, every micro-batch
+        // Over the shard group; with hybrid sharding, each rank's gradient shard is then
+        // all-reduced across the dp / shard replicas once per step.
+        const int64_t n = l.shards();
+        const Link& group = l.tp * n <= cl.gpus_per_node ? cl.intra : cl.inter;
+        auto in_group = [&](double (*collective)(double, int64_t, const Link&), double total) {
+          return units * collective(total / units, n, group);
+        };
+        est.dp_comm_raw = mb * (2 * in_group(all_gather_seconds, weights) +
+                                in_group(reduce_scatter_seconds, grads));
+        if (n < l.dp) {
+          const double shard_grads = grads / static_cast<double>(n);
+          const double shard_buckets =
+              std::max(1.0, std::ceil(worst.psi / static_cast<double>(n) / std::max(40e6, 1e6 * dp)));
+          est.dp_comm_raw += shard_buckets * all_reduce_seconds(shard_grads / shard_buckets,
+                                                                l.dp / n, link);
+        }
         est.dp_overlap_window = mb * t_mb;
         break;
+      }
     }
     est.time.dp = std::max(0.0, est.dp_comm_raw - est.dp_overlap_window);
   }

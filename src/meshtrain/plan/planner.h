@@ -34,6 +34,10 @@ struct Job {
 struct Layout {
   int64_t tp = 1, pp = 1, vpp = 1, dp = 1, micro_batch = 1;
   int zero = 0;
+  // ZeRO-3 only: shard over groups of this many DP ranks and replicate across
+  // the groups (HSDP / hybrid sharding); 0 = over the whole DP group.
+  int64_t shard = 0;
+  int64_t shards() const { return shard > 0 ? shard : dp; }
   Recompute recompute = Recompute::selective;
   bool sequence_parallel = false;
   Offload offload = Offload::none;
@@ -92,5 +96,7 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cluster, const Job& job
 
 // "tp 8 pp 4 v 2 dp 32 zero 1 mb 1 selective sp"
 std::string describe(const Layout& layout);
+// "1", "3", or "3/8" for ZeRO-3 sharded in groups of 8.
+std::string zero_label(const Layout& layout);
 
 }  // namespace meshtrain::plan

@@ -115,13 +115,13 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
   } else {
     const bool many_counts = in.options.gpu_counts.size() > 1;
     out += fmt::format(
-        "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>4} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
+        "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
         "{:>5} |{:>7} {:>9} {:>5} {:>8} {:>9}  {}\n",
         "#", many_counts ? fmt::format("{:>6} ", "gpus") : "", "tp", "pp", "v", "dp", "zero", "mb",
         "rc", "GiB", "HBM", "param", "grad", "optim", "act", "other", "step s", "tok/s/GPU",
         "MFU", "train", "cost", "limit");
     out += fmt::format(
-        "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>4} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
+        "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
         "{:>5} |{:>7} {:>9} {:>5} {:>8} {:>9}\n",
         "", many_counts ? std::string(7, ' ') : "", "", "", "", "", "", "", "", "", "", "GiB",
         "GiB", "GiB", "GiB", "GiB", "", "", "", "", "");
@@ -134,10 +134,10 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
                        : l.recompute == Recompute::selective ? "sel"
                                                              : "full";
       out += fmt::format(
-          "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>4} {:>2} {:<4}|{:>6.1f} {:>3.0f}% {:>5.1f} {:>5.1f} "
+          "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6.1f} {:>3.0f}% {:>5.1f} {:>5.1f} "
           "{:>5.1f} {:>5.1f} {:>5.1f} |{:>7.2f} {:>9.0f} {:>4.1f}% {:>8} {:>9}  {}\n",
           ++rank, many_counts ? fmt::format("{:>6} ", e.gpus) : "", l.tp, l.pp, l.vpp, l.dp,
-          l.zero, l.micro_batch, rc, m.device_total() / kGiB, 100 * e.hbm_fraction,
+          zero_label(l), l.micro_batch, rc, m.device_total() / kGiB, 100 * e.hbm_fraction,
           m.params / kGiB, m.grads / kGiB, m.optimizer / kGiB, m.activations / kGiB,
           other / kGiB, e.step_seconds, e.tokens_per_second / static_cast<double>(e.gpus),
           100 * e.mfu, duration(e.train_seconds), money(e.cost), limit(e));
@@ -162,7 +162,8 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
         b.memory.offloaded > 0 ? fmt::format(" (+ {} on the host)", gib(b.memory.offloaded)) : "");
   }
 
-  out += "\nfamilies (rc: activation recomputation; other = workspace + comm + fragmentation):\n";
+  out += "\nfamilies (rc: activation recomputation; zero 3/g: ZeRO-3 sharded in groups of g DP "
+         "ranks, replicated across; other = workspace + comm + fragmentation):\n";
   const Estimate* top = r.ranked.empty() ? nullptr : &r.ranked.front();
   for (const FamilyReport& f : r.families) {
     std::string line;
@@ -238,6 +239,7 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
         {{"gpus", e.gpus},
          {"layout",
           {{"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
+           {"zero_shard_group", l.shards()},
            {"micro_batch", l.micro_batch}, {"microbatches", e.microbatches},
            {"recompute", std::string(recompute_name(l.recompute))},
            {"sequence_parallel", l.sequence_parallel},
@@ -252,6 +254,8 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
            {"step", e.step_seconds}}},
          {"tokens_per_second", e.tokens_per_second},
          {"mfu", e.mfu},
+         {"hfu", e.hardware_flops_per_step / (e.step_seconds * static_cast<double>(e.gpus) *
+                                              in.cluster.gpu.peak_flops)},
          {"train_seconds", e.train_seconds},
          {"gpu_hours", e.gpu_hours},
          {"cost_usd", e.cost},

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -21,14 +22,18 @@ std::string family_name(const Layout& l) {
   std::string name;
   if (l.tp > 1) name += "TP + ";
   if (l.pp > 1) name += "PP + ";
-  name += l.zero == 3 ? "FSDP (ZeRO-3)" : "DP (ZeRO-0/1/2)";
+  name += l.zero < 3     ? "DP (ZeRO-0/1/2)"
+          : l.shard > 0 ? "HSDP (ZeRO-3 in groups)"
+                        : "FSDP (ZeRO-3)";
   if (l.offload != Offload::none) name += " + offload";
   return name;
 }
 
 bool ranks_before(const Estimate& a, const Estimate& b, RankBy by) {
-  if (by == RankBy::cost && a.cost != b.cost) return a.cost < b.cost;
-  return a.step_seconds < b.step_seconds;
+  const double x = by == RankBy::cost ? a.cost : a.step_seconds;
+  const double y = by == RankBy::cost ? b.cost : b.step_seconds;
+  if (std::fabs(x - y) > 1e-9 * std::max(x, y)) return x < y;
+  return a.memory.device_total() < b.memory.device_total();  // a tie: the one with more headroom
 }
 
 namespace {
@@ -83,6 +88,10 @@ void check_fixed(const PlanContext& ctx, const Cluster& cl, const FixedChoices& 
   }
   if (f.zero) {
     MESHTRAIN_CHECK(*f.zero >= 0 && *f.zero <= 3, "plan: --zero must be 0..3, got {}", *f.zero);
+  }
+  if (f.shard) {
+    MESHTRAIN_CHECK(*f.shard >= 2, "plan: --shard must be >= 2, got {}", *f.shard);
+    MESHTRAIN_CHECK(!f.zero || *f.zero == 3, "plan: --shard (hybrid sharding) needs --zero 3");
   }
   if (f.micro_batch) {
     MESHTRAIN_CHECK(*f.micro_batch >= 1, "plan: --micro-batch must be >= 1, got {}",
@@ -149,10 +158,24 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
           if (f.dp && *f.dp != dp) continue;
           const std::vector<int64_t> vpps =
               pp > 1 ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8} : std::vector<int64_t>{1};
-          // Without data parallelism there is nothing for ZeRO to shard.
-          const std::vector<int> zeros = dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0};
+          // (ZeRO stage, shard group): without data parallelism there is nothing to
+          // shard; ZeRO-3 over the whole DP group, or hybrid: sharded in groups of a
+          // node's worth of DP ranks (and 2x, 4x, ...) and replicated across them.
+          std::vector<std::pair<int, int64_t>> shardings;
+          for (int zero : choices(f.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3}
+                                                 : std::vector<int>{0})) {
+            if (f.shard) {  // fixed: check_layout says when it cannot be
+              if (zero == 3) shardings.emplace_back(zero, *f.shard);
+              continue;
+            }
+            shardings.emplace_back(zero, 0);
+            if (zero != 3) continue;
+            for (int64_t g = std::max<int64_t>(2, cl.gpus_per_node / tp); g < dp; g *= 2) {
+              if (dp % g == 0) shardings.emplace_back(zero, g);
+            }
+          }
           for (int64_t vpp : choices(f.vpp, vpps)) {
-            for (int zero : choices(f.zero, zeros)) {
+            for (auto [zero, shard] : shardings) {
               for (int64_t mb : choices(f.micro_batch, {1, 2, 4, 8, 16})) {
                 for (Recompute rc : choices(f.recompute, {Recompute::none, Recompute::selective,
                                                           Recompute::full})) {
@@ -163,6 +186,7 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
                     l.vpp = vpp;
                     l.dp = dp;
                     l.zero = zero;
+                    l.shard = shard;
                     l.micro_batch = mb;
                     l.recompute = rc;
                     l.sequence_parallel = f.sequence_parallel ? *f.sequence_parallel : tp > 1;

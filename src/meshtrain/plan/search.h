@@ -16,6 +16,7 @@ namespace meshtrain::plan {
 // Choices the user fixed; unset ones are searched.
 struct FixedChoices {
   std::optional<int64_t> tp, pp, vpp, dp, micro_batch;
+  std::optional<int64_t> shard;  // ZeRO-3 shard group (hybrid sharding)
   std::optional<int> zero;
   std::optional<Recompute> recompute;
   std::optional<bool> sequence_parallel;
@@ -33,8 +34,8 @@ struct SearchOptions {
   int top = 10;
 };
 
-// A family: DP, FSDP (ZeRO-3), TP + DP, TP + FSDP, PP + DP, TP + PP + DP;
-// "+ offload" when the optimizer state lives on the host.
+// A family: DP, FSDP (ZeRO-3), HSDP (ZeRO-3 in shard groups, replicated), each
+// with TP and/or PP; "+ offload" when the optimizer state lives on the host.
 std::string family_name(const Layout& layout);
 
 struct FamilyReport {
@@ -58,7 +59,7 @@ struct SearchResult {
 SearchResult search(const PlanContext& ctx, const Cluster& cluster, const Job& job,
                     const SearchOptions& options);
 
-// Better-first order for the chosen criterion.
+// Better-first order for the chosen criterion; ties go to the smaller memory.
 bool ranks_before(const Estimate& a, const Estimate& b, RankBy by);
 
 }  // namespace meshtrain::plan
