@@ -293,11 +293,14 @@ TEST(Offload, ShortReadIsAnErrorNamingTheFile) {
     EXPECT_NE(m.find("'embed.exp_avg_sq'"), std::string::npos) << m;
     EXPECT_NE(m.find("file ends"), std::string::npos) << m;
   }
-  // In a pass the I/O thread's error reaches the caller, and stays.
-  store.begin_pass({3, 4});
-  EXPECT_THROW(store.acquire(3), Error);
-  EXPECT_THROW(store.end_pass(), Error);
-  EXPECT_THROW(store.begin_pass({3}), Error);
+  EXPECT_THROW(store.begin_pass({3}), Error);  // the store stays unusable
+  // The I/O thread's failed read-ahead reaches the caller.
+  OffloadStore ahead("ahead", mixed_chunks(), options_for(OffloadTier::disk, dir, 0), tracker);
+  fs::resize_file(ahead.file_path(), 100);
+  ahead.begin_pass({3, 4});
+  EXPECT_THROW(ahead.wait_idle(), Error);  // wait_idle does no I/O itself: the thread read
+  EXPECT_THROW(ahead.acquire(3), Error);
+  EXPECT_THROW(ahead.end_pass(), Error);
 }
 
 // Lowers the file-size limit (writes past it fail with EFBIG) for one scope.
@@ -324,6 +327,7 @@ TEST(Offload, WriteErrorsReachTheCaller) {
   auto dir = scratch_dir();
   MemoryTracker tracker;
   OffloadStore store("opt", mixed_chunks(), options_for(OffloadTier::disk, dir, 0), tracker);
+  OffloadStore behind("behind", mixed_chunks(), options_for(OffloadTier::disk, dir, 0), tracker);
   {
     FileSizeLimit limit(12288);  // chunk 0 ends below the limit, chunk 1 starts at it
     store.acquire(0);
@@ -337,10 +341,13 @@ TEST(Offload, WriteErrorsReachTheCaller) {
       EXPECT_NE(m.find("writing chunk 'embed.exp_avg_sq'"), std::string::npos) << m;
       EXPECT_NE(m.find(store.file_path()), std::string::npos) << m;
     }
-    store.begin_pass({1});  // write-behind fails on the I/O thread
-    store.acquire(1);
-    store.release(1, true);
-    EXPECT_THROW(store.end_pass(), Error);
+    EXPECT_THROW(store.acquire(0), Error);  // unusable after a failure
+    // Written behind on the I/O thread: the failure reaches the caller.
+    behind.begin_pass({1});
+    behind.acquire(1);
+    behind.release(1, true);
+    EXPECT_THROW(behind.wait_idle(), Error);
+    EXPECT_THROW(behind.end_pass(), Error);
   }
   // Reserving space fails at construction, and leaves no file behind.
   {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <set>
 
 #include "meshtrain/util/error.h"
@@ -197,31 +198,27 @@ Tensor OffloadStore::acquire(size_t id) {
     if (c.state == State::ready) {
       ++stats_.ready_at_acquire;
     } else {
+      // Rather than sleep, the caller does the I/O that is due: the read it needs when the I/O
+      // thread has not begun it, else a pending write (which frees room). A starved I/O
+      // thread (no spare core) then costs no more than doing the pass synchronously.
       ++stats_.waited_at_acquire;
       auto start = Clock::now();
-      done_cv_.wait(lock, [&] { return c.state == State::ready || error_; });
+      while (c.state != State::ready && !error_) {
+        if (can_read_ahead() && order_[next_read_] == id) {
+          read_next(lock);
+        } else if (!writes_.empty()) {
+          write_next(lock);
+        } else {
+          done_cv_.wait(lock);
+        }
+      }
       stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
       check_no_error();
     }
     ++next_acquire_;
   } else {
-    // Outside a pass the I/O thread is idle: read here.
-    std::vector<Tensor> to_free;
-    c.buffer = take_buffer(c.bytes, to_free);
-    c.state = State::reading;
-    lock.unlock();
-    to_free.clear();
-    try {
-      if (!c.buffer.defined()) c.buffer = new_buffer(c);
-      transfer(c, c.buffer.data<float>(), false);
-    } catch (...) {
-      lock.lock();
-      c.buffer = Tensor();
-      resident_bytes_ -= c.bytes;
-      c.state = State::stored;
-      throw;
-    }
-    lock.lock();
+    load(c, lock);  // outside a pass the I/O thread is idle
+    check_no_error();
   }
   c.state = State::held;
   held_bytes_ += c.bytes;
@@ -256,21 +253,21 @@ void OffloadStore::release(size_t id, bool dirty) {
     }
     return;
   }
-  Tensor buffer = std::move(c.buffer);
-  c.buffer = Tensor();
+  if (dirty) run_io(lock, [&] { transfer(c, c.buffer.data<float>(), true); });
   c.state = State::stored;
   resident_bytes_ -= c.bytes;
-  lock.unlock();
-  if (dirty) transfer(c, buffer.data<float>(), true);
+  c.buffer = Tensor();
+  check_no_error();
 }
 
 void OffloadStore::end_pass() {
   std::unique_lock lock(mu_);
   MESHTRAIN_CHECK(in_pass_, "offload store '{}': end_pass outside a pass", name_);
   auto start = Clock::now();
-  // Stop the read-ahead, then let the in-flight transfer and the writes finish.
+  // Stop the read-ahead; write back what is pending, with the I/O thread; wait for both.
   next_read_ = order_.size();
-  done_cv_.wait(lock, [&] { return (!io_busy_ && writes_.empty()) || error_; });
+  while (!writes_.empty() && !error_) write_next(lock);
+  done_cv_.wait(lock, [&] { return io_in_flight_ == 0 || error_; });
   stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   in_pass_ = false;
   check_no_error();
@@ -293,7 +290,8 @@ void OffloadStore::end_pass() {
 
 void OffloadStore::wait_idle() {
   std::unique_lock lock(mu_);
-  done_cv_.wait(lock, [&] { return (!io_busy_ && writes_.empty() && !can_read_ahead()) || error_; });
+  done_cv_.wait(lock,
+                [&] { return (io_in_flight_ == 0 && writes_.empty() && !can_read_ahead()) || error_; });
   check_no_error();
 }
 
@@ -312,7 +310,7 @@ bool OffloadStore::can_read_ahead() const {
   return resident_bytes_ - spare_bytes_ + bytes <= options_.budget_bytes;
 }
 
-Tensor OffloadStore::take_buffer(size_t bytes, std::vector<Tensor>& to_free) {
+Tensor OffloadStore::take_buffer(size_t bytes) {
   for (size_t i = 0; i < spares_.size(); ++i) {
     if (spares_[i].bytes() == bytes) {
       Tensor t = std::move(spares_[i]);
@@ -321,12 +319,12 @@ Tensor OffloadStore::take_buffer(size_t bytes, std::vector<Tensor>& to_free) {
       return t;
     }
   }
-  // Drop spares of other sizes until the new buffer fits.
+  // Free spares of other sizes until the new buffer fits. Freed here, under the lock, so
+  // that no other thread's allocation can count while they still do: the peak stays in budget.
   while (!spares_.empty() && options_.budget_bytes != 0 &&
          resident_bytes_ + bytes > options_.budget_bytes) {
     resident_bytes_ -= spares_.back().bytes();
     spare_bytes_ -= spares_.back().bytes();
-    to_free.push_back(std::move(spares_.back()));
     spares_.pop_back();
   }
   resident_bytes_ += bytes;
@@ -342,39 +340,56 @@ void OffloadStore::io_loop() {
   while (true) {
     io_cv_.wait(lock, [&] { return stop_ || (!error_ && (!writes_.empty() || can_read_ahead())); });
     if (stop_) return;
-    io_busy_ = true;
-    try {
-      // The chunk the caller needs next goes first; otherwise writes, which free room.
-      const bool caller_needs_read = next_read_ == next_acquire_ && can_read_ahead();
-      if (!writes_.empty() && !caller_needs_read) {
-        Chunk& c = chunks_[writes_.front()];
-        lock.unlock();
-        transfer(c, c.buffer.data<float>(), true);
-        lock.lock();
-        writes_.pop_front();
-        c.state = State::stored;
-        spare_bytes_ += c.bytes;
-        spares_.push_back(std::move(c.buffer));
-        c.buffer = Tensor();
-      } else {
-        Chunk& c = chunks_[order_[next_read_++]];
-        std::vector<Tensor> to_free;
-        c.buffer = take_buffer(c.bytes, to_free);
-        c.state = State::reading;
-        lock.unlock();
-        to_free.clear();  // freed before the new buffer is allocated: the peak stays in budget
-        if (!c.buffer.defined()) c.buffer = new_buffer(c);
-        transfer(c, c.buffer.data<float>(), false);
-        lock.lock();
-        c.state = State::ready;
-      }
-    } catch (...) {
-      if (!lock.owns_lock()) lock.lock();
-      error_ = std::current_exception();
+    // The chunk the caller needs next goes first; otherwise writes, which free room.
+    const bool caller_needs_read = next_read_ == next_acquire_ && can_read_ahead();
+    if (!writes_.empty() && !caller_needs_read) {
+      write_next(lock);
+    } else {
+      read_next(lock);
     }
-    io_busy_ = false;
-    done_cv_.notify_all();
   }
+}
+
+void OffloadStore::load(Chunk& c, std::unique_lock<std::mutex>& lock) {
+  c.buffer = take_buffer(c.bytes);
+  c.state = State::reading;
+  run_io(lock, [&] {
+    if (!c.buffer.defined()) c.buffer = new_buffer(c);
+    transfer(c, c.buffer.data<float>(), false);
+  });
+}
+
+void OffloadStore::read_next(std::unique_lock<std::mutex>& lock) {
+  Chunk& c = chunks_[order_[next_read_++]];
+  load(c, lock);
+  if (!error_) c.state = State::ready;
+}
+
+void OffloadStore::write_next(std::unique_lock<std::mutex>& lock) {
+  Chunk& c = chunks_[writes_.front()];
+  writes_.pop_front();
+  run_io(lock, [&] { transfer(c, c.buffer.data<float>(), true); });
+  if (error_) return;
+  c.state = State::stored;
+  spare_bytes_ += c.bytes;
+  spares_.push_back(std::move(c.buffer));
+  c.buffer = Tensor();
+  io_cv_.notify_all();  // room for the read-ahead
+}
+
+void OffloadStore::run_io(std::unique_lock<std::mutex>& lock, const std::function<void()>& io) {
+  ++io_in_flight_;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    io();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  --io_in_flight_;
+  if (error && !error_) error_ = error;  // the store is unusable from here on
+  done_cv_.notify_all();
 }
 
 void OffloadStore::transfer(const Chunk& c, float* buffer, bool to_tier) {

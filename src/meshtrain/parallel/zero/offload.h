@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -63,9 +64,9 @@ struct OffloadStats {
   size_t reads = 0, writes = 0;  // chunk transfers from / to the slower tier
   size_t bytes_read = 0, bytes_written = 0;
   size_t ready_at_acquire = 0;   // pass acquires that found their chunk already read ahead
-  size_t waited_at_acquire = 0;  // pass acquires that had to wait for the read
+  size_t waited_at_acquire = 0;  // pass acquires whose chunk was not read yet (waited or read it)
   double io_seconds = 0;         // time spent in reads and writes (either thread)
-  double wait_seconds = 0;       // caller time blocked in acquire and end_pass
+  double wait_seconds = 0;       // caller time in acquire and end_pass (waiting or doing I/O)
 };
 
 class OffloadStore {
@@ -114,12 +115,18 @@ class OffloadStore {
   };
 
   bool streams() const { return options_.tier != OffloadTier::none; }
+  // Functions below require mu_ held; those taking `lock` release it around the I/O.
   void io_loop();
-  bool can_read_ahead() const;  // requires mu_
-  void check_no_error();        // requires mu_
-  // Reserves room for `bytes` (reusing or dropping spares, requires mu_); returns a
-  // spare of that size or an undefined tensor to allocate outside the lock.
-  Tensor take_buffer(size_t bytes, std::vector<Tensor>& to_free);
+  bool can_read_ahead() const;
+  void check_no_error();
+  // Reserves room for `bytes` (reusing or freeing spares); returns a spare of that size
+  // or an undefined tensor to allocate outside the lock.
+  Tensor take_buffer(size_t bytes);
+  void load(Chunk& chunk, std::unique_lock<std::mutex>& lock);  // buffer + read
+  void read_next(std::unique_lock<std::mutex>& lock);           // order_[next_read_], read ahead
+  void write_next(std::unique_lock<std::mutex>& lock);          // writes_.front()
+  // Runs `io` unlocked, counted in io_in_flight_; a failure becomes error_.
+  void run_io(std::unique_lock<std::mutex>& lock, const std::function<void()>& io);
   Tensor new_buffer(const Chunk& chunk);
   // Copies the chunk between `buffer` and its tier (to_tier: a write), counts it in stats_.
   void transfer(const Chunk& chunk, float* buffer, bool to_tier);
@@ -144,7 +151,7 @@ class OffloadStore {
   size_t spare_bytes_ = 0;
   size_t resident_bytes_ = 0;  // every buffer, spares included
   size_t held_bytes_ = 0;
-  bool io_busy_ = false;
+  size_t io_in_flight_ = 0;  // transfers running on either thread
   bool stop_ = false;
   std::exception_ptr error_;
   OffloadStats stats_;
