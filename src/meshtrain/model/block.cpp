@@ -24,8 +24,14 @@ enum : size_t { ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln2_w, l
 
 }  // namespace
 
-Model::Impl::Impl(Model& owner) : model(owner), cfg(owner.config_), ctx(owner.ctx_) {
+Model::Impl::Impl(Model& owner)
+    : model(owner), cfg(owner.config_), ctx(owner.ctx_), tp(owner.tp_) {
   const size_t layers = static_cast<size_t>(cfg.n_layers);
+  const int64_t n = tp.size();
+  sp = tp.active() && tp.sequence_parallel;
+  heads = cfg.n_heads / n;
+  kv_heads = cfg.n_kv_heads / n;
+  hidden = cfg.hidden_dim / n;
   embed = 0;
   if (cfg.family == Family::llama) {
     has_rope = true;
@@ -41,9 +47,14 @@ Model::Impl::Impl(Model& owner) : model(owner), cfg(owner.config_), ctx(owner.ct
   }
   tied = output == embed;
   head_unit = layers + 1;
+  const TensorSplit& vocab = model.params_[output].spec.split;
+  vocab_rows = model.params_[output].spec.shape[0];
+  vocab_begin = vocab.split() ? static_cast<int64_t>(tp.rank()) * vocab.chunk() : 0;
+  vocab_valid = vocab.split() ? vocab.chunk_valid() : cfg.vocab_size;
   // The slots above must agree with the registry.
   MESHTRAIN_CHECK(model.params_[final_norm.weight].spec.shape == Shape{cfg.dim} &&
-                      model.params_[output].spec.shape == (Shape{cfg.vocab_size, cfg.dim}) &&
+                      model.params_[output].spec.split.global_shape ==
+                          (Shape{cfg.vocab_size, cfg.dim}) &&
                       model.units_.size() == head_unit + 1 &&
                       model.units_[head_unit].first_param == final_norm.weight,
                   "model: registry layout does not match the block slots");
@@ -64,8 +75,9 @@ void Model::Impl::ready(size_t i) {
 }
 
 Block Model::Impl::block(int64_t layer) const {
-  const int64_t d = cfg.dim, hd = cfg.head_dim(), h = cfg.hidden_dim;
-  const int64_t qkv_width = (cfg.n_heads + 2 * cfg.n_kv_heads) * hd, q_width = cfg.n_heads * hd;
+  // This rank's widths (the whole layer at tp 1).
+  const int64_t d = cfg.dim, hd = cfg.head_dim(), h = hidden;
+  const int64_t qkv_width = (heads + 2 * kv_heads) * hd, q_width = heads * hd;
   Block b;
   const size_t l = static_cast<size_t>(layer);
   if (cfg.family == Family::llama) {
@@ -91,7 +103,7 @@ Block Model::Impl::block(int64_t layer) const {
 }
 
 cpu::AttentionDims Model::Impl::attention_dims(int64_t batch, int64_t seq) const {
-  return cpu::AttentionDims{batch, seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim()};
+  return cpu::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim()};
 }
 
 void Model::Impl::ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const {
@@ -121,6 +133,9 @@ const Tensor& Model::Impl::forward_trunk(Activations& acts, const int32_t* token
                   cfg.max_seq_len);
   const int64_t rows = batch * seq, d = cfg.dim;
   check_tokens(tokens, rows, false, "token");
+  MESHTRAIN_CHECK(!sp || rows % tp.size() == 0,
+                  "model: sequence parallel needs batch x seq = {} x {} divisible by tp = {}", batch,
+                  seq, tp.size());
   const size_t layers = static_cast<size_t>(cfg.n_layers);
   const size_t n_res = keep_all ? layers + 1 : 2;
   acts.residual.resize(n_res);
@@ -131,10 +146,10 @@ const Tensor& Model::Impl::forward_trunk(Activations& acts, const int32_t* token
   const MemCategory cat = keep_all ? MemCategory::activations : MemCategory::workspace;
   acts.category = cat;
   for (BlockActs& a : acts.blocks) a.category = cat;
-  for (Tensor& r : acts.residual) ensure(r, {rows, d}, DType::f32, cat);
+  for (Tensor& r : acts.residual) ensure(r, {shard_rows(rows), d}, DType::f32, cat);
 
   before(embed_unit, UnitPass::forward);
-  embedding_forward(tokens, batch, seq, pos0, acts.residual[0].data<float>());
+  embed_tokens(tokens, batch, seq, pos0, acts.residual[0]);
   after(embed_unit, UnitPass::forward);
   for (size_t l = 0; l < layers; ++l) {
     const Tensor& x = acts.residual[keep_all ? l : l % 2];
@@ -151,16 +166,20 @@ const Tensor& Model::Impl::forward_trunk(Activations& acts, const int32_t* token
 
 void Model::Impl::norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y,
                                Tensor& mean, Tensor& rstd, int64_t rows, MemCategory category) {
-  const int64_t d = cfg.dim;
-  ensure(y, {rows, d}, dt, category);
+  ensure(y, {rows, cfg.dim}, dt, category);
   ensure(rstd, {rows}, DType::f32, category);
+  if (norm.layer_norm()) ensure(mean, {rows}, DType::f32, category);
+  norm_rows(norm, x.data<float>(), dt, y.raw(), mean, rstd, rows);
+}
+
+void Model::Impl::norm_rows(const Norm& norm, const float* x, DType dt, void* y, Tensor& mean,
+                            Tensor& rstd, int64_t rows) {
+  const int64_t d = cfg.dim;
   if (norm.layer_norm()) {
-    ensure(mean, {rows}, DType::f32, category);
-    cpu::layernorm_forward(x.data<float>(), master(norm.weight), master(norm.bias), dt, y.raw(),
-                           mean.data<float>(), rstd.data<float>(), rows, d, cfg.norm_eps);
+    cpu::layernorm_forward(x, master(norm.weight), master(norm.bias), dt, y, mean.data<float>(),
+                           rstd.data<float>(), rows, d, cfg.norm_eps);
   } else {
-    cpu::rmsnorm_forward(x.data<float>(), master(norm.weight), dt, y.raw(), rstd.data<float>(),
-                         rows, d, cfg.norm_eps);
+    cpu::rmsnorm_forward(x, master(norm.weight), dt, y, rstd.data<float>(), rows, d, cfg.norm_eps);
   }
 }
 
@@ -168,13 +187,13 @@ void Model::Impl::norm_backward(const Norm& norm, const Tensor& x, const Tensor&
                                 const Tensor& rstd, const float* dy, float* dx, int64_t rows) {
   const int64_t d = cfg.dim;
   if (norm.layer_norm()) {
+    float* dw = norm_grad(norm.weight);
     cpu::layernorm_backward(x.data<float>(), master(norm.weight), mean.data<float>(),
-                            rstd.data<float>(), dy, dx, grad(norm.weight), grad(norm.bias), rows,
-                            d);
+                            rstd.data<float>(), dy, dx, dw, norm_grad(norm.bias), rows, d);
     ready(norm.bias);
   } else {
     cpu::rmsnorm_backward(x.data<float>(), master(norm.weight), rstd.data<float>(), dy, dx,
-                          grad(norm.weight), rows, d);
+                          norm_grad(norm.weight), rows, d);
   }
   ready(norm.weight);
 }
@@ -216,10 +235,10 @@ void Model::Impl::linear_backward(const Linear& lin, DType dt, const void* dy, c
   }
 }
 
-const void* Model::Impl::residual_grad_compute(DType dt, int64_t rows) {
-  if (dt == DType::f32) return ws.dres.raw();
+const void* Model::Impl::residual_grad_compute(DType dt, const Tensor& dres, int64_t rows) {
+  if (dt == DType::f32) return dres.raw();
   ensure(ws.dres_c, {rows, cfg.dim}, dt, MemCategory::workspace);
-  ws.dres_c.copy_from(ws.dres);
+  ws.dres_c.copy_from(dres);
   return ws.dres_c.raw();
 }
 
@@ -227,12 +246,12 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
                                 DType dt, int64_t batch, int64_t seq, cpu::KVCacheLayer* cache,
                                 int64_t pos0) {
   const Block b = block(layer);
-  const int64_t rows = batch * seq, d = cfg.dim;
+  const int64_t rows = batch * seq;
   const cpu::AttentionDims dims = attention_dims(batch, seq);
   const MemCategory act = a.category;
 
   // Attention sub-block: mid = x + proj(attention(qkv(norm1(x)))).
-  norm_forward(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, rows, act);
+  column_input(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, rows, act);
   ensure(ws.qkv, {rows, b.qkv.out}, DType::f32, MemCategory::workspace);
   linear_forward(b.qkv, dt, a.xn1.raw(), rows, ws.qkv.data<float>(), false);
   ensure(a.att, {rows, b.proj.in}, dt, act);
@@ -243,28 +262,26 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   } else {
     cpu::attention_forward(ctx, dims, rope_table(), dt, ws.qkv.data<float>(), a.att.raw(), a.attn);
   }
-  ensure(a.mid, {rows, d}, DType::f32, act);
-  a.mid.copy_from(x);
-  linear_forward(b.proj, dt, a.att.raw(), rows, a.mid.data<float>(), true);
+  ensure(a.mid, x.shape(), DType::f32, act);
+  row_parallel_add(b.proj, dt, a.att.raw(), rows, x, a.mid);
 
   // Feed-forward sub-block: out = mid + ff_out(act(ff_in(norm2(mid)))).
-  norm_forward(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, rows, act);
+  column_input(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, rows, act);
   ensure(a.ff_pre, {rows, b.ff_in.out}, DType::f32, act);
   linear_forward(b.ff_in, dt, a.xn2.raw(), rows, a.ff_pre.data<float>(), false);
   ensure(a.ff_act, {rows, b.ff_out.in}, dt, act);
   if (cfg.family == Family::llama) {
-    cpu::swiglu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows, cfg.hidden_dim);
+    cpu::swiglu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows, hidden);
   } else {
-    cpu::gelu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows * cfg.hidden_dim);
+    cpu::gelu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows * hidden);
   }
-  out.copy_from(a.mid);
-  linear_forward(b.ff_out, dt, a.ff_act.raw(), rows, out.data<float>(), true);
+  row_parallel_add(b.ff_out, dt, a.ff_act.raw(), rows, a.mid, out);
 }
 
 void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt,
                                  int64_t batch, int64_t seq) {
   const Block b = block(layer);
-  const int64_t rows = batch * seq, d = cfg.dim, h = cfg.hidden_dim;
+  const int64_t rows = batch * seq, srows = shard_rows(rows), d = cfg.dim, h = hidden;
   const MemCategory wsc = MemCategory::workspace;
   ensure(ws.dx, {rows, d}, DType::f32, wsc);
   ensure(ws.dff, {rows, std::max(h, b.qkv.out)}, DType::f32, wsc);
@@ -275,23 +292,27 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   float* dff = ws.dff.data<float>();
 
   // Feed-forward sub-block, in reverse.
-  const void* dres_c = residual_grad_compute(dt, rows);
-  linear_backward(b.ff_out, dt, dres_c, dres, a.ff_act.raw(), rows, dff, nullptr);
+  const Tensor* dy = &full_residual_grad(rows);
+  const void* dres_c = residual_grad_compute(dt, *dy, rows);
+  linear_backward(b.ff_out, dt, dres_c, dy->data<float>(), a.ff_act.raw(), rows, dff, nullptr);
   if (cfg.family == Family::llama) {
     cpu::swiglu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows, h);
   } else {
     cpu::gelu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * h);
   }
   linear_backward(b.ff_in, dt, ws.dff_c.raw(), nullptr, a.xn2.raw(), rows, dx, dff);
-  norm_backward(b.norm2, a.mid, a.mean2, a.rstd2, dx, dres, rows);  // dres += d(norm2 input)
+  // dres += d(norm2 input)
+  norm_backward(b.norm2, a.mid, a.mean2, a.rstd2, reduce_input_grad(rows), dres, srows);
 
   // Attention sub-block, in reverse.
-  dres_c = residual_grad_compute(dt, rows);
-  linear_backward(b.proj, dt, dres_c, dres, a.att.raw(), rows, dx, nullptr);
+  dy = &full_residual_grad(rows);
+  dres_c = residual_grad_compute(dt, *dy, rows);
+  linear_backward(b.proj, dt, dres_c, dy->data<float>(), a.att.raw(), rows, dx, nullptr);
   cpu::attention_backward(ctx, attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
                           ws.dqkv.raw());
   linear_backward(b.qkv, dt, ws.dqkv.raw(), nullptr, a.xn1.raw(), rows, dx, dff);
-  norm_backward(b.norm1, x, a.mean1, a.rstd1, dx, dres, rows);
+  norm_backward(b.norm1, x, a.mean1, a.rstd1, reduce_input_grad(rows), dres, srows);
+  flush_norm_grads();
 }
 
 }  // namespace meshtrain

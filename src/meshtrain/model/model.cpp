@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "meshtrain/backend/cpu/cross_entropy.h"
 #include "meshtrain/backend/cpu/embedding.h"
 #include "meshtrain/backend/cpu/matmul.h"
@@ -13,10 +15,11 @@
 namespace meshtrain {
 
 Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx,
-             ParamStorage storage)
-    : config_(config), precision_(precision), ctx_(ctx), storage_(storage) {
+             ParamStorage storage, const TensorParallel& tp)
+    : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp) {
   config_.validate();
-  std::vector<ParamSpec> specs = build_param_specs(config_);
+  check_tensor_parallel_split(config_, tp_.size());
+  std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
   units_ = build_param_units(config_);
   int64_t compute_total = 0;
   for (const ParamSpec& spec : specs) {
@@ -164,6 +167,13 @@ void Model::require_flat(const char* what) const {
   }
 }
 
+std::vector<TensorSplit> Model::param_splits() const {
+  std::vector<TensorSplit> splits;
+  splits.reserve(params_.size());
+  for (const Parameter& p : params_) splits.push_back(p.spec.split);
+  return splits;
+}
+
 Tensor& Model::flat_master() {
   require_flat("flat_master()");
   return flat_master_;
@@ -200,7 +210,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   m.check_tokens(targets, rows, true, "target");
   const Tensor& last = m.forward_trunk(m.train, tokens, batch, seq, dt, true);
   m.before(m.head_unit, UnitPass::forward);
-  m.norm_forward(m.final_norm, last, dt, m.train.hn, m.train.mean_f, m.train.rstd_f, rows,
+  m.column_input(m.final_norm, last, dt, m.train.hn, m.train.mean_f, m.train.rstd_f, rows,
                  m.train.category);
   m.after(m.head_unit, UnitPass::forward);
 
@@ -210,23 +220,17 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   m.before(m.head_unit, UnitPass::backward);
   if (m.tied) m.before(m.embed_unit, UnitPass::backward);
   m.ensure(m.ws.dx, {rows, d}, DType::f32, MemCategory::workspace);
-  m.ensure(m.ws.dres, {rows, d}, DType::f32, MemCategory::workspace);
-  cpu::ClassifierArgs args;
-  args.rows = rows;
-  args.dim = d;
-  args.vocab = config_.vocab_size;
-  args.compute = dt;
-  args.h = m.train.hn.raw();
-  args.w = m.weight(m.output, dt);
-  args.targets = targets;
+  m.ensure(m.ws.dres, {m.shard_rows(rows), d}, DType::f32, MemCategory::workspace);
+  cpu::ClassifierArgs args = m.classifier_args(m.train.hn, targets, rows, dt);
   args.grad_scale = grad_scale;
   args.dh = m.ws.dx.data<float>();
   args.dw = m.grad(m.output);
   const double loss = cpu::fused_classifier(ctx_, args);
   if (!m.tied) m.ready(m.output);
   m.ws.dres.zero();
-  m.norm_backward(m.final_norm, last, m.train.mean_f, m.train.rstd_f, m.ws.dx.data<float>(),
-                  m.ws.dres.data<float>(), rows);
+  m.norm_backward(m.final_norm, last, m.train.mean_f, m.train.rstd_f, m.reduce_input_grad(rows),
+                  m.ws.dres.data<float>(), m.shard_rows(rows));
+  m.flush_norm_grads();
   m.after(m.head_unit, UnitPass::backward);
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
     const size_t i = static_cast<size_t>(l);
@@ -235,9 +239,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
     m.after(m.layer_unit(l), UnitPass::backward);
   }
   if (!m.tied) m.before(m.embed_unit, UnitPass::backward);
-  float* dpositions = m.positions != kNoParam ? m.grad(m.positions) : nullptr;
-  cpu::embedding_backward(tokens, m.ws.dres.data<float>(), m.grad(m.embed), dpositions, batch, seq,
-                          d);
+  m.embed_backward(tokens, batch, seq);
   if (m.positions != kNoParam) m.ready(m.positions);
   m.ready(m.embed);
   m.after(m.embed_unit, UnitPass::backward);
@@ -253,15 +255,7 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
   const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);
   double loss = 0;
   m.head_forward(acts, last, dt, [&] {
-    cpu::ClassifierArgs args;
-    args.rows = batch * seq;
-    args.dim = config_.dim;
-    args.vocab = config_.vocab_size;
-    args.compute = dt;
-    args.h = acts.hn.raw();
-    args.w = m.weight(m.output, dt);
-    args.targets = targets;
-    loss = cpu::fused_classifier(ctx_, args);
+    loss = cpu::fused_classifier(ctx_, m.classifier_args(acts.hn, targets, batch * seq, dt));
   });
   return loss;
 }
@@ -272,9 +266,27 @@ void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, fl
   Activations acts;
   const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);
   m.head_forward(acts, last, dt, [&] {
-    cpu::MatmulDims dims{.m = batch * seq, .n = config_.vocab_size, .k = config_.dim,
-                         .trans_b = true};
-    cpu::matmul(ctx_, dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, logits);
+    const int64_t rows = batch * seq;
+    if (!tp_.active()) {
+      cpu::MatmulDims dims{.m = rows, .n = config_.vocab_size, .k = config_.dim, .trans_b = true};
+      cpu::matmul(ctx_, dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, logits);
+      return;
+    }
+    // This rank's vocabulary columns, then every rank's slices into place.
+    const int64_t vl = m.vocab_rows, n = tp_.size();
+    Tensor local({n, rows, vl}, DType::f32, MemCategory::workspace, ctx_.tracker());
+    float* mine = local.data<float>() + tp_.rank() * rows * vl;
+    cpu::MatmulDims dims{.m = rows, .n = vl, .k = config_.dim, .trans_b = true};
+    cpu::matmul(ctx_, dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, mine);
+    tp_all_gather_rows(tp_, local.raw(), rows, vl, DType::f32);
+    const TensorSplit& split = params_[m.output].spec.split;
+    for (int r = 0; r < n; ++r) {
+      const int64_t valid = split.for_rank(r).chunk_valid(), first = r * split.chunk();
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* src = local.data<float>() + (r * rows + i) * vl;
+        std::copy(src, src + valid, logits + i * config_.vocab_size + first);
+      }
+    }
   });
 }
 
@@ -301,6 +313,8 @@ KVCache Model::make_kv_cache(int64_t batch, int64_t max_seq) {
 void Model::decode(const int32_t* tokens, int64_t batch, int64_t n_new, KVCache& cache,
                    float* last_logits) {
   require_flat("decode (it reads every f32 master weight)");
+  MESHTRAIN_CHECK(!tp_.active(), "decode: not supported under tensor parallelism (tp = {})",
+                  tp_.size());
   Impl& m = *impl_;
   const int64_t d = config_.dim, pos0 = cache.length;
   MESHTRAIN_CHECK(batch == cache.batch, "decode: batch {} differs from the kv cache's batch {}",

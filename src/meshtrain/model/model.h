@@ -11,6 +11,7 @@
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/params.h"
+#include "meshtrain/parallel/tensor/tensor_parallel.h"
 
 namespace meshtrain {
 
@@ -58,10 +59,22 @@ struct UnitHooks {
 // flat_grad and decode throw Error in external mode.
 enum class ParamStorage { flat, external };
 
+// Tensor parallelism (tp.size() > 1): every parameter is this rank's slice
+// (ParamSpec::split); the tp ranks run the same tokens and exchange
+// activations inside each block: one all-reduce per attention and per MLP
+// block in forward and one in backward (sequence parallel: an all-gather
+// before the column-parallel and a reduce-scatter after the row-parallel
+// layer instead, with the residual stream and norms on rows / tp rows, and
+// one small all-reduce of the norm weights' gradients per unit). Vocab-parallel
+// embedding and loss: no rank holds full-vocabulary logits. Every tp rank
+// returns the same loss; replicated parameters get identical gradients.
+// Gradients of split parameters are this rank's slice. n_heads, n_kv_heads and
+// hidden_dim must divide by tp (Error naming the field otherwise), and under
+// sequence parallelism batch * seq too. decode needs tp = 1.
 class Model {
  public:
   Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx,
-        ParamStorage storage = ParamStorage::flat);
+        ParamStorage storage = ParamStorage::flat, const TensorParallel& tp = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -70,6 +83,9 @@ class Model {
   Precision precision() const { return precision_; }
   cpu::CpuContext& ctx() { return ctx_; }
   ParamStorage storage() const { return storage_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // Every parameter's split, in registry order (for gather_tp_flat / scatter_tp_flat).
+  std::vector<TensorSplit> param_splits() const;
 
   // Registry order: embeddings, then per layer, then final norm and (untied) output.
   std::vector<Parameter>& params() { return params_; }
@@ -80,7 +96,7 @@ class Model {
   const std::vector<ParamUnit>& units() const { return units_; }
   Tensor& flat_master();  // flat storage only
   Tensor& flat_grad();    // flat storage only
-  int64_t num_params() const { return num_params_; }
+  int64_t num_params() const { return num_params_; }  // this rank's (tp slices)
 
   // Layout-independent initialisation from the seed.
   void init_weights(uint64_t seed);
@@ -98,7 +114,8 @@ class Model {
                           int64_t seq, float grad_scale);
   // Forward only: sum of token losses (evaluation).
   double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
-  // Forward only: full logits [batch * seq, vocab] f32 (tests, small inputs).
+  // Forward only: full logits [batch * seq, vocab] f32 (tests, small inputs;
+  // under tp the slices are all-gathered, on every rank).
   void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits);
 
   // Unit indices into units(); used by data parallelism and ZeRO.
@@ -118,11 +135,17 @@ class Model {
   Precision precision_;
   cpu::CpuContext& ctx_;
   ParamStorage storage_;
+  TensorParallel tp_;
   std::vector<Parameter> params_;
   std::vector<ParamUnit> units_;
   int64_t num_params_ = 0;
   Tensor flat_master_, flat_grad_, flat_compute_;
   std::unique_ptr<Impl> impl_;
 };
+
+// The whole model's gradient norm under tensor parallelism (flat storage):
+// every global element counted once (tp_counts_once), collective over tp.
+// At tp 1 it is sqrt of the sum over parameters, as global_grad_norm.
+double tensor_parallel_grad_norm(const Model& model);
 
 }  // namespace meshtrain

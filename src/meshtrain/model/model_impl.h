@@ -4,9 +4,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/backend/cpu/attention.h"
+#include "meshtrain/backend/cpu/cross_entropy.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -68,6 +70,12 @@ struct Workspace {
   Tensor dff;     // f32 [N, max(hidden, qkv width)]: d(act output), bias-grad scratch
   Tensor dff_c;   // dt [N, ff_in.out]: d(ff_in output)
   Tensor dqkv;    // dt [N, qkv width]
+  // Tensor parallelism.
+  Tensor partial;        // f32 [N, d]: a row-parallel layer's (or the embedding's) partial sum
+  Tensor partial_shard;  // f32 [N / tp, d]: its reduce-scattered rows (sequence parallel)
+  Tensor dres_full;      // f32 [N, d]: dres all-gathered (sequence parallel)
+  Tensor dx_shard;       // f32 [N / tp, d]: ws.dx reduce-scattered (sequence parallel)
+  Tensor norm_grads;     // f32: one unit's norm gradients before their tp all-reduce
 };
 
 struct Model::Impl {
@@ -116,6 +124,9 @@ struct Model::Impl {
 
   void norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y, Tensor& mean,
                     Tensor& rstd, int64_t rows, MemCategory category);
+  // The norm kernel over `rows` rows of x into y (dt), without allocating.
+  void norm_rows(const Norm& norm, const float* x, DType dt, void* y, Tensor& mean, Tensor& rstd,
+                 int64_t rows);
   void norm_backward(const Norm& norm, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                      const float* dy, float* dx, int64_t rows);
   // y[rows, out] (=|+=) x · W (+ bias), x in dt.
@@ -126,12 +137,47 @@ struct Model::Impl {
   // (then the bias gradient converts dy into `scratch`).
   void linear_backward(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
                        const void* x, int64_t rows, float* dx, float* scratch);
-  // dres in the compute dtype (dres itself in fp32).
-  const void* residual_grad_compute(DType dt, int64_t rows);
+  // dres (f32 [rows, d]) in the compute dtype (dres itself in fp32).
+  const void* residual_grad_compute(DType dt, const Tensor& dres, int64_t rows);
+
+  // Tensor parallelism (tensor_parallel.cpp); with tp = 1 each is the plain
+  // single-rank step. Rows of the residual stream on this rank: rows / tp
+  // under sequence parallelism, else rows.
+  int64_t shard_rows(int64_t rows) const { return sp ? rows / tp.size() : rows; }
+  // y [rows, d] = norm(x) where x holds shard_rows(rows) rows (sequence
+  // parallel: this rank's rows, then an all-gather).
+  void column_input(const Norm& norm, const Tensor& x, DType dt, Tensor& y, Tensor& mean,
+                    Tensor& rstd, int64_t rows, MemCategory category);
+  // out = residual + lin(in) + bias: a row-parallel layer's partial sums
+  // all-reduced (sequence parallel: reduce-scattered), the bias added once.
+  void row_parallel_add(const Linear& lin, DType dt, const void* in, int64_t rows,
+                        const Tensor& residual, Tensor& out);
+  // ws.dx [rows, d] holds a column-parallel layer's partial d(input): summed
+  // over tp; returns this rank's shard_rows(rows) rows.
+  const float* reduce_input_grad(int64_t rows);
+  // ws.dres over all rows (sequence parallel: all-gathered into ws.dres_full).
+  const Tensor& full_residual_grad(int64_t rows);
+  // Where norm_backward adds a norm parameter's gradient: the parameter's
+  // grad, or (sequence parallel: a partial over this rank's rows) a slot that
+  // flush_norm_grads() all-reduces over tp and adds to it.
+  float* norm_grad(size_t param);
+  void flush_norm_grads();
+  // Token (+ position) embeddings of all rows into out [shard_rows(rows), d].
+  void embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq, int64_t pos0, Tensor& out);
+  // The embeddings' gradients from ws.dres.
+  void embed_backward(const int32_t* tokens, int64_t batch, int64_t seq);
+  // The fused classifier's arguments over h [rows, d] (vocab slice and reductions).
+  cpu::ClassifierArgs classifier_args(const Tensor& h, const int32_t* targets, int64_t rows,
+                                      DType dt);
 
   Model& model;
   const ModelConfig& cfg;
   cpu::CpuContext& ctx;
+  const TensorParallel& tp;
+  bool sp = false;                           // sequence parallel (and tp > 1)
+  int64_t heads = 0, kv_heads = 0, hidden = 0;  // this rank's
+  int64_t vocab_rows = 0, vocab_begin = 0, vocab_valid = 0;  // its vocabulary slice
+  std::vector<std::pair<size_t, int64_t>> pending_norm_grads;  // (param, offset in ws.norm_grads)
   bool has_rope = false;
   cpu::RopeTable rope;
   size_t embed = 0, positions = kNoParam, output = 0;
@@ -152,7 +198,7 @@ void Model::Impl::head_forward(Activations& acts, const Tensor& last, DType dt,
                                Classifier&& classifier) {
   before(head_unit, UnitPass::forward);
   if (tied) before(embed_unit, UnitPass::forward);
-  norm_forward(final_norm, last, dt, acts.hn, acts.mean_f, acts.rstd_f, acts.batch * acts.seq,
+  column_input(final_norm, last, dt, acts.hn, acts.mean_f, acts.rstd_f, acts.batch * acts.seq,
                acts.category);
   classifier();
   if (tied) after(embed_unit, UnitPass::forward);

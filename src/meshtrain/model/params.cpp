@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "meshtrain/util/error.h"
 #include "meshtrain/util/rng.h"
 
 namespace meshtrain {
@@ -14,6 +15,18 @@ DType param_compute_dtype(const ParamSpec& spec, Precision precision) {
 
 void init_parameter(const ParamSpec& spec, uint64_t seed, float* out) {
   const int64_t n = spec.numel();
+  if (spec.split.split() && spec.init == InitKind::normal) {
+    const uint64_t key = stream_key(seed, spec.name);
+    const float scale = spec.init_std;
+    for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;  // padding
+    for_each_local_run(spec.split, [&](int64_t local, int64_t global, int64_t count) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        out[local + i] = scale * normal_at(key, static_cast<uint64_t>(global + i));
+      }
+    });
+    return;
+  }
   switch (spec.init) {
     case InitKind::zeros:
       for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
@@ -36,7 +49,8 @@ namespace {
 
 class Registry {
  public:
-  explicit Registry(const ModelConfig& config) : config_(config) {}
+  Registry(const ModelConfig& config, int tp_rank, int tp_size)
+      : config_(config), tp_rank_(tp_rank), tp_size_(tp_size) {}
 
   // Starts a unit at the next parameter; it ends where the next one starts.
   void unit(std::string name) {
@@ -46,10 +60,13 @@ class Registry {
 
   // A linear/embedding weight; `residual_out` marks projections that write into
   // the residual stream (scaled by 1/sqrt(2 * n_layers), GPT-2's convention).
-  void weight(std::string name, Shape shape, bool matmul, bool residual_out = false) {
+  // `split`/`parts`: how tensor parallelism divides it (split.h).
+  void weight(std::string name, Shape shape, bool matmul, bool residual_out = false,
+              SplitKind split = SplitKind::none, int parts = 1) {
     ParamSpec spec;
     spec.name = std::move(name);
-    spec.shape = std::move(shape);
+    spec.split = make_split(std::move(shape), split, parts);
+    spec.shape = spec.split.local_shape();
     spec.role = ParamRole::decay;
     spec.init = InitKind::normal;
     spec.init_std = config_.init_std;
@@ -60,7 +77,11 @@ class Registry {
     specs_.push_back(std::move(spec));
   }
   void norm_weight(std::string name, int64_t n) { vector(std::move(name), n, InitKind::ones); }
-  void bias(std::string name, int64_t n) { vector(std::move(name), n, InitKind::zeros); }
+  void bias(std::string name, int64_t n, SplitKind split = SplitKind::none, int parts = 1) {
+    vector(std::move(name), n, InitKind::zeros);
+    specs_.back().split = make_split({n}, split, parts);
+    specs_.back().shape = specs_.back().split.local_shape();
+  }
 
   std::vector<ParamSpec> take_specs() { return std::move(specs_); }
   std::vector<ParamUnit> take_units() {
@@ -73,60 +94,78 @@ class Registry {
     ParamSpec spec;
     spec.name = std::move(name);
     spec.shape = {n};
+    spec.split.global_shape = spec.shape;
     spec.role = ParamRole::no_decay;
     spec.init = init;
     spec.init_std = 0.0f;
     specs_.push_back(std::move(spec));
   }
 
+  TensorSplit make_split(Shape shape, SplitKind kind, int parts) const {
+    TensorSplit s;
+    s.global_shape = std::move(shape);
+    if (tp_size_ > 1) {
+      s.kind = kind;
+      s.parts = parts;
+      s.rank = tp_rank_;
+      s.size = tp_size_;
+    }
+    return s;
+  }
+
   const ModelConfig& config_;
+  int tp_rank_ = 0, tp_size_ = 1;
   std::vector<ParamSpec> specs_;
   std::vector<ParamUnit> units_;
 };
 
+constexpr SplitKind rows = SplitKind::rows, cols = SplitKind::cols;
+
+// Column-parallel layers split their outputs, row-parallel layers their inputs
+// (nn.Linear stores [out, in], Conv1D [in, out]).
 void llama_registry(const ModelConfig& c, Registry& r) {
   const int64_t d = c.dim, hd = c.head_dim();
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
   r.unit("embed");
-  r.weight("model.embed_tokens.weight", {c.vocab_size, d}, c.tie_embeddings);
+  r.weight("model.embed_tokens.weight", {c.vocab_size, d}, c.tie_embeddings, false, rows);
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     r.unit(fmt::format("layers.{}", i));
     r.norm_weight(p + "input_layernorm.weight", d);
-    r.weight(p + "self_attn.q_proj.weight", {q_width, d}, true);
-    r.weight(p + "self_attn.k_proj.weight", {kv_width, d}, true);
-    r.weight(p + "self_attn.v_proj.weight", {kv_width, d}, true);
-    r.weight(p + "self_attn.o_proj.weight", {d, q_width}, true, true);
+    r.weight(p + "self_attn.q_proj.weight", {q_width, d}, true, false, rows);
+    r.weight(p + "self_attn.k_proj.weight", {kv_width, d}, true, false, rows);
+    r.weight(p + "self_attn.v_proj.weight", {kv_width, d}, true, false, rows);
+    r.weight(p + "self_attn.o_proj.weight", {d, q_width}, true, true, cols);
     r.norm_weight(p + "post_attention_layernorm.weight", d);
-    r.weight(p + "mlp.gate_proj.weight", {c.hidden_dim, d}, true);
-    r.weight(p + "mlp.up_proj.weight", {c.hidden_dim, d}, true);
-    r.weight(p + "mlp.down_proj.weight", {d, c.hidden_dim}, true, true);
+    r.weight(p + "mlp.gate_proj.weight", {c.hidden_dim, d}, true, false, rows);
+    r.weight(p + "mlp.up_proj.weight", {c.hidden_dim, d}, true, false, rows);
+    r.weight(p + "mlp.down_proj.weight", {d, c.hidden_dim}, true, true, cols);
   }
   r.unit("head");
   r.norm_weight("model.norm.weight", d);
-  if (!c.tie_embeddings) r.weight("lm_head.weight", {c.vocab_size, d}, true);
+  if (!c.tie_embeddings) r.weight("lm_head.weight", {c.vocab_size, d}, true, false, rows);
 }
 
 // Hugging Face GPT-2 uses Conv1D: weights are stored [in, out].
 void gpt2_registry(const ModelConfig& c, Registry& r) {
   const int64_t d = c.dim, h = c.hidden_dim;
   r.unit("embed");
-  r.weight("transformer.wte.weight", {c.vocab_size, d}, true);
+  r.weight("transformer.wte.weight", {c.vocab_size, d}, true, false, rows);
   r.weight("transformer.wpe.weight", {c.max_seq_len, d}, false);
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = fmt::format("transformer.h.{}.", i);
     r.unit(fmt::format("layers.{}", i));
     r.norm_weight(p + "ln_1.weight", d);
     r.bias(p + "ln_1.bias", d);
-    r.weight(p + "attn.c_attn.weight", {d, 3 * d}, true);
-    r.bias(p + "attn.c_attn.bias", 3 * d);
-    r.weight(p + "attn.c_proj.weight", {d, d}, true, true);
+    r.weight(p + "attn.c_attn.weight", {d, 3 * d}, true, false, cols, 3);
+    r.bias(p + "attn.c_attn.bias", 3 * d, rows, 3);
+    r.weight(p + "attn.c_proj.weight", {d, d}, true, true, rows);
     r.bias(p + "attn.c_proj.bias", d);
     r.norm_weight(p + "ln_2.weight", d);
     r.bias(p + "ln_2.bias", d);
-    r.weight(p + "mlp.c_fc.weight", {d, h}, true);
-    r.bias(p + "mlp.c_fc.bias", h);
-    r.weight(p + "mlp.c_proj.weight", {h, d}, true, true);
+    r.weight(p + "mlp.c_fc.weight", {d, h}, true, false, cols);
+    r.bias(p + "mlp.c_fc.bias", h, rows);
+    r.weight(p + "mlp.c_proj.weight", {h, d}, true, true, rows);
     r.bias(p + "mlp.c_proj.bias", d);
   }
   r.unit("head");
@@ -134,8 +173,8 @@ void gpt2_registry(const ModelConfig& c, Registry& r) {
   r.bias("transformer.ln_f.bias", d);
 }
 
-Registry build_registry(const ModelConfig& config) {
-  Registry r(config);
+Registry build_registry(const ModelConfig& config, int tp_rank, int tp_size) {
+  Registry r(config, tp_rank, tp_size);
   if (config.family == Family::llama) {
     llama_registry(config, r);
   } else {
@@ -146,12 +185,29 @@ Registry build_registry(const ModelConfig& config) {
 
 }  // namespace
 
-std::vector<ParamSpec> build_param_specs(const ModelConfig& config) {
-  return build_registry(config).take_specs();
+void check_tensor_parallel_split(const ModelConfig& c, int tp) {
+  MESHTRAIN_CHECK(tp >= 1, "tensor parallel: tp = {} must be >= 1", tp);
+  const struct {
+    const char* field;
+    int64_t value;
+    const char* what;
+  } dims[] = {{"n_heads", c.n_heads, "attention heads"},
+              {"n_kv_heads", c.n_kv_heads, "key/value heads"},
+              {"hidden_dim", c.hidden_dim, "feed-forward columns"}};
+  for (const auto& d : dims) {
+    MESHTRAIN_CHECK(d.value % tp == 0,
+                    "tensor parallel: model.{} = {} is not divisible by tp = {} (the {} are split "
+                    "across the tp ranks)",
+                    d.field, d.value, tp, d.what);
+  }
+}
+
+std::vector<ParamSpec> build_param_specs(const ModelConfig& config, int tp_rank, int tp_size) {
+  return build_registry(config, tp_rank, tp_size).take_specs();
 }
 
 std::vector<ParamUnit> build_param_units(const ModelConfig& config) {
-  return build_registry(config).take_units();
+  return build_registry(config, 0, 1).take_units();
 }
 
 }  // namespace meshtrain

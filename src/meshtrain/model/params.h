@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "meshtrain/model/config.h"
+#include "meshtrain/parallel/tensor/split.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain {
@@ -21,7 +22,10 @@ enum class InitKind { normal, zeros, ones };
 
 struct ParamSpec {
   std::string name;   // e.g. "model.layers.3.self_attn.q_proj.weight"
-  Shape shape;        // global shape, as Hugging Face stores it
+  Shape shape;        // this rank's shape: split.local_shape() (the global shape at tp 1)
+  // Tensor parallelism: how the global tensor (split.global_shape, as Hugging
+  // Face stores it) is divided over the tp ranks; kind none = replicated.
+  TensorSplit split;
   ParamRole role = ParamRole::decay;
   InitKind init = InitKind::normal;
   float init_std = 0.02f;
@@ -52,13 +56,22 @@ struct ParamUnit {
 };
 
 // Fills `out` (f32, spec.numel() elements) with the parameter's initial values:
-// a function of (seed, spec.name, element index) only.
+// a function of (seed, spec.name, global element index) only, so a tp slice
+// holds exactly its part of the tp = 1 values (padding: zeros).
 void init_parameter(const ParamSpec& spec, uint64_t seed, float* out);
 
 // The registry of a model shape, in flat-buffer order: embeddings, then per
 // layer, then the final norm and (untied llama) lm_head. Llama's q/k/v and
 // gate/up projections are adjacent so one GEMM covers each group.
-std::vector<ParamSpec> build_param_specs(const ModelConfig& config);
+// Under tensor parallelism (tp_size > 1) the shapes are rank tp_rank's slices
+// (Megatron's split: q/k/v by heads, o by its input; gate/up/c_fc by output,
+// down/c_proj by input; c_attn per q/k/v; embeddings and lm_head by vocabulary
+// rows, padded; norms, positions and the biases of row-parallel layers replicated).
+std::vector<ParamSpec> build_param_specs(const ModelConfig& config, int tp_rank = 0,
+                                         int tp_size = 1);
+// Throws Error on every rank, naming the field, unless n_heads, n_kv_heads and
+// hidden_dim divide by tp.
+void check_tensor_parallel_split(const ModelConfig& config, int tp);
 // The units of that registry, in registry order; they cover it exactly once.
 std::vector<ParamUnit> build_param_units(const ModelConfig& config);
 

@@ -22,13 +22,16 @@ constexpr int64_t kDefaultChunkRows = 256;
 
 double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
   const int64_t rows = args.rows, dim = args.dim, V = args.vocab;
-  MESHTRAIN_CHECK(rows >= 0 && dim > 0 && V > 0, "fused_classifier: bad dims rows={} dim={} vocab={}",
-                  rows, dim, V);
+  const int64_t valid = args.vocab_valid < 0 ? V : args.vocab_valid;
+  const int64_t total = args.vocab_total > 0 ? args.vocab_total : V, first = args.vocab_offset;
+  MESHTRAIN_CHECK(rows >= 0 && dim > 0 && V > 0 && valid <= V && first >= 0 && first + valid <= total,
+                  "fused_classifier: bad dims rows={} dim={} vocab={} (valid {}, offset {}, total {})",
+                  rows, dim, V, valid, first, total);
   MESHTRAIN_CHECK(args.compute == DType::f32 || args.compute == DType::bf16,
                   "fused_classifier: compute dtype {} unsupported", dtype_name(args.compute));
   for (int64_t r = 0; r < rows; ++r)
-    MESHTRAIN_CHECK(args.targets[r] < V, "fused_classifier: target {} at row {} >= vocab {}",
-                    args.targets[r], r, V);
+    MESHTRAIN_CHECK(args.targets[r] < total, "fused_classifier: target {} at row {} >= vocab {}",
+                    args.targets[r], r, total);
   const int64_t chunk = std::max<int64_t>(1, std::min(rows, args.chunk_rows > 0 ? args.chunk_rows
                                                                                  : kDefaultChunkRows));
   const bool backward = args.dh != nullptr || args.dw != nullptr;
@@ -38,9 +41,16 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
   float* logits = static_cast<float*>(impl.scratch(Scratch::logits, chunk * V * sizeof(float)));
   bf16* dl_bf16 = to_bf16 ? static_cast<bf16*>(impl.scratch(Scratch::dlogits, chunk * V * 2)) : nullptr;
   const void* dlogits = to_bf16 ? static_cast<void*>(dl_bf16) : static_cast<void*>(logits);
+  // Per row of a chunk: max, then [sum of exp | target logit] (reduced together).
+  std::vector<float> mx(static_cast<size_t>(chunk)), sums(static_cast<size_t>(2 * chunk));
   std::vector<double> loss(static_cast<size_t>(chunk));
   const float gs = args.grad_scale;
-  double total = 0.0;
+  double total_loss = 0.0;
+  // The target's column in this slice, or -1.
+  auto local_target = [&](int64_t row) -> int64_t {
+    const int64_t t = args.targets[row] - first;
+    return args.targets[row] >= 0 && t >= 0 && t < valid ? t : -1;
+  };
 
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t n = std::min(chunk, rows - r0);
@@ -48,36 +58,54 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
     matmul(ctx, {1, n, V, dim, false, true, false}, args.compute, h, args.w, DType::f32, logits);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
+      const float* row = logits + r * V;
+      const int64_t t = local_target(r0 + r);
+      mx[r] = simd::max_of(row, valid);
+      sums[n + r] = t >= 0 ? row[t] : 0.0f;
+    }
+    if (args.reduce_max) args.reduce_max(mx.data(), n);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      sums[r] = simd::exp_shift_sum(logits + r * V, valid, mx[r]);  // logits become exp
+    }
+    if (args.reduce_sum) args.reduce_sum(sums.data(), 2 * n);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
       float* row = logits + r * V;
       const int32_t target = args.targets[r0 + r];
+      const float sum = sums[r];
       if (target < 0) {
         loss[r] = 0.0;
+      } else {
+        loss[r] = std::log(static_cast<double>(sum)) - (static_cast<double>(sums[n + r]) - mx[r]);
+      }
+      if (!backward) continue;
+      if (target < 0) {
         if (to_bf16) {
           std::memset(static_cast<void*>(dl_bf16 + r * V), 0, V * sizeof(bf16));
-        } else if (backward) {
+        } else {
           std::fill(row, row + V, 0.0f);
         }
         continue;
       }
-      const float target_logit = row[target];
-      const float mx = simd::max_of(row, V);
-      const float sum = simd::exp_shift_sum(row, V, mx);
-      loss[r] = std::log(static_cast<double>(sum)) - (static_cast<double>(target_logit) - mx);
-      if (!backward) continue;
       // d_logits = (softmax - onehot) * grad_scale: in place in f32; in bf16
       // scaled straight into the bf16 copy (same rounding, one pass less).
+      // Padding columns get zero.
       const float f = gs / sum;
-      const float target_grad = row[target] * f - gs;
+      const int64_t t = local_target(r0 + r);
       if (to_bf16) {
-        simd::scale_row(dl_bf16 + r * V, row, f, V);
-        dl_bf16[r * V + target] = float_to_bf16(target_grad);
+        simd::scale_row(dl_bf16 + r * V, row, f, valid);
+        std::memset(static_cast<void*>(dl_bf16 + r * V + valid), 0, (V - valid) * sizeof(bf16));
+        if (t >= 0) dl_bf16[r * V + t] = float_to_bf16(row[t] * f - gs);
       } else {
-        simd::scale_row(row, row, f, V);
-        row[target] = target_grad;
+        const float target_grad = t >= 0 ? row[t] * f - gs : 0.0f;
+        simd::scale_row(row, row, f, valid);
+        std::fill(row + valid, row + V, 0.0f);
+        if (t >= 0) row[t] = target_grad;
       }
     }
     for (int64_t r = 0; r < n; ++r) {
-      total += loss[r];
+      total_loss += loss[r];
       if (args.row_losses != nullptr) args.row_losses[r0 + r] = static_cast<float>(loss[r]);
     }
     if (args.dh != nullptr)
@@ -87,7 +115,7 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
       matmul(ctx, {1, V, dim, n, true, false, false}, args.compute, dlogits, h, DType::f32, args.dw,
              1.0f, true);
   }
-  return total;
+  return total_loss;
 }
 
 }  // namespace meshtrain::cpu

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/tensor/dtype.h"
@@ -22,6 +23,15 @@ struct ClassifierArgs {
   float* dw = nullptr;          // [vocab, dim] f32, accumulated; nullptr = no backward
   float* row_losses = nullptr;  // optional [rows]
   int64_t chunk_rows = 0;       // rows per logits chunk; 0 = the backend's default
+
+  // Vocab parallel: w holds rows [vocab_offset, vocab_offset + vocab) of a
+  // vocab_total-row output layer, of which the first vocab_valid are real (the
+  // rest is padding: excluded from the softmax, zero gradient). reduce_max and
+  // reduce_sum combine per-row values in place over the ranks holding the
+  // other slices, so full-vocabulary logits never exist on one rank. dh is
+  // then this slice's partial sum. Defaults: one rank, the whole vocabulary.
+  int64_t vocab_offset = 0, vocab_valid = -1, vocab_total = 0;
+  std::function<void(float* values, int64_t n)> reduce_max = nullptr, reduce_sum = nullptr;
 };
 
 // Returns the sum over rows of -log softmax(logits)[target].

@@ -159,7 +159,6 @@ void ShardedDataParallel::finish(Work& work, double* exposed) {
   if (exposed != nullptr) *exposed += seconds(CommClock::now() - start);
   const CallRecord r = work.record();
   timing_.comm_seconds += r.busy_seconds();
-  timing_.bytes += r.bytes;
   work = Work();
 }
 
@@ -169,6 +168,7 @@ void ShardedDataParallel::gather_async(size_t flat) {
   f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.ctx().tracker());
   std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
   f.gather = dp_.all_gather_async(f.compute_shard.raw(), f.full.raw(), counts, comm_dtype(fp.dtype));
+  timing_.bytes += f.full.bytes();
   f.gather_pending = true;
 }
 
@@ -263,6 +263,7 @@ void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
   std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
   r.work = dp_.reduce_scatter_async(r.send.raw(), r.recv.raw(), counts, CommDType::f32,
                                     ReduceOp::avg);
+  timing_.bytes += r.send.bytes();
   if (options_.stage >= 2) {
     bind_grads(flat, false);
     f.grad_full = Tensor();  // freed when the call completes (r.send)
@@ -399,6 +400,7 @@ void ShardedDataParallel::all_gather_updated() {
     wait_gather(i);
     std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
     f.gather = dp_.all_gather_async(compute_values(i), f.full.raw(), counts, comm_dtype(fp.dtype));
+    timing_.bytes += f.full.bytes();
     f.gather_pending = true;
   }
 }

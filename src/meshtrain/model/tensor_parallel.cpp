@@ -1,0 +1,192 @@
+// The model's tensor-parallel plumbing (Megatron-style): column-parallel
+// inputs, row-parallel outputs, their gradients, vocab-parallel embedding and
+// loss, and sequence parallelism. With tp = 1 each function is the plain
+// single-rank step (same kernels, same numbers).
+#include <cmath>
+
+#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/backend/cpu/embedding.h"
+#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/model/model_impl.h"
+#include "meshtrain/parallel/tensor/vocab_parallel.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+void Model::Impl::column_input(const Norm& norm, const Tensor& x, DType dt, Tensor& y,
+                               Tensor& mean, Tensor& rstd, int64_t rows, MemCategory category) {
+  if (!sp) {
+    norm_forward(norm, x, dt, y, mean, rstd, rows, category);
+    return;
+  }
+  // Sequence parallel: the norm on this rank's rows, written at their slot of
+  // the full input, then all-gathered for the column-parallel layer.
+  const int64_t srows = shard_rows(rows), d = cfg.dim;
+  ensure(y, {rows, d}, dt, category);
+  ensure(rstd, {srows}, DType::f32, category);
+  if (norm.layer_norm()) ensure(mean, {srows}, DType::f32, category);
+  void* slot = static_cast<char*>(y.raw()) + static_cast<size_t>(tp.rank() * srows * d) * dtype_size(dt);
+  norm_rows(norm, x.data<float>(), dt, slot, mean, rstd, srows);
+  tp_all_gather_rows(tp, y.raw(), srows, d, dt);
+}
+
+void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, int64_t rows,
+                                   const Tensor& residual, Tensor& out) {
+  if (!tp.active()) {
+    out.copy_from(residual);
+    linear_forward(lin, dt, in, rows, out.data<float>(), true);
+    return;
+  }
+  // Each rank's product over its slice of the inputs is a partial sum; the
+  // bias (replicated) is added once, after the reduction.
+  const int64_t d = cfg.dim, srows = shard_rows(rows);
+  ensure(ws.partial, {rows, d}, DType::f32, MemCategory::workspace);
+  cpu::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
+  cpu::matmul(ctx, dims, dt, in, weight(lin.weight, dt), DType::f32, ws.partial.data<float>());
+  const float* sum = ws.partial.data<float>();
+  if (sp) {
+    ensure(ws.partial_shard, {srows, d}, DType::f32, MemCategory::workspace);
+    tp_reduce_scatter_rows(tp, sum, ws.partial_shard.data<float>(), srows, d);
+    sum = ws.partial_shard.data<float>();
+  } else {
+    tp_all_reduce_sum(tp, ws.partial.data<float>(), rows * d);
+  }
+  const float* bias = lin.bias != kNoParam ? master(lin.bias) : nullptr;
+  const float* r = residual.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < srows; ++i) {
+    for (int64_t j = 0; j < d; ++j) {
+      o[i * d + j] = r[i * d + j] + (sum[i * d + j] + (bias != nullptr ? bias[j] : 0.0f));
+    }
+  }
+}
+
+const float* Model::Impl::reduce_input_grad(int64_t rows) {
+  float* dx = ws.dx.data<float>();
+  if (!tp.active()) return dx;
+  const int64_t d = cfg.dim;
+  if (!sp) {
+    tp_all_reduce_sum(tp, dx, rows * d);
+    return dx;
+  }
+  const int64_t srows = shard_rows(rows);
+  ensure(ws.dx_shard, {srows, d}, DType::f32, MemCategory::workspace);
+  tp_reduce_scatter_rows(tp, dx, ws.dx_shard.data<float>(), srows, d);
+  return ws.dx_shard.data<float>();
+}
+
+const Tensor& Model::Impl::full_residual_grad(int64_t rows) {
+  if (!sp) return ws.dres;
+  const int64_t d = cfg.dim, srows = shard_rows(rows);
+  ensure(ws.dres_full, {rows, d}, DType::f32, MemCategory::workspace);
+  ws.dres_full.view(tp.rank() * srows * d, {srows, d}).copy_from(ws.dres);
+  tp_all_gather_rows(tp, ws.dres_full.raw(), srows, d, DType::f32);
+  return ws.dres_full;
+}
+
+float* Model::Impl::norm_grad(size_t param) {
+  if (!sp) return grad(param);
+  // A unit has at most two norms with weight and bias (GPT-2 blocks).
+  const int64_t d = cfg.dim, capacity = 4 * d;
+  ensure(ws.norm_grads, {capacity}, DType::f32, MemCategory::workspace);
+  const int64_t offset = pending_norm_grads.empty() ? 0 : pending_norm_grads.back().second + d;
+  MESHTRAIN_CHECK(offset + d <= capacity, "model: more norm gradients in one unit than expected");
+  float* slot = ws.norm_grads.data<float>() + offset;
+  std::fill(slot, slot + d, 0.0f);
+  pending_norm_grads.emplace_back(param, offset);
+  return slot;
+}
+
+void Model::Impl::flush_norm_grads() {
+  if (pending_norm_grads.empty()) return;
+  const int64_t d = cfg.dim;
+  float* slots = ws.norm_grads.data<float>();
+  tp_all_reduce_sum(tp, slots, pending_norm_grads.back().second + d);
+  for (const auto& [param, offset] : pending_norm_grads) {
+    float* g = grad(param);
+    for (int64_t j = 0; j < d; ++j) g[j] += slots[offset + j];
+  }
+  pending_norm_grads.clear();
+}
+
+void Model::Impl::embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq, int64_t pos0,
+                               Tensor& out) {
+  if (!tp.active()) {
+    embedding_forward(tokens, batch, seq, pos0, out.data<float>());
+    return;
+  }
+  // Rows of this rank's vocabulary slice (zeros elsewhere), summed over tp.
+  const int64_t rows = batch * seq, srows = shard_rows(rows), d = cfg.dim;
+  const Parameter& table = model.params_[embed];
+  const bool f32 = table.master.defined();
+  float* lookup = out.data<float>();
+  if (sp) {
+    ensure(ws.partial, {rows, d}, DType::f32, MemCategory::workspace);
+    lookup = ws.partial.data<float>();
+  }
+  vocab_embedding_forward(f32 ? table.master.raw() : table.compute.raw(),
+                          f32 ? DType::f32 : table.compute.dtype(), vocab_begin,
+                          vocab_begin + vocab_valid, tokens, rows, d, lookup);
+  if (sp) {
+    tp_reduce_scatter_rows(tp, lookup, out.data<float>(), srows, d);
+  } else {
+    tp_all_reduce_sum(tp, lookup, rows * d);
+  }
+  if (positions == kNoParam) return;
+  const float* wpe = master(positions);
+  const int64_t row0 = sp ? tp.rank() * srows : 0;
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < srows; ++i) {
+    const float* p = wpe + (pos0 + (row0 + i) % seq) * d;
+    for (int64_t j = 0; j < d; ++j) o[i * d + j] += p[j];
+  }
+}
+
+void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t seq) {
+  const int64_t rows = batch * seq, d = cfg.dim;
+  float* dpositions = positions != kNoParam ? grad(positions) : nullptr;
+  if (!tp.active()) {
+    cpu::embedding_backward(tokens, ws.dres.data<float>(), grad(embed), dpositions, batch, seq, d);
+    return;
+  }
+  // Every rank sees all rows' gradients (replicated, or all-gathered under
+  // sequence parallelism), so the position gradients are complete everywhere.
+  const Tensor& dres = full_residual_grad(rows);
+  vocab_embedding_backward(tokens, dres.data<float>(), rows, d, vocab_begin,
+                           vocab_begin + vocab_valid, grad(embed), dpositions, seq);
+}
+
+double tensor_parallel_grad_norm(const Model& model) {
+  const TensorParallel& tp = model.tensor_parallel();
+  double total = 0.0;
+  for (const Parameter& p : model.params()) {
+    if (tp_counts_once(tp, p.spec.split)) total += cpu::sum_squares(p.grad.data<float>(), p.spec.numel());
+  }
+  return std::sqrt(tp_sum(tp, total));
+}
+
+cpu::ClassifierArgs Model::Impl::classifier_args(const Tensor& h, const int32_t* targets,
+                                                 int64_t rows, DType dt) {
+  cpu::ClassifierArgs args;
+  args.rows = rows;
+  args.dim = cfg.dim;
+  args.vocab = vocab_rows;
+  args.compute = dt;
+  args.h = h.raw();
+  args.w = weight(output, dt);
+  args.targets = targets;
+  if (tp.active()) {
+    args.vocab_offset = vocab_begin;
+    args.vocab_valid = vocab_valid;
+    args.vocab_total = cfg.vocab_size;
+    args.reduce_max = [this](float* v, int64_t n) {
+      tp.comm->all_reduce(v, n, CommDType::f32, ReduceOp::max);
+    };
+    args.reduce_sum = [this](float* v, int64_t n) { tp_all_reduce_sum(tp, v, n); };
+  }
+  return args;
+}
+
+}  // namespace meshtrain
