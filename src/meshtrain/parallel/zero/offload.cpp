@@ -267,7 +267,7 @@ void OffloadStore::end_pass() {
   // Stop the read-ahead; write back what is pending, with the I/O thread; wait for both.
   next_read_ = order_.size();
   while (!writes_.empty() && !error_) write_next(lock);
-  done_cv_.wait(lock, [&] { return io_in_flight_ == 0 || error_; });
+  done_cv_.wait(lock, [&] { return io_in_flight_ == 0; });  // in-flight transfers always end
   stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   in_pass_ = false;
   check_no_error();
