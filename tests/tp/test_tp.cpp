@@ -5,7 +5,7 @@
 // vocabulary that divides by no tp, export to tp 1, and invalid splits.
 #include <gtest/gtest.h>
 
-#include <map>
+#include <array>
 
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/util/error.h"
@@ -148,19 +148,57 @@ TEST_F(Tp, CollectivesPerStep) {
     run.model.forward_backward(in.data(), tg.data(), spec.global_rows, spec.seq, 0.01f);
     const CommStats after = run.mesh.tp().stats();
     auto calls = [&](CommOp op) { return after[op].calls - before[op].calls; };
+    auto bytes = [&](CommOp op) { return after[op].bytes - before[op].bytes; };
+    const uint64_t N = static_cast<uint64_t>(spec.global_rows * spec.seq), d = 16, f = 4;
+    const uint64_t act = N * d * f, loss = 3 * N * f;  // an activation; the loss's max, sum, target
     // One logits chunk (64 rows): the loss needs 2 all-reduces of a few floats.
     if (!sp) {
       // + the embedding's and the head's d(input).
       EXPECT_EQ(calls(CommOp::all_reduce), static_cast<uint64_t>(4 * L + 2 + 1 + 1));
+      EXPECT_EQ(bytes(CommOp::all_reduce), (4 * L + 2) * act + loss);
       EXPECT_EQ(calls(CommOp::all_gather), 0u);
       EXPECT_EQ(calls(CommOp::reduce_scatter), 0u);
     } else {
-      EXPECT_EQ(calls(CommOp::all_gather), static_cast<uint64_t>(4 * L + 2));
+      // Forward: each norm output (2 per layer, the final norm); backward: the
+      // residual gradient and the saved norm output again (4 per layer), the
+      // embedding's gradient.
+      EXPECT_EQ(calls(CommOp::all_gather), static_cast<uint64_t>(6 * L + 2));
       EXPECT_EQ(calls(CommOp::reduce_scatter), static_cast<uint64_t>(4 * L + 2));
       // Loss (2), norm-weight gradients once per unit with norms (L + head).
       EXPECT_EQ(calls(CommOp::all_reduce), static_cast<uint64_t>(2 + L + 1));
+      // all_gather: bytes of the whole output; reduce_scatter: of the whole input.
+      EXPECT_EQ(bytes(CommOp::all_gather), (6 * L + 2) * act);
+      EXPECT_EQ(bytes(CommOp::reduce_scatter), (4 * L + 2) * act);
+      EXPECT_EQ(bytes(CommOp::all_reduce), loss + (2 * L + 1) * d * f);
     }
   }
+}
+
+// Per rank: parameters and gradients are this rank's slices; sequence
+// parallelism divides the activations of the norm and residual regions by tp.
+TEST_F(Tp, MemoryPerRank) {
+  const int tp = world_->size();
+  std::array<size_t, 2> activations{};
+  for (bool sp : {false, true}) {
+    testing::TpRunSpec spec{.model = testing::tp_llama(false), .tp = tp, .sequence_parallel = sp};
+    testing::TpTrainer run(*world_, spec);
+    std::vector<int32_t> in, tg;
+    testing::tp_batch(spec, 0, 0, spec.global_rows, in, tg);
+    run.model.forward_backward(in.data(), tg.data(), spec.global_rows, spec.seq, 0.01f);
+    activations[sp ? 1 : 0] = run.tracker.live(MemCategory::activations);
+    const auto local = static_cast<size_t>(run.model.num_params()) * 4;
+    EXPECT_EQ(run.tracker.live(MemCategory::params), local);
+    EXPECT_EQ(run.tracker.live(MemCategory::grads), local);
+    // Replicated: the norms (5 x 16); the vocabulary pads 37 to a multiple of tp.
+    const int64_t vocab_rows = (37 + tp - 1) / tp;
+    const int64_t full = testing::CpuModel(spec.model, Precision::fp32, 1).model.num_params();
+    EXPECT_EQ(run.model.num_params(),
+              (full - 5 * 16 - 2 * 37 * 16) / tp + 5 * 16 + 2 * vocab_rows * 16);
+  }
+  // Per layer: residual input, norm1 output, mid, norm2 output (d floats) and
+  // two rstd; then the last residual and the final norm's output and rstd.
+  const size_t N = 64, d = 16, L = 2, removed = N - N / static_cast<size_t>(tp);
+  EXPECT_EQ(activations[0] - activations[1], removed * (L * (4 * d + 2) + 2 * d + 1) * 4);
 }
 
 // The exported (gathered) weights after tp training load into a tp = 1 model

@@ -166,20 +166,16 @@ const Tensor& Model::Impl::forward_trunk(Activations& acts, const int32_t* token
 
 void Model::Impl::norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y,
                                Tensor& mean, Tensor& rstd, int64_t rows, MemCategory category) {
-  ensure(y, {rows, cfg.dim}, dt, category);
-  ensure(rstd, {rows}, DType::f32, category);
-  if (norm.layer_norm()) ensure(mean, {rows}, DType::f32, category);
-  norm_rows(norm, x.data<float>(), dt, y.raw(), mean, rstd, rows);
-}
-
-void Model::Impl::norm_rows(const Norm& norm, const float* x, DType dt, void* y, Tensor& mean,
-                            Tensor& rstd, int64_t rows) {
   const int64_t d = cfg.dim;
+  ensure(y, {rows, d}, dt, category);
+  ensure(rstd, {rows}, DType::f32, category);
   if (norm.layer_norm()) {
-    cpu::layernorm_forward(x, master(norm.weight), master(norm.bias), dt, y, mean.data<float>(),
-                           rstd.data<float>(), rows, d, cfg.norm_eps);
+    ensure(mean, {rows}, DType::f32, category);
+    cpu::layernorm_forward(x.data<float>(), master(norm.weight), master(norm.bias), dt, y.raw(),
+                           mean.data<float>(), rstd.data<float>(), rows, d, cfg.norm_eps);
   } else {
-    cpu::rmsnorm_forward(x, master(norm.weight), dt, y, rstd.data<float>(), rows, d, cfg.norm_eps);
+    cpu::rmsnorm_forward(x.data<float>(), master(norm.weight), dt, y.raw(), rstd.data<float>(),
+                         rows, d, cfg.norm_eps);
   }
 }
 
@@ -251,9 +247,9 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   const MemCategory act = a.category;
 
   // Attention sub-block: mid = x + proj(attention(qkv(norm1(x)))).
-  column_input(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, rows, act);
+  const void* xn1 = column_input(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, rows, act);
   ensure(ws.qkv, {rows, b.qkv.out}, DType::f32, MemCategory::workspace);
-  linear_forward(b.qkv, dt, a.xn1.raw(), rows, ws.qkv.data<float>(), false);
+  linear_forward(b.qkv, dt, xn1, rows, ws.qkv.data<float>(), false);
   ensure(a.att, {rows, b.proj.in}, dt, act);
   if (cache != nullptr) {
     MESHTRAIN_CHECK(dt == DType::f32, "model: decoding runs in f32");
@@ -266,9 +262,9 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   row_parallel_add(b.proj, dt, a.att.raw(), rows, x, a.mid);
 
   // Feed-forward sub-block: out = mid + ff_out(act(ff_in(norm2(mid)))).
-  column_input(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, rows, act);
+  const void* xn2 = column_input(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, rows, act);
   ensure(a.ff_pre, {rows, b.ff_in.out}, DType::f32, act);
-  linear_forward(b.ff_in, dt, a.xn2.raw(), rows, a.ff_pre.data<float>(), false);
+  linear_forward(b.ff_in, dt, xn2, rows, a.ff_pre.data<float>(), false);
   ensure(a.ff_act, {rows, b.ff_out.in}, dt, act);
   if (cfg.family == Family::llama) {
     cpu::swiglu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows, hidden);
@@ -300,7 +296,7 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   } else {
     cpu::gelu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * h);
   }
-  linear_backward(b.ff_in, dt, ws.dff_c.raw(), nullptr, a.xn2.raw(), rows, dx, dff);
+  linear_backward(b.ff_in, dt, ws.dff_c.raw(), nullptr, all_rows(a.xn2, rows, dt), rows, dx, dff);
   // dres += d(norm2 input)
   norm_backward(b.norm2, a.mid, a.mean2, a.rstd2, reduce_input_grad(rows), dres, srows);
 
@@ -310,7 +306,7 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   linear_backward(b.proj, dt, dres_c, dy->data<float>(), a.att.raw(), rows, dx, nullptr);
   cpu::attention_backward(ctx, attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
                           ws.dqkv.raw());
-  linear_backward(b.qkv, dt, ws.dqkv.raw(), nullptr, a.xn1.raw(), rows, dx, dff);
+  linear_backward(b.qkv, dt, ws.dqkv.raw(), nullptr, all_rows(a.xn1, rows, dt), rows, dx, dff);
   norm_backward(b.norm1, x, a.mean1, a.rstd1, reduce_input_grad(rows), dres, srows);
   flush_norm_grads();
 }

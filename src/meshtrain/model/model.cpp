@@ -210,8 +210,8 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   m.check_tokens(targets, rows, true, "target");
   const Tensor& last = m.forward_trunk(m.train, tokens, batch, seq, dt, true);
   m.before(m.head_unit, UnitPass::forward);
-  m.column_input(m.final_norm, last, dt, m.train.hn, m.train.mean_f, m.train.rstd_f, rows,
-                 m.train.category);
+  const void* hn = m.column_input(m.final_norm, last, dt, m.train.hn, m.train.mean_f,
+                                  m.train.rstd_f, rows, m.train.category);
   m.after(m.head_unit, UnitPass::forward);
 
   // The fused classifier computes the loss and its gradients in one call: in
@@ -221,7 +221,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   if (m.tied) m.before(m.embed_unit, UnitPass::backward);
   m.ensure(m.ws.dx, {rows, d}, DType::f32, MemCategory::workspace);
   m.ensure(m.ws.dres, {m.shard_rows(rows), d}, DType::f32, MemCategory::workspace);
-  cpu::ClassifierArgs args = m.classifier_args(m.train.hn, targets, rows, dt);
+  cpu::ClassifierArgs args = m.classifier_args(hn, targets, rows, dt);
   args.grad_scale = grad_scale;
   args.dh = m.ws.dx.data<float>();
   args.dw = m.grad(m.output);
@@ -255,7 +255,7 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
   const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);
   double loss = 0;
   m.head_forward(acts, last, dt, [&] {
-    loss = cpu::fused_classifier(ctx_, m.classifier_args(acts.hn, targets, batch * seq, dt));
+    loss = cpu::fused_classifier(ctx_, m.classifier_args(acts.head_input, targets, batch * seq, dt));
   });
   return loss;
 }
@@ -277,7 +277,7 @@ void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, fl
     Tensor local({n, rows, vl}, DType::f32, MemCategory::workspace, ctx_.tracker());
     float* mine = local.data<float>() + tp_.rank() * rows * vl;
     cpu::MatmulDims dims{.m = rows, .n = vl, .k = config_.dim, .trans_b = true};
-    cpu::matmul(ctx_, dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, mine);
+    cpu::matmul(ctx_, dims, dt, acts.head_input, m.weight(m.output, dt), DType::f32, mine);
     tp_all_gather_rows(tp_, local.raw(), rows, vl, DType::f32);
     const TensorSplit& split = params_[m.output].spec.split;
     for (int r = 0; r < n; ++r) {

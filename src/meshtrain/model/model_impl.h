@@ -44,6 +44,8 @@ struct Block {
 // `dt` is the compute dtype (f32 or bf16).
 struct BlockActs {
   MemCategory category = MemCategory::activations;  // workspace when nothing is kept
+  // Norm outputs and stats cover this rank's residual rows (N / tp under
+  // sequence parallelism: all-gathered again in backward).
   Tensor xn1, mean1, rstd1;  // norm1 output [N, d] dt; stats [N] f32 (mean: LayerNorm only)
   cpu::AttentionSaved attn;  // q, k, v, probs (allocated by the kernel)
   Tensor att;                // attention output [N, H*D] dt
@@ -59,6 +61,7 @@ struct Activations {
   std::vector<Tensor> residual;  // f32 [N, d]: residual[l] is the input of block l
   std::vector<BlockActs> blocks;
   Tensor hn, mean_f, rstd_f;     // final norm output [N, d] dt and stats
+  const void* head_input = nullptr;  // the classifier's input [N, d] dt: hn, all rows
 };
 
 // Temporaries of one block call, reused across blocks and steps.
@@ -76,6 +79,7 @@ struct Workspace {
   Tensor dres_full;      // f32 [N, d]: dres all-gathered (sequence parallel)
   Tensor dx_shard;       // f32 [N / tp, d]: ws.dx reduce-scattered (sequence parallel)
   Tensor norm_grads;     // f32: one unit's norm gradients before their tp all-reduce
+  Tensor column_input;   // dt [N, d]: a norm output all-gathered (sequence parallel)
 };
 
 struct Model::Impl {
@@ -124,9 +128,6 @@ struct Model::Impl {
 
   void norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y, Tensor& mean,
                     Tensor& rstd, int64_t rows, MemCategory category);
-  // The norm kernel over `rows` rows of x into y (dt), without allocating.
-  void norm_rows(const Norm& norm, const float* x, DType dt, void* y, Tensor& mean, Tensor& rstd,
-                 int64_t rows);
   void norm_backward(const Norm& norm, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                      const float* dy, float* dx, int64_t rows);
   // y[rows, out] (=|+=) x · W (+ bias), x in dt.
@@ -144,10 +145,13 @@ struct Model::Impl {
   // single-rank step. Rows of the residual stream on this rank: rows / tp
   // under sequence parallelism, else rows.
   int64_t shard_rows(int64_t rows) const { return sp ? rows / tp.size() : rows; }
-  // y [rows, d] = norm(x) where x holds shard_rows(rows) rows (sequence
-  // parallel: this rank's rows, then an all-gather).
-  void column_input(const Norm& norm, const Tensor& x, DType dt, Tensor& y, Tensor& mean,
-                    Tensor& rstd, int64_t rows, MemCategory category);
+  // y = norm(x) over this rank's shard_rows(rows) rows; returns the
+  // column-parallel layer's input over all rows: y, or (sequence parallel) y
+  // all-gathered into ws.column_input.
+  const void* column_input(const Norm& norm, const Tensor& x, DType dt, Tensor& y, Tensor& mean,
+                           Tensor& rstd, int64_t rows, MemCategory category);
+  // The input over all rows from a saved y (sequence parallel: all-gathered again).
+  const void* all_rows(const Tensor& y, int64_t rows, DType dt);
   // out = residual + lin(in) + bias: a row-parallel layer's partial sums
   // all-reduced (sequence parallel: reduce-scattered), the bias added once.
   void row_parallel_add(const Linear& lin, DType dt, const void* in, int64_t rows,
@@ -167,7 +171,7 @@ struct Model::Impl {
   // The embeddings' gradients from ws.dres.
   void embed_backward(const int32_t* tokens, int64_t batch, int64_t seq);
   // The fused classifier's arguments over h [rows, d] (vocab slice and reductions).
-  cpu::ClassifierArgs classifier_args(const Tensor& h, const int32_t* targets, int64_t rows,
+  cpu::ClassifierArgs classifier_args(const void* h, const int32_t* targets, int64_t rows,
                                       DType dt);
 
   Model& model;
@@ -198,8 +202,8 @@ void Model::Impl::head_forward(Activations& acts, const Tensor& last, DType dt,
                                Classifier&& classifier) {
   before(head_unit, UnitPass::forward);
   if (tied) before(embed_unit, UnitPass::forward);
-  column_input(final_norm, last, dt, acts.hn, acts.mean_f, acts.rstd_f, acts.batch * acts.seq,
-               acts.category);
+  acts.head_input = column_input(final_norm, last, dt, acts.hn, acts.mean_f, acts.rstd_f,
+                                 acts.batch * acts.seq, acts.category);
   classifier();
   if (tied) after(embed_unit, UnitPass::forward);
   after(head_unit, UnitPass::forward);

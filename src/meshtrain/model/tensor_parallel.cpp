@@ -13,21 +13,21 @@
 
 namespace meshtrain {
 
-void Model::Impl::column_input(const Norm& norm, const Tensor& x, DType dt, Tensor& y,
-                               Tensor& mean, Tensor& rstd, int64_t rows, MemCategory category) {
-  if (!sp) {
-    norm_forward(norm, x, dt, y, mean, rstd, rows, category);
-    return;
-  }
-  // Sequence parallel: the norm on this rank's rows, written at their slot of
-  // the full input, then all-gathered for the column-parallel layer.
+const void* Model::Impl::column_input(const Norm& norm, const Tensor& x, DType dt, Tensor& y,
+                                      Tensor& mean, Tensor& rstd, int64_t rows,
+                                      MemCategory category) {
+  // Sequence parallel: the norm (and what backward keeps) on this rank's rows.
+  norm_forward(norm, x, dt, y, mean, rstd, shard_rows(rows), category);
+  return all_rows(y, rows, dt);
+}
+
+const void* Model::Impl::all_rows(const Tensor& y, int64_t rows, DType dt) {
+  if (!sp) return y.raw();
   const int64_t srows = shard_rows(rows), d = cfg.dim;
-  ensure(y, {rows, d}, dt, category);
-  ensure(rstd, {srows}, DType::f32, category);
-  if (norm.layer_norm()) ensure(mean, {srows}, DType::f32, category);
-  void* slot = static_cast<char*>(y.raw()) + static_cast<size_t>(tp.rank() * srows * d) * dtype_size(dt);
-  norm_rows(norm, x.data<float>(), dt, slot, mean, rstd, srows);
-  tp_all_gather_rows(tp, y.raw(), srows, d, dt);
+  ensure(ws.column_input, {rows, d}, dt, MemCategory::workspace);
+  ws.column_input.view(tp.rank() * srows * d, {srows, d}).copy_from(y);
+  tp_all_gather_rows(tp, ws.column_input.raw(), srows, d, dt);
+  return ws.column_input.raw();
 }
 
 void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, int64_t rows,
@@ -167,14 +167,14 @@ double tensor_parallel_grad_norm(const Model& model) {
   return std::sqrt(tp_sum(tp, total));
 }
 
-cpu::ClassifierArgs Model::Impl::classifier_args(const Tensor& h, const int32_t* targets,
+cpu::ClassifierArgs Model::Impl::classifier_args(const void* h, const int32_t* targets,
                                                  int64_t rows, DType dt) {
   cpu::ClassifierArgs args;
   args.rows = rows;
   args.dim = cfg.dim;
   args.vocab = vocab_rows;
   args.compute = dt;
-  args.h = h.raw();
+  args.h = h;
   args.w = weight(output, dt);
   args.targets = targets;
   if (tp.active()) {
