@@ -38,3 +38,7 @@ meshtrain_plan_case(two_models 1 "^meshtrain: plan: give exactly one model"
 meshtrain_plan_case(bad_tokens 1 "^meshtrain: plan: --tokens '15Q' has an unknown suffix 'Q'"
                     --model llama3-70b --gpus 1024 --global-batch 2048 --tokens 15Q)
 meshtrain_plan_case(bad_recompute 2 "^meshtrain: .*--recompute.*" ${seventy} --gpus 1024 --recompute some)
+meshtrain_plan_case(deadline_missed 1 "^meshtrain: plan: no layout trains 15T tokens within 30 days"
+                    ${seventy} --gpus 1024 --max-days 30)
+meshtrain_plan_case(backwards_range 1 "^meshtrain: plan: --gpus range '1024..256' runs backwards$"
+                    ${seventy} --gpus 1024..256)

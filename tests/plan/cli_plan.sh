@@ -42,7 +42,7 @@ cfg=$("$bin" plan --config "$src/configs/llama-tiny-bytes.toml")
 grep -q "^predicted memory per rank for" <<<"$cfg" || fail "--config header"
 grep -qE "^  activations .*\(exact\)" <<<"$cfg" || fail "--config activations"
 
-many=$("$bin" plan --model llama3-8b --gpus 64,128,256 --global-batch-tokens 4M --seq 8192 \
-       --rank-by cost --top 5)
+many=$("$bin" plan --model llama3-8b --gpus 64..256 --global-batch-tokens 4M --seq 8192 \
+       --rank-by cost --max-days 3000 --top 5)
 grep -q "gpus" <<<"$many" || fail "a gpus column when several counts are compared"
 echo PASS

@@ -337,3 +337,30 @@ TEST(HybridSharding, FixedShardIsSearched) {
 
 }  // namespace
 }  // namespace meshtrain::plan
+
+namespace meshtrain::plan {
+namespace {
+
+TEST(Search, DeadlineKeepsOnlyLayoutsThatFinishInTime) {
+  PlanInputs in = llama70b_on_h100(1024);
+  in.options.gpu_counts = {1024, 2048, 4096};
+  in.options.rank_by = RankBy::cost;
+  in.options.max_train_seconds = 90 * 86400.0;
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_GT(r.too_slow, 0);
+  for (const Estimate& e : r.ranked) {
+    EXPECT_LE(e.train_seconds, 90 * 86400.0);
+    EXPECT_GT(e.gpus, 1024);  // 15T tokens of a 70B model take ~200 days on 1024 H100s
+  }
+  in.options.gpu_counts = {1024};
+  const SearchResult late = search(in.ctx, in.cluster, in.job, in.options);
+  EXPECT_TRUE(late.ranked.empty());
+  EXPECT_EQ(late.too_slow, late.fits);
+  const std::string table = format_table(in, late);
+  EXPECT_NE(table.find("nothing trains within the deadline"), std::string::npos);
+  EXPECT_NE(table.find("too slow:"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshtrain::plan

@@ -27,7 +27,8 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--family", a.family, "Dense model family")
       ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str();
   p.add_option("--gpu", a.gpu, "h100-sxm, h200, a100-80gb, a100-40gb")->capture_default_str();
-  p.add_option("--gpus", a.gpus, "GPU count, or a comma list to compare (256,512,1024)");
+  p.add_option("--gpus", a.gpus,
+               "GPU count, a comma list (256,512,1024) or a doubling range (256..16384)");
   p.add_option("--gpus-per-node", a.gpus_per_node)->capture_default_str();
   p.add_option("--peak-tflops", a.peak_tflops, "Override: dense bf16 TFLOP/s per GPU");
   p.add_option("--hbm-gib", a.hbm_gib, "Override: device memory per GPU, GiB");
@@ -76,6 +77,9 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--rank-by", a.rank_by)->check(CLI::IsMember({"time", "cost"}))
       ->capture_default_str();
   p.add_option("--top", a.top, "Rows in the table")->capture_default_str();
+  p.add_option("--max-days", a.max_days,
+               "Keep layouts that train the tokens within this many days (with --rank-by cost: "
+               "the cheapest cluster that meets the deadline)");
   p.add_flag("--json", a.json, "Machine-readable output");
   p.add_flag("--explain", a.explain, "Print the formulas of #1 with the numbers substituted");
 }
@@ -91,8 +95,16 @@ int64_t whole(const std::string& text, std::string_view option) {
   return static_cast<int64_t>(v);
 }
 
+// "1024", "256,512,1024", or "256..16384" (doubling).
 std::vector<int64_t> gpu_counts(const std::string& text) {
   std::vector<int64_t> counts;
+  if (const size_t dots = text.find(".."); dots != std::string::npos) {
+    const int64_t from = whole(text.substr(0, dots), "--gpus");
+    const int64_t to = whole(text.substr(dots + 2), "--gpus");
+    MESHTRAIN_CHECK(from <= to, "plan: --gpus range '{}' runs backwards", text);
+    for (int64_t n = from; n <= to; n *= 2) counts.push_back(n);
+    return counts;
+  }
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) counts.push_back(whole(item, "--gpus"));
@@ -212,6 +224,7 @@ int run_plan(const PlanArgs& a) {
   if (!a.schedule.empty()) f.schedule = parse_schedule(a.schedule);
   opt.rank_by = parse_rank_by(a.rank_by);
   opt.top = a.top;
+  opt.max_train_seconds = a.max_days * 86400;
 
   const SearchResult result = search(in.ctx, in.cluster, job, opt);
   if (a.json) {
@@ -222,6 +235,9 @@ int run_plan(const PlanArgs& a) {
       std::fputs(("\n" + format_explain(in, result.ranked.front())).c_str(), stdout);
     }
   }
+  MESHTRAIN_CHECK(!result.ranked.empty() || result.fits == 0,
+                  "plan: no layout trains {} tokens within {} days (the families above say why)",
+                  human_count(job.tokens), a.max_days);
   MESHTRAIN_CHECK(!result.ranked.empty(),
                   "plan: no layout fits in {:.1f} GiB of HBM (the families above say why)",
                   in.cluster.gpu.hbm_bytes / (1024.0 * 1024 * 1024));

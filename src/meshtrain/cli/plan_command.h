@@ -27,6 +27,7 @@ struct PlanArgs {
   int zero = -1;
   std::string recompute, sp, offload, schedule;
   std::string rank_by = "time";
+  double max_days = 0;
   int top = 10;
   bool json = false, explain = false;
 };

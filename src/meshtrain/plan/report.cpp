@@ -104,14 +104,20 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
   out += cluster_line(in, in.options.gpu_counts.front()) + "\n";
   out += job_line(in) + "\n";
   out += fmt::format(
-      "search   {} layouts in {:.3f} s: {} can run, {} fit in HBM{}; ranked by {}, best per "
+      "search   {} layouts in {:.3f} s: {} can run, {} fit in HBM{}{}; ranked by {}, best per "
       "(gpus, tp, pp, v, zero)\n\n",
       r.evaluated, r.seconds, r.valid, r.fits,
+      in.options.max_train_seconds > 0
+          ? fmt::format(", {} of them train within {:.0f} days", r.fits - r.too_slow,
+                        in.options.max_train_seconds / 86400)
+          : "",
       r.offload_retried ? " (nothing fit on the GPU alone: optimizer offload searched too)" : "",
       in.options.rank_by == RankBy::time ? "step time" : "cost");
   if (r.ranked.empty()) {
-    out += "nothing fits, not even with the optimizer state on the host: see the families below "
-           "(more GPUs, a bigger GPU, --fragmentation, --reserve-gib)\n";
+    out += r.fits > 0 ? "nothing trains within the deadline: see the families below (more GPUs, "
+                        "a later --max-days)\n"
+                      : "nothing fits, not even with the optimizer state on the host: see the "
+                        "families below (more GPUs, a bigger GPU, --fragmentation, --reserve-gib)\n";
   } else {
     const bool many_counts = in.options.gpu_counts.size() > 1;
     out += fmt::format(
@@ -176,6 +182,11 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
                          f.valid, describe(s.layout), gib(s.memory.device_total()),
                          s.memory_stage, largest_categories(s.memory),
                          in.cluster.gpu.hbm_bytes / kGiB);
+    } else if (!f.best) {
+      const Estimate& s = *f.fastest_too_slow;
+      line = fmt::format("too slow: {} fit, but the fastest ({}) takes {} > the {:.0f}-day deadline",
+                         f.fits, describe(s.layout), duration(s.train_seconds),
+                         in.options.max_train_seconds / 86400);
     } else {
       const Estimate& best = *f.best;
       const bool is_top = top && describe(best.layout) == describe(top->layout) &&
@@ -226,6 +237,7 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
                 {"checkpoint_interval_seconds", j.checkpoint_interval_seconds},
                 {"checkpoint_write_bandwidth", j.checkpoint_write_bandwidth}};
   out["search"] = {{"evaluated", r.evaluated}, {"valid", r.valid}, {"fits", r.fits},
+                   {"too_slow", r.too_slow}, {"max_train_seconds", in.options.max_train_seconds},
                    {"offload_retried", r.offload_retried}, {"seconds", r.seconds}};
   json ranked = json::array();
   for (const Estimate& e : r.ranked) {
@@ -265,7 +277,8 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
   out["ranked"] = ranked;
   json families = json::array();
   for (const FamilyReport& f : r.families) {
-    json fam = {{"family", f.family}, {"valid", f.valid}, {"fits", f.fits}};
+    json fam = {{"family", f.family}, {"valid", f.valid}, {"fits", f.fits},
+                {"too_slow", f.too_slow}};
     if (!f.reason.empty()) fam["reason"] = f.reason;
     if (f.best) {
       fam["best"] = describe(f.best->layout);

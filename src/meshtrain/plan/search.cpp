@@ -109,6 +109,7 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
   const auto start = std::chrono::steady_clock::now();
   MESHTRAIN_CHECK(!opt.gpu_counts.empty(), "plan: --gpus is required");
   MESHTRAIN_CHECK(opt.top >= 1, "plan: --top must be >= 1, got {}", opt.top);
+  MESHTRAIN_CHECK(opt.max_train_seconds >= 0, "plan: --max-days must be >= 0");
   job.validate();
   const FixedChoices& f = opt.fixed;
   const ModelConfig& model = ctx.model;
@@ -137,6 +138,14 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
     if (!est.fits) return;
     ++result.fits;
     ++fam.fits;
+    if (opt.max_train_seconds > 0 && est.train_seconds > opt.max_train_seconds) {
+      ++result.too_slow;
+      ++fam.too_slow;
+      if (!fam.fastest_too_slow || est.train_seconds < fam.fastest_too_slow->train_seconds) {
+        fam.fastest_too_slow = est;
+      }
+      return;
+    }
     if (!fam.best || ranks_before(est, *fam.best, opt.rank_by)) fam.best = est;
     fitting.push_back(std::move(est));
   };

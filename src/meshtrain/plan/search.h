@@ -32,6 +32,7 @@ struct SearchOptions {
   FixedChoices fixed;
   RankBy rank_by = RankBy::time;
   int top = 10;
+  double max_train_seconds = 0;  // a deadline for the token budget; 0 = none
 };
 
 // A family: DP, FSDP (ZeRO-3), HSDP (ZeRO-3 in shard groups, replicated), each
@@ -41,7 +42,9 @@ std::string family_name(const Layout& layout);
 struct FamilyReport {
   std::string family;
   int64_t valid = 0, fits = 0;   // layouts that can run; of those, that fit
-  std::optional<Estimate> best;  // fastest (or cheapest) that fits
+  int64_t too_slow = 0;          // fit, but miss the deadline
+  std::optional<Estimate> best;  // fastest (or cheapest) that fits (within the deadline)
+  std::optional<Estimate> fastest_too_slow;
   std::optional<Estimate> smallest;  // least memory among the valid ones
   std::string reason;            // the commonest structural reason when valid == 0
 };
@@ -49,7 +52,7 @@ struct FamilyReport {
 struct SearchResult {
   std::vector<Estimate> ranked;  // the top N, at most one per (gpus, tp, pp, v, zero)
   std::vector<FamilyReport> families;
-  int64_t evaluated = 0, valid = 0, fits = 0;
+  int64_t evaluated = 0, valid = 0, fits = 0, too_slow = 0;
   bool offload_retried = false;  // nothing fit, so optimizer offload was searched too
   double seconds = 0;            // wall time of the search
 };
