@@ -12,17 +12,19 @@
 // Use, one caller thread:
 //   OffloadStore store("opt", {{"layers.0.exp_avg", n0}, ...}, options, tracker);
 //   store.begin_pass({0, 1, 2, ...});          // order of this pass; read-ahead starts
-//   for (id : order) { Tensor t = store.acquire(id); ...; store.release(id, true); }
-//   store.end_pass();                          // waits for the writes
-// Within a pass chunks are acquired in the announced order (several may be held at
-// once, within the budget). Outside a pass acquire/release do the I/O on the caller's
-// thread (checkpoint save/load, filling initial values). Chunks start zero-filled.
+//   for (id : order) { Tensor t = store.acquire(id); ...; t = {}; store.release(id, true); }
+//   store.end_pass();                          // writes back what is pending, frees buffers
+// Within a pass chunks are acquired in the announced order, each at most once (several
+// may be held at once, within the budget). A caller whose chunk is not read yet does the
+// due I/O itself rather than sleep. Outside a pass acquire/release do the I/O on the
+// caller's thread (checkpoint save/load, initial values). Chunks start zero-filled.
 //
 // Memory: resident buffers (held, read ahead, or waiting to be written) count under
 // options.resident_category and never exceed options.budget_bytes together; the
 // slower tier (host copies, file bytes) counts as MemCategory::offloaded.
 // Errors (bad directory, chunk over budget, failed or short I/O) throw Error naming
-// the store, the chunk and the file; an I/O thread error is rethrown by the next call.
+// the store, the chunk and the file. After an I/O failure (on either thread) the store
+// is unusable: every later call rethrows it. The disk file is removed on destruction.
 #pragma once
 
 #include <condition_variable>
