@@ -91,9 +91,10 @@ class OffloadStore {
 
   // Starts a pass over `order` (distinct chunk ids; nothing may be held).
   void begin_pass(std::vector<size_t> order);
-  // The chunk's resident values, an f32 [numel] tensor valid until release(id) (it
-  // shares the store's buffer: drop it right after release). In a pass `id` must be
-  // the next in the order; blocks until it is read.
+  // The chunk's resident values, an f32 [numel] tensor valid until release(id). It
+  // shares the store's buffer: drop it before release, since the store may then reuse
+  // or free the buffer (a copy kept alive would hold memory outside the budget). In a
+  // pass `id` must be the next in the order; blocks until it is read.
   Tensor acquire(size_t id);
   // dirty: the values changed and go back to the slower tier (written behind in a pass).
   void release(size_t id, bool dirty);
