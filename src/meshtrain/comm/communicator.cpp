@@ -56,6 +56,7 @@ std::string_view comm_op_name(CommOp op) {
     case CommOp::broadcast: return "broadcast";
     case CommOp::send: return "send";
     case CommOp::recv: return "recv";
+    case CommOp::send_recv: return "send_recv";
     case CommOp::barrier: return "barrier";
   }
   return "?";

@@ -50,9 +50,10 @@ enum class CommOp : uint8_t {
   broadcast,
   send,
   recv,
-  barrier
+  barrier,
+  send_recv
 };
-inline constexpr size_t kCommOps = 7;
+inline constexpr size_t kCommOps = 8;
 std::string_view comm_op_name(CommOp op);
 
 using CommClock = std::chrono::steady_clock;
@@ -96,6 +97,16 @@ class CommTrace {
   size_t capacity_;
   CommStats stats_;
   std::deque<CallRecord> recent_;
+};
+
+// One transfer of a send_recv_async batch.
+struct P2POp {
+  bool send = true;
+  void* data = nullptr;  // send: read from; recv: written (exactly count elements)
+  int64_t count = 0;
+  CommDType dtype = CommDType::f32;
+  int peer = 0;
+  int tag = 0;
 };
 
 // A handle on an issued call. A default-constructed Work is already complete.
@@ -151,6 +162,13 @@ class Communicator {
                           int tag = 0) = 0;
   virtual Work recv_async(void* data, int64_t count, CommDType dtype, int peer, int tag = 0) = 0;
   virtual Work barrier_async() = 0;
+  // Posts every transfer of `ops` at once and completes when all have been
+  // matched (one call, CommOp::send_recv, bytes = the sum, peer = the first
+  // op's). Unlike every other call it does not hold up later calls: they run
+  // while its transfers are pending, and it may complete after them. So a
+  // pending send (a peer not yet receiving) never delays this rank's next
+  // receive or collective. Pipeline schedules move activations this way.
+  virtual Work send_recv_async(std::vector<P2POp> ops) = 0;
 
   // A new communicator over the members that pass the same color, ordered by
   // key (collective over this communicator).

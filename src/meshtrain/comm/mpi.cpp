@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <vector>
 #include <thread>
 
 #include "meshtrain/util/error.h"
@@ -41,6 +43,15 @@ class CommThread {
   // (see await_request in this file).
   std::atomic<int> waiters{0};
 
+  // Requests that stay posted while the thread runs later calls
+  // (send_recv_async); `done` runs on this thread once all have completed or
+  // MPI_Testall failed (rc). Only the thread itself adds them.
+  struct Outstanding {
+    std::vector<MPI_Request> requests;
+    std::function<void(const std::vector<MPI_Status>&, int rc)> done;
+  };
+  void add_outstanding(Outstanding o) { outstanding_.push_back(std::move(o)); }
+
   // Posts and waits; rethrows the task's exception.
   void run(const std::function<void()>& task) {
     std::mutex m;
@@ -64,18 +75,58 @@ class CommThread {
 
  private:
   void loop() {
+    // While requests are outstanding the thread tests them between calls and
+    // otherwise sleeps 20 to 500 us (a waiting caller: no sleep), as await_request.
+    auto pause = std::chrono::microseconds(20);
     for (;;) {
       std::function<void()> task;
       {
         std::unique_lock lock(mutex_);
-        ready_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop_ and drained
-        task = std::move(queue_.front());
-        queue_.pop_front();
+        auto woken = [&] { return stop_ || !queue_.empty(); };
+        if (outstanding_.empty()) {
+          ready_.wait(lock, woken);
+        } else if (waiters.load() == 0) {
+          ready_.wait_for(lock, pause, woken);
+        }
+        if (!queue_.empty()) {
+          task = std::move(queue_.front());
+          queue_.pop_front();
+        } else if (stop_) {
+          return;  // drained
+        }
       }
-      task();
+      if (task) task();
+      if (outstanding_.empty()) continue;
+      if (poll_outstanding() || task) {
+        pause = std::chrono::microseconds(20);
+      } else {
+        pause = std::min(pause * 2, std::chrono::microseconds(500));
+      }
     }
   }
+
+  // True when a call completed.
+  bool poll_outstanding() {
+    bool any = false;
+    for (size_t i = 0; i < outstanding_.size();) {
+      Outstanding& o = outstanding_[i];
+      std::vector<MPI_Status> statuses(o.requests.size());
+      int flag = 0;
+      const int rc = MPI_Testall(static_cast<int>(o.requests.size()), o.requests.data(), &flag,
+                                 statuses.data());
+      if (rc != MPI_SUCCESS || flag) {
+        auto done = std::move(o.done);
+        outstanding_.erase(outstanding_.begin() + static_cast<std::ptrdiff_t>(i));
+        done(statuses, rc);
+        any = true;
+      } else {
+        ++i;
+      }
+    }
+    return any;
+  }
+
+  std::vector<Outstanding> outstanding_;  // the thread's own
 
   std::mutex mutex_;
   std::condition_variable ready_;
@@ -437,6 +488,69 @@ Work MpiCommunicator::recv_async(void* data, int64_t count, CommDType dtype, int
     MESHTRAIN_CHECK(got == count, "comm {}: recv from rank {}: got {} elements, expected {}", name_,
                     peer, got, count);
   });
+}
+
+// Unlike the other calls, a batch does not hold up the calls issued after it:
+// its requests stay posted (CommThread::Outstanding) while the thread runs
+// them, so a pipeline stage's pending send never delays its next receive or a
+// tensor-parallel collective.
+Work MpiCommunicator::send_recv_async(std::vector<P2POp> ops) {
+  MESHTRAIN_CHECK(!ops.empty(), "comm {}: send_recv: no transfers", name_);
+  size_t bytes = 0;
+  for (const P2POp& op : ops) {
+    bytes += p2p_record(*this, op.send ? CommOp::send : CommOp::recv, op.count, op.dtype, op.peer)
+                 .bytes;
+  }
+  CallRecord rec = call_record(CommOp::send_recv, ops[0].dtype, bytes, ops[0].peer);
+  auto state = std::make_shared<MpiWork>(*thread_);
+  std::lock_guard lock(submit_mutex_);
+  rec.seq = next_seq_.fetch_add(1);
+  rec.submitted = CommClock::now();
+  thread_->post([this, state, rec, ops = std::move(ops)]() mutable {
+    rec.started = CommClock::now();
+    auto finish = [this, state](CallRecord record, std::exception_ptr error) {
+      record.finished = CommClock::now();
+      trace_.record(record);
+      state->complete(record, std::move(error));
+    };
+    CommThread::Outstanding o;
+    o.requests.assign(ops.size(), MPI_REQUEST_NULL);
+    try {
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const P2POp& op = ops[i];
+        const int n = static_cast<int>(op.count);
+        if (op.send) {
+          check_mpi(MPI_Isend(op.data, n, mpi_type(op.dtype), op.peer, op.tag, comm_, &o.requests[i]),
+                    name_, "MPI_Isend");
+        } else {
+          check_mpi(MPI_Irecv(op.data, n, mpi_type(op.dtype), op.peer, op.tag, comm_, &o.requests[i]),
+                    name_, "MPI_Irecv");
+        }
+      }
+    } catch (...) {
+      finish(rec, std::current_exception());
+      return;
+    }
+    o.done = [this, finish, rec, ops](const std::vector<MPI_Status>& statuses, int rc) {
+      std::exception_ptr error;
+      try {
+        check_mpi(rc, name_, "send_recv (MPI_Testall)");
+        for (size_t i = 0; i < ops.size(); ++i) {
+          if (ops[i].send) continue;
+          int got = 0;
+          MPI_Get_count(&statuses[i], mpi_type(ops[i].dtype), &got);
+          MESHTRAIN_CHECK(got == ops[i].count,
+                          "comm {}: send_recv: recv from rank {}: got {} elements, expected {}",
+                          name_, ops[i].peer, got, ops[i].count);
+        }
+      } catch (...) {
+        error = std::current_exception();
+      }
+      finish(rec, error);
+    };
+    thread_->add_outstanding(std::move(o));
+  });
+  return Work(state, rec.seq);
 }
 
 Work MpiCommunicator::barrier_async() {

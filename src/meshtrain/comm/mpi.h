@@ -46,6 +46,7 @@ class MpiCommunicator final : public Communicator {
   Work broadcast_async(void* data, int64_t count, CommDType dtype, int root) override;
   Work send_async(const void* data, int64_t count, CommDType dtype, int peer, int tag) override;
   Work recv_async(void* data, int64_t count, CommDType dtype, int peer, int tag) override;
+  Work send_recv_async(std::vector<P2POp> ops) override;
   Work barrier_async() override;
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 

@@ -32,21 +32,40 @@ Model::Impl::Impl(Model& owner)
   heads = cfg.n_heads / n;
   kv_heads = cfg.n_kv_heads / n;
   hidden = cfg.hidden_dim / n;
-  embed = 0;
+  // Slots by global registry index, then this stage's.
+  size_t end = 0, untied_output = kNoParam;
   if (cfg.family == Family::llama) {
     has_rope = true;
     rope = cpu::make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_theta, ctx.tracker());
-    const size_t end = 1 + layers * llama_slot::count;
-    final_norm = Norm{end, kNoParam};
-    output = cfg.tie_embeddings ? embed : end + 1;
+    end = 1 + layers * llama_slot::count;
+    final_norm = Norm{local(end), kNoParam};
+    if (!cfg.tie_embeddings) untied_output = end + 1;
   } else {
-    positions = 1;
-    const size_t end = 2 + layers * gpt2_slot::count;
-    final_norm = Norm{end, end + 1};
-    output = embed;
+    positions = local(1);
+    end = 2 + layers * gpt2_slot::count;
+    final_norm = Norm{local(end), local(end + 1)};
   }
-  tied = output == embed;
-  head_unit = layers + 1;
+  tied = untied_output == kNoParam;
+  embed = local(0);
+  output = tied ? embed : local(untied_output);
+  // Units: embed (first stage, or a tied last stage's output layer), this
+  // stage's layers, head (last stage).
+  unit_of_layer.assign(layers, kNoUnit);
+  embed_unit = head_unit = kNoUnit;
+  for (size_t u = 0; u < model.units_.size(); ++u) {
+    const std::string& name = model.units_[u].name;
+    int64_t layer = -1;
+    if (name == "embed") {
+      embed_unit = u;
+    } else if (name == "head") {
+      head_unit = u;
+    } else {
+      layer = std::stoll(name.substr(name.find('.') + 1));
+      unit_of_layer[static_cast<size_t>(layer)] = u;
+    }
+    layer_of_unit.push_back(layer);
+  }
+  if (output == kNoParam) return;  // no head on this stage
   const TensorSplit& vocab = model.params_[output].spec.split;
   vocab_rows = model.params_[output].spec.shape[0];
   vocab_begin = vocab.split() ? static_cast<int64_t>(tp.rank()) * vocab.chunk() : 0;
@@ -58,6 +77,11 @@ Model::Impl::Impl(Model& owner)
                       model.units_.size() == head_unit + 1 &&
                       model.units_[head_unit].first_param == final_norm.weight,
                   "model: registry layout does not match the block slots");
+}
+
+size_t Model::Impl::local(size_t g) const {
+  if (model.local_index_.empty() || g == kNoParam) return g;
+  return model.local_index_[g];
 }
 
 const void* Model::Impl::weight(size_t i, DType dt) const {
@@ -80,9 +104,10 @@ Block Model::Impl::block(int64_t layer) const {
   const int64_t qkv_width = (heads + 2 * kv_heads) * hd, q_width = heads * hd;
   Block b;
   const size_t l = static_cast<size_t>(layer);
+  // A layer's parameters are contiguous on every stage that holds it.
   if (cfg.family == Family::llama) {
     using namespace llama_slot;
-    const size_t base = 1 + l * count;
+    const size_t base = local(1 + l * count);
     b.norm1 = Norm{base + in_norm, kNoParam};
     b.norm2 = Norm{base + post_norm, kNoParam};
     b.qkv = Linear{base + q, 3, kNoParam, d, qkv_width, true};
@@ -91,7 +116,7 @@ Block Model::Impl::block(int64_t layer) const {
     b.ff_out = Linear{base + down, 1, kNoParam, h, d, true};
   } else {
     using namespace gpt2_slot;
-    const size_t base = 2 + l * count;
+    const size_t base = local(2 + l * count);
     b.norm1 = Norm{base + ln1_w, base + ln1_b};
     b.norm2 = Norm{base + ln2_w, base + ln2_b};
     b.qkv = Linear{base + attn_w, 1, base + attn_b, d, qkv_width, false};

@@ -15,12 +15,13 @@
 namespace meshtrain {
 
 Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx,
-             ParamStorage storage, const TensorParallel& tp)
-    : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp) {
+             ParamStorage storage, const TensorParallel& tp, const StageLayers& stage)
+    : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp), stage_(stage) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
   units_ = build_param_units(config_);
+  select_stage(specs);
   int64_t compute_total = 0;
   for (const ParamSpec& spec : specs) {
     num_params_ += spec.numel();
@@ -118,8 +119,8 @@ void Model::Impl::check_bound(size_t unit, UnitPass pass) const {
     if (dt != DType::f32 && p.master.defined()) check_view(p.master, DType::f32, p, "master", u);
     if (pass == UnitPass::backward) check_view(p.grad, DType::f32, p, "grad", u);
   }
-  if (unit != embed_unit && unit != head_unit) {
-    const Block b = block(static_cast<int64_t>(unit - layer_unit(0)));
+  if (layer_of_unit[unit] >= 0) {
+    const Block b = block(layer_of_unit[unit]);
     for (const Linear* lin : {&b.qkv, &b.proj, &b.ff_in, &b.ff_out}) {
       check_adjacent(params, *lin, model.precision_);
     }
@@ -204,6 +205,7 @@ void Model::zero_grads() {
 
 double Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                                int64_t seq, float grad_scale) {
+  require_whole("forward_backward");
   Impl& m = *impl_;
   const DType dt = compute_dtype(precision_);
   const int64_t rows = batch * seq, d = config_.dim;
@@ -248,6 +250,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
 
 double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch,
                            int64_t seq) {
+  require_whole("forward_loss");
   Impl& m = *impl_;
   const DType dt = compute_dtype(precision_);
   m.check_tokens(targets, batch * seq, true, "target");
@@ -261,6 +264,7 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
 }
 
 void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits) {
+  require_whole("forward_logits");
   Impl& m = *impl_;
   const DType dt = compute_dtype(precision_);
   Activations acts;
@@ -313,6 +317,7 @@ KVCache Model::make_kv_cache(int64_t batch, int64_t max_seq) {
 void Model::decode(const int32_t* tokens, int64_t batch, int64_t n_new, KVCache& cache,
                    float* last_logits) {
   require_flat("decode (it reads every f32 master weight)");
+  require_whole("decode");
   MESHTRAIN_CHECK(!tp_.active(), "decode: not supported under tensor parallelism (tp = {})",
                   tp_.size());
   Impl& m = *impl_;

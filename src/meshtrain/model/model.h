@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/backend/cpu/attention.h"
@@ -59,6 +60,18 @@ struct UnitHooks {
 // flat_grad and decode throw Error in external mode.
 enum class ParamStorage { flat, external };
 
+// Pipeline parallelism: the part of the model a pipeline rank holds. `chunks`
+// are global layer ranges [first, end), increasing, one per virtual stage the
+// rank runs (interleaved schedules: several). `first`: chunk 0 begins with the
+// embeddings; `last`: the last chunk ends with the final norm and head (tied:
+// the token embedding is held too, as the output layer). Parameters keep their
+// global names, shapes and initial values. Empty chunks: the whole model.
+struct StageLayers {
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  bool first = true, last = true;
+  bool whole() const { return chunks.empty(); }
+};
+
 // Tensor parallelism (tp.size() > 1): every parameter is this rank's slice
 // (ParamSpec::split); the tp ranks run the same tokens and exchange
 // activations inside each block: one all-reduce per attention and per MLP
@@ -74,7 +87,8 @@ enum class ParamStorage { flat, external };
 class Model {
  public:
   Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx,
-        ParamStorage storage = ParamStorage::flat, const TensorParallel& tp = {});
+        ParamStorage storage = ParamStorage::flat, const TensorParallel& tp = {},
+        const StageLayers& stage = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -118,6 +132,37 @@ class Model {
   // under tp the slices are all-gathered, on every rank).
   void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits);
 
+  // Pipeline stage passes (a model built with StageLayers; also the whole
+  // model as one stage). Chunk c of stage_layers().chunks on micro-batch mb:
+  // stage_forward keeps that pass's activations, keyed by (c, mb), until
+  // stage_backward(c, mb) frees them, so several micro-batches can be in
+  // flight. Activations between stages are [stage_rows(batch, seq), dim] f32
+  // (this rank's rows under sequence parallelism).
+  // stage_forward: the embedding chunk reads `tokens`, others `input`; writes
+  // `output` unless the chunk ends with the head (null there).
+  void stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens, const float* input,
+                     int64_t batch, int64_t seq, float* output);
+  // stage_backward: the head chunk computes the loss of `targets` (returns the
+  // sum of token losses; gradients weighted by grad_scale and ADDED), other
+  // chunks start from `output_grad`. Writes `input_grad` unless the chunk
+  // begins with the embeddings (which need `tokens`). Hooks fire as in
+  // forward_backward for the chunk's units; with tied embeddings on a last
+  // stage that is not the first, the output layer (unit embed) completes at
+  // the end of the head chunk's backward.
+  double stage_backward(int chunk, int64_t micro_batch, const int32_t* tokens,
+                        const int32_t* targets, float grad_scale, const float* output_grad,
+                        float* input_grad);
+  int64_t stage_rows(int64_t batch, int64_t seq) const;
+  // Passes whose activations are held (forward done, backward not yet).
+  size_t stage_in_flight() const;
+  // Frees every held activation (after a failed step).
+  void drop_stage_activations();
+  // As constructed, with empty chunks filled in as one chunk of all layers.
+  const StageLayers& stage_layers() const { return stage_; }
+  // This stage's parameter i is also held by another stage (a tied output
+  // layer on the last stage): whole-model sums must skip it.
+  bool param_is_duplicate(size_t i) const;
+
   // Unit indices into units(); used by data parallelism and ZeRO.
   UnitHooks unit_hooks;
 
@@ -131,11 +176,19 @@ class Model {
  private:
   struct Impl;  // layers and saved activations, in model.cpp
   void require_flat(const char* what) const;  // throws Error in external storage
+  void require_whole(const char* what) const;  // throws Error on a pipeline stage
+  // Checks stage_, drops the parameters and units other stages hold from
+  // specs / units_ and fills local_index_ (stage.cpp).
+  void select_stage(std::vector<ParamSpec>& specs);
   ModelConfig config_;
   Precision precision_;
   cpu::CpuContext& ctx_;
   ParamStorage storage_;
   TensorParallel tp_;
+  StageLayers stage_;
+  // Global registry index -> index in params_ (kNoParam when another stage
+  // holds it); empty for the whole model.
+  std::vector<size_t> local_index_;
   std::vector<Parameter> params_;
   std::vector<ParamUnit> units_;
   int64_t num_params_ = 0;

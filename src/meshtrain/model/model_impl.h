@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 namespace meshtrain {
 
 inline constexpr size_t kNoParam = static_cast<size_t>(-1);
+inline constexpr size_t kNoUnit = static_cast<size_t>(-1);
 
 // A linear layer over parameters of the registry. `nn_linear`: weight stored
 // [out, in] (torch nn.Linear, llama); otherwise [in, out] (HF Conv1D, GPT-2).
@@ -97,7 +99,10 @@ struct Model::Impl {
   void after(size_t unit, UnitPass pass);
   // External storage: throws unless unit's views are bound (see model.h).
   void check_bound(size_t unit, UnitPass pass) const;
-  size_t layer_unit(int64_t layer) const { return 1 + static_cast<size_t>(layer); }
+  // Units of this model by global layer (kNoUnit: another stage's) and back.
+  size_t layer_unit(int64_t layer) const { return unit_of_layer[static_cast<size_t>(layer)]; }
+  // The local registry index of global index g (kNoParam: another stage's).
+  size_t local(size_t g) const;
 
   Block block(int64_t layer) const;
   cpu::AttentionDims attention_dims(int64_t batch, int64_t seq) const;
@@ -185,11 +190,14 @@ struct Model::Impl {
   bool has_rope = false;
   cpu::RopeTable rope;
   size_t embed = 0, positions = kNoParam, output = 0;
-  size_t embed_unit = 0, head_unit = 0;
+  size_t embed_unit = 0, head_unit = 0;  // kNoUnit on stages without them
+  std::vector<size_t> unit_of_layer;     // by global layer
+  std::vector<int64_t> layer_of_unit;    // by unit: its global layer, -1 for embed / head
   bool tied = false;  // the token embedding is the output layer
   Norm final_norm;
   size_t next_ready = 0;  // the registry index + 1 the next ready() must report
   Activations train;
+  std::map<std::pair<int, int64_t>, Activations> staged;  // (chunk, micro-batch) in flight
   Workspace ws;
 };
 

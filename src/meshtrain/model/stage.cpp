@@ -1,0 +1,214 @@
+// Pipeline stages: which parameters a stage holds, and the stage passes that
+// run one chunk of layers on one micro-batch with its activations kept until
+// that micro-batch's backward (parallel/pipeline drives them).
+#include <fmt/format.h>
+
+#include "meshtrain/backend/cpu/cross_entropy.h"
+#include "meshtrain/model/model_impl.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+void Model::select_stage(std::vector<ParamSpec>& specs) {
+  const int64_t layers = config_.n_layers;
+  if (stage_.whole()) {
+    stage_.chunks = {{0, layers}};
+    stage_.first = stage_.last = true;
+    return;
+  }
+  int64_t prev_end = 0;
+  for (const auto& [first, end] : stage_.chunks) {
+    MESHTRAIN_CHECK(first >= prev_end && first < end && end <= layers,
+                    "pipeline stage: layer ranges must be increasing, non-empty and within "
+                    "model.n_layers = {}; got [{}, {})",
+                    layers, first, end);
+    prev_end = end;
+  }
+  MESHTRAIN_CHECK(!(stage_.first && stage_.last) || stage_.chunks.size() == 1,
+                  "pipeline stage: a stage that is both first and last runs one chunk, got {}",
+                  stage_.chunks.size());
+  const bool whole = stage_.first && stage_.last && stage_.chunks[0] == std::pair<int64_t, int64_t>{0, layers};
+  if (whole) return;
+  auto holds_layer = [&](int64_t l) {
+    for (const auto& [first, end] : stage_.chunks) {
+      if (l >= first && l < end) return true;
+    }
+    return false;
+  };
+  std::vector<ParamSpec> kept;
+  std::vector<ParamUnit> units;
+  local_index_.assign(specs.size(), static_cast<size_t>(-1));
+  for (const ParamUnit& u : units_) {
+    bool keep_unit = false;
+    size_t end_param = u.end_param;
+    if (u.name == "embed") {
+      keep_unit = stage_.first || (stage_.last && config_.tie_embeddings);
+      // A last stage needs only the token embedding (the output layer), not positions.
+      if (!stage_.first) end_param = u.first_param + 1;
+    } else if (u.name == "head") {
+      keep_unit = stage_.last;
+    } else {
+      keep_unit = holds_layer(std::stoll(u.name.substr(u.name.find('.') + 1)));
+    }
+    if (!keep_unit) continue;
+    ParamUnit local{u.name, kept.size(), kept.size()};
+    for (size_t i = u.first_param; i < end_param; ++i) {
+      local_index_[i] = kept.size();
+      kept.push_back(std::move(specs[i]));
+    }
+    local.end_param = kept.size();
+    units.push_back(std::move(local));
+  }
+  specs = std::move(kept);
+  units_ = std::move(units);
+}
+
+void Model::require_whole(const char* what) const {
+  if (!local_index_.empty()) {
+    fail("model: {} needs the whole model; this is a pipeline stage (use stage_forward / "
+         "stage_backward)",
+         what);
+  }
+}
+
+bool Model::param_is_duplicate(size_t i) const {
+  return !stage_.first && config_.tie_embeddings && i == impl_->embed;
+}
+
+int64_t Model::stage_rows(int64_t batch, int64_t seq) const {
+  return impl_->shard_rows(batch * seq);
+}
+
+size_t Model::stage_in_flight() const { return impl_->staged.size(); }
+
+void Model::drop_stage_activations() { impl_->staged.clear(); }
+
+namespace {
+
+struct ChunkRole {
+  int64_t first = 0, end = 0;
+  bool embeds = false, head = false;
+};
+
+ChunkRole chunk_role(const StageLayers& stage, int chunk) {
+  MESHTRAIN_CHECK(chunk >= 0 && static_cast<size_t>(chunk) < stage.chunks.size(),
+                  "pipeline stage: chunk {} out of range (this stage runs {})", chunk,
+                  stage.chunks.size());
+  const auto [first, end] = stage.chunks[static_cast<size_t>(chunk)];
+  return ChunkRole{first, end, stage.first && chunk == 0,
+                   stage.last && static_cast<size_t>(chunk) + 1 == stage.chunks.size()};
+}
+
+}  // namespace
+
+void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
+                          const float* input, int64_t batch, int64_t seq, float* output) {
+  Impl& m = *impl_;
+  const ChunkRole role = chunk_role(stage_, chunk);
+  const std::pair<int, int64_t> key{chunk, micro_batch};
+  MESHTRAIN_CHECK(!m.staged.contains(key),
+                  "pipeline stage: chunk {} micro-batch {} is already in flight", chunk,
+                  micro_batch);
+  MESHTRAIN_CHECK(batch > 0 && seq > 0 && seq <= config_.max_seq_len,
+                  "model: batch {} and seq {} must be > 0 and seq <= model.max_seq_len {}", batch,
+                  seq, config_.max_seq_len);
+  const int64_t rows = batch * seq, d = config_.dim, n = role.end - role.first;
+  MESHTRAIN_CHECK(!m.sp || rows % tp_.size() == 0,
+                  "model: sequence parallel needs batch x seq = {} x {} divisible by tp = {}", batch,
+                  seq, tp_.size());
+  const DType dt = compute_dtype(precision_);
+  Activations& acts = m.staged[key];
+  acts.batch = batch;
+  acts.seq = seq;
+  acts.residual.resize(static_cast<size_t>(n + 1));
+  acts.blocks.resize(static_cast<size_t>(n));
+  for (Tensor& r : acts.residual) {
+    m.ensure(r, {m.shard_rows(rows), d}, DType::f32, MemCategory::activations);
+  }
+  if (role.embeds) {
+    m.check_tokens(tokens, rows, false, "token");
+    m.before(m.embed_unit, UnitPass::forward);
+    m.embed_tokens(tokens, batch, seq, 0, acts.residual[0]);
+    m.after(m.embed_unit, UnitPass::forward);
+  } else {
+    std::copy(input, input + acts.residual[0].numel(), acts.residual[0].data<float>());
+  }
+  for (int64_t l = role.first; l < role.end; ++l) {
+    const size_t i = static_cast<size_t>(l - role.first);
+    m.before(m.layer_unit(l), UnitPass::forward);
+    m.forward_block(l, acts.residual[i], acts.blocks[i], acts.residual[i + 1], dt, batch, seq,
+                    nullptr, 0);
+    m.after(m.layer_unit(l), UnitPass::forward);
+  }
+  const Tensor& last = acts.residual.back();
+  if (role.head) {
+    m.before(m.head_unit, UnitPass::forward);
+    acts.head_input = m.column_input(m.final_norm, last, dt, acts.hn, acts.mean_f, acts.rstd_f,
+                                     rows, MemCategory::activations);
+    m.after(m.head_unit, UnitPass::forward);
+  } else {
+    std::copy(last.data<float>(), last.data<float>() + last.numel(), output);
+  }
+}
+
+double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* tokens,
+                             const int32_t* targets, float grad_scale, const float* output_grad,
+                             float* input_grad) {
+  Impl& m = *impl_;
+  const ChunkRole role = chunk_role(stage_, chunk);
+  auto found = m.staged.find({chunk, micro_batch});
+  MESHTRAIN_CHECK(found != m.staged.end(),
+                  "pipeline stage: backward of chunk {} micro-batch {} before its forward", chunk,
+                  micro_batch);
+  Activations& acts = found->second;
+  const int64_t batch = acts.batch, seq = acts.seq, rows = batch * seq, d = config_.dim;
+  const DType dt = compute_dtype(precision_);
+  m.ensure(m.ws.dres, {m.shard_rows(rows), d}, DType::f32, MemCategory::workspace);
+  // Gradients complete in reverse registry order from the chunk's last unit.
+  m.next_ready = units_[role.head ? m.head_unit : m.layer_unit(role.end - 1)].end_param;
+  double loss = 0;
+  if (role.head) {
+    m.check_tokens(targets, rows, true, "target");
+    m.ensure(m.ws.dx, {rows, d}, DType::f32, MemCategory::workspace);
+    m.before(m.head_unit, UnitPass::backward);
+    if (m.tied) m.before(m.embed_unit, UnitPass::backward);
+    cpu::ClassifierArgs args = m.classifier_args(acts.head_input, targets, rows, dt);
+    args.grad_scale = grad_scale;
+    args.dh = m.ws.dx.data<float>();
+    args.dw = m.grad(m.output);
+    loss = cpu::fused_classifier(ctx_, args);
+    if (!m.tied) m.ready(m.output);
+    m.ws.dres.zero();
+    m.norm_backward(m.final_norm, acts.residual.back(), acts.mean_f, acts.rstd_f,
+                    m.reduce_input_grad(rows), m.ws.dres.data<float>(), m.shard_rows(rows));
+    m.flush_norm_grads();
+    m.after(m.head_unit, UnitPass::backward);
+  } else {
+    std::copy(output_grad, output_grad + m.ws.dres.numel(), m.ws.dres.data<float>());
+  }
+  for (int64_t l = role.end - 1; l >= role.first; --l) {
+    const size_t i = static_cast<size_t>(l - role.first);
+    m.before(m.layer_unit(l), UnitPass::backward);
+    m.backward_block(l, acts.residual[i], acts.blocks[i], dt, batch, seq);
+    m.after(m.layer_unit(l), UnitPass::backward);
+  }
+  if (role.embeds) {
+    if (!(m.tied && role.head)) m.before(m.embed_unit, UnitPass::backward);
+    m.embed_backward(tokens, batch, seq);
+    if (m.positions != kNoParam) m.ready(m.positions);
+    m.ready(m.embed);
+    m.after(m.embed_unit, UnitPass::backward);
+  } else {
+    std::copy(m.ws.dres.data<float>(), m.ws.dres.data<float>() + m.ws.dres.numel(), input_grad);
+    if (role.head && m.tied) {
+      // The output layer is this stage's copy of the token embedding.
+      m.next_ready = m.embed + 1;
+      m.ready(m.embed);
+      m.after(m.embed_unit, UnitPass::backward);
+    }
+  }
+  m.staged.erase(found);
+  return loss;
+}
+
+}  // namespace meshtrain
