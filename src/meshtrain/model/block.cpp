@@ -65,11 +65,14 @@ Model::Impl::Impl(Model& owner)
     }
     layer_of_unit.push_back(layer);
   }
-  if (output == kNoParam) return;  // no head on this stage
-  const TensorSplit& vocab = model.params_[output].spec.split;
-  vocab_rows = model.params_[output].spec.shape[0];
+  // The embedding and the output layer split the vocabulary alike.
+  const size_t vocab_param = embed != kNoParam ? embed : output;
+  if (vocab_param == kNoParam) return;  // a middle stage
+  const TensorSplit& vocab = model.params_[vocab_param].spec.split;
+  vocab_rows = model.params_[vocab_param].spec.shape[0];
   vocab_begin = vocab.split() ? static_cast<int64_t>(tp.rank()) * vocab.chunk() : 0;
   vocab_valid = vocab.split() ? vocab.chunk_valid() : cfg.vocab_size;
+  if (head_unit == kNoUnit) return;
   // The slots above must agree with the registry.
   MESHTRAIN_CHECK(model.params_[final_norm.weight].spec.shape == Shape{cfg.dim} &&
                       model.params_[output].spec.split.global_shape ==
