@@ -152,6 +152,9 @@ class Model {
   double stage_backward(int chunk, int64_t micro_batch, const int32_t* tokens,
                         const int32_t* targets, float grad_scale, const float* output_grad,
                         float* input_grad);
+  // Evaluation: the sum of token losses of a head chunk's held forward;
+  // frees its activations (no gradients).
+  double stage_loss(int chunk, int64_t micro_batch, const int32_t* targets);
   int64_t stage_rows(int64_t batch, int64_t seq) const;
   // Passes whose activations are held (forward done, backward not yet).
   size_t stage_in_flight() const;
@@ -195,6 +198,10 @@ class Model {
   Tensor flat_master_, flat_grad_, flat_compute_;
   std::unique_ptr<Impl> impl_;
 };
+
+// The global registry indices (build_param_specs order) a stage holds, in
+// its own registry order. Throws Error for invalid layer ranges.
+std::vector<size_t> stage_param_indices(const ModelConfig& config, const StageLayers& stage);
 
 // The whole model's gradient norm under tensor parallelism (flat storage):
 // every global element counted once (tp_counts_once), collective over tp.

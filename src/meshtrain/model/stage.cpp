@@ -9,55 +9,70 @@
 
 namespace meshtrain {
 
-void Model::select_stage(std::vector<ParamSpec>& specs) {
-  const int64_t layers = config_.n_layers;
-  if (stage_.whole()) {
-    stage_.chunks = {{0, layers}};
-    stage_.first = stage_.last = true;
-    return;
+std::vector<size_t> stage_param_indices(const ModelConfig& config, const StageLayers& stage) {
+  const int64_t layers = config.n_layers;
+  const std::vector<ParamUnit> units = build_param_units(config);
+  std::vector<size_t> held;
+  if (stage.whole()) {
+    for (size_t i = 0; i < units.back().end_param; ++i) held.push_back(i);
+    return held;
   }
   int64_t prev_end = 0;
-  for (const auto& [first, end] : stage_.chunks) {
+  for (const auto& [first, end] : stage.chunks) {
     MESHTRAIN_CHECK(first >= prev_end && first < end && end <= layers,
                     "pipeline stage: layer ranges must be increasing, non-empty and within "
                     "model.n_layers = {}; got [{}, {})",
                     layers, first, end);
     prev_end = end;
   }
-  MESHTRAIN_CHECK(!(stage_.first && stage_.last) || stage_.chunks.size() == 1,
+  MESHTRAIN_CHECK(!(stage.first && stage.last) || stage.chunks.size() == 1,
                   "pipeline stage: a stage that is both first and last runs one chunk, got {}",
-                  stage_.chunks.size());
-  const bool whole = stage_.first && stage_.last && stage_.chunks[0] == std::pair<int64_t, int64_t>{0, layers};
-  if (whole) return;
+                  stage.chunks.size());
   auto holds_layer = [&](int64_t l) {
-    for (const auto& [first, end] : stage_.chunks) {
+    for (const auto& [first, end] : stage.chunks) {
       if (l >= first && l < end) return true;
     }
     return false;
   };
+  for (const ParamUnit& u : units) {
+    size_t end_param = u.end_param;
+    bool keep = false;
+    if (u.name == "embed") {
+      keep = stage.first || (stage.last && config.tie_embeddings);
+      // A last stage needs only the token embedding (the output layer), not positions.
+      if (!stage.first) end_param = u.first_param + 1;
+    } else if (u.name == "head") {
+      keep = stage.last;
+    } else {
+      keep = holds_layer(std::stoll(u.name.substr(u.name.find('.') + 1)));
+    }
+    for (size_t i = u.first_param; keep && i < end_param; ++i) held.push_back(i);
+  }
+  return held;
+}
+
+void Model::select_stage(std::vector<ParamSpec>& specs) {
+  const int64_t layers = config_.n_layers;
+  const std::vector<size_t> held = stage_param_indices(config_, stage_);
+  if (stage_.whole()) {
+    stage_.chunks = {{0, layers}};
+    stage_.first = stage_.last = true;
+    return;
+  }
+  if (held.size() == specs.size()) return;  // one stage holding everything
+  // Units: the runs of held parameters within each global unit.
   std::vector<ParamSpec> kept;
   std::vector<ParamUnit> units;
   local_index_.assign(specs.size(), static_cast<size_t>(-1));
-  for (const ParamUnit& u : units_) {
-    bool keep_unit = false;
-    size_t end_param = u.end_param;
-    if (u.name == "embed") {
-      keep_unit = stage_.first || (stage_.last && config_.tie_embeddings);
-      // A last stage needs only the token embedding (the output layer), not positions.
-      if (!stage_.first) end_param = u.first_param + 1;
-    } else if (u.name == "head") {
-      keep_unit = stage_.last;
-    } else {
-      keep_unit = holds_layer(std::stoll(u.name.substr(u.name.find('.') + 1)));
+  size_t global_unit = 0;
+  for (size_t g : held) {
+    while (units_[global_unit].end_param <= g) ++global_unit;
+    if (units.empty() || units.back().name != units_[global_unit].name) {
+      units.push_back(ParamUnit{units_[global_unit].name, kept.size(), kept.size()});
     }
-    if (!keep_unit) continue;
-    ParamUnit local{u.name, kept.size(), kept.size()};
-    for (size_t i = u.first_param; i < end_param; ++i) {
-      local_index_[i] = kept.size();
-      kept.push_back(std::move(specs[i]));
-    }
-    local.end_param = kept.size();
-    units.push_back(std::move(local));
+    local_index_[g] = kept.size();
+    kept.push_back(std::move(specs[g]));
+    units.back().end_param = kept.size();
   }
   specs = std::move(kept);
   units_ = std::move(units);
@@ -149,6 +164,26 @@ void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
   } else {
     std::copy(last.data<float>(), last.data<float>() + last.numel(), output);
   }
+}
+
+double Model::stage_loss(int chunk, int64_t micro_batch, const int32_t* targets) {
+  Impl& m = *impl_;
+  const ChunkRole role = chunk_role(stage_, chunk);
+  auto found = m.staged.find({chunk, micro_batch});
+  MESHTRAIN_CHECK(role.head && found != m.staged.end(),
+                  "pipeline stage: no held head forward for chunk {} micro-batch {}", chunk,
+                  micro_batch);
+  Activations& acts = found->second;
+  const int64_t rows = acts.batch * acts.seq;
+  m.check_tokens(targets, rows, true, "target");
+  m.before(m.head_unit, UnitPass::forward);
+  if (m.tied) m.before(m.embed_unit, UnitPass::forward);
+  const double loss = cpu::fused_classifier(
+      ctx_, m.classifier_args(acts.head_input, targets, rows, compute_dtype(precision_)));
+  if (m.tied) m.after(m.embed_unit, UnitPass::forward);
+  m.after(m.head_unit, UnitPass::forward);
+  m.staged.erase(found);
+  return loss;
 }
 
 double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* tokens,

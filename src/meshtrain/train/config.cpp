@@ -56,6 +56,8 @@ constexpr KeySpec kKeys[] = {
     {"parallel", "reshard_after_forward", Kind::boolean},
     {"parallel", "offload", Kind::string},    {"parallel", "offload_dir", Kind::string},
     {"parallel", "offload_budget_mb", Kind::number},
+    {"parallel", "schedule", Kind::string},   {"parallel", "virtual_stages", Kind::integer},
+    {"parallel", "pp_split", Kind::string},
 };
 
 std::string_view kind_name(Kind kind) {
@@ -372,6 +374,29 @@ DataSettings read_data(const Section& s) {
   return d;
 }
 
+}  // namespace
+
+std::vector<int64_t> pp_split_layers(const ParallelSettings& p) {
+  std::vector<int64_t> split;
+  if (p.pp_split.empty()) return split;
+  size_t begin = 0;
+  while (begin <= p.pp_split.size()) {
+    const size_t end = std::min(p.pp_split.find(',', begin), p.pp_split.size());
+    const std::string item = p.pp_split.substr(begin, end - begin);
+    int64_t n = 0;
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
+    MESHTRAIN_CHECK(ec == std::errc() && ptr == item.data() + item.size() && n >= 1,
+                    "config: parallel.pp_split must be layer counts >= 1 separated by commas "
+                    "(\"3,2\"), got \"{}\"",
+                    p.pp_split);
+    split.push_back(n);
+    begin = end + 1;
+  }
+  return split;
+}
+
+namespace {
+
 ParallelSettings read_parallel(const Section& s) {
   ParallelSettings p;
   s.read("tp", p.tp);
@@ -399,6 +424,15 @@ ParallelSettings read_parallel(const Section& s) {
                   p.offload);
   MESHTRAIN_CHECK(std::isfinite(p.offload_budget_mb) && p.offload_budget_mb >= 0,
                   "config: parallel.offload_budget_mb must be >= 0, got {}", p.offload_budget_mb);
+  s.read("schedule", p.schedule);
+  s.read("virtual_stages", p.virtual_stages);
+  s.read("pp_split", p.pp_split);
+  MESHTRAIN_CHECK(p.schedule == "gpipe" || p.schedule == "1f1b" || p.schedule == "interleaved",
+                  "config: parallel.schedule must be \"gpipe\", \"1f1b\" or \"interleaved\", got "
+                  "\"{}\"",
+                  p.schedule);
+  check_min("parallel.virtual_stages", p.virtual_stages, 1);
+  pp_split_layers(p);  // validates the list
   return p;
 }
 
@@ -474,7 +508,10 @@ toml::table to_table(const TrainConfig& c) {
                        {"reshard_after_forward", p.reshard_after_forward},
                        {"offload", p.offload},
                        {"offload_dir", p.offload_dir},
-                       {"offload_budget_mb", p.offload_budget_mb}};
+                       {"offload_budget_mb", p.offload_budget_mb},
+                       {"schedule", p.schedule},
+                       {"virtual_stages", p.virtual_stages},
+                       {"pp_split", p.pp_split}};
   return toml::table{{"model", std::move(model)},
                      {"train", std::move(train)},
                      {"optim", std::move(optim)},

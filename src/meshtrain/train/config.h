@@ -55,7 +55,13 @@ struct DataSettings {
 // gradient synchronisation; see docs/distributed.md.
 struct ParallelSettings {
   int tp = 1;             // tensor-parallel size (only 1 is implemented)
-  int pp = 1;             // pipeline-parallel size (only 1 is implemented)
+  int pp = 1;             // pipeline-parallel size
+  // Pipeline (docs/distributed.md): the schedule ("gpipe", "1f1b",
+  // "interleaved"), chunks per rank for interleaved, and an explicit split
+  // "3,2,..." of the layers per (virtual) stage (empty = balanced).
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  std::string pp_split;
   double bucket_mb = 25;  // gradient bucket size in MiB
   bool overlap = true;    // all-reduce buckets while backward runs
   // ZeRO (docs/distributed.md): 0 = plain DDP; 1 shards optimizer state,
@@ -78,6 +84,9 @@ struct TrainConfig {
 
   LrSchedule lr_schedule() const;
 };
+
+// parallel.pp_split as layer counts (empty = balanced); throws Error naming the key.
+std::vector<int64_t> pp_split_layers(const ParallelSettings& parallel);
 
 // "section.key" -> "value" as given on the command line.
 using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;

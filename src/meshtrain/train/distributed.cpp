@@ -43,10 +43,6 @@ void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& m
       parallel.tp == 1,
       "parallel.tp = {}: tensor parallelism is not implemented yet (set parallel.tp = 1)",
       parallel.tp);
-  MESHTRAIN_CHECK(
-      parallel.pp == 1,
-      "parallel.pp = {}: pipeline parallelism is not implemented yet (set parallel.pp = 1)",
-      parallel.pp);
 }
 
 zero::ZeroOptions zero_options(const TrainConfig& config) {

@@ -83,8 +83,28 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                   "parallel.zero = {} needs a communicator: run through `meshtrain train` (or "
                   "pass TrainerOptions::mesh)",
                   config_.parallel.zero);
+  const int pp = config_.parallel.pp;
+  pipeline::PipelineShape shape{pp, static_cast<int>(loader_->micro_batches_per_step()),
+                                config_.parallel.virtual_stages};
+  const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(config_.parallel.schedule);
+  StageLayers stage;
+  if (pp > 1) {
+    MESHTRAIN_CHECK(options_.mesh != nullptr,
+                    "parallel.pp = {} needs a communicator: run through `meshtrain train` (or "
+                    "pass TrainerOptions::mesh)",
+                    pp);
+    MESHTRAIN_CHECK(!sharded,
+                    "parallel.zero = {} with parallel.pp = {}: ZeRO over pipeline stages is not "
+                    "implemented yet (use parallel.zero = 0: DDP composes with pp)",
+                    config_.parallel.zero, pp);
+    pipeline::check_shape(kind, shape);
+    pp_split_ = pp_split_layers(config_.parallel);
+    stage = pipeline::stage_layers(config_.model.n_layers, shape, options_.mesh->coord().pp,
+                                   pp_split_);
+  }
   model_ = std::make_unique<Model>(config_.model, t.precision, *ctx_,
-                                   sharded ? ParamStorage::external : ParamStorage::flat);
+                                   sharded ? ParamStorage::external : ParamStorage::flat,
+                                   TensorParallel{}, stage);
   if (sharded) {
     zero_ = std::make_unique<zero::ShardedDataParallel>(
         *model_, options_.mesh->dp(), config_.optim.adamw, zero_options(config_));
@@ -107,8 +127,19 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     step_ = resumed.step;
   }
   if (!sharded && options_.mesh != nullptr && options_.dp_size > 1) {
+    // Pipelines reduce once, after the schedule's last backward.
     ddp_ = std::make_unique<DistributedDataParallel>(
-        *model_, options_.mesh->dp(), DdpOptions{config_.parallel.bucket_mb, config_.parallel.overlap});
+        *model_, options_.mesh->dp(),
+        DdpOptions{config_.parallel.bucket_mb, config_.parallel.overlap && pp == 1});
+  }
+  if (pp > 1) {
+    Communicator& pp_group = options_.mesh->pp();
+    pipeline_ = std::make_unique<pipeline::Executor>(*model_, pp_group, kind, shape,
+                                                     loader.micro_batch, t.seq_len);
+    if (config_.model.tie_embeddings) {
+      const bool ends = stage.first || stage.last;
+      tied_ = pp_group.split(ends ? 0 : 1, pp_group.rank(), "pp_tied");
+    }
   }
 
   fs::create_directories(t.out_dir);
@@ -150,6 +181,18 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                       ddp_->buckets().size(), config_.parallel.bucket_mb,
                                       config_.parallel.overlap ? "on" : "off")
                         : "no gradient sync (dp 1)");
+      if (pipeline_) {
+        const auto ranges = pipeline::split_layers(config_.model.n_layers, shape.total_stages(),
+                                                   pp_split_);
+        std::string layers;
+        for (const auto& [first, end] : ranges) {
+          layers += fmt::format("{}{}", layers.empty() ? "" : ",", end - first);
+        }
+        fmt::print("pipeline: {} stages x {} virtual, schedule {}, {} micro-batches per step, "
+                   "layers per stage {}, theoretical bubble {:.3f}\n",
+                   shape.stages, shape.virtual_stages, pipeline::schedule_kind_name(kind),
+                   shape.micro_batches, layers, pipeline::theoretical_bubble(shape));
+      }
     }
     const GlobalOrder& order = loader_->order();
     fmt::print("data: {} tokens, {} samples of {} (+1) tokens, {} steps per epoch ({:.2f} epochs)"
@@ -199,6 +242,16 @@ void Trainer::load_state(const std::string& dir) {
 }
 
 std::vector<float> Trainer::gather_weights() {
+  if (pipeline_) {
+    Communicator& pp = options_.mesh->pp();
+    std::vector<float> full = pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_,
+                                                      model_->flat_master().data<float>(), 0);
+    int64_t n = static_cast<int64_t>(full.size());
+    pp.broadcast(&n, 1, CommDType::i64, 0);
+    full.resize(static_cast<size_t>(n));
+    pp.broadcast(full.data(), n, CommDType::f32, 0);
+    return full;
+  }
   if (!zero_) {
     const Tensor& w = model_->flat_master();
     return std::vector<float>(w.data<float>(), w.data<float>() + w.numel());
@@ -246,7 +299,9 @@ StepRecord Trainer::train_step() {
   double loss_sum = 0;
   double data_seconds = loader_->stats().wait_seconds;
   const int64_t micro_batches = loader_->micro_batches_per_step();
-  for (int64_t a = 0; a < micro_batches; ++a) {
+  StepRecord r;
+  if (pipeline_) loss_sum = pipeline_micro_batches(grad_scale, r);
+  for (int64_t a = 0; a < micro_batches && !pipeline_; ++a) {
     const MicroBatch& batch = loader_->next();
     if (ddp_) ddp_->begin_micro_batch(a + 1 == micro_batches);
     if (zero_) zero_->begin_micro_batch(a == 0, a + 1 == micro_batches);
@@ -254,8 +309,9 @@ StepRecord Trainer::train_step() {
                                          seq, grad_scale);
   }
   data_seconds = loader_->stats().wait_seconds - data_seconds;
-  StepRecord r;
+  if (pipeline_) loss_sum = sum_over_ranks(options_.mesh->pp(), loss_sum);
   if (ddp_) {
+    if (pipeline_) ddp_->begin_micro_batch(true);  // the one reduction, after the schedule
     ddp_->finish_gradient_sync();
     loss_sum = sum_over_ranks(ddp_->dp(), loss_sum);
     r.comm_ms = ddp_->last_sync().comm_seconds * 1e3;
@@ -269,7 +325,9 @@ StepRecord Trainer::train_step() {
   r.step = step_ + 1;
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
   MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step, r.loss);
-  r.grad_norm = zero_ ? zero_->grad_norm() : global_grad_norm(*model_);
+  r.grad_norm = zero_       ? zero_->grad_norm()
+                : pipeline_ ? pipeline::pipeline_grad_norm(*model_, options_.mesh->pp())
+                            : global_grad_norm(*model_);
   MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
                   r.step, r.grad_norm);
   r.lr = schedule_.at(step_);
@@ -292,9 +350,38 @@ StepRecord Trainer::train_step() {
   r.data_ms = data_seconds * 1e3;
   r.tokens_per_s = tokens / seconds;
   // Per rank: this rank's tokens against this rank's peak.
+  // A pipeline stage does 1 / pp of the model's FLOPs (as balanced).
   r.mfu = config_.model.train_flops_per_token(seq) * tokens / static_cast<double>(options_.dp_size) /
-          seconds / peak_flops_;
+          static_cast<double>(config_.parallel.pp) / seconds / peak_flops_;
   return r;
+}
+
+double Trainer::pipeline_micro_batches(float grad_scale, StepRecord& r) {
+  const int64_t m = loader_->micro_batches_per_step();
+  pp_batches_.resize(static_cast<size_t>(m));
+  std::vector<pipeline::MicroBatchRef> refs;
+  for (MicroBatch& batch : pp_batches_) {
+    batch = loader_->next();
+    refs.push_back({batch.inputs.data(), batch.targets.data()});
+  }
+  const double loss = pipeline_->run(refs, grad_scale);
+  if (tied_) {
+    // The first stage's embedding and the last stage's output layer are one
+    // parameter: both get the sum of their gradients, so both updates agree.
+    Parameter& embedding = model_->params()[0];
+    tied_->all_reduce(embedding.grad.data<float>(), embedding.spec.numel(), CommDType::f32,
+                      ReduceOp::sum);
+  }
+  const pipeline::StepTiming& timing = pipeline_->last_timing();
+  r.pp_busy_ms = timing.busy_seconds * 1e3;
+  r.pp_wait_ms = timing.wait_seconds * 1e3;
+  r.pp_schedule_ms = timing.total_seconds * 1e3;
+  r.pp_bubble = timing.busy_seconds > 0
+                    ? (timing.total_seconds - timing.busy_seconds) / timing.busy_seconds
+                    : 0.0;
+  r.pp_bubble_theory = pipeline::theoretical_bubble(pipeline_->shape());
+  r.pp_in_flight = static_cast<int64_t>(timing.peak_in_flight);
+  return loss;
 }
 
 double Trainer::evaluate() {
@@ -302,11 +389,21 @@ double Trainer::evaluate() {
   // Always the same leading windows, so successive values are comparable.
   double loss_sum = 0;
   int64_t tokens = 0;
+  std::vector<MicroBatch> batches;  // pipeline: all of them, then one pass
   for (int64_t k = 0; k < val_set_->num_micro_batches(); ++k) {
     val_set_->read(k, val_batch_);
+    tokens += val_batch_.rows * val_batch_.seq_len;
+    if (pipeline_) {
+      batches.push_back(val_batch_);
+      continue;
+    }
     loss_sum += model_->forward_loss(val_batch_.inputs.data(), val_batch_.targets.data(),
                                      val_batch_.rows, val_batch_.seq_len);
-    tokens += val_batch_.rows * val_batch_.seq_len;
+  }
+  if (pipeline_) {
+    std::vector<pipeline::MicroBatchRef> refs;
+    for (const MicroBatch& b : batches) refs.push_back({b.inputs.data(), b.targets.data()});
+    loss_sum = sum_over_ranks(options_.mesh->pp(), pipeline_->evaluate(refs));
   }
   Communicator* dp = ddp_ ? &ddp_->dp() : zero_ ? &zero_->dp() : nullptr;
   if (dp != nullptr) {
@@ -324,6 +421,36 @@ std::string Trainer::save_checkpoint() {
   state.optimizer_step = zero_ ? zero_->step_count() : optimizer_->step_count();
   state.sampler = loader_->position();
   state.seed = config_.train.seed;
+  if (pipeline_) {
+    // The stages gathered to pp rank 0 (of dp rank 0), which writes the
+    // single-rank files: checkpoints do not depend on the layout.
+    Communicator& pp = options_.mesh->pp();
+    auto gather = [&](const Tensor& t) {
+      return pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_, t.data<float>(), 0);
+    };
+    std::vector<float> master = gather(model_->flat_master());
+    std::vector<float> exp_avg = gather(optimizer_->exp_avg());
+    std::vector<float> exp_avg_sq = gather(optimizer_->exp_avg_sq());
+    if (pp.rank() != 0) return dir;
+    std::vector<Parameter> params;
+    int64_t offset = 0;
+    for (ParamSpec& spec : build_param_specs(config_.model)) {
+      Parameter p;
+      p.offset = offset;
+      offset += spec.numel();
+      p.spec = std::move(spec);
+      params.push_back(std::move(p));
+    }
+    auto tensor = [&](const std::vector<float>& values) {
+      Tensor t({offset}, DType::f32, MemCategory::workspace, tracker_);
+      std::copy(values.begin(), values.end(), t.data<float>());
+      return t;
+    };
+    meshtrain::save_checkpoint(
+        dir, params, CheckpointTensors{tensor(master), tensor(exp_avg), tensor(exp_avg_sq)}, state,
+        config_);
+    return dir;
+  }
   if (!zero_) {
     meshtrain::save_checkpoint(
         dir, model_->params(),
@@ -348,7 +475,7 @@ std::string Trainer::save_checkpoint() {
 }
 
 void Trainer::log_step(const StepRecord& r) {
-  metrics_ << nlohmann::json{{"step", r.step},
+  nlohmann::json record{{"step", r.step},
                              {"loss", number(r.loss)},
                              {"lr", r.lr},
                              {"grad_norm", number(r.grad_norm)},
@@ -358,9 +485,16 @@ void Trainer::log_step(const StepRecord& r) {
                              {"data_ms", r.data_ms},
                              {"comm_ms", r.comm_ms},
                              {"exposed_comm_ms", r.exposed_comm_ms},
-                             {"comm_bytes", r.comm_bytes}}
-                  .dump()
-           << '\n';
+                             {"comm_bytes", r.comm_bytes}};
+  if (pipeline_) {
+    record["pp_busy_ms"] = r.pp_busy_ms;
+    record["pp_wait_ms"] = r.pp_wait_ms;
+    record["pp_schedule_ms"] = r.pp_schedule_ms;
+    record["pp_bubble"] = r.pp_bubble;
+    record["pp_bubble_theory"] = r.pp_bubble_theory;
+    record["pp_in_flight"] = r.pp_in_flight;
+  }
+  metrics_ << record.dump() << '\n';
   metrics_.flush();
   const TrainSettings& t = config_.train;
   if (options_.console && (r.step % t.log_interval == 0 || r.step == 1 || r.step == t.steps)) {
@@ -399,7 +533,8 @@ std::vector<StepRecord> Trainer::run() {
     bool periodic = t.checkpoint_interval > 0 && step_ % t.checkpoint_interval == 0;
     // Replicas are identical: rank 0 writes for all (with ZeRO after a
     // gather every rank takes part in).
-    const bool writer = options_.mesh == nullptr || options_.mesh->rank() == 0 || zero_;
+    const bool writer = options_.mesh == nullptr || options_.mesh->rank() == 0 || zero_ ||
+                        (pipeline_ && options_.mesh->coord().dp == 0);
     if (writer && t.checkpoint_interval >= 0 && (last || periodic)) {
       std::string dir = save_checkpoint();
       if (options_.console) fmt::print("checkpoint: {}\n", dir);

@@ -17,6 +17,7 @@
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/ddp/ddp.h"
+#include "meshtrain/parallel/pipeline/executor.h"
 #include "meshtrain/parallel/zero/sharded.h"
 #include "meshtrain/train/config.h"
 
@@ -34,6 +35,13 @@ struct StepRecord {
   double comm_ms = 0;          // data parallel: the gradient all-reduces' busy time
   double exposed_comm_ms = 0;  // of step_ms, waiting for them after backward
   uint64_t comm_bytes = 0;     // bytes of the step's collectives (CallRecord::bytes)
+  // Pipeline (pp > 1), this rank: time computing, waiting for a peer's
+  // activation or gradient, and in the whole schedule; the measured bubble
+  // (schedule - compute) / compute next to the theoretical (p - 1) / (v m);
+  // the most micro-batches whose activations were held at once.
+  double pp_busy_ms = 0, pp_wait_ms = 0, pp_schedule_ms = 0;
+  double pp_bubble = 0, pp_bubble_theory = 0;
+  int64_t pp_in_flight = 0;
 };
 
 struct TrainerOptions {
@@ -106,6 +114,15 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DistributedDataParallel> ddp_;  // dp > 1 only; after model_ (uses it)
   std::unique_ptr<zero::ShardedDataParallel> zero_;  // parallel.zero > 0; after model_
+  // Pipeline parallelism (parallel.pp > 1): the schedule's executor, the
+  // first and last stages' group (tied embeddings), the step's micro-batches.
+  std::unique_ptr<pipeline::Executor> pipeline_;
+  std::unique_ptr<Communicator> tied_;
+  std::vector<int64_t> pp_split_;
+  std::vector<MicroBatch> pp_batches_;
+  // Runs the pipeline schedule on the step's micro-batches (tied embeddings'
+  // gradients summed over the first and last stages); returns this stage's loss sum.
+  double pipeline_micro_batches(float grad_scale, StepRecord& record);
   LrSchedule schedule_;
   int64_t step_ = 0;
   double peak_flops_ = 0;

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/model/model.h"
@@ -44,6 +46,10 @@ class Executor {
   // the last stage only).
   double run(std::span<const MicroBatchRef> micro_batches, float grad_scale);
 
+  // Forward only (evaluation), micro-batch by micro-batch through every
+  // chunk: the sum of token losses (non-zero on the last stage only).
+  double evaluate(std::span<const MicroBatchRef> micro_batches);
+
   const RankSchedule& actions() const { return actions_; }
   const PipelineShape& shape() const { return shape_; }
   ScheduleKind kind() const { return kind_; }
@@ -68,5 +74,17 @@ std::vector<std::pair<int64_t, int64_t>> split_layers(int64_t n_layers, int tota
 // The part of the model pipeline rank `rank` holds (virtual stages c * p + rank).
 StageLayers stage_layers(int64_t n_layers, const PipelineShape& shape, int rank,
                          const std::vector<int64_t>& split);
+
+// The whole model's gradient norm from its stages (collective over pp and
+// tp): every global element once (tp: tp_counts_once; a tied output layer's
+// copy on the last stage skipped).
+double pipeline_grad_norm(const Model& model, Communicator& pp);
+
+// Checkpoints and export: the whole model's flat tensor (registry order of
+// build_param_specs(config, tp rank, tp size), the single-rank layout) from
+// every stage's flat `local` (its params() order), assembled on pp rank
+// `root`; the others get an empty vector. Collective over pp.
+std::vector<float> gather_stages(Communicator& pp, const Model& model, const PipelineShape& shape,
+                                 const std::vector<int64_t>& split, const float* local, int root);
 
 }  // namespace meshtrain::pipeline
