@@ -139,6 +139,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     if (config_.model.tie_embeddings) {
       const bool ends = stage.first || stage.last;
       tied_ = pp_group.split(ends ? 0 : 1, pp_group.rank(), "pp_tied");
+      if (!ends) tied_.reset();  // the middle stages' group is not used
     }
   }
 
