@@ -193,6 +193,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                    "layers per stage {}, theoretical bubble {:.3f}\n",
                    shape.stages, shape.virtual_stages, pipeline::schedule_kind_name(kind),
                    shape.micro_batches, layers, pipeline::theoretical_bubble(shape));
+        // The schedule as the simulator runs it (backward = 2 forward).
+        fmt::print("{}", pipeline::format_timeline(
+                             pipeline::simulate(pipeline::make_schedule(kind, shape), shape), shape));
       }
     }
     const GlobalOrder& order = loader_->order();

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Pipeline schedules side by side (issue 8): llama-60M (dim 512, 8 layers,
+# GPT-2 vocab, tied), bf16, sequence 256, 8 micro-batches of 1 sequence per
+# step, pp 2 and 4 under mpirun (1 thread per rank), GPipe, 1F1B and
+# interleaved 1F1B (v = 2). Per run, from every rank's metrics:
+#   - the measured bubble (schedule time - compute) / compute, mean over
+#     ranks and timed steps, next to the theoretical (p - 1) / (v m) (which
+#     the simulator of schedule.h reproduces: tests/pipeline);
+#   - busy / wait per rank (ms per step);
+#   - micro-batches held at once and the activation peak per stage (the
+#     memory tracker's activations category).
+# usage: bench/pipeline_schedules.sh [steps=2]   (the first step is not timed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-2}
+BIN=${MESHTRAIN_BIN:-build/meshtrain}
+[ -x "$BIN" ] || { echo "build first (or set MESHTRAIN_BIN)" >&2; exit 1; }
+MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+work=$(mktemp -d)
+if [ -n "${KEEP:-}" ]; then echo "runs in $work" >&2; else trap 'rm -rf "$work"' EXIT; fi
+
+# Throughput only: random GPT-2 token ids in llm.c's format.
+python3 - "$work/train.bin" <<'PY'
+import random, struct, sys
+random.seed(1)
+n = 200_000
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack(f"<{n}H", *(random.randrange(50257) for _ in range(n))))
+PY
+cat >"$work/run.toml" <<TOML
+[model]
+preset = "llama-60M"
+[train]
+precision = "bf16"
+steps = $((STEPS + 1))
+batch_size = 8
+micro_batch_size = 1
+seq_len = 256
+threads = 1
+eval_interval = 0
+peak_flops = 1e11
+checkpoint_interval = -1
+[data]
+train = "$work/train.bin"
+TOML
+
+printf "%-3s %-12s %-8s %-8s %-22s %-10s %s\n" pp schedule bubble theory "busy/wait ms (rank 0)" in-flight "activation peak MiB per stage"
+for pp in 2 4; do
+  for schedule in gpipe 1f1b interleaved; do
+    v=1; [ $schedule = interleaved ] && v=2
+    out=$work/pp${pp}_$schedule
+    "${MPIRUN[@]}" -np $pp "$BIN" train --config "$work/run.toml" --parallel.pp $pp \
+      --parallel.schedule $schedule --parallel.virtual_stages $v --train.out_dir "$out" \
+      >"$out.log" 2>&1 || { cat "$out.log"; exit 1; }
+    python3 - "$out" $pp $v <<'PY'
+import glob, json, sys
+out, pp, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ranks = sorted(glob.glob(out + "/metrics*.jsonl"), key=lambda p: (len(p), p))
+bubbles, peaks, held, busy_wait = [], [], [], None
+for path in ranks:
+    rows = list(map(json.loads, open(path)))
+    steps = [r for r in rows if "loss" in r][1:]  # the first step warms up
+    bubbles += [r["pp_bubble"] for r in steps]
+    held.append(max(r["pp_in_flight"] for r in steps))
+    if busy_wait is None:
+        busy_wait = "%.0f / %.0f" % (sum(r["pp_busy_ms"] for r in steps) / len(steps),
+                                     sum(r["pp_wait_ms"] for r in steps) / len(steps))
+    end = [r for r in rows if r.get("memory") == "end"][-1]
+    peaks.append(end["bytes"]["activations_peak"] / 2**20)
+    theory = steps[-1]["pp_bubble_theory"]
+print("%-3d %-12s %-8.3f %-8.3f %-22s %-10s %s" % (
+    pp, out.rsplit("_", 1)[1], sum(bubbles) / len(bubbles), theory, busy_wait,
+    ",".join(map(str, held)), " ".join("%.0f" % p for p in peaks)))
+PY
+  done
+done
