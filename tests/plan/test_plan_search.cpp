@@ -364,3 +364,24 @@ TEST(Search, DeadlineKeepsOnlyLayoutsThatFinishInTime) {
 
 }  // namespace
 }  // namespace meshtrain::plan
+
+namespace meshtrain::plan {
+namespace {
+
+TEST(StepTime, OptimizerStepStreamsItsShardThroughHbm) {
+  PlanInputs in = llama70b_on_h100(1024);
+  Layout l;
+  l.tp = 8;
+  l.pp = 4;
+  l.dp = 32;
+  l.zero = 1;
+  l.sequence_parallel = true;
+  const Estimate e = evaluate(in.ctx, in.cluster, in.job, l);
+  // bf16 AdamW: read the 2-byte gradient, read and write 12 bytes of state, write 2-byte weights.
+  EXPECT_NEAR(e.time.optimizer, e.params_per_rank / 32 * 28 / 3.35e12, 1e-15);
+  l.offload = Offload::optimizer;
+  EXPECT_EQ(evaluate(in.ctx, in.cluster, in.job, l).time.optimizer, 0);  // on the host instead
+}
+
+}  // namespace
+}  // namespace meshtrain::plan

@@ -59,10 +59,11 @@ struct StepTime {
   double recompute = 0;  // the extra forward work of activation recomputation
   double bubble = 0;     // pipeline fill and drain
   double tp = 0, dp = 0, pp = 0;  // exposed communication
+  double optimizer = 0;  // the optimizer step: memory-bound, at HBM bandwidth
   double offload = 0;    // host transfers and CPU optimizer step
   double checkpoint = 0; // a blocking checkpoint write, amortised over its interval
   double total() const {
-    return compute + recompute + bubble + tp + dp + pp + offload + checkpoint;
+    return compute + recompute + bubble + tp + dp + pp + optimizer + offload + checkpoint;
   }
 };
 
