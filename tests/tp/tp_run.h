@@ -54,6 +54,7 @@ inline std::vector<int> tp_sizes(int world) {
 
 struct TpRunSpec {
   ModelConfig model = tp_llama(false);
+  Precision precision = Precision::fp32;
   int tp = 2;
   bool sequence_parallel = false;
   int zero = 0;  // 0: flat model (+ DDP when dp > 1); 1..3: ZeRO stage on the dp axis
@@ -92,7 +93,7 @@ inline std::vector<float> tensor_values(const Tensor& t) {
 
 // The single-rank run: flat model, AdamW, global-norm clipping.
 inline TpRunResult tp_reference(const TpRunSpec& s) {
-  CpuModel m(s.model, Precision::fp32, 1);
+  CpuModel m(s.model, s.precision, 1);
   m.model.init_weights(s.seed);
   AdamW optimizer(m.model, tp_adamw());
   const auto tokens = static_cast<double>(s.global_rows * s.seq);
@@ -119,7 +120,7 @@ struct TpTrainer {
   TpTrainer(Communicator& world, const TpRunSpec& spec)
       : s(spec), mesh(world, spec.tp, 1), tp{&mesh.tp(), spec.sequence_parallel},
         ctx(1, tracker),
-        model(spec.model, Precision::fp32, ctx,
+        model(spec.model, spec.precision, ctx,
               spec.zero > 0 ? ParamStorage::external : ParamStorage::flat, tp) {
     const int dp = mesh.layout().dp();
     if (s.zero > 0) {
@@ -173,14 +174,32 @@ struct TpTrainer {
     return out;
   }
 
-  // The master weights in the full layout, on every rank.
-  std::vector<float> full_master() {
-    if (!zero) return full(model.flat_master());
+  // This rank's master weights (its slices, local flat layout).
+  Tensor local_master() {
     Tensor local({model.num_params()}, DType::f32, MemCategory::workspace, tracker);
+    if (!zero) {
+      local.copy_from(model.flat_master());
+      return local;
+    }
     zero->gather_full(zero::ShardedDataParallel::State::master, 0, local.data<float>());
     // gather_full fills rank 0 of the dp group only; share it with the group.
     mesh.dp().broadcast(local.raw(), local.numel(), CommDType::f32, 0);
-    return full(local);
+    return local;
+  }
+
+  // The master weights in the full layout, on every rank.
+  std::vector<float> full_master() { return full(local_master()); }
+
+  // The values of the parameters replicated over tp, as this rank holds them.
+  std::vector<float> replicated_values() {
+    const Tensor local = local_master();
+    std::vector<float> out;
+    for (const Parameter& p : model.params()) {
+      if (p.spec.split.split()) continue;
+      const float* v = local.data<float>() + p.offset;
+      out.insert(out.end(), v, v + p.spec.numel());
+    }
+    return out;
   }
 
   TpRunResult run() {
