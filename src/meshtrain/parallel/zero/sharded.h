@@ -61,7 +61,10 @@ struct GatherEvent {
 struct ZeroStepTiming {
   double comm_seconds = 0;     // busy time of the collectives that completed in the step
   double exposed_seconds = 0;  // what the training thread waited for them
-  uint64_t bytes = 0;          // CallRecord bytes (reduce_scatter: input, all_gather: output)
+  // Bytes of the collectives issued in the step (as CallRecord counts them:
+  // reduce_scatter its input, all_gather its output), stages 1/2 including the
+  // update's all-gather (waited for in the next forward).
+  uint64_t bytes = 0;
   std::vector<GatherEvent> gathers;  // stage 3
 };
 
