@@ -228,11 +228,6 @@ TEST(Output, JsonHasTheEngineCategories) {
   EXPECT_EQ(j["families"].size(), r.families.size());
 }
 
-}  // namespace
-}  // namespace meshtrain::plan
-
-namespace meshtrain::plan {
-namespace {
 
 TEST(StepTime, CheckpointWriteIsAmortisedOverItsInterval) {
   PlanInputs in = llama70b_on_h100(1024);
@@ -281,11 +276,6 @@ TEST(StepTime, BubbleIsTheScheduleFormula) {
   EXPECT_GT(gpipe.memory.activations, 10 * ofob.memory.activations);
 }
 
-}  // namespace
-}  // namespace meshtrain::plan
-
-namespace meshtrain::plan {
-namespace {
 
 TEST(HybridSharding, ShardsOverTheGroupAndAllReducesAcrossReplicas) {
   PlanInputs in = llama70b_on_h100(1024);
@@ -335,11 +325,6 @@ TEST(HybridSharding, FixedShardIsSearched) {
             "plan: --shard (hybrid sharding) needs --zero 3");
 }
 
-}  // namespace
-}  // namespace meshtrain::plan
-
-namespace meshtrain::plan {
-namespace {
 
 TEST(Search, DeadlineKeepsOnlyLayoutsThatFinishInTime) {
   PlanInputs in = llama70b_on_h100(1024);
@@ -362,11 +347,6 @@ TEST(Search, DeadlineKeepsOnlyLayoutsThatFinishInTime) {
   EXPECT_NE(table.find("too slow:"), std::string::npos);
 }
 
-}  // namespace
-}  // namespace meshtrain::plan
-
-namespace meshtrain::plan {
-namespace {
 
 TEST(StepTime, OptimizerStepStreamsItsShardThroughHbm) {
   PlanInputs in = llama70b_on_h100(1024);
