@@ -46,7 +46,7 @@ struct ZeroOptions {
   OffloadOptions offload;              // optimizer state's tier (resident_category ignored)
   // Optimizer state moves in pieces of at most this many elements per state
   // (the same for every tier, so the tier cannot change a result).
-  int64_t piece_elems = int64_t{1} << 16;
+  int64_t piece_elems = int64_t{1} << 20;  // 4 MiB chunks (docs/benchmarks.md: offload store)
 };
 
 // One stage-3 all-gather as the model met it.
