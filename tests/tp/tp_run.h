@@ -18,6 +18,7 @@
 #include "meshtrain/parallel/zero/sharded.h"
 #include "mpi_test.h"
 #include "support/tiny_models.h"
+#include "zero_mpi/zero_run.h"
 
 namespace meshtrain::testing {
 
@@ -71,20 +72,14 @@ struct TpRunResult {
   std::vector<float> master;          // after the last step (full layout)
 };
 
-inline AdamWConfig tp_adamw() { return AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}; }
-
-// Rows [row0, row0 + rows) of step's global batch.
+// Rows [row0, row0 + rows) of step's global batch (the ZeRO tests' batches).
 inline void tp_batch(const TpRunSpec& s, int step, int64_t row0, int64_t rows,
                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-  const std::vector<int32_t> ids = random_ids(500 + static_cast<uint64_t>(step),
-                                              s.global_rows * (s.seq + 1), s.model.vocab_size);
-  inputs.clear();
-  targets.clear();
-  for (int64_t r = row0; r < row0 + rows; ++r) {
-    const int32_t* row = ids.data() + r * (s.seq + 1);
-    inputs.insert(inputs.end(), row, row + s.seq);
-    targets.insert(targets.end(), row + 1, row + 1 + s.seq);
-  }
+  ZeroRunSpec batches;
+  batches.model = s.model;
+  batches.global_rows = s.global_rows;
+  batches.seq = s.seq;
+  batch_rows(batches, step, row0, rows, inputs, targets);
 }
 
 inline std::vector<float> tensor_values(const Tensor& t) {
@@ -95,7 +90,7 @@ inline std::vector<float> tensor_values(const Tensor& t) {
 inline TpRunResult tp_reference(const TpRunSpec& s) {
   CpuModel m(s.model, s.precision, 1);
   m.model.init_weights(s.seed);
-  AdamW optimizer(m.model, tp_adamw());
+  AdamW optimizer(m.model, test_adamw());
   const auto tokens = static_cast<double>(s.global_rows * s.seq);
   TpRunResult r;
   std::vector<int32_t> in, tg;
@@ -126,11 +121,11 @@ struct TpTrainer {
     if (s.zero > 0) {
       zero::ZeroOptions options;
       options.stage = s.zero;
-      zero = std::make_unique<zero::ShardedDataParallel>(model, mesh.dp(), tp_adamw(), options);
+      zero = std::make_unique<zero::ShardedDataParallel>(model, mesh.dp(), test_adamw(), options);
       zero->init_weights(s.seed);
     } else {
       model.init_weights(s.seed);
-      optimizer = std::make_unique<AdamW>(model, tp_adamw());
+      optimizer = std::make_unique<AdamW>(model, test_adamw());
       if (dp > 1) {
         ddp = std::make_unique<DistributedDataParallel>(model, mesh.dp(), DdpOptions{});
       }
