@@ -10,7 +10,8 @@
 #   - bytes per step: the CallRecord bytes of the step's collectives and what
 #     a ring algorithm sends per rank, against theory (2Ψ-equivalent for
 #     stages 0-2, 3Ψ for stage 3; see the table's note for the dtypes);
-#   - stage 3 with prefetch off, and with reshard_after_forward off.
+#   - stage 3 with prefetch off, with reshard_after_forward off, and with the
+#     optimizer state offloaded to disk under a 64 MiB RAM budget.
 # usage: bench/zero_stages.sh [steps=3] [batch_per_rank=4]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +64,8 @@ run zero2 --parallel.zero 2
 run zero3 --parallel.zero 3
 run zero3_noprefetch --parallel.zero 3 --parallel.prefetch false
 run zero3_keep --parallel.zero 3 --parallel.reshard_after_forward false
+run zero3_disk --parallel.zero 3 --parallel.offload disk --parallel.offload_budget_mb 64 \
+  --parallel.offload_dir "$work/offload"
 
 python3 - "$work" "$STEPS" "$BATCH" <<'PY'
 import glob, json, statistics, sys
@@ -92,24 +95,30 @@ def theory_bytes(stage, regather):  # CallRecord bytes per step, and ring bytes 
     return total, (n - 1) / n * total
 print(f"llama-60M (Ψ = {psi / 1e6:.2f}M), bf16, seq 256, {batch} sequences per rank, dp 2, "
       f"1 thread per rank; {steps} timed steps (after 1 warm-up)")
-print(f"{'run':26} {'best ms':>8} {'median':>7} {'exposed':>8} {'model state MiB':>16} "
-      f"{'formula':>8} {'peak MiB':>9} {'MB/step':>8} {'theory':>7} {'sent/rank':>10}")
+print(f"{'run':30} {'best ms':>8} {'median':>7} {'exposed':>8} {'model state MiB':>16} "
+      f"{'formula':>8} {'offloaded':>9} {'peak MiB':>9} {'MB/step':>8} {'theory':>7} "
+      f"{'sent/rank':>10}")
 for name, stage in [("zero0", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3),
-                    ("zero3_noprefetch", 3), ("zero3_keep", 3)]:
+                    ("zero3_noprefetch", 3), ("zero3_keep", 3), ("zero3_disk", 3)]:
     ranks, end = load(name)
     slowest = [max(rows[i]["step_ms"] for rows in ranks) for i in range(len(ranks[0]))]
     exposed = statistics.median(max(rows[i]["exposed_comm_ms"] for rows in ranks)
                                 for i in range(len(ranks[0])))
     state = max(e["params"] + e["grads"] + e["optimizer"] for e in end)
+    offloaded = max(e["offloaded"] for e in end)
+    want_state = sum(formula(stage))
+    if name == "zero3_disk":  # the optimizer state's resident part is at most the budget
+        want_state = formula(stage)[0] + formula(stage)[1] + 64 * MiB
     peak = max(e["total_peak"] for e in end)
     sent = statistics.median(ranks[0][i]["comm_bytes"] for i in range(len(ranks[0])))
     # Stage 3 gathers again for backward unless reshard_after_forward is off.
     want_total, want_sent = theory_bytes(stage, stage == 3 and name != "zero3_keep")
     label = {"zero0": "zero 0 (DDP)", "zero3": "zero 3 (prefetch on)",
              "zero3_noprefetch": "zero 3, prefetch off",
-             "zero3_keep": "zero 3, no reshard after fwd"}.get(name, name.replace("zero", "zero "))
-    print(f"{label:26} {min(slowest):8.0f} {statistics.median(slowest):7.0f} {exposed:8.0f} "
-          f"{state / MiB:16.1f} {sum(formula(stage)) / MiB:8.1f} {peak / MiB:9.1f} "
+             "zero3_keep": "zero 3, no reshard after fwd",
+             "zero3_disk": "zero 3, disk offload 64 MiB"}.get(name, name.replace("zero", "zero "))
+    print(f"{label:30} {min(slowest):8.0f} {statistics.median(slowest):7.0f} {exposed:8.0f} "
+          f"{state / MiB:16.1f} {want_state / MiB:8.1f} {offloaded / MiB:9.1f} {peak / MiB:9.1f} "
           f"{sent / 1e6:8.1f} {want_total / 1e6:7.1f} {want_sent / 1e6:10.1f}")
 print("MB/step: CallRecord bytes of the step's collectives (all_reduce: the buffer; reduce_scatter:"
       " its f32 input; all_gather: its output). theory: 4Ψ (stage 0), 4Ψ + c (1, 2),"
