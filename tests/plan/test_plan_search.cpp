@@ -363,5 +363,28 @@ TEST(StepTime, OptimizerStepStreamsItsShardThroughHbm) {
   EXPECT_EQ(evaluate(in.ctx, in.cluster, in.job, l).time.optimizer, 0);  // on the host instead
 }
 
+
+TEST(Calibration, RecoversTheEfficiencyOfAMeasuredStep) {
+  PlanInputs in = llama70b_on_h100(1024);
+  Layout l;
+  l.tp = 8;
+  l.pp = 4;
+  l.vpp = 5;
+  l.dp = 32;
+  l.zero = 1;
+  l.sequence_parallel = true;
+  l.schedule = Schedule::interleaved;
+  ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
+  for (double eff : {0.23, 0.41, 0.62}) {
+    Job job = in.job;
+    job.compute_efficiency = eff;
+    const double measured = evaluate(in.ctx, in.cluster, job, l).step_seconds;
+    EXPECT_NEAR(calibrate_efficiency(in.ctx, in.cluster, in.job, l, measured), eff, 1e-6);
+  }
+  EXPECT_NE(error_of([&] { calibrate_efficiency(in.ctx, in.cluster, in.job, l, 0.5); })
+                .find("is faster than"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace meshtrain::plan

@@ -339,4 +339,21 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   return est;
 }
 
+double calibrate_efficiency(const PlanContext& ctx, const Cluster& cl, Job job, const Layout& l,
+                            double measured) {
+  MESHTRAIN_CHECK(measured > 0, "plan: --measured-step-s must be > 0, got {}", measured);
+  job.compute_efficiency = 1.0;
+  const double fastest = evaluate(ctx, cl, job, l).step_seconds;
+  MESHTRAIN_CHECK(measured >= fastest,
+                  "plan: a measured step of {:.4g} s is faster than {} can be even at peak "
+                  "FLOP/s ({:.4g} s): check the layout, batch and GPU",
+                  measured, describe(l), fastest);
+  double lo = 1e-4, hi = 1.0;
+  for (int i = 0; i < 100 && hi - lo > 1e-9; ++i) {
+    job.compute_efficiency = 0.5 * (lo + hi);
+    (evaluate(ctx, cl, job, l).step_seconds > measured ? lo : hi) = job.compute_efficiency;
+  }
+  return 0.5 * (lo + hi);
+}
+
 }  // namespace meshtrain::plan

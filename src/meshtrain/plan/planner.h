@@ -95,6 +95,12 @@ std::string check_layout(const PlanContext& ctx, const Cluster& cluster, const J
 Estimate evaluate(const PlanContext& ctx, const Cluster& cluster, const Job& job,
                   const Layout& layout);
 
+// The compute efficiency at which `layout` takes `measured_step_seconds` per
+// step (bisection; the step time falls as the efficiency rises). Throws Error
+// when even efficiency 1 is slower than the measurement.
+double calibrate_efficiency(const PlanContext& ctx, const Cluster& cluster, Job job,
+                            const Layout& layout, double measured_step_seconds);
+
 // "tp 8 pp 4 v 2 dp 32 zero 1 mb 1 selective sp"
 std::string describe(const Layout& layout);
 // "1", "3", or "3/8" for ZeRO-3 sharded in groups of 8.
