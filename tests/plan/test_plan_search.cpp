@@ -28,6 +28,21 @@ PlanInputs llama70b_on_h100(int64_t gpus) {
   return in;
 }
 
+// A tensor-parallel layout (SP on), interleaved when vpp > 1.
+Layout tp_layout(int64_t tp, int64_t pp, int64_t dp, int zero, int64_t vpp = 1,
+                 int64_t micro_batch = 1) {
+  Layout l;
+  l.tp = tp;
+  l.pp = pp;
+  l.dp = dp;
+  l.zero = zero;
+  l.vpp = vpp;
+  l.micro_batch = micro_batch;
+  l.sequence_parallel = tp > 1;
+  l.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+  return l;
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -231,12 +246,7 @@ TEST(Output, JsonHasTheEngineCategories) {
 
 TEST(StepTime, CheckpointWriteIsAmortisedOverItsInterval) {
   PlanInputs in = llama70b_on_h100(1024);
-  Layout l;
-  l.tp = 8;
-  l.pp = 4;
-  l.dp = 32;
-  l.zero = 1;
-  l.sequence_parallel = true;
+  Layout l = tp_layout(8, 4, 32, 1);
   in.job.checkpoint_interval_seconds = 0;
   const Estimate none = evaluate(in.ctx, in.cluster, in.job, l);
   EXPECT_EQ(none.time.checkpoint, 0);
@@ -252,12 +262,7 @@ TEST(StepTime, CheckpointWriteIsAmortisedOverItsInterval) {
 TEST(StepTime, BubbleIsTheScheduleFormula) {
   PlanInputs in = llama70b_on_h100(1024);
   in.job.checkpoint_interval_seconds = 0;
-  Layout l;
-  l.tp = 8;
-  l.pp = 8;
-  l.dp = 16;
-  l.zero = 1;
-  l.sequence_parallel = true;
+  Layout l = tp_layout(8, 8, 16, 1);
   for (int64_t v : {1, 2, 5}) {
     l.vpp = v;
     l.schedule = v > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
@@ -280,12 +285,7 @@ TEST(StepTime, BubbleIsTheScheduleFormula) {
 TEST(HybridSharding, ShardsOverTheGroupAndAllReducesAcrossReplicas) {
   PlanInputs in = llama70b_on_h100(1024);
   in.job.checkpoint_interval_seconds = 0;
-  Layout l;
-  l.tp = 8;
-  l.dp = 128;
-  l.zero = 3;
-  l.micro_batch = 2;
-  l.sequence_parallel = true;
+  Layout l = tp_layout(8, 1, 128, 3, 1, 2);
   const Estimate full = evaluate(in.ctx, in.cluster, in.job, l);
   l.shard = 16;
   ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
@@ -350,12 +350,7 @@ TEST(Search, DeadlineKeepsOnlyLayoutsThatFinishInTime) {
 
 TEST(StepTime, OptimizerStepStreamsItsShardThroughHbm) {
   PlanInputs in = llama70b_on_h100(1024);
-  Layout l;
-  l.tp = 8;
-  l.pp = 4;
-  l.dp = 32;
-  l.zero = 1;
-  l.sequence_parallel = true;
+  Layout l = tp_layout(8, 4, 32, 1);
   const Estimate e = evaluate(in.ctx, in.cluster, in.job, l);
   // bf16 AdamW: read the 2-byte gradient, read and write 12 bytes of state, write 2-byte weights.
   EXPECT_NEAR(e.time.optimizer, e.params_per_rank / 32 * 28 / 3.35e12, 1e-15);
@@ -366,14 +361,7 @@ TEST(StepTime, OptimizerStepStreamsItsShardThroughHbm) {
 
 TEST(Calibration, RecoversTheEfficiencyOfAMeasuredStep) {
   PlanInputs in = llama70b_on_h100(1024);
-  Layout l;
-  l.tp = 8;
-  l.pp = 4;
-  l.vpp = 5;
-  l.dp = 32;
-  l.zero = 1;
-  l.sequence_parallel = true;
-  l.schedule = Schedule::interleaved;
+  const Layout l = tp_layout(8, 4, 32, 1, 5);
   ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
   for (double eff : {0.23, 0.41, 0.62}) {
     Job job = in.job;
