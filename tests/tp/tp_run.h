@@ -64,6 +64,7 @@ struct TpRunSpec {
   int64_t seq = 8;
   uint64_t seed = 11;
   float lr = 3e-3f, max_norm = 0.5f;
+  bool perturb = false;  // perturb_norms_and_biases after init (flat storage only)
 };
 
 struct TpRunResult {
@@ -82,6 +83,20 @@ inline void tp_batch(const TpRunSpec& s, int step, int64_t row0, int64_t rows,
   batch_rows(batches, step, row0, rows, inputs, targets);
 }
 
+// Moves norm weights and biases (flat storage) off their ones/zeros, by
+// (name, global index), so a slice gets the slice of the tp = 1 change.
+inline void perturb_norms_and_biases(Model& model, uint64_t seed) {
+  for (Parameter& p : model.params()) {
+    if (p.spec.init == InitKind::normal) continue;
+    const uint64_t key = stream_key(seed, "tp-test-perturbation:" + p.spec.name);
+    float* v = p.master.data<float>();
+    for_each_local_run(p.spec.split, [&](int64_t local, int64_t global, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) v[local + i] += 0.2f * normal_at(key, static_cast<uint64_t>(global + i));
+    });
+  }
+  model.sync_compute_weights();
+}
+
 inline std::vector<float> tensor_values(const Tensor& t) {
   return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
 }
@@ -90,6 +105,7 @@ inline std::vector<float> tensor_values(const Tensor& t) {
 inline TpRunResult tp_reference(const TpRunSpec& s) {
   CpuModel m(s.model, s.precision, 1);
   m.model.init_weights(s.seed);
+  if (s.perturb) perturb_norms_and_biases(m.model, s.seed);
   AdamW optimizer(m.model, test_adamw());
   const auto tokens = static_cast<double>(s.global_rows * s.seq);
   TpRunResult r;
@@ -125,6 +141,7 @@ struct TpTrainer {
       zero->init_weights(s.seed);
     } else {
       model.init_weights(s.seed);
+      if (s.perturb) perturb_norms_and_biases(model, s.seed);
       optimizer = std::make_unique<AdamW>(model, test_adamw());
       if (dp > 1) {
         ddp = std::make_unique<DistributedDataParallel>(model, mesh.dp(), DdpOptions{});
