@@ -42,3 +42,5 @@ meshtrain_plan_case(deadline_missed 1 "^meshtrain: plan: no layout trains 15T to
                     ${seventy} --gpus 1024 --max-days 30)
 meshtrain_plan_case(backwards_range 1 "^meshtrain: plan: --gpus range '1024..256' runs backwards$"
                     ${seventy} --gpus 1024..256)
+meshtrain_plan_case(measured_too_fast 1 "^meshtrain: plan: a measured step of 0.01 s is faster than"
+                    ${seventy} --gpus 1024 --tp 8 --pp 4 --zero 1 --micro-batch 1 --recompute selective --measured-step-s 0.01)

@@ -204,11 +204,6 @@ TEST(Inputs, GlobalBatchTokens) {
   EXPECT_THROW(parse_global_batch_tokens("100", 8192), Error);  // less than one sequence
 }
 
-}  // namespace
-}  // namespace meshtrain::plan
-
-namespace meshtrain::plan {
-namespace {
 
 TEST(Inputs, OptionNamesRoundTrip) {
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {

@@ -28,6 +28,21 @@ PlanInputs llama70b_on_h100(int64_t gpus) {
   return in;
 }
 
+// A tensor-parallel layout (SP on), interleaved when vpp > 1.
+Layout tp_layout(int64_t tp, int64_t pp, int64_t dp, int zero, int64_t vpp = 1,
+                 int64_t micro_batch = 1) {
+  Layout l;
+  l.tp = tp;
+  l.pp = pp;
+  l.dp = dp;
+  l.zero = zero;
+  l.vpp = vpp;
+  l.micro_batch = micro_batch;
+  l.sequence_parallel = tp > 1;
+  l.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+  return l;
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -228,20 +243,10 @@ TEST(Output, JsonHasTheEngineCategories) {
   EXPECT_EQ(j["families"].size(), r.families.size());
 }
 
-}  // namespace
-}  // namespace meshtrain::plan
-
-namespace meshtrain::plan {
-namespace {
 
 TEST(StepTime, CheckpointWriteIsAmortisedOverItsInterval) {
   PlanInputs in = llama70b_on_h100(1024);
-  Layout l;
-  l.tp = 8;
-  l.pp = 4;
-  l.dp = 32;
-  l.zero = 1;
-  l.sequence_parallel = true;
+  Layout l = tp_layout(8, 4, 32, 1);
   in.job.checkpoint_interval_seconds = 0;
   const Estimate none = evaluate(in.ctx, in.cluster, in.job, l);
   EXPECT_EQ(none.time.checkpoint, 0);
@@ -257,12 +262,7 @@ TEST(StepTime, CheckpointWriteIsAmortisedOverItsInterval) {
 TEST(StepTime, BubbleIsTheScheduleFormula) {
   PlanInputs in = llama70b_on_h100(1024);
   in.job.checkpoint_interval_seconds = 0;
-  Layout l;
-  l.tp = 8;
-  l.pp = 8;
-  l.dp = 16;
-  l.zero = 1;
-  l.sequence_parallel = true;
+  Layout l = tp_layout(8, 8, 16, 1);
   for (int64_t v : {1, 2, 5}) {
     l.vpp = v;
     l.schedule = v > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
@@ -281,21 +281,11 @@ TEST(StepTime, BubbleIsTheScheduleFormula) {
   EXPECT_GT(gpipe.memory.activations, 10 * ofob.memory.activations);
 }
 
-}  // namespace
-}  // namespace meshtrain::plan
-
-namespace meshtrain::plan {
-namespace {
 
 TEST(HybridSharding, ShardsOverTheGroupAndAllReducesAcrossReplicas) {
   PlanInputs in = llama70b_on_h100(1024);
   in.job.checkpoint_interval_seconds = 0;
-  Layout l;
-  l.tp = 8;
-  l.dp = 128;
-  l.zero = 3;
-  l.micro_batch = 2;
-  l.sequence_parallel = true;
+  Layout l = tp_layout(8, 1, 128, 3, 1, 2);
   const Estimate full = evaluate(in.ctx, in.cluster, in.job, l);
   l.shard = 16;
   ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
@@ -335,11 +325,6 @@ TEST(HybridSharding, FixedShardIsSearched) {
             "plan: --shard (hybrid sharding) needs --zero 3");
 }
 
-}  // namespace
-}  // namespace meshtrain::plan
-
-namespace meshtrain::plan {
-namespace {
 
 TEST(Search, DeadlineKeepsOnlyLayoutsThatFinishInTime) {
   PlanInputs in = llama70b_on_h100(1024);
@@ -360,6 +345,33 @@ TEST(Search, DeadlineKeepsOnlyLayoutsThatFinishInTime) {
   const std::string table = format_table(in, late);
   EXPECT_NE(table.find("nothing trains within the deadline"), std::string::npos);
   EXPECT_NE(table.find("too slow:"), std::string::npos);
+}
+
+
+TEST(StepTime, OptimizerStepStreamsItsShardThroughHbm) {
+  PlanInputs in = llama70b_on_h100(1024);
+  Layout l = tp_layout(8, 4, 32, 1);
+  const Estimate e = evaluate(in.ctx, in.cluster, in.job, l);
+  // bf16 AdamW: read the 2-byte gradient, read and write 12 bytes of state, write 2-byte weights.
+  EXPECT_NEAR(e.time.optimizer, e.params_per_rank / 32 * 28 / 3.35e12, 1e-15);
+  l.offload = Offload::optimizer;
+  EXPECT_EQ(evaluate(in.ctx, in.cluster, in.job, l).time.optimizer, 0);  // on the host instead
+}
+
+
+TEST(Calibration, RecoversTheEfficiencyOfAMeasuredStep) {
+  PlanInputs in = llama70b_on_h100(1024);
+  const Layout l = tp_layout(8, 4, 32, 1, 5);
+  ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
+  for (double eff : {0.23, 0.41, 0.62}) {
+    Job job = in.job;
+    job.compute_efficiency = eff;
+    const double measured = evaluate(in.ctx, in.cluster, job, l).step_seconds;
+    EXPECT_NEAR(calibrate_efficiency(in.ctx, in.cluster, in.job, l, measured), eff, 1e-6);
+  }
+  EXPECT_NE(error_of([&] { calibrate_efficiency(in.ctx, in.cluster, in.job, l, 0.5); })
+                .find("is faster than"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "meshtrain/parallel/zero/sharded.h"
 #include "mpi_test.h"
 #include "support/tiny_models.h"
+#include "zero_mpi/zero_run.h"
 
 namespace meshtrain::testing {
 
@@ -54,6 +55,7 @@ inline std::vector<int> tp_sizes(int world) {
 
 struct TpRunSpec {
   ModelConfig model = tp_llama(false);
+  Precision precision = Precision::fp32;
   int tp = 2;
   bool sequence_parallel = false;
   int zero = 0;  // 0: flat model (+ DDP when dp > 1); 1..3: ZeRO stage on the dp axis
@@ -62,6 +64,7 @@ struct TpRunSpec {
   int64_t seq = 8;
   uint64_t seed = 11;
   float lr = 3e-3f, max_norm = 0.5f;
+  bool perturb = false;  // perturb_norms_and_biases after init (flat storage only)
 };
 
 struct TpRunResult {
@@ -70,20 +73,28 @@ struct TpRunResult {
   std::vector<float> master;          // after the last step (full layout)
 };
 
-inline AdamWConfig tp_adamw() { return AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}; }
-
-// Rows [row0, row0 + rows) of step's global batch.
+// Rows [row0, row0 + rows) of step's global batch (the ZeRO tests' batches).
 inline void tp_batch(const TpRunSpec& s, int step, int64_t row0, int64_t rows,
                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-  const std::vector<int32_t> ids = random_ids(500 + static_cast<uint64_t>(step),
-                                              s.global_rows * (s.seq + 1), s.model.vocab_size);
-  inputs.clear();
-  targets.clear();
-  for (int64_t r = row0; r < row0 + rows; ++r) {
-    const int32_t* row = ids.data() + r * (s.seq + 1);
-    inputs.insert(inputs.end(), row, row + s.seq);
-    targets.insert(targets.end(), row + 1, row + 1 + s.seq);
+  ZeroRunSpec batches;
+  batches.model = s.model;
+  batches.global_rows = s.global_rows;
+  batches.seq = s.seq;
+  batch_rows(batches, step, row0, rows, inputs, targets);
+}
+
+// Moves norm weights and biases (flat storage) off their ones/zeros, by
+// (name, global index), so a slice gets the slice of the tp = 1 change.
+inline void perturb_norms_and_biases(Model& model, uint64_t seed) {
+  for (Parameter& p : model.params()) {
+    if (p.spec.init == InitKind::normal) continue;
+    const uint64_t key = stream_key(seed, "tp-test-perturbation:" + p.spec.name);
+    float* v = p.master.data<float>();
+    for_each_local_run(p.spec.split, [&](int64_t local, int64_t global, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) v[local + i] += 0.2f * normal_at(key, static_cast<uint64_t>(global + i));
+    });
   }
+  model.sync_compute_weights();
 }
 
 inline std::vector<float> tensor_values(const Tensor& t) {
@@ -92,9 +103,10 @@ inline std::vector<float> tensor_values(const Tensor& t) {
 
 // The single-rank run: flat model, AdamW, global-norm clipping.
 inline TpRunResult tp_reference(const TpRunSpec& s) {
-  CpuModel m(s.model, Precision::fp32, 1);
+  CpuModel m(s.model, s.precision, 1);
   m.model.init_weights(s.seed);
-  AdamW optimizer(m.model, tp_adamw());
+  if (s.perturb) perturb_norms_and_biases(m.model, s.seed);
+  AdamW optimizer(m.model, test_adamw());
   const auto tokens = static_cast<double>(s.global_rows * s.seq);
   TpRunResult r;
   std::vector<int32_t> in, tg;
@@ -119,17 +131,18 @@ struct TpTrainer {
   TpTrainer(Communicator& world, const TpRunSpec& spec)
       : s(spec), mesh(world, spec.tp, 1), tp{&mesh.tp(), spec.sequence_parallel},
         ctx(1, tracker),
-        model(spec.model, Precision::fp32, ctx,
+        model(spec.model, spec.precision, ctx,
               spec.zero > 0 ? ParamStorage::external : ParamStorage::flat, tp) {
     const int dp = mesh.layout().dp();
     if (s.zero > 0) {
       zero::ZeroOptions options;
       options.stage = s.zero;
-      zero = std::make_unique<zero::ShardedDataParallel>(model, mesh.dp(), tp_adamw(), options);
+      zero = std::make_unique<zero::ShardedDataParallel>(model, mesh.dp(), test_adamw(), options);
       zero->init_weights(s.seed);
     } else {
       model.init_weights(s.seed);
-      optimizer = std::make_unique<AdamW>(model, tp_adamw());
+      if (s.perturb) perturb_norms_and_biases(model, s.seed);
+      optimizer = std::make_unique<AdamW>(model, test_adamw());
       if (dp > 1) {
         ddp = std::make_unique<DistributedDataParallel>(model, mesh.dp(), DdpOptions{});
       }
@@ -173,14 +186,32 @@ struct TpTrainer {
     return out;
   }
 
-  // The master weights in the full layout, on every rank.
-  std::vector<float> full_master() {
-    if (!zero) return full(model.flat_master());
+  // This rank's master weights (its slices, local flat layout).
+  Tensor local_master() {
     Tensor local({model.num_params()}, DType::f32, MemCategory::workspace, tracker);
+    if (!zero) {
+      local.copy_from(model.flat_master());
+      return local;
+    }
     zero->gather_full(zero::ShardedDataParallel::State::master, 0, local.data<float>());
     // gather_full fills rank 0 of the dp group only; share it with the group.
     mesh.dp().broadcast(local.raw(), local.numel(), CommDType::f32, 0);
-    return full(local);
+    return local;
+  }
+
+  // The master weights in the full layout, on every rank.
+  std::vector<float> full_master() { return full(local_master()); }
+
+  // The values of the parameters replicated over tp, as this rank holds them.
+  std::vector<float> replicated_values() {
+    const Tensor local = local_master();
+    std::vector<float> out;
+    for (const Parameter& p : model.params()) {
+      if (p.spec.split.split()) continue;
+      const float* v = local.data<float>() + p.offset;
+      out.insert(out.end(), v, v + p.spec.numel());
+    }
+    return out;
   }
 
   TpRunResult run() {

@@ -7,6 +7,7 @@
 
 #include "meshtrain/plan/inputs.h"
 #include "meshtrain/plan/models.h"
+#include "meshtrain/plan/planner.h"
 #include "meshtrain/plan/report.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/util/error.h"
@@ -80,6 +81,9 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--max-days", a.max_days,
                "Keep layouts that train the tokens within this many days (with --rank-by cost: "
                "the cheapest cluster that meets the deadline)");
+  p.add_option("--measured-step-s", a.measured_step_s,
+               "A measured step time of the #1 layout (fix the layout you ran): prints the "
+               "compute efficiency that reproduces it");
   p.add_flag("--json", a.json, "Machine-readable output");
   p.add_flag("--explain", a.explain, "Print the formulas of #1 with the numbers substituted");
 }
@@ -227,6 +231,20 @@ int run_plan(const PlanArgs& a) {
   opt.max_train_seconds = a.max_days * 86400;
 
   const SearchResult result = search(in.ctx, in.cluster, job, opt);
+  std::string calibration;
+  if (a.measured_step_s > 0 && !result.ranked.empty()) {
+    const Estimate& top = result.ranked.front();
+    Cluster cl = in.cluster;
+    cl.gpus = top.gpus;
+    const double eff = calibrate_efficiency(in.ctx, cl, job, top.layout, a.measured_step_s);
+    const bool fixed = f.tp && f.pp && f.zero && f.micro_batch && f.recompute;
+    calibration = fmt::format(
+        "calibration: {} on {} GPUs measured at {:.4g} s/step -> compute efficiency {:.3f} (was "
+        "{:.3f}); rerun with --efficiency {:.3f}{}\n",
+        describe(top.layout), top.gpus, a.measured_step_s, eff, job.compute_efficiency, eff,
+        fixed ? "" : " (this is the search's #1: fix --tp --pp --zero --micro-batch --recompute "
+                     "to the layout you measured)");
+  }
   if (a.json) {
     std::fputs(format_json(in, result).c_str(), stdout);
   } else {
@@ -234,6 +252,7 @@ int run_plan(const PlanArgs& a) {
     if (a.explain && !result.ranked.empty()) {
       std::fputs(("\n" + format_explain(in, result.ranked.front())).c_str(), stdout);
     }
+    if (!calibration.empty()) std::fputs(("\n" + calibration).c_str(), stdout);
   }
   MESHTRAIN_CHECK(!result.ranked.empty() || result.fits == 0,
                   "plan: no layout trains {} tokens within {} days (the families above say why)",

@@ -28,6 +28,7 @@ struct PlanArgs {
   std::string recompute, sp, offload, schedule;
   std::string rank_by = "time";
   double max_days = 0;
+  double measured_step_s = 0;  // calibrate --efficiency from a measured step of #1
   int top = 10;
   bool json = false, explain = false;
 };

@@ -231,6 +231,13 @@ void Model::Impl::linear_forward(const Linear& lin, DType dt, const void* x, int
 
 void Model::Impl::linear_backward(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
                                   const void* x, int64_t rows, float* dx, float* scratch) {
+  linear_backward_weight(lin, dt, dy, dy_f32, x, rows, scratch);
+  if (dx != nullptr) linear_backward_input(lin, dt, dy, rows, dx);
+}
+
+void Model::Impl::linear_backward_weight(const Linear& lin, DType dt, const void* dy,
+                                         const float* dy_f32, const void* x, int64_t rows,
+                                         float* scratch) {
   // dW += dY^T · X ([out, in], nn.Linear) or X^T · dY ([in, out], Conv1D).
   if (lin.nn_linear) {
     cpu::MatmulDims dims{.m = lin.out, .n = lin.in, .k = rows, .trans_a = true};
@@ -252,11 +259,13 @@ void Model::Impl::linear_backward(const Linear& lin, DType dt, const void* dy, c
     ready(lin.bias);
   }
   for (size_t i = lin.n_weights; i-- > 0;) ready(lin.weight + i);
-  if (dx != nullptr) {
-    // dX = dY · W ([out, in]) or dY · W^T ([in, out]).
-    cpu::MatmulDims dims{.m = rows, .n = lin.in, .k = lin.out, .trans_b = !lin.nn_linear};
-    cpu::matmul(ctx, dims, dt, dy, weight(lin.weight, dt), DType::f32, dx);
-  }
+}
+
+void Model::Impl::linear_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows,
+                                        float* dx) {
+  // dX = dY · W ([out, in]) or dY · W^T ([in, out]).
+  cpu::MatmulDims dims{.m = rows, .n = lin.in, .k = lin.out, .trans_b = !lin.nn_linear};
+  cpu::matmul(ctx, dims, dt, dy, weight(lin.weight, dt), DType::f32, dx);
 }
 
 const void* Model::Impl::residual_grad_compute(DType dt, const Tensor& dres, int64_t rows) {
@@ -324,9 +333,8 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   } else {
     cpu::gelu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * h);
   }
-  linear_backward(b.ff_in, dt, ws.dff_c.raw(), nullptr, all_rows(a.xn2, rows, dt), rows, dx, dff);
-  // dres += d(norm2 input)
-  norm_backward(b.norm2, a.mid, a.mean2, a.rstd2, reduce_input_grad(rows), dres, srows);
+  const float* dxn = column_parallel_backward(b.ff_in, dt, ws.dff_c.raw(), a.xn2, rows, dff);
+  norm_backward(b.norm2, a.mid, a.mean2, a.rstd2, dxn, dres, srows);  // dres += d(norm2 input)
 
   // Attention sub-block, in reverse.
   dy = &full_residual_grad(rows);
@@ -334,8 +342,8 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   linear_backward(b.proj, dt, dres_c, dy->data<float>(), a.att.raw(), rows, dx, nullptr);
   cpu::attention_backward(ctx, attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
                           ws.dqkv.raw());
-  linear_backward(b.qkv, dt, ws.dqkv.raw(), nullptr, all_rows(a.xn1, rows, dt), rows, dx, dff);
-  norm_backward(b.norm1, x, a.mean1, a.rstd1, reduce_input_grad(rows), dres, srows);
+  dxn = column_parallel_backward(b.qkv, dt, ws.dqkv.raw(), a.xn1, rows, dff);
+  norm_backward(b.norm1, x, a.mean1, a.rstd1, dxn, dres, srows);
   flush_norm_grads();
 }
 

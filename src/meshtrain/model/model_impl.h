@@ -143,6 +143,10 @@ struct Model::Impl {
   // (then the bias gradient converts dy into `scratch`).
   void linear_backward(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
                        const void* x, int64_t rows, float* dx, float* scratch);
+  // The two halves of linear_backward: weight (and bias) gradients; dx.
+  void linear_backward_weight(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
+                              const void* x, int64_t rows, float* scratch);
+  void linear_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows, float* dx);
   // dres (f32 [rows, d]) in the compute dtype (dres itself in fp32).
   const void* residual_grad_compute(DType dt, const Tensor& dres, int64_t rows);
 
@@ -164,6 +168,14 @@ struct Model::Impl {
   // ws.dx [rows, d] holds a column-parallel layer's partial d(input): summed
   // over tp; returns this rank's shard_rows(rows) rows.
   const float* reduce_input_grad(int64_t rows);
+  // A column-parallel layer's backward from its saved input y (this rank's
+  // rows under sequence parallelism) with the communication overlapped: d(input)
+  // into ws.dx first and its tp reduction issued, then the weight gradient
+  // while it runs (sequence parallel: y's all-gather is issued before d(input)
+  // and awaited before the weight gradient, as in Megatron). Returns
+  // d(input)'s rows of this rank, summed over tp.
+  const float* column_parallel_backward(const Linear& lin, DType dt, const void* dy,
+                                        const Tensor& y, int64_t rows, float* scratch);
   // ws.dres over all rows (sequence parallel: all-gathered into ws.dres_full).
   const Tensor& full_residual_grad(int64_t rows);
   // Where norm_backward adds a norm parameter's gradient: the parameter's

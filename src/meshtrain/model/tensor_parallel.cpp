@@ -76,6 +76,36 @@ const float* Model::Impl::reduce_input_grad(int64_t rows) {
   return ws.dx_shard.data<float>();
 }
 
+const float* Model::Impl::column_parallel_backward(const Linear& lin, DType dt, const void* dy,
+                                                   const Tensor& y, int64_t rows, float* scratch) {
+  float* dx = ws.dx.data<float>();
+  if (!tp.active()) {
+    linear_backward(lin, dt, dy, nullptr, y.raw(), rows, dx, scratch);
+    return dx;
+  }
+  const int64_t d = cfg.dim, srows = shard_rows(rows);
+  Work gather;
+  if (sp) {
+    ensure(ws.column_input, {rows, d}, dt, MemCategory::workspace);
+    ws.column_input.view(tp.rank() * srows * d, {srows, d}).copy_from(y);
+    gather = tp_all_gather_rows_async(tp, ws.column_input.raw(), srows, d, dt);
+  }
+  linear_backward_input(lin, dt, dy, rows, dx);
+  Work reduce;
+  const float* out = dx;
+  if (sp) {
+    ensure(ws.dx_shard, {srows, d}, DType::f32, MemCategory::workspace);
+    reduce = tp_reduce_scatter_rows_async(tp, dx, ws.dx_shard.data<float>(), srows, d);
+    out = ws.dx_shard.data<float>();
+  } else {
+    reduce = tp_all_reduce_sum_async(tp, dx, rows * d);
+  }
+  gather.wait();
+  linear_backward_weight(lin, dt, dy, nullptr, sp ? ws.column_input.raw() : y.raw(), rows, scratch);
+  reduce.wait();
+  return out;
+}
+
 const Tensor& Model::Impl::full_residual_grad(int64_t rows) {
   if (!sp) return ws.dres;
   const int64_t d = cfg.dim, srows = shard_rows(rows);

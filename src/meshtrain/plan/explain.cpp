@@ -141,6 +141,13 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
         e_bytes, e.microbatches, l.vpp, l.pp, link.latency * 1e6, human_count(message),
         link.bus_bandwidth / 1e9, e.time.pp);
   }
+  if (e.time.optimizer > 0) {
+    o += fmt::format("Optimizer step: {} params x {} bytes read and written / {:.0f} GB/s HBM = {:.3f} s\n",
+                     human_count(psi / (l.zero >= 1 ? static_cast<double>(l.shards()) : 1.0)),
+                     sb.grads + 2 * sb.optimizer +
+                         (j.precision == Precision::bf16 ? 1 : 2) * sb.weights,
+                     c.gpu.hbm_bandwidth / 1e9, e.time.optimizer);
+  }
   if (l.offload == Offload::optimizer) {
     o += fmt::format("  offload: (grads down + weights up) over PCIe + CPU AdamW = {:.3f} s\n",
                      e.time.offload);

@@ -216,6 +216,7 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
 
   const double e = job.precision == Precision::bf16 ? 2 : 4;
   const double sbh = tokens_mb * static_cast<double>(model.dim);
+  const StateBytes bytes = state_bytes(job.precision, job.optimizer);
   // TP: 2 all-reduces (or reduce-scatter + all-gather with SP) forward, 2 backward,
   // 2 more in the recomputed forward of full recomputation; not overlapped.
   if (l.tp > 1) {
@@ -229,7 +230,6 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   // parameters) or, for ZeRO-3, per layer, and each call pays the latency.
   if (l.dp > 1) {
     const Link& link = l.tp * l.dp <= cl.gpus_per_node ? cl.intra : cl.inter;
-    const StateBytes bytes = state_bytes(job.precision, job.optimizer);
     const double grads = worst.psi * bytes.grads, weights = worst.psi * bytes.weights;
     const double dp = static_cast<double>(l.dp);
     auto calls = [&](double (*collective)(double, int64_t, const Link&), double total,
@@ -280,9 +280,16 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
     const Link& link = l.tp * l.dp >= cl.gpus_per_node ? cl.inter : cl.intra;
     est.time.pp = 2 * (mb * v + p - 1) * send_recv_seconds(e * sbh / t, link);
   }
+  // The optimizer step streams its shard of the states through HBM once: read
+  // the gradient, read and write the optimizer state (incl. the fp32 master),
+  // write the 16-bit weights (fp32: read and write the weights).
+  const double shard = worst.psi / (l.zero >= 1 ? static_cast<double>(l.shards()) : 1.0);
+  if (l.offload == Offload::none) {
+    const double touched = bytes.grads + 2 * bytes.optimizer +
+                           (job.precision == Precision::bf16 ? 1 : 2) * bytes.weights;
+    est.time.optimizer = shard * touched / cl.gpu.hbm_bandwidth;
+  }
   if (l.offload == Offload::optimizer) {
-    const StateBytes bytes = state_bytes(job.precision, job.optimizer);
-    const double shard = worst.psi / (l.zero >= 1 ? static_cast<double>(l.dp) : 1.0);
     est.time.offload = shard * (bytes.grads + bytes.weights) / cl.gpu.pcie_bandwidth +
                        shard / job.cpu_adam_params_per_second;
   }
@@ -290,7 +297,6 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   // Checkpoints: weights and optimizer state (not gradients) written at the
   // storage's aggregate bandwidth while training waits, once per interval.
   if (job.checkpoint_interval_seconds > 0) {
-    const StateBytes bytes = state_bytes(job.precision, job.optimizer);
     est.checkpoint_bytes = ctx.counts.total_params * (bytes.weights + bytes.optimizer);
     est.checkpoint_seconds = est.checkpoint_bytes / job.checkpoint_write_bandwidth;
     est.time.checkpoint =
@@ -311,8 +317,9 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   est.gpu_hours = est.train_seconds * gpus / 3600.0;
   est.cost = est.gpu_hours * cl.price_per_gpu_hour;
 
-  const std::array<std::pair<const char*, double>, 7> overheads{
+  const std::array<std::pair<const char*, double>, 8> overheads{
       {{"bubble", est.time.bubble},
+       {"optimizer step", est.time.optimizer},
        {"TP comm", est.time.tp},
        {"DP comm", est.time.dp},
        {"PP comm", est.time.pp},
@@ -330,6 +337,23 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
     }
   }
   return est;
+}
+
+double calibrate_efficiency(const PlanContext& ctx, const Cluster& cl, Job job, const Layout& l,
+                            double measured) {
+  MESHTRAIN_CHECK(measured > 0, "plan: --measured-step-s must be > 0, got {}", measured);
+  job.compute_efficiency = 1.0;
+  const double fastest = evaluate(ctx, cl, job, l).step_seconds;
+  MESHTRAIN_CHECK(measured >= fastest,
+                  "plan: a measured step of {:.4g} s is faster than {} can be even at peak "
+                  "FLOP/s ({:.4g} s): check the layout, batch and GPU",
+                  measured, describe(l), fastest);
+  double lo = 1e-4, hi = 1.0;
+  for (int i = 0; i < 100 && hi - lo > 1e-9; ++i) {
+    job.compute_efficiency = 0.5 * (lo + hi);
+    (evaluate(ctx, cl, job, l).step_seconds > measured ? lo : hi) = job.compute_efficiency;
+  }
+  return 0.5 * (lo + hi);
 }
 
 }  // namespace meshtrain::plan

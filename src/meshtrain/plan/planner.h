@@ -59,10 +59,11 @@ struct StepTime {
   double recompute = 0;  // the extra forward work of activation recomputation
   double bubble = 0;     // pipeline fill and drain
   double tp = 0, dp = 0, pp = 0;  // exposed communication
+  double optimizer = 0;  // the optimizer step: memory-bound, at HBM bandwidth
   double offload = 0;    // host transfers and CPU optimizer step
   double checkpoint = 0; // a blocking checkpoint write, amortised over its interval
   double total() const {
-    return compute + recompute + bubble + tp + dp + pp + offload + checkpoint;
+    return compute + recompute + bubble + tp + dp + pp + optimizer + offload + checkpoint;
   }
 };
 
@@ -93,6 +94,12 @@ std::string check_layout(const PlanContext& ctx, const Cluster& cluster, const J
 // Requires check_layout(...) == "".
 Estimate evaluate(const PlanContext& ctx, const Cluster& cluster, const Job& job,
                   const Layout& layout);
+
+// The compute efficiency at which `layout` takes `measured_step_seconds` per
+// step (bisection; the step time falls as the efficiency rises). Throws Error
+// when even efficiency 1 is slower than the measurement.
+double calibrate_efficiency(const PlanContext& ctx, const Cluster& cluster, Job job,
+                            const Layout& layout, double measured_step_seconds);
 
 // "tp 8 pp 4 v 2 dp 32 zero 1 mb 1 selective sp"
 std::string describe(const Layout& layout);

@@ -153,8 +153,9 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
     const double s = b.step_seconds;
     out += fmt::format(
         "\n#1 step {:.2f} s = compute {:.2f} + recompute {:.2f} + bubble {:.2f} + TP {:.2f} + DP "
-        "{:.2f} (of {:.2f}, rest overlapped) + PP {:.2f}{}{}  ({:.0f}% compute); {} GPU-hours\n",
-        s, t.compute, t.recompute, t.bubble, t.tp, t.dp, b.dp_comm_raw, t.pp,
+        "{:.2f} (of {:.2f}, rest overlapped) + PP {:.2f} + optimizer {:.2f}{}{}  ({:.0f}% compute); "
+        "{} GPU-hours\n",
+        s, t.compute, t.recompute, t.bubble, t.tp, t.dp, b.dp_comm_raw, t.pp, t.optimizer,
         t.offload > 0 ? fmt::format(" + offload {:.2f}", t.offload) : "",
         t.checkpoint > 0 ? fmt::format(" + checkpoint {:.2f}", t.checkpoint) : "",
         100 * t.compute / s,
@@ -262,7 +263,7 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
           {{"compute", e.time.compute}, {"recompute", e.time.recompute},
            {"bubble", e.time.bubble}, {"tp", e.time.tp}, {"dp", e.time.dp},
            {"dp_raw", e.dp_comm_raw}, {"pp", e.time.pp}, {"offload", e.time.offload},
-           {"checkpoint", e.time.checkpoint},
+           {"optimizer", e.time.optimizer}, {"checkpoint", e.time.checkpoint},
            {"step", e.step_seconds}}},
          {"tokens_per_second", e.tokens_per_second},
          {"mfu", e.mfu},

@@ -6,24 +6,26 @@
 
 namespace meshtrain {
 
-void tp_all_reduce_sum(const TensorParallel& tp, float* data, int64_t count) {
-  if (!tp.active()) return;
-  tp.comm->all_reduce(data, count, CommDType::f32, ReduceOp::sum);
+Work tp_all_reduce_sum_async(const TensorParallel& tp, float* data, int64_t count) {
+  if (!tp.active()) return Work();
+  return tp.comm->all_reduce_async(data, count, CommDType::f32, ReduceOp::sum);
 }
 
-void tp_all_gather_rows(const TensorParallel& tp, void* full, int64_t rows_per_rank, int64_t width,
-                        DType dtype) {
-  if (!tp.active()) return;
+Work tp_all_gather_rows_async(const TensorParallel& tp, void* full, int64_t rows_per_rank,
+                              int64_t width, DType dtype) {
+  if (!tp.active()) return Work();
   const int64_t part = rows_per_rank * width;
   const void* mine = static_cast<const char*>(full) +
                      static_cast<size_t>(tp.rank() * part) * dtype_size(dtype);
-  tp.comm->all_gather(mine, full, part, comm_dtype(dtype));
+  const std::vector<int64_t> counts(static_cast<size_t>(tp.size()), part);
+  return tp.comm->all_gather_async(mine, full, counts, comm_dtype(dtype));
 }
 
-void tp_reduce_scatter_rows(const TensorParallel& tp, const float* full, float* shard,
-                            int64_t rows_per_rank, int64_t width) {
+Work tp_reduce_scatter_rows_async(const TensorParallel& tp, const float* full, float* shard,
+                                  int64_t rows_per_rank, int64_t width) {
   MESHTRAIN_CHECK(tp.active(), "tp_reduce_scatter_rows needs tp > 1");
-  tp.comm->reduce_scatter(full, shard, rows_per_rank * width, CommDType::f32, ReduceOp::sum);
+  const std::vector<int64_t> counts(static_cast<size_t>(tp.size()), rows_per_rank * width);
+  return tp.comm->reduce_scatter_async(full, shard, counts, CommDType::f32, ReduceOp::sum);
 }
 
 double tp_sum(const TensorParallel& tp, double value) {

@@ -27,14 +27,26 @@ struct TensorParallel {
 };
 
 // In place: data = sum over the tp ranks (f32).
-void tp_all_reduce_sum(const TensorParallel& tp, float* data, int64_t count);
+Work tp_all_reduce_sum_async(const TensorParallel& tp, float* data, int64_t count);
 // In place: full [rows_per_rank * tp, width] gets every rank's rows; this
 // rank's rows must already be at their slot.
-void tp_all_gather_rows(const TensorParallel& tp, void* full, int64_t rows_per_rank, int64_t width,
-                        DType dtype);
+Work tp_all_gather_rows_async(const TensorParallel& tp, void* full, int64_t rows_per_rank,
+                              int64_t width, DType dtype);
 // shard [rows_per_rank, width] = this rank's rows of the sum over ranks of full.
-void tp_reduce_scatter_rows(const TensorParallel& tp, const float* full, float* shard,
-                            int64_t rows_per_rank, int64_t width);
+Work tp_reduce_scatter_rows_async(const TensorParallel& tp, const float* full, float* shard,
+                                  int64_t rows_per_rank, int64_t width);
+// The blocking forms.
+inline void tp_all_reduce_sum(const TensorParallel& tp, float* data, int64_t count) {
+  tp_all_reduce_sum_async(tp, data, count).wait();
+}
+inline void tp_all_gather_rows(const TensorParallel& tp, void* full, int64_t rows_per_rank,
+                               int64_t width, DType dtype) {
+  tp_all_gather_rows_async(tp, full, rows_per_rank, width, dtype).wait();
+}
+inline void tp_reduce_scatter_rows(const TensorParallel& tp, const float* full, float* shard,
+                                   int64_t rows_per_rank, int64_t width) {
+  tp_reduce_scatter_rows_async(tp, full, shard, rows_per_rank, width).wait();
+}
 
 // Whether this rank counts a parameter in whole-model sums (the gradient
 // norm): its slice if split, a replicated parameter on tp rank 0 only.

@@ -46,7 +46,7 @@ struct ZeroOptions {
   OffloadOptions offload;              // optimizer state's tier (resident_category ignored)
   // Optimizer state moves in pieces of at most this many elements per state
   // (the same for every tier, so the tier cannot change a result).
-  int64_t piece_elems = int64_t{1} << 16;
+  int64_t piece_elems = int64_t{1} << 20;  // 4 MiB chunks (docs/benchmarks.md: offload store)
 };
 
 // One stage-3 all-gather as the model met it.
@@ -61,7 +61,10 @@ struct GatherEvent {
 struct ZeroStepTiming {
   double comm_seconds = 0;     // busy time of the collectives that completed in the step
   double exposed_seconds = 0;  // what the training thread waited for them
-  uint64_t bytes = 0;          // CallRecord bytes (reduce_scatter: input, all_gather: output)
+  // Bytes of the collectives issued in the step (as CallRecord counts them:
+  // reduce_scatter its input, all_gather its output), stages 1/2 including the
+  // update's all-gather (waited for in the next forward).
+  uint64_t bytes = 0;
   std::vector<GatherEvent> gathers;  // stage 3
 };
 
