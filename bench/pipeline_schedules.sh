@@ -9,10 +9,18 @@
 #   - busy / wait per rank (ms per step);
 #   - micro-batches held at once and the activation peak per stage (the
 #     memory tracker's activations category).
-# usage: bench/pipeline_schedules.sh [steps=2]   (the first step is not timed)
+# The last stage also holds the head (tied 50257 x 512: about 7 layers' FLOPs),
+# so the balanced-by-count split leaves it the slowest; the ":split" cases
+# move layers off it (parallel.pp_split).
+# usage: bench/pipeline_schedules.sh [steps=2] [pp:schedule[:split] ...]
+#        (the first step is not timed; default: every case below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-2}
+shift || true
+CASES=("$@")
+[ ${#CASES[@]} -gt 0 ] || CASES=(2:gpipe 2:1f1b 2:interleaved 2:1f1b:7,1 4:gpipe 4:1f1b 4:interleaved
+                                 4:1f1b:5,1,1,1)
 BIN=${MESHTRAIN_BIN:-build/meshtrain}
 [ -x "$BIN" ] || { echo "build first (or set MESHTRAIN_BIN)" >&2; exit 1; }
 MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
@@ -46,17 +54,17 @@ checkpoint_interval = -1
 train = "$work/train.bin"
 TOML
 
-printf "%-3s %-12s %-8s %-8s %-22s %-10s %s\n" pp schedule bubble theory "busy/wait ms (rank 0)" in-flight "activation peak MiB per stage"
-for pp in 2 4; do
-  for schedule in gpipe 1f1b interleaved; do
+printf "%-3s %-16s %-8s %-8s %-22s %-10s %s\n" pp schedule bubble theory "busy/wait ms (rank 0)" in-flight "activation peak MiB per stage"
+for case in "${CASES[@]}"; do
+    IFS=: read -r pp schedule split <<<"$case"
     v=1; [ $schedule = interleaved ] && v=2
-    out=$work/pp${pp}_$schedule
+    out=$work/pp${pp}_${schedule}${split:+_$split}
     "${MPIRUN[@]}" -np $pp "$BIN" train --config "$work/run.toml" --parallel.pp $pp \
-      --parallel.schedule $schedule --parallel.virtual_stages $v --train.out_dir "$out" \
-      >"$out.log" 2>&1 || { cat "$out.log"; exit 1; }
-    python3 - "$out" $pp $v <<'PY'
+      --parallel.schedule $schedule --parallel.virtual_stages $v --parallel.pp_split "$split" \
+      --train.out_dir "$out" >"$out.log" 2>&1 || { cat "$out.log"; exit 1; }
+    python3 - "$out" $pp $v "$schedule${split:+ $split}" <<'PY'
 import glob, json, sys
-out, pp, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, pp, v, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 ranks = sorted(glob.glob(out + "/metrics*.jsonl"), key=lambda p: (len(p), p))
 bubbles, peaks, held, busy_wait = [], [], [], None
 for path in ranks:
@@ -70,9 +78,8 @@ for path in ranks:
     end = [r for r in rows if r.get("memory") == "end"][-1]
     peaks.append(end["bytes"]["activations_peak"] / 2**20)
     theory = steps[-1]["pp_bubble_theory"]
-print("%-3d %-12s %-8.3f %-8.3f %-22s %-10s %s" % (
-    pp, out.rsplit("_", 1)[1], sum(bubbles) / len(bubbles), theory, busy_wait,
+print("%-3d %-16s %-8.3f %-8.3f %-22s %-10s %s" % (
+    pp, label, sum(bubbles) / len(bubbles), theory, busy_wait,
     ",".join(map(str, held)), " ".join("%.0f" % p for p in peaks)))
 PY
-  done
 done

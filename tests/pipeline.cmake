@@ -24,3 +24,7 @@ add_test(NAME pipeline.cli_train_np4
                  $<TARGET_FILE:meshtrain> ${CMAKE_CURRENT_BINARY_DIR}/cli_work)
 set_tests_properties(pipeline.cli_train_np4 PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
                      PROCESSORS 4)
+
+# dp 2 x tp 2 x pp 2 on 8 ranks (oversubscribed): the engine-level composition test only.
+meshtrain_mpi_test(pipeline.np8_dp2_tp2_pp2 test_pipeline_mpi 8 TIMEOUT 300
+                   ARGS --gtest_filter=PipelineTensorParallel.*)

@@ -398,6 +398,10 @@ double Trainer::evaluate() {
     val_set_->read(k, val_batch_);
     tokens += val_batch_.rows * val_batch_.seq_len;
     if (pipeline_) {
+      // The stages agreed on one message size: the training micro-batch's.
+      MESHTRAIN_CHECK(val_batch_.rows == pipeline_->micro_batch_rows(),
+                      "evaluate: validation micro-batch of {} rows; the pipeline runs {}",
+                      val_batch_.rows, pipeline_->micro_batch_rows());
       batches.push_back(val_batch_);
       continue;
     }

@@ -47,13 +47,15 @@ class Executor {
   double run(std::span<const MicroBatchRef> micro_batches, float grad_scale);
 
   // Forward only (evaluation), micro-batch by micro-batch through every
-  // chunk: the sum of token losses (non-zero on the last stage only).
+  // chunk: the sum of token losses (non-zero on the last stage only). Every
+  // micro-batch has the step's shape (batch x seq).
   double evaluate(std::span<const MicroBatchRef> micro_batches);
 
   const RankSchedule& actions() const { return actions_; }
   const PipelineShape& shape() const { return shape_; }
   ScheduleKind kind() const { return kind_; }
   const StepTiming& last_timing() const { return timing_; }
+  int64_t micro_batch_rows() const { return batch_; }
 
  private:
   Model& model_;
