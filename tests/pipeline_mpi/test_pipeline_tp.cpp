@@ -73,15 +73,19 @@ TEST(PipelineTensorParallel, StagesWithTpSlicesMatchTheSingleModel) {
                                                  scale / static_cast<float>(dp));
       }
       EXPECT_NEAR(loss, expected, 1e-5 * expected);
+      // Per parameter, as the tp tests: the largest difference within 1e-5
+      // of the largest reference value (tp sums partials in another order).
       for (const Parameter& p : stage.params()) {
         const Parameter& ref = whole.model.param(p.spec.name);
+        double diff = 0, largest = 0;
         for_each_local_run(p.spec.split, [&](int64_t local, int64_t global, int64_t count) {
           for (int64_t i = 0; i < count; ++i) {
-            const float want = ref.grad.data<float>()[global + i];
-            ASSERT_NEAR(p.grad.data<float>()[local + i], want, 1e-5f * (std::abs(want) + 1e-3f))
-                << p.spec.name << "[" << global + i << "]";
+            const double want = ref.grad.data<float>()[global + i];
+            diff = std::max(diff, std::fabs(p.grad.data<float>()[local + i] - want));
+            largest = std::max(largest, std::fabs(want));
           }
         });
+        EXPECT_LE(diff, 1e-5 * std::max(largest, 1e-30)) << p.spec.name << " (max |ref| " << largest << ")";
       }
     }
   }
