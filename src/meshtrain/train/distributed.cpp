@@ -40,10 +40,6 @@ void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& m
                   "parallel: the mesh ({}) does not match parallel.tp = {}, parallel.pp = {}",
                   mesh.layout().describe(), parallel.tp, parallel.pp);
   MESHTRAIN_CHECK(
-      parallel.tp == 1,
-      "parallel.tp = {}: tensor parallelism is not implemented yet (set parallel.tp = 1)",
-      parallel.tp);
-  MESHTRAIN_CHECK(
       parallel.pp == 1,
       "parallel.pp = {}: pipeline parallelism is not implemented yet (set parallel.pp = 1)",
       parallel.pp);

@@ -18,6 +18,7 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/ddp/ddp.h"
 #include "meshtrain/parallel/zero/sharded.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -34,6 +35,7 @@ struct StepRecord {
   double comm_ms = 0;          // data parallel: the gradient all-reduces' busy time
   double exposed_comm_ms = 0;  // of step_ms, waiting for them after backward
   uint64_t comm_bytes = 0;     // bytes of the step's collectives (CallRecord::bytes)
+  uint64_t tp_comm_bytes = 0;  // tensor parallel: the tp group's collectives (CallRecord::bytes)
 };
 
 struct TrainerOptions {
@@ -78,8 +80,8 @@ class Trainer {
   // The flat AdamW (parallel.zero = 0 only; throws otherwise).
   AdamW& optimizer();
   zero::ShardedDataParallel* zero() { return zero_.get(); }  // null unless parallel.zero > 0
-  // The master weights in the flat layout (params()[i].offset), on every
-  // rank. Collective with ZeRO (gathered from the shards).
+  // The master weights in the flat tp = 1 layout (whole tensors), on every
+  // rank. Collective with ZeRO (gathered from the shards) and tp (from the slices).
   std::vector<float> gather_weights();
   // The global data position of the next step (saved in checkpoints).
   SamplerPosition sampler_position() const { return loader_->position(); }
@@ -90,6 +92,11 @@ class Trainer {
   void log_eval(double val_loss);
   // Weights and optimizer state from a step directory (ZeRO: this rank's shards).
   void load_state(const std::string& dir);
+  // Tensor parallel: whole tensors read, this rank's slices kept; written by
+  // assembling the tp group's slices (collective over tp).
+  void load_tensor_parallel_state(const std::string& dir);
+  void save_tensor_parallel_checkpoint(const std::string& dir, const CheckpointTensors& local,
+                                       const TrainState& state);
   // Rank 0 prints its bytes by category and (several ranks) the maximum over
   // ranks; every rank writes its own to its metrics file. Collective.
   void log_memory(const char* when);
