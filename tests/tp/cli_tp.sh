@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End to end: `mpirun -np 2 meshtrain train --parallel.tp 2` (with and without
-# sequence parallelism) on the CLI tests' byte corpus matches the
-# single-process losses; checkpoints resume across tp 1 <-> 2; and the HF
+# sequence parallelism; and tp 2 x dp 2 with ZeRO 3 on 4 ranks) on the CLI
+# tests' byte corpus matches the single-process losses; checkpoints resume
+# across tp 1 <-> 2 (and from tp 2 x ZeRO 3); and the HF
 # export of an untrained checkpoint is the same file whatever tp wrote it.
 # usage: cli_tp.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -euo pipefail
@@ -25,6 +26,9 @@ run tp2 2 --parallel.tp 2 --train.checkpoint_interval 3
 run tp2sp 2 --parallel.tp 2 --parallel.sequence_parallel true --train.checkpoint_interval -1
 run resume_tp1_from_tp2 1 --resume "$out/tp2/step_3" --train.checkpoint_interval -1
 run resume_tp2_from_tp1 2 --parallel.tp 2 --resume "$out/single/step_3" --train.checkpoint_interval -1
+# tp 2 x dp 2 with ZeRO 3 on the dp axis; its checkpoint resumes a single process.
+run tp2dp2z3 4 --parallel.tp 2 --parallel.zero 3 --train.checkpoint_interval 3
+run resume_tp1_from_tp2dp2z3 1 --resume "$out/tp2dp2z3/step_3" --train.checkpoint_interval -1
 cat "$out/tp2sp.log"
 fail() { echo "FAIL: $*"; exit 1; }
 grep -q "^parallel: dp 1 x tp 2 x pp 1 = 2 ranks" "$out/tp2.log" || fail "no parallel: line"
@@ -35,7 +39,8 @@ out = sys.argv[1]
 def losses(path):
     return {r["step"]: r for r in map(json.loads, open(path)) if "loss" in r}
 single = losses(f"{out}/single/metrics.jsonl")
-for name, first in [("tp2", 1), ("tp2sp", 1), ("resume_tp1_from_tp2", 4), ("resume_tp2_from_tp1", 4)]:
+for name, first in [("tp2", 1), ("tp2sp", 1), ("resume_tp1_from_tp2", 4), ("resume_tp2_from_tp1", 4),
+                    ("tp2dp2z3", 1), ("resume_tp1_from_tp2dp2z3", 4)]:
     got = losses(f"{out}/{name}/metrics.jsonl")
     assert sorted(got) == list(range(first, 7)), (name, sorted(got))
     for step, r in got.items():
