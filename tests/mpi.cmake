@@ -65,15 +65,11 @@ meshtrain_mpi_cli_failure(cli_mesh_not_dividing 30
   PATTERNS "^rank 0: mesh: world size 2 is not divisible by tp 3 x pp 1 = 3: run a multiple of 3 ranks$"
            "^rank 1: mesh: world size 2 is not divisible by tp 3 x pp 1 = 3"
   COMMAND ${mpi_run} 2 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --parallel.tp 3)
-meshtrain_mpi_cli_failure(cli_tp_not_implemented 30
-  PATTERNS "^rank 0: parallel.tp = 2: tensor parallelism is not implemented yet"
-           "^rank 1: parallel.tp = 2: tensor parallelism is not implemented yet"
-  COMMAND ${mpi_run} 2 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --parallel.tp 2)
 meshtrain_mpi_cli_failure(cli_ranks_given_different_configs 30
   PATTERNS "^rank 0: config: rank 1 was given a different configuration from rank 0"
            "^rank 1: config: rank 1 was given a different configuration from rank 0"
   COMMAND ${mpi_run} 1 $<TARGET_FILE:meshtrain> train --config ${ddp_good}
           : ${MPIEXEC_NUMPROC_FLAG} 1 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --optim.lr 1e-3)
-set_tests_properties(ddp.cli_train_np2 ddp.cli_mesh_not_dividing ddp.cli_tp_not_implemented
+set_tests_properties(ddp.cli_train_np2 ddp.cli_mesh_not_dividing
                      ddp.cli_ranks_given_different_configs
                      PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 60 PROCESSORS 2)

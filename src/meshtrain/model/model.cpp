@@ -286,7 +286,7 @@ void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, fl
     const TensorSplit& split = params_[m.output].spec.split;
     for (int r = 0; r < n; ++r) {
       const int64_t valid = split.for_rank(r).chunk_valid(), first = r * split.chunk();
-      for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t i = 0; valid > 0 && i < rows; ++i) {
         const float* src = local.data<float>() + (r * rows + i) * vl;
         std::copy(src, src + valid, logits + i * config_.vocab_size + first);
       }

@@ -51,6 +51,7 @@ constexpr KeySpec kKeys[] = {
     {"data", "tokenizer", Kind::string},      {"data", "gpt2_ranks", Kind::string},
 
     {"parallel", "tp", Kind::integer},        {"parallel", "pp", Kind::integer},
+    {"parallel", "sequence_parallel", Kind::boolean},
     {"parallel", "bucket_mb", Kind::number},  {"parallel", "overlap", Kind::boolean},
     {"parallel", "zero", Kind::integer},      {"parallel", "prefetch", Kind::boolean},
     {"parallel", "reshard_after_forward", Kind::boolean},
@@ -400,6 +401,7 @@ namespace {
 ParallelSettings read_parallel(const Section& s) {
   ParallelSettings p;
   s.read("tp", p.tp);
+  s.read("sequence_parallel", p.sequence_parallel);
   s.read("pp", p.pp);
   s.read("bucket_mb", p.bucket_mb);
   s.read("overlap", p.overlap);
@@ -500,6 +502,7 @@ toml::table to_table(const TrainConfig& c) {
   if (!c.data.val.empty()) data.insert("val", std::move(val_files));
   const ParallelSettings& p = c.parallel;
   toml::table parallel{{"tp", p.tp},
+                       {"sequence_parallel", p.sequence_parallel},
                        {"pp", p.pp},
                        {"bucket_mb", p.bucket_mb},
                        {"overlap", p.overlap},

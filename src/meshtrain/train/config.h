@@ -54,7 +54,8 @@ struct DataSettings {
 // [parallel]: the device mesh (dp = world size / (tp * pp)) and data-parallel
 // gradient synchronisation; see docs/distributed.md.
 struct ParallelSettings {
-  int tp = 1;             // tensor-parallel size (only 1 is implemented)
+  int tp = 1;             // tensor-parallel size (heads, kv heads, hidden_dim must divide)
+  bool sequence_parallel = false;  // tp > 1: norms and residual stream sharded along the rows
   int pp = 1;             // pipeline-parallel size
   // Pipeline (docs/distributed.md): the schedule ("gpipe", "1f1b",
   // "interleaved"), chunks per rank for interleaved, and an explicit split

@@ -39,10 +39,6 @@ void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& m
   MESHTRAIN_CHECK(mesh.layout().tp() == parallel.tp && mesh.layout().pp() == parallel.pp,
                   "parallel: the mesh ({}) does not match parallel.tp = {}, parallel.pp = {}",
                   mesh.layout().describe(), parallel.tp, parallel.pp);
-  MESHTRAIN_CHECK(
-      parallel.tp == 1,
-      "parallel.tp = {}: tensor parallelism is not implemented yet (set parallel.tp = 1)",
-      parallel.tp);
 }
 
 zero::ZeroOptions zero_options(const TrainConfig& config) {

@@ -15,7 +15,7 @@ namespace meshtrain {
 // between nodes and is left out). Collective over `world`.
 void check_same_config_on_all_ranks(const TrainConfig& config, Communicator& world);
 
-// Checks what the mesh can run today (tp = 1, any pp) against the config.
+// Checks the mesh against the config.
 void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& mesh);
 
 // ZeRO's options from [parallel] (the disk tier's directory created).

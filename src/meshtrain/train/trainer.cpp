@@ -28,6 +28,21 @@ nlohmann::json number(double value) {
   return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
 }
 
+// The tp = 1 parameter list (whole tensors at their flat offsets): the
+// checkpoint layout whatever the tensor parallelism.
+std::vector<Parameter> full_layout(const ModelConfig& config) {
+  std::vector<Parameter> params;
+  int64_t offset = 0;
+  for (ParamSpec& spec : build_param_specs(config)) {
+    Parameter p;
+    p.offset = offset;
+    offset += spec.numel();
+    p.spec = std::move(spec);
+    params.push_back(std::move(p));
+  }
+  return params;
+}
+
 bool same_model(const ModelConfig& a, const ModelConfig& b) {
   return a.family == b.family && a.dim == b.dim && a.n_layers == b.n_layers &&
          a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads && a.hidden_dim == b.hidden_dim &&
@@ -102,9 +117,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     stage = pipeline::stage_layers(config_.model.n_layers, shape, options_.mesh->coord().pp,
                                    pp_split_);
   }
+  TensorParallel tp;
+  if (options_.mesh != nullptr) {
+    tp = TensorParallel{&options_.mesh->tp(), config_.parallel.sequence_parallel};
+  }
   model_ = std::make_unique<Model>(config_.model, t.precision, *ctx_,
-                                   sharded ? ParamStorage::external : ParamStorage::flat,
-                                   TensorParallel{}, stage);
+                                   sharded ? ParamStorage::external : ParamStorage::flat, tp,
+                                   stage);
   if (sharded) {
     zero_ = std::make_unique<zero::ShardedDataParallel>(
         *model_, options_.mesh->dp(), config_.optim.adamw, zero_options(config_));
@@ -197,6 +216,10 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
         fmt::print("{}", pipeline::format_timeline(
                              pipeline::simulate(pipeline::make_schedule(kind, shape), shape), shape));
       }
+      if (tp.active()) {
+        fmt::print("tensor parallel: tp {}, sequence parallel {}; {} parameters on this rank\n",
+                   tp.size(), tp.sequence_parallel ? "on" : "off", model_->num_params());
+      }
     }
     const GlobalOrder& order = loader_->order();
     fmt::print("data: {} tokens, {} samples of {} (+1) tokens, {} steps per epoch ({:.2f} epochs)"
@@ -227,6 +250,11 @@ AdamW& Trainer::optimizer() {
 }
 
 void Trainer::load_state(const std::string& dir) {
+  const TensorParallel& tp = model_->tensor_parallel();
+  if (tp.active()) {
+    load_tensor_parallel_state(dir);
+    return;
+  }
   if (!zero_) {
     CheckpointTensors into{model_->flat_master(), optimizer_->exp_avg(), optimizer_->exp_avg_sq()};
     load_checkpoint_tensors(dir, model_->params(), into);
@@ -245,25 +273,72 @@ void Trainer::load_state(const std::string& dir) {
   zero_->load_full(State::exp_avg_sq, into.exp_avg_sq.data<float>());
 }
 
-std::vector<float> Trainer::gather_weights() {
-  if (pipeline_) {
-    Communicator& pp = options_.mesh->pp();
-    std::vector<float> full = pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_,
-                                                      model_->flat_master().data<float>(), 0);
-    int64_t n = static_cast<int64_t>(full.size());
-    pp.broadcast(&n, 1, CommDType::i64, 0);
-    full.resize(static_cast<size_t>(n));
-    pp.broadcast(full.data(), n, CommDType::f32, 0);
-    return full;
+// Tensor parallel: every rank reads the whole tensors and keeps its slices
+// (then its ZeRO shards).
+void Trainer::load_tensor_parallel_state(const std::string& dir) {
+  const std::vector<Parameter> full = full_layout(config_.model);
+  const Shape whole_shape{full.back().offset + full.back().spec.numel()};
+  CheckpointTensors whole{Tensor(whole_shape, DType::f32, MemCategory::workspace, tracker_),
+                          Tensor(whole_shape, DType::f32, MemCategory::workspace, tracker_),
+                          Tensor(whole_shape, DType::f32, MemCategory::workspace, tracker_)};
+  load_checkpoint_tensors(dir, full, whole);
+  const Shape local_shape{model_->num_params()};
+  CheckpointTensors local =
+      zero_ ? CheckpointTensors{Tensor(local_shape, DType::f32, MemCategory::workspace, tracker_),
+                                Tensor(local_shape, DType::f32, MemCategory::workspace, tracker_),
+                                Tensor(local_shape, DType::f32, MemCategory::workspace, tracker_)}
+            : CheckpointTensors{model_->flat_master(), optimizer_->exp_avg(),
+                                optimizer_->exp_avg_sq()};
+  const std::vector<TensorSplit> splits = tp_local_splits();
+  // A pipeline stage takes its parameters from the whole model's tp slices.
+  const Shape sliced_shape{local_flat_numel(splits)};
+  Tensor sliced = pipeline_ ? Tensor(sliced_shape, DType::f32, MemCategory::workspace, tracker_)
+                            : Tensor();
+  for (auto [from, to] : {std::pair{&whole.master, &local.master},
+                          {&whole.exp_avg, &local.exp_avg},
+                          {&whole.exp_avg_sq, &local.exp_avg_sq}}) {
+    if (!pipeline_) {
+      scatter_tp_flat(splits, from->data<float>(), to->data<float>());
+      continue;
+    }
+    scatter_tp_flat(splits, from->data<float>(), sliced.data<float>());
+    pipeline::select_stage(*model_, sliced.data<float>(), to->data<float>());
   }
   if (!zero_) {
-    const Tensor& w = model_->flat_master();
-    return std::vector<float>(w.data<float>(), w.data<float>() + w.numel());
+    model_->sync_compute_weights();
+    return;
   }
-  std::vector<float> weights(static_cast<size_t>(model_->num_params()));
-  zero_->gather_full(zero::ShardedDataParallel::State::master, 0, weights.data());
-  zero_->dp().broadcast(weights.data(), static_cast<int64_t>(weights.size()), CommDType::f32, 0);
-  return weights;
+  using State = zero::ShardedDataParallel::State;
+  zero_->load_full(State::master, local.master.data<float>());
+  zero_->load_full(State::exp_avg, local.exp_avg.data<float>());
+  zero_->load_full(State::exp_avg_sq, local.exp_avg_sq.data<float>());
+}
+
+std::vector<float> Trainer::gather_weights() {
+  std::vector<float> weights;
+  if (pipeline_) {
+    // The stages' tp-local flats assembled, then (below) the tp slices.
+    Communicator& pp = options_.mesh->pp();
+    weights = pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_,
+                                      model_->flat_master().data<float>(), 0);
+    int64_t n = static_cast<int64_t>(weights.size());
+    pp.broadcast(&n, 1, CommDType::i64, 0);
+    weights.resize(static_cast<size_t>(n));
+    pp.broadcast(weights.data(), n, CommDType::f32, 0);
+  } else if (!zero_) {
+    const Tensor& w = model_->flat_master();
+    weights.assign(w.data<float>(), w.data<float>() + w.numel());
+  } else {
+    weights.resize(static_cast<size_t>(model_->num_params()));
+    zero_->gather_full(zero::ShardedDataParallel::State::master, 0, weights.data());
+    zero_->dp().broadcast(weights.data(), static_cast<int64_t>(weights.size()), CommDType::f32, 0);
+  }
+  const TensorParallel& tp = model_->tensor_parallel();
+  if (!tp.active()) return weights;
+  const std::vector<TensorSplit> splits = tp_local_splits();
+  std::vector<float> full(static_cast<size_t>(full_flat_numel(splits)));
+  gather_tp_flat(tp, splits, weights.data(), full.data());
+  return full;
 }
 
 void Trainer::log_memory(const char* when) {
@@ -299,6 +374,8 @@ StepRecord Trainer::train_step() {
   // mean (with dp ranks: of this rank's share, averaged over ranks by DDP).
   const float grad_scale = 1.0f / static_cast<float>(t.tokens_per_step() / options_.dp_size);
 
+  const TensorParallel& tp = model_->tensor_parallel();
+  const uint64_t tp_bytes = tp.active() ? tp.comm->stats().total().bytes : 0;
   if (!zero_) model_->zero_grads();
   double loss_sum = 0;
   double data_seconds = loader_->stats().wait_seconds;
@@ -329,9 +406,10 @@ StepRecord Trainer::train_step() {
   r.step = step_ + 1;
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
   MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step, r.loss);
+  // Each element counted once across tp (and pp: a tied copy once).
   r.grad_norm = zero_       ? zero_->grad_norm()
                 : pipeline_ ? pipeline::pipeline_grad_norm(*model_, options_.mesh->pp())
-                            : global_grad_norm(*model_);
+                            : tensor_parallel_grad_norm(*model_);
   MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
                   r.step, r.grad_norm);
   r.lr = schedule_.at(step_);
@@ -346,6 +424,7 @@ StepRecord Trainer::train_step() {
     optimizer_->step(r.lr, clip_factor(r.grad_norm, t.grad_clip));
   }
   ++step_;
+  if (tp.active()) r.tp_comm_bytes = tp.comm->stats().total().bytes - tp_bytes;
 
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -353,10 +432,11 @@ StepRecord Trainer::train_step() {
   r.step_ms = seconds * 1e3;
   r.data_ms = data_seconds * 1e3;
   r.tokens_per_s = tokens / seconds;
-  // Per rank: this rank's tokens against this rank's peak.
-  // A pipeline stage does 1 / pp of the model's FLOPs (as balanced).
-  r.mfu = config_.model.train_flops_per_token(seq) * tokens / static_cast<double>(options_.dp_size) /
-          static_cast<double>(config_.parallel.pp) / seconds / peak_flops_;
+  // Per rank: this rank's share of the FLOPs (tp ranks split each token's, a
+  // pipeline stage runs 1 / pp of the layers as balanced) against its peak.
+  r.mfu = config_.model.train_flops_per_token(seq) * tokens /
+          static_cast<double>(options_.dp_size * tp.size() * config_.parallel.pp) / seconds /
+          peak_flops_;
   return r;
 }
 
@@ -429,9 +509,11 @@ std::string Trainer::save_checkpoint() {
   state.optimizer_step = zero_ ? zero_->step_count() : optimizer_->step_count();
   state.sampler = loader_->position();
   state.seed = config_.train.seed;
+  const TensorParallel& tp = model_->tensor_parallel();
   if (pipeline_) {
-    // The stages gathered to pp rank 0 (of dp rank 0), which writes the
-    // single-rank files: checkpoints do not depend on the layout.
+    // The stages gathered to pp rank 0 (of every dp rank; the tp ranks each
+    // gather their slices), which writes the single-rank files: checkpoints
+    // do not depend on the layout.
     Communicator& pp = options_.mesh->pp();
     auto gather = [&](const Tensor& t) {
       return pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_, t.data<float>(), 0);
@@ -440,30 +522,27 @@ std::string Trainer::save_checkpoint() {
     std::vector<float> exp_avg = gather(optimizer_->exp_avg());
     std::vector<float> exp_avg_sq = gather(optimizer_->exp_avg_sq());
     if (pp.rank() != 0) return dir;
-    std::vector<Parameter> params;
-    int64_t offset = 0;
-    for (ParamSpec& spec : build_param_specs(config_.model)) {
-      Parameter p;
-      p.offset = offset;
-      offset += spec.numel();
-      p.spec = std::move(spec);
-      params.push_back(std::move(p));
-    }
     auto tensor = [&](const std::vector<float>& values) {
-      Tensor t({offset}, DType::f32, MemCategory::workspace, tracker_);
+      Tensor t({static_cast<int64_t>(values.size())}, DType::f32, MemCategory::workspace, tracker_);
       std::copy(values.begin(), values.end(), t.data<float>());
       return t;
     };
-    meshtrain::save_checkpoint(
-        dir, params, CheckpointTensors{tensor(master), tensor(exp_avg), tensor(exp_avg_sq)}, state,
-        config_);
+    const CheckpointTensors local{tensor(master), tensor(exp_avg), tensor(exp_avg_sq)};
+    if (tp.active()) {
+      save_tensor_parallel_checkpoint(dir, local, state);
+    } else if (options_.mesh->coord().dp == 0) {
+      meshtrain::save_checkpoint(dir, full_layout(config_.model), local, state, config_);
+    }
     return dir;
   }
   if (!zero_) {
-    meshtrain::save_checkpoint(
-        dir, model_->params(),
-        CheckpointTensors{model_->flat_master(), optimizer_->exp_avg(), optimizer_->exp_avg_sq()},
-        state, config_);
+    const CheckpointTensors local{model_->flat_master(), optimizer_->exp_avg(),
+                                  optimizer_->exp_avg_sq()};
+    if (tp.active()) {
+      save_tensor_parallel_checkpoint(dir, local, state);
+    } else {
+      meshtrain::save_checkpoint(dir, model_->params(), local, state, config_);
+    }
     return dir;
   }
   // The shards gathered to rank 0, which writes the same files as a flat run.
@@ -478,8 +557,42 @@ std::string Trainer::save_checkpoint() {
                                {State::exp_avg_sq, &whole.exp_avg_sq}}) {
     zero_->gather_full(which, 0, writer ? tensor->data<float>() : nullptr);
   }
-  if (writer) meshtrain::save_checkpoint(dir, model_->params(), whole, state, config_);
+  if (!writer) return dir;
+  if (tp.active()) {
+    save_tensor_parallel_checkpoint(dir, whole, state);
+  } else {
+    meshtrain::save_checkpoint(dir, model_->params(), whole, state, config_);
+  }
   return dir;
+}
+
+// The tp group (one dp coordinate) assembles the whole tensors from its
+// slices; world rank 0 writes them: the same files whatever tp.
+std::vector<TensorSplit> Trainer::tp_local_splits() const {
+  if (!pipeline_) return model_->param_splits();
+  // A pipeline stage's checkpoint paths work on the whole model's layout.
+  const TensorParallel& tp = model_->tensor_parallel();
+  std::vector<TensorSplit> splits;
+  for (const ParamSpec& spec : build_param_specs(config_.model, tp.rank(), tp.size())) {
+    splits.push_back(spec.split);
+  }
+  return splits;
+}
+
+void Trainer::save_tensor_parallel_checkpoint(const std::string& dir, const CheckpointTensors& local,
+                                              const TrainState& state) {
+  const std::vector<TensorSplit> splits = tp_local_splits();
+  const Shape shape{full_flat_numel(splits)};
+  CheckpointTensors whole{Tensor(shape, DType::f32, MemCategory::workspace, tracker_),
+                          Tensor(shape, DType::f32, MemCategory::workspace, tracker_),
+                          Tensor(shape, DType::f32, MemCategory::workspace, tracker_)};
+  const TensorParallel& tp = model_->tensor_parallel();
+  gather_tp_flat(tp, splits, local.master.data<float>(), whole.master.data<float>());
+  gather_tp_flat(tp, splits, local.exp_avg.data<float>(), whole.exp_avg.data<float>());
+  gather_tp_flat(tp, splits, local.exp_avg_sq.data<float>(), whole.exp_avg_sq.data<float>());
+  if (options_.mesh->rank() == 0) {
+    meshtrain::save_checkpoint(dir, full_layout(config_.model), whole, state, config_);
+  }
 }
 
 void Trainer::log_step(const StepRecord& r) {
@@ -493,7 +606,8 @@ void Trainer::log_step(const StepRecord& r) {
                              {"data_ms", r.data_ms},
                              {"comm_ms", r.comm_ms},
                              {"exposed_comm_ms", r.exposed_comm_ms},
-                             {"comm_bytes", r.comm_bytes}};
+                             {"comm_bytes", r.comm_bytes},
+                             {"tp_comm_bytes", r.tp_comm_bytes}};
   if (pipeline_) {
     record["pp_busy_ms"] = r.pp_busy_ms;
     record["pp_wait_ms"] = r.pp_wait_ms;
@@ -541,7 +655,10 @@ std::vector<StepRecord> Trainer::run() {
     bool periodic = t.checkpoint_interval > 0 && step_ % t.checkpoint_interval == 0;
     // Replicas are identical: rank 0 writes for all (with ZeRO after a
     // gather every rank takes part in).
+    // The same with tensor parallelism (the tp group assembles the slices)
+    // and pipelines (the stages are gathered to pp rank 0).
     const bool writer = options_.mesh == nullptr || options_.mesh->rank() == 0 || zero_ ||
+                        model_->tensor_parallel().active() ||
                         (pipeline_ && options_.mesh->coord().dp == 0);
     if (writer && t.checkpoint_interval >= 0 && (last || periodic)) {
       std::string dir = save_checkpoint();

@@ -19,6 +19,7 @@
 #include "meshtrain/parallel/ddp/ddp.h"
 #include "meshtrain/parallel/pipeline/executor.h"
 #include "meshtrain/parallel/zero/sharded.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -42,6 +43,7 @@ struct StepRecord {
   double pp_busy_ms = 0, pp_wait_ms = 0, pp_schedule_ms = 0;
   double pp_bubble = 0, pp_bubble_theory = 0;
   int64_t pp_in_flight = 0;
+  uint64_t tp_comm_bytes = 0;  // tensor parallel: the tp group's collectives (CallRecord::bytes)
 };
 
 struct TrainerOptions {
@@ -86,8 +88,8 @@ class Trainer {
   // The flat AdamW (parallel.zero = 0 only; throws otherwise).
   AdamW& optimizer();
   zero::ShardedDataParallel* zero() { return zero_.get(); }  // null unless parallel.zero > 0
-  // The master weights in the flat layout (params()[i].offset), on every
-  // rank. Collective with ZeRO (gathered from the shards).
+  // The master weights in the flat tp = 1 layout (whole tensors), on every
+  // rank. Collective with ZeRO (gathered from the shards) and tp (from the slices).
   std::vector<float> gather_weights();
   // The global data position of the next step (saved in checkpoints).
   SamplerPosition sampler_position() const { return loader_->position(); }
@@ -98,6 +100,14 @@ class Trainer {
   void log_eval(double val_loss);
   // Weights and optimizer state from a step directory (ZeRO: this rank's shards).
   void load_state(const std::string& dir);
+  // Tensor parallel: whole tensors read, this rank's slices kept; written by
+  // assembling the tp group's slices (collective over tp).
+  void load_tensor_parallel_state(const std::string& dir);
+  // The tp-local flat layout those work on: the model's, or (pipeline) the
+  // whole model's, assembled from / taken by the stages.
+  std::vector<TensorSplit> tp_local_splits() const;
+  void save_tensor_parallel_checkpoint(const std::string& dir, const CheckpointTensors& local,
+                                       const TrainState& state);
   // Rank 0 prints its bytes by category and (several ranks) the maximum over
   // ranks; every rank writes its own to its metrics file. Collective.
   void log_memory(const char* when);

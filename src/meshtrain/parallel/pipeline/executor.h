@@ -89,4 +89,8 @@ double pipeline_grad_norm(const Model& model, Communicator& pp);
 std::vector<float> gather_stages(Communicator& pp, const Model& model, const PipelineShape& shape,
                                  const std::vector<int64_t>& split, const float* local, int root);
 
+// The inverse for one stage: its flat tensor (params() order) from the whole
+// model's (the layout gather_stages returns). No communication.
+void select_stage(const Model& model, const float* whole, float* local);
+
 }  // namespace meshtrain::pipeline

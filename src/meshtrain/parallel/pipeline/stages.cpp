@@ -97,4 +97,16 @@ std::vector<float> gather_stages(Communicator& pp, const Model& model, const Pip
   return full;
 }
 
+void select_stage(const Model& model, const float* whole, float* local) {
+  const TensorParallel& tp = model.tensor_parallel();
+  const std::vector<ParamSpec> specs = build_param_specs(model.config(), tp.rank(), tp.size());
+  std::vector<int64_t> offsets(specs.size() + 1, 0);
+  for (size_t i = 0; i < specs.size(); ++i) offsets[i + 1] = offsets[i] + specs[i].numel();
+  const std::vector<size_t> held = stage_param_indices(model.config(), model.stage_layers());
+  const std::vector<Parameter>& params = model.params();
+  for (size_t i = 0; i < held.size(); ++i) {
+    std::copy(whole + offsets[held[i]], whole + offsets[held[i] + 1], local + params[i].offset);
+  }
+}
+
 }  // namespace meshtrain::pipeline
