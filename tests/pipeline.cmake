@@ -18,11 +18,12 @@ foreach(np 2 4)
   set_tests_properties(pipeline.stage_throws_aborts_job_np${np} PROPERTIES TIMEOUT 60 PROCESSORS ${np})
 endforeach()
 
-# The CLI under mpirun with pipelines, on the CLI tests' byte corpus (tests/cli.cmake).
+# The CLI under mpirun with pipelines (2, 4 and 8 ranks: dp, tp and pp
+# combinations), on the CLI tests' byte corpus (tests/cli.cmake).
 add_test(NAME pipeline.cli_train_np4
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/pipeline_mpi/cli_pp.sh ${mpi_run} --
                  $<TARGET_FILE:meshtrain> ${CMAKE_CURRENT_BINARY_DIR}/cli_work)
-set_tests_properties(pipeline.cli_train_np4 PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
+set_tests_properties(pipeline.cli_train_np4 PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 180
                      PROCESSORS 4)
 
 # dp 2 x tp 2 x pp 2 on 8 ranks (oversubscribed): the engine-level composition test only.
