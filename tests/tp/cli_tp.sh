@@ -21,9 +21,10 @@ run() {  # run NAME RANKS ARGS...
   [[ $ranks -gt 1 ]] && cmd=("${mpirun[@]}" "$ranks" "${cmd[@]}")
   "${cmd[@]}" >"$out/$name.log" 2>&1 || { cat "$out/$name.log"; exit 1; }
 }
-run single 1 --train.checkpoint_interval 3
+run single 1 --train.checkpoint_interval 3 --train.eval_interval 3
 run tp2 2 --parallel.tp 2 --train.checkpoint_interval 3
-run tp2sp 2 --parallel.tp 2 --parallel.sequence_parallel true --train.checkpoint_interval -1
+run tp2sp 2 --parallel.tp 2 --parallel.sequence_parallel true --train.checkpoint_interval -1 \
+  --train.eval_interval 3
 run resume_tp1_from_tp2 1 --resume "$out/tp2/step_3" --train.checkpoint_interval -1
 run resume_tp2_from_tp1 2 --parallel.tp 2 --resume "$out/single/step_3" --train.checkpoint_interval -1
 # tp 2 x dp 2 with ZeRO 3 on the dp axis; its checkpoint resumes a single process.
@@ -50,7 +51,12 @@ for name, first in [("tp2", 1), ("tp2sp", 1), ("resume_tp1_from_tp2", 4), ("resu
         rank1 = losses(f"{out}/{name}/metrics.rank1.jsonl")
         assert all(rank1[s]["loss"] == got[s]["loss"] for s in got), f"{name}: tp ranks disagree"
         assert all(r["tp_comm_bytes"] > 0 for r in got.values()), f"{name}: no tp bytes"
-print("tp losses, resumes across tp 1 <-> 2 match the single-process run")
+def val_losses(path):
+    return {r["step"]: r["val_loss"] for r in map(json.loads, open(path)) if "val_loss" in r}
+want, got = val_losses(f"{out}/single/metrics.jsonl"), val_losses(f"{out}/tp2sp/metrics.jsonl")
+assert sorted(want) == sorted(got) == [3, 6], (want, got)
+assert all(abs(want[s] - got[s]) <= 1e-5 * want[s] for s in want), (want, got)
+print("tp losses, validation losses and resumes across tp 1 <-> 2 match the single-process run")
 PY
 # Untrained weights (lr 1e-30 leaves every f32 weight as initialised): the
 # exported model is the same file from tp 1 and tp 2.
