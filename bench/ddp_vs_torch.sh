@@ -21,41 +21,17 @@ cd "$(dirname "$0")/.."
 STEPS=${1:-4}
 BATCH=${2:-4}
 ROUNDS=${3:-1}
-BIN=${MESHTRAIN_BIN:-build/meshtrain}
-[ -x "$BIN" ] || { echo "build first (or set MESHTRAIN_BIN)" >&2; exit 1; }
-MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1
 # Debian's OpenBLAS would run a generic kernel on this VM (see train_vs_torch.sh).
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
   export OPENBLAS_CORETYPE=SkylakeX
 fi
-work=$(mktemp -d)
 # KEEP=1 keeps the runs' metrics (the directory is printed).
-if [ -n "${KEEP:-}" ]; then echo "runs in $work" >&2; else trap 'rm -rf "$work"' EXIT; fi
-
-# Throughput only: random GPT-2 token ids in llm.c's format.
-python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(1)
-n = 400_000
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(50257) for _ in range(n))))
-PY
-cat >"$work/run.toml" <<TOML
-[model]
-preset = "llama-60M"
-[train]
+source bench/common.sh
+random_tokens 400000
+write_run_config <<TOML
 steps = $((STEPS + 2))
-seq_len = 256
-threads = 1
-eval_interval = 0
 log_interval = 1
-peak_flops = 1e11
-checkpoint_interval = -1
-[data]
-train = "$work/train.bin"
 [parallel]
 bucket_mb = 25
 TOML

@@ -21,37 +21,13 @@ shift || true
 CASES=("$@")
 [ ${#CASES[@]} -gt 0 ] || CASES=(2:gpipe 2:1f1b 2:interleaved 2:1f1b:7,1 4:gpipe 4:1f1b 4:interleaved
                                  4:1f1b:5,1,1,1)
-BIN=${MESHTRAIN_BIN:-build/meshtrain}
-[ -x "$BIN" ] || { echo "build first (or set MESHTRAIN_BIN)" >&2; exit 1; }
-MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-work=$(mktemp -d)
-if [ -n "${KEEP:-}" ]; then echo "runs in $work" >&2; else trap 'rm -rf "$work"' EXIT; fi
-
-# Throughput only: random GPT-2 token ids in llm.c's format.
-python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(1)
-n = 200_000
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(50257) for _ in range(n))))
-PY
-cat >"$work/run.toml" <<TOML
-[model]
-preset = "llama-60M"
-[train]
+source bench/common.sh
+random_tokens 200000
+write_run_config <<TOML
 precision = "bf16"
 steps = $((STEPS + 1))
 batch_size = 8
 micro_batch_size = 1
-seq_len = 256
-threads = 1
-eval_interval = 0
-peak_flops = 1e11
-checkpoint_interval = -1
-[data]
-train = "$work/train.bin"
 TOML
 
 printf "%-3s %-16s %-8s %-8s %-22s %-10s %s\n" pp schedule bubble theory "busy/wait ms (rank 0)" in-flight "activation peak MiB per stage"

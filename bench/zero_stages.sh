@@ -20,38 +20,14 @@ cd "$(dirname "$0")/.."
 STEPS=${1:-3}
 BATCH=${2:-4}
 ROUNDS=${3:-1}
-BIN=${MESHTRAIN_BIN:-build/meshtrain}
-[ -x "$BIN" ] || { echo "build first (or set MESHTRAIN_BIN)" >&2; exit 1; }
-MPIRUN=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-work=$(mktemp -d)
-if [ -n "${KEEP:-}" ]; then echo "runs in $work" >&2; else trap 'rm -rf "$work"' EXIT; fi
-
-# Throughput only: random GPT-2 token ids in llm.c's format.
-python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(1)
-n = 400_000
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(50257) for _ in range(n))))
-PY
-cat >"$work/run.toml" <<TOML
-[model]
-preset = "llama-60M"
-[train]
+source bench/common.sh
+random_tokens 400000
+write_run_config <<TOML
 precision = "bf16"
 steps = $((STEPS + 1))
-seq_len = 256
 batch_size = $((2 * BATCH))
 micro_batch_size = $BATCH
-threads = 1
-eval_interval = 0
 log_interval = 1
-peak_flops = 1e11
-checkpoint_interval = -1
-[data]
-train = "$work/train.bin"
 TOML
 
 run() {  # name overrides... (the name's .<round> suffix is dropped in the summary)
