@@ -4,10 +4,7 @@
 # the losses equal those of the single-process run of the same config.
 # usage: cli_ddp.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -euo pipefail
-mpirun=()
-while [[ $1 != "--" ]]; do mpirun+=("$1"); shift; done
-shift
-bin=$1 work=$2
+source "$(dirname "$0")/../support/cli_common.sh" "$@"
 out=$work/ddp_cli
 rm -rf "$out"
 args=(train --config "$work/good.toml" --train.steps 6 --train.checkpoint_interval -1
@@ -15,7 +12,6 @@ args=(train --config "$work/good.toml" --train.steps 6 --train.checkpoint_interv
 "$bin" "${args[@]}" --train.out_dir "$out/single" >"$out.single.log" 2>&1 || { cat "$out.single.log"; exit 1; }
 "${mpirun[@]}" 2 "$bin" "${args[@]}" --train.out_dir "$out/dp2" >"$out.dp2.log" 2>&1 || { cat "$out.dp2.log"; exit 1; }
 cat "$out.dp2.log"
-fail() { echo "FAIL: $*"; exit 1; }
 [[ $(grep -c "^step     6/6" "$out.dp2.log") -eq 1 ]] || fail "expected one console line for step 6 (rank 0 only)"
 grep -q "^parallel: dp 2 x tp 1 x pp 1 = 2 ranks" "$out.dp2.log" || fail "no parallel: line"
 grep -q "dp rank 0 of 2: 1 micro-batches of 4" "$out.dp2.log" || fail "the per-rank split is not printed"

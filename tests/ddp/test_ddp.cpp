@@ -11,17 +11,18 @@
 #include <vector>
 
 #include "meshtrain/comm/mesh.h"
-#include "meshtrain/data/token_file.h"
 #include "meshtrain/parallel/ddp/ddp.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
 #include "support/tiny_models.h"
+#include "support/trainer_run.h"
 
 namespace meshtrain {
 namespace {
 
 using testing::mpi_env;
+using testing::run_trainer;
 
 TEST(GradBuckets, ContiguousReverseOrderCoveringEveryParameter) {
   testing::CpuModel m(testing::tiny_llama(false), Precision::fp32, 1);
@@ -202,27 +203,18 @@ TEST(DdpOverlap, BucketAllReducesStartDuringBackward) {
 // Whole runs: dp = world size against dp = 1 on the same global batch.
 class DdpTraining : public ::testing::Test {
  protected:
+  using Run = testing::TrainerRun;  // (hides ::testing::Test::Run)
+
   // One directory for all ranks, as on a cluster's shared file system (every
   // rank must be given the same config, paths included).
   void SetUp() override {
     dir_ = testing::shared_scratch_dir(*world_);
-    if (world_->rank() != 0) {
-      world_->barrier();
-      return;
-    }
-    std::vector<uint16_t> tokens;
-    const char* text = "in the beginning was the word, and the word was with god. ";
-    for (int i = 0; i < 4000; ++i) {
-      tokens.push_back(static_cast<uint16_t>((text[i % std::strlen(text)] - 32 + i / 997) % 64));
-    }
-    write_token_file(dir_ + "/train.bin", tokens);
-    write_token_file(dir_ + "/val.bin",
-                     std::vector<uint16_t>(tokens.begin(), tokens.begin() + 800));
+    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 64);
     world_->barrier();
   }
 
   TrainConfig config(const std::string& out, ConfigOverrides extra = {}) const {
-    std::string toml = R"(
+    return testing::tiny_run_config(R"(
 [model]
 family = "llama"
 dim = 32
@@ -249,26 +241,8 @@ min_lr = 3e-4
 warmup_steps = 2
 [data]
 tokenizer = "bytes"
-)";
-    toml += "train = \"" + dir_ + "/train.bin\"\nval = \"" + dir_ + "/val.bin\"\n";
-    extra.insert(extra.begin(), {"train.out_dir", dir_ + "/" + out});
-    return parse_config(toml, "ddp.toml", extra);
-  }
-
-  struct Run {
-    std::vector<StepRecord> records;
-    std::vector<float> weights;
-  };
-  static Run run(const TrainConfig& c, DeviceMesh* mesh) {
-    TrainerOptions options;
-    options.console = false;
-    options.mesh = mesh;
-    Trainer trainer(c, options);
-    Run r;
-    r.records = trainer.run();
-    const Tensor& w = trainer.model().flat_master();
-    r.weights.assign(w.data<float>(), w.data<float>() + w.numel());
-    return r;
+)",
+                                    dir_, out, std::move(extra), "ddp.toml");
   }
 
   // Losses within 1e-5 relative, final weights within 1e-5.
@@ -304,10 +278,12 @@ TEST_F(DdpTraining, MatchesSingleRankWithAndWithoutAccumulation) {
   // micro_batch_size 8: one micro-batch per rank; 1: batch/dp micro-batches per rank.
   for (const char* micro : {"8", "1"}) {
     // Every rank runs the reference alone, in its own directory.
-    Run ref = run(config(std::string("ref") + micro + ".rank" + std::to_string(world_->rank()),
-                         {{"train.micro_batch_size", micro}}),
-                  nullptr);
-    Run ddp = run(config(std::string("ddp") + micro, {{"train.micro_batch_size", micro}}), &mesh);
+    Run ref = run_trainer(
+        config(std::string("ref") + micro + ".rank" + std::to_string(world_->rank()),
+               {{"train.micro_batch_size", micro}}),
+        nullptr);
+    Run ddp =
+        run_trainer(config(std::string("ddp") + micro, {{"train.micro_batch_size", micro}}), &mesh);
     expect_close(ddp, ref, std::string("micro_batch_size ") + micro);
     expect_replicas_identical(*world_, ddp.weights);
   }
@@ -315,10 +291,10 @@ TEST_F(DdpTraining, MatchesSingleRankWithAndWithoutAccumulation) {
 
 TEST_F(DdpTraining, BucketSizeAndOverlapChangeNothingBeyondRounding) {
   DeviceMesh mesh(*world_, 1, 1);
-  Run big = run(config("big", {{"parallel.bucket_mb", "25"}}), &mesh);
-  Run small = run(config("small", {{"parallel.bucket_mb", "0.001"}}), &mesh);
-  Run off =
-      run(config("off", {{"parallel.bucket_mb", "0.001"}, {"parallel.overlap", "false"}}), &mesh);
+  Run big = run_trainer(config("big", {{"parallel.bucket_mb", "25"}}), &mesh);
+  Run small = run_trainer(config("small", {{"parallel.bucket_mb", "0.001"}}), &mesh);
+  Run off = run_trainer(
+      config("off", {{"parallel.bucket_mb", "0.001"}, {"parallel.overlap", "false"}}), &mesh);
   expect_close(small, big, "bucket_mb 0.001 vs 25");
   expect_close(off, small, "overlap off vs on");
   expect_replicas_identical(*world_, small.weights);
@@ -328,7 +304,7 @@ TEST_F(DdpTraining, BucketSizeAndOverlapChangeNothingBeyondRounding) {
 // continues exactly as the uninterrupted run.
 TEST_F(DdpTraining, ResumeFromRankZerosCheckpointContinuesBitForBit) {
   DeviceMesh mesh(*world_, 1, 1);
-  Run full = run(config("full", {{"train.checkpoint_interval", "10"}}), &mesh);
+  Run full = run_trainer(config("full", {{"train.checkpoint_interval", "10"}}), &mesh);
   world_->barrier();  // rank 0's step_10 is on disk
   EXPECT_EQ(std::filesystem::exists(dir_ + "/full/step_10/model.safetensors"), true);
   TrainerOptions options;
@@ -348,7 +324,7 @@ TEST_F(DdpTraining, ResumeFromRankZerosCheckpointContinuesBitForBit) {
 
 TEST_F(DdpTraining, EachRankWritesItsMetricsWithCommunicationTimes) {
   DeviceMesh mesh(*world_, 1, 1);
-  run(config("metrics", {{"train.steps", "3"}}), &mesh);
+  run_trainer(config("metrics", {{"train.steps", "3"}}), &mesh);
   const int rank = world_->rank();
   std::string name = rank == 0 ? "metrics.jsonl" : "metrics.rank" + std::to_string(rank) + ".jsonl";
   std::string text = testing::read_file(dir_ + "/metrics/" + name);

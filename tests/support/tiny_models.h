@@ -96,4 +96,21 @@ inline std::vector<int32_t> random_ids(uint64_t seed, int64_t n, int64_t vocab) 
   return ids;
 }
 
+// Rows [row0, row0 + rows) of step's global batch (`global_rows` random rows
+// of seq + 1 ids) as inputs and targets: ranks that split the rows train on
+// the single-rank run's batch.
+inline void global_batch_rows(int step, int64_t global_rows, int64_t seq, int64_t vocab,
+                              int64_t row0, int64_t rows, std::vector<int32_t>& inputs,
+                              std::vector<int32_t>& targets) {
+  const std::vector<int32_t> ids =
+      random_ids(1000 + static_cast<uint64_t>(step), global_rows * (seq + 1), vocab);
+  inputs.clear();
+  targets.clear();
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    const int32_t* row = ids.data() + r * (seq + 1);
+    inputs.insert(inputs.end(), row, row + seq);
+    targets.insert(targets.end(), row + 1, row + 1 + seq);
+  }
+}
+
 }  // namespace meshtrain::testing

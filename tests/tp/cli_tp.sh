@@ -6,10 +6,7 @@
 # export of an untrained checkpoint is the same file whatever tp wrote it.
 # usage: cli_tp.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -euo pipefail
-mpirun=()
-while [[ $1 != "--" ]]; do mpirun+=("$1"); shift; done
-shift
-bin=$1 work=$2
+source "$(dirname "$0")/../support/cli_common.sh" "$@"
 out=$work/tp_cli
 rm -rf "$out" && mkdir -p "$out"
 args=(train --config "$work/good.toml" --train.steps 6 --train.eval_interval 0
@@ -31,7 +28,6 @@ run resume_tp2_from_tp1 2 --parallel.tp 2 --resume "$out/single/step_3" --train.
 run tp2dp2z3 4 --parallel.tp 2 --parallel.zero 3 --train.checkpoint_interval 3
 run resume_tp1_from_tp2dp2z3 1 --resume "$out/tp2dp2z3/step_3" --train.checkpoint_interval -1
 cat "$out/tp2sp.log"
-fail() { echo "FAIL: $*"; exit 1; }
 grep -q "^parallel: dp 1 x tp 2 x pp 1 = 2 ranks" "$out/tp2.log" || fail "no parallel: line"
 grep -q "^tensor parallel: tp 2, sequence parallel on" "$out/tp2sp.log" || fail "no tensor parallel: line"
 python3 - "$out" <<'PY'

@@ -76,11 +76,7 @@ struct TpRunResult {
 // Rows [row0, row0 + rows) of step's global batch (the ZeRO tests' batches).
 inline void tp_batch(const TpRunSpec& s, int step, int64_t row0, int64_t rows,
                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-  ZeroRunSpec batches;
-  batches.model = s.model;
-  batches.global_rows = s.global_rows;
-  batches.seq = s.seq;
-  batch_rows(batches, step, row0, rows, inputs, targets);
+  global_batch_rows(step, s.global_rows, s.seq, s.model.vocab_size, row0, rows, inputs, targets);
 }
 
 // Moves norm weights and biases (flat storage) off their ones/zeros, by

@@ -17,6 +17,7 @@
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
 #include "support/scratch.h"
+#include "support/trainer_run.h"
 
 namespace meshtrain {
 namespace {
@@ -27,18 +28,13 @@ class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::scratch_dir();
-    // A learnable stream: a short repeating phrase with some variation.
-    std::vector<uint16_t> train, val;
-    const char* text = "in the beginning was the word, and the word was with god. ";
-    for (int i = 0; i < 3000; ++i) {
-      train.push_back(static_cast<uint16_t>((text[i % std::strlen(text)] - 32) % 64));
-    }
-    for (int i = 0; i < 600; ++i) val.push_back(train[static_cast<size_t>(i + 7)]);
+    const std::vector<uint16_t> train = testing::phrase_tokens(3000, 64, 0);
+    const std::vector<uint16_t> val(train.begin() + 7, train.begin() + 607);
     write_token_file((dir_ / "train.bin").string(), train);
     write_token_file((dir_ / "val.bin").string(), val);
   }
   TrainConfig config(const std::string& out, ConfigOverrides extra = {}) const {
-    std::string toml = R"(
+    return testing::tiny_run_config(R"(
 [model]
 family = "llama"
 dim = 32
@@ -64,19 +60,12 @@ lr = 3e-3
 min_lr = 3e-4
 warmup_steps = 2
 [data]
-)";
-    toml += "train = \"" + (dir_ / "train.bin").string() + "\"\n";
-    toml += "val = \"" + (dir_ / "val.bin").string() + "\"\n";
-    extra.insert(extra.begin(), {"train.out_dir", (dir_ / out).string()});
-    return parse_config(toml, "test.toml", extra);
+)",
+                                    dir_.string(), out, std::move(extra), "test.toml");
   }
 
   static std::vector<StepRecord> run(const TrainConfig& c, const std::string& resume = "") {
-    TrainerOptions options;
-    options.console = false;
-    options.resume_dir = resume;
-    Trainer trainer(c, options);
-    return trainer.run();
+    return testing::run_trainer(c, nullptr, resume).records;
   }
 
   static std::vector<char> bytes(const fs::path& p) {

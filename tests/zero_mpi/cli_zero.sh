@@ -5,10 +5,7 @@
 # rank 0 writes resumes in a single process, the offload files are gone.
 # usage: cli_zero.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -euo pipefail
-mpirun=()
-while [[ $1 != "--" ]]; do mpirun+=("$1"); shift; done
-shift
-bin=$1 work=$2
+source "$(dirname "$0")/../support/cli_common.sh" "$@"
 out=$work/zero_cli
 rm -rf "$out" && mkdir -p "$out"
 args=(train --config "$work/good.toml" --train.steps 6 --train.checkpoint_interval 3
@@ -23,7 +20,6 @@ run disk "${mpirun[@]}" 2 "$bin" "${args[@]}" --parallel.zero 2 --parallel.offlo
     --parallel.offload_budget_mb 1
 run resumed "$bin" "${args[@]}" --resume "$out/zero3/step_3"
 cat "$out/zero3.log"
-fail() { echo "FAIL: $*"; exit 1; }
 grep -q "^parallel: dp 2 x tp 1 x pp 1 = 2 ranks.*ZeRO stage 3: .*prefetch on" "$out/zero3.log" ||
   fail "no ZeRO parallel: line"
 grep -q "optimizer state offloaded to disk (resident budget 1.00 MiB)" "$out/disk.log" ||

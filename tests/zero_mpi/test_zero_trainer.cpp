@@ -9,35 +9,30 @@
 #include <filesystem>
 
 #include "meshtrain/comm/mesh.h"
-#include "meshtrain/data/token_file.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
+#include "support/trainer_run.h"
 
 namespace meshtrain {
 namespace {
 
 using testing::mpi_env;
+using testing::run_trainer;
 
 class ZeroTrainer : public ::testing::Test {
  protected:
+  using Run = testing::TrainerRun;  // (hides ::testing::Test::Run)
+
   void SetUp() override {
     dir_ = testing::shared_scratch_dir(*world_);
-    if (world_->rank() == 0) {
-      std::vector<uint16_t> tokens;
-      const char* text = "in the beginning was the word, and the word was with god. ";
-      for (int i = 0; i < 4000; ++i) {
-        tokens.push_back(static_cast<uint16_t>((text[i % std::strlen(text)] - 32 + i / 997) % 61));
-      }
-      write_token_file(dir_ + "/train.bin", tokens);
-      write_token_file(dir_ + "/val.bin", std::vector<uint16_t>(tokens.begin(), tokens.begin() + 800));
-    }
+    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 61);
     world_->barrier();
   }
 
   // vocab 61 and an odd MLP width: padded flat parameters at dp 2, 3, 4.
   TrainConfig config(const std::string& out, ConfigOverrides extra = {}) const {
-    std::string toml = R"(
+    return testing::tiny_run_config(R"(
 [model]
 family = "gpt2"
 dim = 32
@@ -62,26 +57,8 @@ min_lr = 3e-4
 warmup_steps = 2
 [data]
 tokenizer = "bytes"
-)";
-    toml += "train = \"" + dir_ + "/train.bin\"\nval = \"" + dir_ + "/val.bin\"\n";
-    extra.insert(extra.begin(), {"train.out_dir", dir_ + "/" + out});
-    return parse_config(toml, "zero.toml", extra);
-  }
-
-  struct Run {
-    std::vector<StepRecord> records;
-    std::vector<float> weights;
-  };
-  static Run run(const TrainConfig& c, DeviceMesh* mesh, const std::string& resume = "") {
-    TrainerOptions options;
-    options.console = false;
-    options.mesh = mesh;
-    options.resume_dir = resume;
-    Trainer trainer(c, options);
-    Run r;
-    r.records = trainer.run();
-    r.weights = trainer.gather_weights();
-    return r;
+)",
+                                    dir_, out, std::move(extra), "zero.toml");
   }
 
   std::string dir_;
@@ -91,12 +68,13 @@ tokenizer = "bytes"
 
 TEST_F(ZeroTrainer, EveryStageMatchesTheSingleRankRun) {
   DeviceMesh mesh(*world_, 1, 1);
-  const Run ref = run(config("ref.rank" + std::to_string(world_->rank())), nullptr);
+  const Run ref = run_trainer(config("ref.rank" + std::to_string(world_->rank())), nullptr);
   for (const char* stage : {"1", "2", "3"}) {
     for (const char* micro : {"12", "1"}) {
-      const Run z = run(config(std::string("zero") + stage + "_" + micro,
-                               {{"parallel.zero", stage}, {"train.micro_batch_size", micro}}),
-                        &mesh);
+      const Run z = run_trainer(
+          config(std::string("zero") + stage + "_" + micro,
+                 {{"parallel.zero", stage}, {"train.micro_batch_size", micro}}),
+          &mesh);
       ASSERT_EQ(z.records.size(), ref.records.size());
       for (size_t i = 0; i < ref.records.size(); ++i) {
         EXPECT_NEAR(z.records[i].loss, ref.records[i].loss, 1e-5 * ref.records[i].loss)
@@ -122,11 +100,12 @@ TEST_F(ZeroTrainer, EveryStageMatchesTheSingleRankRun) {
 // rank: every stage computes the same bits).
 TEST_F(ZeroTrainer, CheckpointFromStage3ResumesUnderStage1BitForBit) {
   DeviceMesh mesh(*world_, 1, 1);
-  const Run full = run(config("full", {{"parallel.zero", "3"}, {"train.checkpoint_interval", "5"}}),
-                       &mesh);
+  const Run full = run_trainer(
+      config("full", {{"parallel.zero", "3"}, {"train.checkpoint_interval", "5"}}), &mesh);
   world_->barrier();
   ASSERT_TRUE(std::filesystem::exists(dir_ + "/full/step_5/exp_avg_sq.safetensors"));
-  const Run rest = run(config("rest", {{"parallel.zero", "1"}}), &mesh, dir_ + "/full/step_5");
+  const Run rest =
+      run_trainer(config("rest", {{"parallel.zero", "1"}}), &mesh, dir_ + "/full/step_5");
   ASSERT_EQ(rest.records.size(), 5u);
   for (size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(rest.records[i].loss, full.records[5 + i].loss) << "step " << 6 + i;
@@ -136,11 +115,11 @@ TEST_F(ZeroTrainer, CheckpointFromStage3ResumesUnderStage1BitForBit) {
 
 TEST_F(ZeroTrainer, DiskOffloadFromTheConfigChangesNoBit) {
   DeviceMesh mesh(*world_, 1, 1);
-  const Run resident = run(config("resident", {{"parallel.zero", "2"}}), &mesh);
-  const Run disk = run(config("disk", {{"parallel.zero", "2"},
-                                       {"parallel.offload", "disk"},
-                                       {"parallel.offload_budget_mb", "1"}}),
-                       &mesh);
+  const Run resident = run_trainer(config("resident", {{"parallel.zero", "2"}}), &mesh);
+  const Run disk = run_trainer(config("disk", {{"parallel.zero", "2"},
+                                               {"parallel.offload", "disk"},
+                                               {"parallel.offload_budget_mb", "1"}}),
+                               &mesh);
   for (size_t i = 0; i < resident.records.size(); ++i) {
     EXPECT_EQ(disk.records[i].loss, resident.records[i].loss) << "step " << i + 1;
   }

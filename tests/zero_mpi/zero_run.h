@@ -44,15 +44,7 @@ inline AdamWConfig test_adamw() { return AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}; 
 // Rows [row0, row0 + rows) of step's global batch as inputs and targets.
 inline void batch_rows(const ZeroRunSpec& s, int step, int64_t row0, int64_t rows,
                        std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-  const std::vector<int32_t> ids = random_ids(1000 + static_cast<uint64_t>(step),
-                                              s.global_rows * (s.seq + 1), s.model.vocab_size);
-  inputs.clear();
-  targets.clear();
-  for (int64_t r = row0; r < row0 + rows; ++r) {
-    const int32_t* row = ids.data() + r * (s.seq + 1);
-    inputs.insert(inputs.end(), row, row + s.seq);
-    targets.insert(targets.end(), row + 1, row + 1 + s.seq);
-  }
+  global_batch_rows(step, s.global_rows, s.seq, s.model.vocab_size, row0, rows, inputs, targets);
 }
 
 inline ZeroRunResult run_reference(const ZeroRunSpec& s) {

@@ -1,0 +1,65 @@
+// Whole Trainer runs on a tiny corpus, shared by the training, DDP and ZeRO
+// tests: the corpus, a config from a test's TOML plus overrides, and a run.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/comm/mesh.h"
+#include "meshtrain/data/token_file.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain::testing {
+
+// A learnable stream of `count` ids below `vocab`: a short repeating phrase,
+// shifted by one every `shift_every` tokens (0: never) so it is not periodic.
+inline std::vector<uint16_t> phrase_tokens(int count, int vocab, int shift_every = 997) {
+  const char* text = "in the beginning was the word, and the word was with god. ";
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < count; ++i) {
+    const int shift = shift_every > 0 ? i / shift_every : 0;
+    tokens.push_back(static_cast<uint16_t>((text[i % std::strlen(text)] - 32 + shift) % vocab));
+  }
+  return tokens;
+}
+
+// dir/train.bin (4000 phrase tokens) and dir/val.bin (its first 800).
+inline void write_phrase_corpus(const std::string& dir, int vocab) {
+  const std::vector<uint16_t> tokens = phrase_tokens(4000, vocab);
+  write_token_file(dir + "/train.bin", tokens);
+  write_token_file(dir + "/val.bin", std::vector<uint16_t>(tokens.begin(), tokens.begin() + 800));
+}
+
+// `toml` (ending in its [data] table) with dir/train.bin and dir/val.bin as
+// the data and dir/out as train.out_dir, then `extra`; `name` for errors.
+inline TrainConfig tiny_run_config(std::string toml, const std::string& dir,
+                                   const std::string& out, ConfigOverrides extra,
+                                   const std::string& name) {
+  toml += "train = \"" + dir + "/train.bin\"\nval = \"" + dir + "/val.bin\"\n";
+  extra.insert(extra.begin(), {"train.out_dir", dir + "/" + out});
+  return parse_config(toml, name, extra);
+}
+
+struct TrainerRun {
+  std::vector<StepRecord> records;
+  std::vector<float> weights;  // the master weights after the run, full layout
+};
+
+// A quiet run on `mesh` (nullptr: one process), resumed from `resume` if set.
+inline TrainerRun run_trainer(const TrainConfig& c, DeviceMesh* mesh = nullptr,
+                              const std::string& resume = "") {
+  TrainerOptions options;
+  options.console = false;
+  options.mesh = mesh;
+  options.resume_dir = resume;
+  Trainer trainer(c, options);
+  TrainerRun r;
+  r.records = trainer.run();
+  r.weights = trainer.gather_weights();
+  return r;
+}
+
+}  // namespace meshtrain::testing
