@@ -77,10 +77,9 @@ double ModelConfig::train_flops_per_token(int64_t seq) const {
              static_cast<double>(dim);
 }
 
-namespace {
-
 ModelConfig llama_shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,
-                        int64_t hidden, int64_t vocab, int64_t seq, bool tied) {
+                        int64_t hidden, int64_t vocab, int64_t max_seq, bool tied,
+                        float rope_theta) {
   ModelConfig c;
   c.family = Family::llama;
   c.dim = dim;
@@ -89,14 +88,28 @@ ModelConfig llama_shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv_h
   c.n_kv_heads = kv_heads;
   c.hidden_dim = hidden;
   c.vocab_size = vocab;
-  c.max_seq_len = seq;
+  c.max_seq_len = max_seq;
   c.norm_eps = 1e-5f;
-  c.rope_theta = 10000.0f;
+  c.rope_theta = rope_theta;
   c.tie_embeddings = tied;
   return c;
 }
 
-}  // namespace
+ModelConfig gpt2_shape(int64_t dim, int64_t layers, int64_t heads, int64_t vocab,
+                       int64_t max_seq) {
+  ModelConfig c;
+  c.family = Family::gpt2;
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = heads;
+  c.hidden_dim = 4 * dim;
+  c.vocab_size = vocab;
+  c.max_seq_len = max_seq;
+  c.norm_eps = 1e-5f;
+  c.tie_embeddings = true;
+  return c;
+}
 
 ModelConfig model_preset(std::string_view name) {
   // llama-tiny: a byte-level model for quick runs; untied like Llama 2.
@@ -106,20 +119,7 @@ ModelConfig model_preset(std::string_view name) {
   if (name == "llama-60M") return llama_shape(512, 8, 8, 8, 1536, 50257, 256, true);
   // llama2.c's stories260K (tied output).
   if (name == "stories260K") return llama_shape(64, 5, 8, 4, 172, 512, 512, true);
-  if (name == "gpt2-124M") {
-    ModelConfig c;
-    c.family = Family::gpt2;
-    c.dim = 768;
-    c.n_layers = 12;
-    c.n_heads = 12;
-    c.n_kv_heads = 12;
-    c.hidden_dim = 3072;
-    c.vocab_size = 50257;
-    c.max_seq_len = 1024;
-    c.norm_eps = 1e-5f;
-    c.tie_embeddings = true;
-    return c;
-  }
+  if (name == "gpt2-124M") return gpt2_shape(768, 12, 12, 50257, 1024);
   fail("unknown model preset '{}' (known: {})", name, fmt::join(model_preset_names(), ", "));
 }
 

@@ -47,6 +47,14 @@ struct ModelConfig {
   double train_flops_per_token(int64_t seq) const;
 };
 
+// A Llama shape: RMSNorm, RoPE, SwiGLU of width `hidden`, `kv_heads` key/value heads.
+ModelConfig llama_shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,
+                        int64_t hidden, int64_t vocab, int64_t max_seq, bool tied,
+                        float rope_theta = 10000.0f);
+// A GPT-2 shape: LayerNorm, learned positions, GELU MLP of 4 * dim, tied output.
+ModelConfig gpt2_shape(int64_t dim, int64_t layers, int64_t heads, int64_t vocab,
+                       int64_t max_seq);
+
 // Named shapes: "llama-tiny", "llama-60M", "gpt2-124M", "stories260K".
 ModelConfig model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();

@@ -7,20 +7,10 @@
 namespace meshtrain::plan {
 namespace {
 
+// Every Llama-2 / Llama-3 model has its own lm_head.
 ModelConfig llama(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
                   int64_t vocab, int64_t seq, float rope_theta) {
-  ModelConfig c;
-  c.family = Family::llama;
-  c.dim = dim;
-  c.n_layers = layers;
-  c.n_heads = heads;
-  c.n_kv_heads = kv_heads;
-  c.hidden_dim = ffn;
-  c.vocab_size = vocab;
-  c.max_seq_len = seq;
-  c.rope_theta = rope_theta;
-  c.tie_embeddings = false;  // every Llama-2 / Llama-3 model has its own lm_head
-  return c;
+  return llama_shape(dim, layers, heads, kv_heads, ffn, vocab, seq, /*tied=*/false, rope_theta);
 }
 
 // Shapes are the Hugging Face config.json files of the official checkpoints
@@ -48,17 +38,7 @@ std::vector<PlanModel> published() {
 
 ModelConfig gpt_dense(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab,
                       int64_t max_seq) {
-  ModelConfig c;
-  c.family = Family::gpt2;
-  c.dim = hidden;
-  c.n_layers = layers;
-  c.n_heads = heads;
-  c.n_kv_heads = heads;
-  c.hidden_dim = 4 * hidden;
-  c.vocab_size = vocab;
-  c.max_seq_len = max_seq;
-  c.tie_embeddings = true;
-  return c;
+  return gpt2_shape(hidden, layers, heads, vocab, max_seq);
 }
 
 PlanModel plan_model(std::string_view name) {
