@@ -184,8 +184,8 @@ void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t s
   // Every rank sees all rows' gradients (replicated, or all-gathered under
   // sequence parallelism), so the position gradients are complete everywhere.
   const Tensor& dres = full_residual_grad(rows);
-  vocab_embedding_backward(tokens, dres.data<float>(), rows, d, vocab_begin,
-                           vocab_begin + vocab_valid, grad(embed), dpositions, seq);
+  cpu::embedding_backward(tokens, dres.data<float>(), grad(embed), dpositions, batch, seq, d,
+                          vocab_begin, vocab_begin + vocab_valid);
 }
 
 double tensor_parallel_grad_norm(const Model& model) {

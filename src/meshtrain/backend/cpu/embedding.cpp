@@ -24,7 +24,8 @@ void embedding_forward(const float* table, const float* positions, const int32_t
 }
 
 void embedding_backward(const int32_t* ids, const float* dout, float* dtable, float* dpositions,
-                        int64_t batch, int64_t seq, int64_t dim) {
+                        int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
+                        int64_t vocab_end) {
   // Threads own disjoint column ranges and walk the tokens in order, so every
   // element is summed in token order whatever the thread count (no races).
   const int64_t tokens = batch * seq;
@@ -38,9 +39,12 @@ void embedding_backward(const int32_t* ids, const float* dout, float* dtable, fl
     if (c0 < c1) {
       for (int64_t i = 0; i < tokens; ++i) {
         const float* d = dout + i * dim;
-        float* row = dtable + static_cast<int64_t>(ids[i]) * dim;
+        const int64_t id = ids[i];
+        if (id >= vocab_begin && id < vocab_end) {
+          float* row = dtable + (id - vocab_begin) * dim;
 #pragma omp simd
-        for (int64_t j = c0; j < c1; ++j) row[j] += d[j];
+          for (int64_t j = c0; j < c1; ++j) row[j] += d[j];
+        }
         if (dpositions != nullptr) {
           float* p = dpositions + (i % seq) * dim;
 #pragma omp simd

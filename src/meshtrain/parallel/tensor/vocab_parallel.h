@@ -13,11 +13,6 @@ namespace meshtrain {
 // table: [end - begin (+ padding), dim] in `dtype` (f32 or bf16).
 void vocab_embedding_forward(const void* table, DType dtype, int64_t begin, int64_t end,
                              const int32_t* ids, int64_t rows, int64_t dim, float* out);
-// dtable[ids[i] - begin] += dout[i] for the tokens of this slice; when
-// dpositions != nullptr also dpositions[i % seq] += dout[i] for every row.
-// Deterministic: threads own column ranges and walk the rows in order.
-void vocab_embedding_backward(const int32_t* ids, const float* dout, int64_t rows, int64_t dim,
-                              int64_t begin, int64_t end, float* dtable, float* dpositions,
-                              int64_t seq);
+// The backward is cpu::embedding_backward with the slice's [begin, end).
 
 }  // namespace meshtrain
