@@ -108,10 +108,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                     "parallel.pp = {} needs a communicator: run through `meshtrain train` (or "
                     "pass TrainerOptions::mesh)",
                     pp);
-    MESHTRAIN_CHECK(!sharded,
-                    "parallel.zero = {} with parallel.pp = {}: ZeRO over pipeline stages is not "
-                    "implemented yet (use parallel.zero = 0: DDP composes with pp)",
-                    config_.parallel.zero, pp);
     pipeline::check_shape(kind, shape);
     pp_split_ = pp_split_layers(config_.parallel);
     stage = pipeline::stage_layers(config_.model.n_layers, shape, options_.mesh->coord().pp,
@@ -125,8 +121,11 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                    sharded ? ParamStorage::external : ParamStorage::flat, tp,
                                    stage);
   if (sharded) {
-    zero_ = std::make_unique<zero::ShardedDataParallel>(
-        *model_, options_.mesh->dp(), config_.optim.adamw, zero_options(config_));
+    zero::ZeroOptions zero_opts = zero_options(config_);
+    // Pipelines: each unit's gradients reduced once, after its last backward.
+    if (pp > 1) zero_opts.pipeline_micro_batches = shape.micro_batches;
+    zero_ = std::make_unique<zero::ShardedDataParallel>(*model_, options_.mesh->dp(),
+                                                        config_.optim.adamw, zero_opts);
   } else {
     optimizer_ = std::make_unique<AdamW>(*model_, config_.optim.adamw);
   }
@@ -251,7 +250,7 @@ AdamW& Trainer::optimizer() {
 
 void Trainer::load_state(const std::string& dir) {
   const TensorParallel& tp = model_->tensor_parallel();
-  if (tp.active()) {
+  if (tp.active() || config_.parallel.pp > 1) {
     load_tensor_parallel_state(dir);
     return;
   }
@@ -273,8 +272,9 @@ void Trainer::load_state(const std::string& dir) {
   zero_->load_full(State::exp_avg_sq, into.exp_avg_sq.data<float>());
 }
 
-// Tensor parallel: every rank reads the whole tensors and keeps its slices
-// (then its ZeRO shards).
+// Tensor parallel or a pipeline stage: every rank reads the whole tensors and
+// keeps its slices and stage's parameters (then its ZeRO shards). Runs before
+// pipeline_ exists: the layout comes from the config.
 void Trainer::load_tensor_parallel_state(const std::string& dir) {
   const std::vector<Parameter> full = full_layout(config_.model);
   const Shape whole_shape{full.back().offset + full.back().spec.numel()};
@@ -292,12 +292,13 @@ void Trainer::load_tensor_parallel_state(const std::string& dir) {
   const std::vector<TensorSplit> splits = tp_local_splits();
   // A pipeline stage takes its parameters from the whole model's tp slices.
   const Shape sliced_shape{local_flat_numel(splits)};
-  Tensor sliced = pipeline_ ? Tensor(sliced_shape, DType::f32, MemCategory::workspace, tracker_)
-                            : Tensor();
+  const bool stage = config_.parallel.pp > 1;
+  Tensor sliced = stage ? Tensor(sliced_shape, DType::f32, MemCategory::workspace, tracker_)
+                        : Tensor();
   for (auto [from, to] : {std::pair{&whole.master, &local.master},
                           {&whole.exp_avg, &local.exp_avg},
                           {&whole.exp_avg_sq, &local.exp_avg_sq}}) {
-    if (!pipeline_) {
+    if (!stage) {
       scatter_tp_flat(splits, from->data<float>(), to->data<float>());
       continue;
     }
@@ -316,11 +317,18 @@ void Trainer::load_tensor_parallel_state(const std::string& dir) {
 
 std::vector<float> Trainer::gather_weights() {
   std::vector<float> weights;
+  if (zero_) {
+    // The shards (of this stage) first.
+    weights.resize(static_cast<size_t>(model_->num_params()));
+    zero_->gather_full(zero::ShardedDataParallel::State::master, 0, weights.data());
+    zero_->dp().broadcast(weights.data(), static_cast<int64_t>(weights.size()), CommDType::f32, 0);
+  }
   if (pipeline_) {
     // The stages' tp-local flats assembled, then (below) the tp slices.
     Communicator& pp = options_.mesh->pp();
     weights = pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_,
-                                      model_->flat_master().data<float>(), 0);
+                                      zero_ ? weights.data() : model_->flat_master().data<float>(),
+                                      0);
     int64_t n = static_cast<int64_t>(weights.size());
     pp.broadcast(&n, 1, CommDType::i64, 0);
     weights.resize(static_cast<size_t>(n));
@@ -328,10 +336,6 @@ std::vector<float> Trainer::gather_weights() {
   } else if (!zero_) {
     const Tensor& w = model_->flat_master();
     weights.assign(w.data<float>(), w.data<float>() + w.numel());
-  } else {
-    weights.resize(static_cast<size_t>(model_->num_params()));
-    zero_->gather_full(zero::ShardedDataParallel::State::master, 0, weights.data());
-    zero_->dp().broadcast(weights.data(), static_cast<int64_t>(weights.size()), CommDType::f32, 0);
   }
   const TensorParallel& tp = model_->tensor_parallel();
   if (!tp.active()) return weights;
@@ -381,6 +385,7 @@ StepRecord Trainer::train_step() {
   double data_seconds = loader_->stats().wait_seconds;
   const int64_t micro_batches = loader_->micro_batches_per_step();
   StepRecord r;
+  if (pipeline_ && zero_) zero_->begin_micro_batch(true, true);  // ZeRO counts backwards from here
   if (pipeline_) loss_sum = pipeline_micro_batches(grad_scale, r);
   for (int64_t a = 0; a < micro_batches && !pipeline_; ++a) {
     const MicroBatch& batch = loader_->next();
@@ -407,7 +412,7 @@ StepRecord Trainer::train_step() {
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
   MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step, r.loss);
   // Each element counted once across tp (and pp: a tied copy once).
-  r.grad_norm = zero_       ? zero_->grad_norm()
+  r.grad_norm = zero_       ? zero_->grad_norm(pipeline_ ? &options_.mesh->pp() : nullptr)
                 : pipeline_ ? pipeline::pipeline_grad_norm(*model_, options_.mesh->pp())
                             : tensor_parallel_grad_norm(*model_);
   MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
@@ -514,14 +519,25 @@ std::string Trainer::save_checkpoint() {
     // The stages gathered to pp rank 0 (of every dp rank; the tp ranks each
     // gather their slices), which writes the single-rank files: checkpoints
     // do not depend on the layout.
+    // With ZeRO each stage's shards are gathered to its dp rank 0 first.
     Communicator& pp = options_.mesh->pp();
-    auto gather = [&](const Tensor& t) {
-      return pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_, t.data<float>(), 0);
+    const bool stage_writer = !zero_ || zero_->dp().rank() == 0;
+    auto gather = [&](const Tensor& t, zero::ShardedDataParallel::State which) {
+      if (!zero_) {
+        return pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_, t.data<float>(),
+                                       0);
+      }
+      std::vector<float> local(stage_writer ? static_cast<size_t>(model_->num_params()) : 0);
+      zero_->gather_full(which, 0, stage_writer ? local.data() : nullptr);
+      if (!stage_writer) return local;
+      return pipeline::gather_stages(pp, *model_, pipeline_->shape(), pp_split_, local.data(), 0);
     };
-    std::vector<float> master = gather(model_->flat_master());
-    std::vector<float> exp_avg = gather(optimizer_->exp_avg());
-    std::vector<float> exp_avg_sq = gather(optimizer_->exp_avg_sq());
-    if (pp.rank() != 0) return dir;
+    using State = zero::ShardedDataParallel::State;
+    std::vector<float> master = gather(zero_ ? Tensor() : model_->flat_master(), State::master);
+    std::vector<float> exp_avg = gather(zero_ ? Tensor() : optimizer_->exp_avg(), State::exp_avg);
+    std::vector<float> exp_avg_sq =
+        gather(zero_ ? Tensor() : optimizer_->exp_avg_sq(), State::exp_avg_sq);
+    if (!stage_writer || pp.rank() != 0) return dir;
     auto tensor = [&](const std::vector<float>& values) {
       Tensor t({static_cast<int64_t>(values.size())}, DType::f32, MemCategory::workspace, tracker_);
       std::copy(values.begin(), values.end(), t.data<float>());
@@ -569,7 +585,7 @@ std::string Trainer::save_checkpoint() {
 // The tp group (one dp coordinate) assembles the whole tensors from its
 // slices; world rank 0 writes them: the same files whatever tp.
 std::vector<TensorSplit> Trainer::tp_local_splits() const {
-  if (!pipeline_) return model_->param_splits();
+  if (config_.parallel.pp == 1) return model_->param_splits();
   // A pipeline stage's checkpoint paths work on the whole model's layout.
   const TensorParallel& tp = model_->tensor_parallel();
   std::vector<TensorSplit> splits;

@@ -59,10 +59,22 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
                   "zero: the model already has unit hooks");
   MESHTRAIN_CHECK(options.piece_elems > 0, "zero: piece_elems must be > 0, got {}",
                   options.piece_elems);
+  MESHTRAIN_CHECK(options.pipeline_micro_batches >= 0,
+                  "zero: pipeline_micro_batches must be >= 0, got {}",
+                  options.pipeline_micro_batches);
   check_adamw_config(adamw);
   std::vector<ParamSpec> specs;
   for (const Parameter& p : model.params()) specs.push_back(p.spec);
   layout_ = make_zero_layout(specs, model.units(), model.precision(), dp.size());
+
+  backwards_.assign(model.units().size(), 0);
+  deferred_.assign(model.units().size(), false);
+  // A stage's tied embedding copy: the stages sum its gradient before the reduce.
+  const StageLayers& layers = model.stage_layers();
+  if (options.pipeline_micro_batches > 0 && model.config().tie_embeddings &&
+      layers.first != layers.last) {
+    for (size_t u = 0; u < deferred_.size(); ++u) deferred_[u] = model.units()[u].name == "embed";
+  }
 
   MemoryTracker& tracker = model.ctx().tracker();
   const int stage = options.stage;
@@ -231,10 +243,25 @@ void ShardedDataParallel::before(size_t unit, UnitPass pass) {
 void ShardedDataParallel::after(size_t unit, UnitPass pass) {
   const int stage = options_.stage;
   const size_t head = layout_.unit_flats.size() - 1;
+  const int64_t pipeline = options_.pipeline_micro_batches;
+  if (pipeline > 0 && pass == UnitPass::backward) {
+    MESHTRAIN_CHECK(++backwards_[unit] <= pipeline,
+                    "zero: unit {} ran more backwards than the step's {} micro-batches",
+                    model_.units()[unit].name, pipeline);
+  }
   for (size_t i : layout_.unit_flats[unit]) {
     if (pass == UnitPass::forward) {
       // Backward starts with the head: never free it after forward.
-      if (stage == 3 && options_.reshard_after_forward && unit != head) release_params(i);
+      // Pipelines keep units gathered until their last backward.
+      if (stage == 3 && options_.reshard_after_forward && unit != head && pipeline == 0) {
+        release_params(i);
+      }
+      continue;
+    }
+    if (pipeline > 0) {
+      if (backwards_[unit] < pipeline) continue;
+      if (stage == 3) release_params(i);
+      if (!deferred_[unit]) reduce_scatter_grads(i);
       continue;
     }
     if (stage == 3) release_params(i);
@@ -297,6 +324,7 @@ void ShardedDataParallel::begin_micro_batch(bool first, bool last) {
   if (!first) return;
   MESHTRAIN_CHECK(reduces_.empty(), "zero: a step began before the previous sync finished");
   timing_ = ZeroStepTiming{};
+  std::fill(backwards_.begin(), backwards_.end(), 0);
   for (Flat& f : flats_) {
     if (options_.stage == 1) {
       f.grad_full.zero();
@@ -308,6 +336,18 @@ void ShardedDataParallel::begin_micro_batch(bool first, bool last) {
 }
 
 void ShardedDataParallel::finish_gradient_sync() {
+  const int64_t pipeline = options_.pipeline_micro_batches;
+  for (size_t u = 0; pipeline > 0 && u < backwards_.size(); ++u) {
+    MESHTRAIN_CHECK(backwards_[u] == pipeline,
+                    "zero: unit {} ran {} backwards in a step of {} micro-batches",
+                    model_.units()[u].name, backwards_[u], pipeline);
+    if (!deferred_[u]) continue;
+    for (size_t i : layout_.unit_flats[u]) reduce_scatter_grads(i);
+  }
+  // Stage 3: a prefetch may have gathered a unit after its last backward.
+  for (size_t i = 0; pipeline > 0 && options_.stage == 3 && i < flats_.size(); ++i) {
+    release_params(i);
+  }
   poll_reduces(true);
   for (const Flat& f : flats_) {
     MESHTRAIN_CHECK(options_.stage == 1 || !f.grad_full.defined(),
@@ -321,24 +361,29 @@ float* ShardedDataParallel::grad_shard(size_t flat) {
   return f.grad_shard.data<float>();
 }
 
-double ShardedDataParallel::grad_norm() {
+double ShardedDataParallel::grad_norm(Communicator* stages) {
   MESHTRAIN_CHECK(reduces_.empty(), "zero: grad_norm before finish_gradient_sync");
   // Padding is zero; each shard's sum has a fixed blocking.
   double sum = 0;
   const TensorParallel& tp = model_.tensor_parallel();
+  const bool per_param = tp.active() || stages != nullptr;
   for (size_t i = 0; i < flats_.size(); ++i) {
-    if (!tp.active()) {
+    if (!per_param) {
       sum += cpu::sum_squares(grad_shard(i), layout_.flats[i].shard);
       continue;
     }
-    // Tensor parallel: parameters replicated over tp count on tp rank 0 only.
+    // Parameters replicated over tp count on tp rank 0 only; a stage's tied
+    // output layer is the first stage's embedding, counted there.
     for (const ShardSegment& s : flats_[i].segments) {
+      if (model_.param_is_duplicate(s.param)) continue;
       if (!tp_counts_once(tp, model_.params()[s.param].spec.split)) continue;
       sum += cpu::sum_squares(grad_shard(i) + s.shard_offset, s.numel);
     }
   }
   dp_.all_reduce(&sum, 1, CommDType::f64, ReduceOp::sum);
-  return std::sqrt(tp_sum(tp, sum));
+  sum = tp_sum(tp, sum);
+  if (stages != nullptr) stages->all_reduce(&sum, 1, CommDType::f64, ReduceOp::sum);
+  return std::sqrt(sum);
 }
 
 void* ShardedDataParallel::compute_values(size_t flat) {

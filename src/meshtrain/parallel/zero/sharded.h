@@ -47,6 +47,14 @@ struct ZeroOptions {
   // Optimizer state moves in pieces of at most this many elements per state
   // (the same for every tier, so the tier cannot change a result).
   int64_t piece_elems = int64_t{1} << 20;  // 4 MiB chunks (docs/benchmarks.md: offload store)
+  // > 0: the model is a pipeline stage whose schedule interleaves this many
+  // micro-batches (begin_micro_batch(true, _) once per step, before it). Each
+  // unit's gradients are reduced once, after its last backward of the step
+  // (stage 2 keeps the unit's full gradients until then); stage 3 keeps a
+  // unit gathered from its first use in the step until then. A tied
+  // embedding copy (a stage's embed unit) waits for finish_gradient_sync: the
+  // caller sums its gradient over the stages first.
+  int64_t pipeline_micro_batches = 0;
 };
 
 // One stage-3 all-gather as the model met it.
@@ -92,8 +100,9 @@ class ShardedDataParallel {
   void begin_micro_batch(bool first, bool last);
   // After the last micro-batch: waits until every gradient shard is complete.
   void finish_gradient_sync();
-  // sqrt of the sum of squares of all gradients (collective).
-  double grad_norm();
+  // sqrt of the sum of squares of all gradients (collective). stages: the
+  // pipeline's pp group, summed over too (a tied copy counted once).
+  double grad_norm(Communicator* stages = nullptr);
   // AdamW on this rank's shards with every gradient multiplied by grad_scale.
   void step(float lr, float grad_scale);
   // Waits for every pending call and frees gathered stage-3 units (after an
@@ -143,6 +152,8 @@ class ShardedDataParallel {
   std::unique_ptr<OffloadStore> store_;
   int64_t step_count_ = 0;
   bool last_micro_batch_ = false;
+  std::vector<int64_t> backwards_;  // pipeline: each unit's backwards in this step
+  std::vector<bool> deferred_;      // pipeline: units reduced in finish_gradient_sync
   ZeroStepTiming timing_;
 };
 
