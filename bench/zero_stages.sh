@@ -14,7 +14,9 @@
 #     optimizer state offloaded to disk under a 64 MiB RAM budget.
 # The machine is shared: every configuration runs once per round, rounds
 # interleave them, and step times are the best (and median) over all rounds.
-# usage: bench/zero_stages.sh [steps=3] [batch_per_rank=4] [rounds=1]
+# usage: [ONLY="zero0 zero3 ..."] bench/zero_stages.sh [steps=3] [batch_per_rank=4] [rounds=1]
+# ONLY runs just the named configurations (e.g. "zero0 zero3 zero3_noprefetch" for the
+# stage-3 step-time ratio; zero0 must be among them: it gives Ψ).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-3}
@@ -32,6 +34,7 @@ TOML
 
 run() {  # name overrides... (the name's .<round> suffix is dropped in the summary)
   local name=$1; shift
+  [[ -z ${ONLY:-} || " $ONLY " == *" ${name%.*} "* ]] || return 0
   echo "== $name: $*" >&2
   "${MPIRUN[@]}" -np 2 "$BIN" train --config "$work/run.toml" --train.out_dir "$work/$name" "$@" \
     >"$work/$name.log"
@@ -84,6 +87,8 @@ print(f"{'run':30} {'best ms':>8} {'median':>7} {'exposed':>8} {'model state MiB
       f"{'sent/rank':>10}")
 for name, stage in [("zero0", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3),
                     ("zero3_noprefetch", 3), ("zero3_keep", 3), ("zero3_disk", 3)]:
+    if not glob.glob(f"{work}/{name}.*[0-9]"):
+        continue  # left out by ONLY
     rounds, end = load(name)
     slowest, exposed_ms, sent_bytes = [], [], []
     for ranks in rounds:
