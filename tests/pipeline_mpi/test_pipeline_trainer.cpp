@@ -7,15 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 
 #include "meshtrain/comm/mesh.h"
-#include "meshtrain/data/token_file.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
+#include "support/trainer_run.h"
 
 namespace meshtrain {
 namespace {
@@ -26,15 +25,7 @@ class PipelineTrainer : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::shared_scratch_dir(*world_);
-    if (world_->rank() == 0) {
-      std::vector<uint16_t> tokens;
-      const char* text = "in the beginning was the word, and the word was with god. ";
-      for (int i = 0; i < 4000; ++i) {
-        tokens.push_back(static_cast<uint16_t>((text[i % std::strlen(text)] - 32 + i / 997) % 61));
-      }
-      write_token_file(dir_ + "/train.bin", tokens);
-      write_token_file(dir_ + "/val.bin", std::vector<uint16_t>(tokens.begin(), tokens.begin() + 800));
-    }
+    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 61);
     world_->barrier();
   }
 
@@ -67,27 +58,12 @@ warmup_steps = 2
 [data]
 tokenizer = "bytes"
 )";
-    toml += "train = \"" + dir_ + "/train.bin\"\nval = \"" + dir_ + "/val.bin\"\n";
-    extra.insert(extra.begin(), {"train.out_dir", dir_ + "/" + out});
-    return parse_config(toml, "pp.toml", extra);
+    return testing::tiny_run_config(toml, dir_, out, std::move(extra), "pp.toml");
   }
 
-  struct Run {
-    std::vector<StepRecord> records;
-    std::vector<double> val_losses;
-    std::vector<float> weights;
-  };
+  using Run = testing::TrainerRun;
   static Run run(const TrainConfig& c, DeviceMesh* mesh, const std::string& resume = "") {
-    TrainerOptions options;
-    options.console = false;
-    options.mesh = mesh;
-    options.resume_dir = resume;
-    Trainer trainer(c, options);
-    Run r;
-    r.records = trainer.run();
-    r.val_losses.push_back(trainer.evaluate());
-    r.weights = trainer.gather_weights();
-    return r;
+    return testing::run_trainer(c, mesh, resume, /*evaluate=*/true);
   }
 
   void expect_same(const Run& got, const Run& ref, const std::string& what) const {
@@ -99,7 +75,7 @@ tokenizer = "bytes"
                   1e-5 * ref.records[i].grad_norm)
           << what << " step " << i + 1;
     }
-    EXPECT_NEAR(got.val_losses[0], ref.val_losses[0], 1e-5 * ref.val_losses[0]) << what;
+    EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss) << what;
     EXPECT_LE(max_abs_difference(got.weights, ref.weights), 1e-4f) << what;
   }
 

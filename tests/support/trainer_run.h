@@ -1,5 +1,5 @@
-// Whole Trainer runs on a tiny corpus, shared by the training, DDP and ZeRO
-// tests: the corpus, a config from a test's TOML plus overrides, and a run.
+// Whole Trainer runs on a tiny corpus, shared by the training, DDP, ZeRO and
+// pipeline tests: the corpus, a config from a test's TOML plus overrides, and a run.
 #pragma once
 
 #include <cstdint>
@@ -46,11 +46,13 @@ inline TrainConfig tiny_run_config(std::string toml, const std::string& dir,
 struct TrainerRun {
   std::vector<StepRecord> records;
   std::vector<float> weights;  // the master weights after the run, full layout
+  double val_loss = 0;         // after the run, when asked for
 };
 
-// A quiet run on `mesh` (nullptr: one process), resumed from `resume` if set.
+// A quiet run on `mesh` (nullptr: one process), resumed from `resume` if set;
+// `evaluate`: also the validation loss after the last step.
 inline TrainerRun run_trainer(const TrainConfig& c, DeviceMesh* mesh = nullptr,
-                              const std::string& resume = "") {
+                              const std::string& resume = "", bool evaluate = false) {
   TrainerOptions options;
   options.console = false;
   options.mesh = mesh;
@@ -58,6 +60,7 @@ inline TrainerRun run_trainer(const TrainConfig& c, DeviceMesh* mesh = nullptr,
   Trainer trainer(c, options);
   TrainerRun r;
   r.records = trainer.run();
+  if (evaluate) r.val_loss = trainer.evaluate();
   r.weights = trainer.gather_weights();
   return r;
 }
