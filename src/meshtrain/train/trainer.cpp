@@ -43,6 +43,14 @@ std::vector<Parameter> full_layout(const ModelConfig& config) {
   return params;
 }
 
+// Three f32 workspace tensors of `numel` elements (master, exp_avg, exp_avg_sq).
+CheckpointTensors workspace_state(int64_t numel, MemoryTracker& tracker) {
+  const Shape shape{numel};
+  return {Tensor(shape, DType::f32, MemCategory::workspace, tracker),
+          Tensor(shape, DType::f32, MemCategory::workspace, tracker),
+          Tensor(shape, DType::f32, MemCategory::workspace, tracker)};
+}
+
 bool same_model(const ModelConfig& a, const ModelConfig& b) {
   return a.family == b.family && a.dim == b.dim && a.n_layers == b.n_layers &&
          a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads && a.hidden_dim == b.hidden_dim &&
@@ -249,51 +257,40 @@ AdamW& Trainer::optimizer() {
 }
 
 void Trainer::load_state(const std::string& dir) {
-  const TensorParallel& tp = model_->tensor_parallel();
-  if (tp.active() || config_.parallel.pp > 1) {
-    load_tensor_parallel_state(dir);
-    return;
+  // Without ZeRO the state lands in the model's and the optimizer's buffers;
+  // with it in workspace, from which every rank keeps its shards.
+  CheckpointTensors local =
+      zero_ ? workspace_state(model_->num_params(), tracker_)
+            : CheckpointTensors{model_->flat_master(), optimizer_->exp_avg(),
+                                optimizer_->exp_avg_sq()};
+  if (model_->tensor_parallel().active() || config_.parallel.pp > 1) {
+    load_sliced_state(dir, local);
+  } else {
+    load_checkpoint_tensors(dir, model_->params(), local);
   }
   if (!zero_) {
-    CheckpointTensors into{model_->flat_master(), optimizer_->exp_avg(), optimizer_->exp_avg_sq()};
-    load_checkpoint_tensors(dir, model_->params(), into);
     model_->sync_compute_weights();
     return;
   }
-  // Every rank reads the whole tensors and keeps its shards.
-  const Shape flat{model_->num_params()};
-  CheckpointTensors into{Tensor(flat, DType::f32, MemCategory::workspace, tracker_),
-                         Tensor(flat, DType::f32, MemCategory::workspace, tracker_),
-                         Tensor(flat, DType::f32, MemCategory::workspace, tracker_)};
-  load_checkpoint_tensors(dir, model_->params(), into);
   using State = zero::ShardedDataParallel::State;
-  zero_->load_full(State::master, into.master.data<float>());
-  zero_->load_full(State::exp_avg, into.exp_avg.data<float>());
-  zero_->load_full(State::exp_avg_sq, into.exp_avg_sq.data<float>());
+  zero_->load_full(State::master, local.master.data<float>());
+  zero_->load_full(State::exp_avg, local.exp_avg.data<float>());
+  zero_->load_full(State::exp_avg_sq, local.exp_avg_sq.data<float>());
 }
 
 // Tensor parallel or a pipeline stage: every rank reads the whole tensors and
-// keeps its slices and stage's parameters (then its ZeRO shards). Runs before
-// pipeline_ exists: the layout comes from the config.
-void Trainer::load_tensor_parallel_state(const std::string& dir) {
+// keeps its slices and its stage's parameters. Runs before pipeline_ exists:
+// the layout comes from the config.
+void Trainer::load_sliced_state(const std::string& dir, CheckpointTensors& local) {
   const std::vector<Parameter> full = full_layout(config_.model);
-  const Shape whole_shape{full.back().offset + full.back().spec.numel()};
-  CheckpointTensors whole{Tensor(whole_shape, DType::f32, MemCategory::workspace, tracker_),
-                          Tensor(whole_shape, DType::f32, MemCategory::workspace, tracker_),
-                          Tensor(whole_shape, DType::f32, MemCategory::workspace, tracker_)};
+  CheckpointTensors whole =
+      workspace_state(full.back().offset + full.back().spec.numel(), tracker_);
   load_checkpoint_tensors(dir, full, whole);
-  const Shape local_shape{model_->num_params()};
-  CheckpointTensors local =
-      zero_ ? CheckpointTensors{Tensor(local_shape, DType::f32, MemCategory::workspace, tracker_),
-                                Tensor(local_shape, DType::f32, MemCategory::workspace, tracker_),
-                                Tensor(local_shape, DType::f32, MemCategory::workspace, tracker_)}
-            : CheckpointTensors{model_->flat_master(), optimizer_->exp_avg(),
-                                optimizer_->exp_avg_sq()};
   const std::vector<TensorSplit> splits = tp_local_splits();
   // A pipeline stage takes its parameters from the whole model's tp slices.
-  const Shape sliced_shape{local_flat_numel(splits)};
   const bool stage = config_.parallel.pp > 1;
-  Tensor sliced = stage ? Tensor(sliced_shape, DType::f32, MemCategory::workspace, tracker_)
+  Tensor sliced = stage ? Tensor({local_flat_numel(splits)}, DType::f32, MemCategory::workspace,
+                                 tracker_)
                         : Tensor();
   for (auto [from, to] : {std::pair{&whole.master, &local.master},
                           {&whole.exp_avg, &local.exp_avg},
@@ -305,14 +302,6 @@ void Trainer::load_tensor_parallel_state(const std::string& dir) {
     scatter_tp_flat(splits, from->data<float>(), sliced.data<float>());
     pipeline::select_stage(*model_, sliced.data<float>(), to->data<float>());
   }
-  if (!zero_) {
-    model_->sync_compute_weights();
-    return;
-  }
-  using State = zero::ShardedDataParallel::State;
-  zero_->load_full(State::master, local.master.data<float>());
-  zero_->load_full(State::exp_avg, local.exp_avg.data<float>());
-  zero_->load_full(State::exp_avg_sq, local.exp_avg_sq.data<float>());
 }
 
 std::vector<float> Trainer::gather_weights() {
@@ -563,10 +552,7 @@ std::string Trainer::save_checkpoint() {
   }
   // The shards gathered to rank 0, which writes the same files as a flat run.
   const bool writer = zero_->dp().rank() == 0;
-  const Shape flat{writer ? model_->num_params() : 0};
-  CheckpointTensors whole{Tensor(flat, DType::f32, MemCategory::workspace, tracker_),
-                          Tensor(flat, DType::f32, MemCategory::workspace, tracker_),
-                          Tensor(flat, DType::f32, MemCategory::workspace, tracker_)};
+  CheckpointTensors whole = workspace_state(writer ? model_->num_params() : 0, tracker_);
   using State = zero::ShardedDataParallel::State;
   for (auto [which, tensor] : {std::pair{State::master, &whole.master},
                                {State::exp_avg, &whole.exp_avg},
@@ -598,10 +584,7 @@ std::vector<TensorSplit> Trainer::tp_local_splits() const {
 void Trainer::save_tensor_parallel_checkpoint(const std::string& dir, const CheckpointTensors& local,
                                               const TrainState& state) {
   const std::vector<TensorSplit> splits = tp_local_splits();
-  const Shape shape{full_flat_numel(splits)};
-  CheckpointTensors whole{Tensor(shape, DType::f32, MemCategory::workspace, tracker_),
-                          Tensor(shape, DType::f32, MemCategory::workspace, tracker_),
-                          Tensor(shape, DType::f32, MemCategory::workspace, tracker_)};
+  CheckpointTensors whole = workspace_state(full_flat_numel(splits), tracker_);
   const TensorParallel& tp = model_->tensor_parallel();
   gather_tp_flat(tp, splits, local.master.data<float>(), whole.master.data<float>());
   gather_tp_flat(tp, splits, local.exp_avg.data<float>(), whole.exp_avg.data<float>());

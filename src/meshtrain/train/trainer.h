@@ -100,9 +100,10 @@ class Trainer {
   void log_eval(double val_loss);
   // Weights and optimizer state from a step directory (ZeRO: this rank's shards).
   void load_state(const std::string& dir);
-  // Tensor parallel: whole tensors read, this rank's slices kept; written by
-  // assembling the tp group's slices (collective over tp).
-  void load_tensor_parallel_state(const std::string& dir);
+  // Tensor parallel / pipeline stage: whole tensors read into `local`, this
+  // rank's slices and stage kept; written by assembling the tp group's slices
+  // (collective over tp).
+  void load_sliced_state(const std::string& dir, CheckpointTensors& local);
   // The tp-local flat layout those work on: the model's, or (pipeline) the
   // whole model's, assembled from / taken by the stages.
   std::vector<TensorSplit> tp_local_splits() const;
