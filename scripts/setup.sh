@@ -8,7 +8,7 @@ BUILD_DIR=${1:-build}
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin
-  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev
+  libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev libcli11-dev libfmt-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy libopenblas0-openmp
   bible-kjv
