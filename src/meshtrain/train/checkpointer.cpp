@@ -1,5 +1,6 @@
 #include "meshtrain/train/checkpointer.h"
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 
@@ -10,6 +11,10 @@ namespace meshtrain {
 namespace {
 
 namespace fs = std::filesystem;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 int64_t buffer_bytes(const TrainConfig& config) {
   return static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024);
@@ -48,11 +53,13 @@ nlohmann::json Checkpointer::layout_json() const {
 }
 
 std::string Checkpointer::save(const TrainState& state) {
+  const auto start = std::chrono::steady_clock::now();
   dp_.quiesce();
   std::string dir = saver_->save(state.step, map_, dp_.state(), layout_json(),
                                  train_state_json(state, config_));
   // Synchronous: rank 0 has committed when everyone passes the barrier.
   if (!config_.ckpt.async && mesh_ != nullptr) mesh_->world().barrier();
+  save_seconds_ = seconds_since(start);
   return dir;
 }
 
@@ -62,6 +69,7 @@ void Checkpointer::wait() {
 }
 
 void Checkpointer::load(const std::string& dir) {
+  const auto start = std::chrono::steady_clock::now();
   dp_.quiesce();
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
     dist_ckpt::load_checkpoint(dir, map_, dp_.state(), buffer_bytes(config_));
@@ -69,6 +77,7 @@ void Checkpointer::load(const std::string& dir) {
     load_legacy(dir);
   }
   dp_.finish_load();
+  load_seconds_ = seconds_since(start);
 }
 
 // The whole-tensor format: every tensor read whole (one at a time) and this

@@ -25,6 +25,10 @@ class Checkpointer {
   ~Checkpointer();
 
   const layout::ShardMap& shard_map() const { return map_; }
+  // Seconds the last save blocked the caller (async: the staging copy) and
+  // the last load took.
+  double last_save_seconds() const { return save_seconds_; }
+  double last_load_seconds() const { return load_seconds_; }
   // Every rank: writes out_dir/step_<state.step> (ckpt.async: returns once
   // this rank's state is staged). Returns the directory.
   std::string save(const TrainState& state);
@@ -49,6 +53,7 @@ class Checkpointer {
   MemoryTracker& tracker_;
   layout::ShardMap map_;
   std::unique_ptr<dist_ckpt::CheckpointSaver> saver_;
+  double save_seconds_ = 0, load_seconds_ = 0;
 };
 
 }  // namespace meshtrain

@@ -55,7 +55,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     options_.dp_size = mesh->layout().dp();
     options_.console = options_.console && mesh->rank() == 0;
   }
-  // Before the first collective, so no rank has written into out_dir yet.
   resumed_from_ = resolve_resume();
   if (mesh != nullptr) {
     check_same_config_on_all_ranks(config_, mesh->world());
@@ -93,6 +92,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     val_set_ = std::make_unique<ValidationSet>(*val_data_, loader, t.eval_batches);
   }
   loader_ = std::make_unique<DataLoader>(*train_data_, loader, resumed.sampler);
+  prepare_out_dir();
   ctx_ = std::make_unique<cpu::CpuContext>(t.threads, tracker_);
 
   // The parallel modes, composed: the stage and tp slice the model holds, the
@@ -114,8 +114,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     step_ = resumed.step;
   }
   runner_ = make_step_runner(config_, *model_, mesh, micro_batches, loader.micro_batch);
-
-  prepare_out_dir();
   std::string metrics_path = (fs::path(t.out_dir) / metrics_file_name(mesh ? mesh->rank() : 0)).string();
   // A resumed run appends to the trace of the run it continues.
   auto metrics = std::make_unique<MetricsLog>(metrics_path, !resumed_from_.empty(), config_.train,
@@ -164,24 +162,26 @@ std::string Trainer::resolve_resume() {
     if (chosen.empty()) options_.overwrite = true;  // nothing to continue: a fresh run
     dir = chosen;
   }
-  if (dir.empty()) {
-    const std::vector<fs::path> old = run_files(out_dir);
-    MESHTRAIN_CHECK(old.empty() || options_.overwrite,
-                    "train.out_dir '{}' holds another run ({}); resume it (--resume auto), choose "
-                    "another out_dir, or pass --overwrite to delete it",
-                    out_dir.string(), old.front().filename().string());
-  }
   return dir;
 }
 
 void Trainer::prepare_out_dir() {
   const fs::path out_dir(config_.train.out_dir);
-  const bool root = options_.mesh == nullptr || options_.mesh->rank() == 0;
-  if (root && resumed_from_.empty() && options_.overwrite) {
-    for (const fs::path& p : run_files(out_dir)) fs::remove_all(p);
+  Communicator* world = options_.mesh != nullptr ? &options_.mesh->world() : nullptr;
+  if (resumed_from_.empty()) {
+    // Every rank looks before any rank deletes or writes.
+    const std::vector<fs::path> old = run_files(out_dir);
+    MESHTRAIN_CHECK(old.empty() || options_.overwrite,
+                    "train.out_dir '{}' holds another run ({}); resume it (--resume auto), choose "
+                    "another out_dir, or pass --overwrite to delete it",
+                    out_dir.string(), old.front().filename().string());
+    if (world != nullptr) world->barrier();
+    if (world == nullptr || world->rank() == 0) {
+      for (const fs::path& p : old) fs::remove_all(p);
+    }
   }
   fs::create_directories(out_dir);
-  if (options_.mesh != nullptr) options_.mesh->world().barrier();
+  if (world != nullptr) world->barrier();
 }
 
 void Trainer::print_setup(const LoaderOptions& loader) {

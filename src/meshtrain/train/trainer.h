@@ -78,6 +78,7 @@ class Trainer {
   Model& model() { return *model_; }
   DataParallel& data_parallel() { return *dp_; }
   const layout::ShardMap& shard_map() const { return checkpointer_->shard_map(); }
+  const Checkpointer& checkpointer() const { return *checkpointer_; }
   // The directory this run resumed from (resolved for "auto"); empty for a fresh start.
   const std::string& resumed_from() const { return resumed_from_; }
   // The master weights in the flat tp = 1 layout (whole tensors), on every
@@ -92,8 +93,10 @@ class Trainer {
 
  private:
   // Resolves options_.resume_dir ("auto": the newest valid checkpoint,
-  // agreed by every rank) and checks what it may overwrite. Collective.
+  // agreed by every rank). Collective.
   std::string resolve_resume();
+  // A fresh run: refuses (or with overwrite deletes) another run's files,
+  // before any rank writes. Collective.
   void prepare_out_dir();
   void print_setup(const LoaderOptions& loader);
   // Rank 0 prints its bytes by category and (several ranks) the maximum over
