@@ -226,6 +226,7 @@ TEST(DistCkpt, LeftoversOfKilledSavesAreRemovedNeverRead) {
   save_all(out, 1, l);
   // A killed save of step 9 and one of the step about to be saved, with a
   // stale open.json and done file that must not be taken for this save's.
+  testing::write_file(out + "/latest.tmp.999999", "step_9\n");  // a killed rewrite of latest
   for (const char* name : {"step_9.tmp", "step_2.tmp", "step_1.trash"}) {
     fs::create_directories(out + "/" + name);
     testing::write_file(out + "/" + name + "/rank_1.safetensors", "junk");
@@ -237,6 +238,7 @@ TEST(DistCkpt, LeftoversOfKilledSavesAreRemovedNeverRead) {
   EXPECT_FALSE(fs::exists(out + "/step_9.tmp"));
   EXPECT_FALSE(fs::exists(out + "/step_2.tmp"));
   EXPECT_FALSE(fs::exists(out + "/step_1.trash"));
+  EXPECT_FALSE(fs::exists(out + "/latest.tmp.999999"));
   dist_ckpt::verify_checkpoint(out + "/step_2");
   MemState state(l.ranks[1].local_numel);
   dist_ckpt::load_checkpoint(out + "/step_2", l.ranks[1], state);

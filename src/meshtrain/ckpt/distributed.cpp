@@ -132,7 +132,8 @@ using namespace detail;
 using Clock = std::chrono::steady_clock;
 
 const std::regex kStepDir(R"(step_(\d+))");
-const std::regex kLeftover(R"(step_\d+\.(tmp|trash))");
+// Killed saves' directories and a killed rewrite of `latest` (AtomicFile's temporary).
+const std::regex kLeftover(R"(step_\d+\.(tmp|trash)|latest\.tmp\.\d+)");
 
 // Sleeps a little longer each time, up to 50 ms.
 struct Poll {
@@ -181,7 +182,7 @@ void remove_dir(const fs::path& dir) {
   }
 }
 
-// Leftovers of killed saves (step_*.tmp, step_*.trash): never read, removed.
+// Leftovers of killed saves: never read, removed.
 void remove_leftovers(const std::string& out_dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
