@@ -1,30 +1,158 @@
-// PLACEHOLDER (replaced by the ckpt branch): the API the trainer compiles against.
+// Distributed (sharded) checkpoints: every rank writes the training state it
+// owns, in the layout it trains with; any other layout loads it back.
+//
+// A checkpoint is a directory <out_dir>/step_<N>/ holding
+//   rank_<r>.safetensors  for each rank that owns anything: per StateKind and
+//                         per replica-0 piece of the rank's ShardMap, a 1-D
+//                         f32 tensor "<state>/<tensor name>#<k>" (k counts
+//                         the rank's pieces of that tensor), in region order;
+//   manifest.json         written last: format, version, the caller's layout
+//                         and meta objects (opaque here), every global
+//                         tensor with its shards (file, key, state, region),
+//                         every file's size and XXH3-64, and a checksum of
+//                         the manifest itself.
+// <out_dir>/latest names the newest committed step directory.
+//
+// Commit protocol (through the filesystem only; no MPI calls here): rank 0
+// removes leftover step_*.tmp directories, creates step_<N>.tmp with an
+// open.json carrying a fresh save id; every rank waits for that, writes and
+// fsyncs its file, then rank_<r>.done.json (size, checksum, pieces, save id).
+// Rank 0 waits for all `world` done files, writes manifest.json, renames
+// step_<N>.tmp to step_<N>, then rewrites `latest`, then applies keep_last.
+// Every rank's save is complete when the manifest with its save id is
+// committed. A crash at any instant leaves the previous checkpoint and
+// `latest` valid. docs/distributed.md has the details.
+//
+// Memory: a sync save or a load holds at most `buffer_bytes` of file data
+// (tracked as MemCategory::workspace), however large the state; an async save
+// also holds a staging copy of the rank's owned state.
 #pragma once
+
+#include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
+
 #include "meshtrain/parallel/layout/shard_map.h"
 #include "meshtrain/tensor/memory_tracker.h"
+
 namespace meshtrain::dist_ckpt {
-struct SaveOptions { int rank = 0, world = 1; int64_t buffer_bytes = 64 << 20; bool async = false; int keep_last = 0; double commit_timeout_s = 600; MemoryTracker* tracker = nullptr; };
+
+struct SaveOptions {
+  int rank = 0, world = 1;
+  int64_t buffer_bytes = 64 << 20;  // staging buffer for file data (sync save)
+  bool async = false;               // copy the owned state at save(), write in the background
+  int keep_last = 0;                // committed checkpoints kept by rank 0; 0: keep all
+  double commit_timeout_s = 600;    // how long any rank waits for the others
+  MemoryTracker* tracker = nullptr;  // where file buffers are counted; null: a private one
+};
+
 class CheckpointSaver {
  public:
   CheckpointSaver(std::string out_dir, SaveOptions options);
-  ~CheckpointSaver();
-  std::string save(int64_t step, const layout::ShardMap& map, layout::StateAccess& state, const nlohmann::json& layout_json, const nlohmann::json& meta);
+  ~CheckpointSaver();  // waits (errors logged, not thrown)
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  // Saves this rank's replica-0 pieces of every state; layout_json and meta
+  // are written into the manifest (rank 0's copies). Waits for the previous
+  // save first. Sync: returns when the checkpoint is committed. Async: returns
+  // once the state is copied. Returns the final dir path (out_dir/step_<N>).
+  std::string save(int64_t step, const layout::ShardMap& map, layout::StateAccess& state,
+                   const nlohmann::json& layout_json, const nlohmann::json& meta);
+  // Waits for the background save; rethrows its Error (naming the file).
   void wait();
   bool pending() const;
+
+ private:
+  struct Job;
+  std::string out_dir_;
+  SaveOptions options_;
+  std::unique_ptr<MemoryTracker> own_tracker_;
+  std::unique_ptr<Job> job_;
 };
-struct Manifest { nlohmann::json layout, meta; };
+
+struct ManifestShard {
+  std::string file, key;
+  layout::StateKind state = layout::StateKind::master;
+  layout::Region region;
+};
+
+struct ManifestTensor {
+  std::string name;
+  Shape shape;
+  std::string dtype = "F32";
+  std::vector<ManifestShard> shards;  // all states
+};
+
+struct ManifestFile {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+struct Manifest {
+  int version = 1;
+  int64_t step = 0;
+  int world = 1;
+  std::string save_id;
+  nlohmann::json layout, meta;
+  std::vector<ManifestTensor> tensors;
+  std::vector<ManifestFile> files;
+
+  const ManifestTensor* find_tensor(const std::string& name) const;
+  const ManifestFile* find_file(const std::string& name) const;
+  int64_t total_bytes() const;
+};
+
+inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kLatestFile = "latest";
+
+// Error naming the file/field on anything malformed, including a manifest
+// whose own checksum does not match.
 Manifest read_manifest(const std::string& dir);
-bool is_sharded_checkpoint(const std::string& dir);
-void verify_checkpoint(const std::string& dir, int64_t buffer_bytes = 64 << 20);
-void load_checkpoint(const std::string& dir, const layout::ShardMap& map, layout::StateAccess& state, int64_t buffer_bytes = 64 << 20, bool verify = true);
-void read_global_tensor(const Manifest& manifest, const std::string& dir, const std::string& name, layout::StateKind kind, float* out);
-struct ResumeChoice { std::string dir; std::vector<std::string> notes; };
+bool is_sharded_checkpoint(const std::string& dir);  // has manifest.json
+// Every file: exists, size, checksum; Error naming the file ("corrupt",
+// "truncated", "missing").
+void verify_checkpoint(const std::string& dir, int64_t buffer_bytes = 64 << 20,
+                       MemoryTracker* tracker = nullptr);
+
+// Fills every piece of `map` (replica 0 or not) from the overlapping shards of
+// whatever layout wrote `dir`; verifies the checksum of each file it reads from
+// (once per file per call) unless verify is false. Error naming tensor and
+// file when a region is not covered, a shape differs, or a file is corrupt.
+void load_checkpoint(const std::string& dir, const layout::ShardMap& map,
+                     layout::StateAccess& state, int64_t buffer_bytes = 64 << 20,
+                     bool verify = true, MemoryTracker* tracker = nullptr);
+
+// One whole global tensor of one state (numel of its shape f32 at `out`),
+// assembled from the shards. Memory: that tensor plus a small buffer.
+void read_global_tensor(const Manifest& manifest, const std::string& dir, const std::string& name,
+                        layout::StateKind kind, float* out);
+
+// --resume auto: the checkpoint out_dir/latest names if it verifies, else the
+// newest older step_* that verifies. `notes` says what was skipped and why,
+// one line each. nullopt when none.
+struct ResumeChoice {
+  std::string dir;
+  std::vector<std::string> notes;
+};
 std::optional<ResumeChoice> find_resume_checkpoint(const std::string& out_dir);
+
+// `meshtrain ckpt inspect`: layout, meta, tensors (name, shape, shards), file
+// sizes and, with verify, each file's checksum result.
 std::string describe_checkpoint(const std::string& dir, bool verify);
+
+// Today's whole-tensor step directories (train/checkpoint.h: model.safetensors,
+// exp_avg.safetensors, exp_avg_sq.safetensors, train_state.json).
 bool is_legacy_checkpoint(const std::string& dir);
-void convert_legacy_checkpoint(const std::string& old_dir, const std::string& new_dir);
-}
+// Writes legacy_dir's state as a sharded checkpoint at new_dir (one rank file
+// of whole-tensor regions; meta = train_state.json's object; layout
+// {dp:1, tp:1, pp:1, ...}), streaming through buffer_bytes; new_dir appears
+// complete or not at all. No `latest` is written.
+void convert_legacy_checkpoint(const std::string& legacy_dir, const std::string& new_dir,
+                               int64_t buffer_bytes = 64 << 20, MemoryTracker* tracker = nullptr);
+
+}  // namespace meshtrain::dist_ckpt

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "meshtrain/ckpt/atomic_file.h"
 #include "meshtrain/util/error.h"
@@ -68,6 +69,32 @@ void convert_from_st(StDType from, const void* src, DType to, void* dst, size_t 
     default: break;
   }
   fail("internal: integer safetensors dtype {} read as float", st_dtype_name(from));
+}
+
+// The header text (JSON padded with spaces so the data section starts 8-byte
+// aligned, as the reference writer does), its 8-byte length prefix included;
+// tensors laid out back to back in the order given.
+template <typename Entries>
+std::string header_bytes(const Entries& entries, const std::map<std::string, std::string>& metadata,
+                         uint64_t* data_bytes) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& e : entries) {
+    const StDType dtype = e.dtype;
+    uint64_t bytes = static_cast<uint64_t>(shape_numel(e.shape)) * st_dtype_size(dtype);
+    header[e.name] = {{"dtype", st_dtype_name(dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  *data_bytes = offset;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t len = text.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(len >> (8 * i));
+  return out + text;
 }
 
 DType st_to_dtype(StDType dtype) {
@@ -312,6 +339,12 @@ Tensor SafetensorsReader::read_tensor(std::string_view name, DType dtype, MemCat
   return out;
 }
 
+void SafetensorsReader::read_data(uint64_t offset, void* dst, size_t bytes) const {
+  MESHTRAIN_CHECK(offset + bytes <= (tensors_.empty() ? 0 : tensors_.back().end),
+                  "{}: bytes [{}, {}) lie outside the data section", path_, offset, offset + bytes);
+  read_bytes(data_start_ + offset, dst, bytes);
+}
+
 std::vector<int64_t> SafetensorsReader::read_ints(std::string_view name) const {
   const StTensorInfo& t = info(name);
   MESHTRAIN_CHECK(t.dtype == StDType::I64 || t.dtype == StDType::I32,
@@ -354,26 +387,16 @@ void SafetensorsWriter::set_metadata(std::string key, std::string value) {
 }
 
 void SafetensorsWriter::write(const std::string& path) const {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
-  uint64_t offset = 0;
-  for (const Entry& e : entries_) {
-    uint64_t bytes = static_cast<uint64_t>(shape_numel(e.shape)) * st_dtype_size(e.stored);
-    header[e.name] = {{"dtype", st_dtype_name(e.stored)},
-                      {"shape", e.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
-  text.append((8 - text.size() % 8) % 8, ' ');
-
+  struct Declared {
+    const std::string& name;
+    StDType dtype;
+    const Shape& shape;
+  };
+  std::vector<Declared> declared;
+  for (const Entry& e : entries_) declared.push_back(Declared{e.name, e.stored, e.shape});
+  uint64_t data_bytes = 0;
   AtomicFile file(path);
-  unsigned char len_bytes[8];
-  uint64_t len = text.size();
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
-  file.write(len_bytes, 8);
-  file.write(text);
+  file.write(header_bytes(declared, metadata_, &data_bytes));
   std::vector<char> scratch;
   for (const Entry& e : entries_) {
     const size_t n = static_cast<size_t>(shape_numel(e.shape));
@@ -392,5 +415,57 @@ void SafetensorsWriter::write(const std::string& path) const {
   }
   file.commit();
 }
+
+// ---------------------------------------------------------------- streaming writer
+
+struct SafetensorsStreamWriter::Impl {
+  AtomicFile file;
+  XXH3_state_t* hash = XXH3_createState();
+  explicit Impl(std::string path) : file(std::move(path)) {
+    MESHTRAIN_CHECK(hash != nullptr && XXH3_64bits_reset(hash) == XXH_OK,
+                    "{}: cannot start a checksum", file.path());
+  }
+  ~Impl() { XXH3_freeState(hash); }
+};
+
+SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, const std::vector<Entry>& entries,
+                                                 const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    MESHTRAIN_CHECK(entries[i].name != "__metadata__",
+                    "{}: '__metadata__' is not a tensor name", path_);
+    for (size_t j = 0; j < i; ++j) {
+      MESHTRAIN_CHECK(entries[j].name != entries[i].name, "{}: tensor '{}' declared twice", path_,
+                      entries[i].name);
+    }
+  }
+  const std::string header = header_bytes(entries, metadata, &data_bytes_);
+  impl_ = std::make_unique<Impl>(path_);
+  write_file(header.data(), header.size());
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() = default;
+
+void SafetensorsStreamWriter::write_file(const void* data, size_t bytes) {
+  impl_->file.write(data, bytes);
+  XXH3_64bits_update(impl_->hash, data, bytes);
+  file_bytes_ += bytes;
+}
+
+void SafetensorsStreamWriter::write(const void* data, size_t bytes) {
+  MESHTRAIN_CHECK(written_ + bytes <= data_bytes_,
+                  "{}: {} data bytes written, more than the {} the header declares", path_,
+                  written_ + bytes, data_bytes_);
+  write_file(data, bytes);
+  written_ += bytes;
+}
+
+void SafetensorsStreamWriter::commit() {
+  MESHTRAIN_CHECK(written_ == data_bytes_, "{}: {} of the {} declared data bytes written", path_,
+                  written_, data_bytes_);
+  impl_->file.commit();
+}
+
+uint64_t SafetensorsStreamWriter::checksum() const { return XXH3_64bits_digest(impl_->hash); }
 
 }  // namespace meshtrain

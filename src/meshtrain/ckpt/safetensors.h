@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,9 @@ class SafetensorsReader {
                      MemoryTracker& tracker) const;
   // Reads an I32 or I64 tensor (small: counters, ids, RNG state).
   std::vector<int64_t> read_ints(std::string_view name) const;
+  // Raw bytes [offset, offset + bytes) of the data section (offsets as in
+  // StTensorInfo), for readers that take parts of a tensor.
+  void read_data(uint64_t offset, void* dst, size_t bytes) const;
 
  private:
   void read_bytes(uint64_t file_offset, void* dst, size_t bytes) const;
@@ -99,6 +103,43 @@ class SafetensorsWriter {
   };
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
+};
+
+// Writes a file whose tensors are all declared up front, so the header goes
+// first and the data then streams in, in declaration order, from a buffer of
+// the caller's size: no tensor is ever held whole. Atomic like
+// SafetensorsWriter (temporary file, fsync, rename on commit()), and keeps an
+// XXH3-64 checksum of every byte written.
+class SafetensorsStreamWriter {
+ public:
+  struct Entry {
+    std::string name;
+    StDType dtype = StDType::F32;
+    Shape shape;
+  };
+  SafetensorsStreamWriter(std::string path, const std::vector<Entry>& entries,
+                          const std::map<std::string, std::string>& metadata);
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+
+  // The next `bytes` of the data section; Error past the declared size.
+  void write(const void* data, size_t bytes);
+  // Error unless every declared byte was written; then fsync and rename.
+  void commit();
+
+  uint64_t file_bytes() const { return file_bytes_; }  // header included
+  uint64_t data_written() const { return written_; }
+  uint64_t data_bytes() const { return data_bytes_; }
+  uint64_t checksum() const;  // XXH3-64 of the bytes written so far
+
+ private:
+  void write_file(const void* data, size_t bytes);
+
+  std::string path_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  uint64_t data_bytes_ = 0, written_ = 0, file_bytes_ = 0;
 };
 
 }  // namespace meshtrain

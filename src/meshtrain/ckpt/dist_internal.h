@@ -1,0 +1,77 @@
+// Pieces shared by the distributed checkpoint's files (save, manifest,
+// resharding load, legacy conversion). Not a public header.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "meshtrain/ckpt/distributed.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::dist_ckpt::detail {
+
+using json = nlohmann::json;
+
+inline constexpr const char* kFormat = "meshtrain-dist-ckpt";
+inline constexpr int kVersion = 1;
+inline constexpr const char* kOpenFile = "open.json";
+
+std::string step_name(int64_t step);  // "step_12"
+std::string rank_file_name(int rank);  // "rank_3.safetensors"
+std::string done_file_name(int rank);  // "rank_3.done.json"
+std::string join(const std::string& dir, const std::string& name);
+
+std::string hex64(uint64_t value);  // 16 lowercase hex digits
+layout::StateKind parse_state(const std::string& name, const std::string& where);
+
+// Test-only fault hook: when MESHTRAIN_CKPT_FAULT is `point` or `point@step`
+// (matching this step), the process kills itself with SIGKILL here.
+void fault_point(const char* point, int64_t step);
+
+void fsync_dir(const std::string& dir);
+json read_json_file(const std::string& path);  // Error naming the file
+void write_json_atomic(const std::string& path, const json& value);
+
+// A tracked workspace buffer of whole floats for file data: min(limit, needed)
+// bytes rounded down to a float, at least one float; Error when limit < 4.
+Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker);
+
+// Streams the file through `buffer`: exists, size and XXH3-64 as the manifest
+// says; Error "<path>: missing | truncated | corrupt ...".
+void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer);
+
+// One saved piece, as a done file and the manifest list it.
+struct PieceRecord {
+  std::string tensor;
+  Shape shape;
+  ManifestShard shard;
+};
+
+// What one rank wrote: its file (empty name when it owns nothing) and pieces.
+struct RankRecord {
+  int rank = 0;
+  std::string file;
+  uint64_t bytes = 0, xxh3 = 0;
+  std::vector<layout::GlobalTensor> held;  // every tensor the rank holds any piece of
+  std::vector<PieceRecord> pieces;         // the replica-0 pieces it wrote, per state
+};
+
+// Writes `dir`/rank_<rank>.safetensors with the replica-0 pieces of `map`,
+// streaming from `state` through a buffer of at most buffer_bytes.
+RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
+                           const layout::ShardMap& map, layout::StateAccess& state,
+                           int64_t buffer_bytes, MemoryTracker& tracker);
+
+json rank_record_json(const RankRecord& record, int64_t step, const std::string& save_id);
+// Error naming `path` on anything malformed.
+RankRecord rank_record_from_json(const json& value, const std::string& path);
+
+// The manifest of the ranks' records (tensors in first-seen order, rank by
+// rank), with its own checksum; written fsync'ed and atomically.
+json manifest_json(int64_t step, const std::string& save_id, const json& layout_json,
+                   const json& meta, const std::vector<RankRecord>& ranks);
+void write_manifest(const std::string& dir, const json& manifest);
+
+}  // namespace meshtrain::dist_ckpt::detail

@@ -1,0 +1,543 @@
+// Saving: each rank's file, the commit protocol through the filesystem,
+// retention, and choosing the checkpoint to resume from.
+#include "meshtrain/ckpt/distributed.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "meshtrain/ckpt/atomic_file.h"
+#include "meshtrain/ckpt/dist_internal.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::dist_ckpt {
+namespace detail {
+
+namespace fs = std::filesystem;
+using layout::ShardPiece;
+using layout::StateKind;
+
+void fault_point(const char* point, int64_t step) {
+  const char* want = std::getenv("MESHTRAIN_CKPT_FAULT");
+  if (want == nullptr) return;
+  const std::string spec(want);
+  const size_t at = spec.find('@');
+  if (spec.substr(0, at) != point) return;
+  if (at != spec.npos && spec.substr(at + 1) != std::to_string(step)) return;
+  ::kill(::getpid(), SIGKILL);
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MESHTRAIN_CHECK(fd >= 0, "{}: cannot open directory: {}", dir, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some filesystems cannot fsync a directory; their rename is then as durable as it gets.
+  MESHTRAIN_CHECK(rc == 0 || err == EINVAL || err == EROFS, "{}: fsync failed: {}", dir,
+                  std::strerror(err));
+}
+
+RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
+                           const layout::ShardMap& map, layout::StateAccess& state,
+                           int64_t buffer_bytes, MemoryTracker& tracker) {
+  RankRecord record;
+  record.rank = rank;
+  std::vector<bool> seen(map.tensors.size(), false);
+  std::vector<const ShardPiece*> owned;
+  std::vector<int> ordinal;  // k in "<state>/<name>#<k>"
+  std::map<size_t, int> count;
+  for (const ShardPiece& p : map.pieces) {
+    if (!seen[p.tensor]) record.held.push_back(map.tensors[p.tensor]);
+    seen[p.tensor] = true;
+    if (p.replica != 0) continue;
+    owned.push_back(&p);
+    ordinal.push_back(count[p.tensor]++);
+  }
+  if (owned.empty()) return record;
+
+  record.file = rank_file_name(rank);
+  std::vector<SafetensorsStreamWriter::Entry> entries;
+  uint64_t total = 0;
+  for (size_t k = 0; k < layout::kStateKinds; ++k) {
+    const auto kind = static_cast<StateKind>(k);
+    for (size_t i = 0; i < owned.size(); ++i) {
+      const layout::GlobalTensor& t = map.tensors[owned[i]->tensor];
+      PieceRecord piece{t.name, t.shape, {}};
+      piece.shard = ManifestShard{
+          record.file,
+          fmt::format("{}/{}#{}", layout::state_kind_name(kind), t.name, ordinal[i]), kind,
+          owned[i]->region};
+      entries.push_back({piece.shard.key, StDType::F32, {owned[i]->region.numel()}});
+      total += static_cast<uint64_t>(owned[i]->region.numel()) * 4;
+      record.pieces.push_back(std::move(piece));
+    }
+  }
+  const std::map<std::string, std::string> metadata = {
+      {"format", kFormat}, {"rank", std::to_string(rank)}, {"step", std::to_string(step)}};
+  SafetensorsStreamWriter writer(join(dir, record.file), entries, metadata);
+  const Tensor buffer = file_buffer(buffer_bytes, total, tracker);
+  float* buf = buffer.data<float>();
+  const int64_t capacity = buffer.numel();
+  int64_t filled = 0;
+  bool halfway = false;
+  auto flush = [&] {
+    writer.write(buf, static_cast<size_t>(filled) * 4);
+    filled = 0;
+    if (!halfway && writer.data_written() * 2 >= writer.data_bytes()) {
+      halfway = true;
+      fault_point("mid_file", step);
+    }
+  };
+  // Pieces packed into the buffer back to back: one write per full buffer.
+  for (size_t k = 0; k < layout::kStateKinds; ++k) {
+    for (const ShardPiece* p : owned) {
+      for (int64_t begin = 0; begin < p->region.numel();) {
+        const int64_t n = std::min(p->region.numel() - begin, capacity - filled);
+        state.read(static_cast<StateKind>(k), p->local_offset + begin, n, buf + filled);
+        filled += n;
+        begin += n;
+        if (filled == capacity) flush();
+      }
+    }
+  }
+  if (filled > 0) flush();
+  writer.commit();
+  record.bytes = writer.file_bytes();
+  record.xxh3 = writer.checksum();
+  return record;
+}
+
+}  // namespace detail
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace detail;
+using Clock = std::chrono::steady_clock;
+
+const std::regex kStepDir(R"(step_(\d+))");
+// Killed saves' directories and a killed rewrite of `latest` (AtomicFile's temporary).
+const std::regex kLeftover(R"(step_\d+\.(tmp|trash)|latest\.tmp\.\d+)");
+
+// Sleeps a little longer each time, up to 50 ms.
+struct Poll {
+  Clock::time_point deadline;
+  std::chrono::microseconds pause{500};
+  explicit Poll(double timeout_s)
+      : deadline(Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6))) {}
+  bool expired() const { return Clock::now() > deadline; }
+  void sleep() {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(50000));
+  }
+};
+
+std::string make_save_id() {
+  std::random_device device;
+  uint64_t id = (uint64_t{device()} << 32) ^ device();
+  id ^= static_cast<uint64_t>(Clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+  id ^= static_cast<uint64_t>(::getpid()) << 17;
+  return hex64(id);
+}
+
+// The save id in `path` (open.json or a manifest), nullopt when absent or unreadable.
+std::optional<std::string> save_id_in(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  try {
+    const json value = read_json_file(path);
+    if (value.is_object() && value.contains("save_id") && value["save_id"].is_string()) {
+      return value["save_id"].get<std::string>();
+    }
+  } catch (const Error&) {
+  }
+  return std::nullopt;
+}
+
+void remove_dir(const fs::path& dir) {
+  // Another process may still add a file while we remove (a rank that read a
+  // stale open.json); try again before giving up.
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (!ec) return;
+    MESHTRAIN_CHECK(attempt < 5, "{}: cannot remove: {}", dir.string(), ec.message());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// Leftovers of killed saves: never read, removed.
+void remove_leftovers(const std::string& out_dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
+    if (std::regex_match(entry.path().filename().string(), kLeftover)) remove_dir(entry.path());
+  }
+}
+
+// Committed (manifest-bearing) step directories of out_dir, oldest first.
+std::vector<std::pair<int64_t, std::string>> committed_steps(const std::string& out_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, kStepDir) && entry.is_directory(ec)) {
+      out.emplace_back(std::stoll(m[1].str()), name);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string read_latest(const std::string& out_dir) {
+  std::ifstream in(join(out_dir, kLatestFile));
+  std::string name;
+  if (in.good()) std::getline(in, name);
+  return name;
+}
+
+// Moves `tmp` to `final`; when `final` exists (the same step saved again) the
+// two are swapped atomically, so `final` is valid at every instant.
+void install(const std::string& tmp, const std::string& final_dir) {
+  std::error_code ec;
+  if (!fs::exists(final_dir, ec)) {
+    MESHTRAIN_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, "{}: rename to {} failed: {}",
+                    tmp, final_dir, std::strerror(errno));
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    remove_dir(tmp);  // now the old checkpoint
+    return;
+  }
+  MESHTRAIN_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP,
+                  "{}: exchange with {} failed: {}", tmp, final_dir, std::strerror(errno));
+  const std::string trash = final_dir + ".trash";
+  remove_dir(trash);
+  MESHTRAIN_CHECK(::rename(final_dir.c_str(), trash.c_str()) == 0, "{}: rename to {} failed: {}",
+                  final_dir, trash, std::strerror(errno));
+  MESHTRAIN_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, "{}: rename to {} failed: {}",
+                  tmp, final_dir, std::strerror(errno));
+  remove_dir(trash);
+}
+
+// keep_last: the oldest committed checkpoints beyond `keep`, never the one
+// `latest` names. Renamed to *.trash first, so a crash mid-removal leaves no
+// half-deleted directory that looks committed.
+void apply_retention(const std::string& out_dir, int keep) {
+  if (keep <= 0) return;
+  const std::string latest = read_latest(out_dir);
+  std::vector<std::string> sharded;
+  for (const auto& [step, name] : committed_steps(out_dir)) {
+    if (is_sharded_checkpoint(join(out_dir, name))) sharded.push_back(name);
+  }
+  size_t excess = sharded.size() > static_cast<size_t>(keep) ? sharded.size() - keep : 0;
+  for (size_t i = 0; i < sharded.size() && excess > 0; ++i) {
+    if (sharded[i] == latest) continue;
+    const std::string trash = join(out_dir, sharded[i] + ".trash");
+    MESHTRAIN_CHECK(::rename(join(out_dir, sharded[i]).c_str(), trash.c_str()) == 0,
+                    "{}: cannot retire {}: {}", out_dir, sharded[i], std::strerror(errno));
+    remove_dir(trash);
+    --excess;
+  }
+}
+
+// A StateAccess over the async save's staging copy: state k's owned elements
+// at [k * numel, (k + 1) * numel), pieces back to back.
+class StagedState : public layout::StateAccess {
+ public:
+  explicit StagedState(Tensor staging) : staging_(std::move(staging)) {}
+  void read(StateKind kind, int64_t local_offset, int64_t count, float* out) override {
+    const float* src = staging_.data<float>() + static_cast<int64_t>(kind) * numel() + local_offset;
+    std::copy(src, src + count, out);
+  }
+  void write(StateKind, int64_t, int64_t, const float*) override {
+    fail("internal: the staged copy of a checkpoint is read-only");
+  }
+  float* data(StateKind kind) { return staging_.data<float>() + static_cast<int64_t>(kind) * numel(); }
+  int64_t numel() const { return staging_.numel() / static_cast<int64_t>(layout::kStateKinds); }
+
+ private:
+  Tensor staging_;
+};
+
+struct SaveContext {
+  const std::string& out_dir;
+  const SaveOptions& options;
+  MemoryTracker& tracker;
+};
+
+// This rank's file and done file in `tmp`, under save id `id`.
+RankRecord write_and_mark(const SaveContext& ctx, const std::string& tmp, int64_t step,
+                          const std::string& id, const layout::ShardMap& map,
+                          layout::StateAccess& state) {
+  fault_point("before_file", step);
+  RankRecord record = write_rank_file(tmp, ctx.options.rank, step, map, state,
+                                      ctx.options.buffer_bytes, ctx.tracker);
+  fault_point("after_file", step);
+  write_json_atomic(join(tmp, done_file_name(ctx.options.rank)), rank_record_json(record, step, id));
+  fsync_dir(tmp);
+  return record;
+}
+
+// Rank 0: every other rank's record of save `id`, waiting for their done files.
+std::vector<RankRecord> gather_records(const SaveContext& ctx, const std::string& tmp,
+                                       int64_t step, const std::string& id, RankRecord mine) {
+  std::vector<RankRecord> records(static_cast<size_t>(ctx.options.world));
+  std::set<int> missing;
+  for (int r = 1; r < ctx.options.world; ++r) missing.insert(r);
+  records[0] = std::move(mine);
+  Poll poll(ctx.options.commit_timeout_s);
+  while (!missing.empty()) {
+    for (auto it = missing.begin(); it != missing.end();) {
+      const std::string path = join(tmp, done_file_name(*it));
+      // A done file of another save id is a rank that read a stale open.json: it will redo.
+      if (save_id_in(path) != id) {
+        ++it;
+        continue;
+      }
+      RankRecord record = rank_record_from_json(read_json_file(path), path);
+      MESHTRAIN_CHECK(record.rank == *it, "{}: names rank {}", path, record.rank);
+      records[static_cast<size_t>(*it)] = std::move(record);
+      it = missing.erase(it);
+    }
+    if (missing.empty()) break;
+    if (poll.expired()) {
+      std::string names;
+      for (int r : missing) names += fmt::format("{}{}", names.empty() ? "" : ", ", r);
+      fail("{}: ranks {} did not finish writing within {} s (no {} of save {})", tmp, names,
+           ctx.options.commit_timeout_s, done_file_name(*missing.begin()), id);
+    }
+    poll.sleep();
+  }
+  return records;
+}
+
+std::string save_rank0(const SaveContext& ctx, int64_t step, const layout::ShardMap& map,
+                       layout::StateAccess& state, const json& layout_json, const json& meta) {
+  const std::string& out = ctx.out_dir;
+  const std::string final_dir = join(out, step_name(step));
+  const std::string tmp = final_dir + ".tmp";
+  fs::create_directories(out);
+  remove_leftovers(out);
+  fs::create_directories(tmp);
+  const std::string id = make_save_id();
+  write_json_atomic(join(tmp, kOpenFile), json{{"step", step}, {"save_id", id}});
+  fsync_dir(tmp);
+  fsync_dir(out);
+
+  RankRecord mine = write_and_mark(ctx, tmp, step, id, map, state);
+  const std::vector<RankRecord> records = gather_records(ctx, tmp, step, id, std::move(mine));
+
+  fault_point("before_manifest", step);
+  write_manifest(tmp, manifest_json(step, id, layout_json, meta, records));
+  for (int r = 0; r < ctx.options.world; ++r) fs::remove(join(tmp, done_file_name(r)));
+  fs::remove(join(tmp, kOpenFile));
+  fsync_dir(tmp);
+
+  fault_point("before_rename", step);
+  install(tmp, final_dir);
+  fsync_dir(out);
+
+  fault_point("before_latest", step);
+  write_file_atomic(join(out, kLatestFile), step_name(step) + "\n");
+  fsync_dir(out);
+  apply_retention(out, ctx.options.keep_last);
+  return final_dir;
+}
+
+// Ranks > 0: write under rank 0's open.json, then wait until the manifest of
+// that save id is committed. A stale open.json (a killed save's) is replaced
+// by rank 0 with a new id; then the file is written again under it.
+std::string save_other(const SaveContext& ctx, int64_t step, const layout::ShardMap& map,
+                       layout::StateAccess& state) {
+  const std::string final_dir = join(ctx.out_dir, step_name(step));
+  const std::string tmp = final_dir + ".tmp";
+  const std::string open_path = join(tmp, kOpenFile);
+  Poll poll(ctx.options.commit_timeout_s);
+  for (;;) {
+    std::optional<std::string> id;
+    while (!(id = save_id_in(open_path))) {
+      MESHTRAIN_CHECK(!poll.expired(), "{}: rank 0 did not open the save within {} s (no {})", tmp,
+                      ctx.options.commit_timeout_s, kOpenFile);
+      poll.sleep();
+    }
+    try {
+      write_and_mark(ctx, tmp, step, *id, map, state);
+    } catch (const std::exception&) {
+      if (save_id_in(open_path) == id) throw;
+      continue;  // rank 0 replaced the directory under us: write again
+    }
+    for (;;) {
+      if (save_id_in(join(final_dir, kManifestFile)) == id) return final_dir;
+      const std::optional<std::string> now = save_id_in(open_path);
+      if (now && now != id) break;
+      MESHTRAIN_CHECK(!poll.expired(),
+                      "{}: rank {} wrote {} but rank 0 did not commit within {} s", tmp,
+                      ctx.options.rank, rank_file_name(ctx.options.rank),
+                      ctx.options.commit_timeout_s);
+      poll.sleep();
+    }
+  }
+}
+
+std::string run_save(const SaveContext& ctx, int64_t step, const layout::ShardMap& map,
+                     layout::StateAccess& state, const json& layout_json, const json& meta) {
+  try {
+    return ctx.options.rank == 0 ? save_rank0(ctx, step, map, state, layout_json, meta)
+                                 : save_other(ctx, step, map, state);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("checkpoint {}: rank {}: {}", join(ctx.out_dir, step_name(step)), ctx.options.rank,
+         e.what());
+  }
+}
+
+}  // namespace
+
+struct CheckpointSaver::Job {
+  std::thread thread;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+  layout::ShardMap packed;  // the owned pieces at their places in the staging copy
+  std::unique_ptr<StagedState> staged;
+  json layout_json, meta;
+};
+
+CheckpointSaver::CheckpointSaver(std::string out_dir, SaveOptions options)
+    : out_dir_(std::move(out_dir)), options_(options) {
+  MESHTRAIN_CHECK(options_.world >= 1 && options_.rank >= 0 && options_.rank < options_.world,
+                  "checkpoint {}: rank {} of world {}", out_dir_, options_.rank, options_.world);
+  if (options_.tracker == nullptr) {
+    own_tracker_ = std::make_unique<MemoryTracker>();
+    options_.tracker = own_tracker_.get();
+  }
+}
+
+CheckpointSaver::~CheckpointSaver() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "meshtrain: checkpoint save failed: {}\n", e.what());
+  }
+}
+
+bool CheckpointSaver::pending() const { return job_ != nullptr && !job_->done.load(); }
+
+void CheckpointSaver::wait() {
+  if (job_ == nullptr) return;
+  if (job_->thread.joinable()) job_->thread.join();
+  const std::exception_ptr error = job_->error;
+  job_.reset();
+  if (error) std::rethrow_exception(error);
+}
+
+std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
+                                  layout::StateAccess& state, const nlohmann::json& layout_json,
+                                  const nlohmann::json& meta) {
+  wait();
+  MESHTRAIN_CHECK(step >= 0, "checkpoint {}: negative step {}", out_dir_, step);
+  map.validate();
+  const SaveContext ctx{out_dir_, options_, *options_.tracker};
+  if (!options_.async) return run_save(ctx, step, map, state, layout_json, meta);
+
+  auto job = std::make_unique<Job>();
+  job->packed.tensors = map.tensors;
+  int64_t owned = 0;
+  for (const layout::ShardPiece& p : map.pieces) {
+    layout::ShardPiece q = p;
+    q.local_offset = p.replica == 0 ? owned : 0;
+    owned += p.replica == 0 ? p.region.numel() : 0;
+    job->packed.pieces.push_back(q);
+  }
+  job->packed.local_numel = owned;
+  job->staged = std::make_unique<StagedState>(
+      Tensor({static_cast<int64_t>(layout::kStateKinds) * std::max<int64_t>(owned, 1)}, DType::f32,
+             MemCategory::workspace, *options_.tracker));
+  for (size_t k = 0; k < layout::kStateKinds; ++k) {
+    const auto kind = static_cast<StateKind>(k);
+    for (size_t i = 0; i < map.pieces.size(); ++i) {
+      const layout::ShardPiece& p = map.pieces[i];
+      if (p.replica != 0) continue;
+      state.read(kind, p.local_offset, p.region.numel(),
+                 job->staged->data(kind) + job->packed.pieces[i].local_offset);
+    }
+  }
+  job->layout_json = layout_json;
+  job->meta = meta;
+  Job* raw = job.get();
+  job_ = std::move(job);
+  raw->thread = std::thread([this, raw, step] {
+    try {
+      const SaveContext context{out_dir_, options_, *options_.tracker};
+      run_save(context, step, raw->packed, *raw->staged, raw->layout_json, raw->meta);
+    } catch (...) {
+      raw->error = std::current_exception();
+    }
+    raw->done = true;
+  });
+  return join(out_dir_, step_name(step));
+}
+
+std::optional<ResumeChoice> find_resume_checkpoint(const std::string& out_dir) {
+  ResumeChoice choice;
+  auto verifies = [&](const std::string& name) {
+    const std::string dir = join(out_dir, name);
+    if (!is_sharded_checkpoint(dir)) {
+      choice.notes.push_back(fmt::format("{}: skipped: no {} ({})", name, kManifestFile,
+                                         is_legacy_checkpoint(dir)
+                                             ? "a whole-tensor checkpoint; convert it first"
+                                             : "not committed"));
+      return false;
+    }
+    try {
+      verify_checkpoint(dir);
+      return true;
+    } catch (const Error& e) {
+      choice.notes.push_back(fmt::format("{}: skipped: {}", name, e.what()));
+      return false;
+    }
+  };
+  int64_t below = INT64_MAX;  // only checkpoints older than the one `latest` names
+  const std::string latest = read_latest(out_dir);
+  std::smatch m;
+  if (!latest.empty()) {
+    if (std::regex_match(latest, m, kStepDir)) {
+      if (verifies(latest)) {
+        choice.dir = join(out_dir, latest);
+        return choice;
+      }
+      below = std::stoll(m[1].str());
+      choice.notes.back() = fmt::format("latest names {}", choice.notes.back());
+    } else {
+      choice.notes.push_back(fmt::format("latest: '{}' is not a step directory name", latest));
+    }
+  }
+  const auto steps = committed_steps(out_dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (it->first >= below) continue;
+    if (verifies(it->second)) {
+      choice.dir = join(out_dir, it->second);
+      return choice;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace meshtrain::dist_ckpt
