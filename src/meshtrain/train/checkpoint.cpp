@@ -56,7 +56,8 @@ TrainState parse_train_state(const nlohmann::json& json, const std::string& path
 // "section.key" -> the value as JSON text.
 std::map<std::string, std::string> flat_settings(const TrainConfig& config) {
   std::map<std::string, std::string> out;
-  for (const auto& [section, keys] : nlohmann::json::parse(config_to_json(config)).items()) {
+  const nlohmann::json json = nlohmann::json::parse(config_to_json(config));
+  for (const auto& [section, keys] : json.items()) {
     for (const auto& [key, value] : keys.items()) out[section + "." + key] = value.dump();
   }
   return out;
