@@ -92,7 +92,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     val_set_ = std::make_unique<ValidationSet>(*val_data_, loader, t.eval_batches);
   }
   loader_ = std::make_unique<DataLoader>(*train_data_, loader, resumed.sampler);
-  prepare_out_dir();
   ctx_ = std::make_unique<cpu::CpuContext>(t.threads, tracker_);
 
   // The parallel modes, composed: the stage and tp slice the model holds, the
@@ -105,6 +104,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                    data_parallel_storage(config_), tp,
                                    stage_of(config_, mesh, micro_batches));
   dp_ = make_data_parallel(config_, *model_, mesh, config_.parallel.pp > 1 ? micro_batches : 0);
+  prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);
   if (resumed_from_.empty()) {
     dp_->init_weights(t.seed);
