@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "meshtrain/plan/collectives.h"
+#include "meshtrain/plan/compute.h"
 #include "meshtrain/plan/report.h"
 
 namespace meshtrain::plan {
@@ -46,7 +47,7 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                    l.offload == Offload::optimizer ? " (on the host: offload)" : "");
 
   ActivationShape shape{m, j.seq, l.micro_batch, l.tp, l.sequence_parallel, l.recompute,
-                        j.dropout, e_bytes};
+                        j.dropout, e_bytes, l.cp};
   const double per_layer = layer_activation_bytes(shape);
   const double s = static_cast<double>(j.seq), b = static_cast<double>(l.micro_batch);
   const double h = static_cast<double>(m.dim);
@@ -61,7 +62,7 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   } else {
     const double kv = static_cast<double>(m.n_kv_heads * m.head_dim()) / h;
     const double f = static_cast<double>(m.hidden_dim) / h;
-    const double mlp = m.family == Family::llama ? 6 : 4;
+    const double mlp = m.family == Family::llama ? (l.recompute == Recompute::selective ? 4 : 6) : 4;
     o += fmt::format(
         "  per layer = sbh x [({}{}){} + ({} + 4x{:.3g} + {}x{:.3g}) / t{}] = {} x {:.4g} = {}\n",
         8, j.dropout ? " + 2 masks" : "", l.sequence_parallel ? " / t" : "", 4, kv, mlp, f,
@@ -94,19 +95,42 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                    m.n_layers, j.seq, m.dim, ctx.model_flops_per_token);
   o += fmt::format("  per step x {} tokens = {:.4g} model FLOPs; with recomputation {:.4g}\n",
                    j.tokens_per_step(), e.model_flops_per_step, e.hardware_flops_per_step);
-  const double rate = c.gpu.peak_flops * j.compute_efficiency;
-  const double t_mb = (e.time.compute + e.time.recompute) / mb;
+  const GpuSpec gpu = effective_gpu(c, j);
+  const ComputeShape ops_shape = compute_shape(j, l);
   o += fmt::format(
-      "  one micro-batch on the slowest stage: {} tokens x ({} layers x layer + output) / tp {} "
-      "/ ({:.4g} x {:.2f}) = {:.4f} s\n",
-      j.seq * l.micro_batch, e.layers_per_stage, l.tp, c.gpu.peak_flops, j.compute_efficiency,
-      t_mb);
-  o += fmt::format("  compute = m {} x {:.4f} = {:.3f} s (recompute {:.3f} s of it at {:.3g} FLOP/s)\n",
-                   e.microbatches, t_mb, e.time.compute + e.time.recompute, e.time.recompute, rate);
-  o += fmt::format("  bubble = (p - 1) / v x t_mb = ({} - 1) / {} x {:.4f} = {:.3f} s "
-                   "(fraction (p-1)/(v m) = {:.4f})\n\n",
-                   l.pp, l.vpp, t_mb, e.time.bubble, bubble_fraction(l.pp, l.vpp, e.microbatches));
-
+      "\nCompute (roofline per op, one micro-batch of {} tokens{} on one rank; {}: GEMMs at {:.2f} "
+      "of {:.4g} FLOP/s or HBM {:.0f} GB/s x {:.2f}, + {:.0f} us per kernel; flash attention at "
+      "{:.2f} of peak):\n",
+      j.seq * l.micro_batch, l.cp > 1 ? fmt::format(" / cp {}", l.cp) : "", gpu.name,
+      gpu.gemm_efficiency, gpu.peak_flops, gpu.hbm_bandwidth / 1e9, gpu.memory_efficiency,
+      gpu.kernel_overhead_seconds * 1e6, gpu.attention_efficiency);
+  o += fmt::format("  {:<16} {:>10} {:>9} {:>9} {:>9} {:>7}\n", "op", "GFLOP fwd", "fwd ms",
+                   "bwd ms", "recomp ms", "of peak");
+  auto print_ops = [&](const char* title, const OpsTime& ops) {
+    o += fmt::format("  {}:\n", title);
+    for (const OpTime& op : ops.ops) {
+      o += fmt::format("  {:<16} {:>10.2f} {:>9.3f} {:>9.3f} {:>9.3f} {:>6.0f}%\n", op.name,
+                       op.flops / 1e9, op.forward * 1e3, op.backward * 1e3, op.recompute * 1e3,
+                       op.flops > 0 ? 100 * op.flops * (3 + (op.recompute > 0 ? 1 : 0)) /
+                                          (op.total() * gpu.peak_flops)
+                                    : 0.0);
+    }
+    o += fmt::format("  {:<16} {:>10} {:>9.3f} {:>9.3f} {:>9.3f}\n", "total", "",
+                     ops.forward * 1e3, ops.backward * 1e3, ops.recompute * 1e3);
+  };
+  print_ops("one block", layer_time(m, gpu, ops_shape));
+  print_ops("embedding", embedding_time(m, gpu, ops_shape));
+  print_ops("head + loss", head_time(m, gpu, ops_shape));
+  std::string stage_times;
+  for (double t : e.stage_seconds) stage_times += fmt::format(" {:.3f}", t);
+  o += fmt::format("  stages (layers per chunk {}): seconds per micro-batch{}\n",
+                   fmt::join(e.split, " "), stage_times);
+  o += fmt::format(
+      "  pipeline = m x max(t) + (sum(t) - max(t)) / v = {} x max + ... = {:.3f} s: compute {:.3f} "
+      "+ recompute {:.3f} + bubble and imbalance {:.3f} (uniform-stage fraction (p-1)/(v m) = "
+      "{:.4f})\n\n",
+      e.microbatches, e.time.compute + e.time.recompute + e.time.bubble, e.time.compute,
+      e.time.recompute, e.time.bubble, bubble_fraction(l.pp, l.vpp, e.microbatches));
   o += "Communication (alpha-beta, nccl-tests bus bandwidth factors):\n";
   if (l.tp > 1) {
     const Link& link = l.tp <= c.gpus_per_node ? c.intra : c.inter;
@@ -158,7 +182,25 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
         "min = {:.3f} s per step\n",
         human_count(n.total_params), sb.weights, sb.optimizer, gib(e.checkpoint_bytes),
         j.checkpoint_write_bandwidth / 1e9, e.checkpoint_seconds,
-        j.checkpoint_interval_seconds / 60, e.time.checkpoint);
+        (j.checkpoint_interval_seconds > 0 ? j.checkpoint_interval_seconds
+                                           : e.goodput.interval_seconds) / 60,
+        e.time.checkpoint);
+  }
+  if (l.cp > 1) {
+    o += fmt::format("  CP: all-gather K, V forward and backward + reduce-scatter dK, dV per layer over "
+                     "{} ranks = {:.3f} s, behind the attention: exposed {:.3f} s\n",
+                     l.cp, e.cp_comm_raw, e.time.cp);
+  }
+  if (e.goodput.mtbf_seconds > 0) {
+    const Goodput& g = e.goodput;
+    o += fmt::format(
+        "Failures: {:.3g} per GPU-hour x {} GPUs -> MTBF M = {:.0f} s; checkpoint delta = {:.1f} s; "
+        "Daly tau = sqrt(2 delta M)(1 + sqrt(delta/2M)/3 + delta/18M) - delta = {:.0f} s (Young "
+        "sqrt(2 delta M) = {:.0f} s); wall = M e^(R/M) (e^((tau+delta)/M) - 1) Ts / tau = {:.1f} "
+        "days, goodput {:.1f}%\n",
+        j.failures.failures_per_gpu_hour, e.gpus, g.mtbf_seconds, g.checkpoint_seconds,
+        g.interval_seconds, young_interval(g.checkpoint_seconds, g.mtbf_seconds),
+        g.wall_seconds / 86400, 100 * g.goodput);
   }
   o += fmt::format("\nStep = {:.3f} s; tokens/s = {} / {:.3f} = {}\n", e.step_seconds,
                    grouped(static_cast<double>(j.tokens_per_step())), e.step_seconds,
