@@ -33,7 +33,7 @@ assert j["job"]["global_batch"] == 2048
 PY
 
 explain=$("$bin" "${done_means[@]}" --explain)
-for want in "Model states (ZeRO" "Activations (Korthikanti" "bubble = (p - 1) / v" "MFU (PaLM)" \
+for want in "Model states (ZeRO" "Activations (Korthikanti" "pipeline = m x max(t)" "MFU (PaLM)" "Compute (roofline per op" \
             "TP: m "; do
   grep -qF "$want" <<<"$explain" || fail "--explain lacks '$want'"
 done
