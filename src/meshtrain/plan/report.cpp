@@ -188,11 +188,12 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
     const Goodput& g = b.goodput;
     if (g.mtbf_seconds > 0) {
       out += fmt::format(
-          "#1 failures: MTBF {:.1f} h on {} GPUs; checkpoint {} in {:.0f} s every {:.0f} min "
-          "(Young/Daly); ~{:.0f} interruptions losing {:.0f} min each; goodput {:.1f}%: {} wall, "
+          "#1 failures: MTBF {:.1f} h on {} GPUs; checkpoint {} in {:.0f} s every {:.0f} min{}; "
+          "~{:.0f} interruptions losing {:.0f} min each; goodput {:.1f}%: {} wall, "
           "{} GPU-hours, {}\n",
           g.mtbf_seconds / 3600, b.gpus, gib(b.checkpoint_bytes), g.checkpoint_seconds,
-          g.interval_seconds / 60, g.failures, g.lost_per_failure / 60, 100 * g.goodput,
+          g.interval_seconds / 60, in.job.checkpoint_interval_seconds < 0 ? " (Young/Daly)" : "",
+          g.failures, g.lost_per_failure / 60, 100 * g.goodput,
           duration(g.wall_seconds), human_count(b.wall_gpu_hours), money(b.wall_cost));
     }
   }
