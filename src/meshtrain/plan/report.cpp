@@ -117,7 +117,7 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
   out += job_line(in) + "\n";
   out += fmt::format(
       "search   {} layouts in {:.3f} s: {} can run, {} fit in HBM{}{}; ranked by {}, best per "
-      "(gpus, tp, pp, v, zero)\n\n",
+      "(gpus, tp, cp, pp, v, zero)\n\n",
       r.evaluated, r.seconds, r.valid, r.fits,
       in.options.max_train_seconds > 0
           ? fmt::format(", {} of them train within {:.0f} days", r.fits - r.too_slow,
