@@ -30,7 +30,28 @@ assert r["layout"]["tp"] * r["layout"]["pp"] * r["layout"]["dp"] == 1024
 assert abs(sum(v for k, v in r["time_seconds"].items() if k not in ("step", "dp_raw", "cp_raw"))
            - r["time_seconds"]["step"]) < 1e-9 * r["time_seconds"]["step"]
 assert j["job"]["global_batch"] == 2048
+assert r["layout"]["cp"] == 1
+assert sum(r["pipeline"]["layers_per_chunk"]) == 80
+assert len(r["pipeline"]["stage_seconds"]) == r["layout"]["pp"]
+f = r["failures"]
+assert 0 < f["goodput"] < 1 and f["wall_seconds"] > 0 and f["checkpoint_interval_seconds"] > 0
+assert j["job"]["gemm_efficiency"] > 0
 PY
+
+long=$("$bin" plan --model llama3-405b --gpus 16384 --seq 131072 --global-batch-tokens 16M \
+       --tp 8 --pp 16 --json --top 1)
+"$python" - "$long" <<'PY' || fail "cp in the search and the json"
+import json, sys
+r = json.loads(sys.argv[1])["ranked"][0]
+assert r["layout"]["cp"] > 1, r["layout"]
+assert r["time_seconds"]["cp_raw"] > 0
+PY
+
+qlora=$("$bin" plan --model llama1-65b --gpus 1 --gpu a100-80gb --hbm-gib 44.7 --seq 512 \
+        --global-batch 16 --tokens 100M --finetune qlora --lora-rank 64 --recompute full \
+        --offload optimizer)
+grep -q "fine-tune qlora rank 64 on all linears" <<<"$qlora" || fail "qlora job line"
+grep -q "^#1 failures: MTBF" <<<"$qlora" || fail "failures line"
 
 explain=$("$bin" "${done_means[@]}" --explain)
 for want in "Model states (ZeRO" "Activations (Korthikanti" "pipeline = m x max(t)" "MFU (PaLM)" "Compute (roofline per op" \
