@@ -92,6 +92,48 @@ TEST(PipelineSplit, TooFewLayersIsAnError) {
   EXPECT_THROW(balanced_pipeline_split(LayerCosts{1, 0, 0}, 7, 4, 2), Error);
 }
 
+TEST(PipelineSplit, AGivenSplitIsCostedWithItsImbalance) {
+  // Llama 3's 126 layers on 16 stages with one layer fewer on the first and
+  // the last stage (section 3.3.2, for memory): the first stage holds less,
+  // and the step pays for the 8-layer stages' pace.
+  Job job;
+  job.seq = 8192;
+  job.global_batch = 2048;
+  job.tokens = 1e12;
+  job.checkpoint_interval_seconds = 0;
+  const PlanContext ctx = make_context(plan_model("llama3-405b").config, job);
+  const Cluster cl = make_cluster(gpu_spec("h100-sxm"), 8192, 8);
+  Layout l;
+  l.tp = 8;
+  l.pp = 16;
+  l.dp = 64;
+  l.zero = 1;
+  l.sequence_parallel = true;
+  l.vpp = 1;
+  const Estimate balanced = evaluate(ctx, cl, job, l);
+  job.pipeline_split = std::vector<int64_t>(16, 8);
+  job.pipeline_split.front() = 7;
+  job.pipeline_split.back() = 7;
+  ASSERT_EQ(check_layout(ctx, cl, job, l), "");
+  const Estimate given = evaluate(ctx, cl, job, l);
+  EXPECT_EQ(given.split, job.pipeline_split);
+  EXPECT_NEAR(given.time.compute + given.time.recompute + given.time.bubble,
+              pipeline_step(given.stage_seconds, given.microbatches, 1), 1e-9);
+  EXPECT_GE(given.step_seconds, balanced.step_seconds * (1 - 1e-12));
+  // Against uniform stages (8 layers on the first, which holds the most
+  // micro-batches), the peak moves to the second stage and is lower.
+  Job uniform = job;
+  uniform.pipeline_split.clear();
+  uniform.balance_pipeline = false;
+  const Estimate u = evaluate(ctx, cl, uniform, l);
+  EXPECT_EQ(u.memory_stage, "first");
+  EXPECT_EQ(given.memory_stage, "second");
+  EXPECT_LT(given.memory.activations, u.memory.activations);
+  job.pipeline_split.back() = 8;  // 127 layers
+  EXPECT_NE(check_layout(ctx, cl, job, l).find("--pp-split lists 16 stages of 127 layers"),
+            std::string::npos);
+}
+
 struct LongContext {
   PlanContext ctx;
   Cluster cluster;

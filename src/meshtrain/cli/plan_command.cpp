@@ -70,8 +70,9 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--attention", a.attention,
                "Attention kernel: flash, or unfused (Megatron-LM before FlashAttention)")
       ->check(CLI::IsMember({"flash", "unfused"}))->capture_default_str();
-  p.add_option("--pp-split", a.pp_split, "Layers per pipeline stage: balanced by cost, or uniform")
-      ->check(CLI::IsMember({"balanced", "uniform"}))->capture_default_str();
+  p.add_option("--pp-split", a.pp_split,
+               "Layers per pipeline stage: balanced (by cost), uniform, or a list (7,8,...,7)")
+      ->capture_default_str();
   p.add_option("--ckpt-bw", a.ckpt_bw, "Aggregate checkpoint write bandwidth, GB/s")
       ->capture_default_str();
   p.add_option("--cpu-adam-rate", a.cpu_adam_rate, "Offload: parameters/s the host updates per GPU")
@@ -212,7 +213,12 @@ int run_plan(const PlanArgs& a) {
   job.finetune.method = parse_finetune(a.finetune);
   job.finetune.rank = a.lora_rank;
   job.finetune.targets = parse_lora_targets(a.lora_targets);
-  job.balance_pipeline = a.pp_split == "balanced";
+  job.balance_pipeline = a.pp_split != "uniform";
+  if (a.pp_split != "balanced" && a.pp_split != "uniform") {
+    std::stringstream list(a.pp_split);
+    std::string item;
+    while (std::getline(list, item, ',')) job.pipeline_split.push_back(whole(item, "--pp-split"));
+  }
   job.attention = parse_attention(a.attention);
   if (a.failures_per_gpu_hour >= 0) job.failures.failures_per_gpu_hour = a.failures_per_gpu_hour;
   job.failures.restart_seconds = a.restart_min * 60;

@@ -216,6 +216,8 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
                          head_time(model, gpu, shape).total()};
   if (l.pp == 1) {
     est.split = {model.n_layers};
+  } else if (!job.pipeline_split.empty()) {
+    est.split = chunks_from_stages(job.pipeline_split, l.vpp);
   } else {
     est.split = job.balance_pipeline ? balanced_pipeline_split(costs, model.n_layers, l.pp, l.vpp)
                                      : uniform_pipeline_split(model.n_layers, l.pp, l.vpp);

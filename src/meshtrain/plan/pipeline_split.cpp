@@ -50,8 +50,9 @@ std::vector<int64_t> stage_counts(const LayerCosts& c, int64_t layers, int64_t p
   return n;
 }
 
-// Spread each stage's layers over its v chunks (chunk j on stage j % pp).
-std::vector<int64_t> to_chunks(const std::vector<int64_t>& per_stage, int64_t v) {
+}  // namespace
+
+std::vector<int64_t> chunks_from_stages(const std::vector<int64_t>& per_stage, int64_t v) {
   const int64_t pp = static_cast<int64_t>(per_stage.size());
   std::vector<int64_t> chunks(static_cast<size_t>(pp * v));
   for (int64_t r = 0; r < pp; ++r) {
@@ -63,6 +64,8 @@ std::vector<int64_t> to_chunks(const std::vector<int64_t>& per_stage, int64_t v)
   }
   return chunks;
 }
+
+namespace {
 
 void check_split_args(int64_t layers, int64_t pp, int64_t v) {
   MESHTRAIN_CHECK(pp >= 1 && v >= 1, "plan: pipeline split needs pp >= 1 and v >= 1 (got {}, {})",
@@ -76,7 +79,7 @@ void check_split_args(int64_t layers, int64_t pp, int64_t v) {
 std::vector<int64_t> balanced_pipeline_split(const LayerCosts& costs, int64_t layers, int64_t pp,
                                              int64_t v) {
   check_split_args(layers, pp, v);
-  return to_chunks(stage_counts(costs, layers, pp, v), v);
+  return chunks_from_stages(stage_counts(costs, layers, pp, v), v);
 }
 
 std::vector<int64_t> balanced_pipeline_split(const ModelConfig& config, int64_t pp, int64_t v,
@@ -92,7 +95,7 @@ std::vector<int64_t> uniform_pipeline_split(int64_t layers, int64_t pp, int64_t 
   std::vector<int64_t> per_stage(static_cast<size_t>(pp), most);
   int64_t extra = most * pp - layers;
   for (int64_t r = pp - 1; r >= 0 && extra > 0; --r, --extra) --per_stage[static_cast<size_t>(r)];
-  return to_chunks(per_stage, v);
+  return chunks_from_stages(per_stage, v);
 }
 
 std::vector<int64_t> stage_layers(const std::vector<int64_t>& chunks, int64_t pp) {

@@ -36,6 +36,11 @@ std::vector<int64_t> balanced_pipeline_split(const ModelConfig& config, int64_t 
 // stage's layers spread evenly over its chunks (Megatron's default when L divides).
 std::vector<int64_t> uniform_pipeline_split(int64_t layers, int64_t pp, int64_t virtual_stages);
 
+// Per-stage layer counts spread over each stage's v chunks (±1, the remainder
+// to the later chunks), in model order.
+std::vector<int64_t> chunks_from_stages(const std::vector<int64_t>& per_stage,
+                                        int64_t virtual_stages);
+
 // Layers of each stage (summing its chunks).
 std::vector<int64_t> stage_layers(const std::vector<int64_t>& chunks, int64_t pp);
 // Per-stage cost of one micro-batch under `split`.

@@ -83,6 +83,19 @@ std::string check_layout(const PlanContext& ctx, const Cluster& cl, const Job& j
     return fmt::format("tp {} does not divide the MLP width {}", l.tp, m.hidden_dim);
   }
   if (l.pp > m.n_layers) return fmt::format("pp {} > {} layers", l.pp, m.n_layers);
+  if (!job.pipeline_split.empty()) {
+    int64_t sum = 0, fewest = m.n_layers;
+    for (int64_t n : job.pipeline_split) {
+      sum += n;
+      fewest = std::min(fewest, n);
+    }
+    if (static_cast<int64_t>(job.pipeline_split.size()) != l.pp || sum != m.n_layers ||
+        fewest < l.vpp) {
+      return fmt::format("--pp-split lists {} stages of {} layers in all (each >= v {}); the "
+                         "layout has pp {} and the model {} layers",
+                         job.pipeline_split.size(), sum, l.vpp, l.pp, m.n_layers);
+    }
+  }
   if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
   if (job.global_batch % (l.dp * l.micro_batch) != 0) {
     return fmt::format("global batch {} is not a multiple of dp {} x micro-batch {}",

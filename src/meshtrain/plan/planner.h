@@ -37,6 +37,7 @@ struct Job {
   Finetune finetune;  // method none = pre-training
   Attention attention = Attention::flash;
   bool balance_pipeline = true;  // layers per stage by cost (pipeline_split.h), else uniform
+  std::vector<int64_t> pipeline_split;  // given layers per stage (overrides both when set)
   void validate() const;
   int64_t tokens_per_step() const { return global_batch * seq; }
 };
