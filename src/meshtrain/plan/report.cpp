@@ -182,8 +182,11 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
         gib(b.memory.fragmentation), gib(b.memory.device_total()),
         b.memory.offloaded > 0 ? fmt::format(" (+ {} on the host)", gib(b.memory.offloaded)) : "");
     if (b.layout.pp > 1) {
-      out += fmt::format("#1 pipeline: layers per stage {} (by cost: embedding, blocks, head + loss)\n",
-                         fmt::join(stage_layers(b.split, b.layout.pp), " "));
+      out += fmt::format("#1 pipeline: layers per stage {} ({})\n",
+                         fmt::join(stage_layers(b.split, b.layout.pp), " "),
+                         !in.job.pipeline_split.empty() ? "given by --pp-split"
+                         : in.job.balance_pipeline      ? "balanced by cost: embedding, blocks, head + loss"
+                                                        : "uniform");
     }
     const Goodput& g = b.goodput;
     if (g.mtbf_seconds > 0) {
