@@ -140,8 +140,8 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
         e.microbatches, e.layers_per_stage, l.recompute == Recompute::full ? 6 : 4,
         fmt::format("{:.4g}", e_bytes * s * b * h), link.bus_bandwidth / 1e9, e.time.tp);
   }
-  if (l.dp > 1) {
-    const Link& link = l.tp * l.dp <= c.gpus_per_node ? c.intra : c.inter;
+  if (l.grad_ranks() > 1) {
+    const Link& link = l.tp * l.grad_ranks() <= c.gpus_per_node ? c.intra : c.inter;
     const char* what = l.zero == 0   ? "all-reduce 2(n-1)/n x grads once"
                        : l.zero == 1 ? "reduce-scatter grads + all-gather weights, (n-1)/n each, once"
                        : l.zero == 2 ? "reduce-scatter grads every micro-batch + all-gather weights"
@@ -153,11 +153,11 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                              "micro-batch";
     o += fmt::format("  DP (n = {}, {:.0f} GB/s): {}: grads {} = {:.3f} s; overlapped with {:.3f} s "
                      "of backward/forward; exposed {:.3f} s\n",
-                     l.dp, link.bus_bandwidth / 1e9, what, gib(psi * sb.grads), e.dp_comm_raw,
+                     l.grad_ranks(), link.bus_bandwidth / 1e9, what, gib(psi * sb.grads), e.dp_comm_raw,
                      e.dp_overlap_window, e.time.dp);
   }
   if (l.pp > 1) {
-    const Link& link = l.tp * l.dp >= c.gpus_per_node ? c.inter : c.intra;
+    const Link& link = l.tp * l.cp * l.dp >= c.gpus_per_node ? c.inter : c.intra;
     const double message = e_bytes * s * b * h / static_cast<double>(l.tp);
     o += fmt::format(
         "  PP: 2 (m v + p - 1) x (alpha + {} sbh / t / B) = 2 x ({} x {} + {} - 1) x ({:.0f} us + "
