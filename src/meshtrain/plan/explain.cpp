@@ -138,7 +138,7 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
         "  TP: m {} x {} layers x {} collectives x [2(t-1)/t x {} B / {:.0f} GB/s + latency] = "
         "{:.3f} s (not overlapped)\n",
         e.microbatches, e.layers_per_stage, l.recompute == Recompute::full ? 6 : 4,
-        fmt::format("{:.4g}", e_bytes * s * b * h), link.bus_bandwidth / 1e9, e.time.tp);
+        fmt::format("{:.4g}", e_bytes * s * b * h / static_cast<double>(l.cp)), link.bus_bandwidth / 1e9, e.time.tp);
   }
   if (l.grad_ranks() > 1) {
     const Link& link = l.tp * l.grad_ranks() <= c.gpus_per_node ? c.intra : c.inter;
@@ -158,7 +158,7 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   }
   if (l.pp > 1) {
     const Link& link = l.tp * l.cp * l.dp >= c.gpus_per_node ? c.inter : c.intra;
-    const double message = e_bytes * s * b * h / static_cast<double>(l.tp);
+    const double message = e_bytes * s * b * h / static_cast<double>(l.tp * l.cp);
     o += fmt::format(
         "  PP: 2 (m v + p - 1) x (alpha + {} sbh / t / B) = 2 x ({} x {} + {} - 1) x ({:.0f} us + "
         "{} B / {:.0f} GB/s) = {:.3f} s (not overlapped)\n",
