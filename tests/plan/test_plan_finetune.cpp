@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "llama405b.h"
 #include "meshtrain/plan/failures.h"
 #include "meshtrain/plan/models.h"
 #include "meshtrain/plan/planner.h"
@@ -133,19 +134,13 @@ TEST(Failures, YoungAndDalyIntervalsAreTheirClosedForms) {
 
 TEST(Failures, GoodputOfA16kGpuRun) {
   // Llama 3 405B on 16,384 H100s: the job's MTBF is 1/(rate x GPUs) = 3.1 h.
-  Job job;
-  job.seq = 8192;
-  job.global_batch = 2048;
+  Llama405b x = llama405b_at(8192, 16384);
+  Job& job = x.job;
   job.tokens = 15.6e12;
   job.checkpoint_interval_seconds = -1;  // Daly's optimum
-  const PlanContext ctx = make_context(plan_model("llama3-405b").config, job);
-  const Cluster cl = make_cluster(gpu_spec("h100-sxm"), 16384, 8);
-  Layout l;
-  l.tp = 8;
-  l.pp = 16;
-  l.dp = 128;
-  l.zero = 1;
-  l.sequence_parallel = true;
+  const PlanContext& ctx = x.ctx;
+  const Cluster& cl = x.cluster;
+  const Layout l = llama405b_layout(1, 128);
   const Estimate e = evaluate(ctx, cl, job, l);
   const double mtbf = 1 / (job.failures.failures_per_gpu_hour * 16384 / 3600);
   EXPECT_NEAR(e.goodput.mtbf_seconds, mtbf, 1e-9 * mtbf);

@@ -6,6 +6,7 @@
 #include <functional>
 #include <numeric>
 
+#include "llama405b.h"
 #include "meshtrain/plan/models.h"
 #include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/plan/search.h"
@@ -96,20 +97,11 @@ TEST(PipelineSplit, AGivenSplitIsCostedWithItsImbalance) {
   // Llama 3's 126 layers on 16 stages with one layer fewer on the first and
   // the last stage (section 3.3.2, for memory): the first stage holds less,
   // and the step pays for the 8-layer stages' pace.
-  Job job;
-  job.seq = 8192;
-  job.global_batch = 2048;
-  job.tokens = 1e12;
-  job.checkpoint_interval_seconds = 0;
-  const PlanContext ctx = make_context(plan_model("llama3-405b").config, job);
-  const Cluster cl = make_cluster(gpu_spec("h100-sxm"), 8192, 8);
-  Layout l;
-  l.tp = 8;
-  l.pp = 16;
-  l.dp = 64;
-  l.zero = 1;
-  l.sequence_parallel = true;
-  l.vpp = 1;
+  Llama405b x = llama405b_at(8192, 8192);
+  const PlanContext& ctx = x.ctx;
+  const Cluster& cl = x.cluster;
+  Job& job = x.job;
+  const Layout l = llama405b_layout(1, 64);
   const Estimate balanced = evaluate(ctx, cl, job, l);
   job.pipeline_split = std::vector<int64_t>(16, 8);
   job.pipeline_split.front() = 7;
@@ -134,39 +126,9 @@ TEST(PipelineSplit, AGivenSplitIsCostedWithItsImbalance) {
             std::string::npos);
 }
 
-struct LongContext {
-  PlanContext ctx;
-  Cluster cluster;
-  Job job;
-};
-
-LongContext llama405b_at(int64_t seq, int64_t gpus) {
-  LongContext x;
-  x.job.seq = seq;
-  x.job.global_batch = 16 * 1024 * 1024 / seq;
-  x.job.tokens = 1e12;
-  x.job.checkpoint_interval_seconds = 0;
-  ModelConfig m = plan_model("llama3-405b").config;
-  m.max_seq_len = seq;
-  x.ctx = make_context(m, x.job);
-  x.cluster = make_cluster(gpu_spec("h100-sxm"), gpus, 8);
-  return x;
-}
-
-Layout cp_layout(int64_t cp, int64_t dp) {
-  Layout l;
-  l.tp = 8;
-  l.cp = cp;
-  l.pp = 16;
-  l.dp = dp;
-  l.zero = 1;
-  l.sequence_parallel = true;
-  return l;
-}
-
 TEST(ContextParallel, SplitsActivationsAndAddsHiddenKvGathers) {
-  LongContext x = llama405b_at(131072, 16384);
-  const Layout with = cp_layout(16, 8);
+  Llama405b x = llama405b_at(131072, 16384);
+  const Layout with = llama405b_layout(16, 8);
   ASSERT_EQ(check_layout(x.ctx, x.cluster, x.job, with), "");
   const Estimate e = evaluate(x.ctx, x.cluster, x.job, with);
   EXPECT_TRUE(e.fits) << e.memory.device_total() / 1e9;
@@ -174,7 +136,7 @@ TEST(ContextParallel, SplitsActivationsAndAddsHiddenKvGathers) {
   EXPECT_LE(e.time.cp, e.cp_comm_raw);
   // Without cp the same sequence holds 16x the activations of a layer.
   x.cluster.gpus = 1024;
-  const Estimate without = evaluate(x.ctx, x.cluster, x.job, cp_layout(1, 8));
+  const Estimate without = evaluate(x.ctx, x.cluster, x.job, llama405b_layout(1, 8));
   EXPECT_FALSE(without.fits);
   EXPECT_NEAR(without.memory.activations / e.memory.activations, 16, 1.0);
 
@@ -186,7 +148,7 @@ TEST(ContextParallel, SplitsActivationsAndAddsHiddenKvGathers) {
 }
 
 TEST(ContextParallel, SearchedForLongSequences) {
-  LongContext x = llama405b_at(131072, 16384);
+  Llama405b x = llama405b_at(131072, 16384);
   SearchOptions opt;
   opt.gpu_counts = {16384};
   opt.fixed.tp = 8;
