@@ -16,7 +16,8 @@ namespace {
 
 struct StageMemory {
   MemoryBreakdown memory;
-  double psi = 0;  // trainable parameters on this rank before ZeRO sharding
+  double psi = 0;             // trainable parameters on this rank before ZeRO sharding
+  double weight_bytes = 0;    // all its weights (frozen ones too), what ZeRO-3 gathers
 };
 
 // Memory of pipeline stage `stage` holding `layers` blocks.
@@ -41,12 +42,14 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
     const double gemm = blocks * n.layer_matmul_params;
     const double frozen = gemm * frozen_weight_bytes(ft) + (params - gemm) * 2;
     out.psi = blocks * lora_layer_params(ctx.model, ft) / t;
+    out.weight_bytes = frozen / t + out.psi * bytes.weights;
     const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
     mem.params = frozen / t / (l.zero >= 3 ? static_cast<double>(l.shards()) : 1.0) + states.params;
     mem.grads = states.grads;
     mem.optimizer = states.optimizer;
   } else {
     out.psi = params / t;
+    out.weight_bytes = out.psi * bytes.weights;
     const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
     mem.params = states.params;
     mem.grads = states.grads;
@@ -98,17 +101,19 @@ double calls(Collective collective, double total, double count, int64_t n, const
   return count * collective(total / count, n, link);
 }
 
-// DP communication per step (ZeRO's collectives over the rank's parameters,
-// the group strided by tp x cp) and the compute it hides behind.
+// DP communication per step (ZeRO's collectives over the rank's trainable
+// parameters psi; ZeRO-3 gathers all its `weights` bytes, frozen ones too),
+// the group strided by tp x cp, and the compute it hides behind.
 // t_forward / t_backward: one micro-batch's forward and backward (with
 // recomputation) on the slowest stage, t_mb their sum.
 void dp_time(const Cluster& cl, const Layout& l, const StateBytes& bytes, double psi,
-             double units, double mb, double t_forward, double t_backward, Estimate& est) {
+             double weights, double units, double mb, double t_forward, double t_backward,
+             Estimate& est) {
   const double t_mb = t_forward + t_backward;
   const int64_t ranks = l.grad_ranks();
   if (ranks <= 1) return;
   const Link& link = l.tp * ranks <= cl.gpus_per_node ? cl.intra : cl.inter;
-  const double grads = psi * bytes.grads, weights = psi * bytes.weights;
+  const double grads = psi * bytes.grads, updated = psi * bytes.weights;  // trained weights
   const double bucket = std::max(40e6, 1e6 * static_cast<double>(ranks));
   const double buckets = std::max(1.0, std::ceil(psi / bucket));
   switch (l.zero) {
@@ -118,12 +123,12 @@ void dp_time(const Cluster& cl, const Layout& l, const StateBytes& bytes, double
       break;
     case 1:  // reduce-scatter behind the last backward, all-gather behind the next forward
       est.dp_comm_raw = calls(reduce_scatter_seconds, grads, buckets, ranks, link) +
-                        calls(all_gather_seconds, weights, buckets, ranks, link);
+                        calls(all_gather_seconds, updated, buckets, ranks, link);
       est.dp_overlap_window = t_mb;
       break;
     case 2:  // reduce-scatter after every micro-batch's backward
       est.dp_comm_raw = mb * calls(reduce_scatter_seconds, grads, buckets, ranks, link) +
-                        calls(all_gather_seconds, weights, buckets, ranks, link);
+                        calls(all_gather_seconds, updated, buckets, ranks, link);
       est.dp_overlap_window = mb * 2.0 / 3.0 * t_mb + t_mb / 3.0;
       break;
     default: {  // gather weights for forward and backward, reduce-scatter, every micro-batch
@@ -291,7 +296,8 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   }
   // The slowest stage's micro-batch split as its blocks split forward / backward.
   const double t_forward = t_mb * layer.forward / layer.total();
-  dp_time(cl, l, bytes, worst.psi, layers + 1, mb, t_forward, t_mb - t_forward, est);
+  dp_time(cl, l, bytes, worst.psi, worst.weight_bytes, layers + 1, mb, t_forward,
+          t_mb - t_forward, est);
   // PP: one activation forward and one gradient backward per micro-batch and
   // stage boundary on the critical path (scatter-gather: 1/tp of it each).
   if (l.pp > 1) {
