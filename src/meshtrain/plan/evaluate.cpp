@@ -16,8 +16,7 @@ namespace {
 
 struct StageMemory {
   MemoryBreakdown memory;
-  double psi = 0;             // trainable parameters on this rank before ZeRO sharding
-  double weight_bytes = 0;    // all its weights (frozen ones too), what ZeRO-3 gathers
+  double psi = 0;  // trainable parameters on this rank before ZeRO sharding
 };
 
 // Memory of pipeline stage `stage` holding `layers` blocks.
@@ -42,14 +41,12 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
     const double gemm = blocks * n.layer_matmul_params;
     const double frozen = gemm * frozen_weight_bytes(ft) + (params - gemm) * 2;
     out.psi = blocks * lora_layer_params(ctx.model, ft) / t;
-    out.weight_bytes = frozen / t + out.psi * bytes.weights;
     const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
     mem.params = frozen / t / (l.zero >= 3 ? static_cast<double>(l.shards()) : 1.0) + states.params;
     mem.grads = states.grads;
     mem.optimizer = states.optimizer;
   } else {
     out.psi = params / t;
-    out.weight_bytes = out.psi * bytes.weights;
     const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
     mem.params = states.params;
     mem.grads = states.grads;
@@ -101,15 +98,42 @@ double calls(Collective collective, double total, double count, int64_t n, const
   return count * collective(total / count, n, link);
 }
 
+// One ZeRO-3 (FSDP) unit: the embedding, a block, or the head, as this rank
+// holds it before sharding, and its compute per micro-batch.
+struct ShardedUnit {
+  double weight_bytes = 0, grad_bytes = 0;
+  double forward = 0, backward = 0;  // backward includes recomputation
+};
+
+// ZeRO-3's exposed time per micro-batch over a shard group: each unit's
+// gather is prefetched behind the previous unit's forward; in backward (last
+// unit first) the next gather and this unit's reduce-scatter hide behind its
+// backward; the first gather of each pass and the last reduce-scatter hide
+// behind nothing. Returns (exposed, raw).
+std::pair<double, double> zero3_seconds(const std::vector<ShardedUnit>& units, int64_t n,
+                                        const Link& link) {
+  std::vector<double> gather, scatter;
+  double raw = 0;
+  for (const ShardedUnit& u : units) {
+    gather.push_back(all_gather_seconds(u.weight_bytes, n, link));
+    scatter.push_back(u.grad_bytes > 0 ? reduce_scatter_seconds(u.grad_bytes, n, link) : 0.0);
+    raw += 2 * gather.back() + scatter.back();
+  }
+  const size_t count = units.size();
+  double exposed = gather.front() + gather.back() + scatter.front();
+  for (size_t k = 1; k < count; ++k) {
+    exposed += std::max(0.0, gather[k] - units[k - 1].forward);
+    exposed += std::max(0.0, gather[k - 1] + scatter[k] - units[k].backward);
+  }
+  return {exposed, raw};
+}
+
 // DP communication per step (ZeRO's collectives over the rank's trainable
-// parameters psi; ZeRO-3 gathers all its `weights` bytes, frozen ones too),
-// the group strided by tp x cp, and the compute it hides behind.
-// t_forward / t_backward: one micro-batch's forward and backward (with
-// recomputation) on the slowest stage, t_mb their sum.
+// parameters psi; ZeRO-3 unit by unit, frozen weights too), the group strided
+// by tp x cp, and the compute it hides behind. t_mb: one micro-batch's forward
+// and backward on the slowest stage.
 void dp_time(const Cluster& cl, const Layout& l, const StateBytes& bytes, double psi,
-             double weights, double units, double mb, double t_forward, double t_backward,
-             Estimate& est) {
-  const double t_mb = t_forward + t_backward;
+             const std::vector<ShardedUnit>& units, double mb, double t_mb, Estimate& est) {
   const int64_t ranks = l.grad_ranks();
   if (ranks <= 1) return;
   const Link& link = l.tp * ranks <= cl.gpus_per_node ? cl.intra : cl.inter;
@@ -131,17 +155,12 @@ void dp_time(const Cluster& cl, const Layout& l, const StateBytes& bytes, double
                         calls(all_gather_seconds, updated, buckets, ranks, link);
       est.dp_overlap_window = mb * 2.0 / 3.0 * t_mb + t_mb / 3.0;
       break;
-    default: {  // gather weights for forward and backward, reduce-scatter, every micro-batch
-      // Over the shard group, unit by unit, each prefetched behind the previous
-      // unit's compute: forward hides the gathers behind the forward, backward
-      // the gathers and reduce-scatters behind the backward; the first gather
-      // of each pass has nothing to hide behind. With hybrid sharding each
-      // rank's gradient shard is then all-reduced across the replicas once.
+    default: {  // every micro-batch, unit by unit, over the shard group; with hybrid
+      // sharding each rank's gradient shard is then all-reduced across the replicas once.
       const int64_t n = l.shards();
       const Link& group = l.tp * n <= cl.gpus_per_node ? cl.intra : cl.inter;
-      const double gather = calls(all_gather_seconds, weights, units, n, group);
-      const double scatter = calls(reduce_scatter_seconds, grads, units, n, group);
-      est.dp_comm_raw = mb * (2 * gather + scatter);
+      const auto [exposed, raw] = zero3_seconds(units, n, group);
+      est.dp_comm_raw = mb * raw;
       double replicas = 0;
       if (n < ranks) {
         const double shard = psi / static_cast<double>(n);
@@ -150,13 +169,40 @@ void dp_time(const Cluster& cl, const Layout& l, const StateBytes& bytes, double
         est.dp_comm_raw += replicas;
       }
       est.dp_overlap_window = mb * t_mb;
-      est.time.dp = mb * (std::max(0.0, gather - t_forward) +
-                          std::max(0.0, gather + scatter - t_backward) + 2 * gather / units) +
-                    std::max(0.0, replicas - t_backward);
+      const double last_backward = units.empty() ? 0 : units.front().backward;
+      est.time.dp = mb * exposed + std::max(0.0, replicas - last_backward);
       return;
     }
   }
   est.time.dp = std::max(0.0, est.dp_comm_raw - est.dp_overlap_window);
+}
+
+// The ZeRO-3 units of the whole model (ZeRO-3 runs with pp = 1): embedding,
+// blocks, head, with their weights and gradients on this tp rank.
+std::vector<ShardedUnit> sharded_units(const PlanContext& ctx, const Job& job, const Layout& l,
+                                       const OpsTime& layer, const OpsTime& embedding,
+                                       const OpsTime& head) {
+  const TransformerCounts& n = ctx.counts;
+  const StateBytes bytes = state_bytes(job.precision, job.optimizer);
+  const double t = static_cast<double>(l.tp);
+  const Finetune& ft = job.finetune;
+  ShardedUnit block{n.layer_params / t * bytes.weights, n.layer_params / t * bytes.grads,
+                    layer.forward, layer.backward + layer.recompute};
+  if (ft.adapters()) {
+    const double lora = lora_layer_params(ctx.model, ft) / t;
+    block.weight_bytes = (n.layer_matmul_params * frozen_weight_bytes(ft) +
+                          (n.layer_params - n.layer_matmul_params) * 2) / t +
+                         lora * bytes.weights;
+    block.grad_bytes = lora * bytes.grads;
+  }
+  const double trained_ends = ft.adapters() ? 0.0 : bytes.grads;
+  std::vector<ShardedUnit> units;
+  units.push_back({n.embedding_params / t * bytes.weights, n.embedding_params / t * trained_ends,
+                   embedding.forward, embedding.backward});
+  units.insert(units.end(), static_cast<size_t>(ctx.model.n_layers), block);
+  units.push_back({n.head_params / t * bytes.weights, n.head_params / t * trained_ends,
+                   head.forward, head.backward});
+  return units;
 }
 
 void name_bottleneck(Estimate& est) {
@@ -294,10 +340,14 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
     est.cp_comm_raw = mb * layers * per_layer;
     est.time.cp = mb * layers * std::max(0.0, per_layer - attention);
   }
-  // The slowest stage's micro-batch split as its blocks split forward / backward.
-  const double t_forward = t_mb * layer.forward / layer.total();
-  dp_time(cl, l, bytes, worst.psi, worst.weight_bytes, layers + 1, mb, t_forward,
-          t_mb - t_forward, est);
+  {
+    std::vector<ShardedUnit> units;
+    if (l.zero == 3) {
+      units = sharded_units(ctx, job, l, layer, embedding_time(model, gpu, shape),
+                            head_time(model, gpu, shape));
+    }
+    dp_time(cl, l, bytes, worst.psi, units, mb, t_mb, est);
+  }
   // PP: one activation forward and one gradient backward per micro-batch and
   // stage boundary on the critical path (scatter-gather: 1/tp of it each).
   if (l.pp > 1) {
