@@ -287,6 +287,7 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
     StageMemory mem = stage_memory(ctx, job, l, m, per_stage[static_cast<size_t>(r)], r);
     if (r == 0 || mem.memory.device_total() > worst.memory.device_total()) {
       worst = mem;
+      est.memory_stage_layers = per_stage[static_cast<size_t>(r)];
       est.memory_stage = l.pp == 1 ? "only" : r == 0 ? "first" : r == l.pp - 1 ? "last" : "second";
     }
   }

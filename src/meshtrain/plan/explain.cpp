@@ -27,9 +27,10 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                    human_count(n.total_params));
   o += fmt::format(
       "  on one rank of the {} stage: Psi = ({} layers x {}{}) / tp {} = {}\n\n", e.memory_stage,
-      e.layers_per_stage, human_count(n.layer_params),
+      e.memory_stage_layers, human_count(n.layer_params),
       e.memory_stage == "last"    ? " + head (+ tied output copy)"
-      : e.memory_stage == "first" ? " + embedding"
+      : e.memory_stage == "first"  ? " + embedding"
+      : e.memory_stage == "second" ? ""
                                   : " + embedding + head",
       l.tp, human_count(psi));
 
@@ -72,12 +73,12 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
         fmt::format("{:.4g}", s * b * h), per_layer / (s * b * h), gib(per_layer));
   }
   const Schedule sched = l.pp == 1 ? Schedule::one_f_one_b : l.schedule;
-  const int64_t stage = e.memory_stage == "last" ? l.pp - 1 : 0;
+  const int64_t stage = e.memory_stage == "last" ? l.pp - 1 : e.memory_stage == "second" ? 1 : 0;
   const double inflight = inflight_microbatches(sched, l.pp, l.vpp, e.microbatches, stage);
   o += fmt::format("  in flight on the {} stage ({}, p {} v {} m {}): {:.4g} micro-batches\n",
                    e.memory_stage, schedule_name(sched), l.pp, l.vpp, e.microbatches, inflight);
   o += fmt::format("  activations = {:.4g} x {} layers x {} + embedding / logits ends{} = {}\n\n",
-                   inflight, e.layers_per_stage, gib(per_layer),
+                   inflight, e.memory_stage_layers, gib(per_layer),
                    l.recompute == Recompute::full ? " + one rematerialised layer" : "",
                    gib(e.memory.activations));
   o += fmt::format(

@@ -85,7 +85,8 @@ struct Estimate {
   Layout layout;
   int64_t gpus = 0;
   int64_t microbatches = 0;        // per optimizer step, per pipeline
-  int64_t layers_per_stage = 0;    // on the most loaded stage
+  int64_t layers_per_stage = 0;    // on the stage with the most layers
+  int64_t memory_stage_layers = 0; // on the stage `memory` describes
   std::vector<int64_t> split;      // layers per virtual chunk (pipeline_split.h)
   std::vector<double> stage_seconds;  // one micro-batch's compute on each stage
   MemoryBreakdown memory;          // the stage that needs the most
