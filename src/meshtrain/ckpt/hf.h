@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "meshtrain/ckpt/weights.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -29,6 +30,10 @@ ModelConfig read_hf_config(const std::string& config_json_path);
 // <dir>/config.json, each atomically. A tied output layer is not stored (HF's
 // convention). Non-const only because the permuted copies use the model's tracker.
 void export_hf(Model& model, const std::string& dir, DType dtype = DType::f32);
+// The same from any source of whole tensors (a sharded checkpoint), streamed:
+// one tensor (and its converted copy) in memory at a time.
+void export_hf(const ModelConfig& config, const TensorSource& source, const std::string& dir,
+               DType dtype = DType::f32);
 
 // Loads HF weights (F32/BF16/F16/F64 -> f32 master) into a model of the right
 // shape: every parameter must be present with HF's shape; unknown tensors are

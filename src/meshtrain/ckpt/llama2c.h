@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "meshtrain/ckpt/weights.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -24,5 +25,8 @@ std::unique_ptr<Model> import_llama2c(const std::string& path, Precision precisi
                                       cpu::CpuContext& ctx);
 // Writes a Llama model (norm eps 1e-5, theta 10000, else Error) atomically.
 void export_llama2c(const Model& model, const std::string& path);
+// The same from any source of whole tensors (a sharded checkpoint), streamed.
+void export_llama2c(const ModelConfig& config, const TensorSource& source,
+                    const std::string& path);
 
 }  // namespace meshtrain

@@ -186,13 +186,31 @@ void run_export(const CkptArgs& args) {
            args.out, dir.string());
     }
   }
-  MemoryTracker tracker;
-  cpu::CpuContext ctx(args.threads, tracker);
-  std::unique_ptr<Model> model = load_model_dir(args.checkpoint, Precision::fp32, ctx);
-  if (args.format == "hf") {
-    export_hf(*model, args.out, parse_dtype(args.dtype));
+  const DType dtype = parse_dtype(args.dtype);
+  if (dist_ckpt::is_sharded_checkpoint(args.checkpoint)) {
+    // Straight from the shards, tensor by tensor: memory stays at one tensor.
+    dist_ckpt::verify_checkpoint(args.checkpoint);
+    const dist_ckpt::Manifest manifest = dist_ckpt::read_manifest(args.checkpoint);
+    TrainConfig run;
+    read_train_state(args.checkpoint, &run);
+    const TensorSource shards = [&](const ParamSpec& spec, float* out) {
+      dist_ckpt::read_global_tensor(manifest, args.checkpoint, spec.name,
+                                    layout::StateKind::master, out);
+    };
+    if (args.format == "hf") {
+      export_hf(run.model, shards, args.out, dtype);
+    } else {
+      export_llama2c(run.model, shards, args.out);
+    }
   } else {
-    export_llama2c(*model, args.out);
+    MemoryTracker tracker;
+    cpu::CpuContext ctx(args.threads, tracker);
+    std::unique_ptr<Model> model = load_model_dir(args.checkpoint, Precision::fp32, ctx);
+    if (args.format == "hf") {
+      export_hf(*model, args.out, dtype);
+    } else {
+      export_llama2c(*model, args.out);
+    }
   }
   fmt::print("exported {} to {} ({})\n", args.checkpoint, args.out, args.format);
 }
@@ -356,6 +374,9 @@ int main_impl(int argc, char** argv) {
     run_import(import_args);
   } else if (inspect->parsed()) {
     fmt::print("{}", dist_ckpt::describe_checkpoint(inspect_args.checkpoint, inspect_verify));
+    std::fflush(stdout);
+    // A failed check is an error: one line naming the file, exit 1.
+    if (inspect_verify) dist_ckpt::verify_checkpoint(inspect_args.checkpoint);
   } else if (convert->parsed()) {
     dist_ckpt::convert_legacy_checkpoint(convert_args.in, convert_args.out);
     fmt::print("converted {} to {}\n", convert_args.in, convert_args.out);
