@@ -20,7 +20,7 @@ using testing::scratch_dir;
 
 std::string latest_of(const std::string& out_dir) { return read_file(out_dir + "/latest"); }
 
-TEST(DistCkpt, EveryLayoutLoadsIntoEveryOther) {
+TEST(dist_ckpt, EveryLayoutLoadsIntoEveryOther) {
   const std::string root = scratch_dir();
   const auto tensors = test_tensors();
   const auto layouts = all_layouts(tensors);
@@ -45,7 +45,7 @@ TEST(DistCkpt, EveryLayoutLoadsIntoEveryOther) {
   }
 }
 
-TEST(DistCkpt, ManifestRecordsLayoutMetaShardsAndFiles) {
+TEST(dist_ckpt, ManifestRecordsLayoutMetaShardsAndFiles) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 2, 1);
   const std::string dir = save_all(out, 5, l);
@@ -81,7 +81,7 @@ TEST(DistCkpt, ManifestRecordsLayoutMetaShardsAndFiles) {
   EXPECT_NE(text.find("\"world\":2"), std::string::npos) << text;
 }
 
-TEST(DistCkpt, ReadGlobalTensorAssemblesShards) {
+TEST(dist_ckpt, ReadGlobalTensorAssemblesShards) {
   const std::string out = scratch_dir();
   const auto tensors = test_tensors();
   const std::string dir = save_all(out, 2, zero_layout(tp_layout(tensors, 2, 1), 2));
@@ -97,7 +97,7 @@ TEST(DistCkpt, ReadGlobalTensorAssemblesShards) {
   }
 }
 
-TEST(DistCkpt, LoadErrorsNameTensorAndFile) {
+TEST(dist_ckpt, LoadErrorsNameTensorAndFile) {
   const std::string out = scratch_dir();
   const auto tensors = test_tensors();
   const std::string dir = save_all(out, 1, single_layout(tensors));
@@ -113,7 +113,7 @@ TEST(DistCkpt, LoadErrorsNameTensorAndFile) {
                "not in");
 }
 
-TEST(DistCkpt, CommitTimesOutNamingMissingRanks) {
+TEST(dist_ckpt, CommitTimesOutNamingMissingRanks) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 3, 0);
   dist_ckpt::SaveOptions options;
@@ -126,7 +126,7 @@ TEST(DistCkpt, CommitTimesOutNamingMissingRanks) {
   EXPECT_FALSE(fs::exists(out + "/latest"));
 }
 
-TEST(DistCkpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
+TEST(dist_ckpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
   const std::string root = scratch_dir();
   const auto tensors = test_tensors(40000);  // ~3 M elements per state
   const Layout l = single_layout(tensors);
@@ -152,7 +152,7 @@ TEST(DistCkpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
   EXPECT_EQ(a.files[0].xxh3, b.files[0].xxh3);
 }
 
-TEST(DistCkpt, AsyncRanksCalledOneAfterAnother) {
+TEST(dist_ckpt, AsyncRanksCalledOneAfterAnother) {
   // Ranks 1..N-1 then 0 in one thread: the async savers write in the background.
   const std::string out = scratch_dir();
   const Layout l = zero_layout(tp_layout(test_tensors(), 2, 0), 2);
@@ -181,7 +181,7 @@ TEST(DistCkpt, AsyncRanksCalledOneAfterAnother) {
   EXPECT_TRUE(matches_step(single.ranks[0], back, 4));  // the states were not changed
 }
 
-TEST(DistCkpt, SyncSaveAndLoadStayWithinTheBuffer) {
+TEST(dist_ckpt, SyncSaveAndLoadStayWithinTheBuffer) {
   const std::string out = scratch_dir();
   const auto tensors = test_tensors(30000);  // ~2.2 M elements per state, ~27 MB in all
   const Layout src = zero_layout(single_layout(tensors), 2);
@@ -207,7 +207,7 @@ TEST(DistCkpt, SyncSaveAndLoadStayWithinTheBuffer) {
   EXPECT_EQ(tracker.live(MemCategory::workspace), 0u);
 }
 
-TEST(DistCkpt, KeepLastRetiresTheOldest) {
+TEST(dist_ckpt, KeepLastRetiresTheOldest) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 2, 0);
   dist_ckpt::SaveOptions options;
@@ -220,7 +220,7 @@ TEST(DistCkpt, KeepLastRetiresTheOldest) {
   EXPECT_EQ(latest_of(out), "step_50\n");
 }
 
-TEST(DistCkpt, LeftoversOfKilledSavesAreRemovedNeverRead) {
+TEST(dist_ckpt, LeftoversOfKilledSavesAreRemovedNeverRead) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 2, 1);
   save_all(out, 1, l);
@@ -245,7 +245,7 @@ TEST(DistCkpt, LeftoversOfKilledSavesAreRemovedNeverRead) {
   EXPECT_TRUE(matches_step(l.ranks[1], state, 2));
 }
 
-TEST(DistCkpt, SavingTheSameStepAgainReplacesIt) {
+TEST(dist_ckpt, SavingTheSameStepAgainReplacesIt) {
   const std::string out = scratch_dir();
   const Layout l = single_layout(test_tensors());
   save_all(out, 3, l);
@@ -283,7 +283,7 @@ void write_legacy(const std::string& dir, const std::vector<layout::GlobalTensor
                           "config": {"model": {"dim": 8}}})");
 }
 
-TEST(DistCkpt, LegacyCheckpointConvertsAndReshards) {
+TEST(dist_ckpt, LegacyCheckpointConvertsAndReshards) {
   const std::string root = scratch_dir();
   const auto tensors = test_tensors(3);
   fs::create_directories(root + "/old/step_6");
