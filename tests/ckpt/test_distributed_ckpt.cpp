@@ -3,6 +3,8 @@
 // leftovers; the legacy conversion.
 #include <gtest/gtest.h>
 
+#include <xxhash.h>
+
 #include <filesystem>
 
 #include "dist_layouts.h"
@@ -43,6 +45,18 @@ TEST(dist_ckpt, EveryLayoutLoadsIntoEveryOther) {
       }
     }
   }
+}
+
+TEST(dist_ckpt, SeventyRanksLoadIntoOne) {
+  // More rank files than a load keeps open at once.
+  const std::string out = scratch_dir();
+  const auto tensors = test_tensors();
+  const std::string dir = save_all(out, 2, zero_layout(single_layout(tensors), 70));
+  EXPECT_EQ(dist_ckpt::read_manifest(dir).files.size(), 70u);
+  const Layout single = single_layout(tensors);
+  MemState state(single.ranks[0].local_numel);
+  dist_ckpt::load_checkpoint(dir, single.ranks[0], state);
+  EXPECT_TRUE(matches_step(single.ranks[0], state, 2));
 }
 
 TEST(dist_ckpt, ManifestRecordsLayoutMetaShardsAndFiles) {
@@ -111,6 +125,71 @@ TEST(dist_ckpt, LoadErrorsNameTensorAndFile) {
   const Layout renamed = single_layout(other);
   EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, renamed.ranks[0], state), "model.extra.weight",
                "not in");
+}
+
+// Edits dir's manifest and re-seals it with its checksum, as a buggy writer would.
+void rewrite_manifest(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json m = nlohmann::json::parse(read_file(dir + "/manifest.json"));
+  m.erase("manifest_xxh3");
+  edit(m);
+  const std::string text = m.dump();
+  m["manifest_xxh3"] = fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
+  testing::write_file(dir + "/manifest.json", m.dump(1));
+}
+
+TEST(dist_ckpt, ShardsMustTileEveryRegionExactly) {
+  const std::string out = scratch_dir();
+  const auto tensors = test_tensors();
+  const std::string dir = save_all(out, 1, tp_layout(tensors, 3, 0));
+  const Layout single = single_layout(tensors);
+  MemState state(single.ranks[0].local_numel);
+  // proj.weight [9, 3] in three row blocks of 3: point rank 1's master block at
+  // rank 0's rows. Element counts still add up; rows 3..5 are now covered by
+  // nobody and rows 0..2 twice.
+  rewrite_manifest(dir, [](nlohmann::json& m) {
+    for (auto& shard : m["tensors"][2]["shards"]) {
+      if (shard["file"] == "rank_1.safetensors" && shard["state"] == "master") shard["offset"][0] = 0;
+    }
+  });
+  dist_ckpt::verify_checkpoint(dir);  // the files are fine
+  EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, single.ranks[0], state), "model.proj.weight",
+               "covered twice");
+  // Loading only rank 2's rows does not touch the broken part.
+  const Layout tp3 = tp_layout(tensors, 3, 0);
+  MemState rank2(tp3.ranks[2].local_numel);
+  dist_ckpt::load_checkpoint(dir, tp3.ranks[2], rank2);
+  EXPECT_TRUE(matches_step(tp3.ranks[2], rank2, 1));
+  // A region outside its tensor is refused when the manifest is read.
+  rewrite_manifest(dir, [](nlohmann::json& m) { m["tensors"][2]["shards"][0]["offset"][0] = 8; });
+  EXPECT_ERROR(dist_ckpt::read_manifest(dir), "manifest.json", "model.proj.weight");
+}
+
+TEST(dist_ckpt, ATensorNobodyOwnsIsRefusedAtCommit) {
+  const std::string out = scratch_dir();
+  Layout l = replicated_layout(test_tensors(), 2);
+  l.ranks[0].pieces[1].replica = 1;  // the norm: held by both ranks, written by neither
+  const std::string dir = [&] {
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        dist_ckpt::SaveOptions o;
+        o.rank = r;
+        o.world = 2;
+        o.commit_timeout_s = r == 0 ? 600 : 1;
+        dist_ckpt::CheckpointSaver saver(out, o);
+        MemState state = state_for(l.ranks[static_cast<size_t>(r)], 1);
+        errors[static_cast<size_t>(r)] = ckpt_test::error_of(
+            [&] { saver.save(1, l.ranks[static_cast<size_t>(r)], state, {}, {}); });
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_NE(errors[0].find("model.norm.weight"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("hold 0 elements"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[1].find("did not commit"), std::string::npos) << errors[1];
+    return out + "/step_1";
+  }();
+  EXPECT_FALSE(fs::exists(dir));
 }
 
 TEST(dist_ckpt, CommitTimesOutNamingMissingRanks) {
@@ -224,25 +303,47 @@ TEST(dist_ckpt, LeftoversOfKilledSavesAreRemovedNeverRead) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 2, 1);
   save_all(out, 1, l);
-  // A killed save of step 9 and one of the step about to be saved, with a
-  // stale open.json and done file that must not be taken for this save's.
+  // Killed saves of step 9 and of the step about to be saved, the latter with
+  // a stale open.json that rank 1 will follow before rank 0 starts.
   testing::write_file(out + "/latest.tmp.999999", "step_9\n");  // a killed rewrite of latest
   for (const char* name : {"step_9.tmp", "step_2.tmp", "step_1.trash"}) {
     fs::create_directories(out + "/" + name);
     testing::write_file(out + "/" + name + "/rank_1.safetensors", "junk");
   }
-  testing::write_file(out + "/step_2.tmp/open.json", R"({"step": 2, "save_id": "0123456789abcdef"})");
-  testing::write_file(out + "/step_2.tmp/rank_1.done.json",
-                      R"({"save_id": "0123456789abcdef", "rank": 1, "file": "rank_1.safetensors"})");
-  save_all(out, 2, l);
+  const std::string stale = "0123456789abcdef";
+  testing::write_file(out + "/step_2.tmp/open.json", R"({"step": 2, "save_id": ")" + stale + R"("})");
+
+  dist_ckpt::SaveOptions o1;
+  o1.rank = 1;
+  o1.world = 2;
+  o1.async = true;
+  dist_ckpt::CheckpointSaver rank1(out, o1);
+  MemState state1 = state_for(l.ranks[1], 2);
+  rank1.save(2, l.ranks[1], state1, {}, {});
+  // Rank 1 writes under the stale id first...
+  const std::string done1 = out + "/step_2.tmp/rank_1.done.json";
+  for (int i = 0; i < 2000 && read_file(done1).find(stale) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_NE(read_file(done1).find(stale), std::string::npos);
+  // ...then rank 0 replaces the directory; rank 1 writes again under the new id.
+  dist_ckpt::SaveOptions o0;
+  o0.world = 2;
+  dist_ckpt::CheckpointSaver rank0(out, o0);
+  MemState state0 = state_for(l.ranks[0], 2);
+  rank0.save(2, l.ranks[0], state0, {}, {});
+  rank1.wait();
+  EXPECT_NE(dist_ckpt::read_manifest(out + "/step_2").save_id, stale);
   EXPECT_FALSE(fs::exists(out + "/step_9.tmp"));
   EXPECT_FALSE(fs::exists(out + "/step_2.tmp"));
   EXPECT_FALSE(fs::exists(out + "/step_1.trash"));
   EXPECT_FALSE(fs::exists(out + "/latest.tmp.999999"));
   dist_ckpt::verify_checkpoint(out + "/step_2");
-  MemState state(l.ranks[1].local_numel);
-  dist_ckpt::load_checkpoint(out + "/step_2", l.ranks[1], state);
-  EXPECT_TRUE(matches_step(l.ranks[1], state, 2));
+  for (const ShardMap& map : l.ranks) {
+    MemState state(map.local_numel);
+    dist_ckpt::load_checkpoint(out + "/step_2", map, state);
+    EXPECT_TRUE(matches_step(map, state, 2));
+  }
 }
 
 TEST(dist_ckpt, SavingTheSameStepAgainReplacesIt) {
