@@ -211,15 +211,21 @@ TEST(dist_ckpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
   const Layout l = single_layout(tensors);
   MemState state = state_for(l.ranks[0], 7);
 
+  MemoryTracker tracker;
   dist_ckpt::SaveOptions options;
   options.async = true;
+  options.tracker = &tracker;
   dist_ckpt::CheckpointSaver saver(root + "/async", options);
   const std::string dir = saver.save(7, l.ranks[0], state, layout_json(l), meta_json(7));
   EXPECT_TRUE(saver.pending());
   EXPECT_FALSE(fs::exists(dir + "/manifest.json"));  // still writing
+  const size_t staging = 3 * static_cast<size_t>(l.ranks[0].owned_numel()) * 4;
+  EXPECT_EQ(tracker.live(MemCategory::workspace), staging);
   for (auto& v : state.data) std::fill(v.begin(), v.end(), 0.0f);  // the copy was taken
   saver.wait();
   EXPECT_FALSE(saver.pending());
+  EXPECT_EQ(tracker.peak(MemCategory::workspace), staging);  // written from the copy, no buffer
+  EXPECT_EQ(tracker.live(MemCategory::workspace), 0u);
   dist_ckpt::verify_checkpoint(dir);
   MemState back(l.ranks[0].local_numel);
   dist_ckpt::load_checkpoint(dir, l.ranks[0], back);
@@ -229,6 +235,24 @@ TEST(dist_ckpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
   EXPECT_TRUE(read_file(sync_dir + "/rank_0.safetensors") == read_file(dir + "/rank_0.safetensors"));
   auto a = dist_ckpt::read_manifest(dir), b = dist_ckpt::read_manifest(sync_dir);
   EXPECT_EQ(a.files[0].xxh3, b.files[0].xxh3);
+}
+
+TEST(dist_ckpt, AsyncErrorsSurfaceInWaitNamingThePath) {
+  const std::string root = scratch_dir();
+  testing::write_file(root + "/not_a_dir", "x");
+  const Layout l = single_layout(test_tensors());
+  MemState state = state_for(l.ranks[0], 1);
+  dist_ckpt::SaveOptions options;
+  options.async = true;
+  dist_ckpt::CheckpointSaver saver(root + "/not_a_dir/out", options);
+  saver.save(1, l.ranks[0], state, {}, {});
+  EXPECT_ERROR(saver.wait(), "not_a_dir/out", "step_1");
+  EXPECT_FALSE(saver.pending());
+  saver.wait();  // the error is reported once
+  // The next save reports its own failure the same way, synchronously too.
+  options.async = false;
+  dist_ckpt::CheckpointSaver sync(root + "/not_a_dir/out", options);
+  EXPECT_ERROR(sync.save(1, l.ranks[0], state, {}, {}), "not_a_dir/out", "step_1");
 }
 
 TEST(dist_ckpt, AsyncRanksCalledOneAfterAnother) {
