@@ -61,13 +61,13 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
   std::vector<bool> seen(map.tensors.size(), false);
   std::vector<const ShardPiece*> owned;
   std::vector<int> ordinal;  // k in "<state>/<name>#<k>"
-  std::map<size_t, int> count;
+  std::map<size_t, int> pieces_of;  // per tensor, so far
   for (const ShardPiece& p : map.pieces) {
     if (!seen[p.tensor]) record.held.push_back(map.tensors[p.tensor]);
     seen[p.tensor] = true;
     if (p.replica != 0) continue;
     owned.push_back(&p);
-    ordinal.push_back(count[p.tensor]++);
+    ordinal.push_back(pieces_of[p.tensor]++);
   }
   if (owned.empty()) return record;
 
@@ -151,7 +151,8 @@ struct Poll {
   Clock::time_point deadline;
   std::chrono::microseconds pause{500};
   explicit Poll(double timeout_s)
-      : deadline(Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6))) {}
+      : deadline(Clock::now() + std::chrono::microseconds(static_cast<int64_t>(
+                                    std::clamp(timeout_s, 0.0, 1e9) * 1e6))) {}
   bool expired() const { return Clock::now() > deadline; }
   void sleep() {
     std::this_thread::sleep_for(pause);
@@ -201,7 +202,7 @@ void remove_leftovers(const std::string& out_dir) {
   }
 }
 
-// Committed (manifest-bearing) step directories of out_dir, oldest first.
+// The step_<N> directories of out_dir (committed: renamed into place), oldest first.
 std::vector<std::pair<int64_t, std::string>> committed_steps(const std::string& out_dir) {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
