@@ -12,6 +12,11 @@ add_test(NAME cli.end_to_end COMMAND bash ${cli_dir}/e2e.sh ${cli_bin} ${cli_wor
 set_tests_properties(cli.end_to_end PROPERTIES FIXTURES_REQUIRED cli_inputs
                      FIXTURES_SETUP cli_trained TIMEOUT 300)
 
+# A full disk (a real tmpfs) for checkpoints and metrics; skipped without mount rights.
+add_test(NAME cli.full_disk COMMAND bash ${cli_dir}/full_disk.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.full_disk PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 300
+                     SKIP_RETURN_CODE 77)
+
 # meshtrain_cli_case(name exit_code regex [FIXTURE f] ARGS args...)
 function(meshtrain_cli_case name rc regex)
   cmake_parse_arguments(C "" "FIXTURE" "ARGS" ${ARGN})
@@ -61,16 +66,16 @@ meshtrain_cli_case(data_token_out_of_vocab 1 "^meshtrain: data file '.*/big_toke
 meshtrain_cli_case(data_glob_no_match 1 "^meshtrain: config: data.train: no file matches"
                    ARGS train --config ${good} --data.train "${cli_work}/none_*.bin")
 # Malformed checkpoints (made by cli.end_to_end).
-meshtrain_cli_case(resume_truncated_safetensors 1 "^meshtrain: .*ckpt_truncated/model.safetensors"
+meshtrain_cli_case(resume_truncated_safetensors 1 "^meshtrain: .*ckpt_truncated/rank_0.safetensors"
                    FIXTURE cli_trained
                    ARGS train --config ${good} --resume ${cli_work}/ckpt_truncated)
-meshtrain_cli_case(sample_bad_header_length 1 "^meshtrain: .*ckpt_header_len/model.safetensors"
+meshtrain_cli_case(sample_bad_header_length 1 "^meshtrain: .*ckpt_header_len/rank_0.safetensors"
                    FIXTURE cli_trained
                    ARGS sample --checkpoint ${cli_work}/ckpt_header_len)
-meshtrain_cli_case(resume_bad_safetensors_json 1 "^meshtrain: .*ckpt_bad_json/exp_avg.safetensors"
+meshtrain_cli_case(resume_bad_safetensors_json 1 "^meshtrain: .*ckpt_bad_json/manifest.json"
                    FIXTURE cli_trained
                    ARGS train --config ${good} --resume ${cli_work}/ckpt_bad_json)
-meshtrain_cli_case(resume_missing_dir 1 "^meshtrain: checkpoint '.*/no_such_step': cannot read train_state.json"
+meshtrain_cli_case(resume_missing_dir 1 "^meshtrain: checkpoint '.*/no_such_step': cannot read manifest.json or train_state.json"
                    ARGS train --config ${good} --resume ${cli_work}/no_such_step)
 meshtrain_cli_case(sample_not_a_checkpoint 1 "^meshtrain: checkpoint '.*': neither a training step"
                    ARGS sample --checkpoint ${cli_work})

@@ -44,3 +44,14 @@ meshtrain_plan_case(backwards_range 1 "^meshtrain: plan: --gpus range '1024..256
                     ${seventy} --gpus 1024..256)
 meshtrain_plan_case(measured_too_fast 1 "^meshtrain: plan: a measured step of 0.01 s is faster than"
                     ${seventy} --gpus 1024 --tp 8 --pp 4 --zero 1 --micro-batch 1 --recompute selective --measured-step-s 0.01)
+
+# ZeRO table 1 through the CLI, and what --zero 3 / --shard mean.
+add_test(NAME plan.cli_zero COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plan/cli_zero.sh ${plan_bin})
+set_tests_properties(plan.cli_zero PROPERTIES TIMEOUT 60)
+meshtrain_plan_case(cp_not_dividing 1 "^meshtrain: plan: --cp 3 does not divide --gpus 1024$"
+                    ${seventy} --gpus 1024 --cp 3)
+meshtrain_plan_case(bad_finetune 2 "^meshtrain: .*--finetune.*" ${seventy} --gpus 8 --finetune dora)
+meshtrain_plan_case(bad_lora_rank 1 "^meshtrain: plan: --lora-rank must be >= 1, got 0$"
+                    ${seventy} --gpus 8 --finetune lora --lora-rank 0)
+meshtrain_plan_case(bad_ckpt_interval 1 "^meshtrain: plan: --ckpt-every-min 'soon'"
+                    ${seventy} --gpus 1024 --ckpt-every-min soon)

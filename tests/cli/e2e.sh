@@ -7,8 +7,9 @@ set -euo pipefail
 BIN=$1 WORK=$2
 rm -rf "$WORK/run" "$WORK/resumed"
 "$BIN" train --config "$WORK/good.toml" | tee "$WORK/train.log"
-test -f "$WORK/run/step_15/train_state.json"
-test -f "$WORK/run/step_30/model.safetensors"
+test -f "$WORK/run/step_15/manifest.json"
+test -f "$WORK/run/step_30/rank_0.safetensors"
+test "$(cat "$WORK/run/latest")" = step_30
 test "$(grep -c '"loss"' "$WORK/run/metrics.jsonl")" -eq 30
 test "$(grep -c '"val_loss"' "$WORK/run/metrics.jsonl")" -eq 2
 python3 - "$WORK/run/metrics.jsonl" <<'PY'
@@ -32,7 +33,8 @@ full, resumed = trace(sys.argv[1]), trace(sys.argv[2])
 assert full[15:] == resumed, f"resumed trace differs:\n{full[15:]}\n{resumed}"
 print("resume: bit-identical losses for steps 16..30")
 PY
-cmp "$WORK/run/step_30/model.safetensors" "$WORK/resumed/step_30/model.safetensors"
+for d in run resumed; do "$BIN" ckpt export --format hf --checkpoint "$WORK/$d/step_30" --out "$WORK/hf_$d" >/dev/null; done
+cmp "$WORK/hf_run/model.safetensors" "$WORK/hf_resumed/model.safetensors"
 
 # Sample: greedy twice gives the same ids; byte-level text is printed.
 a=$("$BIN" sample --checkpoint "$WORK/run/step_30" --prompt-ids 65,110,100,32 --temperature 0 --max-new-tokens 40 --print-ids)
@@ -60,7 +62,7 @@ done
 for bad in truncated header_len bad_json; do
   rm -rf "$WORK/ckpt_$bad" && cp -r "$WORK/run/step_30" "$WORK/ckpt_$bad"
 done
-truncate -s 5000 "$WORK/ckpt_truncated/model.safetensors"
-printf '\xff\xff\xff\xff\xff\xff\x00\x00' | dd of="$WORK/ckpt_header_len/model.safetensors" bs=1 conv=notrunc status=none
-printf '{"a": ' | dd of="$WORK/ckpt_bad_json/exp_avg.safetensors" bs=1 seek=8 conv=notrunc status=none
+truncate -s 5000 "$WORK/ckpt_truncated/rank_0.safetensors"
+printf '\xff\xff\xff\xff\xff\xff\x00\x00' | dd of="$WORK/ckpt_header_len/rank_0.safetensors" bs=1 conv=notrunc status=none
+printf '{"a": ' | dd of="$WORK/ckpt_bad_json/manifest.json" bs=1 conv=notrunc status=none
 echo "e2e: OK"

@@ -300,13 +300,15 @@ TEST_F(DdpTraining, BucketSizeAndOverlapChangeNothingBeyondRounding) {
   expect_replicas_identical(*world_, small.weights);
 }
 
-// Rank 0 writes the checkpoints for all; every rank resumes from them and
-// continues exactly as the uninterrupted run.
+// Rank 0 writes the replicated state for all (the other ranks' copies are
+// replicas); every rank resumes from it and continues exactly as the
+// uninterrupted run.
 TEST_F(DdpTraining, ResumeFromRankZerosCheckpointContinuesBitForBit) {
   DeviceMesh mesh(*world_, 1, 1);
   Run full = run_trainer(config("full", {{"train.checkpoint_interval", "10"}}), &mesh);
   world_->barrier();  // rank 0's step_10 is on disk
-  EXPECT_EQ(std::filesystem::exists(dir_ + "/full/step_10/model.safetensors"), true);
+  EXPECT_EQ(std::filesystem::exists(dir_ + "/full/step_10/manifest.json"), true);
+  EXPECT_EQ(std::filesystem::exists(dir_ + "/full/step_10/rank_1.safetensors"), false);
   TrainerOptions options;
   options.console = false;
   options.mesh = &mesh;

@@ -42,7 +42,11 @@ for path in sys.argv[2:]:
     assert len(vals) == len(val) and all(abs(x - y) <= 1e-5 * y for x, y in zip(vals, val)), (path, vals, val)
 print("losses match the single-process run on every rank")
 PY
-python3 - "$out"/{single,dp2pp2,gpipe,tp2pp2,dp2tp2pp2}/step_6/model.safetensors <<'PY'
+# Each layout's sharded checkpoint exported whole (HF names and layout).
+for run in single dp2pp2 gpipe tp2pp2 dp2tp2pp2; do
+  "$bin" ckpt export --format hf --checkpoint "$out/$run/step_6" --out "$out/hf_$run" >/dev/null
+done
+python3 - "$out"/hf_{single,dp2pp2,gpipe,tp2pp2,dp2tp2pp2}/model.safetensors <<'PY'
 import json, struct, sys
 def tensors(path):
     data = open(path, "rb").read()

@@ -11,7 +11,7 @@ out=$("$bin" "${done_means[@]}")
 echo "$out" | head -20
 grep -q "^model    llama3-70b: 70.6B params" <<<"$out" || fail "model line"
 grep -q "global batch 2,048 sequences = 16,777,216 tokens" <<<"$out" || fail "batch line"
-rows=$(grep -cE "^ ?[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-3] " <<<"$out")
+rows=$(grep -cE "^ ?[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-3] " <<<"$out")
 [ "$rows" -eq 10 ] || fail "expected 10 ranked rows, got $rows"
 grep -q "^#1 memory on the" <<<"$out" || fail "memory breakdown of #1"
 grep -qE "^  DP \(ZeRO-0/1/2\) +rejected: none of [0-9]+ fits" <<<"$out" || fail "rejected DP family"
@@ -27,13 +27,34 @@ for k in ["params", "grads", "optimizer", "activations", "workspace", "comm", "o
     assert k in r["memory_bytes"], k
 assert r["memory_bytes"]["device_total"] <= j["cluster"]["hbm_bytes"]
 assert r["layout"]["tp"] * r["layout"]["pp"] * r["layout"]["dp"] == 1024
-assert abs(sum(v for k, v in r["time_seconds"].items() if k not in ("step", "dp_raw"))
+assert abs(sum(v for k, v in r["time_seconds"].items() if k not in ("step", "dp_raw", "cp_raw"))
            - r["time_seconds"]["step"]) < 1e-9 * r["time_seconds"]["step"]
 assert j["job"]["global_batch"] == 2048
+assert r["layout"]["cp"] == 1
+assert sum(r["pipeline"]["layers_per_chunk"]) == 80
+assert len(r["pipeline"]["stage_seconds"]) == r["layout"]["pp"]
+f = r["failures"]
+assert 0 < f["goodput"] < 1 and f["wall_seconds"] > 0 and f["checkpoint_interval_seconds"] > 0
+assert j["job"]["gemm_efficiency"] > 0
 PY
 
+long=$("$bin" plan --model llama3-405b --gpus 16384 --seq 131072 --global-batch-tokens 16M \
+       --tp 8 --pp 16 --json --top 1)
+"$python" - "$long" <<'PY' || fail "cp in the search and the json"
+import json, sys
+r = json.loads(sys.argv[1])["ranked"][0]
+assert r["layout"]["cp"] > 1, r["layout"]
+assert r["time_seconds"]["cp_raw"] > 0
+PY
+
+qlora=$("$bin" plan --model llama1-65b --gpus 1 --gpu a100-80gb --hbm-gib 44.7 --seq 512 \
+        --global-batch 16 --tokens 100M --finetune qlora --lora-rank 64 --recompute full \
+        --offload optimizer)
+grep -q "fine-tune qlora rank 64 on all linears" <<<"$qlora" || fail "qlora job line"
+grep -q "^#1 failures: MTBF" <<<"$qlora" || fail "failures line"
+
 explain=$("$bin" "${done_means[@]}" --explain)
-for want in "Model states (ZeRO" "Activations (Korthikanti" "bubble = (p - 1) / v" "MFU (PaLM)" \
+for want in "Model states (ZeRO" "Activations (Korthikanti" "pipeline = m x max(t)" "MFU (PaLM)" "Compute (roofline per op" \
             "TP: m "; do
   grep -qF "$want" <<<"$explain" || fail "--explain lacks '$want'"
 done

@@ -97,8 +97,9 @@ TEST(Activations, KorthikantiTableTwo) {
 
 TEST(Activations, LlamaHandComputed) {
   // Llama-3 70B, s 8192, b 2, tp 8, SP, no dropout:
-  // whole 8sbh / t; split (4sbh + 4 sb kv + 6 sbf) / t with kv = 1024, f = 28672;
-  // core without recomputation 2 a s^2 b / t.
+  // whole 8sbh / t; split (4sbh + 4 sb kv + 6 sbf) / t with kv = 1024, f = 28672,
+  // of which selective recomputation keeps gate|up (4sbf) and recomputes their
+  // product; core without recomputation 2 a s^2 b / t.
   ActivationShape x;
   x.model = plan_model("llama3-70b").config;
   x.seq = 8192;
@@ -107,12 +108,20 @@ TEST(Activations, LlamaHandComputed) {
   x.sequence_parallel = true;
   x.recompute = Recompute::selective;
   const double s = 8192, b = 2, h = 8192, kv = 1024, f = 28672, a = 64, t = 8;
-  const double selective = (8 * s * b * h + 4 * s * b * h + 4 * s * b * kv + 6 * s * b * f) / t;
+  const double selective = (8 * s * b * h + 4 * s * b * h + 4 * s * b * kv + 4 * s * b * f) / t;
+  const double none = selective + 2 * s * b * f / t + 2 * a * s * s * b / t;
   EXPECT_DOUBLE_EQ(layer_activation_bytes(x), selective);
   x.recompute = Recompute::none;
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(x), selective + 2 * a * s * s * b / t);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(x), none);
   x.value_bytes = 4;  // fp32 activations: twice the values
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(x), 2 * (selective + 2 * a * s * s * b / t));
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(x), 2 * none);
+  // Context parallelism: each of cp ranks keeps seq / cp positions; the core
+  // is its queries against all keys.
+  x.value_bytes = 2;
+  x.cp = 4;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(x), none / 4);
+  x.recompute = Recompute::selective;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(x), selective / 4);
 }
 
 TEST(Activations, StageEnds) {

@@ -20,7 +20,7 @@ namespace {
 
 TEST(Presets, ParameterCountsWithinOnePercentOfPublished) {
   const std::vector<std::string> names = plan_model_names();
-  ASSERT_EQ(names.size(), 10u);
+  ASSERT_EQ(names.size(), 11u);
   for (const std::string& name : names) {
     const PlanModel m = plan_model(name);
     ASSERT_GT(m.published_params, 0) << name;
@@ -35,6 +35,7 @@ TEST(Presets, ExactCountsOfTheOfficialCheckpoints) {
   EXPECT_EQ(plan_model("gpt2-350m").config.num_params(), 354823168);
   EXPECT_EQ(plan_model("gpt2-774m").config.num_params(), 774030080);
   EXPECT_EQ(plan_model("gpt2-1.5b").config.num_params(), 1557611200);
+  EXPECT_EQ(plan_model("llama1-65b").config.num_params(), 65285660672);  // huggyllama/llama-65b
   EXPECT_EQ(plan_model("llama2-7b").config.num_params(), 6738415616);
   EXPECT_EQ(plan_model("llama2-13b").config.num_params(), 13015864320);
   EXPECT_EQ(plan_model("llama2-70b").config.num_params(), 68976648192);

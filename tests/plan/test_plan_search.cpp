@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <set>
 
 #include "meshtrain/util/error.h"
 #include "meshtrain/plan/models.h"
+#include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/plan/report.h"
 #include "meshtrain/plan/search.h"
 #include "meshtrain/tensor/memory_tracker.h"
@@ -76,7 +78,9 @@ TEST(Search, Llama70bOn1024H100) {
     EXPECT_NEAR(e.step_seconds, e.time.total(), 1e-9);
     EXPECT_NEAR(e.mfu, e.model_flops_per_step / (e.step_seconds * 1024 * 989.4e12), 1e-12);
     EXPECT_GT(e.mfu, 0.2);
-    EXPECT_LT(e.mfu, in.job.compute_efficiency);
+    // MFU counts the full attention scores; flash attention computes the causal
+    // half, so MFU may pass the GEMM efficiency, but not by much at 8K.
+    EXPECT_LT(e.mfu, 1.1 * in.cluster.gpu.gemm_efficiency);
   }
   // A 70B model cannot be plainly data-parallel on 80 GB GPUs: 16 bytes x 70B.
   bool saw_dp = false;
@@ -268,9 +272,20 @@ TEST(StepTime, BubbleIsTheScheduleFormula) {
     l.schedule = v > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
     ASSERT_EQ(check_layout(in.ctx, in.cluster, in.job, l), "");
     const Estimate e = evaluate(in.ctx, in.cluster, in.job, l);
-    const double ideal = e.time.compute + e.time.recompute;  // m micro-batches, no bubble
-    EXPECT_NEAR(e.time.bubble / ideal, bubble_fraction(8, v, e.microbatches), 1e-12);
     EXPECT_EQ(e.microbatches, 2048 / 16);
+    ASSERT_EQ(e.stage_seconds.size(), 8u);
+    // compute + recompute + bubble = m max(t) + (sum(t) - max(t)) / v, and the
+    // bubble is at least the uniform-stage fraction (p - 1) / (v m).
+    const double pipe = e.time.compute + e.time.recompute + e.time.bubble;
+    EXPECT_NEAR(pipe, pipeline_step(e.stage_seconds, e.microbatches, v), 1e-9 * pipe);
+    const double ideal = e.time.compute + e.time.recompute;
+    EXPECT_GE(e.time.bubble / ideal, bubble_fraction(8, v, e.microbatches) * (1 - 1e-9));
+    // Balanced by cost, the slowest stage is no slower than with uniform stages.
+    Job uniform = in.job;
+    uniform.balance_pipeline = false;
+    const Estimate u = evaluate(in.ctx, in.cluster, uniform, l);
+    EXPECT_LE(*std::max_element(e.stage_seconds.begin(), e.stage_seconds.end()),
+              *std::max_element(u.stage_seconds.begin(), u.stage_seconds.end()) * (1 + 1e-12));
   }
   l.vpp = 1;
   l.schedule = Schedule::gpipe;
@@ -280,7 +295,6 @@ TEST(StepTime, BubbleIsTheScheduleFormula) {
   EXPECT_DOUBLE_EQ(gpipe.time.bubble, ofob.time.bubble);  // same bubble, more memory
   EXPECT_GT(gpipe.memory.activations, 10 * ofob.memory.activations);
 }
-
 
 TEST(HybridSharding, ShardsOverTheGroupAndAllReducesAcrossReplicas) {
   PlanInputs in = llama70b_on_h100(1024);

@@ -50,10 +50,13 @@ struct TrainerRun {
 };
 
 // A quiet run on `mesh` (nullptr: one process), resumed from `resume` if set;
-// `evaluate`: also the validation loss after the last step.
+// `evaluate`: also the validation loss after the last step;
+// `allow_config_change`: resume although the settings changed.
 inline TrainerRun run_trainer(const TrainConfig& c, DeviceMesh* mesh = nullptr,
-                              const std::string& resume = "", bool evaluate = false) {
+                              const std::string& resume = "", bool evaluate = false,
+                              bool allow_config_change = false) {
   TrainerOptions options;
+  options.allow_config_change = allow_config_change;
   options.console = false;
   options.mesh = mesh;
   options.resume_dir = resume;

@@ -14,6 +14,7 @@
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/generate.h"
+#include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
 #include "support/scratch.h"
@@ -94,9 +95,7 @@ TEST_F(TrainerTest, TwoRunsAreBitIdentical) {
   auto b = run(config("b"));
   ASSERT_EQ(a.size(), 8u);
   expect_same_trace(a, b);
-  for (const char* f : {"model.safetensors", "exp_avg.safetensors", "exp_avg_sq.safetensors"}) {
-    EXPECT_EQ(bytes(dir_ / "a/step_8" / f), bytes(dir_ / "b/step_8" / f)) << f;
-  }
+  EXPECT_EQ(bytes(dir_ / "a/step_8/rank_0.safetensors"), bytes(dir_ / "b/step_8/rank_0.safetensors"));
 }
 
 struct ResumeCase {
@@ -116,16 +115,15 @@ TEST_P(ResumeTest, ResumeEqualsUninterruptedRunBitForBit) {
     o.push_back({"model.tie_embeddings", "true"});
   }
   auto full = run(config("full", o));
-  ASSERT_TRUE(fs::exists(dir_ / "full/step_3/train_state.json"));
+  ASSERT_TRUE(fs::exists(dir_ / "full/step_3/manifest.json"));
   ASSERT_TRUE(fs::exists(dir_ / "full/step_6"));
 
   auto resumed = run(config("resumed", o), (dir_ / "full/step_3").string());
   ASSERT_EQ(resumed.size(), 5u);
   EXPECT_EQ(resumed.front().step, 4);
   expect_same_trace(std::vector<StepRecord>(full.begin() + 3, full.end()), resumed);
-  for (const char* f : {"model.safetensors", "exp_avg.safetensors", "exp_avg_sq.safetensors"}) {
-    EXPECT_EQ(bytes(dir_ / "full/step_8" / f), bytes(dir_ / "resumed/step_8" / f)) << f;
-  }
+  EXPECT_EQ(bytes(dir_ / "full/step_8/rank_0.safetensors"),
+            bytes(dir_ / "resumed/step_8/rank_0.safetensors"));
   TrainState a = read_train_state((dir_ / "full/step_8").string());
   TrainState b = read_train_state((dir_ / "resumed/step_8").string());
   EXPECT_EQ(a.step, 8);
@@ -162,7 +160,7 @@ TEST_F(TrainerTest, LossFallsAndMetricsAreWritten) {
       ++evals;
       continue;
     }
-    if (j.contains("memory")) continue;  // the memory reports at start and end
+    if (j.contains("memory") || j.contains("checkpoint")) continue;  // memory reports, checkpoints
     ++steps;
     for (const char* key :
          {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_ms", "data_ms"}) {
@@ -193,7 +191,17 @@ TEST_F(TrainerTest, CheckpointHoldsTheGlobalDataPositionAndTokenizer) {
   // same samples, so the same losses up to summation order.
   ConfigOverrides resumed_o = o;
   resumed_o.push_back({"train.micro_batch_size", "1"});
-  auto resumed = run(config("resumed", resumed_o), (dir_ / "full/step_8").string());
+  // Another micro-batch split changes the summation order: refused unless allowed.
+  try {
+    run(config("refused", resumed_o), (dir_ / "full/step_8").string());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.micro_batch_size: 2 -> 1"), std::string::npos)
+        << e.what();
+  }
+  auto resumed = testing::run_trainer(config("resumed", resumed_o), nullptr,
+                                      (dir_ / "full/step_8").string(), false, true)
+                     .records;
   ASSERT_EQ(resumed.size(), 4u);
   for (size_t i = 0; i < resumed.size(); ++i) {
     EXPECT_NEAR(resumed[i].loss, full[8 + i].loss, 1e-5 * full[8 + i].loss) << i;
@@ -223,12 +231,12 @@ TEST_F(TrainerTest, ResumeRejectsADifferentModelOrBrokenState) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("differs"), std::string::npos) << e.what();
   }
-  std::ofstream(dir_ / "a/step_1/train_state.json") << "{\"format\": \"meshtrain-train-state\"";
+  std::ofstream(dir_ / "a/step_1/manifest.json") << "{\"format\": \"meshtrain-checkpoint\"";
   try {
     run(config("c"), step);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("train_state.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("manifest.json"), std::string::npos) << e.what();
   }
 }
 
@@ -276,6 +284,96 @@ TEST(PickToken, GreedyTopKAndTemperature) {
   EXPECT_EQ(parse_token_ids("1, 2,3"), (std::vector<int32_t>{1, 2, 3}));
   EXPECT_THROW(parse_token_ids("1,,2"), Error);
   EXPECT_THROW(parse_token_ids("a"), Error);
+}
+
+// No silent surprises: a fresh run refuses an out_dir holding another run;
+// --overwrite deletes it; a resume names settings that break exact
+// continuation; --resume auto takes `latest`, or the newest older checkpoint
+// that verifies.
+TEST_F(TrainerTest, FreshRunRefusesAnOutDirHoldingAnotherRun) {
+  run(config("used", {{"train.steps", "2"}}));
+  try {
+    run(config("used", {{"train.steps", "2"}}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds another run"), std::string::npos) << e.what();
+  }
+  ASSERT_TRUE(fs::exists(dir_ / "used/step_2"));
+  TrainerOptions options;
+  options.console = false;
+  options.overwrite = true;
+  Trainer again(config("used", {{"train.steps", "1"}}), options);
+  EXPECT_FALSE(fs::exists(dir_ / "used/step_2"));  // the old run's checkpoint is gone
+  again.run();
+  EXPECT_TRUE(fs::exists(dir_ / "used/step_1/manifest.json"));
+}
+
+TEST_F(TrainerTest, ResumeNamesEveryChangeThatBreaksExactContinuation) {
+  run(config("a", {{"train.steps", "2"}}));
+  const std::string step = (dir_ / "a/step_2").string();
+  try {
+    run(config("b", {{"train.seed", "7"}, {"optim.lr", "1e-3"}, {"train.steps", "4"}}), step);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("train.seed: 1337 -> 7"), std::string::npos) << what;
+    EXPECT_NE(what.find("optim.lr"), std::string::npos) << what;
+    EXPECT_EQ(what.find("train.steps"), std::string::npos) << what;  // may change
+  }
+  // More steps, another layout or checkpoint policy: accepted.
+  EXPECT_EQ(run(config("c", {{"train.steps", "3"}, {"ckpt.keep_last", "1"}}), step).size(), 1u);
+}
+
+TEST_F(TrainerTest, ResumeAutoTakesLatestOrTheNewestThatVerifies) {
+  auto full = run(config("auto", {{"train.checkpoint_interval", "2"}, {"train.steps", "6"}}));
+  ASSERT_EQ(testing::read_file((dir_ / "auto/latest").string()), "step_6\n");
+  TrainerOptions options;
+  options.console = false;
+  options.resume_dir = "auto";
+  {
+    Trainer t(config("auto", {{"train.steps", "6"}}), options);
+    EXPECT_EQ(t.resumed_from(), (dir_ / "auto/step_6").string());
+  }
+  // Corrupt the newest checkpoint's data: auto falls back to step 4.
+  const fs::path file = dir_ / "auto/step_6/rank_0.safetensors";
+  std::string bytes = testing::read_file(file.string());
+  bytes[bytes.size() / 2] ^= 0x10;
+  testing::write_file(file.string(), bytes);
+  Trainer t(config("auto", {{"train.steps", "6"}}), options);
+  EXPECT_EQ(t.resumed_from(), (dir_ / "auto/step_4").string());
+  EXPECT_EQ(t.step(), 4);
+  const std::vector<StepRecord> rest = t.run();
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0].loss, full[4].loss);
+  EXPECT_EQ(rest[1].loss, full[5].loss);
+}
+
+TEST_F(TrainerTest, LoadsTheWholeTensorFormatOfEarlierVersions) {
+  // A step directory of the earlier format, converted back from a sharded one
+  // is not possible; write it from a run's gathered state instead.
+  auto full = run(config("new", {{"train.checkpoint_interval", "4"}}));
+  const fs::path legacy = dir_ / "legacy_step_4";
+  fs::create_directories(legacy);
+  {
+    TrainerOptions options;
+    options.console = false;
+    options.resume_dir = (dir_ / "new/step_4").string();
+    Trainer t(config("probe", {}), options);
+    const char* files[] = {"model.safetensors", "exp_avg.safetensors", "exp_avg_sq.safetensors"};
+    for (size_t k = 0; k < layout::kStateKinds; ++k) {
+      const std::vector<float> state = t.gather_state(static_cast<layout::StateKind>(k));
+      SafetensorsWriter writer;
+      for (const Parameter& p : t.model().params()) {
+        writer.add(p.spec.name, StDType::F32, p.spec.shape, state.data() + p.offset);
+      }
+      writer.write((legacy / files[k]).string());
+    }
+    std::ofstream(legacy / "train_state.json")
+        << train_state_json(TrainState{4, 4, t.sampler_position(), 1337}, t.config()).dump();
+  }
+  auto rest = run(config("from_legacy"), legacy.string());
+  ASSERT_EQ(rest.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest[i].loss, full[4 + i].loss) << i;
 }
 
 }  // namespace

@@ -74,13 +74,16 @@ struct Fields {
 };
 
 json shard_json(const ManifestShard& s) {
-  return {{"file", s.file},
-          {"key", s.key},
-          {"state", layout::state_kind_name(s.state)},
-          {"offset", s.region.offset},
-          {"extent", s.region.extent},
-          {"flat_begin", s.region.flat_begin},
-          {"flat_end", s.region.flat_end}};
+  json j{{"file", s.file},
+         {"key", s.key},
+         {"state", layout::state_kind_name(s.state)},
+         {"offset", s.region.offset},
+         {"extent", s.region.extent},
+         {"flat_begin", s.region.flat_begin},
+         {"flat_end", s.region.flat_end}};
+  // A region over a reshaping of the tensor (a fused tensor's blocks).
+  if (!s.region.view.empty()) j["view"] = s.region.view;
+  return j;
 }
 
 ManifestShard shard_from_json(const Fields& f, const json& v, const std::string& where) {
@@ -90,6 +93,7 @@ ManifestShard shard_from_json(const Fields& f, const json& v, const std::string&
   s.state = parse_state(f.string(v, where, "state"), f.path + ": " + where);
   s.region.offset = f.ints(v, where, "offset");
   s.region.extent = f.ints(v, where, "extent");
+  if (v.is_object() && v.contains("view")) s.region.view = f.ints(v, where, "view");
   s.region.flat_begin = f.integer(v, where, "flat_begin");
   s.region.flat_end = f.integer(v, where, "flat_end");
   return s;

@@ -37,7 +37,10 @@ std::vector<Run> runs_of(const Shape& shape, const Region& region) {
   return runs;
 }
 
+// A quick filter: boxes over different views (a fused tensor's blocks) are
+// compared by their runs only.
 bool boxes_overlap(const Region& a, const Region& b) {
+  if (a.view != b.view) return true;
   for (size_t d = 0; d < a.offset.size(); ++d) {
     if (a.offset[d] >= b.offset[d] + b.extent[d] || b.offset[d] >= a.offset[d] + a.extent[d]) {
       return false;

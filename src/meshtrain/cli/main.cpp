@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
 #include "meshtrain/cli/plan_command.h"
@@ -51,12 +52,13 @@ ConfigOverrides parse_overrides(const std::vector<std::string>& args) {
 }
 
 struct TrainArgs {
-  std::string config, resume;
+  std::string config;
+  TrainerOptions options;
 };
 
 // One rank of a job (mpirun -np N meshtrain train ...), or the only one.
 int run_train(const TrainArgs& args, const std::vector<std::string>& extras) {
-  return run_train_ranks(args.config, parse_overrides(extras), args.resume);
+  return run_train_ranks(args.config, parse_overrides(extras), args.options);
 }
 
 struct SampleArgs {
@@ -93,7 +95,7 @@ std::unique_ptr<Tokenizer> sample_tokenizer(const SampleArgs& args, int64_t voca
   std::string kind = args.tokenizer, ranks = args.gpt2_ranks;
   bool from_run = false;
   if (!args.checkpoint.empty() &&
-      std::filesystem::exists(std::filesystem::path(args.checkpoint) / "train_state.json")) {
+      is_training_checkpoint(args.checkpoint)) {
     TrainConfig run;
     read_train_state(args.checkpoint, &run);
     if (kind.empty()) {
@@ -176,6 +178,14 @@ struct CkptArgs {
 };
 
 void run_export(const CkptArgs& args) {
+  // A training checkpoint's files must never be replaced by an export.
+  const std::filesystem::path out(args.out);
+  for (const std::filesystem::path& dir : {out, out.parent_path()}) {
+    if (!dir.empty() && is_training_checkpoint(dir.string())) {
+      fail("ckpt export: --out '{}' is inside the training checkpoint '{}'; export elsewhere",
+           args.out, dir.string());
+    }
+  }
   MemoryTracker tracker;
   cpu::CpuContext ctx(args.threads, tracker);
   std::unique_ptr<Model> model = load_model_dir(args.checkpoint, Precision::fp32, ctx);
@@ -213,7 +223,13 @@ int main_impl(int argc, char** argv) {
   TrainArgs train_args;
   CLI::App* train = app.add_subcommand("train", "Train a model from a TOML config");
   train->add_option("--config", train_args.config, "TOML file (keys: docs/config.md)")->required();
-  train->add_option("--resume", train_args.resume, "Resume from a step directory (out_dir/step_N)");
+  train->add_option("--resume", train_args.options.resume_dir,
+                    "Resume from a step directory (out_dir/step_N), or 'auto': out_dir's newest "
+                    "checkpoint that verifies (none: start fresh)");
+  train->add_flag("--overwrite", train_args.options.overwrite,
+                  "Start fresh in an out_dir that holds another run (its files are deleted)");
+  train->add_flag("--allow-config-change", train_args.options.allow_config_change,
+                  "Resume although settings that break exact continuation changed");
   train->allow_extras();
   train->footer("Any config key can be overridden: --section.key value (e.g. --train.steps 100)");
 
@@ -254,6 +270,16 @@ int main_impl(int argc, char** argv) {
   exp->add_option("--out", export_args.out, "Output directory (hf) or file (llama2c)")->required();
   exp->add_option("--dtype", export_args.dtype, "hf weight dtype")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  CkptArgs inspect_args;
+  bool inspect_verify = false;
+  CLI::App* inspect = ckpt->add_subcommand("inspect", "Show a checkpoint's layout, tensors and sizes");
+  inspect->add_option("dir", inspect_args.checkpoint, "Checkpoint directory (out_dir/step_N)")->required();
+  inspect->add_flag("--verify", inspect_verify, "Check every file's size and checksum");
+  CkptArgs convert_args;
+  CLI::App* convert = ckpt->add_subcommand(
+      "convert", "Rewrite a whole-tensor checkpoint (model.safetensors + train_state.json) as a sharded one");
+  convert->add_option("--in", convert_args.in, "Old-format step directory")->required();
+  convert->add_option("--out", convert_args.out, "New step directory")->required();
   CLI::App* imp = ckpt->add_subcommand("import", "Read llama2.c or Hugging Face weights");
   imp->add_option("--format", import_args.format)->required()->check(CLI::IsMember({"hf", "llama2c"}));
   imp->add_option("--in", import_args.in, "llama2.c file or Hugging Face directory")->required();
@@ -328,6 +354,11 @@ int main_impl(int argc, char** argv) {
     run_export(export_args);
   } else if (imp->parsed()) {
     run_import(import_args);
+  } else if (inspect->parsed()) {
+    fmt::print("{}", dist_ckpt::describe_checkpoint(inspect_args.checkpoint, inspect_verify));
+  } else if (convert->parsed()) {
+    dist_ckpt::convert_legacy_checkpoint(convert_args.in, convert_args.out);
+    fmt::print("converted {} to {}\n", convert_args.in, convert_args.out);
   }
   return 0;
 }

@@ -20,10 +20,15 @@ struct PlanArgs {
   int64_t seq = 0, global_batch = 0;
   std::string global_batch_tokens, tokens;
   std::string precision = "bf16", optimizer = "adamw", dropout = "auto";
-  double efficiency = 0.5, fragmentation = 0.10, reserve_gib = 1.0;
-  double ckpt_every_min = 60, ckpt_bw = 100, cpu_adam_rate = 1e9;
+  double efficiency = 0, fragmentation = 0.10, reserve_gib = 1.0;  // 0 = the GPU's curve
+  std::string ckpt_every_min = "auto";  // minutes, 0 = none, auto = Daly's optimum
+  double ckpt_bw = 100, cpu_adam_rate = 1e9;
+  double failures_per_gpu_hour = -1, restart_min = 10;  // -1 = Llama 3's rate
+  std::string finetune = "none", lora_targets = "all", pp_split = "balanced", attention = "flash";
+  int64_t lora_rank = 16;
   // Fixed choices (0 / -1 / "" = searched).
-  int64_t tp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0, shard = 0;
+  int64_t tp = 0, cp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0;
+  std::string shard;  // a group size, or "dp" (full sharding)
   int zero = -1;
   std::string recompute, sp, offload, schedule;
   std::string rank_by = "time";

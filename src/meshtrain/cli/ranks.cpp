@@ -53,7 +53,7 @@ CommOp parse_op(const std::string& name) {
 }  // namespace
 
 int run_train_ranks(const std::string& config_path, const ConfigOverrides& overrides,
-                    const std::string& resume_dir) {
+                    const TrainerOptions& base) {
   RankJob job;
   // Outlive the catch below: a failing rank reports while its pending
   // collectives still have their buffers (see comm/abort.h).
@@ -66,8 +66,7 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
       config.train.threads = default_threads_per_rank(job.env.local_size(), cpu::available_cores());
     }
     mesh = std::make_unique<DeviceMesh>(*job.world, config.parallel.tp, config.parallel.pp);
-    TrainerOptions options;
-    options.resume_dir = resume_dir;
+    TrainerOptions options = base;
     options.mesh = multi ? mesh.get() : nullptr;
     trainer = std::make_unique<Trainer>(config, options);
     trainer->run();

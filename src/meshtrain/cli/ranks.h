@@ -8,11 +8,13 @@
 #include <vector>
 
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
 
+// `options`: resume / overwrite / allow_config_change as given (the mesh is set here).
 int run_train_ranks(const std::string& config_path, const ConfigOverrides& overrides,
-                    const std::string& resume_dir);
+                    const TrainerOptions& options);
 
 struct BenchCommArgs {
   bool quick = false;

@@ -98,6 +98,10 @@ class Model {
   cpu::CpuContext& ctx() { return ctx_; }
   ParamStorage storage() const { return storage_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // What this rank holds of every global tensor: each parameter's tp slice
+  // (its regions) at its flat offset (params()[i].offset), tp-replicated
+  // parameters and a tied output layer's stage copy marked as replicas.
+  layout::ShardMap shard_map() const;
   // Every parameter's split, in registry order (for gather_tp_flat / scatter_tp_flat).
   std::vector<TensorSplit> param_splits() const;
 

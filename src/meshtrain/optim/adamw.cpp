@@ -1,5 +1,7 @@
 #include "meshtrain/optim/adamw.h"
 
+#include <cstring>
+
 #include "meshtrain/backend/cpu/adamw.h"
 #include "meshtrain/util/error.h"
 
@@ -48,6 +50,35 @@ void AdamW::step(float lr, float grad_scale) {
     cpu::adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(), m + p.offset,
                       v + p.offset, compute, p.spec.numel());
   }
+}
+
+namespace {
+
+Tensor& state_tensor(Model& model, Tensor& exp_avg, Tensor& exp_avg_sq, layout::StateKind kind) {
+  switch (kind) {
+    case layout::StateKind::master: return model.flat_master();
+    case layout::StateKind::exp_avg: return exp_avg;
+    case layout::StateKind::exp_avg_sq: return exp_avg_sq;
+  }
+  fail("adamw: unknown state kind");
+}
+
+}  // namespace
+
+void AdamW::read(layout::StateKind kind, int64_t offset, int64_t count, float* out) {
+  const Tensor& t = state_tensor(model_, exp_avg_, exp_avg_sq_, kind);
+  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= t.numel(),
+                  "adamw: state range [{}, {}) outside {} elements", offset, offset + count,
+                  t.numel());
+  std::memcpy(out, t.data<float>() + offset, static_cast<size_t>(count) * sizeof(float));
+}
+
+void AdamW::write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) {
+  Tensor& t = state_tensor(model_, exp_avg_, exp_avg_sq_, kind);
+  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= t.numel(),
+                  "adamw: state range [{}, {}) outside {} elements", offset, offset + count,
+                  t.numel());
+  std::memcpy(t.data<float>() + offset, in, static_cast<size_t>(count) * sizeof(float));
 }
 
 }  // namespace meshtrain

@@ -8,6 +8,7 @@
 
 #include "meshtrain/backend/cpu/adamw.h"
 #include "meshtrain/model/model.h"
+#include "meshtrain/parallel/layout/shard_map.h"
 
 namespace meshtrain {
 
@@ -24,9 +25,14 @@ void check_adamw_config(const AdamWConfig& config);
 cpu::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, float lr,
                             int64_t step, float grad_scale);
 
-class AdamW {
+// As a StateAccess: the local state space is the model's flat layout (master
+// = the model's flat master buffer, the moments alongside); after writing
+// master values call Model::sync_compute_weights.
+class AdamW : public layout::StateAccess {
  public:
   AdamW(Model& model, const AdamWConfig& config);
+  void read(layout::StateKind kind, int64_t offset, int64_t count, float* out) override;
+  void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override;
 
   // One update with learning rate lr; every gradient is first multiplied by
   // grad_scale (the clipping factor, 1 when not clipping). Increments step_count.

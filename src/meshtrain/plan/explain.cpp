@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "meshtrain/plan/collectives.h"
+#include "meshtrain/plan/compute.h"
 #include "meshtrain/plan/report.h"
 
 namespace meshtrain::plan {
@@ -26,9 +27,10 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                    human_count(n.total_params));
   o += fmt::format(
       "  on one rank of the {} stage: Psi = ({} layers x {}{}) / tp {} = {}\n\n", e.memory_stage,
-      e.layers_per_stage, human_count(n.layer_params),
+      e.memory_stage_layers, human_count(n.layer_params),
       e.memory_stage == "last"    ? " + head (+ tied output copy)"
-      : e.memory_stage == "first" ? " + embedding"
+      : e.memory_stage == "first"  ? " + embedding"
+      : e.memory_stage == "second" ? ""
                                   : " + embedding + head",
       l.tp, human_count(psi));
 
@@ -46,7 +48,7 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                    l.offload == Offload::optimizer ? " (on the host: offload)" : "");
 
   ActivationShape shape{m, j.seq, l.micro_batch, l.tp, l.sequence_parallel, l.recompute,
-                        j.dropout, e_bytes};
+                        j.dropout, e_bytes, l.cp};
   const double per_layer = layer_activation_bytes(shape);
   const double s = static_cast<double>(j.seq), b = static_cast<double>(l.micro_batch);
   const double h = static_cast<double>(m.dim);
@@ -61,7 +63,7 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   } else {
     const double kv = static_cast<double>(m.n_kv_heads * m.head_dim()) / h;
     const double f = static_cast<double>(m.hidden_dim) / h;
-    const double mlp = m.family == Family::llama ? 6 : 4;
+    const double mlp = m.family == Family::llama ? (l.recompute == Recompute::selective ? 4 : 6) : 4;
     o += fmt::format(
         "  per layer = sbh x [({}{}){} + ({} + 4x{:.3g} + {}x{:.3g}) / t{}] = {} x {:.4g} = {}\n",
         8, j.dropout ? " + 2 masks" : "", l.sequence_parallel ? " / t" : "", 4, kv, mlp, f,
@@ -71,12 +73,12 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
         fmt::format("{:.4g}", s * b * h), per_layer / (s * b * h), gib(per_layer));
   }
   const Schedule sched = l.pp == 1 ? Schedule::one_f_one_b : l.schedule;
-  const int64_t stage = e.memory_stage == "last" ? l.pp - 1 : 0;
+  const int64_t stage = e.memory_stage == "last" ? l.pp - 1 : e.memory_stage == "second" ? 1 : 0;
   const double inflight = inflight_microbatches(sched, l.pp, l.vpp, e.microbatches, stage);
   o += fmt::format("  in flight on the {} stage ({}, p {} v {} m {}): {:.4g} micro-batches\n",
                    e.memory_stage, schedule_name(sched), l.pp, l.vpp, e.microbatches, inflight);
   o += fmt::format("  activations = {:.4g} x {} layers x {} + embedding / logits ends{} = {}\n\n",
-                   inflight, e.layers_per_stage, gib(per_layer),
+                   inflight, e.memory_stage_layers, gib(per_layer),
                    l.recompute == Recompute::full ? " + one rematerialised layer" : "",
                    gib(e.memory.activations));
   o += fmt::format(
@@ -94,19 +96,42 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                    m.n_layers, j.seq, m.dim, ctx.model_flops_per_token);
   o += fmt::format("  per step x {} tokens = {:.4g} model FLOPs; with recomputation {:.4g}\n",
                    j.tokens_per_step(), e.model_flops_per_step, e.hardware_flops_per_step);
-  const double rate = c.gpu.peak_flops * j.compute_efficiency;
-  const double t_mb = (e.time.compute + e.time.recompute) / mb;
+  const GpuSpec gpu = effective_gpu(c, j);
+  const ComputeShape ops_shape = compute_shape(j, l);
   o += fmt::format(
-      "  one micro-batch on the slowest stage: {} tokens x ({} layers x layer + output) / tp {} "
-      "/ ({:.4g} x {:.2f}) = {:.4f} s\n",
-      j.seq * l.micro_batch, e.layers_per_stage, l.tp, c.gpu.peak_flops, j.compute_efficiency,
-      t_mb);
-  o += fmt::format("  compute = m {} x {:.4f} = {:.3f} s (recompute {:.3f} s of it at {:.3g} FLOP/s)\n",
-                   e.microbatches, t_mb, e.time.compute + e.time.recompute, e.time.recompute, rate);
-  o += fmt::format("  bubble = (p - 1) / v x t_mb = ({} - 1) / {} x {:.4f} = {:.3f} s "
-                   "(fraction (p-1)/(v m) = {:.4f})\n\n",
-                   l.pp, l.vpp, t_mb, e.time.bubble, bubble_fraction(l.pp, l.vpp, e.microbatches));
-
+      "\nCompute (roofline per op, one micro-batch of {} tokens{} on one rank; {}: GEMMs at {:.2f} "
+      "of {:.4g} FLOP/s or HBM {:.0f} GB/s x {:.2f}, + {:.0f} us per kernel; flash attention at "
+      "{:.2f} of peak):\n",
+      j.seq * l.micro_batch, l.cp > 1 ? fmt::format(" / cp {}", l.cp) : "", gpu.name,
+      gpu.gemm_efficiency, gpu.peak_flops, gpu.hbm_bandwidth / 1e9, gpu.memory_efficiency,
+      gpu.kernel_overhead_seconds * 1e6, gpu.attention_efficiency);
+  o += fmt::format("  {:<16} {:>10} {:>9} {:>9} {:>9} {:>7}\n", "op", "GFLOP fwd", "fwd ms",
+                   "bwd ms", "recomp ms", "of peak");
+  auto print_ops = [&](const char* title, const OpsTime& ops) {
+    o += fmt::format("  {}:\n", title);
+    for (const OpTime& op : ops.ops) {
+      o += fmt::format("  {:<16} {:>10.2f} {:>9.3f} {:>9.3f} {:>9.3f} {:>6.0f}%\n", op.name,
+                       op.flops / 1e9, op.forward * 1e3, op.backward * 1e3, op.recompute * 1e3,
+                       op.flops > 0 ? 100 * op.flops * (3 + (op.recompute > 0 ? 1 : 0)) /
+                                          (op.total() * gpu.peak_flops)
+                                    : 0.0);
+    }
+    o += fmt::format("  {:<16} {:>10} {:>9.3f} {:>9.3f} {:>9.3f}\n", "total", "",
+                     ops.forward * 1e3, ops.backward * 1e3, ops.recompute * 1e3);
+  };
+  print_ops("one block", layer_time(m, gpu, ops_shape));
+  print_ops("embedding", embedding_time(m, gpu, ops_shape));
+  print_ops("head + loss", head_time(m, gpu, ops_shape));
+  std::string stage_times;
+  for (double t : e.stage_seconds) stage_times += fmt::format(" {:.3f}", t);
+  o += fmt::format("  stages (layers per chunk {}): seconds per micro-batch{}\n",
+                   fmt::join(e.split, " "), stage_times);
+  o += fmt::format(
+      "  pipeline = m x max(t) + (sum(t) - max(t)) / v = {} x max + ... = {:.3f} s: compute {:.3f} "
+      "+ recompute {:.3f} + bubble and imbalance {:.3f} (uniform-stage fraction (p-1)/(v m) = "
+      "{:.4f})\n\n",
+      e.microbatches, e.time.compute + e.time.recompute + e.time.bubble, e.time.compute,
+      e.time.recompute, e.time.bubble, bubble_fraction(l.pp, l.vpp, e.microbatches));
   o += "Communication (alpha-beta, nccl-tests bus bandwidth factors):\n";
   if (l.tp > 1) {
     const Link& link = l.tp <= c.gpus_per_node ? c.intra : c.inter;
@@ -114,10 +139,10 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
         "  TP: m {} x {} layers x {} collectives x [2(t-1)/t x {} B / {:.0f} GB/s + latency] = "
         "{:.3f} s (not overlapped)\n",
         e.microbatches, e.layers_per_stage, l.recompute == Recompute::full ? 6 : 4,
-        fmt::format("{:.4g}", e_bytes * s * b * h), link.bus_bandwidth / 1e9, e.time.tp);
+        fmt::format("{:.4g}", e_bytes * s * b * h / static_cast<double>(l.cp)), link.bus_bandwidth / 1e9, e.time.tp);
   }
-  if (l.dp > 1) {
-    const Link& link = l.tp * l.dp <= c.gpus_per_node ? c.intra : c.inter;
+  if (l.grad_ranks() > 1) {
+    const Link& link = l.tp * l.grad_ranks() <= c.gpus_per_node ? c.intra : c.inter;
     const char* what = l.zero == 0   ? "all-reduce 2(n-1)/n x grads once"
                        : l.zero == 1 ? "reduce-scatter grads + all-gather weights, (n-1)/n each, once"
                        : l.zero == 2 ? "reduce-scatter grads every micro-batch + all-gather weights"
@@ -129,12 +154,12 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                              "micro-batch";
     o += fmt::format("  DP (n = {}, {:.0f} GB/s): {}: grads {} = {:.3f} s; overlapped with {:.3f} s "
                      "of backward/forward; exposed {:.3f} s\n",
-                     l.dp, link.bus_bandwidth / 1e9, what, gib(psi * sb.grads), e.dp_comm_raw,
+                     l.grad_ranks(), link.bus_bandwidth / 1e9, what, gib(psi * sb.grads), e.dp_comm_raw,
                      e.dp_overlap_window, e.time.dp);
   }
   if (l.pp > 1) {
-    const Link& link = l.tp * l.dp >= c.gpus_per_node ? c.inter : c.intra;
-    const double message = e_bytes * s * b * h / static_cast<double>(l.tp);
+    const Link& link = l.tp * l.cp * l.dp >= c.gpus_per_node ? c.inter : c.intra;
+    const double message = e_bytes * s * b * h / static_cast<double>(l.tp * l.cp);
     o += fmt::format(
         "  PP: 2 (m v + p - 1) x (alpha + {} sbh / t / B) = 2 x ({} x {} + {} - 1) x ({:.0f} us + "
         "{} B / {:.0f} GB/s) = {:.3f} s (not overlapped)\n",
@@ -158,7 +183,25 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
         "min = {:.3f} s per step\n",
         human_count(n.total_params), sb.weights, sb.optimizer, gib(e.checkpoint_bytes),
         j.checkpoint_write_bandwidth / 1e9, e.checkpoint_seconds,
-        j.checkpoint_interval_seconds / 60, e.time.checkpoint);
+        (j.checkpoint_interval_seconds > 0 ? j.checkpoint_interval_seconds
+                                           : e.goodput.interval_seconds) / 60,
+        e.time.checkpoint);
+  }
+  if (l.cp > 1) {
+    o += fmt::format("  CP: all-gather K, V forward and backward + reduce-scatter dK, dV per layer over "
+                     "{} ranks = {:.3f} s, behind the attention: exposed {:.3f} s\n",
+                     l.cp, e.cp_comm_raw, e.time.cp);
+  }
+  if (e.goodput.mtbf_seconds > 0) {
+    const Goodput& g = e.goodput;
+    o += fmt::format(
+        "Failures: {:.3g} per GPU-hour x {} GPUs -> MTBF M = {:.0f} s; checkpoint delta = {:.1f} s; "
+        "Daly tau = sqrt(2 delta M)(1 + sqrt(delta/2M)/3 + delta/18M) - delta = {:.0f} s (Young "
+        "sqrt(2 delta M) = {:.0f} s); wall = M e^(R/M) (e^((tau+delta)/M) - 1) Ts / tau = {:.1f} "
+        "days, goodput {:.1f}%\n",
+        j.failures.failures_per_gpu_hour, e.gpus, g.mtbf_seconds, g.checkpoint_seconds,
+        g.interval_seconds, young_interval(g.checkpoint_seconds, g.mtbf_seconds),
+        g.wall_seconds / 86400, 100 * g.goodput);
   }
   o += fmt::format("\nStep = {:.3f} s; tokens/s = {} / {:.3f} = {}\n", e.step_seconds,
                    grouped(static_cast<double>(j.tokens_per_step())), e.step_seconds,

@@ -19,6 +19,14 @@ struct GpuSpec {
   double network_bandwidth = 0; // inter-node, per GPU (one NIC each), per direction, bytes/s
   double pcie_bandwidth = 0;    // host link, per direction, bytes/s (offload)
   double price_per_hour = 0;    // USD per GPU-hour: a placeholder, override with --price
+  // The compute curve (plan/compute.h). gemm_efficiency is the one calibrated
+  // number per GPU: fitted once to one published run (compute_source), then
+  // held fixed; the others are measured figures from their sources.
+  double gemm_efficiency = 0;         // large bf16 GEMMs' fraction of peak
+  double attention_efficiency = 0;    // flash attention forward + backward, fraction of peak
+  double memory_efficiency = 0;       // streaming kernels' fraction of HBM bandwidth
+  double kernel_overhead_seconds = 0; // launch + ramp per kernel
+  std::string compute_source;
 };
 
 // Throws Error naming the known GPUs when `name` is not in the catalog.

@@ -6,6 +6,7 @@
 #include <array>
 
 #include "meshtrain/model/params.h"
+#include "meshtrain/plan/option_names.h"
 #include "meshtrain/plan/transformer.h"
 #include "meshtrain/tensor/memory_tracker.h"
 #include "meshtrain/util/error.h"
@@ -14,25 +15,10 @@ namespace meshtrain::plan {
 
 namespace {
 
-// One table per option enum: its names in order, for printing and parsing.
-template <typename E, size_t N>
-struct Names {
-  std::string_view option;
-  std::array<std::string_view, N> names;
-
-  std::string_view name(E value) const { return names[static_cast<size_t>(value)]; }
-  E parse(std::string_view text) const {
-    for (size_t i = 0; i < N; ++i) {
-      if (names[i] == text) return static_cast<E>(i);
-    }
-    fail("plan: unknown {} '{}' (expected {})", option, text, fmt::join(names, ", "));
-  }
-};
-
-constexpr Names<Recompute, 3> kRecompute{"recompute", {"none", "selective", "full"}};
-constexpr Names<Schedule, 3> kSchedule{"schedule", {"gpipe", "1f1b", "interleaved"}};
-constexpr Names<Offload, 2> kOffload{"offload", {"none", "optimizer"}};
-constexpr Names<Optimizer, 2> kOptimizer{"optimizer", {"adamw", "sgd"}};
+constexpr OptionNames<Recompute, 3> kRecompute{"recompute", {"none", "selective", "full"}};
+constexpr OptionNames<Schedule, 3> kSchedule{"schedule", {"gpipe", "1f1b", "interleaved"}};
+constexpr OptionNames<Offload, 2> kOffload{"offload", {"none", "optimizer"}};
+constexpr OptionNames<Optimizer, 2> kOptimizer{"optimizer", {"adamw", "sgd"}};
 
 }  // namespace
 
@@ -81,14 +67,15 @@ namespace {
 
 struct Dims {
   double s, b, h, a, kv, f, t, e;
+  double full_seq;  // the keys every query attends to (s = this rank's seq / cp)
 };
 
 Dims dims(const ActivationShape& x) {
   const ModelConfig& c = x.model;
-  return {static_cast<double>(x.seq), static_cast<double>(x.micro_batch),
+  return {static_cast<double>(x.seq) / static_cast<double>(x.cp), static_cast<double>(x.micro_batch),
           static_cast<double>(c.dim), static_cast<double>(c.n_heads),
           static_cast<double>(c.n_kv_heads * c.head_dim()), static_cast<double>(c.hidden_dim),
-          static_cast<double>(x.tp), x.value_bytes};
+          static_cast<double>(x.tp), x.value_bytes, static_cast<double>(x.seq)};
 }
 
 }  // namespace
@@ -102,9 +89,12 @@ double layer_activation_bytes(const ActivationShape& x) {
     return d.e * sbh / (x.sequence_parallel ? d.t : 1.0);
   }
   const double whole = half * 8 * sbh + mask * 2 * sbh;
-  const double mlp = x.model.family == Family::llama ? 6 : 4;
+  // Gated MLP: gate|up (4sbf) and their product (2sbf); selective
+  // recomputation recomputes the product from gate|up in backward.
+  const bool gated = x.model.family == Family::llama;
+  const double mlp = gated ? (x.recompute == Recompute::selective ? 4 : 6) : 4;
   const double split = half * (4 * sbh + 4 * d.s * d.b * d.kv + mlp * d.s * d.b * d.f);
-  const double core = (half * 2 + mask * (1 + 2 * half)) * d.a * d.s * d.s * d.b;
+  const double core = (half * 2 + mask * (1 + 2 * half)) * d.a * d.s * d.full_seq * d.b;
   double bytes = whole / (x.sequence_parallel ? d.t : 1.0) + split / d.t;
   if (x.recompute == Recompute::none) bytes += core / d.t;
   return bytes;

@@ -20,11 +20,13 @@ std::vector<PlanModel> published() {
   const std::string gpt2_src = "openai/gpt-2 model names (124M, 355M, 774M, 1558M); HF config.json";
   const std::string l2_src = "Llama-2 HF config.json; sizes 6.74B / 13.0B / 69.0B as the HF hub lists them";
   const std::string l3_src = "Llama-3 HF config.json; sizes 8B / 70B / 405B (Llama 3 paper, table 3)";
+  const std::string l1_src = "LLaMA 65B (Touvron et al. 2023, table 2: 65.2B), the QLoRA paper's largest model";
   return {
       {"gpt2-124m", gpt_dense(12, 768, 12, 50257, 1024), 124e6, gpt2_src},
       {"gpt2-350m", gpt_dense(24, 1024, 16, 50257, 1024), 355e6, gpt2_src},
       {"gpt2-774m", gpt_dense(36, 1280, 20, 50257, 1024), 774e6, gpt2_src},
       {"gpt2-1.5b", gpt_dense(48, 1600, 25, 50257, 1024), 1558e6, gpt2_src},
+      {"llama1-65b", llama(8192, 80, 64, 64, 22016, 32000, 2048, 1e4f), 65.2e9, l1_src},
       {"llama2-7b", llama(4096, 32, 32, 32, 11008, 32000, 4096, 1e4f), 6.74e9, l2_src},
       {"llama2-13b", llama(5120, 40, 40, 40, 13824, 32000, 4096, 1e4f), 13.0e9, l2_src},
       {"llama2-70b", llama(8192, 80, 64, 8, 28672, 32000, 4096, 1e4f), 69.0e9, l2_src},

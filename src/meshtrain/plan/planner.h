@@ -5,8 +5,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "meshtrain/model/config.h"
+#include "meshtrain/plan/compute.h"
+#include "meshtrain/plan/failures.h"
+#include "meshtrain/plan/finetune.h"
 #include "meshtrain/plan/hardware.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/plan/transformer.h"
@@ -20,24 +24,34 @@ struct Job {
   Precision precision = Precision::bf16;
   Optimizer optimizer = Optimizer::adamw;
   bool dropout = false;
-  double compute_efficiency = 0.5;      // achieved / peak FLOP/s on the layers' GEMMs
+  // Overrides the GPU's calibrated gemm_efficiency (hardware.h) when > 0.
+  double compute_efficiency = 0;
   double fragmentation = 0.10;          // allowance, fraction of the tracked bytes
   double reserve_bytes = 1024.0 * 1024 * 1024;  // CUDA context, cuBLAS and NCCL workspaces
   double bucket_bytes = 25.0 * 1024 * 1024;     // DDP gradient bucket (two in flight)
   double cpu_adam_params_per_second = 1e9;      // per GPU, optimizer offload
-  double checkpoint_interval_seconds = 3600;    // 0 = no checkpoints
+  // 0 = no checkpoints, < 0 = Daly's optimum for the failure rate (failures.h).
+  double checkpoint_interval_seconds = 3600;
   double checkpoint_write_bandwidth = 100e9;    // aggregate bytes/s to storage
+  FailureModel failures;
+  Finetune finetune;  // method none = pre-training
+  Attention attention = Attention::flash;
+  bool balance_pipeline = true;  // layers per stage by cost (pipeline_split.h), else uniform
+  std::vector<int64_t> pipeline_split;  // given layers per stage (overrides both when set)
   void validate() const;
   int64_t tokens_per_step() const { return global_batch * seq; }
 };
 
 struct Layout {
   int64_t tp = 1, pp = 1, vpp = 1, dp = 1, micro_batch = 1;
+  int64_t cp = 1;  // context parallelism: the sequence split over cp ranks (ranks: tp, cp, dp, pp)
   int zero = 0;
   // ZeRO-3 only: shard over groups of this many DP ranks and replicate across
   // the groups (HSDP / hybrid sharding); 0 = over the whole DP group.
   int64_t shard = 0;
-  int64_t shards() const { return shard > 0 ? shard : dp; }
+  // Ranks that share (and ZeRO-shard) the model states: the DP group times cp.
+  int64_t shards() const { return (shard > 0 ? shard : dp) * cp; }
+  int64_t grad_ranks() const { return dp * cp; }
   Recompute recompute = Recompute::selective;
   bool sequence_parallel = false;
   Offload offload = Offload::none;
@@ -58,12 +72,12 @@ struct StepTime {
   double compute = 0;    // model FLOPs at the efficiency factor
   double recompute = 0;  // the extra forward work of activation recomputation
   double bubble = 0;     // pipeline fill and drain
-  double tp = 0, dp = 0, pp = 0;  // exposed communication
+  double tp = 0, cp = 0, dp = 0, pp = 0;  // exposed communication
   double optimizer = 0;  // the optimizer step: memory-bound, at HBM bandwidth
   double offload = 0;    // host transfers and CPU optimizer step
   double checkpoint = 0; // a blocking checkpoint write, amortised over its interval
   double total() const {
-    return compute + recompute + bubble + tp + dp + pp + optimizer + offload + checkpoint;
+    return compute + recompute + bubble + tp + cp + dp + pp + optimizer + offload + checkpoint;
   }
 };
 
@@ -71,7 +85,10 @@ struct Estimate {
   Layout layout;
   int64_t gpus = 0;
   int64_t microbatches = 0;        // per optimizer step, per pipeline
-  int64_t layers_per_stage = 0;
+  int64_t layers_per_stage = 0;    // on the stage with the most layers
+  int64_t memory_stage_layers = 0; // on the stage `memory` describes
+  std::vector<int64_t> split;      // layers per virtual chunk (pipeline_split.h)
+  std::vector<double> stage_seconds;  // one micro-batch's compute on each stage
   MemoryBreakdown memory;          // the stage that needs the most
   std::string memory_stage;        // "first", "last" or "only"
   double params_per_rank = 0;      // before ZeRO sharding (the most loaded stage / tp)
@@ -80,10 +97,14 @@ struct Estimate {
   StepTime time;
   // All-ranks totals for one step (time.dp is what is exposed, these are the raw).
   double dp_comm_raw = 0, dp_overlap_window = 0;
+  double cp_comm_raw = 0;
   double model_flops_per_step = 0, hardware_flops_per_step = 0;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0;
   double checkpoint_bytes = 0, checkpoint_seconds = 0;  // one save
-  double steps = 0, train_seconds = 0, gpu_hours = 0, cost = 0;
+  double steps = 0, train_seconds = 0, gpu_hours = 0, cost = 0;  // failure-free
+  Goodput goodput;  // with failures: wall_seconds, the run's real length
+  double wall_gpu_hours = 0, wall_cost = 0;
+  double trainable_params = 0;  // fine-tuning: adapters (or all, full)
   std::string bottleneck;  // "compute", or the largest overhead: "bubble", "TP comm", ...
   double bottleneck_share = 0;
 };
@@ -94,6 +115,11 @@ std::string check_layout(const PlanContext& ctx, const Cluster& cluster, const J
 // Requires check_layout(...) == "".
 Estimate evaluate(const PlanContext& ctx, const Cluster& cluster, const Job& job,
                   const Layout& layout);
+
+// The cluster's GPU with the job's --efficiency override applied.
+GpuSpec effective_gpu(const Cluster& cluster, const Job& job);
+// One micro-batch of `layout` as the compute model sees it.
+ComputeShape compute_shape(const Job& job, const Layout& layout);
 
 // The compute efficiency at which `layout` takes `measured_step_seconds` per
 // step (bisection; the step time falls as the efficiency rises). Throws Error

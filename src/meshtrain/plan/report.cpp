@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "meshtrain/plan/collectives.h"
+#include "meshtrain/plan/pipeline_split.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -56,16 +57,27 @@ std::string cluster_line(const PlanInputs& in, int64_t gpus) {
 std::string job_line(const PlanInputs& in) {
   const Job& j = in.job;
   return fmt::format(
-      "job      seq {}, global batch {} sequences = {} tokens{}, {} tokens = {} steps, {} + {}, "
-      "compute efficiency {:.2f}{}",
+      "job      seq {}, global batch {} sequences = {} tokens{}, {} tokens = {} steps, {} + {}{}, "
+      "GEMM efficiency {:.2f} ({}){}",
       j.seq, grouped(static_cast<double>(j.global_batch)),
       grouped(static_cast<double>(j.tokens_per_step())),
       in.batch_note.empty() ? "" : " (" + in.batch_note + ")", human_count(j.tokens),
       grouped(std::ceil(j.tokens / static_cast<double>(j.tokens_per_step()))),
-      precision_name(j.precision), optimizer_name(j.optimizer), j.compute_efficiency,
+      precision_name(j.precision), optimizer_name(j.optimizer),
+      j.finetune.method == FinetuneMethod::none
+          ? ""
+          : j.finetune.adapters()
+              ? fmt::format(", fine-tune {} rank {} on {} linears", finetune_name(j.finetune.method),
+                            j.finetune.rank, lora_targets_name(j.finetune.targets))
+              : ", full fine-tune",
+      effective_gpu(in.cluster, j).gemm_efficiency,
+      j.compute_efficiency > 0 ? "--efficiency" : in.cluster.gpu.compute_source,
       j.checkpoint_interval_seconds > 0
           ? fmt::format(", checkpoint every {:.0f} min at {:.0f} GB/s",
                         j.checkpoint_interval_seconds / 60, j.checkpoint_write_bandwidth / 1e9)
+      : j.checkpoint_interval_seconds < 0
+          ? fmt::format(", checkpoint at the Young/Daly interval at {:.0f} GB/s",
+                        j.checkpoint_write_bandwidth / 1e9)
           : "");
 }
 
@@ -105,7 +117,7 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
   out += job_line(in) + "\n";
   out += fmt::format(
       "search   {} layouts in {:.3f} s: {} can run, {} fit in HBM{}{}; ranked by {}, best per "
-      "(gpus, tp, pp, v, zero)\n\n",
+      "(gpus, tp, cp, pp, v, zero)\n\n",
       r.evaluated, r.seconds, r.valid, r.fits,
       in.options.max_train_seconds > 0
           ? fmt::format(", {} of them train within {:.0f} days", r.fits - r.too_slow,
@@ -121,15 +133,15 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
   } else {
     const bool many_counts = in.options.gpu_counts.size() > 1;
     out += fmt::format(
-        "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
+        "{:>2} {}{:>3} {:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
         "{:>5} |{:>7} {:>9} {:>5} {:>8} {:>9}  {}\n",
-        "#", many_counts ? fmt::format("{:>6} ", "gpus") : "", "tp", "pp", "v", "dp", "zero", "mb",
+        "#", many_counts ? fmt::format("{:>6} ", "gpus") : "", "tp", "cp", "pp", "v", "dp", "zero", "mb",
         "rc", "GiB", "HBM", "param", "grad", "optim", "act", "other", "step s", "tok/s/GPU",
         "MFU", "train", "cost", "limit");
     out += fmt::format(
-        "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
+        "{:>2} {}{:>3} {:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
         "{:>5} |{:>7} {:>9} {:>5} {:>8} {:>9}\n",
-        "", many_counts ? std::string(7, ' ') : "", "", "", "", "", "", "", "", "", "", "GiB",
+        "", many_counts ? std::string(7, ' ') : "", "", "", "", "", "", "", "", "", "", "", "GiB",
         "GiB", "GiB", "GiB", "GiB", "", "", "", "", "");
     int rank = 0;
     for (const Estimate& e : r.ranked) {
@@ -140,9 +152,9 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
                        : l.recompute == Recompute::selective ? "sel"
                                                              : "full";
       out += fmt::format(
-          "{:>2} {}{:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6.1f} {:>3.0f}% {:>5.1f} {:>5.1f} "
+          "{:>2} {}{:>3} {:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6.1f} {:>3.0f}% {:>5.1f} {:>5.1f} "
           "{:>5.1f} {:>5.1f} {:>5.1f} |{:>7.2f} {:>9.0f} {:>4.1f}% {:>8} {:>9}  {}\n",
-          ++rank, many_counts ? fmt::format("{:>6} ", e.gpus) : "", l.tp, l.pp, l.vpp, l.dp,
+          ++rank, many_counts ? fmt::format("{:>6} ", e.gpus) : "", l.tp, l.cp, l.pp, l.vpp, l.dp,
           zero_label(l), l.micro_batch, rc, m.device_total() / kGiB, 100 * e.hbm_fraction,
           m.params / kGiB, m.grads / kGiB, m.optimizer / kGiB, m.activations / kGiB,
           other / kGiB, e.step_seconds, e.tokens_per_second / static_cast<double>(e.gpus),
@@ -152,10 +164,12 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
     const StepTime& t = b.time;
     const double s = b.step_seconds;
     out += fmt::format(
-        "\n#1 step {:.2f} s = compute {:.2f} + recompute {:.2f} + bubble {:.2f} + TP {:.2f} + DP "
+        "\n#1 step {:.2f} s = compute {:.2f} + recompute {:.2f} + bubble {:.2f} + TP {:.2f}{} + DP "
         "{:.2f} (of {:.2f}, rest overlapped) + PP {:.2f} + optimizer {:.2f}{}{}  ({:.0f}% compute); "
         "{} GPU-hours\n",
-        s, t.compute, t.recompute, t.bubble, t.tp, t.dp, b.dp_comm_raw, t.pp, t.optimizer,
+        s, t.compute, t.recompute, t.bubble, t.tp,
+        b.layout.cp > 1 ? fmt::format(" + CP {:.2f} (of {:.2f})", t.cp, b.cp_comm_raw) : "",
+        t.dp, b.dp_comm_raw, t.pp, t.optimizer,
         t.offload > 0 ? fmt::format(" + offload {:.2f}", t.offload) : "",
         t.checkpoint > 0 ? fmt::format(" + checkpoint {:.2f}", t.checkpoint) : "",
         100 * t.compute / s,
@@ -167,6 +181,24 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
         gib(b.memory.activations), gib(b.memory.workspace), gib(b.memory.comm),
         gib(b.memory.fragmentation), gib(b.memory.device_total()),
         b.memory.offloaded > 0 ? fmt::format(" (+ {} on the host)", gib(b.memory.offloaded)) : "");
+    if (b.layout.pp > 1) {
+      out += fmt::format("#1 pipeline: layers per stage {} ({})\n",
+                         fmt::join(stage_layers(b.split, b.layout.pp), " "),
+                         !in.job.pipeline_split.empty() ? "given by --pp-split"
+                         : in.job.balance_pipeline      ? "balanced by cost: embedding, blocks, head + loss"
+                                                        : "uniform");
+    }
+    const Goodput& g = b.goodput;
+    if (g.mtbf_seconds > 0) {
+      out += fmt::format(
+          "#1 failures: MTBF {:.1f} h on {} GPUs; checkpoint {} in {:.0f} s every {:.0f} min{}; "
+          "~{:.0f} interruptions losing {:.0f} min each; goodput {:.1f}%: {} wall, "
+          "{} GPU-hours, {}\n",
+          g.mtbf_seconds / 3600, b.gpus, gib(b.checkpoint_bytes), g.checkpoint_seconds,
+          g.interval_seconds / 60, in.job.checkpoint_interval_seconds < 0 ? " (Young/Daly)" : "",
+          g.failures, g.lost_per_failure / 60, 100 * g.goodput,
+          duration(g.wall_seconds), human_count(b.wall_gpu_hours), money(b.wall_cost));
+    }
   }
 
   out += "\nfamilies (rc: activation recomputation; zero 3/g: ZeRO-3 sharded in groups of g DP "
@@ -233,7 +265,11 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
                 {"tokens", j.tokens},
                 {"precision", std::string(precision_name(j.precision))},
                 {"optimizer", std::string(optimizer_name(j.optimizer))},
-                {"compute_efficiency", j.compute_efficiency},
+                {"gemm_efficiency", effective_gpu(in.cluster, j).gemm_efficiency},
+                {"finetune", std::string(finetune_name(j.finetune.method))},
+                {"lora_rank", j.finetune.rank},
+                {"failures_per_gpu_hour", j.failures.failures_per_gpu_hour},
+                {"restart_seconds", j.failures.restart_seconds},
                 {"fragmentation", j.fragmentation},
                 {"checkpoint_interval_seconds", j.checkpoint_interval_seconds},
                 {"checkpoint_write_bandwidth", j.checkpoint_write_bandwidth}};
@@ -251,7 +287,7 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
     ranked.push_back(
         {{"gpus", e.gpus},
          {"layout",
-          {{"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
+          {{"tp", l.tp}, {"cp", l.cp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
            {"zero_shard_group", l.shards()},
            {"micro_batch", l.micro_batch}, {"microbatches", e.microbatches},
            {"recompute", std::string(recompute_name(l.recompute))},
@@ -259,9 +295,23 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
            {"offload", std::string(offload_name(l.offload))},
            {"schedule", std::string(schedule_name(l.pp == 1 ? Schedule::one_f_one_b : l.schedule))}}},
          {"memory_bytes", mem},
+         {"pipeline", {{"layers_per_chunk", e.split}, {"stage_seconds", e.stage_seconds}}},
+         {"trainable_params", e.trainable_params},
+         {"failures",
+          {{"mtbf_seconds", e.goodput.mtbf_seconds},
+           {"checkpoint_interval_seconds", e.goodput.interval_seconds},
+           {"checkpoint_seconds", e.checkpoint_seconds},
+           {"checkpoint_bytes", e.checkpoint_bytes},
+           {"expected_failures", e.goodput.failures},
+           {"lost_seconds_per_failure", e.goodput.lost_per_failure},
+           {"goodput", e.goodput.goodput},
+           {"wall_seconds", e.goodput.wall_seconds},
+           {"wall_gpu_hours", e.wall_gpu_hours},
+           {"wall_cost_usd", e.wall_cost}}},
          {"time_seconds",
           {{"compute", e.time.compute}, {"recompute", e.time.recompute},
-           {"bubble", e.time.bubble}, {"tp", e.time.tp}, {"dp", e.time.dp},
+           {"bubble", e.time.bubble}, {"tp", e.time.tp}, {"cp", e.time.cp},
+           {"cp_raw", e.cp_comm_raw}, {"dp", e.time.dp},
            {"dp_raw", e.dp_comm_raw}, {"pp", e.time.pp}, {"offload", e.time.offload},
            {"optimizer", e.time.optimizer}, {"checkpoint", e.time.checkpoint},
            {"step", e.step_seconds}}},

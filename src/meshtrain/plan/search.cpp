@@ -21,6 +21,7 @@ RankBy parse_rank_by(std::string_view name) {
 std::string family_name(const Layout& l) {
   std::string name;
   if (l.tp > 1) name += "TP + ";
+  if (l.cp > 1) name += "CP + ";
   if (l.pp > 1) name += "PP + ";
   name += l.zero < 3     ? "DP (ZeRO-0/1/2)"
           : l.shard > 0 ? "HSDP (ZeRO-3 in groups)"
@@ -82,15 +83,21 @@ void check_fixed(const PlanContext& ctx, const Cluster& cl, const FixedChoices& 
                     *f.dp, cl.gpus);
   }
   if (f.tp && f.pp && f.dp) {
-    MESHTRAIN_CHECK(*f.tp * *f.pp * *f.dp == cl.gpus,
-                    "plan: --tp {} x --pp {} x --dp {} = {} is not --gpus {}", *f.tp, *f.pp,
-                    *f.dp, *f.tp * *f.pp * *f.dp, cl.gpus);
+    const int64_t cp = f.cp ? *f.cp : 1;
+    MESHTRAIN_CHECK(*f.tp * cp * *f.pp * *f.dp == cl.gpus,
+                    "plan: --tp {}{} x --pp {} x --dp {} = {} is not --gpus {}", *f.tp,
+                    cp > 1 ? fmt::format(" x --cp {}", cp) : "", *f.pp, *f.dp,
+                    *f.tp * cp * *f.pp * *f.dp, cl.gpus);
   }
   if (f.zero) {
     MESHTRAIN_CHECK(*f.zero >= 0 && *f.zero <= 3, "plan: --zero must be 0..3, got {}", *f.zero);
   }
+  if (f.cp) {
+    MESHTRAIN_CHECK(*f.cp >= 1 && cl.gpus % *f.cp == 0, "plan: --cp {} does not divide --gpus {}",
+                    *f.cp, cl.gpus);
+  }
   if (f.shard) {
-    MESHTRAIN_CHECK(*f.shard >= 2, "plan: --shard must be >= 2, got {}", *f.shard);
+    MESHTRAIN_CHECK(*f.shard >= 0, "plan: --shard must be >= 2 or 'dp', got {}", *f.shard);
     MESHTRAIN_CHECK(!f.zero || *f.zero == 3, "plan: --shard (hybrid sharding) needs --zero 3");
   }
   if (f.micro_batch) {
@@ -150,6 +157,60 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
     fitting.push_back(std::move(est));
   };
 
+  // Every (pp, v, ZeRO, micro-batch, recomputation, offload) for one tp x cp.
+  auto enumerate_pp = [&](const Cluster& cl, int64_t gpus, int64_t tp, int64_t cp,
+                          const std::vector<Offload>& offloads) {
+    for (int64_t pp : choices(f.pp, divisors(gpus / (tp * cp)))) {
+      if (gpus % (tp * cp * pp) != 0 || pp > model.n_layers) continue;
+      const int64_t dp = gpus / (tp * cp * pp);
+      if (f.dp && *f.dp != dp) continue;
+      const std::vector<int64_t> vpps =
+          pp > 1 ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8} : std::vector<int64_t>{1};
+      // (ZeRO stage, shard group): without data parallelism there is nothing to
+      // shard; ZeRO-3 over the whole DP group, or hybrid: sharded in groups of a
+      // node's worth of DP ranks (and 2x, 4x, ...) and replicated across them.
+      std::vector<std::pair<int, int64_t>> shardings;
+      for (int zero : choices(f.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3}
+                                             : std::vector<int>{0})) {
+        if (f.shard) {  // fixed: check_layout says when it cannot be
+          // --shard equal to dp is full sharding.
+          if (zero == 3) shardings.emplace_back(zero, *f.shard == dp ? 0 : *f.shard);
+          continue;
+        }
+        shardings.emplace_back(zero, 0);
+        if (zero != 3 || f.zero) continue;  // --zero 3 alone means full sharding
+        for (int64_t g = std::max<int64_t>(2, cl.gpus_per_node / tp); g < dp; g *= 2) {
+          if (dp % g == 0) shardings.emplace_back(zero, g);
+        }
+      }
+      for (int64_t vpp : choices(f.vpp, vpps)) {
+        for (auto [zero, shard] : shardings) {
+          for (int64_t mb : choices(f.micro_batch, {1, 2, 4, 8, 16})) {
+            for (Recompute rc : choices(f.recompute, {Recompute::none, Recompute::selective,
+                                                      Recompute::full})) {
+              for (Offload off : offloads) {
+                Layout l;
+                l.tp = tp;
+                l.cp = cp;
+                l.pp = pp;
+                l.vpp = vpp;
+                l.dp = dp;
+                l.zero = zero;
+                l.shard = shard;
+                l.micro_batch = mb;
+                l.recompute = rc;
+                l.sequence_parallel = f.sequence_parallel ? *f.sequence_parallel : tp > 1;
+                l.offload = off;
+                l.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+                if (f.schedule) l.schedule = *f.schedule;
+                consider(cl, l);
+              }
+            }
+          }
+        }
+      }
+    }
+  };
   auto enumerate = [&](const std::vector<Offload>& offloads) {
     for (int64_t gpus : opt.gpu_counts) {
       Cluster cl = base;
@@ -161,53 +222,14 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
         if (t <= cl.gpus_per_node) tps.push_back(t);  // TP stays inside a node unless fixed
       }
       for (int64_t tp : choices(f.tp, tps)) {
-        for (int64_t pp : choices(f.pp, divisors(gpus / tp))) {
-          if (gpus % (tp * pp) != 0 || pp > model.n_layers) continue;
-          const int64_t dp = gpus / (tp * pp);
-          if (f.dp && *f.dp != dp) continue;
-          const std::vector<int64_t> vpps =
-              pp > 1 ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8} : std::vector<int64_t>{1};
-          // (ZeRO stage, shard group): without data parallelism there is nothing to
-          // shard; ZeRO-3 over the whole DP group, or hybrid: sharded in groups of a
-          // node's worth of DP ranks (and 2x, 4x, ...) and replicated across them.
-          std::vector<std::pair<int, int64_t>> shardings;
-          for (int zero : choices(f.zero, dp > 1 ? std::vector<int>{0, 1, 2, 3}
-                                                 : std::vector<int>{0})) {
-            if (f.shard) {  // fixed: check_layout says when it cannot be
-              if (zero == 3) shardings.emplace_back(zero, *f.shard);
-              continue;
-            }
-            shardings.emplace_back(zero, 0);
-            if (zero != 3) continue;
-            for (int64_t g = std::max<int64_t>(2, cl.gpus_per_node / tp); g < dp; g *= 2) {
-              if (dp % g == 0) shardings.emplace_back(zero, g);
-            }
-          }
-          for (int64_t vpp : choices(f.vpp, vpps)) {
-            for (auto [zero, shard] : shardings) {
-              for (int64_t mb : choices(f.micro_batch, {1, 2, 4, 8, 16})) {
-                for (Recompute rc : choices(f.recompute, {Recompute::none, Recompute::selective,
-                                                          Recompute::full})) {
-                  for (Offload off : offloads) {
-                    Layout l;
-                    l.tp = tp;
-                    l.pp = pp;
-                    l.vpp = vpp;
-                    l.dp = dp;
-                    l.zero = zero;
-                    l.shard = shard;
-                    l.micro_batch = mb;
-                    l.recompute = rc;
-                    l.sequence_parallel = f.sequence_parallel ? *f.sequence_parallel : tp > 1;
-                    l.offload = off;
-                    l.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
-                    if (f.schedule) l.schedule = *f.schedule;
-                    consider(cl, l);
-                  }
-                }
-              }
-            }
-          }
+        // Context parallelism only for long sequences (>= 16K), unless fixed.
+        std::vector<int64_t> cps{1};
+        if (job.seq >= 16384) {
+          for (int64_t c = 2; c <= 32 && (gpus / tp) % c == 0; c *= 2) cps.push_back(c);
+        }
+        for (int64_t cp : choices(f.cp, cps)) {
+          if ((gpus / tp) % cp != 0) continue;
+          enumerate_pp(cl, gpus, tp, cp, offloads);
         }
       }
     }
@@ -242,10 +264,10 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
 
   std::sort(fitting.begin(), fitting.end(),
             [&](const Estimate& a, const Estimate& b) { return ranks_before(a, b, opt.rank_by); });
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>, bool> seen;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int>, bool> seen;
   for (Estimate& est : fitting) {
     const Layout& l = est.layout;
-    auto key = std::make_tuple(est.gpus, l.tp, l.pp, l.vpp, l.zero);
+    auto key = std::make_tuple(est.gpus, l.tp, l.cp, l.pp, l.vpp, l.zero);
     if (seen[key]) continue;
     seen[key] = true;
     result.ranked.push_back(std::move(est));

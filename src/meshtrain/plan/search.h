@@ -15,8 +15,10 @@ namespace meshtrain::plan {
 
 // Choices the user fixed; unset ones are searched.
 struct FixedChoices {
-  std::optional<int64_t> tp, pp, vpp, dp, micro_batch;
-  std::optional<int64_t> shard;  // ZeRO-3 shard group (hybrid sharding)
+  std::optional<int64_t> tp, cp, pp, vpp, dp, micro_batch;
+  // ZeRO-3's shard group: g (hybrid sharding), 0 = the whole DP group. Unset
+  // with --zero 3 fixed means full sharding; unset otherwise, both are searched.
+  std::optional<int64_t> shard;
   std::optional<int> zero;
   std::optional<Recompute> recompute;
   std::optional<bool> sequence_parallel;

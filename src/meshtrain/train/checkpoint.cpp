@@ -4,12 +4,11 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <map>
 #include <sstream>
 
-#include "meshtrain/ckpt/atomic_file.h"
+#include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/ckpt/hf.h"
-#include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/ckpt/weights.h"
 #include "meshtrain/util/error.h"
 
@@ -18,72 +17,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kStateFile = "train_state.json";
-constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kStateFile = "train_state.json";  // the whole-tensor format
 
-// The three files and the tensors they hold.
-constexpr const char* kTensorFiles[3] = {kModelFile, "exp_avg.safetensors",
-                                         "exp_avg_sq.safetensors"};
-
-const Tensor& tensor_of(const CheckpointTensors& tensors, int which) {
-  return which == 0 ? tensors.master : which == 1 ? tensors.exp_avg : tensors.exp_avg_sq;
-}
-
-}  // namespace
-
-std::string step_dir_name(int64_t step) { return fmt::format("step_{}", step); }
-
-void save_checkpoint(const std::string& dir, const std::vector<Parameter>& params,
-                     const CheckpointTensors& tensors, const TrainState& state,
-                     const TrainConfig& config) {
-  // Everything goes into a temporary directory renamed into place at the end.
-  fs::path final_dir(dir);
-  fs::path temp_dir = final_dir;
-  temp_dir += ".tmp";
-  fs::remove_all(temp_dir);
-  fs::create_directories(temp_dir);
-
-  for (int which = 0; which < 3; ++which) {
-    SafetensorsWriter writer;
-    for (const Parameter& p : params) {
-      writer.add(p.spec.name, tensor_of(tensors, which).view(p.offset, p.spec.shape));
-    }
-    if (which == 0) {
-      writer.set_metadata("format", "meshtrain");
-      writer.set_metadata("step", std::to_string(state.step));
-    } else {
-      writer.set_metadata("format", "meshtrain-adamw");
-      writer.set_metadata("optimizer_step", std::to_string(state.optimizer_step));
-    }
-    writer.write((temp_dir / kTensorFiles[which]).string());
-  }
-  nlohmann::json json{
-      {"format", "meshtrain-train-state"},
-      {"version", 1},
-      {"step", state.step},
-      {"optimizer_step", state.optimizer_step},
-      {"sampler", {{"epoch", state.sampler.epoch}, {"index", state.sampler.index}}},
-      {"seed", state.seed},
-      {"config", nlohmann::json::parse(config_to_json(config))},
-  };
-  write_file_atomic((temp_dir / kStateFile).string(), json.dump(2) + "\n");
-
-  fs::remove_all(final_dir);
-  fs::rename(temp_dir, final_dir);
-}
-
-TrainState read_train_state(const std::string& dir, TrainConfig* config) {
-  std::string path = (fs::path(dir) / kStateFile).string();
-  std::ifstream in(path);
-  MESHTRAIN_CHECK(in.good(), "checkpoint '{}': cannot read {}", dir, kStateFile);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
+TrainState parse_train_state(const nlohmann::json& json, const std::string& path,
+                             TrainConfig* config) {
   auto field = [&](const nlohmann::json& object, const char* key) -> const nlohmann::json& {
     MESHTRAIN_CHECK(object.is_object() && object.contains(key), "{}: missing field '{}'", path,
                     key);
@@ -116,34 +53,124 @@ TrainState read_train_state(const std::string& dir, TrainConfig* config) {
   return state;
 }
 
-void load_checkpoint_tensors(const std::string& dir, const std::vector<Parameter>& params,
-                             CheckpointTensors& tensors) {
-  for (int which = 0; which < 3; ++which) {
-    SafetensorsReader reader((fs::path(dir) / kTensorFiles[which]).string());
-    MESHTRAIN_CHECK(reader.tensors().size() == params.size(),
-                    "{}: {} tensors, the model has {} parameters", reader.path(),
-                    reader.tensors().size(), params.size());
-    for (const Parameter& p : params) {
-      reader.read(p.spec.name, tensor_of(tensors, which).view(p.offset, p.spec.shape));
+// "section.key" -> the value as JSON text.
+std::map<std::string, std::string> flat_settings(const TrainConfig& config) {
+  std::map<std::string, std::string> out;
+  const nlohmann::json json = nlohmann::json::parse(config_to_json(config));
+  for (const auto& [section, keys] : json.items()) {
+    for (const auto& [key, value] : keys.items()) out[section + "." + key] = value.dump();
+  }
+  return out;
+}
+
+// Settings a resume may change without breaking exact continuation (or that
+// change it on purpose: the layout reshards; a different layout continues
+// within float tolerance).
+bool may_change_on_resume(const std::string& key) {
+  static const char* const kFree[] = {"train.steps",        "train.eval_interval",
+                                      "train.eval_batches", "train.log_interval",
+                                      "train.threads",      "train.peak_flops",
+                                      "train.checkpoint_interval", "train.out_dir",
+                                      "data.gpt2_ranks"};
+  for (const char* k : kFree) {
+    if (key == k) return true;
+  }
+  return key.starts_with("parallel.") || key.starts_with("ckpt.");
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) { return fmt::format("step_{}", step); }
+
+nlohmann::json train_state_json(const TrainState& state, const TrainConfig& config) {
+  return {{"format", "meshtrain-train-state"},
+          {"version", 1},
+          {"step", state.step},
+          {"optimizer_step", state.optimizer_step},
+          {"sampler", {{"epoch", state.sampler.epoch}, {"index", state.sampler.index}}},
+          {"seed", state.seed},
+          {"config", nlohmann::json::parse(config_to_json(config))}};
+}
+
+bool is_training_checkpoint(const std::string& dir) {
+  return dist_ckpt::is_sharded_checkpoint(dir) || fs::exists(fs::path(dir) / kStateFile);
+}
+
+TrainState read_train_state(const std::string& dir, TrainConfig* config) {
+  if (dist_ckpt::is_sharded_checkpoint(dir)) {
+    return parse_train_state(dist_ckpt::read_manifest(dir).meta,
+                             (fs::path(dir) / "manifest.json").string(), config);
+  }
+  std::string path = (fs::path(dir) / kStateFile).string();
+  std::ifstream in(path);
+  MESHTRAIN_CHECK(in.good(), "checkpoint '{}': cannot read manifest.json or {}", dir, kStateFile);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  return parse_train_state(json, path, config);
+}
+
+std::vector<std::string> resume_config_changes(const TrainConfig& saved, const TrainConfig& now) {
+  const auto before = flat_settings(saved), after = flat_settings(now);
+  std::vector<std::string> changes;
+  for (const auto& [key, value] : after) {
+    auto it = before.find(key);
+    const std::string old = it == before.end() ? "(unset)" : it->second;
+    if (old != value && !may_change_on_resume(key)) {
+      changes.push_back(fmt::format("{}: {} -> {}", key, old, value));
     }
   }
+  return changes;
 }
+
+namespace {
+
+// Writes the master values into the model; the moments a checkpoint also
+// holds are dropped.
+class MasterOnly final : public layout::StateAccess {
+ public:
+  explicit MasterOnly(Model& model) : model_(model) {}
+  void read(layout::StateKind, int64_t, int64_t, float*) override {
+    fail("load: the model holds no optimizer state to read");
+  }
+  void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override {
+    if (kind != layout::StateKind::master) return;
+    std::copy_n(in, count, model_.flat_master().data<float>() + offset);
+  }
+
+ private:
+  Model& model_;
+};
+
+}  // namespace
 
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
                                       cpu::CpuContext& ctx) {
   fs::path root(dir);
   MESHTRAIN_CHECK(fs::is_directory(root), "checkpoint '{}': not a directory", dir);
-  if (fs::exists(root / kStateFile)) {
+  if (is_training_checkpoint(dir)) {
     TrainConfig config;
     read_train_state(dir, &config);
     auto model = std::make_unique<Model>(config.model, precision, ctx);
-    load_model_weights(*model, (root / kModelFile).string());
+    if (dist_ckpt::is_sharded_checkpoint(dir)) {
+      MasterOnly master(*model);
+      dist_ckpt::load_checkpoint(dir, model->shard_map(), master,
+                                 static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024));
+      model->sync_compute_weights();
+    } else {
+      load_model_weights(*model, (root / "model.safetensors").string());
+    }
     return model;
   }
   MESHTRAIN_CHECK(fs::exists(root / "config.json"),
-                  "checkpoint '{}': neither a training step ({}) nor a Hugging Face directory "
-                  "(config.json)",
-                  dir, kStateFile);
+                  "checkpoint '{}': neither a training step (manifest.json) nor a Hugging Face "
+                  "directory (config.json)",
+                  dir);
   return import_hf(dir, precision, ctx);
 }
 

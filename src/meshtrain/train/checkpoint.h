@@ -1,24 +1,23 @@
-// Training checkpoints: one directory per step,
-//   <out_dir>/step_<N>/model.safetensors       f32 master weights (ckpt/weights.h: HF names,
-//                                              meshtrain's q/k row order)
-//                      exp_avg.safetensors     AdamW first moments, same tensor names
-//                      exp_avg_sq.safetensors  AdamW second moments, same tensor names
-//                      train_state.json        step, optimizer step, sampler position,
-//                                              seed and the resolved config
-// written under a temporary name and renamed into place, so a step directory
-// either is complete or does not exist. No config.json is written, so a step
-// directory is never mistaken for a Hugging Face one (`meshtrain ckpt export
-// --format hf` makes that).
+// Training checkpoints: one directory per step, <out_dir>/step_<N>/, in the
+// sharded format of ckpt/distributed.h (each rank's slices + manifest.json,
+// committed atomically, `latest` pointing at the newest) written by
+// train/checkpointer.h. The manifest's `meta` object is the train state
+// below: step, optimizer step, sampler position, seed and the resolved
+// config. Directories of the earlier whole-tensor format
+// (model.safetensors, exp_avg.safetensors, exp_avg_sq.safetensors,
+// train_state.json holding the same object) are still read.
+// No config.json is written, so a step directory is never mistaken for a
+// Hugging Face one (`meshtrain ckpt export --format hf` makes that).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "meshtrain/data/sampler.h"
 #include "meshtrain/model/model.h"
-#include "meshtrain/optim/adamw.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -32,28 +31,21 @@ struct TrainState {
 
 std::string step_dir_name(int64_t step);  // "step_100"
 
-// A checkpoint's tensors, whole, in the flat model layout: parameter i at
-// params[i].offset, num_params f32 elements each. The flat model's buffers and
-// AdamW's moments are this layout; ZeRO gathers its shards into it.
-struct CheckpointTensors {
-  Tensor master, exp_avg, exp_avg_sq;
-};
-
-// Writes the checkpoint to `dir` (replacing an existing one) atomically.
-void save_checkpoint(const std::string& dir, const std::vector<Parameter>& params,
-                     const CheckpointTensors& tensors, const TrainState& state,
-                     const TrainConfig& config);
-
-// Reads train_state.json: the state and the saved config. Errors name the file and field.
+// The train state and resolved config as the JSON object a checkpoint holds.
+nlohmann::json train_state_json(const TrainState& state, const TrainConfig& config);
+// Reads a checkpoint's train state (the manifest's meta, or the whole-tensor
+// format's train_state.json) and its saved config. Errors name the file and field.
 TrainState read_train_state(const std::string& dir, TrainConfig* config = nullptr);
+// True when `dir` is a training checkpoint of either format.
+bool is_training_checkpoint(const std::string& dir);
 
-// Reads weights and optimizer state into `tensors` (allocated by the caller,
-// num_params f32 each). A missing, extra or misshapen tensor is an Error
-// naming the file and tensor.
-void load_checkpoint_tensors(const std::string& dir, const std::vector<Parameter>& params,
-                             CheckpointTensors& tensors);
+// The settings that differ between a checkpoint's config and the one a
+// resume runs with and that break exact continuation ("train.seed: 1 -> 2"),
+// one line each. Settings a resume may change (steps, intervals, threads,
+// out_dir, the parallel layout, [ckpt]) are not listed.
+std::vector<std::string> resume_config_changes(const TrainConfig& saved, const TrainConfig& now);
 
-// A model from a directory: a training step directory (train_state.json) or a
+// A model from a directory: a training step directory (either format) or a
 // Hugging Face one (config.json + model.safetensors).
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
                                       cpu::CpuContext& ctx);

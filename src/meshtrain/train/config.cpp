@@ -59,6 +59,9 @@ constexpr KeySpec kKeys[] = {
     {"parallel", "offload_budget_mb", Kind::number},
     {"parallel", "schedule", Kind::string},   {"parallel", "virtual_stages", Kind::integer},
     {"parallel", "pp_split", Kind::string},
+
+    {"ckpt", "buffer_mb", Kind::number},      {"ckpt", "async", Kind::boolean},
+    {"ckpt", "keep_last", Kind::integer},
 };
 
 std::string_view kind_name(Kind kind) {
@@ -398,6 +401,17 @@ std::vector<int64_t> pp_split_layers(const ParallelSettings& p) {
 
 namespace {
 
+CkptSettings read_ckpt(const Section& s) {
+  CkptSettings c;
+  s.read("buffer_mb", c.buffer_mb);
+  s.read("async", c.async);
+  s.read("keep_last", c.keep_last);
+  MESHTRAIN_CHECK(std::isfinite(c.buffer_mb) && c.buffer_mb >= 1,
+                  "config: ckpt.buffer_mb must be >= 1, got {}", c.buffer_mb);
+  check_min<int64_t>("ckpt.keep_last", c.keep_last, 0);
+  return c;
+}
+
 ParallelSettings read_parallel(const Section& s) {
   ParallelSettings p;
   s.read("tp", p.tp);
@@ -446,6 +460,7 @@ TrainConfig from_table(const toml::table& root) {
   c.optim = read_optim(Section(root, "optim"));
   c.data = read_data(Section(root, "data"));
   c.parallel = read_parallel(Section(root, "parallel"));
+  c.ckpt = read_ckpt(Section(root, "ckpt"));
   return c;
 }
 
@@ -515,11 +530,15 @@ toml::table to_table(const TrainConfig& c) {
                        {"schedule", p.schedule},
                        {"virtual_stages", p.virtual_stages},
                        {"pp_split", p.pp_split}};
+  toml::table ckpt{{"buffer_mb", c.ckpt.buffer_mb},
+                   {"async", c.ckpt.async},
+                   {"keep_last", c.ckpt.keep_last}};
   return toml::table{{"model", std::move(model)},
                      {"train", std::move(train)},
                      {"optim", std::move(optim)},
                      {"data", std::move(data)},
-                     {"parallel", std::move(parallel)}};
+                     {"parallel", std::move(parallel)},
+                     {"ckpt", std::move(ckpt)}};
 }
 
 // JSON values as TOML nodes (integers stay integers), for config_from_json.

@@ -75,6 +75,13 @@ struct ParallelSettings {
   double offload_budget_mb = 0;       // cpu/disk: resident MiB of optimizer state (0 = no limit)
 };
 
+// [ckpt]: distributed checkpoints (docs/distributed.md#distributed-checkpoints).
+struct CkptSettings {
+  double buffer_mb = 64;  // staging buffer per rank for synchronous writes and loads
+  bool async = false;     // copy the state at the step boundary, write it in the background
+  int64_t keep_last = 0;  // committed checkpoints kept (0 = all)
+};
+
 struct TrainConfig {
   std::string model_preset;  // empty when every model field is explicit
   ModelConfig model;
@@ -82,6 +89,7 @@ struct TrainConfig {
   OptimSettings optim;
   DataSettings data;
   ParallelSettings parallel;
+  CkptSettings ckpt;
 
   LrSchedule lr_schedule() const;
 };

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -74,6 +75,18 @@ std::string describe_zero(const zero::ShardedDataParallel& zero) {
     }
   }
   return text;
+}
+
+std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
+  int64_t size = static_cast<int64_t>(text.size());
+  comm.broadcast(&size, 1, CommDType::i64, root);
+  // Bytes travel as 32-bit words.
+  std::vector<int32_t> words(static_cast<size_t>((size + 3) / 4), 0);
+  if (comm.rank() == root) std::memcpy(words.data(), text.data(), text.size());
+  if (!words.empty()) {
+    comm.broadcast(words.data(), static_cast<int64_t>(words.size()), CommDType::i32, root);
+  }
+  return std::string(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(size));
 }
 
 double sum_over_ranks(Communicator& comm, double value) {

@@ -23,6 +23,8 @@ zero::ZeroOptions zero_options(const TrainConfig& config);
 // "ZeRO stage 3: 14 flat parameters (padding 9 elements), prefetch on, ..." for the console.
 std::string describe_zero(const zero::ShardedDataParallel& zero);
 
+// `text` from `root` on every member (blocking).
+std::string broadcast_string(Communicator& comm, const std::string& text, int root);
 // Sum of `value` over the group (blocking).
 double sum_over_ranks(Communicator& comm, double value);
 

@@ -1,13 +1,11 @@
-// The single-rank training loop: gradient accumulation over micro-batches,
-// global-norm clipping, AdamW with the LR schedule, periodic validation,
-// console and JSONL metrics, checkpoints that resume bit-exactly.
+// The training loop on one rank: the data parallelism (gradient sync and
+// optimizer ownership), the step runner (local micro-batches or a pipeline
+// schedule) and the checkpointer are built once from the config and the
+// mesh; train_step composes them, step hooks observe it.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,39 +13,26 @@
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/model/model.h"
-#include "meshtrain/optim/adamw.h"
-#include "meshtrain/parallel/ddp/ddp.h"
-#include "meshtrain/parallel/pipeline/executor.h"
-#include "meshtrain/parallel/zero/sharded.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/checkpointer.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/data_parallel.h"
+#include "meshtrain/train/step.h"
+#include "meshtrain/train/step_runner.h"
 
 namespace meshtrain {
 
-struct StepRecord {
-  int64_t step = 0;  // 1-based: the step just completed
-  double loss = 0;   // mean token loss over the step's batch
-  float lr = 0;
-  double grad_norm = 0;  // before clipping
-  double tokens_per_s = 0;
-  double mfu = 0;
-  double step_ms = 0;
-  double data_ms = 0;  // of step_ms, waiting for the loader's micro-batches
-  double comm_ms = 0;          // data parallel: the gradient all-reduces' busy time
-  double exposed_comm_ms = 0;  // of step_ms, waiting for them after backward
-  uint64_t comm_bytes = 0;     // bytes of the step's collectives (CallRecord::bytes)
-  // Pipeline (pp > 1), this rank: time computing, waiting for a peer's
-  // activation or gradient, and in the whole schedule; the measured bubble
-  // (schedule - compute) / compute next to the theoretical (p - 1) / (v m);
-  // the most micro-batches whose activations were held at once.
-  double pp_busy_ms = 0, pp_wait_ms = 0, pp_schedule_ms = 0;
-  double pp_bubble = 0, pp_bubble_theory = 0;
-  int64_t pp_in_flight = 0;
-  uint64_t tp_comm_bytes = 0;  // tensor parallel: the tp group's collectives (CallRecord::bytes)
-};
-
 struct TrainerOptions {
-  std::string resume_dir;  // a step directory to resume from; empty = start from the seed
+  // A step directory to resume from; "auto" = out_dir's newest checkpoint
+  // that verifies (`latest` first), or a fresh start when there is none;
+  // empty = start from the seed.
+  std::string resume_dir;
+  // A fresh run refuses an out_dir holding another run's metrics or
+  // checkpoints unless told to overwrite them (they are deleted).
+  bool overwrite = false;
+  // A resume refuses config changes that break exact continuation
+  // (resume_config_changes) unless allowed.
+  bool allow_config_change = false;
   bool console = true;     // per-step lines and reports on stdout
   // This process's data-parallel rank and the data-parallel size: the loader
   // hands it rows [dp_rank, dp_rank + 1) * batch_size / dp_size of each global batch.
@@ -55,12 +40,13 @@ struct TrainerOptions {
   int64_t dp_size = 1;
   int prefetch = 2;  // micro-batches the loader makes ahead (0 = on the training thread)
   // A multi-rank run: the mesh (which must outlive the trainer) sets dp_rank
-  // and dp_size; with dp > 1 gradients are averaged by DistributedDataParallel,
-  // or with parallel.zero > 0 (which needs the mesh) sharded by ZeRO.
-  // Only rank 0 prints and writes checkpoints; rank R > 0 writes its metrics
-  // to out_dir/metrics.rank<R>.jsonl.
+  // and dp_size and the parallel modes. Only rank 0 prints; rank R > 0 writes
+  // its metrics to out_dir/metrics.rank<R>.jsonl; every rank writes its own
+  // part of each checkpoint.
   DeviceMesh* mesh = nullptr;
 };
+
+class MetricsLog;
 
 class Trainer {
  public:
@@ -75,40 +61,44 @@ class Trainer {
   std::vector<StepRecord> run();
   // One optimizer step (no logging, evaluation or checkpoint).
   StepRecord train_step();
-  // Mean validation loss per token over this rank's share of the fixed
-  // validation set (train.eval_batches global batches).
+  // Mean validation loss per token over the fixed validation set
+  // (train.eval_batches global batches). Collective.
   double evaluate();
-  // Writes <out_dir>/step_<N>/ for the current step; returns its path. With
-  // ZeRO every rank must call it (the shards are gathered to rank 0, which writes).
+  // Writes <out_dir>/step_<N>/ for the current step (every rank writes its
+  // part); returns its path. With ckpt.async it is committed in the background.
   std::string save_checkpoint();
+  // Waits until an asynchronous checkpoint is committed (collective).
+  void wait_for_checkpoint();
+
+  // Observers called by run() after each step, evaluation and checkpoint.
+  void add_hook(std::unique_ptr<StepHook> hook);
 
   int64_t step() const { return step_; }
   const TrainConfig& config() const { return config_; }
   Model& model() { return *model_; }
-  // The flat AdamW (parallel.zero = 0 only; throws otherwise).
-  AdamW& optimizer();
-  zero::ShardedDataParallel* zero() { return zero_.get(); }  // null unless parallel.zero > 0
+  DataParallel& data_parallel() { return *dp_; }
+  const layout::ShardMap& shard_map() const { return checkpointer_->shard_map(); }
+  const Checkpointer& checkpointer() const { return *checkpointer_; }
+  // The directory this run resumed from (resolved for "auto"); empty for a fresh start.
+  const std::string& resumed_from() const { return resumed_from_; }
   // The master weights in the flat tp = 1 layout (whole tensors), on every
-  // rank. Collective with ZeRO (gathered from the shards) and tp (from the slices).
-  std::vector<float> gather_weights();
+  // rank. Collective.
+  std::vector<float> gather_weights() { return gather_state(layout::StateKind::master); }
+  // Any state (master, AdamW moments) in that layout, on every rank. Collective.
+  std::vector<float> gather_state(layout::StateKind kind);
   // The global data position of the next step (saved in checkpoints).
   SamplerPosition sampler_position() const { return loader_->position(); }
   double peak_flops() const { return peak_flops_; }
+  MemoryTracker& tracker() { return tracker_; }
 
  private:
-  void log_step(const StepRecord& record);
-  void log_eval(double val_loss);
-  // Weights and optimizer state from a step directory (ZeRO: this rank's shards).
-  void load_state(const std::string& dir);
-  // Tensor parallel / pipeline stage: whole tensors read into `local`, this
-  // rank's slices and stage kept; written by assembling the tp group's slices
-  // (collective over tp).
-  void load_sliced_state(const std::string& dir, CheckpointTensors& local);
-  // The tp-local flat layout those work on: the model's, or (pipeline) the
-  // whole model's, assembled from / taken by the stages.
-  std::vector<TensorSplit> tp_local_splits() const;
-  void save_tensor_parallel_checkpoint(const std::string& dir, const CheckpointTensors& local,
-                                       const TrainState& state);
+  // Resolves options_.resume_dir ("auto": the newest valid checkpoint,
+  // agreed by every rank). Collective.
+  std::string resolve_resume();
+  // A fresh run: refuses (or with overwrite deletes) another run's files,
+  // before any rank writes. Collective.
+  void prepare_out_dir();
+  void print_setup(const LoaderOptions& loader);
   // Rank 0 prints its bytes by category and (several ranks) the maximum over
   // ranks; every rank writes its own to its metrics file. Collective.
   void log_memory(const char* when);
@@ -122,24 +112,16 @@ class Trainer {
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<ValidationSet> val_set_;  // null without data.val
   std::unique_ptr<Model> model_;
-  std::unique_ptr<AdamW> optimizer_;
-  std::unique_ptr<DistributedDataParallel> ddp_;  // dp > 1 only; after model_ (uses it)
-  std::unique_ptr<zero::ShardedDataParallel> zero_;  // parallel.zero > 0; after model_
-  // Pipeline parallelism (parallel.pp > 1): the schedule's executor, the
-  // first and last stages' group (tied embeddings), the step's micro-batches.
-  std::unique_ptr<pipeline::Executor> pipeline_;
-  std::unique_ptr<Communicator> tied_;
-  std::vector<int64_t> pp_split_;
-  std::vector<MicroBatch> pp_batches_;
-  // Runs the pipeline schedule on the step's micro-batches (tied embeddings'
-  // gradients summed over the first and last stages); returns this stage's loss sum.
-  double pipeline_micro_batches(float grad_scale, StepRecord& record);
+  std::unique_ptr<DataParallel> dp_;        // after model_ (uses it)
+  std::unique_ptr<StepRunner> runner_;      // after model_
+  std::unique_ptr<Checkpointer> checkpointer_;
+  MetricsLog* metrics_ = nullptr;  // owned by hooks_
+  std::vector<std::unique_ptr<StepHook>> hooks_;  // the metrics log first
   LrSchedule schedule_;
   int64_t step_ = 0;
+  std::string resumed_from_;
   double peak_flops_ = 0;
   std::string peak_source_;
-  MicroBatch val_batch_;  // scratch for evaluate()
-  std::ofstream metrics_;
 };
 
 }  // namespace meshtrain

@@ -12,6 +12,10 @@ int64_t Region::box_numel() const {
   return n;
 }
 
+const Shape& region_shape(const Shape& tensor_shape, const Region& region) {
+  return region.view.empty() ? tensor_shape : region.view;
+}
+
 Region whole_region(const Shape& shape) {
   Region r;
   r.offset.assign(shape.size(), 0);
@@ -31,13 +35,17 @@ void ShardMap::validate() const {
     MESHTRAIN_CHECK(p.tensor < tensors.size(), "shard map: piece of unknown tensor {}", p.tensor);
     const GlobalTensor& t = tensors[p.tensor];
     const Region& r = p.region;
-    MESHTRAIN_CHECK(r.offset.size() == t.shape.size() && r.extent.size() == t.shape.size(),
-                    "shard map: '{}': region of rank {} for a tensor of rank {}", t.name,
-                    r.offset.size(), t.shape.size());
-    for (size_t d = 0; d < t.shape.size(); ++d) {
-      MESHTRAIN_CHECK(r.offset[d] >= 0 && r.extent[d] > 0 && r.offset[d] + r.extent[d] <= t.shape[d],
+    const Shape& shape = region_shape(t.shape, r);
+    MESHTRAIN_CHECK(shape_numel(shape) == shape_numel(t.shape),
+                    "shard map: '{}': view {} of a tensor of shape {}", t.name, shape_str(shape),
+                    shape_str(t.shape));
+    MESHTRAIN_CHECK(r.offset.size() == shape.size() && r.extent.size() == shape.size(),
+                    "shard map: '{}': region of rank {} for a view of rank {}", t.name,
+                    r.offset.size(), shape.size());
+    for (size_t d = 0; d < shape.size(); ++d) {
+      MESHTRAIN_CHECK(r.offset[d] >= 0 && r.extent[d] > 0 && r.offset[d] + r.extent[d] <= shape[d],
                       "shard map: '{}': dimension {} region [{}, {}) outside [0, {})", t.name, d,
-                      r.offset[d], r.offset[d] + r.extent[d], t.shape[d]);
+                      r.offset[d], r.offset[d] + r.extent[d], shape[d]);
     }
     MESHTRAIN_CHECK(0 <= r.flat_begin && r.flat_begin < r.flat_end && r.flat_end <= r.box_numel(),
                     "shard map: '{}': flat range [{}, {}) outside its box of {} elements", t.name,
@@ -48,8 +56,9 @@ void ShardMap::validate() const {
   }
 }
 
-void for_each_global_run(const Shape& shape, const Region& region,
+void for_each_global_run(const Shape& tensor_shape, const Region& region,
                          const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const Shape& shape = region_shape(tensor_shape, region);
   const size_t dims = shape.size();
   // Row-major strides of the global tensor.
   std::vector<int64_t> stride(dims, 1);

@@ -37,11 +37,18 @@
 namespace meshtrain::layout {
 
 struct Region {
-  std::vector<int64_t> offset, extent;  // the box, one entry per dimension of the tensor
+  // The shape the box refers to: empty = the tensor's global shape, else a
+  // reshaping of it with the same element count (GPT-2's fused c_attn
+  // [d, 3d] seen as [d, 3, d], so a tp slice of its three blocks is one box).
+  Shape view;
+  std::vector<int64_t> offset, extent;  // the box, one entry per dimension of the view
   int64_t flat_begin = 0, flat_end = 0;  // within the box's row-major flattening
   int64_t box_numel() const;
   int64_t numel() const { return flat_end - flat_begin; }
 };
+
+// The shape region's box refers to (view, or the tensor's shape).
+const Shape& region_shape(const Shape& tensor_shape, const Region& region);
 
 // The whole tensor as one region.
 Region whole_region(const Shape& shape);
@@ -70,7 +77,8 @@ struct ShardMap {
   void validate() const;
 };
 
-// Contiguous runs of a region in the global tensor, in region order:
+// Contiguous runs of a region in the global tensor (of shape `shape`; the
+// region's view if it has one), in region order:
 // fn(region_offset, global_flat_offset, count).
 void for_each_global_run(const Shape& shape, const Region& region,
                          const std::function<void(int64_t, int64_t, int64_t)>& fn);

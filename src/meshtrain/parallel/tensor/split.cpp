@@ -71,6 +71,57 @@ void for_each_local_run(const TensorSplit& s,
   }
 }
 
+std::vector<LocalRegion> split_regions(const TensorSplit& s) {
+  if (!s.split()) return {{layout::whole_region(s.global_shape), 0}};
+  const int64_t block = block_extent(s), chunk = s.chunk(), valid = s.chunk_valid();
+  if (valid == 0) return {};
+  // The view puts the blocks in their own dimension: rows [parts, block, ..],
+  // cols [rows, parts, block]; the local tensor is the same view with chunk
+  // in place of block.
+  size_t split_dim = s.kind == SplitKind::rows ? 1 : 2;
+  Shape view;
+  if (s.parts == 1) {  // no fused blocks: the tensor's own shape
+    split_dim = static_cast<size_t>(s.dim());
+    view = s.global_shape;
+  } else if (s.kind == SplitKind::rows) {
+    view = {s.parts, block};
+    view.insert(view.end(), s.global_shape.begin() + 1, s.global_shape.end());
+  } else {
+    MESHTRAIN_CHECK(s.global_shape.size() == 2, "tensor split: column split of shape {}",
+                    shape_str(s.global_shape));
+    view = {s.global_shape[0], s.parts, block};
+  }
+  layout::Region box;
+  if (s.parts > 1) box.view = view;
+  box.offset.assign(view.size(), 0);
+  box.extent.assign(view.begin(), view.end());
+  box.offset[split_dim] = static_cast<int64_t>(s.rank) * chunk;
+  box.extent[split_dim] = valid;
+  box.flat_end = box.box_numel();
+  if (valid == chunk) return {{box, 0}};
+  // A padded chunk: its valid part is contiguous locally only within one
+  // index of the dimensions before the split one.
+  Shape local = view;
+  local[split_dim] = chunk;
+  int64_t inner = 1;  // local elements per index of the outer dimensions
+  for (size_t d = split_dim; d < local.size(); ++d) inner *= local[d];
+  int64_t outer = 1;
+  for (size_t d = 0; d < split_dim; ++d) outer *= view[d];
+  std::vector<LocalRegion> regions;
+  for (int64_t o = 0; o < outer; ++o) {
+    layout::Region r = box;
+    int64_t rest = o;
+    for (size_t d = split_dim; d-- > 0;) {
+      r.offset[d] = rest % view[d];
+      r.extent[d] = 1;
+      rest /= view[d];
+    }
+    r.flat_end = r.box_numel();
+    regions.push_back({std::move(r), o * inner});
+  }
+  return regions;
+}
+
 void copy_global_to_local(const TensorSplit& split, const float* global, float* local) {
   std::memset(local, 0, static_cast<size_t>(split.local_numel()) * sizeof(float));
   for_each_local_run(split, [&](int64_t l, int64_t g, int64_t n) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "meshtrain/parallel/layout/shard_map.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain {
@@ -44,6 +45,17 @@ struct TensorSplit {
 // global tensors: fn(local_offset, global_offset, count). Padding is skipped.
 void for_each_local_run(const TensorSplit& split,
                         const std::function<void(int64_t, int64_t, int64_t)>& fn);
+
+// The layout narrowing of tensor parallelism: this rank's slice as regions of
+// the global tensor, each stored contiguously in the local tensor from
+// `local_offset` (elements). One region per slice when the chunks are full
+// (a fused tensor's blocks through a view [.., parts, block, ..]); padded
+// chunks (the vocabulary) give their valid part. Replicated: the whole tensor.
+struct LocalRegion {
+  layout::Region region;
+  int64_t local_offset = 0;
+};
+std::vector<LocalRegion> split_regions(const TensorSplit& split);
 
 // local = this rank's slice of global (padding zeroed).
 void copy_global_to_local(const TensorSplit& split, const float* global, float* local);

@@ -460,36 +460,47 @@ void ShardedDataParallel::quiesce() {
 
 // --- state in and out (initialisation, checkpoints) ---
 
-void ShardedDataParallel::read_state(size_t flat, State state, float* out) {
+void ShardedDataParallel::read_state(size_t flat, State state, int64_t begin, int64_t end,
+                                     float* out) {
   const Flat& f = flats_[flat];
   if (state == State::master && f.master_alias.defined()) {
-    std::memcpy(out, f.master_alias.data<float>(), f.master_alias.bytes());
+    std::memcpy(out, f.master_alias.data<float>() + begin,
+                static_cast<size_t>(end - begin) * sizeof(float));
     return;
   }
   for (const Piece& p : f.pieces) {
+    const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
+    if (lo >= hi) continue;
     const size_t id = p.chunk(state);
     Tensor t = store_->acquire(id);
-    std::memcpy(out + p.begin, t.data<float>(), t.bytes());
+    std::memcpy(out + (lo - begin), t.data<float>() + (lo - p.begin),
+                static_cast<size_t>(hi - lo) * sizeof(float));
     t = Tensor();
     store_->release(id, false);
   }
 }
 
-void ShardedDataParallel::write_state(size_t flat, State state, const float* in) {
+void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, int64_t end,
+                                      const float* in) {
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
+  const auto n = static_cast<size_t>(end - begin);
   if (state == State::master) {
-    if (fp.dtype == DType::bf16) convert(DType::f32, in, DType::bf16, compute_values(flat),
-                                         static_cast<size_t>(fp.shard));
+    if (fp.dtype == DType::bf16) {
+      convert(DType::f32, in, DType::bf16, static_cast<bf16*>(compute_values(flat)) + begin, n);
+    }
     if (f.master_alias.defined()) {
-      std::memcpy(f.master_alias.data<float>(), in, f.master_alias.bytes());
+      std::memcpy(f.master_alias.data<float>() + begin, in, n * sizeof(float));
       return;
     }
   }
   for (const Piece& p : f.pieces) {
+    const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
+    if (lo >= hi) continue;
     const size_t id = p.chunk(state);
     Tensor t = store_->acquire(id);
-    std::memcpy(t.data<float>(), in + p.begin, t.bytes());
+    std::memcpy(t.data<float>() + (lo - p.begin), in + (lo - begin),
+                static_cast<size_t>(hi - lo) * sizeof(float));
     t = Tensor();
     store_->release(id, true);
   }
@@ -509,7 +520,7 @@ void ShardedDataParallel::init_weights(uint64_t seed) {
       std::memcpy(values.data() + s.shard_offset, whole.data() + s.param_offset,
                   static_cast<size_t>(s.numel) * sizeof(float));
     }
-    write_state(i, State::master, values.data());
+    write_state(i, State::master, 0, layout_.flats[i].shard, values.data());
   }
   if (options_.stage <= 2) all_gather_updated();
 }
@@ -524,7 +535,7 @@ void ShardedDataParallel::load_full(State state, const float* full) {
       std::memcpy(values.data() + s.shard_offset, full + params[s.param].offset + s.param_offset,
                   static_cast<size_t>(s.numel) * sizeof(float));
     }
-    write_state(i, state, values.data());
+    write_state(i, state, 0, layout_.flats[i].shard, values.data());
   }
   if (state == State::master && options_.stage <= 2) all_gather_updated();
 }
@@ -538,7 +549,7 @@ void ShardedDataParallel::gather_full(State state, int root, float* full) {
     const FlatParam& fp = layout_.flats[i];
     Tensor shard({fp.shard}, DType::f32, MemCategory::workspace, tracker);
     Tensor all({fp.padded}, DType::f32, MemCategory::workspace, tracker);
-    read_state(i, state, shard.data<float>());
+    read_state(i, state, 0, fp.shard, shard.data<float>());
     dp_.all_gather(shard.raw(), all.raw(), fp.shard, CommDType::f32);
     if (rank_ != root) continue;
     for (const FlatMember& m : fp.members) {

@@ -28,12 +28,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/layout/shard_map.h"
 #include "meshtrain/parallel/zero/flat_param.h"
 #include "meshtrain/parallel/zero/offload.h"
 
@@ -76,13 +78,13 @@ struct ZeroStepTiming {
   std::vector<GatherEvent> gathers;  // stage 3
 };
 
-class ShardedDataParallel {
+class ShardedDataParallel : public layout::StateAccess {
  public:
   // `model` must use ParamStorage::external; model and dp must outlive this.
   // Installs the model's unit hooks and binds the stage 1/2 buffers.
   ShardedDataParallel(Model& model, Communicator& dp, const AdamWConfig& adamw,
                       const ZeroOptions& options);
-  ~ShardedDataParallel();  // waits for pending calls, removes the hooks
+  ~ShardedDataParallel() override;  // waits for pending calls, removes the hooks
   ShardedDataParallel(const ShardedDataParallel&) = delete;
   ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
 
@@ -110,10 +112,20 @@ class ShardedDataParallel {
   void quiesce();
   const ZeroStepTiming& last_step() const { return timing_; }
 
+  // The layout narrowing of ZeRO: the model's map (Model::shard_map) cut to
+  // this rank's shards. Local offsets are in the shard space: the flat
+  // parameters' shards back to back, in flat order (padding included).
+  layout::ShardMap shard_map(const layout::ShardMap& model_map) const;
+  // The shard space of every state (offloaded state streams through the store).
+  void read(layout::StateKind kind, int64_t offset, int64_t count, float* out) override;
+  void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override;
+  // After writing master values: stages 1/2 all-gather the compute values (collective).
+  void finish_load();
+
   // Checkpoints: whole tensors in the flat model layout (parameter i at
   // params()[i].offset, num_params() elements). gather: collective, only
   // `root` receives (the others pass nullptr). load: every rank passes all.
-  enum class State { master, exp_avg, exp_avg_sq };
+  using State = layout::StateKind;
   void gather_full(State state, int root, float* full);
   void load_full(State state, const float* full);
 
@@ -137,8 +149,13 @@ class ShardedDataParallel {
   float* grad_shard(size_t flat);
   void* compute_values(size_t flat);  // this rank's shard of the compute values
   // A state's [shard] values (master writes also update the compute values).
-  void read_state(size_t flat, State state, float* out);
-  void write_state(size_t flat, State state, const float* in);
+  void read_state(size_t flat, State state, int64_t begin, int64_t end, float* out);
+  void write_state(size_t flat, State state, int64_t begin, int64_t end, const float* in);
+  // Each flat parameter's first element in the shard space, and (last) its size.
+  std::vector<int64_t> shard_bases() const;
+  // fn(flat, begin, end, done) for the shard pieces of [offset, offset + count).
+  void access_shard_space(int64_t offset, int64_t count,
+                          const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) const;
   size_t prefetch_target(size_t unit, UnitPass pass) const;
 
   Model& model_;

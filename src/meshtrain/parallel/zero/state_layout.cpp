@@ -1,0 +1,85 @@
+// ZeRO's narrowing of the layout and its shard space as a StateAccess.
+#include <algorithm>
+
+#include "meshtrain/parallel/zero/sharded.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::zero {
+
+std::vector<int64_t> ShardedDataParallel::shard_bases() const {
+  std::vector<int64_t> bases;
+  int64_t base = 0;
+  for (const FlatParam& fp : layout_.flats) {
+    bases.push_back(base);
+    base += fp.shard;
+  }
+  bases.push_back(base);
+  return bases;
+}
+
+layout::ShardMap ShardedDataParallel::shard_map(const layout::ShardMap& model_map) const {
+  const std::vector<Parameter>& params = model_.params();
+  const std::vector<int64_t> bases = shard_bases();
+  layout::ShardMap map;
+  map.tensors = model_map.tensors;
+  map.local_numel = bases.back();
+  for (const layout::ShardPiece& piece : model_map.pieces) {
+    // The parameter whose flat range holds the piece (params are in offset order).
+    auto it = std::upper_bound(params.begin(), params.end(), piece.local_offset,
+                               [](int64_t offset, const Parameter& p) { return offset < p.offset; });
+    MESHTRAIN_CHECK(it != params.begin(), "zero: piece at local offset {} before every parameter",
+                    piece.local_offset);
+    const auto i = static_cast<size_t>(std::prev(it) - params.begin());
+    const FlatParam& fp = layout_.flats[layout_.param_flat[i]];
+    // The piece's elements in the flat parameter, cut to this rank's shard.
+    const int64_t first = layout_.param_offset[i] + (piece.local_offset - params[i].offset);
+    const int64_t lo = std::max(first, fp.shard_begin(rank_));
+    const int64_t hi = std::min(first + piece.region.numel(), fp.shard_begin(rank_) + fp.shard);
+    if (lo >= hi) continue;
+    layout::ShardPiece narrowed = piece;
+    narrowed.region = layout::narrow_region(piece.region, lo - first, hi - first);
+    narrowed.local_offset = bases[layout_.param_flat[i]] + (lo - fp.shard_begin(rank_));
+    map.pieces.push_back(std::move(narrowed));
+  }
+  return map;
+}
+
+void ShardedDataParallel::access_shard_space(int64_t offset, int64_t count,
+                                             const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) const {
+  const std::vector<int64_t> bases = shard_bases();
+  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= bases.back(),
+                  "zero: shard-space range [{}, {}) outside the {} local elements", offset,
+                  offset + count, bases.back());
+  int64_t done = 0;
+  while (done < count) {
+    const int64_t at = offset + done;
+    const auto flat = static_cast<size_t>(std::upper_bound(bases.begin(), bases.end(), at) -
+                                          bases.begin() - 1);
+    const int64_t begin = at - bases[flat];
+    const int64_t end = std::min(layout_.flats[flat].shard, begin + (count - done));
+    fn(flat, begin, end, done);
+    done += end - begin;
+  }
+}
+
+void ShardedDataParallel::read(layout::StateKind kind, int64_t offset, int64_t count, float* out) {
+  quiesce();
+  access_shard_space(offset, count, [&](size_t flat, int64_t begin, int64_t end, int64_t done) {
+    read_state(flat, kind, begin, end, out + done);
+  });
+}
+
+void ShardedDataParallel::write(layout::StateKind kind, int64_t offset, int64_t count,
+                                const float* in) {
+  quiesce();
+  access_shard_space(offset, count, [&](size_t flat, int64_t begin, int64_t end, int64_t done) {
+    write_state(flat, kind, begin, end, in + done);
+  });
+}
+
+void ShardedDataParallel::finish_load() {
+  quiesce();
+  if (options_.stage <= 2) all_gather_updated();
+}
+
+}  // namespace meshtrain::zero

@@ -1,0 +1,425 @@
+// evaluate(): one layout's memory per stage, step time and what the run costs.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "meshtrain/plan/collectives.h"
+#include "meshtrain/plan/compute.h"
+#include "meshtrain/plan/pipeline_split.h"
+#include "meshtrain/plan/planner.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::plan {
+namespace {
+
+struct StageMemory {
+  MemoryBreakdown memory;
+  double psi = 0;  // trainable parameters on this rank before ZeRO sharding
+};
+
+// Memory of pipeline stage `stage` holding `layers` blocks.
+StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l,
+                         int64_t microbatches, int64_t layers, int64_t stage) {
+  const TransformerCounts& n = ctx.counts;
+  const bool first = stage == 0, last = stage == l.pp - 1;
+  const double t = static_cast<double>(l.tp), blocks = static_cast<double>(layers);
+  double params = blocks * n.layer_params;
+  if (first) params += n.embedding_params;
+  if (last) {
+    params += n.head_params;
+    if (!first && ctx.model.tie_embeddings) params += n.output_matmul_params;  // tied copy
+  }
+  StageMemory out;
+  const StateBytes bytes = state_bytes(job.precision, job.optimizer);
+  MemoryBreakdown& mem = out.memory;
+  const Finetune& ft = job.finetune;
+  if (ft.adapters()) {
+    // Frozen base: weights only (GEMM weights of the blocks in bf16 or NF4, the
+    // rest in bf16), sharded only by ZeRO-3; the adapters carry the states.
+    const double gemm = blocks * n.layer_matmul_params;
+    const double frozen = gemm * frozen_weight_bytes(ft) + (params - gemm) * 2;
+    out.psi = blocks * lora_layer_params(ctx.model, ft) / t;
+    const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
+    mem.params = frozen / t / (l.zero >= 3 ? static_cast<double>(l.shards()) : 1.0) + states.params;
+    mem.grads = states.grads;
+    mem.optimizer = states.optimizer;
+  } else {
+    out.psi = params / t;
+    const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
+    mem.params = states.params;
+    mem.grads = states.grads;
+    mem.optimizer = states.optimizer;
+  }
+  if (l.offload == Offload::optimizer) {
+    mem.offloaded = mem.optimizer;
+    mem.optimizer = 0;
+  }
+
+  const double e = job.precision == Precision::bf16 ? 2 : 4;
+  ActivationShape shape{ctx.model, job.seq, l.micro_batch, l.tp, l.sequence_parallel,
+                        l.recompute, job.dropout, e, l.cp};
+  const Schedule schedule = l.pp == 1 ? Schedule::one_f_one_b : l.schedule;
+  const double inflight = inflight_microbatches(schedule, l.pp, l.vpp, microbatches, stage);
+  mem.activations = inflight * blocks * layer_activation_bytes(shape);
+  if (first) mem.activations += inflight * first_stage_activation_bytes(shape);
+  if (last) mem.activations += inflight * last_stage_activation_bytes(shape);
+  if (l.recompute == Recompute::full) {
+    // Backward rematerialises one layer at a time (with unfused attention, its scores too).
+    ActivationShape one = shape;
+    one.recompute = job.attention == Attention::flash ? Recompute::selective : Recompute::none;
+    mem.activations += layer_activation_bytes(one);
+  }
+
+  const double tokens = static_cast<double>(job.seq * l.micro_batch) / static_cast<double>(l.cp);
+  const double sbh = tokens * static_cast<double>(ctx.model.dim);
+  const double mlp_width = static_cast<double>(ctx.model.hidden_dim) *
+                           (ctx.model.family == Family::llama ? 2 : 1);
+  mem.workspace = job.reserve_bytes + 2 * e * tokens * mlp_width / t +
+                  (l.sequence_parallel ? e * sbh : 0);
+  if (l.cp > 1) {  // one layer's K and V gathered over the whole sequence
+    mem.workspace += 2 * e * static_cast<double>(job.seq * l.micro_batch) *
+                     static_cast<double>(ctx.model.n_kv_heads * ctx.model.head_dim()) / t;
+  }
+  if (ft.method == FinetuneMethod::qlora) {  // one dequantised MLP weight in bf16
+    mem.workspace += 2 * static_cast<double>(ctx.model.dim) * mlp_width / t;
+  }
+  mem.comm = l.zero == 3 ? 2 * n.layer_params / t * bytes.weights : 2 * job.bucket_bytes;
+  if (l.pp > 1) mem.comm += 2 * e * sbh / t;  // send and receive buffers
+  mem.fragmentation = job.fragmentation * mem.tracked();
+  return out;
+}
+
+using Collective = double (*)(double, int64_t, const Link&);
+
+// `count` calls of `collective` over `total` bytes split evenly among them.
+double calls(Collective collective, double total, double count, int64_t n, const Link& link) {
+  return count * collective(total / count, n, link);
+}
+
+// One ZeRO-3 (FSDP) unit: the embedding, a block, or the head, as this rank
+// holds it before sharding, and its compute per micro-batch.
+struct ShardedUnit {
+  double weight_bytes = 0, grad_bytes = 0;
+  double forward = 0, backward = 0;  // backward includes recomputation
+};
+
+// ZeRO-3's exposed time per micro-batch over a shard group: each unit's
+// gather is prefetched behind the previous unit's forward; in backward (last
+// unit first) the next gather and this unit's reduce-scatter hide behind its
+// backward; the first gather of each pass and the last reduce-scatter hide
+// behind nothing. Returns (exposed, raw).
+std::pair<double, double> zero3_seconds(const std::vector<ShardedUnit>& units, int64_t n,
+                                        const Link& link) {
+  std::vector<double> gather, scatter;
+  double raw = 0;
+  for (const ShardedUnit& u : units) {
+    gather.push_back(all_gather_seconds(u.weight_bytes, n, link));
+    scatter.push_back(u.grad_bytes > 0 ? reduce_scatter_seconds(u.grad_bytes, n, link) : 0.0);
+    raw += 2 * gather.back() + scatter.back();
+  }
+  const size_t count = units.size();
+  double exposed = gather.front() + gather.back() + scatter.front();
+  for (size_t k = 1; k < count; ++k) {
+    exposed += std::max(0.0, gather[k] - units[k - 1].forward);
+    exposed += std::max(0.0, gather[k - 1] + scatter[k] - units[k].backward);
+  }
+  return {exposed, raw};
+}
+
+// DP communication per step (ZeRO's collectives over the rank's trainable
+// parameters psi; ZeRO-3 unit by unit, frozen weights too), the group strided
+// by tp x cp, and the compute it hides behind. t_mb: one micro-batch's forward
+// and backward on the slowest stage.
+void dp_time(const Cluster& cl, const Layout& l, const StateBytes& bytes, double psi,
+             const std::vector<ShardedUnit>& units, double mb, double t_mb, Estimate& est) {
+  const int64_t ranks = l.grad_ranks();
+  if (ranks <= 1) return;
+  const Link& link = l.tp * ranks <= cl.gpus_per_node ? cl.intra : cl.inter;
+  const double grads = psi * bytes.grads, updated = psi * bytes.weights;  // trained weights
+  const double bucket = std::max(40e6, 1e6 * static_cast<double>(ranks));
+  const double buckets = std::max(1.0, std::ceil(psi / bucket));
+  switch (l.zero) {
+    case 0:  // all-reduce once per step, behind the last micro-batch's backward
+      est.dp_comm_raw = calls(all_reduce_seconds, grads, buckets, ranks, link);
+      est.dp_overlap_window = 2.0 / 3.0 * t_mb;
+      break;
+    case 1:  // reduce-scatter behind the last backward, all-gather behind the next forward
+      est.dp_comm_raw = calls(reduce_scatter_seconds, grads, buckets, ranks, link) +
+                        calls(all_gather_seconds, updated, buckets, ranks, link);
+      est.dp_overlap_window = t_mb;
+      break;
+    case 2:  // reduce-scatter after every micro-batch's backward
+      est.dp_comm_raw = mb * calls(reduce_scatter_seconds, grads, buckets, ranks, link) +
+                        calls(all_gather_seconds, updated, buckets, ranks, link);
+      est.dp_overlap_window = mb * 2.0 / 3.0 * t_mb + t_mb / 3.0;
+      break;
+    default: {  // every micro-batch, unit by unit, over the shard group; with hybrid
+      // sharding each rank's gradient shard is then all-reduced across the replicas once.
+      const int64_t n = l.shards();
+      const Link& group = l.tp * n <= cl.gpus_per_node ? cl.intra : cl.inter;
+      const auto [exposed, raw] = zero3_seconds(units, n, group);
+      est.dp_comm_raw = mb * raw;
+      double replicas = 0;
+      if (n < ranks) {
+        const double shard = psi / static_cast<double>(n);
+        replicas = calls(all_reduce_seconds, shard * bytes.grads,
+                         std::max(1.0, std::ceil(shard / bucket)), ranks / n, link);
+        est.dp_comm_raw += replicas;
+      }
+      est.dp_overlap_window = mb * t_mb;
+      const double last_backward = units.empty() ? 0 : units.front().backward;
+      est.time.dp = mb * exposed + std::max(0.0, replicas - last_backward);
+      return;
+    }
+  }
+  est.time.dp = std::max(0.0, est.dp_comm_raw - est.dp_overlap_window);
+}
+
+// The ZeRO-3 units of the whole model (ZeRO-3 runs with pp = 1): embedding,
+// blocks, head, with their weights and gradients on this tp rank.
+std::vector<ShardedUnit> sharded_units(const PlanContext& ctx, const Job& job, const Layout& l,
+                                       const OpsTime& layer, const OpsTime& embedding,
+                                       const OpsTime& head) {
+  const TransformerCounts& n = ctx.counts;
+  const StateBytes bytes = state_bytes(job.precision, job.optimizer);
+  const double t = static_cast<double>(l.tp);
+  const Finetune& ft = job.finetune;
+  ShardedUnit block{n.layer_params / t * bytes.weights, n.layer_params / t * bytes.grads,
+                    layer.forward, layer.backward + layer.recompute};
+  if (ft.adapters()) {
+    const double lora = lora_layer_params(ctx.model, ft) / t;
+    block.weight_bytes = (n.layer_matmul_params * frozen_weight_bytes(ft) +
+                          (n.layer_params - n.layer_matmul_params) * 2) / t +
+                         lora * bytes.weights;
+    block.grad_bytes = lora * bytes.grads;
+  }
+  const double trained_ends = ft.adapters() ? 0.0 : bytes.grads;
+  std::vector<ShardedUnit> units;
+  units.push_back({n.embedding_params / t * bytes.weights, n.embedding_params / t * trained_ends,
+                   embedding.forward, embedding.backward});
+  units.insert(units.end(), static_cast<size_t>(ctx.model.n_layers), block);
+  units.push_back({n.head_params / t * bytes.weights, n.head_params / t * trained_ends,
+                   head.forward, head.backward});
+  return units;
+}
+
+void name_bottleneck(Estimate& est) {
+  const std::array<std::pair<const char*, double>, 9> overheads{
+      {{"bubble", est.time.bubble},
+       {"optimizer step", est.time.optimizer},
+       {"TP comm", est.time.tp},
+       {"CP comm", est.time.cp},
+       {"DP comm", est.time.dp},
+       {"PP comm", est.time.pp},
+       {"recompute", est.time.recompute},
+       {"offload", est.time.offload},
+       {"checkpoint I/O", est.time.checkpoint}}};
+  est.bottleneck = "compute";
+  est.bottleneck_share = est.time.compute / est.step_seconds;
+  double largest = 0;
+  for (const auto& [name, seconds] : overheads) {
+    if (seconds > largest && seconds >= 0.05 * est.step_seconds) {
+      largest = seconds;
+      est.bottleneck = name;
+      est.bottleneck_share = seconds / est.step_seconds;
+    }
+  }
+}
+
+}  // namespace
+
+GpuSpec effective_gpu(const Cluster& cl, const Job& job) {
+  GpuSpec gpu = cl.gpu;
+  if (job.compute_efficiency > 0) gpu.gemm_efficiency = job.compute_efficiency;
+  return gpu;
+}
+
+ComputeShape compute_shape(const Job& job, const Layout& l) {
+  ComputeShape shape;
+  shape.seq = job.seq;
+  shape.micro_batch = l.micro_batch;
+  shape.tp = l.tp;
+  shape.cp = l.cp;
+  shape.sequence_parallel = l.sequence_parallel;
+  shape.recompute = l.recompute;
+  shape.dropout = job.dropout;
+  shape.value_bytes = job.precision == Precision::bf16 ? 2 : 4;
+  shape.finetune = job.finetune;
+  shape.attention = job.attention;
+  return shape;
+}
+
+Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, const Layout& l) {
+  const ModelConfig& model = ctx.model;
+  Estimate est;
+  est.layout = l;
+  est.gpus = cl.gpus;
+  est.microbatches = job.global_batch / (l.dp * l.micro_batch);
+  const int64_t m = est.microbatches;
+  const GpuSpec gpu = effective_gpu(cl, job);
+  const ComputeShape shape = compute_shape(job, l);
+
+  // Per-layer costs, the split of layers over stages, each stage's time.
+  const OpsTime layer = layer_time(model, gpu, shape);
+  const LayerCosts costs{layer.total(), embedding_time(model, gpu, shape).total(),
+                         head_time(model, gpu, shape).total()};
+  if (l.pp == 1) {
+    est.split = {model.n_layers};
+  } else if (!job.pipeline_split.empty()) {
+    est.split = chunks_from_stages(job.pipeline_split, l.vpp);
+  } else {
+    est.split = job.balance_pipeline ? balanced_pipeline_split(costs, model.n_layers, l.pp, l.vpp)
+                                     : uniform_pipeline_split(model.n_layers, l.pp, l.vpp);
+  }
+  const std::vector<int64_t> per_stage = stage_layers(est.split, l.pp);
+  est.layers_per_stage = *std::max_element(per_stage.begin(), per_stage.end());
+  est.stage_seconds = stage_costs(costs, est.split, l.pp);
+
+  // Memory: the first and last stages hold the ends, the first the most
+  // micro-batches; stage 1 is checked too (the first may hold fewer layers).
+  std::vector<int64_t> stages{0};
+  if (l.pp > 2) stages.push_back(1);
+  if (l.pp > 1) stages.push_back(l.pp - 1);
+  StageMemory worst;
+  for (int64_t r : stages) {
+    StageMemory mem = stage_memory(ctx, job, l, m, per_stage[static_cast<size_t>(r)], r);
+    if (r == 0 || mem.memory.device_total() > worst.memory.device_total()) {
+      worst = mem;
+      est.memory_stage_layers = per_stage[static_cast<size_t>(r)];
+      est.memory_stage = l.pp == 1 ? "only" : r == 0 ? "first" : r == l.pp - 1 ? "last" : "second";
+    }
+  }
+  est.memory = worst.memory;
+  est.params_per_rank = worst.psi;
+  est.hbm_fraction = est.memory.device_total() / cl.gpu.hbm_bytes;
+  est.fits = est.hbm_fraction <= 1.0;
+
+  // Compute: m micro-batches at the slowest stage's pace plus the fill and
+  // drain (Narayanan et al.), split into work, recomputation and idle time.
+  const double mb = static_cast<double>(m), p = static_cast<double>(l.pp);
+  const bool interleaved = l.pp > 1 && l.schedule == Schedule::interleaved;
+  const double pipe = pipeline_step(est.stage_seconds, m, interleaved ? l.vpp : 1);
+  double stage_sum = 0;
+  for (double s : est.stage_seconds) stage_sum += s;
+  const double busy = mb * stage_sum / p;  // every stage's own work, averaged
+  est.time.recompute = mb * static_cast<double>(model.n_layers) / p * layer.recompute;
+  est.time.compute = busy - est.time.recompute;
+  est.time.bubble = pipe - busy;  // fill, drain and the imbalance between stages
+  const double t_mb = *std::max_element(est.stage_seconds.begin(), est.stage_seconds.end());
+  const double layers = static_cast<double>(est.layers_per_stage);
+
+  const double e = shape.value_bytes;
+  const double sbh = static_cast<double>(job.seq * l.micro_batch) / static_cast<double>(l.cp) *
+                     static_cast<double>(model.dim);
+  const StateBytes bytes = state_bytes(job.precision, job.optimizer);
+  // TP: 2 all-reduces (or reduce-scatter + all-gather with SP) forward, 2 backward,
+  // 2 more in the recomputed forward of full recomputation; not overlapped.
+  if (l.tp > 1) {
+    const Link& link = l.tp <= cl.gpus_per_node ? cl.intra : cl.inter;
+    const double per_layer = l.recompute == Recompute::full ? 6 : 4;
+    est.time.tp = mb * layers * per_layer * all_reduce_seconds(e * sbh, l.tp, link);
+  }
+  // CP (all-gather KV, Llama 3 section 3.3.2): per layer, gather K and V
+  // forward, again in backward, reduce-scatter their gradients (and gather once
+  // more in full recomputation), hidden behind the layer's attention.
+  if (l.cp > 1) {
+    const Link& link = l.tp * l.cp <= cl.gpus_per_node ? cl.intra : cl.inter;
+    const double kv_bytes = 2 * e * static_cast<double>(job.seq * l.micro_batch) *
+                            static_cast<double>(model.n_kv_heads * model.head_dim()) /
+                            static_cast<double>(l.tp);
+    const double gathers = l.recompute == Recompute::full ? 3 : 2;
+    const double per_layer = gathers * all_gather_seconds(kv_bytes, l.cp, link) +
+                             reduce_scatter_seconds(kv_bytes, l.cp, link);
+    double attention = 0;  // flash, or the unfused core's products and streams
+    for (const OpTime& op : layer.ops) {
+      if (op.name == "attention" || op.name.rfind("scores", 0) == 0 || op.name == "softmax") {
+        attention += op.total();
+      }
+    }
+    est.cp_comm_raw = mb * layers * per_layer;
+    est.time.cp = mb * layers * std::max(0.0, per_layer - attention);
+  }
+  {
+    std::vector<ShardedUnit> units;
+    if (l.zero == 3) {
+      units = sharded_units(ctx, job, l, layer, embedding_time(model, gpu, shape),
+                            head_time(model, gpu, shape));
+    }
+    dp_time(cl, l, bytes, worst.psi, units, mb, t_mb, est);
+  }
+  // PP: one activation forward and one gradient backward per micro-batch and
+  // stage boundary on the critical path (scatter-gather: 1/tp of it each).
+  if (l.pp > 1) {
+    const Link& link = l.tp * l.cp * l.dp >= cl.gpus_per_node ? cl.inter : cl.intra;
+    const double v = static_cast<double>(l.vpp);
+    est.time.pp = 2 * (mb * v + p - 1) * send_recv_seconds(e * sbh / static_cast<double>(l.tp), link);
+  }
+  // The optimizer step streams its shard of the states through HBM once: read
+  // the gradient, read and write the optimizer state (incl. the fp32 master),
+  // write the 16-bit weights (fp32: read and write the weights).
+  const double shard = worst.psi / (l.zero >= 1 ? static_cast<double>(l.shards()) : 1.0);
+  if (l.offload == Offload::none) {
+    const double touched = bytes.grads + 2 * bytes.optimizer +
+                           (job.precision == Precision::bf16 ? 1 : 2) * bytes.weights;
+    est.time.optimizer = shard * touched / cl.gpu.hbm_bandwidth;
+  } else {
+    est.time.offload = shard * (bytes.grads + bytes.weights) / cl.gpu.pcie_bandwidth +
+                       shard / job.cpu_adam_params_per_second;
+  }
+
+  // Checkpoints: weights and optimizer state (not gradients; adapters only when
+  // fine-tuning them) written at the storage's aggregate bandwidth while
+  // training waits, once per interval (Daly's optimum when < 0).
+  const double gpus = static_cast<double>(cl.gpus);
+  est.trainable_params = job.finetune.adapters()
+                             ? static_cast<double>(model.n_layers) *
+                                   lora_layer_params(model, job.finetune)
+                             : ctx.counts.total_params;
+  est.checkpoint_bytes = est.trainable_params * (bytes.weights + bytes.optimizer);
+  est.checkpoint_seconds = est.checkpoint_bytes / job.checkpoint_write_bandwidth;
+  double interval = job.checkpoint_interval_seconds;
+  if (interval < 0) {
+    const double rate = job.failures.failures_per_gpu_hour * gpus / 3600.0;
+    interval = rate > 0 ? daly_interval(est.checkpoint_seconds, 1 / rate) : 3600;
+  }
+  const double solve_step = est.time.total();
+  if (interval > 0) est.time.checkpoint = est.checkpoint_seconds * solve_step / interval;
+
+  est.step_seconds = est.time.total();
+  const double tokens_step = static_cast<double>(job.tokens_per_step());
+  double model_flops = ctx.model_flops_per_token;
+  if (job.finetune.adapters()) {  // no weight gradients of the frozen GEMMs
+    model_flops -= 2 * (static_cast<double>(model.n_layers) * ctx.counts.layer_matmul_params +
+                        ctx.counts.output_matmul_params);
+  }
+  est.model_flops_per_step = model_flops * tokens_step;
+  const double hd = static_cast<double>(model.n_heads * model.head_dim());
+  const double seq = static_cast<double>(job.seq);
+  const double recompute_per_layer = l.recompute == Recompute::selective ? 4.0 * seq * hd
+                                     : l.recompute == Recompute::full
+                                         ? ctx.layer_flops_per_token / 3.0
+                                         : 0.0;
+  est.hardware_flops_per_step =
+      est.model_flops_per_step +
+      static_cast<double>(model.n_layers) * recompute_per_layer * tokens_step;
+  est.tokens_per_second = tokens_step / est.step_seconds;
+  est.mfu = est.model_flops_per_step / (est.step_seconds * gpus * cl.gpu.peak_flops);
+  est.steps = job.tokens / tokens_step;
+  est.train_seconds = est.steps * est.step_seconds;
+  est.gpu_hours = est.train_seconds * gpus / 3600.0;
+  est.cost = est.gpu_hours * cl.price_per_gpu_hour;
+  if (interval > 0) {
+    est.goodput = plan_goodput(est.steps * solve_step, cl.gpus, est.checkpoint_seconds, interval,
+                               job.failures);
+  } else {  // no checkpoints: failures are not modelled (each would restart the run)
+    est.goodput.wall_seconds = est.train_seconds;
+  }
+  est.wall_gpu_hours = est.goodput.wall_seconds * gpus / 3600.0;
+  est.wall_cost = est.wall_gpu_hours * cl.price_per_gpu_hour;
+  name_bottleneck(est);
+  return est;
+}
+
+}  // namespace meshtrain::plan

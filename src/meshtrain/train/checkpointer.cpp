@@ -1,0 +1,141 @@
+#include "meshtrain/train/checkpointer.h"
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int64_t buffer_bytes(const TrainConfig& config) {
+  return static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024);
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const TrainConfig& config, DeviceMesh* mesh, Model& model,
+                           DataParallel& dp, MemoryTracker& tracker)
+    : config_(config), mesh_(mesh), model_(model), dp_(dp), tracker_(tracker),
+      map_(dp.shard_map(model.shard_map())) {
+  map_.validate();
+  dist_ckpt::SaveOptions options;
+  options.rank = mesh != nullptr ? mesh->rank() : 0;
+  options.world = mesh != nullptr ? mesh->world().size() : 1;
+  options.buffer_bytes = buffer_bytes(config);
+  options.async = config.ckpt.async;
+  options.keep_last = static_cast<int>(config.ckpt.keep_last);
+  options.tracker = &tracker;
+  saver_ = std::make_unique<dist_ckpt::CheckpointSaver>(config.train.out_dir, options);
+}
+
+Checkpointer::~Checkpointer() = default;
+
+nlohmann::json Checkpointer::layout_json() const {
+  const ParallelSettings& p = config_.parallel;
+  const int world = mesh_ != nullptr ? mesh_->world().size() : 1;
+  return {{"world", world},
+          {"dp", world / (p.tp * p.pp)},
+          {"tp", p.tp},
+          {"pp", p.pp},
+          {"virtual_stages", p.virtual_stages},
+          {"pp_split", p.pp_split},
+          {"zero", p.zero},
+          {"offload", p.offload}};
+}
+
+std::string Checkpointer::save(const TrainState& state) {
+  const auto start = std::chrono::steady_clock::now();
+  dp_.quiesce();
+  std::string dir = saver_->save(state.step, map_, dp_.state(), layout_json(),
+                                 train_state_json(state, config_));
+  // Synchronous: rank 0 has committed when everyone passes the barrier.
+  if (!config_.ckpt.async && mesh_ != nullptr) mesh_->world().barrier();
+  save_seconds_ = seconds_since(start);
+  return dir;
+}
+
+void Checkpointer::wait() {
+  saver_->wait();
+  if (mesh_ != nullptr) mesh_->world().barrier();
+}
+
+void Checkpointer::load(const std::string& dir) {
+  const auto start = std::chrono::steady_clock::now();
+  dp_.quiesce();
+  if (dist_ckpt::is_sharded_checkpoint(dir)) {
+    dist_ckpt::load_checkpoint(dir, map_, dp_.state(), buffer_bytes(config_));
+  } else {
+    load_legacy(dir);
+  }
+  dp_.finish_load();
+  load_seconds_ = seconds_since(start);
+}
+
+// The whole-tensor format: every tensor read whole (one at a time) and this
+// rank's regions taken from it.
+void Checkpointer::load_legacy(const std::string& dir) {
+  constexpr const char* kFiles[layout::kStateKinds] = {"model.safetensors", "exp_avg.safetensors",
+                                                       "exp_avg_sq.safetensors"};
+  std::vector<float> piece;
+  Tensor whole;
+  for (size_t k = 0; k < layout::kStateKinds; ++k) {
+    const auto kind = static_cast<layout::StateKind>(k);
+    SafetensorsReader reader((fs::path(dir) / kFiles[k]).string());
+    MESHTRAIN_CHECK(reader.tensors().size() == build_param_specs(config_.model).size(),
+                    "{}: {} tensors, the model has {} parameters", reader.path(),
+                    reader.tensors().size(), build_param_specs(config_.model).size());
+    size_t loaded = static_cast<size_t>(-1);
+    for (const layout::ShardPiece& p : map_.pieces) {
+      const layout::GlobalTensor& t = map_.tensors[p.tensor];
+      if (loaded != p.tensor) {
+        whole = Tensor();
+        whole = Tensor(t.shape, DType::f32, MemCategory::workspace, tracker_);
+        reader.read(t.name, whole);
+        loaded = p.tensor;
+      }
+      piece.resize(static_cast<size_t>(p.region.numel()));
+      layout::for_each_global_run(t.shape, p.region, [&](int64_t at, int64_t global, int64_t n) {
+        std::copy_n(whole.data<float>() + global, n, piece.data() + at);
+      });
+      dp_.state().write(kind, p.local_offset, p.region.numel(), piece.data());
+    }
+  }
+}
+
+std::vector<float> Checkpointer::gather(layout::StateKind kind) {
+  dp_.quiesce();
+  // Every element has exactly one writer (replica 0): each rank places its
+  // owned pieces, zeros elsewhere, and a sum over the world assembles them exactly.
+  std::map<std::string, int64_t> offsets;
+  int64_t total = 0;
+  for (const ParamSpec& spec : build_param_specs(config_.model)) {
+    offsets[spec.name] = total;
+    total += spec.numel();
+  }
+  std::vector<float> full(static_cast<size_t>(total), 0.0f), piece;
+  for (const layout::ShardPiece& p : map_.pieces) {
+    if (p.replica != 0) continue;
+    const layout::GlobalTensor& t = map_.tensors[p.tensor];
+    piece.resize(static_cast<size_t>(p.region.numel()));
+    dp_.state().read(kind, p.local_offset, p.region.numel(), piece.data());
+    const int64_t base = offsets.at(t.name);
+    layout::for_each_global_run(t.shape, p.region, [&](int64_t at, int64_t global, int64_t n) {
+      std::copy_n(piece.data() + at, n, full.data() + base + global);
+    });
+  }
+  if (mesh_ != nullptr && mesh_->world().size() > 1) {
+    mesh_->world().all_reduce(full.data(), total, CommDType::f32, ReduceOp::sum);
+  }
+  return full;
+}
+
+}  // namespace meshtrain

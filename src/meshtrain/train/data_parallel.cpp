@@ -1,0 +1,147 @@
+#include "meshtrain/train/data_parallel.h"
+
+#include <fmt/format.h>
+
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/ddp/ddp.h"
+#include "meshtrain/parallel/pipeline/executor.h"
+#include "meshtrain/parallel/zero/sharded.h"
+#include "meshtrain/train/distributed.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+// Every rank holds the whole (stage / tp slice of the) model and a flat
+// AdamW; with dp > 1 DDP averages the gradients.
+class ReplicatedDataParallel final : public DataParallel {
+ public:
+  ReplicatedDataParallel(const TrainConfig& config, Model& model, DeviceMesh* mesh, bool pipelined)
+      : model_(model), optimizer_(model, config.optim.adamw) {
+    if (mesh != nullptr && mesh->dp().size() > 1) {
+      // Pipelines reduce once, after the schedule's last backward.
+      ddp_ = std::make_unique<DistributedDataParallel>(
+          model, mesh->dp(),
+          DdpOptions{config.parallel.bucket_mb, config.parallel.overlap && !pipelined});
+      overlap_ = config.parallel.overlap;
+      bucket_mb_ = config.parallel.bucket_mb;
+    }
+  }
+
+  std::string describe() const override {
+    if (!ddp_) return "no gradient sync (dp 1)";
+    return fmt::format("DDP: {} gradient buckets of <= {} MiB, overlap {}", ddp_->buckets().size(),
+                       bucket_mb_, overlap_ ? "on" : "off");
+  }
+  Communicator* group() override { return ddp_ ? &ddp_->dp() : nullptr; }
+  void init_weights(uint64_t seed) override { model_.init_weights(seed); }
+  void begin_step() override { model_.zero_grads(); }
+  void begin_micro_batch(bool first, bool last) override {
+    if (ddp_) ddp_->begin_micro_batch(last);
+  }
+  void begin_schedule() override {}
+  void end_schedule() override {
+    if (ddp_) ddp_->begin_micro_batch(true);  // the one reduction, after the schedule
+  }
+  void finish_gradient_sync() override {
+    if (ddp_) ddp_->finish_gradient_sync();
+  }
+  double grad_norm(Communicator* stages) override {
+    return stages != nullptr ? pipeline::pipeline_grad_norm(model_, *stages)
+                             : tensor_parallel_grad_norm(model_);
+  }
+  void step(float lr, float grad_scale, StepRecord& r) override {
+    optimizer_.step(lr, grad_scale);
+    if (!ddp_) return;
+    r.comm_ms = ddp_->last_sync().comm_seconds * 1e3;
+    r.exposed_comm_ms = ddp_->last_sync().exposed_seconds * 1e3;
+    for (const CallRecord& call : ddp_->last_sync().calls) r.comm_bytes += call.bytes;
+  }
+  void quiesce() override {}
+  int64_t step_count() const override { return optimizer_.step_count(); }
+  void set_step_count(int64_t step) override { optimizer_.set_step_count(step); }
+
+  layout::ShardMap shard_map(const layout::ShardMap& model_map) const override {
+    layout::ShardMap map = model_map;
+    // dp rank 0's copy is the one written.
+    const int copy = ddp_ ? ddp_->dp().rank() : 0;
+    for (layout::ShardPiece& p : map.pieces) {
+      if (p.replica == 0) p.replica = copy;
+    }
+    return map;
+  }
+  layout::StateAccess& state() override { return optimizer_; }
+  void finish_load() override { model_.sync_compute_weights(); }
+
+ private:
+  Model& model_;
+  AdamW optimizer_;
+  std::unique_ptr<DistributedDataParallel> ddp_;  // after optimizer_: uses the model's hooks
+  bool overlap_ = true;
+  double bucket_mb_ = 0;
+};
+
+// ZeRO: optimizer state (1), + gradients (2), + parameters (3) sharded over dp.
+class ZeroDataParallel final : public DataParallel {
+ public:
+  ZeroDataParallel(const TrainConfig& config, Model& model, DeviceMesh& mesh,
+                   int64_t pipeline_micro_batches) {
+    zero::ZeroOptions options = zero_options(config);
+    // Pipelines: each unit's gradients reduced once, after its last backward.
+    options.pipeline_micro_batches = pipeline_micro_batches;
+    zero_ = std::make_unique<zero::ShardedDataParallel>(model, mesh.dp(), config.optim.adamw,
+                                                        options);
+  }
+
+  std::string describe() const override { return describe_zero(*zero_); }
+  Communicator* group() override { return &zero_->dp(); }
+  void init_weights(uint64_t seed) override { zero_->init_weights(seed); }
+  void begin_step() override {}
+  void begin_micro_batch(bool first, bool last) override { zero_->begin_micro_batch(first, last); }
+  // ZeRO counts each unit's backwards from here.
+  void begin_schedule() override { zero_->begin_micro_batch(true, true); }
+  void end_schedule() override {}
+  void finish_gradient_sync() override { zero_->finish_gradient_sync(); }
+  double grad_norm(Communicator* stages) override { return zero_->grad_norm(stages); }
+  void step(float lr, float grad_scale, StepRecord& r) override {
+    zero_->step(lr, grad_scale);
+    // The step's collectives: reduce-scatters, and the gathers waited for in it.
+    const zero::ZeroStepTiming& timing = zero_->last_step();
+    r.comm_ms = timing.comm_seconds * 1e3;
+    r.exposed_comm_ms = timing.exposed_seconds * 1e3;
+    r.comm_bytes = timing.bytes;
+  }
+  void quiesce() override { zero_->quiesce(); }
+  int64_t step_count() const override { return zero_->step_count(); }
+  void set_step_count(int64_t step) override { zero_->set_step_count(step); }
+
+  layout::ShardMap shard_map(const layout::ShardMap& model_map) const override {
+    return zero_->shard_map(model_map);
+  }
+  layout::StateAccess& state() override { return *zero_; }
+  void finish_load() override { zero_->finish_load(); }
+
+ private:
+  std::unique_ptr<zero::ShardedDataParallel> zero_;
+};
+
+}  // namespace
+
+ParamStorage data_parallel_storage(const TrainConfig& config) {
+  return config.parallel.zero > 0 ? ParamStorage::external : ParamStorage::flat;
+}
+
+std::unique_ptr<DataParallel> make_data_parallel(const TrainConfig& config, Model& model,
+                                                 DeviceMesh* mesh, int64_t pipeline_micro_batches) {
+  if (config.parallel.zero == 0) {
+    return std::make_unique<ReplicatedDataParallel>(config, model, mesh,
+                                                    pipeline_micro_batches > 0);
+  }
+  MESHTRAIN_CHECK(mesh != nullptr,
+                  "parallel.zero = {} needs a communicator: run through `meshtrain train` (or "
+                  "pass TrainerOptions::mesh)",
+                  config.parallel.zero);
+  return std::make_unique<ZeroDataParallel>(config, model, *mesh, pipeline_micro_batches);
+}
+
+}  // namespace meshtrain

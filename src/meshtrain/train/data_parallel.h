@@ -1,0 +1,66 @@
+// How the data-parallel ranks share gradients and optimizer state: one
+// interface for no sharing (dp 1), DDP and ZeRO 1/2/3 (± offload), chosen by
+// make_data_parallel from the config and the mesh. The trainer calls it and
+// never asks which one it has.
+//
+// Protocol of a step: begin_step(); then either (local loop) begin_micro_batch
+// before each micro-batch's forward/backward, or (pipeline) begin_schedule()
+// before and end_schedule() after the schedule; then finish_gradient_sync(),
+// grad_norm(), step(). Gradients are then the dp average and the update the
+// single-rank one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "meshtrain/comm/mesh.h"
+#include "meshtrain/model/model.h"
+#include "meshtrain/parallel/layout/shard_map.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/step.h"
+
+namespace meshtrain {
+
+class DataParallel {
+ public:
+  virtual ~DataParallel() = default;
+  virtual std::string describe() const = 0;  // for the console
+  // The dp group the step's loss is summed over; null when there is none.
+  virtual Communicator* group() = 0;
+
+  virtual void init_weights(uint64_t seed) = 0;
+  virtual void begin_step() = 0;
+  virtual void begin_micro_batch(bool first, bool last) = 0;
+  virtual void begin_schedule() = 0;
+  virtual void end_schedule() = 0;
+  virtual void finish_gradient_sync() = 0;
+  // The whole model's gradient norm, every element once; `stages`: the
+  // pipeline's pp group (summed over too), or null.
+  virtual double grad_norm(Communicator* stages) = 0;
+  // AdamW with every gradient multiplied by grad_scale; fills the step's
+  // communication figures into `record`.
+  virtual void step(float lr, float grad_scale, StepRecord& record) = 0;
+  // Waits for pending communication (after an evaluation, before reading state).
+  virtual void quiesce() = 0;
+  virtual int64_t step_count() const = 0;  // AdamW's bias-correction counter
+  virtual void set_step_count(int64_t step) = 0;
+
+  // The layout narrowing of this optimizer owner: the model's map as the
+  // state this rank holds (DDP: replicas marked; ZeRO: cut to the shards).
+  virtual layout::ShardMap shard_map(const layout::ShardMap& model_map) const = 0;
+  virtual layout::StateAccess& state() = 0;
+  // After master values were written through state(): refresh the copies
+  // the model computes with (collective under ZeRO 1/2).
+  virtual void finish_load() = 0;
+};
+
+// How the model must store its parameters for the data parallelism `config` asks for.
+ParamStorage data_parallel_storage(const TrainConfig& config);
+
+// `pipeline_micro_batches`: the schedule's micro-batches per step (0 without
+// a pipeline). mesh may be null (a single process: no sharing).
+std::unique_ptr<DataParallel> make_data_parallel(const TrainConfig& config, Model& model,
+                                                 DeviceMesh* mesh, int64_t pipeline_micro_batches);
+
+}  // namespace meshtrain

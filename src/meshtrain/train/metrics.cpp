@@ -1,0 +1,79 @@
+#include "meshtrain/train/metrics.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+nlohmann::json json_number(double value) {
+  return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
+
+MetricsLog::MetricsLog(std::string path, bool append, const TrainSettings& train, bool console,
+                       bool show_comm)
+    : path_(std::move(path)), train_(train), console_(console), show_comm_(show_comm) {
+  out_.open(path_, append ? std::ios::app : std::ios::trunc);
+  MESHTRAIN_CHECK(out_.good(), "cannot write metrics file '{}'", path_);
+}
+
+void MetricsLog::write(const nlohmann::json& record) {
+  out_ << record.dump() << '\n';
+  out_.flush();
+  MESHTRAIN_CHECK(out_.good(), "cannot write metrics file '{}' (disk full?)", path_);
+}
+
+void MetricsLog::on_step(const StepRecord& r) {
+  nlohmann::json record{{"step", r.step},
+                        {"loss", json_number(r.loss)},
+                        {"lr", r.lr},
+                        {"grad_norm", json_number(r.grad_norm)},
+                        {"tokens_per_s", r.tokens_per_s},
+                        {"mfu", r.mfu},
+                        {"step_ms", r.step_ms},
+                        {"data_ms", r.data_ms},
+                        {"comm_ms", r.comm_ms},
+                        {"exposed_comm_ms", r.exposed_comm_ms},
+                        {"comm_bytes", r.comm_bytes},
+                        {"tp_comm_bytes", r.tp_comm_bytes}};
+  if (r.pipelined) {
+    record["pp_busy_ms"] = r.pp_busy_ms;
+    record["pp_wait_ms"] = r.pp_wait_ms;
+    record["pp_schedule_ms"] = r.pp_schedule_ms;
+    record["pp_bubble"] = r.pp_bubble;
+    record["pp_bubble_theory"] = r.pp_bubble_theory;
+    record["pp_in_flight"] = r.pp_in_flight;
+  }
+  write(record);
+  if (console_ && (r.step % train_.log_interval == 0 || r.step == 1 || r.step == train_.steps)) {
+    fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
+               "MFU {:.1f}% | {:.1f} ms{}\n",
+               r.step, train_.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu * 100,
+               r.step_ms,
+               show_comm_
+                   ? fmt::format(" | comm {:.1f} ms, {:.1f} exposed", r.comm_ms, r.exposed_comm_ms)
+                   : "");
+    std::fflush(stdout);
+  }
+}
+
+void MetricsLog::on_eval(int64_t step, double val_loss) {
+  write({{"step", step}, {"val_loss", json_number(val_loss)}});
+  if (console_) {
+    fmt::print("step {:>5}/{} | val_loss {:.4f}\n", step, train_.steps, val_loss);
+    std::fflush(stdout);
+  }
+}
+
+void MetricsLog::on_checkpoint(int64_t step, const std::string& dir) {
+  write({{"step", step}, {"checkpoint", dir}});
+  if (console_) {
+    fmt::print("checkpoint: {}\n", dir);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace meshtrain

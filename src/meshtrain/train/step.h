@@ -1,0 +1,44 @@
+// What one training step reports, and the hooks that observe steps (metrics,
+// and later the stability guard, watchdog and trace) without the loop
+// growing branches for each.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace meshtrain {
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based: the step just completed
+  double loss = 0;   // mean token loss over the step's batch
+  float lr = 0;
+  double grad_norm = 0;  // before clipping
+  double tokens_per_s = 0;
+  double mfu = 0;
+  double step_ms = 0;
+  double data_ms = 0;  // of step_ms, waiting for the loader's micro-batches
+  double comm_ms = 0;          // data parallel: the gradient collectives' busy time
+  double exposed_comm_ms = 0;  // of step_ms, waiting for them after backward
+  uint64_t comm_bytes = 0;     // bytes of the step's collectives (CallRecord::bytes)
+  // Pipeline (pp > 1), this rank: time computing, waiting for a peer's
+  // activation or gradient, and in the whole schedule; the measured bubble
+  // (schedule - compute) / compute next to the theoretical (p - 1) / (v m);
+  // the most micro-batches whose activations were held at once.
+  bool pipelined = false;
+  double pp_busy_ms = 0, pp_wait_ms = 0, pp_schedule_ms = 0;
+  double pp_bubble = 0, pp_bubble_theory = 0;
+  int64_t pp_in_flight = 0;
+  uint64_t tp_comm_bytes = 0;  // tensor parallel: the tp group's collectives (CallRecord::bytes)
+};
+
+// Observes the training loop. Every rank's hooks are called at the same
+// points (a hook may run collectives). Errors thrown end the run.
+class StepHook {
+ public:
+  virtual ~StepHook() = default;
+  virtual void on_step(const StepRecord& record) {}
+  virtual void on_eval(int64_t step, double val_loss) {}
+  virtual void on_checkpoint(int64_t step, const std::string& dir) {}
+};
+
+}  // namespace meshtrain

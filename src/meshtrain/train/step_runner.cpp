@@ -1,0 +1,169 @@
+#include "meshtrain/train/step_runner.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "meshtrain/parallel/pipeline/executor.h"
+#include "meshtrain/parallel/pipeline/schedule.h"
+#include "meshtrain/train/distributed.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+// Micro-batch after micro-batch through the whole (tp slice of the) model.
+class LocalSteps final : public StepRunner {
+ public:
+  LocalSteps(Model& model, int64_t seq) : model_(model), seq_(seq) {}
+  std::string describe() const override { return ""; }
+  double run(DataLoader& loader, DataParallel& dp, float grad_scale, StepRecord&) override {
+    double loss = 0;
+    const int64_t m = loader.micro_batches_per_step();
+    for (int64_t a = 0; a < m; ++a) {
+      const MicroBatch& batch = loader.next();
+      dp.begin_micro_batch(a == 0, a + 1 == m);
+      loss += model_.forward_backward(batch.inputs.data(), batch.targets.data(), batch.rows, seq_,
+                                      grad_scale);
+    }
+    return loss;
+  }
+  double evaluate(ValidationSet& val, int64_t& tokens) override {
+    double loss = 0;
+    for (int64_t k = 0; k < val.num_micro_batches(); ++k) {
+      val.read(k, batch_);
+      tokens += batch_.rows * batch_.seq_len;
+      loss += model_.forward_loss(batch_.inputs.data(), batch_.targets.data(), batch_.rows,
+                                  batch_.seq_len);
+    }
+    return loss;
+  }
+  Communicator* stages() override { return nullptr; }
+
+ private:
+  Model& model_;
+  int64_t seq_;
+  MicroBatch batch_;
+};
+
+// The schedule's actions over this rank's stage; the tied embedding's
+// gradient summed between the first and last stages.
+class PipelineSteps final : public StepRunner {
+ public:
+  PipelineSteps(const TrainConfig& config, Model& model, DeviceMesh& mesh,
+                const pipeline::PipelineShape& shape, int64_t rows)
+      : model_(model), pp_(mesh.pp()), split_(pp_split_layers(config.parallel)) {
+    const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(config.parallel.schedule);
+    executor_ = std::make_unique<pipeline::Executor>(model, pp_, kind, shape, rows,
+                                                     config.train.seq_len);
+    const StageLayers& stage = model.stage_layers();
+    if (config.model.tie_embeddings) {
+      const bool ends = stage.first || stage.last;
+      tied_ = pp_.split(ends ? 0 : 1, pp_.rank(), "pp_tied");
+      if (!ends) tied_.reset();  // the middle stages' group is not used
+    }
+    n_layers_ = config.model.n_layers;
+  }
+
+  std::string describe() const override {
+    const pipeline::PipelineShape& shape = executor_->shape();
+    std::string layers;
+    for (const auto& [first, end] : pipeline::split_layers(n_layers_, shape.total_stages(), split_)) {
+      layers += fmt::format("{}{}", layers.empty() ? "" : ",", end - first);
+    }
+    // The schedule as the simulator runs it (backward = 2 forward).
+    return fmt::format(
+        "pipeline: {} stages x {} virtual, schedule {}, {} micro-batches per step, layers per "
+        "stage {}, theoretical bubble {:.3f}\n{}",
+        shape.stages, shape.virtual_stages, pipeline::schedule_kind_name(executor_->kind()),
+        shape.micro_batches, layers, pipeline::theoretical_bubble(shape),
+        pipeline::format_timeline(
+            pipeline::simulate(pipeline::make_schedule(executor_->kind(), shape), shape), shape));
+  }
+
+  double run(DataLoader& loader, DataParallel& dp, float grad_scale, StepRecord& r) override {
+    const int64_t m = loader.micro_batches_per_step();
+    batches_.resize(static_cast<size_t>(m));
+    std::vector<pipeline::MicroBatchRef> refs;
+    for (MicroBatch& batch : batches_) {
+      batch = loader.next();
+      refs.push_back({batch.inputs.data(), batch.targets.data()});
+    }
+    dp.begin_schedule();
+    const double loss = executor_->run(refs, grad_scale);
+    if (tied_) {
+      // The first stage's embedding and the last stage's output layer are one
+      // parameter: both get the sum of their gradients, so both updates agree.
+      Parameter& embedding = model_.params()[0];
+      tied_->all_reduce(embedding.grad.data<float>(), embedding.spec.numel(), CommDType::f32,
+                        ReduceOp::sum);
+    }
+    dp.end_schedule();
+    const pipeline::StepTiming& timing = executor_->last_timing();
+    r.pipelined = true;
+    r.pp_busy_ms = timing.busy_seconds * 1e3;
+    r.pp_wait_ms = timing.wait_seconds * 1e3;
+    r.pp_schedule_ms = timing.total_seconds * 1e3;
+    r.pp_bubble = timing.busy_seconds > 0
+                      ? (timing.total_seconds - timing.busy_seconds) / timing.busy_seconds
+                      : 0.0;
+    r.pp_bubble_theory = pipeline::theoretical_bubble(executor_->shape());
+    r.pp_in_flight = static_cast<int64_t>(timing.peak_in_flight);
+    return sum_over_ranks(pp_, loss);
+  }
+
+  double evaluate(ValidationSet& val, int64_t& tokens) override {
+    std::vector<MicroBatch> batches(static_cast<size_t>(val.num_micro_batches()));
+    std::vector<pipeline::MicroBatchRef> refs;
+    for (int64_t k = 0; k < val.num_micro_batches(); ++k) {
+      MicroBatch& b = batches[static_cast<size_t>(k)];
+      val.read(k, b);
+      tokens += b.rows * b.seq_len;
+      // The stages agreed on one message size: the training micro-batch's.
+      MESHTRAIN_CHECK(b.rows == executor_->micro_batch_rows(),
+                      "evaluate: validation micro-batch of {} rows; the pipeline runs {}", b.rows,
+                      executor_->micro_batch_rows());
+      refs.push_back({b.inputs.data(), b.targets.data()});
+    }
+    return sum_over_ranks(pp_, executor_->evaluate(refs));
+  }
+  Communicator* stages() override { return &pp_; }
+
+ private:
+  Model& model_;
+  Communicator& pp_;
+  std::vector<int64_t> split_;
+  int64_t n_layers_ = 0;
+  std::unique_ptr<pipeline::Executor> executor_;
+  std::unique_ptr<Communicator> tied_;  // first and last stages (tied embeddings)
+  std::vector<MicroBatch> batches_;
+};
+
+pipeline::PipelineShape pipeline_shape(const TrainConfig& config, int64_t micro_batches) {
+  return {config.parallel.pp, static_cast<int>(micro_batches), config.parallel.virtual_stages};
+}
+
+}  // namespace
+
+StageLayers stage_of(const TrainConfig& config, const DeviceMesh* mesh, int64_t micro_batches) {
+  const int pp = config.parallel.pp;
+  if (pp == 1) return {};
+  MESHTRAIN_CHECK(mesh != nullptr,
+                  "parallel.pp = {} needs a communicator: run through `meshtrain train` (or pass "
+                  "TrainerOptions::mesh)",
+                  pp);
+  const pipeline::PipelineShape shape = pipeline_shape(config, micro_batches);
+  pipeline::check_shape(pipeline::parse_schedule_kind(config.parallel.schedule), shape);
+  return pipeline::stage_layers(config.model.n_layers, shape, mesh->coord().pp,
+                                pp_split_layers(config.parallel));
+}
+
+std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, Model& model,
+                                             DeviceMesh* mesh, int64_t micro_batches,
+                                             int64_t micro_batch_rows) {
+  if (config.parallel.pp == 1) return std::make_unique<LocalSteps>(model, config.train.seq_len);
+  return std::make_unique<PipelineSteps>(config, model, *mesh,
+                                         pipeline_shape(config, micro_batches), micro_batch_rows);
+}
+
+}  // namespace meshtrain
