@@ -22,10 +22,8 @@ using testing::scratch_dir;
 
 std::string latest_of(const std::string& out_dir) { return read_file(out_dir + "/latest"); }
 
-TEST(dist_ckpt, EveryLayoutLoadsIntoEveryOther) {
-  const std::string root = scratch_dir();
-  const auto tensors = test_tensors();
-  const auto layouts = all_layouts(tensors);
+// Each layout saves into root/<i>; every rank of every layout loads it, bit for bit.
+void expect_cross_loads(const std::string& root, const std::vector<Layout>& layouts) {
   for (size_t s = 0; s < layouts.size(); ++s) {
     const Layout& src = layouts[s];
     const std::string out = root + "/" + std::to_string(s);
@@ -45,6 +43,26 @@ TEST(dist_ckpt, EveryLayoutLoadsIntoEveryOther) {
       }
     }
   }
+}
+
+TEST(dist_ckpt, EveryLayoutLoadsIntoEveryOther) {
+  expect_cross_loads(scratch_dir(), all_layouts(test_tensors()));
+}
+
+TEST(dist_ckpt, FusedViewsLoadIntoPlainLayouts) {
+  // c_attn [5, 12] as [5, 3, 4] and its bias [12] as [3, 4], cut over tp 2 in their views.
+  const std::vector<layout::GlobalTensor> tensors = {{"h.0.attn.c_attn.weight", {5, 12}},
+                                                     {"h.0.attn.c_attn.bias", {12}},
+                                                     {"h.0.ln_1.weight", {5}}};
+  const Layout fused = fused_tp_layout(tensors, 2);
+  EXPECT_EQ(fused.ranks[1].pieces[0].region.view, (Shape{5, 3, 4}));
+  const std::string root = scratch_dir();
+  expect_cross_loads(root, {single_layout(tensors), fused, zero_layout(fused, 2),
+                            tp_layout(tensors, 2, 1), zero_layout(single_layout(tensors), 3)});
+  // The manifest keeps the view its regions refer to.
+  const dist_ckpt::Manifest m = dist_ckpt::read_manifest(root + "/1/step_3");
+  EXPECT_EQ(m.tensors[0].shards[0].region.view, (Shape{5, 3, 4}));
+  EXPECT_TRUE(m.tensors[2].shards[0].region.view.empty());
 }
 
 TEST(dist_ckpt, SeventyRanksLoadIntoOne) {
@@ -190,6 +208,28 @@ TEST(dist_ckpt, ATensorNobodyOwnsIsRefusedAtCommit) {
     return out + "/step_1";
   }();
   EXPECT_FALSE(fs::exists(dir));
+}
+
+TEST(dist_ckpt, RanksMustAgreeOnTheWorld) {
+  const std::string out = scratch_dir();
+  const Layout l = tp_layout(test_tensors(), 2, 0);
+  std::string errors[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      dist_ckpt::SaveOptions o;
+      o.rank = r;
+      o.world = 2 + r;  // rank 1 thinks there are 3
+      o.commit_timeout_s = r == 0 ? 600 : 1;
+      dist_ckpt::CheckpointSaver saver(out, o);
+      MemState state = state_for(l.ranks[static_cast<size_t>(r)], 1);
+      errors[r] = ckpt_test::error_of([&] { saver.save(1, l.ranks[static_cast<size_t>(r)], state, {}, {}); });
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[0].find("rank_1.done.json: rank 1 saves with world 3, rank 0 with world 2"),
+            std::string::npos) << errors[0];
+  EXPECT_FALSE(fs::exists(out + "/step_1"));
 }
 
 TEST(dist_ckpt, CommitTimesOutNamingMissingRanks) {

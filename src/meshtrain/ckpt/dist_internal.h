@@ -51,7 +51,7 @@ struct PieceRecord {
 
 // What one rank wrote: its file (empty name when it owns nothing) and pieces.
 struct RankRecord {
-  int rank = 0;
+  int rank = 0, world = 1;
   std::string file;
   uint64_t bytes = 0, xxh3 = 0;
   std::vector<layout::GlobalTensor> held;  // every tensor the rank holds any piece of

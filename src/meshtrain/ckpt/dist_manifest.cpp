@@ -231,6 +231,7 @@ json rank_record_json(const RankRecord& record, int64_t step, const std::string&
           {"step", step},
           {"save_id", save_id},
           {"rank", record.rank},
+          {"world", record.world},
           {"file", record.file},
           {"bytes", record.bytes},
           {"xxh3", hex64(record.xxh3)},
@@ -242,6 +243,7 @@ RankRecord rank_record_from_json(const json& value, const std::string& path) {
   const Fields f{path};
   RankRecord r;
   r.rank = static_cast<int>(f.integer(value, "done file", "rank"));
+  r.world = static_cast<int>(f.integer(value, "done file", "world"));
   r.file = f.string(value, "done file", "file");
   MESHTRAIN_CHECK(r.file.empty() || plain_file_name(r.file), "{}: file '{}' is not a plain name",
                   path, r.file);
@@ -435,9 +437,11 @@ std::string describe_checkpoint(const std::string& dir, bool verify) {
   for (const ManifestTensor& t : m.tensors) {
     out += fmt::format("  {} {} {}, {} shards\n", t.name, shape_str(t.shape), t.dtype, t.shards.size());
     for (const ManifestShard& s : t.shards) {
-      out += fmt::format("    {} {} '{}' offset {} extent {} flat [{}, {})\n",
-                         layout::state_kind_name(s.state), s.file, s.key, shape_str(s.region.offset),
-                         shape_str(s.region.extent), s.region.flat_begin, s.region.flat_end);
+      out += fmt::format("    {} {} '{}' {}offset {} extent {} flat [{}, {})\n",
+                         layout::state_kind_name(s.state), s.file, s.key,
+                         s.region.view.empty() ? "" : "view " + shape_str(s.region.view) + " ",
+                         shape_str(s.region.offset), shape_str(s.region.extent),
+                         s.region.flat_begin, s.region.flat_end);
     }
   }
   if (verify) {

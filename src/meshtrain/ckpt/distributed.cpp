@@ -302,6 +302,7 @@ RankRecord write_and_mark(const SaveContext& ctx, const std::string& tmp, int64_
   fault_point("before_file", step);
   RankRecord record = write_rank_file(tmp, ctx.options.rank, step, map, state,
                                       ctx.options.buffer_bytes, ctx.tracker, ctx.staged);
+  record.world = ctx.options.world;
   fault_point("after_file", step);
   write_json_atomic(join(tmp, done_file_name(ctx.options.rank)), rank_record_json(record, step, id));
   fsync_dir(tmp);
@@ -326,6 +327,9 @@ std::vector<RankRecord> gather_records(const SaveContext& ctx, const std::string
       }
       RankRecord record = rank_record_from_json(read_json_file(path), path);
       MESHTRAIN_CHECK(record.rank == *it, "{}: names rank {}", path, record.rank);
+      MESHTRAIN_CHECK(record.world == ctx.options.world,
+                      "{}: rank {} saves with world {}, rank 0 with world {}", path, record.rank,
+                      record.world, ctx.options.world);
       records[static_cast<size_t>(*it)] = std::move(record);
       it = missing.erase(it);
     }
