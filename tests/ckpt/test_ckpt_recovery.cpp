@@ -53,6 +53,11 @@ TEST(dist_ckpt_recovery, DamagedFilesAreNamed) {
   EXPECT_ERROR(dist_ckpt::verify_checkpoint(dir), "rank_1.safetensors", "corrupt");
   EXPECT_ERROR(load_single(dir), "rank_1.safetensors", "corrupt");
   load_single(dir, /*verify=*/false);  // the header is intact: only the checksum tells
+  int failed = -1;
+  const std::string text = dist_ckpt::describe_checkpoint(dir, true, &failed);
+  EXPECT_EQ(failed, 1);
+  EXPECT_NE(text.find("rank_1.safetensors: corrupt"), std::string::npos) << text;
+  EXPECT_NE(text.find("verify: 1 file(s) FAILED"), std::string::npos) << text;
   write_file(rank1, rank1_bytes);
 
   write_file(rank0, rank0_bytes.substr(0, rank0_bytes.size() - 10));

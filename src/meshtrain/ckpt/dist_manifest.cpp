@@ -408,7 +408,7 @@ void verify_checkpoint(const std::string& dir, int64_t buffer_bytes, MemoryTrack
   for (const ManifestFile& f : m.files) detail::verify_file(dir, f, buffer);
 }
 
-std::string describe_checkpoint(const std::string& dir, bool verify) {
+std::string describe_checkpoint(const std::string& dir, bool verify, int* failed_files) {
   const Manifest m = read_manifest(dir);
   std::string out = fmt::format("checkpoint {}\n", dir);
   out += fmt::format("format {} v{}, step {}, world {}, save id {}\n", detail::kFormat, m.version,
@@ -447,6 +447,7 @@ std::string describe_checkpoint(const std::string& dir, bool verify) {
   if (verify) {
     out += bad == 0 ? "verify: all files ok\n" : fmt::format("verify: {} file(s) FAILED\n", bad);
   }
+  if (failed_files != nullptr) *failed_files = bad;
   return out;
 }
 

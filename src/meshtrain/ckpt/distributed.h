@@ -143,8 +143,9 @@ struct ResumeChoice {
 std::optional<ResumeChoice> find_resume_checkpoint(const std::string& out_dir);
 
 // `meshtrain ckpt inspect`: layout, meta, tensors (name, shape, shards), file
-// sizes and, with verify, each file's checksum result.
-std::string describe_checkpoint(const std::string& dir, bool verify);
+// sizes and, with verify, each file's checksum result; `failed_files` (when
+// given) gets how many failed, so the caller can exit non-zero.
+std::string describe_checkpoint(const std::string& dir, bool verify, int* failed_files = nullptr);
 
 // Today's whole-tensor step directories (train/checkpoint.h: model.safetensors,
 // exp_avg.safetensors, exp_avg_sq.safetensors, train_state.json).

@@ -355,7 +355,10 @@ int main_impl(int argc, char** argv) {
   } else if (imp->parsed()) {
     run_import(import_args);
   } else if (inspect->parsed()) {
-    fmt::print("{}", dist_ckpt::describe_checkpoint(inspect_args.checkpoint, inspect_verify));
+    int failed = 0;
+    fmt::print("{}", dist_ckpt::describe_checkpoint(inspect_args.checkpoint, inspect_verify, &failed));
+    MESHTRAIN_CHECK(failed == 0, "{}: {} file(s) failed verification", inspect_args.checkpoint,
+                    failed);
   } else if (convert->parsed()) {
     dist_ckpt::convert_legacy_checkpoint(convert_args.in, convert_args.out);
     fmt::print("converted {} to {}\n", convert_args.in, convert_args.out);
