@@ -1,6 +1,8 @@
-// Distributed checkpoint throughput: sync and async saves by 4 ranks
-// (threads) of a ZeRO-sharded state, and loads into the same layout and into
-// a tp-column layout (resharding: strided runs). Bytes = all three states.
+// The checkpoint library alone (no Trainer, no MPI): sync and async saves by
+// 4 ranks (threads) of a ZeRO-sharded state, and loads into the same layout
+// and into a tp-column layout (resharding: strided runs), with and without
+// verification. Bytes = all three states. End to end through the Trainer
+// (stall per save, memory, resume): bench_ckpt.
 //   build/bench/bench_dist_ckpt [--benchmark_filter=...]   (scratch: $TMPDIR or /tmp)
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
