@@ -373,10 +373,11 @@ int main_impl(int argc, char** argv) {
   } else if (imp->parsed()) {
     run_import(import_args);
   } else if (inspect->parsed()) {
-    fmt::print("{}", dist_ckpt::describe_checkpoint(inspect_args.checkpoint, inspect_verify));
+    int failed = 0;
+    fmt::print("{}", dist_ckpt::describe_checkpoint(inspect_args.checkpoint, inspect_verify, &failed));
     std::fflush(stdout);
-    // A failed check is an error: one line naming the file, exit 1.
-    if (inspect_verify) dist_ckpt::verify_checkpoint(inspect_args.checkpoint);
+    // A failed check is an error: one line naming the (first) bad file, exit 1.
+    if (failed > 0) dist_ckpt::verify_checkpoint(inspect_args.checkpoint);
   } else if (convert->parsed()) {
     dist_ckpt::convert_legacy_checkpoint(convert_args.in, convert_args.out);
     fmt::print("converted {} to {}\n", convert_args.in, convert_args.out);
