@@ -84,7 +84,8 @@ TEST_F(SaveMemory, PeakStaysWithinTheBufferOrTheStagingCopy) {
     const size_t offload = name.find("disk") != std::string::npos ? size_t{2} << 20 : 0;
     const size_t allowed = (async ? owned : size_t{1} << 20) + offload + (64 << 10);
     EXPECT_LE(rise, allowed) << name << " rank " << world_->rank() << ": owned state " << owned;
-    EXPECT_GT(owned, size_t{1} << 20) << name;  // the buffer is really smaller than the state
+    // The buffer is really smaller than the state the rank holds.
+    EXPECT_GT(static_cast<size_t>(trainer.shard_map().local_numel) * 12, size_t{1} << 20) << name;
     EXPECT_EQ(tracker.live_total(), before) << name;  // nothing left behind
   }
 }
