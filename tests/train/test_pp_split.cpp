@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meshtrain/parallel/pipeline/executor.h"
+#include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/util/error.h"
 
@@ -29,9 +30,7 @@ TrainConfig config_for(const std::string& preset, int64_t seq, int pp, int virtu
 
 // Layers of each rank (chunk j on rank j % pp).
 std::vector<int64_t> per_stage(const std::vector<int64_t>& chunks, int pp) {
-  std::vector<int64_t> n(static_cast<size_t>(pp), 0);
-  for (size_t j = 0; j < chunks.size(); ++j) n[j % static_cast<size_t>(pp)] += chunks[j];
-  return n;
+  return plan::stage_layers(chunks, pp);
 }
 
 // The executor's count split ("" / "uniform") as layers per chunk.
