@@ -194,7 +194,8 @@ TEST(dist_ckpt_recovery, KilledAtRandomInstantsLeavesAValidLatest) {
   int64_t first = 1;
   int interrupted = 0, committed = 0;  // rounds killed inside a save; with a checkpoint
   for (int round = 0; round < 8; ++round) {
-    const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(0, 150000)(rng));
+    const auto delay =
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, 150000)(rng));
     const int status = run_child([&] { save_loop(out, l, first, first + 1000); }, delay);
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "round " << round;
     for (const auto& e : fs::directory_iterator(out)) {
@@ -221,8 +222,8 @@ TEST(dist_ckpt_recovery, KilledAtRandomInstantsLeavesAValidLatest) {
 TEST(dist_ckpt_recovery, KilledAtEachPointOfTheProtocol) {
   const std::string root = scratch_dir();
   const Layout l = tp_layout(test_tensors(50), 2, 0);
-  for (const char* point :
-       {"before_file", "mid_file", "after_file", "before_manifest", "before_rename", "before_latest"}) {
+  for (const char* point : {"before_file", "mid_file", "after_file", "before_manifest",
+                            "before_rename", "before_latest"}) {
     SCOPED_TRACE(point);
     const std::string out = root + "/" + point;
     const int status = run_child([&] {
