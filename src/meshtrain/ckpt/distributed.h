@@ -42,10 +42,10 @@ namespace meshtrain::dist_ckpt {
 
 struct SaveOptions {
   int rank = 0, world = 1;
-  int64_t buffer_bytes = 64 << 20;  // staging buffer for file data (sync save)
-  bool async = false;               // copy the owned state at save(), write in the background
-  int keep_last = 0;                // committed checkpoints kept by rank 0; 0: keep all
-  double commit_timeout_s = 600;    // how long any rank waits for the others
+  int64_t buffer_bytes = 64 << 20;   // staging buffer for file data (sync save)
+  bool async = false;                // copy the owned state at save(), write in the background
+  int keep_last = 0;                 // committed checkpoints kept by rank 0; 0: keep all
+  double commit_timeout_s = 600;     // how long any rank waits for the others
   MemoryTracker* tracker = nullptr;  // where file buffers are counted; null: a private one
 };
 
