@@ -90,6 +90,7 @@ else
   [ -e "$ROOT" ] && { echo "check_fresh_machine: $ROOT exists; give a new path" >&2; exit 2; }
   mkdir -p "$ROOT"; ROOT=$(cd "$ROOT" && pwd)
 fi
+chmod 755 "$ROOT"  # it is /, and mktemp made it 0700 (apt's _apt user could not read its lists)
 ENV_FILE=$(mktemp /tmp/meshtrain-fresh-env.XXXXXX)  # the chroot's environment, one VAR=value a line
 MOUNTS=()
 unmount_all() {
@@ -137,6 +138,7 @@ make_base() {
   if ((REUSE)) && [ -s "$BASE_TAR" ]; then
     echo "extracting the cached pristine debootstrap $BASE_TAR"
     tar -xpf "$BASE_TAR" -C "$ROOT"
+    chmod 755 "$ROOT"
     return
   fi
   if ! command -v debootstrap >/dev/null; then
