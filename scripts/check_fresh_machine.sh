@@ -54,19 +54,21 @@ fi
 
 # ---- stages and timings --------------------------------------------------------------
 declare -a STAGE_NAMES=() STAGE_TIMES=() STAGE_RESULTS=()
-T0=$SECONDS CURRENT=""
+T0=$SECONDS CURRENT="" STAGE_PID=""
 stage() {  # stage NAME COMMAND...: runs it, records its time, stops everything on failure
   CURRENT=$1; shift
   echo
   echo "==== check_fresh_machine: $CURRENT ($(date -u +%H:%M:%S) UTC)"
   local t=$SECONDS rc=0
-  # In a subshell with errexit in force (a function called left of || would run without it).
-  set +e; (set -e; "$@"); rc=$?; set -e
+  # In a subshell with errexit in force (a function called left of || would run without it),
+  # in the background so that a signal's trap runs at once (and ends it) instead of after it.
+  set +e; (set -e; "$@") & STAGE_PID=$!; wait "$STAGE_PID"; rc=$?; set -e; STAGE_PID=""
   STAGE_NAMES+=("$CURRENT") STAGE_TIMES+=($((SECONDS - t)))
   if ((rc)); then
     STAGE_RESULTS+=("FAILED (exit $rc)")
     summary
     echo "check_fresh_machine: FAILED at stage '$CURRENT' (exit $rc)"
+    CURRENT=""
     exit 1
   fi
   STAGE_RESULTS+=(ok)
@@ -101,10 +103,18 @@ unmount_all() {
   done
   MOUNTS=()
 }
+kill_tree() {  # kill_tree PID: the stage's processes (those in the chroot too), leaves first
+  local child
+  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  [ -n "$CURRENT" ] && echo "check_fresh_machine: stopped during stage '$CURRENT'" >&2
+  if [ -n "$CURRENT" ]; then
+    echo "check_fresh_machine: stopped during stage '$CURRENT'" >&2
+    [ -n "$STAGE_PID" ] && { kill_tree "$STAGE_PID"; sleep 2; }
+  fi
   unmount_all
   rm -f "$ENV_FILE"
   if ((KEEP)); then
