@@ -79,10 +79,10 @@ summary() {
   echo "==== check_fresh_machine: summary (commit ${COMMIT:0:12}, root $ROOT)"
   local i
   for i in "${!STAGE_NAMES[@]}"; do
-    printf '  %-28s %-18s %4dm%02ds\n' "${STAGE_NAMES[$i]}" "${STAGE_RESULTS[$i]}" \
+    printf '  %-34s %-18s %4dm%02ds\n' "${STAGE_NAMES[$i]}" "${STAGE_RESULTS[$i]}" \
       $((STAGE_TIMES[i] / 60)) $((STAGE_TIMES[i] % 60))
   done
-  printf '  %-28s %-18s %4dm%02ds\n' total "" $(((SECONDS - T0) / 60)) $(((SECONDS - T0) % 60))
+  printf '  %-34s %-18s %4dm%02ds\n' total "" $(((SECONDS - T0) / 60)) $(((SECONDS - T0) % 60))
 }
 
 # ---- the root, and cleaning up on every exit path ------------------------------------
