@@ -4,7 +4,7 @@
 # HEAD of this checkout into it, and runs there, in a chroot as root, `apt-get update`,
 # `bash scripts/test.sh` and `bash scripts/main_job.sh`. Prints the stage that failed
 # (exit 1) or a summary with timings. Needs root, the network this host uses for Debian's
-# packages and PyPI, about 10 GB of disk and 30-45 minutes on 2 cores.
+# packages and PyPI, a few GB of disk and 20-30 minutes on 2 cores.
 #
 # Usage: scripts/check_fresh_machine.sh [--keep] [--reuse-base] [--root DIR]
 #                                        [--cache DIR] [--shared DIR]
