@@ -267,7 +267,8 @@ TEST(dist_ckpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
   saver.wait();
   EXPECT_FALSE(saver.pending());
   EXPECT_EQ(tracker.peak(MemCategory::workspace), staging);  // written from the copy, no buffer
-  EXPECT_EQ(tracker.live(MemCategory::workspace), 0u);
+  // The staging copy is kept for the next save (no allocation at its step boundary).
+  EXPECT_EQ(tracker.live(MemCategory::workspace), staging);
   dist_ckpt::verify_checkpoint(dir);
   MemState back(l.ranks[0].local_numel);
   dist_ckpt::load_checkpoint(dir, l.ranks[0], back);

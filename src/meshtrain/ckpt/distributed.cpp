@@ -499,9 +499,12 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
     job->packed.pieces.push_back(q);
   }
   job->packed.local_numel = owned;
-  job->staged = std::make_unique<StagedState>(
-      Tensor({static_cast<int64_t>(layout::kStateKinds) * std::max<int64_t>(owned, 1)}, DType::f32,
-             MemCategory::workspace, *options_.tracker));
+  const int64_t staged = static_cast<int64_t>(layout::kStateKinds) * std::max<int64_t>(owned, 1);
+  if (staging_.numel() != staged) {
+    staging_ = Tensor();
+    staging_ = Tensor({staged}, DType::f32, MemCategory::workspace, *options_.tracker);
+  }
+  job->staged = std::make_unique<StagedState>(staging_);
   for (size_t k = 0; k < layout::kStateKinds; ++k) {
     const auto kind = static_cast<StateKind>(k);
     for (size_t i = 0; i < map.pieces.size(); ++i) {
