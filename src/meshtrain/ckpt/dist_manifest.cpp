@@ -176,7 +176,9 @@ void write_json_atomic(const std::string& path, const json& value) {
 
 Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
   MESHTRAIN_CHECK(limit >= 4, "checkpoint buffer of {} bytes: at least 4 bytes are needed", limit);
-  const uint64_t bytes = std::max<uint64_t>(4, std::min<uint64_t>(limit, needed));
+  uint64_t bytes = std::max<uint64_t>(4, std::min<uint64_t>(limit, needed));
+  // Whole 4096-byte units when it can: full buffers then write around the page cache.
+  if (bytes >= 4096) bytes -= bytes % 4096;
   return Tensor({static_cast<int64_t>(bytes / 4)}, DType::f32, MemCategory::workspace, tracker);
 }
 

@@ -101,7 +101,9 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
   const auto total_floats = static_cast<int64_t>(total / 4);
   if (staged != nullptr) {
     // The async staging copy is the data section already: no buffer.
-    const int64_t chunk = std::max<int64_t>(1, std::min(buffer_bytes / 4, total_floats));
+    // Chunks of whole 4096-byte units from the page-aligned copy: direct writes.
+    const int64_t chunk =
+        std::max<int64_t>(1, std::min((buffer_bytes / 4096) * 1024, total_floats));
     for (int64_t done = 0; done < total_floats; done += chunk) {
       write_data(staged + done, std::min(chunk, total_floats - done));
     }
