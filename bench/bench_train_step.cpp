@@ -1,6 +1,8 @@
 // meshtrain side of the training benchmark (bench/train_vs_torch.sh runs it
 // next to bench/torch_train.py): the same Llama shape, batch, sequence and
 // threads; random tokens; AdamW step included. Prints one JSON line.
+// --recompute (bench/recompute.sh): activation checkpointing, with the
+// tracker's activation peak and the planner's prediction of it.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,11 +16,13 @@
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
+#include "meshtrain/plan/memory.h"
 
 int main(int argc, char** argv) {
   using namespace meshtrain;
   CLI::App app{"meshtrain training-step benchmark"};
-  std::string precision_name = "fp32";
+  std::string precision_name = "fp32", recompute_name = "none";
+  int64_t recompute_layers = 0;
   int threads = 2, steps = 6;
   int64_t batch = 8, seq = 256;
   double peak = 0;
@@ -40,6 +44,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--tied", tied);
   app.add_option("--peak-flops", peak, "matmul peak; 0 = measure");
+  app.add_option("--recompute", recompute_name)->check(CLI::IsMember({"none", "selective", "full"}));
+  app.add_option("--recompute-layers", recompute_layers);
   CLI11_PARSE(app, argc, argv);
   config.max_seq_len = seq;
   config.tie_embeddings = tied;
@@ -50,6 +56,8 @@ int main(int argc, char** argv) {
   cpu::CpuContext ctx(threads, tracker);
   if (peak <= 0) peak = cpu::measure_matmul_peak_flops(ctx, compute_dtype(precision), 2.0);
   Model model(config, precision, ctx);
+  const RecomputePolicy recompute{parse_recompute(recompute_name), recompute_layers};
+  model.set_recompute(recompute);
   model.init_weights(1);
   AdamW optimizer(model, AdamWConfig{});
 
@@ -83,9 +91,13 @@ int main(int argc, char** argv) {
   fmt::print(
       "{{\"side\": \"meshtrain\", \"precision\": \"{}\", \"threads\": {}, \"step_ms\": [{:.1f}], "
       "\"median_ms\": {:.1f}, \"tokens_per_s\": {:.1f}, \"mfu\": {:.3f}, \"peak_gflops\": {:.1f}, "
-      "\"loss\": {:.5f}, \"peak_memory_mib\": {:.1f}}}\n",
+      "\"loss\": {:.5f}, \"peak_memory_mib\": {:.1f}, \"recompute\": \"{}\", "
+      "\"recompute_layers\": {}, \"activation_peak_mib\": {:.2f}, "
+      "\"activation_planned_mib\": {:.2f}}}\n",
       precision_name, ctx.threads(), fmt::join(std::vector<double>(times.begin() + 1, times.end()), ", "),
       median, static_cast<double>(tokens) / median * 1000.0, flops / (median / 1000.0) / peak,
-      peak / 1e9, loss, static_cast<double>(tracker.peak_total()) / (1 << 20));
+      peak / 1e9, loss, static_cast<double>(tracker.peak_total()) / (1 << 20), recompute_name,
+      recompute_layers, static_cast<double>(tracker.peak(MemCategory::activations)) / (1 << 20),
+      plan::engine_memory(config, precision, batch, seq, recompute).activations / (1 << 20));
   return 0;
 }
