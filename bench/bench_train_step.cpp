@@ -88,16 +88,32 @@ int main(int argc, char** argv) {
   std::sort(timed.begin(), timed.end());
   double median = timed[timed.size() / 2];
   double flops = config.train_flops_per_token(seq) * static_cast<double>(tokens);
+  // Recomputation's extra FLOPs over the step's (PaLM convention, as
+  // train_flops_per_token): full = one more forward of every block (2 x its
+  // matmul weights + 4 T d of attention per token), selective = QK^T (2 T d).
+  const double d = static_cast<double>(config.dim), f = static_cast<double>(config.hidden_dim);
+  const double kv = static_cast<double>(config.n_kv_heads * config.head_dim());
+  const double T = static_cast<double>(seq), L = static_cast<double>(config.n_layers);
+  const double block_forward = 2 * (d * (d + 2 * kv) + d * d + 3 * d * f) + 4 * T * d;
+  const double recomputed_layers =
+      recompute.mode == Recompute::full && recompute.layers > 0
+          ? std::min<double>(L, static_cast<double>(recompute.layers))
+          : L;
+  const double extra = recompute.mode == Recompute::full        ? recomputed_layers * block_forward
+                       : recompute.mode == Recompute::selective ? L * 2 * T * d
+                                                                : 0;
+  const double theory_overhead = extra / config.train_flops_per_token(seq);
   fmt::print(
       "{{\"side\": \"meshtrain\", \"precision\": \"{}\", \"threads\": {}, \"step_ms\": [{:.1f}], "
       "\"median_ms\": {:.1f}, \"tokens_per_s\": {:.1f}, \"mfu\": {:.3f}, \"peak_gflops\": {:.1f}, "
       "\"loss\": {:.5f}, \"peak_memory_mib\": {:.1f}, \"recompute\": \"{}\", "
       "\"recompute_layers\": {}, \"activation_peak_mib\": {:.2f}, "
-      "\"activation_planned_mib\": {:.2f}}}\n",
+      "\"activation_planned_mib\": {:.2f}, \"flops_overhead_theory\": {:.4f}}}\n",
       precision_name, ctx.threads(), fmt::join(std::vector<double>(times.begin() + 1, times.end()), ", "),
       median, static_cast<double>(tokens) / median * 1000.0, flops / (median / 1000.0) / peak,
       peak / 1e9, loss, static_cast<double>(tracker.peak_total()) / (1 << 20), recompute_name,
       recompute_layers, static_cast<double>(tracker.peak(MemCategory::activations)) / (1 << 20),
-      plan::engine_memory(config, precision, batch, seq, recompute).activations / (1 << 20));
+      plan::engine_memory(config, precision, batch, seq, recompute).activations / (1 << 20),
+      theory_overhead);
   return 0;
 }

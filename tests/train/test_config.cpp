@@ -137,6 +137,23 @@ TEST(Config, GlobalBatchInTokens) {
             "config: train.batch_tokens (100) must be a multiple of train.seq_len (32)");
 }
 
+TEST(Config, RecomputeKeys) {
+  EXPECT_EQ(parse_config(kBase, "run.toml").train.recompute, Recompute::none);
+  const TrainConfig c = parse_config(kBase, "run.toml",
+                                     {{"train.recompute", "full"}, {"train.recompute_layers", "1"}});
+  EXPECT_EQ(c.train.recompute, Recompute::full);
+  EXPECT_EQ(c.train.recompute_layers, 1);
+  const TrainConfig back = config_from_json(config_to_json(c));
+  EXPECT_EQ(back.train.recompute, Recompute::full);
+  EXPECT_EQ(back.train.recompute_layers, 1);
+  EXPECT_EQ(error_of(kBase, {{"train.recompute", "some"}}),
+            "config: train.recompute must be \"none\", \"selective\" or \"full\", got \"some\"");
+  EXPECT_EQ(error_of(kBase, {{"train.recompute", "selective"}, {"train.recompute_layers", "2"}}),
+            "config: train.recompute_layers (2) needs train.recompute = \"full\"");
+  EXPECT_NE(error_of(kBase, {{"train.recompute_layers", "-1"}}).find("train.recompute_layers"),
+            std::string::npos);
+}
+
 TEST(Config, SyntaxErrorNamesFileAndLine) {
   std::string msg = error_of("[train]\nsteps = = 3\n");
   EXPECT_EQ(msg.rfind("config: run.toml:2:", 0), 0u) << msg;
