@@ -18,7 +18,8 @@ for round in $(seq "$ROUNDS"); do
   for m in "${MODES[@]}"; do
     read -r mode layers <<<"$m"
     "$BIN" --precision bf16 --threads "$THREADS" --steps "$STEPS" --seq "$SEQ" --batch "$BATCH" \
-      --recompute "$mode" --recompute-layers "$layers" >>"$out/${mode}_${layers}.jsonl"
+      --peak-flops 1e11 --recompute "$mode" --recompute-layers "$layers" \
+      >>"$out/${mode}_${layers}.jsonl"
   done
 done
 python3 - "$out" "${MODES[@]}" <<'PY'

@@ -339,10 +339,9 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     const auto pad = static_cast<int64_t>(max_pad({&dp_mm, &dq_mm, &dkv_mm, &dkv_acc, &qk}));
     const bool f32 = compute == DType::f32;
     const int64_t recompute_bytes = kept ? 0 : M * T * esize;
-    const int64_t score_bytes = kept || f32 ? 0 : M * T * 4;
     const size_t per_thread =
         Carver::bytes({M * D * esize, M * T * 4, f32 ? 0 : M * T * esize, M * D * 4, T * D * 4,
-                       T * D * 4, D * 4, pad, recompute_bytes, score_bytes});
+                       T * D * 4, D * 4, pad, recompute_bytes});
     char* base = static_cast<char*>(
         ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
 #pragma omp parallel for schedule(static)
@@ -361,8 +360,9 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       const int64_t b = g / KV, j = g % KV, h0 = j * rep;
       const E* probs_g = kept ? probs + g * M * T : nullptr;
       if (!kept) {
+        // bf16: the f32 scores use dp's space, which dP overwrites next.
         E* recomputed = mine.take<E>(M * T);
-        float* scores = f32 ? reinterpret_cast<float*>(recomputed) : mine.take<float>(M * T);
+        float* scores = f32 ? reinterpret_cast<float*>(recomputed) : dp;
         group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, scores, recomputed, pad_g);
         probs_g = recomputed;
       }
