@@ -121,6 +121,29 @@ TEST(Recompute, ActivationPeakDrops) {
   }
 }
 
+// A new batch shape (and a new policy) leaves nothing stale in the shared set.
+TEST(Recompute, ChangingShapesAndPoliciesLeavesNoStaleState) {
+  const ModelConfig c = configs()[0];
+  auto grads_at = [&](Model& model, int64_t batch, int64_t seq) {
+    const auto tokens = testing::random_ids(3, batch * seq, c.vocab_size);
+    const auto targets = testing::random_ids(4, batch * seq, c.vocab_size);
+    model.zero_grads();
+    model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0f);
+    return grads_of(model);
+  };
+  testing::CpuModel ref(c, Precision::bf16), m(c, Precision::bf16);
+  testing::init_for_test(ref.model, 5);
+  testing::init_for_test(m.model, 5);
+  const std::vector<float> want = grads_at(ref.model, 1, 12);
+  for (const Policy& p : policies()) {
+    SCOPED_TRACE(p.name);
+    m.model.set_recompute(p.policy);
+    grads_at(m.model, 2, 16);
+    const std::vector<float> got = grads_at(m.model, 1, 12);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
+  }
+}
+
 TEST(Recompute, RejectsBadLayerCounts) {
   testing::CpuModel m(testing::tiny_gpt2(), Precision::fp32);
   EXPECT_THROW(m.model.set_recompute({Recompute::full, -1}), Error);

@@ -2,8 +2,8 @@
 // train.recompute mode (and full on N layers) gives the 20-step loss and
 // gradient-norm trace and the final weights of recompute = "none" on the
 // same layout, bit for bit: one rank, dp 2 ZeRO-3, tp 2 + sequence parallel,
-// pp 2 1F1B, and (8 ranks) dp 2 x tp 2 x pp 2, for Llama with grouped-query
-// attention and GPT-2.
+// pp 2 1F1B, pp 2 interleaved (2 chunks a rank) and (8 ranks) dp 2 x tp 2 x
+// pp 2, for Llama with grouped-query attention and GPT-2.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -26,12 +26,17 @@ struct Layout {
   int tp, pp, zero;
   bool sequence_parallel;
   int world;  // ranks it needs (1: every rank runs it alone)
+  const char* schedule = "1f1b";
+  int virtual_stages = 1;
 };
 
 constexpr Layout kLayouts[] = {
-    {"single", 1, 1, 0, false, 1},          {"dp 2 ZeRO-3", 1, 1, 3, false, 2},
-    {"tp 2 + SP", 2, 1, 0, true, 2},        {"pp 2 1F1B", 1, 2, 0, false, 2},
+    {"single", 1, 1, 0, false, 1},
+    {"dp 2 ZeRO-3", 1, 1, 3, false, 2},
+    {"tp 2 + SP", 2, 1, 0, true, 2},
+    {"pp 2 1F1B", 1, 2, 0, false, 2},
     {"dp 2 x tp 2 x pp 2", 2, 2, 0, true, 8},
+    {"pp 2 interleaved", 1, 2, 0, false, 2, "interleaved", 2},  // 2 chunks of 1 layer a rank
 };
 
 struct Mode {
@@ -101,12 +106,13 @@ tokenizer = "bytes"
                                {"parallel.zero", std::to_string(layout.zero)},
                                {"parallel.sequence_parallel",
                                 layout.sequence_parallel ? "true" : "false"},
-                               {"parallel.schedule", "1f1b"},
+                               {"parallel.schedule", layout.schedule},
+                               {"parallel.virtual_stages", std::to_string(layout.virtual_stages)},
                                {"train.recompute", m.recompute},
                                {"train.recompute_layers", std::to_string(m.layers)}};
       };
-      const std::string base = fmt::format("{}_tp{}_pp{}_z{}{}", family, layout.tp, layout.pp,
-                                           layout.zero, rank);
+      const std::string base = fmt::format("{}_tp{}_pp{}v{}_z{}{}", family, layout.tp, layout.pp,
+                                           layout.virtual_stages, layout.zero, rank);
       const testing::TrainerRun ref =
           testing::run_trainer(config(family, base + "_none", overrides({"none", 0})), mesh.get());
       for (const Mode& m : kModes) {
@@ -115,7 +121,8 @@ tokenizer = "bytes"
         const testing::TrainerRun got = testing::run_trainer(
             config(family, fmt::format("{}_{}{}", base, m.recompute, m.layers), overrides(m)),
             mesh.get());
-        ASSERT_EQ(got.records.size(), ref.records.size());
+        ASSERT_EQ(got.records.size(), 20u);
+        ASSERT_EQ(ref.records.size(), 20u);
         for (size_t i = 0; i < ref.records.size(); ++i) {
           EXPECT_EQ(got.records[i].loss, ref.records[i].loss) << "step " << i + 1;
           EXPECT_EQ(got.records[i].grad_norm, ref.records[i].grad_norm) << "step " << i + 1;
@@ -132,10 +139,10 @@ tokenizer = "bytes"
           EXPECT_EQ(g.tp_comm_bytes, r.tp_comm_bytes);
         }
         if (world_->rank() == 0) {
-          fmt::print("[recompute] {} {} {} layers {}: dp bytes/step {} (none {}), tp bytes/step "
-                     "{} (none {})\n",
-                     layout.name, family, m.recompute, m.layers, g.comm_bytes, r.comm_bytes,
-                     g.tp_comm_bytes, r.tp_comm_bytes);
+          fmt::print("[recompute] {} {} {} layers {}: step {} loss {:.6f} (none {:.6f}), dp "
+                     "bytes/step {} (none {}), tp bytes/step {} (none {})\n",
+                     layout.name, family, m.recompute, m.layers, g.step, g.loss, r.loss,
+                     g.comm_bytes, r.comm_bytes, g.tp_comm_bytes, r.tp_comm_bytes);
         }
         ASSERT_EQ(got.weights.size(), ref.weights.size());
         EXPECT_EQ(0, std::memcmp(got.weights.data(), ref.weights.data(),
@@ -154,6 +161,7 @@ TEST_F(RecomputeTrainer, ZeroStage3EqualsNoRecompute) { run_layout(kLayouts[1]);
 TEST_F(RecomputeTrainer, TensorSequenceParallelEqualsNoRecompute) { run_layout(kLayouts[2]); }
 TEST_F(RecomputeTrainer, Pipeline1F1BEqualsNoRecompute) { run_layout(kLayouts[3]); }
 TEST_F(RecomputeTrainer, DataTensorPipelineEqualsNoRecompute) { run_layout(kLayouts[4]); }
+TEST_F(RecomputeTrainer, InterleavedPipelineEqualsNoRecompute) { run_layout(kLayouts[5]); }
 
 }  // namespace
 }  // namespace meshtrain
