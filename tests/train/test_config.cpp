@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/util/error.h"
 
@@ -146,6 +147,8 @@ TEST(Config, RecomputeKeys) {
   const TrainConfig back = config_from_json(config_to_json(c));
   EXPECT_EQ(back.train.recompute, Recompute::full);
   EXPECT_EQ(back.train.recompute_layers, 1);
+  // Bit-exact, so a resume may switch it.
+  EXPECT_TRUE(resume_config_changes(parse_config(kBase, "run.toml"), c).empty());
   EXPECT_EQ(error_of(kBase, {{"train.recompute", "some"}}),
             "config: train.recompute must be \"none\", \"selective\" or \"full\", got \"some\"");
   EXPECT_EQ(error_of(kBase, {{"train.recompute", "selective"}, {"train.recompute_layers", "2"}}),
