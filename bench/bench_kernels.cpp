@@ -128,37 +128,52 @@ BENCHMARK(BM_ClassifierGemm)
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Attention FLOPs counted as the model does: causal half of the 4 T^2 D GEMMs
-// per head forward (QK^T, PV), twice that backward.
-double attention_flops() { return 2.0 * kBatch * kHeads * kSeq * kSeq * kHeadDim; }
+// per head forward (QK^T, PV), twice that backward. Args: bf16, recompute
+// (selective activation checkpointing: probabilities not kept, recomputed in
+// backward; the FLOPs counted stay the model's), seq (batch = kTokens / seq).
+double attention_flops(int64_t seq) {
+  return 2.0 * static_cast<double>(kTokens / seq) * kHeads * static_cast<double>(seq * seq) * kHeadDim;
+}
+
+struct AttentionBench {
+  explicit AttentionBench(const benchmark::State& state)
+      : dt(dtype_arg(state)),
+        seq(state.range(2)),
+        dims{kTokens / seq, seq, kHeads, kHeads, kHeadDim},
+        rope(cpu::make_rope_table(kHeadDim, seq, 10000.0f, env().tracker)) {
+    saved.recompute_probs = state.range(1) != 0;
+  }
+  DType dt;
+  int64_t seq;
+  cpu::AttentionDims dims;
+  cpu::RopeTable rope;
+  Tensor qkv = filled({kTokens, dims.qkv_width()}, DType::f32, 1.0f);
+  Tensor out{{kTokens, kDim}, dt, MemCategory::workspace, env().tracker};
+  cpu::AttentionSaved saved;
+};
 
 void BM_AttentionForward(benchmark::State& state) {
-  const DType dt = dtype_arg(state);
-  cpu::AttentionDims dims{kBatch, kSeq, kHeads, kHeads, kHeadDim};
-  auto rope = cpu::make_rope_table(kHeadDim, kSeq, 10000.0f, env().tracker);
-  Tensor qkv = filled({kTokens, dims.qkv_width()}, DType::f32, 1.0f);
-  Tensor out({kTokens, kDim}, dt, MemCategory::workspace, env().tracker);
-  cpu::AttentionSaved saved;
+  AttentionBench b(state);
   for (auto _ : state)
-    cpu::attention_forward(env().ctx, dims, &rope, dt, qkv.data<float>(), out.raw(), saved);
-  set_flops(state, attention_flops());
+    cpu::attention_forward(env().ctx, b.dims, &b.rope, b.dt, b.qkv.data<float>(), b.out.raw(), b.saved);
+  set_flops(state, attention_flops(b.seq));
 }
-BENCHMARK(BM_AttentionForward)->ArgNames({"bf16"})->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionForward)->ArgNames({"bf16", "recompute", "seq"})
+    ->ArgsProduct({{0, 1}, {0}, {kSeq}})->ArgsProduct({{1}, {0, 1}, {2048}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_AttentionBackward(benchmark::State& state) {
-  const DType dt = dtype_arg(state);
-  cpu::AttentionDims dims{kBatch, kSeq, kHeads, kHeads, kHeadDim};
-  auto rope = cpu::make_rope_table(kHeadDim, kSeq, 10000.0f, env().tracker);
-  Tensor qkv = filled({kTokens, dims.qkv_width()}, DType::f32, 1.0f);
-  Tensor out({kTokens, kDim}, dt, MemCategory::workspace, env().tracker);
+  AttentionBench b(state);
   Tensor dout = filled({kTokens, kDim}, DType::f32);
-  Tensor dqkv({kTokens, dims.qkv_width()}, dt, MemCategory::workspace, env().tracker);
-  cpu::AttentionSaved saved;
-  cpu::attention_forward(env().ctx, dims, &rope, dt, qkv.data<float>(), out.raw(), saved);
+  Tensor dqkv({kTokens, b.dims.qkv_width()}, b.dt, MemCategory::workspace, env().tracker);
+  cpu::attention_forward(env().ctx, b.dims, &b.rope, b.dt, b.qkv.data<float>(), b.out.raw(), b.saved);
   for (auto _ : state)
-    cpu::attention_backward(env().ctx, dims, &rope, dt, saved, dout.data<float>(), dqkv.raw());
-  set_flops(state, 2.0 * attention_flops());
+    cpu::attention_backward(env().ctx, b.dims, &b.rope, b.dt, b.saved, dout.data<float>(), dqkv.raw());
+  set_flops(state, 2.0 * attention_flops(b.seq));
 }
-BENCHMARK(BM_AttentionBackward)->ArgNames({"bf16"})->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionBackward)->ArgNames({"bf16", "recompute", "seq"})
+    ->ArgsProduct({{0, 1}, {0}, {kSeq}})->ArgsProduct({{1}, {0, 1}, {2048}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_RmsNormForward(benchmark::State& state) {
   const DType dt = dtype_arg(state);

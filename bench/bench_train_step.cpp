@@ -1,12 +1,15 @@
 // meshtrain side of the training benchmark (bench/train_vs_torch.sh runs it
 // next to bench/torch_train.py): the same Llama shape, batch, sequence and
 // threads; random tokens; AdamW step included. Prints one JSON line.
+// --recompute (bench/recompute.sh): activation checkpointing, with the
+// tracker's activation peak and the planner's prediction of it.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <random>
 #include <vector>
 
@@ -14,11 +17,13 @@
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
+#include "meshtrain/plan/memory.h"
 
 int main(int argc, char** argv) {
   using namespace meshtrain;
   CLI::App app{"meshtrain training-step benchmark"};
-  std::string precision_name = "fp32";
+  std::string precision_name = "fp32", recompute_name = "none";
+  int64_t recompute_layers = 0;
   int threads = 2, steps = 6;
   int64_t batch = 8, seq = 256;
   double peak = 0;
@@ -40,6 +45,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--tied", tied);
   app.add_option("--peak-flops", peak, "matmul peak; 0 = measure");
+  app.add_option("--recompute", recompute_name)->check(CLI::IsMember({"none", "selective", "full"}));
+  app.add_option("--recompute-layers", recompute_layers);
   CLI11_PARSE(app, argc, argv);
   config.max_seq_len = seq;
   config.tie_embeddings = tied;
@@ -50,6 +57,8 @@ int main(int argc, char** argv) {
   cpu::CpuContext ctx(threads, tracker);
   if (peak <= 0) peak = cpu::measure_matmul_peak_flops(ctx, compute_dtype(precision), 2.0);
   Model model(config, precision, ctx);
+  const RecomputePolicy recompute{parse_recompute(recompute_name), recompute_layers};
+  model.set_recompute(recompute);
   model.init_weights(1);
   AdamW optimizer(model, AdamWConfig{});
 
@@ -64,28 +73,58 @@ int main(int argc, char** argv) {
     targets.insert(targets.end(), row + 1, row + seq + 1);
   }
 
-  std::vector<double> times;
+  // Process CPU time too: on a shared machine other jobs stretch the wall
+  // time but not (much) the CPU time this process spends (bench/recompute.sh).
+  auto cpu_ms = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+  };
+  std::vector<double> times, cpu_times;
   double loss = 0;
   const int64_t tokens = batch * seq;
   for (int s = 0; s <= steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_ms();
     model.zero_grads();
     loss = model.forward_backward(inputs.data(), targets.data(), batch, seq,
                                   1.0f / static_cast<float>(tokens)) / static_cast<double>(tokens);
     float scale = clip_factor(global_grad_norm(model), 1.0f);
     optimizer.step(3e-4f, scale);
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    cpu_times.push_back(cpu_ms() - c0);
   }
   std::vector<double> timed(times.begin() + 1, times.end());
   std::sort(timed.begin(), timed.end());
   double median = timed[timed.size() / 2];
   double flops = config.train_flops_per_token(seq) * static_cast<double>(tokens);
+  // Recomputation's extra FLOPs over the step's (PaLM convention, as
+  // train_flops_per_token): full = one more forward of every block (2 x its
+  // matmul weights + 4 T d of attention per token), selective = QK^T (2 T d).
+  const double d = static_cast<double>(config.dim), f = static_cast<double>(config.hidden_dim);
+  const double kv = static_cast<double>(config.n_kv_heads * config.head_dim());
+  const double T = static_cast<double>(seq), L = static_cast<double>(config.n_layers);
+  const double block_forward = 2 * (d * (d + 2 * kv) + d * d + 3 * d * f) + 4 * T * d;
+  const double recomputed_layers =
+      recompute.mode == Recompute::full && recompute.layers > 0
+          ? std::min<double>(L, static_cast<double>(recompute.layers))
+          : L;
+  const double extra = recompute.mode == Recompute::full        ? recomputed_layers * block_forward
+                       : recompute.mode == Recompute::selective ? L * 2 * T * d
+                                                                : 0;
+  const double theory_overhead = extra / config.train_flops_per_token(seq);
   fmt::print(
       "{{\"side\": \"meshtrain\", \"precision\": \"{}\", \"threads\": {}, \"step_ms\": [{:.1f}], "
       "\"median_ms\": {:.1f}, \"tokens_per_s\": {:.1f}, \"mfu\": {:.3f}, \"peak_gflops\": {:.1f}, "
-      "\"loss\": {:.5f}, \"peak_memory_mib\": {:.1f}}}\n",
+      "\"loss\": {:.5f}, \"peak_memory_mib\": {:.1f}, \"recompute\": \"{}\", "
+      "\"recompute_layers\": {}, \"activation_peak_mib\": {:.2f}, "
+      "\"activation_planned_mib\": {:.2f}, \"flops_overhead_theory\": {:.4f}, "
+      "\"step_cpu_ms\": [{:.1f}]}}\n",
       precision_name, ctx.threads(), fmt::join(std::vector<double>(times.begin() + 1, times.end()), ", "),
       median, static_cast<double>(tokens) / median * 1000.0, flops / (median / 1000.0) / peak,
-      peak / 1e9, loss, static_cast<double>(tracker.peak_total()) / (1 << 20));
+      peak / 1e9, loss, static_cast<double>(tracker.peak_total()) / (1 << 20), recompute_name,
+      recompute_layers, static_cast<double>(tracker.peak(MemCategory::activations)) / (1 << 20),
+      plan::engine_memory(config, precision, batch, seq, recompute).activations / (1 << 20),
+      theory_overhead, fmt::join(std::vector<double>(cpu_times.begin() + 1, cpu_times.end()), ", "));
   return 0;
 }

@@ -27,5 +27,6 @@ set_tests_properties(pipeline.cli_train_np4 PROPERTIES FIXTURES_REQUIRED cli_inp
                      PROCESSORS 4)
 
 # dp 2 x tp 2 x pp 2 on 8 ranks (oversubscribed): the engine-level composition test only.
-meshtrain_mpi_test(pipeline.np8_dp2_tp2_pp2 test_pipeline_mpi 8 TIMEOUT 300
-                   ARGS --gtest_filter=PipelineTensorParallel.*)
+# And activation checkpointing's whole runs on that layout (test_recompute_trainer.cpp).
+meshtrain_mpi_test(pipeline.np8_dp2_tp2_pp2 test_pipeline_mpi 8 TIMEOUT 600
+                   ARGS --gtest_filter=PipelineTensorParallel.*:RecomputeTrainer.*)

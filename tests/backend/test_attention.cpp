@@ -1,6 +1,7 @@
 // RoPE and causal GQA attention: forward against float64 loops, backward
 // against finite differences, decoding through the KV cache against the
 // full forward.
+#include <cstring>
 #include <type_traits>
 
 #include "meshtrain/backend/cpu/attention.h"
@@ -113,6 +114,33 @@ TEST_P(Attention, ForwardAndGradientCheckF32) {
 
 TEST_P(Attention, Bf16MatchesReferenceLoosely) {
   check_attention<bf16>(GetParam(), 90, 2e-2, 1e-2, 3e-2, 2e-2);
+}
+
+// recompute_probs (selective activation checkpointing): no probabilities kept,
+// the same out and d_qkv bit for bit, in both compute dtypes.
+template <typename E>
+void check_recomputed_probs(const AttnCase& c) {
+  AttnSetup t(c);
+  const DType dt = std::is_same_v<E, bf16> ? DType::bf16 : DType::f32;
+  const auto qkv = random_floats(t.n_qkv, 70, -1.5, 1.5);
+  const auto dout = random_floats(t.n_out, 71);
+  std::vector<E> out[2], dqkv[2];
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    cpu::AttentionSaved saved;
+    saved.recompute_probs = recompute == 1;
+    out[recompute].resize(t.n_out);
+    dqkv[recompute].resize(t.n_qkv);
+    cpu::attention_forward(t.ctx, t.d, t.rope(), dt, qkv.data(), out[recompute].data(), saved);
+    EXPECT_EQ(saved.probs.defined(), recompute == 0);
+    cpu::attention_backward(t.ctx, t.d, t.rope(), dt, saved, dout.data(), dqkv[recompute].data());
+  }
+  EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(E)));
+  EXPECT_EQ(0, std::memcmp(dqkv[0].data(), dqkv[1].data(), dqkv[0].size() * sizeof(E)));
+}
+
+TEST_P(Attention, RecomputedProbabilitiesGiveIdenticalGradients) {
+  check_recomputed_probs<float>(GetParam());
+  check_recomputed_probs<bf16>(GetParam());
 }
 
 TEST_P(Attention, DecodingThroughTheCacheEqualsTheFullForward) {

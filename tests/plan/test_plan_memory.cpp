@@ -182,10 +182,13 @@ TEST(Categories, SameNamesAsTheEngineTracker) {
 // The engine's predicted bytes equal what its MemoryTracker sees after one
 // forward/backward and an optimizer (params, grads, optimizer, activations).
 void expect_engine_matches(const ModelConfig& config, Precision precision, int64_t batch,
-                           int64_t seq) {
+                           int64_t seq, const RecomputePolicy& recompute = {}) {
+  SCOPED_TRACE(std::string(recompute_name(recompute.mode)) + " " +
+               std::to_string(recompute.layers));
   MemoryTracker tracker;
   cpu::CpuContext ctx(1, tracker);
   Model model(config, precision, ctx);
+  model.set_recompute(recompute);
   model.init_weights(7);
   AdamW adamw(model, AdamWConfig{});
   std::mt19937 rng(3);
@@ -196,7 +199,7 @@ void expect_engine_matches(const ModelConfig& config, Precision precision, int64
   }
   model.zero_grads();
   model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0f);
-  const MemoryBreakdown want = engine_memory(config, precision, batch, seq);
+  const MemoryBreakdown want = engine_memory(config, precision, batch, seq, recompute);
   EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::params)), want.params);
   EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::grads)), want.grads);
   EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::optimizer)), want.optimizer);
@@ -219,6 +222,21 @@ TEST(EngineMemory, Gpt2MatchesTheTracker) {
   ModelConfig c = gpt_dense(2, 64, 4, 300, 64);
   expect_engine_matches(c, Precision::bf16, 2, 32);
   expect_engine_matches(c, Precision::fp32, 1, 64);
+}
+
+// Activation checkpointing: the activations each mode keeps (and the one
+// shared set it recomputes into) are predicted exactly.
+TEST(EngineMemory, RecomputeMatchesTheTracker) {
+  ModelConfig llama = model_preset("llama-tiny");
+  llama.n_layers = 4;
+  const ModelConfig gpt2 = gpt_dense(3, 64, 4, 300, 64);
+  for (const RecomputePolicy& r : {RecomputePolicy{Recompute::selective, 0},
+                                   RecomputePolicy{Recompute::full, 0},
+                                   RecomputePolicy{Recompute::full, 2}}) {
+    expect_engine_matches(llama, Precision::bf16, 2, 32, r);
+    expect_engine_matches(llama, Precision::fp32, 1, 16, r);
+    expect_engine_matches(gpt2, Precision::bf16, 2, 32, r);
+  }
 }
 
 TEST(EngineMemory, RejectsBadShapes) {

@@ -220,7 +220,7 @@ TEST(Inputs, OptionNamesRoundTrip) {
     parse_recompute("some");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "plan: unknown recompute 'some' (expected none, selective, full)");
+    EXPECT_STREQ(e.what(), "unknown recompute 'some' (expected none, selective, full)");
   }
 }
 

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/util/error.h"
 
@@ -135,6 +136,25 @@ TEST(Config, GlobalBatchInTokens) {
             "32); give one of them");
   EXPECT_EQ(error_of(text, {{"train.batch_tokens", "100"}}),
             "config: train.batch_tokens (100) must be a multiple of train.seq_len (32)");
+}
+
+TEST(Config, RecomputeKeys) {
+  EXPECT_EQ(parse_config(kBase, "run.toml").train.recompute, Recompute::none);
+  const TrainConfig c = parse_config(kBase, "run.toml",
+                                     {{"train.recompute", "full"}, {"train.recompute_layers", "1"}});
+  EXPECT_EQ(c.train.recompute, Recompute::full);
+  EXPECT_EQ(c.train.recompute_layers, 1);
+  const TrainConfig back = config_from_json(config_to_json(c));
+  EXPECT_EQ(back.train.recompute, Recompute::full);
+  EXPECT_EQ(back.train.recompute_layers, 1);
+  // Bit-exact, so a resume may switch it.
+  EXPECT_TRUE(resume_config_changes(parse_config(kBase, "run.toml"), c).empty());
+  EXPECT_EQ(error_of(kBase, {{"train.recompute", "some"}}),
+            "config: train.recompute must be \"none\", \"selective\" or \"full\", got \"some\"");
+  EXPECT_EQ(error_of(kBase, {{"train.recompute", "selective"}, {"train.recompute_layers", "2"}}),
+            "config: train.recompute_layers (2) needs train.recompute = \"full\"");
+  EXPECT_NE(error_of(kBase, {{"train.recompute_layers", "-1"}}).find("train.recompute_layers"),
+            std::string::npos);
 }
 
 TEST(Config, SyntaxErrorNamesFileAndLine) {

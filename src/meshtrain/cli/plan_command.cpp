@@ -174,7 +174,8 @@ int run_plan(const PlanArgs& a) {
     const TrainSettings& t = run->train;
     const int64_t mb = t.micro_batch_size > 0 ? t.micro_batch_size : t.batch_size;
     std::fputs(format_engine_memory(a.config, model, t.precision, mb, t.seq_len,
-                                    engine_memory(model, t.precision, mb, t.seq_len))
+                                    engine_memory(model, t.precision, mb, t.seq_len,
+                                                  {t.recompute, t.recompute_layers}))
                    .c_str(),
                stdout);
     if (a.gpus.empty()) return 0;

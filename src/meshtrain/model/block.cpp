@@ -186,7 +186,11 @@ const Tensor& Model::Impl::forward_trunk(Activations& acts, const int32_t* token
     cpu::KVCacheLayer* layer_cache = cache ? &cache->layers[l] : nullptr;
     const int64_t layer = static_cast<int64_t>(l);
     before(layer_unit(layer), UnitPass::forward);
-    forward_block(layer, x, a, out, dt, batch, seq, layer_cache, pos0);
+    if (keep_all) {
+      train_forward_block(layer, 0, x, a, out, dt, batch, seq);
+    } else {
+      forward_block(layer, x, a, out, dt, batch, seq, layer_cache, pos0);
+    }
     after(layer_unit(layer), UnitPass::forward);
   }
   return acts.residual[keep_all ? layers : layers % 2];
@@ -302,13 +306,18 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   const void* xn2 = column_input(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, rows, act);
   ensure(a.ff_pre, {rows, b.ff_in.out}, DType::f32, act);
   linear_forward(b.ff_in, dt, xn2, rows, a.ff_pre.data<float>(), false);
-  ensure(a.ff_act, {rows, b.ff_out.in}, dt, act);
-  if (cfg.family == Family::llama) {
-    cpu::swiglu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows, hidden);
-  } else {
-    cpu::gelu_forward(a.ff_pre.data<float>(), dt, a.ff_act.raw(), rows * hidden);
-  }
+  mlp_activation(a.ff_pre, dt, a.ff_act, rows, act);
   row_parallel_add(b.ff_out, dt, a.ff_act.raw(), rows, a.mid, out);
+}
+
+void Model::Impl::mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64_t rows,
+                                 MemCategory category) {
+  ensure(act, {rows, hidden}, dt, category);
+  if (cfg.family == Family::llama) {
+    cpu::swiglu_forward(pre.data<float>(), dt, act.raw(), rows, hidden);
+  } else {
+    cpu::gelu_forward(pre.data<float>(), dt, act.raw(), rows * hidden);
+  }
 }
 
 void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt,

@@ -27,6 +27,22 @@ std::string_view precision_name(Precision precision) {
   return precision == Precision::bf16 ? "bf16" : "fp32";
 }
 
+Recompute parse_recompute(std::string_view name) {
+  if (name == "none") return Recompute::none;
+  if (name == "selective") return Recompute::selective;
+  if (name == "full") return Recompute::full;
+  fail("unknown recompute '{}' (expected none, selective, full)", name);
+}
+
+std::string_view recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+    case Recompute::none: break;
+  }
+  return "none";
+}
+
 void ModelConfig::validate() const {
   auto positive = [](std::string_view field, int64_t value) {
     MESHTRAIN_CHECK(value > 0, "model.{}: must be > 0, got {}", field, value);

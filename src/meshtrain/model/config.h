@@ -23,6 +23,32 @@ inline DType compute_dtype(Precision precision) {
   return precision == Precision::bf16 ? DType::bf16 : DType::f32;
 }
 
+enum class Recompute { none, selective, full };
+Recompute parse_recompute(std::string_view name);  // "none" | "selective" | "full"
+std::string_view recompute_name(Recompute recompute);
+
+// Activation checkpointing of the training passes (forward_backward,
+// stage_forward / stage_backward), per block (docs/distributed.md#activation-checkpointing):
+//  none: a block keeps everything its backward reads (model_impl.h BlockActs).
+//  selective: it does not keep the attention probabilities, the norm outputs
+//    (and their stats) or the MLP activation output; its backward recomputes
+//    them (probabilities per (batch, kv head) group inside the attention
+//    backward, never all at once). No communication is repeated.
+//  full: it keeps only its input (the residual stream); its backward first
+//    runs its forward again (tensor-parallel collectives included, in the
+//    forward's order on every rank), between before(u, backward) and
+//    after(u, backward), so a ZeRO-3 unit is gathered then anyway.
+// layers (full only): only the first `layers` blocks of each chunk of layers
+// (the whole model: of all layers) are recomputed, the others keep everything
+// (Megatron's "block" method); 0 = all. The recomputed tensors of one block
+// at a time live in one shared set (category activations). Recomputation
+// runs the forward's kernels on the same inputs, so gradients and losses are
+// bit-identical to `none`.
+struct RecomputePolicy {
+  Recompute mode = Recompute::none;
+  int64_t layers = 0;
+};
+
 struct ModelConfig {
   Family family = Family::llama;
   int64_t dim = 0;

@@ -237,7 +237,8 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
     const size_t i = static_cast<size_t>(l);
     m.before(m.layer_unit(l), UnitPass::backward);
-    m.backward_block(l, m.train.residual[i], m.train.blocks[i], dt, batch, seq);
+    m.train_backward_block(l, m.train.residual[i], m.train.blocks[i], m.train.residual[i + 1], dt,
+                           batch, seq);
     m.after(m.layer_unit(l), UnitPass::backward);
   }
   if (!m.tied) m.before(m.embed_unit, UnitPass::backward);

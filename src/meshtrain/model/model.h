@@ -173,6 +173,13 @@ class Model {
   // Unit indices into units(); used by data parallelism and ZeRO.
   UnitHooks unit_hooks;
 
+  // Activation checkpointing (config.h RecomputePolicy). Frees every held
+  // activation (training and stages) and applies `policy`
+  // from the next forward. Throws Error naming recompute_layers when it is
+  // negative or set without mode full.
+  void set_recompute(const RecomputePolicy& policy);
+  const RecomputePolicy& recompute() const;
+
   // Incremental decoding with a KV cache.
   KVCache make_kv_cache(int64_t batch, int64_t max_seq);
   // Runs tokens [batch, n_new] at positions [cache.length, cache.length + n_new),

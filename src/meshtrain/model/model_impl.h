@@ -44,8 +44,11 @@ struct Block {
 
 // What one block saves between forward and backward (rows N = batch * seq).
 // `dt` is the compute dtype (f32 or bf16).
+// Under recomputation (model.h RecomputePolicy) the tensors a block does not
+// keep are left undefined here and live in Impl::recomputed while it runs.
 struct BlockActs {
   MemCategory category = MemCategory::activations;  // workspace when nothing is kept
+  Recompute mode = Recompute::none;  // how its forward ran (its backward matches)
   // Norm outputs and stats cover this rank's residual rows (N / tp under
   // sequence parallelism: all-gathered again in backward).
   Tensor xn1, mean1, rstd1;  // norm1 output [N, d] dt; stats [N] f32 (mean: LayerNorm only)
@@ -130,6 +133,19 @@ struct Model::Impl {
   // Workspace dres holds d(out) on entry and d(x) on return.
   void backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt, int64_t batch,
                       int64_t seq);
+  // The MLP activation: act = SwiGLU(pre) (llama) or GELU(pre) over this rank's hidden.
+  void mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64_t rows,
+                      MemCategory category);
+
+  // Training passes of one block under the recompute policy (recompute.cpp).
+  // chunk_first: the first layer of the chunk (0 for the whole model).
+  // train_backward_block's `out` is the block's output slot, which a full
+  // recomputation writes again (bit-identical; nothing reads it afterwards).
+  Recompute layer_recompute(int64_t layer, int64_t chunk_first) const;
+  void train_forward_block(int64_t layer, int64_t chunk_first, const Tensor& x, BlockActs& a,
+                           Tensor& out, DType dt, int64_t batch, int64_t seq);
+  void train_backward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out, DType dt,
+                            int64_t batch, int64_t seq);
 
   void norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y, Tensor& mean,
                     Tensor& rstd, int64_t rows, MemCategory category);
@@ -208,6 +224,8 @@ struct Model::Impl {
   bool tied = false;  // the token embedding is the output layer
   Norm final_norm;
   size_t next_ready = 0;  // the registry index + 1 the next ready() must report
+  RecomputePolicy recompute;
+  BlockActs recomputed;  // the one block's tensors its mode does not keep
   Activations train;
   std::map<std::pair<int, int64_t>, Activations> staged;  // (chunk, micro-batch) in flight
   Workspace ws;

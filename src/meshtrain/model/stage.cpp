@@ -151,8 +151,8 @@ void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
   for (int64_t l = role.first; l < role.end; ++l) {
     const size_t i = static_cast<size_t>(l - role.first);
     m.before(m.layer_unit(l), UnitPass::forward);
-    m.forward_block(l, acts.residual[i], acts.blocks[i], acts.residual[i + 1], dt, batch, seq,
-                    nullptr, 0);
+    m.train_forward_block(l, role.first, acts.residual[i], acts.blocks[i], acts.residual[i + 1],
+                          dt, batch, seq);
     m.after(m.layer_unit(l), UnitPass::forward);
   }
   const Tensor& last = acts.residual.back();
@@ -224,7 +224,8 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
   for (int64_t l = role.end - 1; l >= role.first; --l) {
     const size_t i = static_cast<size_t>(l - role.first);
     m.before(m.layer_unit(l), UnitPass::backward);
-    m.backward_block(l, acts.residual[i], acts.blocks[i], dt, batch, seq);
+    m.train_backward_block(l, acts.residual[i], acts.blocks[i], acts.residual[i + 1], dt, batch,
+                           seq);
     m.after(m.layer_unit(l), UnitPass::backward);
   }
   if (role.embeds) {

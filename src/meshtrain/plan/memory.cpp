@@ -15,15 +15,12 @@ namespace meshtrain::plan {
 
 namespace {
 
-constexpr OptionNames<Recompute, 3> kRecompute{"recompute", {"none", "selective", "full"}};
 constexpr OptionNames<Schedule, 3> kSchedule{"schedule", {"gpipe", "1f1b", "interleaved"}};
 constexpr OptionNames<Offload, 2> kOffload{"offload", {"none", "optimizer"}};
 constexpr OptionNames<Optimizer, 2> kOptimizer{"optimizer", {"adamw", "sgd"}};
 
 }  // namespace
 
-std::string_view recompute_name(Recompute r) { return kRecompute.name(r); }
-Recompute parse_recompute(std::string_view name) { return kRecompute.parse(name); }
 std::string_view schedule_name(Schedule s) { return kSchedule.name(s); }
 Schedule parse_schedule(std::string_view name) { return kSchedule.parse(name); }
 std::string_view offload_name(Offload o) { return kOffload.name(o); }
@@ -144,7 +141,7 @@ std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m)
 }
 
 MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t micro_batch,
-                              int64_t seq) {
+                              int64_t seq, const RecomputePolicy& recompute) {
   c.validate();
   MESHTRAIN_CHECK(micro_batch > 0 && seq > 0 && seq <= c.max_seq_len,
                   "plan: micro-batch {} and seq {} must be > 0 (seq <= max_seq_len {})",
@@ -169,16 +166,29 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   const double stats = (c.family == Family::gpt2 ? 8 : 4) * n;  // rstd (+ mean) f32
   const double probs = static_cast<double>(micro_batch * c.n_heads) * static_cast<double>(seq) *
                        static_cast<double>(seq);
-  const double block = e * n * d + stats           // xn1
+  // What selective recomputation drops (model/recompute.cpp): norm outputs
+  // and stats, the MLP activation output and the probabilities.
+  const double recomputed = 2 * (e * n * d + stats)  // xn1, xn2
+                            + e * n * f;             // ff_act
+  const double block = recomputed                  //
                        + e * (n * d + 2 * n * kv)  // q, k, v
                        + e * probs                 // softmax probabilities
                        + e * n * d                 // attention output
                        + 4 * n * d                 // mid residual
-                       + e * n * d + stats         // xn2
-                       + 4 * n * ff_in             // ff_pre
-                       + e * n * f;                // ff_act
+                       + 4 * n * ff_in;            // ff_pre
   const double layers = static_cast<double>(c.n_layers);
-  m.activations = 4 * n * d * (layers + 1) + layers * block + e * n * d + stats;
+  // Kept per layer, plus the one shared set a recomputing block works in.
+  double kept = layers * block, shared = 0;
+  if (recompute.mode == Recompute::selective) {
+    kept = layers * (block - recomputed - e * probs);
+    shared = recomputed;
+  } else if (recompute.mode == Recompute::full) {
+    const double full = recompute.layers == 0 ? layers
+                                              : std::min<double>(layers, recompute.layers);
+    kept = (layers - full) * block;
+    shared = full > 0 ? block : 0;
+  }
+  m.activations = 4 * n * d * (layers + 1) + kept + shared + e * n * d + stats;
   // Workspace (model_impl.h Workspace): qkv, dres, dres_c, dx, dff, dff_c, dqkv.
   const double qkv = d + 2 * kv;
   m.workspace = 4 * n * qkv + 4 * n * d + (bf16 ? e * n * d : 0) + 4 * n * d +

@@ -12,14 +12,16 @@
 
 namespace meshtrain::plan {
 
+// The model's activation-checkpointing modes (model/config.h), by the same names.
+using meshtrain::parse_recompute;
+using meshtrain::Recompute;
+using meshtrain::RecomputePolicy;
+using meshtrain::recompute_name;
 // Printed and parsed by these names, in this order (memory.cpp).
-enum class Recompute { none, selective, full };
 enum class Schedule { gpipe, one_f_one_b, interleaved };
 enum class Offload { none, optimizer };
 enum class Optimizer { adamw, sgd };
 
-std::string_view recompute_name(Recompute r);
-Recompute parse_recompute(std::string_view name);
 std::string_view schedule_name(Schedule s);
 Schedule parse_schedule(std::string_view name);
 std::string_view offload_name(Offload o);
@@ -100,8 +102,9 @@ std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m)
 // What the CPU engine allocates for one rank of a run (train/ config): f32
 // master + bf16 compute copies of matmul weights (params), f32 grads, AdamW
 // moments, and the activations Model::forward_backward keeps for one
-// micro-batch (model/model_impl.h BlockActs; exact). Workspace is estimated.
+// micro-batch under `recompute` (model/model_impl.h BlockActs and the one
+// shared set of recomputed tensors; exact). Workspace is estimated.
 MemoryBreakdown engine_memory(const ModelConfig& model, Precision precision, int64_t micro_batch,
-                              int64_t seq);
+                              int64_t seq, const RecomputePolicy& recompute = {});
 
 }  // namespace meshtrain::plan

@@ -65,12 +65,14 @@ std::map<std::string, std::string> flat_settings(const TrainConfig& config) {
 
 // Settings a resume may change without breaking exact continuation (or that
 // change it on purpose: the layout reshards; a different layout continues
-// within float tolerance).
+// within float tolerance). Activation checkpointing is bit-exact, and older
+// checkpoints do not name it.
 bool may_change_on_resume(const std::string& key) {
   static const char* const kFree[] = {"train.steps",        "train.eval_interval",
                                       "train.eval_batches", "train.log_interval",
                                       "train.threads",      "train.peak_flops",
                                       "train.checkpoint_interval", "train.out_dir",
+                                      "train.recompute",    "train.recompute_layers",
                                       "data.gpt2_ranks"};
   for (const char* k : kFree) {
     if (key == k) return true;

@@ -42,6 +42,7 @@ constexpr KeySpec kKeys[] = {
     {"train", "eval_interval", Kind::integer}, {"train", "eval_batches", Kind::integer},
     {"train", "log_interval", Kind::integer}, {"train", "peak_flops", Kind::number},
     {"train", "checkpoint_interval", Kind::integer}, {"train", "out_dir", Kind::string},
+    {"train", "recompute", Kind::string},     {"train", "recompute_layers", Kind::integer},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
     {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
@@ -294,6 +295,14 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   s.read("peak_flops", t.peak_flops);
   s.read("checkpoint_interval", t.checkpoint_interval);
   s.read("out_dir", t.out_dir);
+  std::string recompute(recompute_name(t.recompute));
+  s.read("recompute", recompute);
+  MESHTRAIN_CHECK(recompute == "none" || recompute == "selective" || recompute == "full",
+                  "config: train.recompute must be \"none\", \"selective\" or \"full\", got "
+                  "\"{}\"",
+                  recompute);
+  t.recompute = parse_recompute(recompute);
+  s.read("recompute_layers", t.recompute_layers);
 
   check_min<int64_t>("train.steps", t.steps, 1);
   check_min<int64_t>("train.seq_len", t.seq_len, 1);
@@ -328,6 +337,10 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
                   "config: train.peak_flops must be >= 0 (0 = measure), got {}", t.peak_flops);
   check_min<int64_t>("train.checkpoint_interval", t.checkpoint_interval, -1);
   MESHTRAIN_CHECK(!t.out_dir.empty(), "config: train.out_dir must not be empty");
+  check_min<int64_t>("train.recompute_layers", t.recompute_layers, 0);
+  MESHTRAIN_CHECK(t.recompute_layers == 0 || t.recompute == Recompute::full,
+                  "config: train.recompute_layers ({}) needs train.recompute = \"full\"",
+                  t.recompute_layers);
   return t;
 }
 
@@ -522,6 +535,8 @@ toml::table to_table(const TrainConfig& c) {
       {"peak_flops", t.peak_flops},
       {"checkpoint_interval", t.checkpoint_interval},
       {"out_dir", t.out_dir},
+      {"recompute", std::string(recompute_name(t.recompute))},
+      {"recompute_layers", t.recompute_layers},
   };
   const OptimSettings& o = c.optim;
   toml::table optim{

@@ -31,6 +31,11 @@ struct TrainSettings {
   double peak_flops = 0;         // MFU denominator; 0 = measure at start
   int64_t checkpoint_interval = 0;  // steps; 0 = only at the end, -1 = never
   std::string out_dir = "runs/default";
+  // Activation checkpointing (model.h RecomputePolicy): "none" | "selective" |
+  // "full"; recompute_layers (full only): recompute the first N layers of each
+  // pipeline chunk, 0 = all.
+  Recompute recompute = Recompute::none;
+  int64_t recompute_layers = 0;
 
   int64_t grad_accum_steps() const { return batch_size / micro_batch_size; }
   int64_t tokens_per_step() const { return batch_size * seq_len; }

@@ -103,6 +103,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   model_ = std::make_unique<Model>(config_.model, t.precision, *ctx_,
                                    data_parallel_storage(config_), tp,
                                    stage_of(config_, mesh, micro_batches));
+  model_->set_recompute({t.recompute, t.recompute_layers});
   dp_ = make_data_parallel(config_, *model_, mesh, config_.parallel.pp > 1 ? micro_batches : 0);
   prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);

@@ -184,6 +184,33 @@ size_t max_pad(std::initializer_list<const std::vector<ThreadMatmul>*> groups) {
   return pad;
 }
 
+// scores[rows, 0:end) = q[rows] k[0:end)^T / sqrt(D), per query block.
+std::vector<ThreadMatmul> score_matmuls(CpuContext& ctx, const CausalBlocks& blk, DType compute,
+                                        int64_t D, int64_t T) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  return per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
+    return MatmulDims{1, blk.rows(i), blk.end(i), D, false, true, false, D, D, T};
+  }, scale);
+}
+
+// The causal softmax probabilities of one (batch, kv head) group, its rep
+// query heads stacked as rows: probs_g [rep*T, T], zero above the diagonal.
+// q_g [rep*T, D], k_g [T, D]; scores: f32 scratch [rep*T, T] (may alias
+// probs_g in f32). Forward and the recomputation in backward both run this,
+// so recomputed probabilities are bit-identical.
+template <typename E>
+void group_probs(std::vector<ThreadMatmul>& qk, const CausalBlocks& blk, int tid, const E* q_g,
+                 const E* k_g, int64_t rep, int64_t D, float* scores, E* probs_g, void* pad) {
+  const int64_t T = blk.seq;
+  for (int64_t hh = 0; hh < rep; ++hh) {
+    for (int64_t i = 0; i < blk.count(); ++i) {
+      const int64_t r0 = hh * T + blk.begin(i);
+      qk[static_cast<size_t>(i)].run(tid, q_g + r0 * D, k_g, scores + r0 * T, pad);
+    }
+  }
+  for (int64_t r = 0; r < rep * T; ++r) softmax_row(scores + r * T, probs_g + r * T, r % T + 1, T);
+}
+
 }  // namespace
 
 // Work is split by (batch, kv head) group: a thread takes a group and runs its
@@ -199,15 +226,19 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
   ensure(saved.q, {B, H, T, D}, compute, tracker);
   ensure(saved.k, {B, KV, T, D}, compute, tracker);
   ensure(saved.v, {B, KV, T, D}, compute, tracker);
-  ensure(saved.probs, {B, H, T, T}, compute, tracker);
+  const bool keep_probs = !saved.recompute_probs;
+  if (keep_probs) {
+    ensure(saved.probs, {B, H, T, T}, compute, tracker);
+  } else {
+    saved.probs = Tensor();
+  }
   const int64_t esize = static_cast<int64_t>(dtype_size(compute));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
   simd::dispatch_store(compute, saved.q.raw(), [&](auto* q) {
     using E = std::remove_pointer_t<decltype(q)>;
     E* k = saved.k.data<E>();
     E* v = saved.v.data<E>();
-    E* probs = saved.probs.data<E>();
+    E* probs = keep_probs ? saved.probs.data<E>() : nullptr;
     // 1. Split heads into [B, heads, T, D] layouts, rotating q and k.
 #pragma omp parallel
     {
@@ -231,15 +262,15 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
     const int64_t M = rep * T;
     const CausalBlocks blk(T);
     // scores[rows, 0:end) = q[rows] k[0:end)^T; out[rows] = P[rows, 0:end) v[0:end).
-    auto qk = per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
-      return MatmulDims{1, blk.rows(i), blk.end(i), D, false, true, false, D, D, T};
-    }, scale);
+    auto qk = score_matmuls(ctx, blk, compute, D, T);
     auto pv = per_block(ctx, blk, compute, compute, [&](int64_t i) {
       return MatmulDims{1, blk.rows(i), D, blk.end(i), false, false, false, T, D, D};
     });
     const auto pad = static_cast<int64_t>(max_pad({&qk, &pv}));
     const bool f32 = compute == DType::f32;
-    const size_t per_thread = Carver::bytes({f32 ? 0 : M * T * 4, M * D * esize, pad});
+    // Without kept probabilities each thread's group lives in its scratch.
+    const size_t per_thread = Carver::bytes(
+        {f32 ? 0 : M * T * 4, keep_probs ? 0 : M * T * esize, M * D * esize, pad});
     char* base = static_cast<char*>(
         ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
     E* o = static_cast<E*>(out);
@@ -248,17 +279,11 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
       const int tid = omp_get_thread_num();
       Carver mine(base + per_thread * tid);
       float* scores = f32 ? nullptr : mine.take<float>(M * T);
+      E* probs_g = keep_probs ? probs + g * M * T : mine.take<E>(M * T);
       E* out_g = mine.take<E>(M * D);
       void* pad_g = mine.take<char>(pad);
-      E* probs_g = probs + g * M * T;
       if (f32) scores = reinterpret_cast<float*>(probs_g);
-      for (int64_t hh = 0; hh < rep; ++hh) {
-        for (int64_t i = 0; i < blk.count(); ++i) {
-          const int64_t r0 = hh * T + blk.begin(i);
-          qk[static_cast<size_t>(i)].run(tid, q + (g * M + r0) * D, k + g * T * D, scores + r0 * T, pad_g);
-        }
-      }
-      for (int64_t r = 0; r < M; ++r) softmax_row(scores + r * T, probs_g + r * T, r % T + 1, T);
+      group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, scores, probs_g, pad_g);
       for (int64_t hh = 0; hh < rep; ++hh) {
         for (int64_t i = 0; i < blk.count(); ++i) {
           const int64_t r0 = hh * T + blk.begin(i);
@@ -278,8 +303,10 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
   check_dims(dims, rope, dims.seq);
   const int64_t B = dims.batch, T = dims.seq, H = dims.n_heads, KV = dims.n_kv_heads;
   const int64_t D = dims.head_dim, rep = H / KV, W = dims.qkv_width(), half = D / 2;
-  MESHTRAIN_CHECK(saved.probs.defined() && saved.probs.dtype() == compute &&
-                      saved.probs.numel() == B * H * T * T,
+  const bool kept = !saved.recompute_probs;
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * T * D &&
+                      (!kept || (saved.probs.defined() && saved.probs.dtype() == compute &&
+                                 saved.probs.numel() == B * H * T * T)),
                   "attention_backward: saved tensors do not match dims/compute dtype");
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t esize = static_cast<int64_t>(dtype_size(compute));
@@ -290,8 +317,10 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     const E* q = saved.q.data<E>();
     const E* k = saved.k.data<E>();
     const E* v = saved.v.data<E>();
-    const E* probs = saved.probs.data<E>();
+    const E* probs = kept ? saved.probs.data<E>() : nullptr;
     const CausalBlocks blk(T);
+    // Recomputation: each group's probabilities again, as in the forward.
+    auto qk = kept ? std::vector<ThreadMatmul>{} : score_matmuls(ctx, blk, compute, D, T);
     // Query block i: dP[rows, 0:end) = dO[rows] v[0:end)^T; dQ[rows] = dS[rows, 0:end) k[0:end).
     auto dp_mm = per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
       return MatmulDims{1, blk.rows(i), blk.end(i), D, false, true, false, D, D, T};
@@ -307,10 +336,12 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     auto dkv_mm = per_block(ctx, blk, compute, DType::f32, kv_dims);
     auto dkv_acc = rep > 1 ? per_block(ctx, blk, compute, DType::f32, kv_dims, 1.0f, true)
                            : std::vector<ThreadMatmul>{};
-    const auto pad = static_cast<int64_t>(max_pad({&dp_mm, &dq_mm, &dkv_mm, &dkv_acc}));
+    const auto pad = static_cast<int64_t>(max_pad({&dp_mm, &dq_mm, &dkv_mm, &dkv_acc, &qk}));
     const bool f32 = compute == DType::f32;
-    const size_t per_thread = Carver::bytes({M * D * esize, M * T * 4, f32 ? 0 : M * T * esize,
-                                             M * D * 4, T * D * 4, T * D * 4, D * 4, pad});
+    const int64_t recompute_bytes = kept ? 0 : M * T * esize;
+    const size_t per_thread =
+        Carver::bytes({M * D * esize, M * T * 4, f32 ? 0 : M * T * esize, M * D * 4, T * D * 4,
+                       T * D * 4, D * 4, pad, recompute_bytes});
     char* base = static_cast<char*>(
         ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
 #pragma omp parallel for schedule(static)
@@ -327,7 +358,14 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       void* pad_g = mine.take<char>(pad);
       if (f32) ds = reinterpret_cast<E*>(dp);
       const int64_t b = g / KV, j = g % KV, h0 = j * rep;
-      const E* probs_g = probs + g * M * T;
+      const E* probs_g = kept ? probs + g * M * T : nullptr;
+      if (!kept) {
+        // bf16: the f32 scores use dp's space, which dP overwrites next.
+        E* recomputed = mine.take<E>(M * T);
+        float* scores = f32 ? reinterpret_cast<float*>(recomputed) : dp;
+        group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, scores, recomputed, pad_g);
+        probs_g = recomputed;
+      }
       // dO for the group's heads, stacked like q.
       for (int64_t r = 0; r < M; ++r)
         simd::store_row(dout_g + r * D, d_out + ((b * T + r % T) * H + h0 + r / T) * D, D);

@@ -30,9 +30,14 @@ void rope_apply(const RopeTable& rope, float* x, int64_t rows, int64_t seq, int6
 
 // What the backward pass needs, allocated by attention_forward (category activations).
 // Reused across calls when shapes and dtype match (no reallocation per step).
+// recompute_probs (selective activation checkpointing): forward does not keep
+// probs (frees it); backward recomputes each (batch, kv head) group's
+// probabilities from q and k in its thread's scratch with the forward's
+// kernels, so the gradients are bit-identical and no [B, H, T, T] tensor lives.
 struct AttentionSaved {
   Tensor q, k, v;  // post-RoPE, compute dtype: q [B, H, T, D], k and v [B, KV, T, D]
   Tensor probs;    // softmax probabilities [B, H, T, T], compute dtype, zero above the diagonal
+  bool recompute_probs = false;
 };
 
 // qkv: [B, T, (H + 2*KV)*D] f32, each row = [q heads | k heads | v heads].
