@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -22,7 +23,12 @@ ModelConfig read_llama2c_config(const std::string& path);
 void load_llama2c_weights(Model& model, const std::string& path);
 std::unique_ptr<Model> import_llama2c(const std::string& path, Precision precision,
                                       cpu::CpuContext& ctx);
-// Writes a Llama model (norm eps 1e-5, theta 10000, else Error) atomically.
-void export_llama2c(const Model& model, const std::string& path);
+// Writes a Llama model (norm eps 1e-5, theta 10000, no RoPE scaling, else
+// Error) atomically; with the run's `tokenizer`, also tokenizer.bin (llama2.c's
+// format, ckpt/tokenizer_files.h) beside it, which llama2.c's run reads by default.
+void export_llama2c(const Model& model, const std::string& path,
+                    const Tokenizer* tokenizer = nullptr);
+// <directory of path>/tokenizer.bin.
+std::string llama2c_tokenizer_path(const std::string& model_path);
 
 }  // namespace meshtrain
