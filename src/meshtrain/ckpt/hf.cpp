@@ -186,10 +186,13 @@ class HfTensors {
     const std::filesystem::path single = dir / "model.safetensors";
     const std::filesystem::path index = dir / "model.safetensors.index.json";
     if (std::filesystem::exists(single) || !std::filesystem::exists(index)) {
-      open(single.string());
+      source_ = single.string();
+      const SafetensorsReader& reader = open(source_);
+      for (const StTensorInfo& t : reader.tensors()) owner_[t.name] = &reader;
       return;
     }
-    const std::string source = index.string();
+    source_ = index.string();
+    const std::string& source = source_;
     json root;
     try {
       root = json::parse(read_text(source));
@@ -227,12 +230,15 @@ class HfTensors {
     return it == owner_.end() ? nullptr : it->second;
   }
   const std::map<std::string, const SafetensorsReader*>& all() const { return owner_; }
+  // model.safetensors, or the index of a sharded checkpoint (for errors).
+  const std::string& source() const { return source_; }
 
  private:
-  void open(const std::string& path) {
+  const SafetensorsReader& open(const std::string& path) {
     readers_.push_back(std::make_unique<SafetensorsReader>(path));
-    for (const StTensorInfo& t : readers_.back()->tensors()) owner_[t.name] = readers_.back().get();
+    return *readers_.back();
   }
+  std::string source_;
   std::vector<std::unique_ptr<SafetensorsReader>> readers_;
   std::map<std::string, const SafetensorsReader*> owner_;
 };
@@ -443,8 +449,8 @@ void load_hf_weights(Model& model, const std::string& dir) {
   for (Parameter& p : model.params()) {
     const std::string name = hf_name_in_file(files, c, p.spec.name);
     const SafetensorsReader* reader = files.find(name);
-    MESHTRAIN_CHECK(reader != nullptr, "{}: tensor '{}' is missing (model needs {})", dir,
-                    p.spec.name, shape_str(p.spec.shape));
+    MESHTRAIN_CHECK(reader != nullptr, "{}: tensor '{}' is missing (model needs {})",
+                    files.source(), p.spec.name, shape_str(p.spec.shape));
     used.insert(name);
     auto [heads, head_dim] = rope_rows(c, p.spec.name);
     if (heads == 0) {
