@@ -69,6 +69,15 @@ assert abs(want - got) < 1e-5, f"eval loss {got} != logged val_loss {want}"
 PY
 test -s "$WORK/logits.safetensors"
 
+# llm.c: a GPT-2 written by transformers -> llm.c file (f32 and bf16) -> back: same weights.
+fixture="$(cd "$(dirname "$0")/../reference/fixtures/hf_tiny_gpt2" && pwd)"
+"$BIN" ckpt import --format hf --in "$fixture" --out "$WORK/gpt2_hf" >/dev/null
+"$BIN" ckpt export --format llmc --checkpoint "$WORK/gpt2_hf" --out "$WORK/gpt2.bin"
+"$BIN" ckpt import --format llmc --in "$WORK/gpt2.bin" --out "$WORK/gpt2_back"
+cmp "$WORK/gpt2_hf/model.safetensors" "$WORK/gpt2_back/model.safetensors"
+"$BIN" ckpt export --format llmc --dtype bf16 --checkpoint "$WORK/gpt2_hf" --out "$WORK/gpt2_bf16.bin"
+test "$(stat -c %s "$WORK/gpt2_bf16.bin")" -eq $(( ($(stat -c %s "$WORK/gpt2.bin") - 1024) / 2 + 1024 ))
+
 # prepare (byte tokenizer) writes shards the trainer reads.
 "$BIN" prepare --input "$WORK/text" --out "$WORK/prepared" --tokenizer bytes --val-fraction 0.5 --progress none
 "$BIN" train --config "$WORK/good.toml" --data.train "$WORK/prepared/train_*.bin" \
