@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/ckpt/atomic_file.h"
@@ -199,6 +200,26 @@ TEST_F(HfImport, MissingAndWrongTensorsAreErrors) {
   write_file_atomic(dir + "/config.json", hf_config_json(wider));
   EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), "model.safetensors",
                "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [24, 16], expected [32, 16]");
+}
+
+TEST_F(HfImport, AnHfSourcesTokenizerAndSpecialIdsTravelWithTheExport) {
+  Model model(testing::small_llama(false), Precision::fp32, ctx);
+  const std::string src = dir + "/src", dst = dir + "/dst";
+  export_hf(model, src);
+  nlohmann::json config = nlohmann::json::parse(hf_config_json(model.config()));
+  config["bos_token_id"] = 7;
+  config["eos_token_id"] = 9;
+  write_file_atomic(src + "/config.json", config.dump());
+  write_file_atomic(src + "/tokenizer.json", "{\"model\": {}}");
+  export_hf(model, dst);
+  EXPECT_EQ(copy_hf_tokenizer(src, dst), std::vector<std::string>{"tokenizer.json"});
+  EXPECT_TRUE(std::filesystem::exists(dst + "/tokenizer.json"));
+  const ModelConfig back = read_hf_config(dst + "/config.json");
+  EXPECT_EQ(back.dim, model.config().dim);
+  std::ifstream in(dst + "/config.json");
+  const auto written = nlohmann::json::parse(in);
+  EXPECT_EQ(written["bos_token_id"], 7);
+  EXPECT_EQ(written["eos_token_id"], 9);
 }
 
 TEST_F(HfImport, ShardedCheckpointsLoadThroughTheirIndex) {

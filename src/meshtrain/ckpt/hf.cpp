@@ -442,6 +442,31 @@ void export_hf(Model& model, const std::string& dir, DType dtype, const Tokenize
   write_file_atomic((d / "config.json").string(), hf_config_json(c, dtype, &special));
 }
 
+std::vector<std::string> copy_hf_tokenizer(const std::string& src, const std::string& dst) {
+  namespace fs = std::filesystem;
+  constexpr const char* kFiles[] = {"tokenizer.json",  "tokenizer_config.json",
+                                    "special_tokens_map.json", "generation_config.json",
+                                    "vocab.json",      "merges.txt", "tokenizer.model"};
+  std::vector<std::string> copied;
+  for (const char* name : kFiles) {
+    const fs::path from = fs::path(src) / name;
+    if (!fs::exists(from)) continue;
+    write_file_atomic((fs::path(dst) / name).string(), read_text(from.string()));
+    copied.emplace_back(name);
+  }
+  const std::string src_config = (fs::path(src) / "config.json").string();
+  const std::string dst_config = (fs::path(dst) / "config.json").string();
+  const json from = json::parse(read_text(src_config), nullptr, /*allow_exceptions=*/false);
+  nlohmann::ordered_json to = nlohmann::ordered_json::parse(read_text(dst_config));
+  if (from.is_object()) {
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      if (from.contains(key)) to[key] = from[key];
+    }
+  }
+  write_file_atomic(dst_config, to.dump(2) + "\n");
+  return copied;
+}
+
 void load_hf_weights(Model& model, const std::string& dir) {
   const ModelConfig& c = model.config();
   const HfTensors files{std::filesystem::path(dir)};

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshtrain/ckpt/tokenizer_files.h"
 #include "meshtrain/model/model.h"
@@ -38,6 +39,13 @@ ModelConfig read_hf_config(const std::string& config_json_path);
 // permuted copies use the model's tracker.
 void export_hf(Model& model, const std::string& dir, DType dtype = DType::f32,
                const Tokenizer* tokenizer = nullptr);
+
+// For an export of weights that came from the Hugging Face directory `src`:
+// copies its tokenizer files (tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json, generation_config.json, vocab.json, merges.txt,
+// tokenizer.model, those present) into `dst` and its bos/eos/pad token ids
+// into dst/config.json, so they travel with the weights. Returns the files copied.
+std::vector<std::string> copy_hf_tokenizer(const std::string& src, const std::string& dst);
 
 // Loads HF weights (F32/BF16/F16/F64 -> f32 master) from <dir>/model.safetensors,
 // or from the files of a sharded checkpoint's <dir>/model.safetensors.index.json

@@ -212,6 +212,9 @@ void run_export(const CkptArgs& args) {
   const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, args.checkpoint);
   if (args.format == "hf") {
     export_hf(*model, args.out, parse_dtype(args.dtype), tokenizer.get());
+    if (!tokenizer && !is_training_checkpoint(args.checkpoint)) {
+      copy_hf_tokenizer(args.checkpoint, args.out);  // an HF directory's own tokenizer
+    }
   } else if (args.format == "llmc") {
     export_llmc(*model, args.out, parse_dtype(args.dtype));
   } else {
@@ -228,6 +231,7 @@ void run_import(const CkptArgs& args) {
                                                           : import_hf(args.in, Precision::fp32, ctx);
   const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, "");
   export_hf(*model, args.out, parse_dtype(args.dtype), tokenizer.get());
+  if (!tokenizer && args.format == "hf") copy_hf_tokenizer(args.in, args.out);
   fmt::print("imported {} ({}) to {}: {} params\n", args.in, args.format, args.out,
              model->num_params());
 }
