@@ -114,6 +114,9 @@ TEST(HfConfig, BadConfigsNameTheFileAndKey) {
                "cfg/config.json", "key 'rope_parameters.low_freq_factor' is missing");
   EXPECT_ERROR(parse(llama + R"(, "rope_theta": 10000.0, "rope_parameters": {"rope_theta": 5e5})"),
                "cfg/config.json", "disagrees");
+  EXPECT_ERROR(parse(llama + R"(, "rope_parameters": {"rope_type": "default"},
+    "rope_scaling": {"rope_type": "linear", "factor": 2.0})"), "cfg/config.json",
+               "describe different RoPE scalings");
   EXPECT_ERROR(parse(llama + R"(, "hidden_act": "gelu")"), "cfg/config.json", "key 'hidden_act'");
   EXPECT_ERROR(parse(llama + R"(, "attention_bias": true)"), "cfg/config.json",
                "key 'attention_bias'");

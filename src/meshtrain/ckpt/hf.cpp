@@ -115,34 +115,19 @@ class ConfigFields {
   std::string prefix_;
 };
 
-// RoPE settings in every form transformers writes: transformers >= 5 puts theta
-// and the scaling in "rope_parameters" {rope_type, rope_theta, factor, ...};
-// earlier versions have a top-level "rope_theta" and "rope_scaling" {type or
-// rope_type, factor, ...} (null when unscaled). Anything not implemented is
-// refused by key.
-void read_rope(const json& root, const ConfigFields& top, std::string_view source,
-               ModelConfig& c) {
-  const char* key = top.has("rope_parameters") ? "rope_parameters"
-                    : top.has("rope_scaling")  ? "rope_scaling"
-                                               : nullptr;
-  c.rope_theta = top.positive_float("rope_theta", 10000.0f);
-  if (key == nullptr) return;
-  const json& r = root[key];
+// One RoPE object ("rope_parameters" or "rope_scaling" = `key`): its scaling,
+// and its rope_theta when it has one (else `theta` is left as it is).
+RopeScaling read_rope_object(const json& r, const char* key, std::string_view source,
+                             float& theta) {
   MESHTRAIN_CHECK(r.is_object(), "{}: key '{}' must be an object, got {}", source, key, r.dump());
   const ConfigFields f(r, source, std::string(key) + ".");
-  if (f.has("rope_theta")) {
-    const float theta = f.positive_float("rope_theta");
-    MESHTRAIN_CHECK(!top.has("rope_theta") || theta == c.rope_theta,
-                    "{}: key '{}.rope_theta' = {} disagrees with 'rope_theta' = {}", source, key,
-                    theta, c.rope_theta);
-    c.rope_theta = theta;
-  }
+  if (f.has("rope_theta")) theta = f.positive_float("rope_theta");
   MESHTRAIN_CHECK(!(f.has("rope_type") && f.has("type")) || r["rope_type"] == r["type"],
                   "{}: keys '{}.rope_type' and '{}.type' disagree", source, key, key);
-  const std::string type = f.has("rope_type") ? f.string("rope_type", "") : f.string("type", "default");
-  RopeScaling& s = c.rope_scaling;
+  const char* type_key = f.has("rope_type") ? "rope_type" : "type";
+  const std::string type = f.string(type_key, "default");
+  RopeScaling s;
   if (type == "default") {
-    s.type = RopeType::none;
     f.only({"rope_type", "type", "rope_theta"}, "the default RoPE has no scaling parameters");
   } else if (type == "linear") {
     s.type = RopeType::linear;
@@ -159,7 +144,34 @@ void read_rope(const json& root, const ConfigFields& top, std::string_view sourc
            "not implemented for llama3 RoPE");
   } else {
     fail("{}: key '{}.{}' = \"{}\" is not supported (meshtrain implements RoPE types default, "
-         "linear and llama3)", source, key, f.has("rope_type") ? "rope_type" : "type", type);
+         "linear and llama3)", source, key, type_key, type);
+  }
+  return s;
+}
+
+// RoPE settings in every form transformers writes: transformers >= 5 puts theta
+// and the scaling in "rope_parameters" {rope_type, rope_theta, factor, ...};
+// earlier versions have a top-level "rope_theta" and "rope_scaling" {type or
+// rope_type, factor, ...} (null when unscaled). Where a file has several, they
+// must agree. Anything not implemented is refused by key.
+void read_rope(const json& root, const ConfigFields& top, std::string_view source,
+               ModelConfig& c) {
+  const float top_theta = top.positive_float("rope_theta", 10000.0f);
+  c.rope_theta = top_theta;
+  if (top.has("rope_scaling")) {
+    c.rope_scaling = read_rope_object(root["rope_scaling"], "rope_scaling", source, c.rope_theta);
+  }
+  if (top.has("rope_parameters")) {
+    float theta = c.rope_theta;
+    const RopeScaling s = read_rope_object(root["rope_parameters"], "rope_parameters", source, theta);
+    MESHTRAIN_CHECK(!top.has("rope_scaling") || s == c.rope_scaling,
+                    "{}: keys 'rope_parameters' and 'rope_scaling' describe different RoPE "
+                    "scalings", source);
+    MESHTRAIN_CHECK(!top.has("rope_theta") || theta == top_theta,
+                    "{}: key 'rope_parameters.rope_theta' = {} disagrees with 'rope_theta' = {}",
+                    source, theta, top_theta);
+    c.rope_theta = theta;
+    c.rope_scaling = s;
   }
 }
 
