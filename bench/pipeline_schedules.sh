@@ -9,9 +9,9 @@
 #   - busy / wait per rank (ms per step);
 #   - micro-batches held at once and the activation peak per stage (the
 #     memory tracker's activations category).
-# The last stage also holds the head (tied 50257 x 512: about 7 layers' FLOPs),
-# so the balanced-by-count split leaves it the slowest; the ":split" cases
-# move layers off it (parallel.pp_split).
+# The last stage also holds the head (tied 50257 x 512: about 7 layers' FLOPs);
+# the default split (parallel.pp_split = "auto") balances the stages' FLOPs,
+# ":uniform" splits by layer count, ":7,1" and the like are explicit splits.
 # usage: bench/pipeline_schedules.sh [steps=2] [pp:schedule[:split] ...]
 #        (the first step is not timed; default: every case below)
 set -euo pipefail
@@ -19,8 +19,8 @@ cd "$(dirname "$0")/.."
 STEPS=${1:-2}
 shift || true
 CASES=("$@")
-[ ${#CASES[@]} -gt 0 ] || CASES=(2:gpipe 2:1f1b 2:interleaved 2:1f1b:7,1 4:gpipe 4:1f1b 4:interleaved
-                                 4:1f1b:5,1,1,1)
+[ ${#CASES[@]} -gt 0 ] || CASES=(2:gpipe 2:1f1b 2:interleaved 2:1f1b:uniform 4:gpipe 4:1f1b
+                                 4:interleaved 4:1f1b:uniform)
 source bench/common.sh
 random_tokens 200000
 write_run_config <<TOML
@@ -36,7 +36,7 @@ for case in "${CASES[@]}"; do
     v=1; [ $schedule = interleaved ] && v=2
     out=$work/pp${pp}_${schedule}${split:+_$split}
     "${MPIRUN[@]}" -np $pp "$BIN" train --config "$work/run.toml" --parallel.pp $pp \
-      --parallel.schedule $schedule --parallel.virtual_stages $v --parallel.pp_split "$split" \
+      --parallel.schedule $schedule --parallel.virtual_stages $v --parallel.pp_split "${split:-auto}" \
       --train.out_dir "$out" >"$out.log" 2>&1 || { cat "$out.log"; exit 1; }
     python3 - "$out" $pp $v "$schedule${split:+ $split}" <<'PY'
 import glob, json, sys

@@ -75,6 +75,16 @@ meshtrain_cli_case(sample_bad_header_length 1 "^meshtrain: .*ckpt_header_len/ran
 meshtrain_cli_case(resume_bad_safetensors_json 1 "^meshtrain: .*ckpt_bad_json/manifest.json"
                    FIXTURE cli_trained
                    ARGS train --config ${good} --resume ${cli_work}/ckpt_bad_json)
+# Exports never write into a training checkpoint; inspect --verify names a corrupt file.
+meshtrain_cli_case(export_into_checkpoint 1 "^meshtrain: ckpt export: --out '.*step_30' is inside the training checkpoint"
+                   FIXTURE cli_trained
+                   ARGS ckpt export --format hf --checkpoint ${cli_work}/run/step_30 --out ${cli_work}/run/step_30)
+meshtrain_cli_case(export_file_into_checkpoint 1 "^meshtrain: ckpt export: --out '.*step_30/model.bin' is inside"
+                   FIXTURE cli_trained
+                   ARGS ckpt export --format llama2c --checkpoint ${cli_work}/run/step_30 --out ${cli_work}/run/step_30/model.bin)
+meshtrain_cli_case(inspect_verify_corrupt 1 "^meshtrain: .*ckpt_header_len/rank_0.safetensors"
+                   FIXTURE cli_trained
+                   ARGS ckpt inspect --verify ${cli_work}/ckpt_header_len)
 meshtrain_cli_case(resume_missing_dir 1 "^meshtrain: checkpoint '.*/no_such_step': cannot read manifest.json or train_state.json"
                    ARGS train --config ${good} --resume ${cli_work}/no_such_step)
 meshtrain_cli_case(sample_not_a_checkpoint 1 "^meshtrain: checkpoint '.*': neither a training step"

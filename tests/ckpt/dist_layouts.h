@@ -125,6 +125,37 @@ inline Layout tp_layout(const std::vector<layout::GlobalTensor>& tensors, int tp
   return l;
 }
 
+// tp over fused tensors (GPT-2's c_attn [d, 3d] and its bias [3d]): the last
+// dimension seen as [3, last / 3] (Region::view), each of the three blocks
+// cut over tp in one box. Tensors whose last dimension does not split so are
+// replicated.
+inline Layout fused_tp_layout(const std::vector<layout::GlobalTensor>& tensors, int tp) {
+  Layout l{"fused_tp", {}};
+  for (int r = 0; r < tp; ++r) {
+    ShardMap map = empty_map(tensors);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const Shape& shape = tensors[t].shape;
+      Region region = layout::whole_region(shape);
+      if (shape.back() % 3 != 0 || shape.back() / 3 < tp) {
+        add_piece(map, t, region, r);
+        continue;
+      }
+      region.view = Shape(shape.begin(), shape.end() - 1);
+      region.view.push_back(3);
+      region.view.push_back(shape.back() / 3);
+      region.offset.assign(region.view.size(), 0);
+      region.extent = region.view;
+      auto [begin, end] = split_range(region.view.back(), tp, r);
+      region.offset.back() = begin;
+      region.extent.back() = end - begin;
+      region.flat_end = region.box_numel();
+      add_piece(map, t, region);
+    }
+    l.ranks.push_back(std::move(map));
+  }
+  return l;
+}
+
 // ZeRO over dp on top of `base`: each base rank's local space cut into dp
 // flat ranges; rank base_rank * dp + d holds range d (replicas stay replicas).
 inline Layout zero_layout(const Layout& base, int dp) {

@@ -40,7 +40,7 @@ void load_single(const std::string& dir, bool verify = true) {
   dist_ckpt::load_checkpoint(dir, l.ranks[0], state, 64 << 20, verify);
 }
 
-TEST(DistCkptRecovery, DamagedFilesAreNamed) {
+TEST(dist_ckpt_recovery, DamagedFilesAreNamed) {
   const std::string out = scratch_dir();
   const std::string dir = save_all(out, 1, tp_layout(test_tensors(), 2, 1));
   const std::string rank1 = dir + "/rank_1.safetensors";
@@ -53,6 +53,11 @@ TEST(DistCkptRecovery, DamagedFilesAreNamed) {
   EXPECT_ERROR(dist_ckpt::verify_checkpoint(dir), "rank_1.safetensors", "corrupt");
   EXPECT_ERROR(load_single(dir), "rank_1.safetensors", "corrupt");
   load_single(dir, /*verify=*/false);  // the header is intact: only the checksum tells
+  int failed = -1;
+  const std::string text = dist_ckpt::describe_checkpoint(dir, true, &failed);
+  EXPECT_EQ(failed, 1);
+  EXPECT_NE(text.find("rank_1.safetensors: corrupt"), std::string::npos) << text;
+  EXPECT_NE(text.find("verify: 1 file(s) FAILED"), std::string::npos) << text;
   write_file(rank1, rank1_bytes);
 
   write_file(rank0, rank0_bytes.substr(0, rank0_bytes.size() - 10));
@@ -83,7 +88,7 @@ TEST(DistCkptRecovery, DamagedFilesAreNamed) {
   load_single(dir);
 }
 
-TEST(DistCkptRecovery, ResumeSkipsToTheNewestValidCheckpoint) {
+TEST(dist_ckpt_recovery, ResumeSkipsToTheNewestValidCheckpoint) {
   const std::string out = scratch_dir();
   EXPECT_FALSE(dist_ckpt::find_resume_checkpoint(out).has_value());
   const Layout l = zero_layout(single_layout(test_tensors()), 2);
@@ -181,7 +186,7 @@ void save_loop(const std::string& out, const Layout& l, int64_t first, int64_t l
   }
 }
 
-TEST(DistCkptRecovery, KilledAtRandomInstantsLeavesAValidLatest) {
+TEST(dist_ckpt_recovery, KilledAtRandomInstantsLeavesAValidLatest) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(3000), 2, 1);  // ~0.7 M elements per state
   const Layout other = zero_layout(single_layout(test_tensors(3000)), 2);
@@ -213,7 +218,7 @@ TEST(DistCkptRecovery, KilledAtRandomInstantsLeavesAValidLatest) {
   EXPECT_EQ(read_file(out + "/latest"), "step_5000\n");
 }
 
-TEST(DistCkptRecovery, KilledAtEachPointOfTheProtocol) {
+TEST(dist_ckpt_recovery, KilledAtEachPointOfTheProtocol) {
   const std::string root = scratch_dir();
   const Layout l = tp_layout(test_tensors(50), 2, 0);
   for (const char* point :

@@ -3,6 +3,8 @@
 // leftovers; the legacy conversion.
 #include <gtest/gtest.h>
 
+#include <xxhash.h>
+
 #include <filesystem>
 
 #include "dist_layouts.h"
@@ -20,10 +22,8 @@ using testing::scratch_dir;
 
 std::string latest_of(const std::string& out_dir) { return read_file(out_dir + "/latest"); }
 
-TEST(DistCkpt, EveryLayoutLoadsIntoEveryOther) {
-  const std::string root = scratch_dir();
-  const auto tensors = test_tensors();
-  const auto layouts = all_layouts(tensors);
+// Each layout saves into root/<i>; every rank of every layout loads it, bit for bit.
+void expect_cross_loads(const std::string& root, const std::vector<Layout>& layouts) {
   for (size_t s = 0; s < layouts.size(); ++s) {
     const Layout& src = layouts[s];
     const std::string out = root + "/" + std::to_string(s);
@@ -45,7 +45,39 @@ TEST(DistCkpt, EveryLayoutLoadsIntoEveryOther) {
   }
 }
 
-TEST(DistCkpt, ManifestRecordsLayoutMetaShardsAndFiles) {
+TEST(dist_ckpt, EveryLayoutLoadsIntoEveryOther) {
+  expect_cross_loads(scratch_dir(), all_layouts(test_tensors()));
+}
+
+TEST(dist_ckpt, FusedViewsLoadIntoPlainLayouts) {
+  // c_attn [5, 12] as [5, 3, 4] and its bias [12] as [3, 4], cut over tp 2 in their views.
+  const std::vector<layout::GlobalTensor> tensors = {{"h.0.attn.c_attn.weight", {5, 12}},
+                                                     {"h.0.attn.c_attn.bias", {12}},
+                                                     {"h.0.ln_1.weight", {5}}};
+  const Layout fused = fused_tp_layout(tensors, 2);
+  EXPECT_EQ(fused.ranks[1].pieces[0].region.view, (Shape{5, 3, 4}));
+  const std::string root = scratch_dir();
+  expect_cross_loads(root, {single_layout(tensors), fused, zero_layout(fused, 2),
+                            tp_layout(tensors, 2, 1), zero_layout(single_layout(tensors), 3)});
+  // The manifest keeps the view its regions refer to.
+  const dist_ckpt::Manifest m = dist_ckpt::read_manifest(root + "/1/step_3");
+  EXPECT_EQ(m.tensors[0].shards[0].region.view, (Shape{5, 3, 4}));
+  EXPECT_TRUE(m.tensors[2].shards[0].region.view.empty());
+}
+
+TEST(dist_ckpt, SeventyRanksLoadIntoOne) {
+  // More rank files than a load keeps open at once.
+  const std::string out = scratch_dir();
+  const auto tensors = test_tensors();
+  const std::string dir = save_all(out, 2, zero_layout(single_layout(tensors), 70));
+  EXPECT_EQ(dist_ckpt::read_manifest(dir).files.size(), 70u);
+  const Layout single = single_layout(tensors);
+  MemState state(single.ranks[0].local_numel);
+  dist_ckpt::load_checkpoint(dir, single.ranks[0], state);
+  EXPECT_TRUE(matches_step(single.ranks[0], state, 2));
+}
+
+TEST(dist_ckpt, ManifestRecordsLayoutMetaShardsAndFiles) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 2, 1);
   const std::string dir = save_all(out, 5, l);
@@ -81,7 +113,7 @@ TEST(DistCkpt, ManifestRecordsLayoutMetaShardsAndFiles) {
   EXPECT_NE(text.find("\"world\":2"), std::string::npos) << text;
 }
 
-TEST(DistCkpt, ReadGlobalTensorAssemblesShards) {
+TEST(dist_ckpt, ReadGlobalTensorAssemblesShards) {
   const std::string out = scratch_dir();
   const auto tensors = test_tensors();
   const std::string dir = save_all(out, 2, zero_layout(tp_layout(tensors, 2, 1), 2));
@@ -97,7 +129,7 @@ TEST(DistCkpt, ReadGlobalTensorAssemblesShards) {
   }
 }
 
-TEST(DistCkpt, LoadErrorsNameTensorAndFile) {
+TEST(dist_ckpt, LoadErrorsNameTensorAndFile) {
   const std::string out = scratch_dir();
   const auto tensors = test_tensors();
   const std::string dir = save_all(out, 1, single_layout(tensors));
@@ -113,7 +145,94 @@ TEST(DistCkpt, LoadErrorsNameTensorAndFile) {
                "not in");
 }
 
-TEST(DistCkpt, CommitTimesOutNamingMissingRanks) {
+// Edits dir's manifest and re-seals it with its checksum, as a buggy writer would.
+void rewrite_manifest(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json m = nlohmann::json::parse(read_file(dir + "/manifest.json"));
+  m.erase("manifest_xxh3");
+  edit(m);
+  const std::string text = m.dump();
+  m["manifest_xxh3"] = fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
+  testing::write_file(dir + "/manifest.json", m.dump(1));
+}
+
+TEST(dist_ckpt, ShardsMustTileEveryRegionExactly) {
+  const std::string out = scratch_dir();
+  const auto tensors = test_tensors();
+  const std::string dir = save_all(out, 1, tp_layout(tensors, 3, 0));
+  const Layout single = single_layout(tensors);
+  MemState state(single.ranks[0].local_numel);
+  // proj.weight [9, 3] in three row blocks of 3: point rank 1's master block at
+  // rank 0's rows. Element counts still add up; rows 3..5 are now covered by
+  // nobody and rows 0..2 twice.
+  rewrite_manifest(dir, [](nlohmann::json& m) {
+    for (auto& shard : m["tensors"][2]["shards"]) {
+      if (shard["file"] == "rank_1.safetensors" && shard["state"] == "master") shard["offset"][0] = 0;
+    }
+  });
+  dist_ckpt::verify_checkpoint(dir);  // the files are fine
+  EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, single.ranks[0], state), "model.proj.weight",
+               "covered twice");
+  // Loading only rank 2's rows does not touch the broken part.
+  const Layout tp3 = tp_layout(tensors, 3, 0);
+  MemState rank2(tp3.ranks[2].local_numel);
+  dist_ckpt::load_checkpoint(dir, tp3.ranks[2], rank2);
+  EXPECT_TRUE(matches_step(tp3.ranks[2], rank2, 1));
+  // A region outside its tensor is refused when the manifest is read.
+  rewrite_manifest(dir, [](nlohmann::json& m) { m["tensors"][2]["shards"][0]["offset"][0] = 8; });
+  EXPECT_ERROR(dist_ckpt::read_manifest(dir), "manifest.json", "model.proj.weight");
+}
+
+TEST(dist_ckpt, ATensorNobodyOwnsIsRefusedAtCommit) {
+  const std::string out = scratch_dir();
+  Layout l = replicated_layout(test_tensors(), 2);
+  l.ranks[0].pieces[1].replica = 1;  // the norm: held by both ranks, written by neither
+  const std::string dir = [&] {
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        dist_ckpt::SaveOptions o;
+        o.rank = r;
+        o.world = 2;
+        o.commit_timeout_s = r == 0 ? 600 : 1;
+        dist_ckpt::CheckpointSaver saver(out, o);
+        MemState state = state_for(l.ranks[static_cast<size_t>(r)], 1);
+        errors[static_cast<size_t>(r)] = ckpt_test::error_of(
+            [&] { saver.save(1, l.ranks[static_cast<size_t>(r)], state, {}, {}); });
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_NE(errors[0].find("model.norm.weight"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("hold 0 elements"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[1].find("did not commit"), std::string::npos) << errors[1];
+    return out + "/step_1";
+  }();
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+TEST(dist_ckpt, RanksMustAgreeOnTheWorld) {
+  const std::string out = scratch_dir();
+  const Layout l = tp_layout(test_tensors(), 2, 0);
+  std::string errors[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      dist_ckpt::SaveOptions o;
+      o.rank = r;
+      o.world = 2 + r;  // rank 1 thinks there are 3
+      o.commit_timeout_s = r == 0 ? 600 : 1;
+      dist_ckpt::CheckpointSaver saver(out, o);
+      MemState state = state_for(l.ranks[static_cast<size_t>(r)], 1);
+      errors[r] = ckpt_test::error_of([&] { saver.save(1, l.ranks[static_cast<size_t>(r)], state, {}, {}); });
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[0].find("rank_1.done.json: rank 1 saves with world 3, rank 0 with world 2"),
+            std::string::npos) << errors[0];
+  EXPECT_FALSE(fs::exists(out + "/step_1"));
+}
+
+TEST(dist_ckpt, CommitTimesOutNamingMissingRanks) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 3, 0);
   dist_ckpt::SaveOptions options;
@@ -126,21 +245,27 @@ TEST(DistCkpt, CommitTimesOutNamingMissingRanks) {
   EXPECT_FALSE(fs::exists(out + "/latest"));
 }
 
-TEST(DistCkpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
+TEST(dist_ckpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
   const std::string root = scratch_dir();
   const auto tensors = test_tensors(40000);  // ~3 M elements per state
   const Layout l = single_layout(tensors);
   MemState state = state_for(l.ranks[0], 7);
 
+  MemoryTracker tracker;
   dist_ckpt::SaveOptions options;
   options.async = true;
+  options.tracker = &tracker;
   dist_ckpt::CheckpointSaver saver(root + "/async", options);
   const std::string dir = saver.save(7, l.ranks[0], state, layout_json(l), meta_json(7));
   EXPECT_TRUE(saver.pending());
   EXPECT_FALSE(fs::exists(dir + "/manifest.json"));  // still writing
+  const size_t staging = 3 * static_cast<size_t>(l.ranks[0].owned_numel()) * 4;
+  EXPECT_EQ(tracker.live(MemCategory::workspace), staging);
   for (auto& v : state.data) std::fill(v.begin(), v.end(), 0.0f);  // the copy was taken
   saver.wait();
   EXPECT_FALSE(saver.pending());
+  EXPECT_EQ(tracker.peak(MemCategory::workspace), staging);  // written from the copy, no buffer
+  EXPECT_EQ(tracker.live(MemCategory::workspace), 0u);
   dist_ckpt::verify_checkpoint(dir);
   MemState back(l.ranks[0].local_numel);
   dist_ckpt::load_checkpoint(dir, l.ranks[0], back);
@@ -152,7 +277,25 @@ TEST(DistCkpt, AsyncSaveCopiesAtTheCallAndMatchesSync) {
   EXPECT_EQ(a.files[0].xxh3, b.files[0].xxh3);
 }
 
-TEST(DistCkpt, AsyncRanksCalledOneAfterAnother) {
+TEST(dist_ckpt, AsyncErrorsSurfaceInWaitNamingThePath) {
+  const std::string root = scratch_dir();
+  testing::write_file(root + "/not_a_dir", "x");
+  const Layout l = single_layout(test_tensors());
+  MemState state = state_for(l.ranks[0], 1);
+  dist_ckpt::SaveOptions options;
+  options.async = true;
+  dist_ckpt::CheckpointSaver saver(root + "/not_a_dir/out", options);
+  saver.save(1, l.ranks[0], state, {}, {});
+  EXPECT_ERROR(saver.wait(), "not_a_dir/out", "step_1");
+  EXPECT_FALSE(saver.pending());
+  saver.wait();  // the error is reported once
+  // The next save reports its own failure the same way, synchronously too.
+  options.async = false;
+  dist_ckpt::CheckpointSaver sync(root + "/not_a_dir/out", options);
+  EXPECT_ERROR(sync.save(1, l.ranks[0], state, {}, {}), "not_a_dir/out", "step_1");
+}
+
+TEST(dist_ckpt, AsyncRanksCalledOneAfterAnother) {
   // Ranks 1..N-1 then 0 in one thread: the async savers write in the background.
   const std::string out = scratch_dir();
   const Layout l = zero_layout(tp_layout(test_tensors(), 2, 0), 2);
@@ -181,7 +324,7 @@ TEST(DistCkpt, AsyncRanksCalledOneAfterAnother) {
   EXPECT_TRUE(matches_step(single.ranks[0], back, 4));  // the states were not changed
 }
 
-TEST(DistCkpt, SyncSaveAndLoadStayWithinTheBuffer) {
+TEST(dist_ckpt, SyncSaveAndLoadStayWithinTheBuffer) {
   const std::string out = scratch_dir();
   const auto tensors = test_tensors(30000);  // ~2.2 M elements per state, ~27 MB in all
   const Layout src = zero_layout(single_layout(tensors), 2);
@@ -207,7 +350,7 @@ TEST(DistCkpt, SyncSaveAndLoadStayWithinTheBuffer) {
   EXPECT_EQ(tracker.live(MemCategory::workspace), 0u);
 }
 
-TEST(DistCkpt, KeepLastRetiresTheOldest) {
+TEST(dist_ckpt, KeepLastRetiresTheOldest) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 2, 0);
   dist_ckpt::SaveOptions options;
@@ -220,32 +363,54 @@ TEST(DistCkpt, KeepLastRetiresTheOldest) {
   EXPECT_EQ(latest_of(out), "step_50\n");
 }
 
-TEST(DistCkpt, LeftoversOfKilledSavesAreRemovedNeverRead) {
+TEST(dist_ckpt, LeftoversOfKilledSavesAreRemovedNeverRead) {
   const std::string out = scratch_dir();
   const Layout l = tp_layout(test_tensors(), 2, 1);
   save_all(out, 1, l);
-  // A killed save of step 9 and one of the step about to be saved, with a
-  // stale open.json and done file that must not be taken for this save's.
+  // Killed saves of step 9 and of the step about to be saved, the latter with
+  // a stale open.json that rank 1 will follow before rank 0 starts.
   testing::write_file(out + "/latest.tmp.999999", "step_9\n");  // a killed rewrite of latest
   for (const char* name : {"step_9.tmp", "step_2.tmp", "step_1.trash"}) {
     fs::create_directories(out + "/" + name);
     testing::write_file(out + "/" + name + "/rank_1.safetensors", "junk");
   }
-  testing::write_file(out + "/step_2.tmp/open.json", R"({"step": 2, "save_id": "0123456789abcdef"})");
-  testing::write_file(out + "/step_2.tmp/rank_1.done.json",
-                      R"({"save_id": "0123456789abcdef", "rank": 1, "file": "rank_1.safetensors"})");
-  save_all(out, 2, l);
+  const std::string stale = "0123456789abcdef";
+  testing::write_file(out + "/step_2.tmp/open.json", R"({"step": 2, "save_id": ")" + stale + R"("})");
+
+  dist_ckpt::SaveOptions o1;
+  o1.rank = 1;
+  o1.world = 2;
+  o1.async = true;
+  dist_ckpt::CheckpointSaver rank1(out, o1);
+  MemState state1 = state_for(l.ranks[1], 2);
+  rank1.save(2, l.ranks[1], state1, {}, {});
+  // Rank 1 writes under the stale id first...
+  const std::string done1 = out + "/step_2.tmp/rank_1.done.json";
+  for (int i = 0; i < 2000 && read_file(done1).find(stale) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_NE(read_file(done1).find(stale), std::string::npos);
+  // ...then rank 0 replaces the directory; rank 1 writes again under the new id.
+  dist_ckpt::SaveOptions o0;
+  o0.world = 2;
+  dist_ckpt::CheckpointSaver rank0(out, o0);
+  MemState state0 = state_for(l.ranks[0], 2);
+  rank0.save(2, l.ranks[0], state0, {}, {});
+  rank1.wait();
+  EXPECT_NE(dist_ckpt::read_manifest(out + "/step_2").save_id, stale);
   EXPECT_FALSE(fs::exists(out + "/step_9.tmp"));
   EXPECT_FALSE(fs::exists(out + "/step_2.tmp"));
   EXPECT_FALSE(fs::exists(out + "/step_1.trash"));
   EXPECT_FALSE(fs::exists(out + "/latest.tmp.999999"));
   dist_ckpt::verify_checkpoint(out + "/step_2");
-  MemState state(l.ranks[1].local_numel);
-  dist_ckpt::load_checkpoint(out + "/step_2", l.ranks[1], state);
-  EXPECT_TRUE(matches_step(l.ranks[1], state, 2));
+  for (const ShardMap& map : l.ranks) {
+    MemState state(map.local_numel);
+    dist_ckpt::load_checkpoint(out + "/step_2", map, state);
+    EXPECT_TRUE(matches_step(map, state, 2));
+  }
 }
 
-TEST(DistCkpt, SavingTheSameStepAgainReplacesIt) {
+TEST(dist_ckpt, SavingTheSameStepAgainReplacesIt) {
   const std::string out = scratch_dir();
   const Layout l = single_layout(test_tensors());
   save_all(out, 3, l);
@@ -283,7 +448,7 @@ void write_legacy(const std::string& dir, const std::vector<layout::GlobalTensor
                           "config": {"model": {"dim": 8}}})");
 }
 
-TEST(DistCkpt, LegacyCheckpointConvertsAndReshards) {
+TEST(dist_ckpt, LegacyCheckpointConvertsAndReshards) {
   const std::string root = scratch_dir();
   const auto tensors = test_tensors(3);
   fs::create_directories(root + "/old/step_6");

@@ -80,9 +80,12 @@ TEST_F(SaveMemory, PeakStaysWithinTheBufferOrTheStagingCopy) {
     const bool async = name.ends_with("_async");
     // The owned state: three f32 states of the pieces this rank writes.
     const size_t owned = static_cast<size_t>(trainer.shard_map().owned_numel()) * 12;
-    const size_t allowed = async ? owned + (64 << 10) : (1 << 20) + (64 << 10);
+    // Offloaded state streams through the store's own resident budget (2 MiB here).
+    const size_t offload = name.find("disk") != std::string::npos ? size_t{2} << 20 : 0;
+    const size_t allowed = (async ? owned : size_t{1} << 20) + offload + (64 << 10);
     EXPECT_LE(rise, allowed) << name << " rank " << world_->rank() << ": owned state " << owned;
-    EXPECT_GT(owned, size_t{1} << 20) << name;  // the buffer is really smaller than the state
+    // The buffer is really smaller than the state the rank holds.
+    EXPECT_GT(static_cast<size_t>(trainer.shard_map().local_numel) * 12, size_t{1} << 20) << name;
     EXPECT_EQ(tracker.live_total(), before) << name;  // nothing left behind
   }
 }

@@ -36,6 +36,11 @@ PY
 for d in run resumed; do "$BIN" ckpt export --format hf --checkpoint "$WORK/$d/step_30" --out "$WORK/hf_$d" >/dev/null; done
 cmp "$WORK/hf_run/model.safetensors" "$WORK/hf_resumed/model.safetensors"
 
+# Inspect lists the layout and files and verifies every checksum.
+"$BIN" ckpt inspect --verify "$WORK/run/step_30" | tee "$WORK/inspect.txt"
+grep -q "rank_0.safetensors" "$WORK/inspect.txt"
+grep -q "model.embed_tokens.weight" "$WORK/inspect.txt"
+
 # Sample: greedy twice gives the same ids; byte-level text is printed.
 a=$("$BIN" sample --checkpoint "$WORK/run/step_30" --prompt-ids 65,110,100,32 --temperature 0 --max-new-tokens 40 --print-ids)
 b=$("$BIN" sample --checkpoint "$WORK/run/step_30" --prompt-ids 65,110,100,32 --temperature 0 --max-new-tokens 40 --print-ids)

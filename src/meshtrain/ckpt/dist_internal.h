@@ -51,7 +51,7 @@ struct PieceRecord {
 
 // What one rank wrote: its file (empty name when it owns nothing) and pieces.
 struct RankRecord {
-  int rank = 0;
+  int rank = 0, world = 1;
   std::string file;
   uint64_t bytes = 0, xxh3 = 0;
   std::vector<layout::GlobalTensor> held;  // every tensor the rank holds any piece of
@@ -59,10 +59,13 @@ struct RankRecord {
 };
 
 // Writes `dir`/rank_<rank>.safetensors with the replica-0 pieces of `map`,
-// streaming from `state` through a buffer of at most buffer_bytes.
+// streaming from `state` through a buffer of at most buffer_bytes; or, when
+// `staged` is given, straight from it (the owned elements in file order: state
+// by state, pieces in map order).
 RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
                            const layout::ShardMap& map, layout::StateAccess& state,
-                           int64_t buffer_bytes, MemoryTracker& tracker);
+                           int64_t buffer_bytes, MemoryTracker& tracker,
+                           const float* staged = nullptr);
 
 json rank_record_json(const RankRecord& record, int64_t step, const std::string& save_id);
 // Error naming `path` on anything malformed.

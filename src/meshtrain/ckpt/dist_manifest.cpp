@@ -231,6 +231,7 @@ json rank_record_json(const RankRecord& record, int64_t step, const std::string&
           {"step", step},
           {"save_id", save_id},
           {"rank", record.rank},
+          {"world", record.world},
           {"file", record.file},
           {"bytes", record.bytes},
           {"xxh3", hex64(record.xxh3)},
@@ -242,6 +243,7 @@ RankRecord rank_record_from_json(const json& value, const std::string& path) {
   const Fields f{path};
   RankRecord r;
   r.rank = static_cast<int>(f.integer(value, "done file", "rank"));
+  r.world = static_cast<int>(f.integer(value, "done file", "world"));
   r.file = f.string(value, "done file", "file");
   MESHTRAIN_CHECK(r.file.empty() || plain_file_name(r.file), "{}: file '{}' is not a plain name",
                   path, r.file);
@@ -406,7 +408,7 @@ void verify_checkpoint(const std::string& dir, int64_t buffer_bytes, MemoryTrack
   for (const ManifestFile& f : m.files) detail::verify_file(dir, f, buffer);
 }
 
-std::string describe_checkpoint(const std::string& dir, bool verify) {
+std::string describe_checkpoint(const std::string& dir, bool verify, int* failed_files) {
   const Manifest m = read_manifest(dir);
   std::string out = fmt::format("checkpoint {}\n", dir);
   out += fmt::format("format {} v{}, step {}, world {}, save id {}\n", detail::kFormat, m.version,
@@ -435,14 +437,17 @@ std::string describe_checkpoint(const std::string& dir, bool verify) {
   for (const ManifestTensor& t : m.tensors) {
     out += fmt::format("  {} {} {}, {} shards\n", t.name, shape_str(t.shape), t.dtype, t.shards.size());
     for (const ManifestShard& s : t.shards) {
-      out += fmt::format("    {} {} '{}' offset {} extent {} flat [{}, {})\n",
-                         layout::state_kind_name(s.state), s.file, s.key, shape_str(s.region.offset),
-                         shape_str(s.region.extent), s.region.flat_begin, s.region.flat_end);
+      out += fmt::format("    {} {} '{}' {}offset {} extent {} flat [{}, {})\n",
+                         layout::state_kind_name(s.state), s.file, s.key,
+                         s.region.view.empty() ? "" : "view " + shape_str(s.region.view) + " ",
+                         shape_str(s.region.offset), shape_str(s.region.extent),
+                         s.region.flat_begin, s.region.flat_end);
     }
   }
   if (verify) {
     out += bad == 0 ? "verify: all files ok\n" : fmt::format("verify: {} file(s) FAILED\n", bad);
   }
+  if (failed_files != nullptr) *failed_files = bad;
   return out;
 }
 

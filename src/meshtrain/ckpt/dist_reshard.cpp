@@ -3,6 +3,7 @@
 // buffer (neighbouring runs coalesced into one read) and written through
 // StateAccess at the destination's local offsets.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
@@ -77,7 +78,9 @@ void intersect(const std::vector<Run>& dst, const std::vector<Run>& src, const M
   }
 }
 
-// The files one load reads from, opened (header validated) and verified once each.
+// The files one load reads from, opened (header validated) and verified once
+// each. At most kMaxOpenFiles stay open (a checkpoint of thousands of ranks
+// loaded into one would otherwise exhaust file descriptors).
 class SourceFiles {
  public:
   SourceFiles(const std::string& dir, const Manifest& manifest, bool verify, const Tensor& buffer)
@@ -87,11 +90,20 @@ class SourceFiles {
   const SafetensorsReader& reader(const ManifestShard& shard) {
     auto it = open_.find(shard.file);
     if (it == open_.end()) {
-      if (verify_) detail::verify_file(dir_, *manifest_.find_file(shard.file), buffer_);
-      it = open_.emplace(shard.file, std::make_unique<SafetensorsReader>(join(dir_, shard.file)))
+      if (verify_ && verified_.insert(shard.file).second) {
+        detail::verify_file(dir_, *manifest_.find_file(shard.file), buffer_);
+      }
+      if (open_.size() >= kMaxOpenFiles) {
+        auto oldest = std::min_element(open_.begin(), open_.end(), [](const auto& a, const auto& b) {
+          return a.second.last_use < b.second.last_use;
+        });
+        open_.erase(oldest);
+      }
+      it = open_.emplace(shard.file, Open{std::make_unique<SafetensorsReader>(join(dir_, shard.file)), 0})
                .first;
     }
-    const SafetensorsReader& r = *it->second;
+    it->second.last_use = ++uses_;
+    const SafetensorsReader& r = *it->second.reader;
     if (checked_.insert(&shard).second) {
       const StTensorInfo& info = r.info(shard.key);
       MESHTRAIN_CHECK(info.dtype == StDType::F32 && info.shape == Shape{shard.region.numel()},
@@ -102,12 +114,19 @@ class SourceFiles {
   }
 
  private:
+  static constexpr size_t kMaxOpenFiles = 64;
+  struct Open {
+    std::unique_ptr<SafetensorsReader> reader;
+    uint64_t last_use = 0;
+  };
   const std::string& dir_;
   const Manifest& manifest_;
   bool verify_;
   const Tensor& buffer_;
-  std::map<std::string, std::unique_ptr<SafetensorsReader>> open_;
+  std::map<std::string, Open> open_;
+  std::set<std::string> verified_;
   std::set<const ManifestShard*> checked_;
+  uint64_t uses_ = 0;
 };
 
 // Throws unless the copies tile [0, numel) of the destination piece exactly.
@@ -137,10 +156,10 @@ void read_copies(std::vector<Copy>& copies, const layout::ShardPiece& piece, Sta
   const int64_t capacity = buffer.numel();
   std::vector<Copy> split;
   for (const Copy& c : copies) {
-    const StTensorInfo& info = files.reader(*c.shard).info(c.shard->key);
+    const uint64_t begin = files.reader(*c.shard).info(c.shard->key).begin;
     for (int64_t done = 0; done < c.count; done += capacity) {
       Copy part{c.shard, c.dst + done, c.src + done, std::min(capacity, c.count - done)};
-      part.byte = info.begin + static_cast<uint64_t>(part.src) * 4;
+      part.byte = begin + static_cast<uint64_t>(part.src) * 4;
       split.push_back(part);
     }
   }

@@ -55,19 +55,19 @@ void fsync_dir(const std::string& dir) {
 
 RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
                            const layout::ShardMap& map, layout::StateAccess& state,
-                           int64_t buffer_bytes, MemoryTracker& tracker) {
+                           int64_t buffer_bytes, MemoryTracker& tracker, const float* staged) {
   RankRecord record;
   record.rank = rank;
   std::vector<bool> seen(map.tensors.size(), false);
   std::vector<const ShardPiece*> owned;
   std::vector<int> ordinal;  // k in "<state>/<name>#<k>"
-  std::map<size_t, int> count;
+  std::map<size_t, int> pieces_of;  // per tensor, so far
   for (const ShardPiece& p : map.pieces) {
     if (!seen[p.tensor]) record.held.push_back(map.tensors[p.tensor]);
     seen[p.tensor] = true;
     if (p.replica != 0) continue;
     owned.push_back(&p);
-    ordinal.push_back(count[p.tensor]++);
+    ordinal.push_back(pieces_of[p.tensor]++);
   }
   if (owned.empty()) return record;
 
@@ -91,32 +91,43 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
   const std::map<std::string, std::string> metadata = {
       {"format", kFormat}, {"rank", std::to_string(rank)}, {"step", std::to_string(step)}};
   SafetensorsStreamWriter writer(join(dir, record.file), entries, metadata);
-  const Tensor buffer = file_buffer(buffer_bytes, total, tracker);
-  float* buf = buffer.data<float>();
-  const int64_t capacity = buffer.numel();
-  int64_t filled = 0;
   bool halfway = false;
-  auto flush = [&] {
-    writer.write(buf, static_cast<size_t>(filled) * 4);
-    filled = 0;
+  auto write_data = [&](const float* data, int64_t count) {
+    writer.write(data, static_cast<size_t>(count) * 4);
     if (!halfway && writer.data_written() * 2 >= writer.data_bytes()) {
       halfway = true;
       fault_point("mid_file", step);
     }
   };
-  // Pieces packed into the buffer back to back: one write per full buffer.
-  for (size_t k = 0; k < layout::kStateKinds; ++k) {
-    for (const ShardPiece* p : owned) {
-      for (int64_t begin = 0; begin < p->region.numel();) {
-        const int64_t n = std::min(p->region.numel() - begin, capacity - filled);
-        state.read(static_cast<StateKind>(k), p->local_offset + begin, n, buf + filled);
-        filled += n;
-        begin += n;
-        if (filled == capacity) flush();
+  const auto total_floats = static_cast<int64_t>(total / 4);
+  if (staged != nullptr) {
+    // The async staging copy is the data section already: no buffer.
+    const int64_t chunk = std::max<int64_t>(1, std::min(buffer_bytes / 4, total_floats));
+    for (int64_t done = 0; done < total_floats; done += chunk) {
+      write_data(staged + done, std::min(chunk, total_floats - done));
+    }
+  } else {
+    const Tensor buffer = file_buffer(buffer_bytes, total, tracker);
+    float* buf = buffer.data<float>();
+    const int64_t capacity = buffer.numel();
+    int64_t filled = 0;
+    // Pieces packed into the buffer back to back: one write per full buffer.
+    for (size_t k = 0; k < layout::kStateKinds; ++k) {
+      for (const ShardPiece* p : owned) {
+        for (int64_t begin = 0; begin < p->region.numel();) {
+          const int64_t n = std::min(p->region.numel() - begin, capacity - filled);
+          state.read(static_cast<StateKind>(k), p->local_offset + begin, n, buf + filled);
+          filled += n;
+          begin += n;
+          if (filled == capacity) {
+            write_data(buf, filled);
+            filled = 0;
+          }
+        }
       }
     }
+    if (filled > 0) write_data(buf, filled);
   }
-  if (filled > 0) flush();
   writer.commit();
   record.bytes = writer.file_bytes();
   record.xxh3 = writer.checksum();
@@ -140,7 +151,8 @@ struct Poll {
   Clock::time_point deadline;
   std::chrono::microseconds pause{500};
   explicit Poll(double timeout_s)
-      : deadline(Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6))) {}
+      : deadline(Clock::now() + std::chrono::microseconds(static_cast<int64_t>(
+                                    std::clamp(timeout_s, 0.0, 1e9) * 1e6))) {}
   bool expired() const { return Clock::now() > deadline; }
   void sleep() {
     std::this_thread::sleep_for(pause);
@@ -190,7 +202,7 @@ void remove_leftovers(const std::string& out_dir) {
   }
 }
 
-// Committed (manifest-bearing) step directories of out_dir, oldest first.
+// The step_<N> directories of out_dir (committed: renamed into place), oldest first.
 std::vector<std::pair<int64_t, std::string>> committed_steps(const std::string& out_dir) {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
@@ -280,6 +292,7 @@ struct SaveContext {
   const std::string& out_dir;
   const SaveOptions& options;
   MemoryTracker& tracker;
+  const float* staged = nullptr;  // async: the owned state in file order
 };
 
 // This rank's file and done file in `tmp`, under save id `id`.
@@ -288,7 +301,8 @@ RankRecord write_and_mark(const SaveContext& ctx, const std::string& tmp, int64_
                           layout::StateAccess& state) {
   fault_point("before_file", step);
   RankRecord record = write_rank_file(tmp, ctx.options.rank, step, map, state,
-                                      ctx.options.buffer_bytes, ctx.tracker);
+                                      ctx.options.buffer_bytes, ctx.tracker, ctx.staged);
+  record.world = ctx.options.world;
   fault_point("after_file", step);
   write_json_atomic(join(tmp, done_file_name(ctx.options.rank)), rank_record_json(record, step, id));
   fsync_dir(tmp);
@@ -313,6 +327,9 @@ std::vector<RankRecord> gather_records(const SaveContext& ctx, const std::string
       }
       RankRecord record = rank_record_from_json(read_json_file(path), path);
       MESHTRAIN_CHECK(record.rank == *it, "{}: names rank {}", path, record.rank);
+      MESHTRAIN_CHECK(record.world == ctx.options.world,
+                      "{}: rank {} saves with world {}, rank 0 with world {}", path, record.rank,
+                      record.world, ctx.options.world);
       records[static_cast<size_t>(*it)] = std::move(record);
       it = missing.erase(it);
     }
@@ -485,7 +502,8 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
   job_ = std::move(job);
   raw->thread = std::thread([this, raw, step] {
     try {
-      const SaveContext context{out_dir_, options_, *options_.tracker};
+      const SaveContext context{out_dir_, options_, *options_.tracker,
+                                raw->staged->data(StateKind::master)};
       run_save(context, step, raw->packed, *raw->staged, raw->layout_json, raw->meta);
     } catch (...) {
       raw->error = std::current_exception();

@@ -25,7 +25,7 @@
 //
 // Memory: a sync save or a load holds at most `buffer_bytes` of file data
 // (tracked as MemCategory::workspace), however large the state; an async save
-// also holds a staging copy of the rank's owned state.
+// holds a staging copy of the rank's owned state (all three states) instead.
 #pragma once
 
 #include <cstdint>
@@ -58,8 +58,9 @@ class CheckpointSaver {
 
   // Saves this rank's replica-0 pieces of every state; layout_json and meta
   // are written into the manifest (rank 0's copies). Waits for the previous
-  // save first. Sync: returns when the checkpoint is committed. Async: returns
-  // once the state is copied. Returns the final dir path (out_dir/step_<N>).
+  // save first (and throws its Error). Sync: returns when the checkpoint is
+  // committed (every rank). Async: returns once the owned state is copied; the
+  // background thread writes from that copy. Returns out_dir/step_<N>.
   std::string save(int64_t step, const layout::ShardMap& map, layout::StateAccess& state,
                    const nlohmann::json& layout_json, const nlohmann::json& meta);
   // Waits for the background save; rethrows its Error (naming the file).
@@ -142,8 +143,9 @@ struct ResumeChoice {
 std::optional<ResumeChoice> find_resume_checkpoint(const std::string& out_dir);
 
 // `meshtrain ckpt inspect`: layout, meta, tensors (name, shape, shards), file
-// sizes and, with verify, each file's checksum result.
-std::string describe_checkpoint(const std::string& dir, bool verify);
+// sizes and, with verify, each file's checksum result; `failed_files` (when
+// given) gets how many failed, so the caller can exit non-zero.
+std::string describe_checkpoint(const std::string& dir, bool verify, int* failed_files = nullptr);
 
 // Today's whole-tensor step directories (train/checkpoint.h: model.safetensors,
 // exp_avg.safetensors, exp_avg_sq.safetensors, train_state.json).

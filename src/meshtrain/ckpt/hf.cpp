@@ -424,31 +424,40 @@ ModelConfig read_hf_config(const std::string& path) {
 }
 
 void export_hf(Model& model, const std::string& dir, DType dtype, const Tokenizer* tokenizer) {
-  const ModelConfig& c = model.config();
-  SafetensorsWriter writer;
-  std::vector<Tensor> permuted;  // alive until write()
-  permuted.reserve(2 * static_cast<size_t>(c.n_layers));
-  for (const Parameter& p : model.params()) {
-    auto [heads, head_dim] = rope_rows(c, p.spec.name);
-    if (heads == 0) {
-      writer.add(p.spec.name, p.master, dtype);
-      continue;
-    }
-    Tensor& t = permuted.emplace_back(p.spec.shape, DType::f32, MemCategory::workspace,
-                                      model.ctx().tracker());
-    rope_rows_to_hf(p.master.data<float>(), t.data<float>(), heads, head_dim, p.spec.shape[1]);
-    writer.add(p.spec.name, t, dtype);
-  }
-  writer.set_metadata("format", "pt");  // what transformers expects to find
+  export_hf(model.config(), model_tensors(model), dir, dtype, tokenizer);
+}
+
+void export_hf(const ModelConfig& c, const TensorSource& source, const std::string& dir,
+               DType dtype, const Tokenizer* tokenizer) {
+  MESHTRAIN_CHECK(tokenizer == nullptr || tokenizer->vocab_size() <= c.vocab_size,
+                  "{}: tokenizer '{}' has {} ids, the model only {}", dir, tokenizer->name(),
+                  tokenizer->vocab_size(), c.vocab_size);
+  const std::vector<ParamSpec> specs = build_param_specs(c);
+  std::vector<SafetensorsStreamWriter::Entry> entries;
+  for (const ParamSpec& spec : specs) entries.push_back({spec.name, to_st_dtype(dtype), spec.shape});
   const std::filesystem::path d(dir);
-  writer.write((d / "model.safetensors").string());
+  // "pt": what transformers expects to find.
+  SafetensorsStreamWriter writer((d / "model.safetensors").string(), entries, {{"format", "pt"}});
+  std::vector<float> values, permuted;
+  std::vector<char> stored;
+  for (const ParamSpec& spec : specs) {
+    values.resize(static_cast<size_t>(spec.numel()));
+    source(spec, values.data());
+    const float* out = values.data();
+    if (auto [heads, head_dim] = rope_rows(c, spec.name); heads != 0) {
+      permuted.resize(values.size());
+      rope_rows_to_hf(values.data(), permuted.data(), heads, head_dim, spec.shape[1]);
+      out = permuted.data();
+    }
+    stored.resize(values.size() * dtype_size(dtype));
+    convert(DType::f32, out, dtype, stored.data(), values.size());
+    writer.write(stored.data(), stored.size());
+  }
+  writer.commit();
   if (tokenizer == nullptr) {
     write_file_atomic((d / "config.json").string(), hf_config_json(c, dtype));
     return;
   }
-  MESHTRAIN_CHECK(tokenizer->vocab_size() <= c.vocab_size,
-                  "{}: tokenizer '{}' has {} ids, the model only {}", dir, tokenizer->name(),
-                  tokenizer->vocab_size(), c.vocab_size);
   const SpecialIds special = special_ids(*tokenizer);
   write_hf_tokenizer(*tokenizer, c.max_seq_len, dir);
   write_file_atomic((d / "config.json").string(), hf_config_json(c, dtype, &special));

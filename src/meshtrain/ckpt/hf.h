@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "meshtrain/ckpt/tokenizer_files.h"
+#include "meshtrain/ckpt/weights.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -39,6 +40,10 @@ ModelConfig read_hf_config(const std::string& config_json_path);
 // permuted copies use the model's tracker.
 void export_hf(Model& model, const std::string& dir, DType dtype = DType::f32,
                const Tokenizer* tokenizer = nullptr);
+// The same from any source of whole tensors (a sharded checkpoint), streamed:
+// one tensor (and its converted copy) in memory at a time.
+void export_hf(const ModelConfig& config, const TensorSource& source, const std::string& dir,
+               DType dtype = DType::f32, const Tokenizer* tokenizer = nullptr);
 
 // For an export of weights that came from the Hugging Face directory `src`:
 // copies its tokenizer files (tokenizer.json, tokenizer_config.json,

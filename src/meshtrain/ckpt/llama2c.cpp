@@ -1,6 +1,7 @@
 #include "meshtrain/ckpt/llama2c.h"
 
 #include <array>
+#include <map>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -135,7 +136,11 @@ std::string llama2c_tokenizer_path(const std::string& model_path) {
 }
 
 void export_llama2c(const Model& model, const std::string& path, const Tokenizer* tokenizer) {
-  const ModelConfig& c = model.config();
+  export_llama2c(model.config(), model_tensors(model), path, tokenizer);
+}
+
+void export_llama2c(const ModelConfig& c, const TensorSource& source, const std::string& path,
+                    const Tokenizer* tokenizer) {
   MESHTRAIN_CHECK(tokenizer == nullptr || std::filesystem::path(path).filename() != "tokenizer.bin",
                   "{}: the tokenizer is written as tokenizer.bin beside the model; name the model "
                   "file otherwise", path);
@@ -156,13 +161,18 @@ void export_llama2c(const Model& model, const std::string& path, const Tokenizer
       static_cast<int32_t>(c.n_layers),   static_cast<int32_t>(c.n_heads),
       static_cast<int32_t>(c.n_kv_heads), vocab,
       static_cast<int32_t>(c.max_seq_len)};
+  std::map<std::string, ParamSpec> specs;
+  for (ParamSpec& spec : build_param_specs(c)) specs.emplace(spec.name, std::move(spec));
+  std::vector<float> values;
   AtomicFile file(path);
   file.write(header.data(), kHeaderBytes);
   for_each_in_file_order(
       c,
       [&](const std::string& name) {
-        const Tensor& t = model.param(name).master;
-        file.write(t.raw(), t.bytes());
+        const ParamSpec& spec = specs.at(name);
+        values.resize(static_cast<size_t>(spec.numel()));
+        source(spec, values.data());
+        file.write(values.data(), values.size() * sizeof(float));
       },
       [&] {
         // llama2.c's precompute_freqs_cis: cos, then sin, of pos * theta^(-2i/hd).

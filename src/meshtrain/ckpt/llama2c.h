@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "meshtrain/ckpt/weights.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/model/model.h"
 
@@ -28,6 +29,9 @@ std::unique_ptr<Model> import_llama2c(const std::string& path, Precision precisi
 // format, ckpt/tokenizer_files.h) beside it, which llama2.c's run reads by default.
 void export_llama2c(const Model& model, const std::string& path,
                     const Tokenizer* tokenizer = nullptr);
+// The same from any source of whole tensors (a sharded checkpoint), streamed.
+void export_llama2c(const ModelConfig& config, const TensorSource& source,
+                    const std::string& path, const Tokenizer* tokenizer = nullptr);
 // <directory of path>/tokenizer.bin.
 std::string llama2c_tokenizer_path(const std::string& model_path);
 

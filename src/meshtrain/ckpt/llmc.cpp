@@ -3,6 +3,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <vector>
 
 #include "meshtrain/ckpt/atomic_file.h"
@@ -141,7 +142,11 @@ std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
 }
 
 void export_llmc(const Model& model, const std::string& path, DType dtype) {
-  const ModelConfig& c = model.config();
+  export_llmc(model.config(), model_tensors(model), path, dtype);
+}
+
+void export_llmc(const ModelConfig& c, const TensorSource& source, const std::string& path,
+                 DType dtype) {
   MESHTRAIN_CHECK(c.family == Family::gpt2, "{}: llm.c export needs a gpt2 model, not {}", path,
                   family_name(c.family));
   MESHTRAIN_CHECK(c.hidden_dim == 4 * c.dim && c.norm_eps == kNormEps,
@@ -163,7 +168,9 @@ void export_llmc(const Model& model, const std::string& path, DType dtype) {
   header[7] = static_cast<int32_t>(padded);
   AtomicFile file(path);
   file.write(header.data(), kHeaderBytes);
-  std::vector<float> values;
+  std::map<std::string, ParamSpec> specs;
+  for (ParamSpec& spec : build_param_specs(c)) specs.emplace(spec.name, std::move(spec));
+  std::vector<float> values, transposed;
   std::vector<char> raw;
   const auto write = [&](const float* data, size_t n) {
     raw.resize(n * dtype_size(dtype));
@@ -171,13 +178,15 @@ void export_llmc(const Model& model, const std::string& path, DType dtype) {
     file.write(raw.data(), raw.size());
   };
   for (const FileTensor& t : file_order(c)) {
-    const Parameter& p = model.param(t.name);
-    const auto n = static_cast<size_t>(p.master.numel());
-    const float* src = p.master.data<float>();
+    const ParamSpec& spec = specs.at(t.name);
+    const auto n = static_cast<size_t>(spec.numel());
+    values.resize(n);
+    source(spec, values.data());
+    const float* src = values.data();
     if (t.transposed) {
-      values.resize(n);
-      transpose(src, values.data(), p.spec.shape[0], p.spec.shape[1]);
-      src = values.data();
+      transposed.resize(n);
+      transpose(values.data(), transposed.data(), spec.shape[0], spec.shape[1]);
+      src = transposed.data();
     }
     write(src, n);
     if (t.name == "transformer.wte.weight") {

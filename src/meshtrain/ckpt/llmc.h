@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "meshtrain/ckpt/weights.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -37,6 +38,9 @@ std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
 // vocabulary padded to a multiple of 128 with zero rows. Error for a Llama or a
 // shape the format cannot hold.
 void export_llmc(const Model& model, const std::string& path, DType dtype = DType::f32);
+// The same from any source of whole tensors (a sharded checkpoint), streamed.
+void export_llmc(const ModelConfig& config, const TensorSource& source, const std::string& path,
+                 DType dtype = DType::f32);
 
 // llm.c's padded vocabulary: V rounded up to a multiple of 128.
 int64_t llmc_padded_vocab(int64_t vocab);

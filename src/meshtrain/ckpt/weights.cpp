@@ -1,5 +1,7 @@
 #include "meshtrain/ckpt/weights.h"
 
+#include <algorithm>
+
 #include <set>
 
 #include "meshtrain/util/error.h"
@@ -32,6 +34,13 @@ void load_model_weights(Model& model, const SafetensorsReader& reader) {
 void load_model_weights(Model& model, const std::string& path) {
   SafetensorsReader reader(path);
   load_model_weights(model, reader);
+}
+
+TensorSource model_tensors(const Model& model) {
+  return [&model](const ParamSpec& spec, float* out) {
+    const Tensor& t = model.param(spec.name).master;
+    std::copy_n(t.data<float>(), t.numel(), out);
+  };
 }
 
 }  // namespace meshtrain

@@ -4,6 +4,7 @@
 // in interleaved-pair RoPE order (see hf.h for the export that permutes them).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -11,6 +12,13 @@
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
+
+// Where an export reads whole f32 tensors from, one at a time (registry
+// order, the whole model's specs): a model in memory, or a sharded
+// checkpoint tensor by tensor, so memory stays at one tensor.
+using TensorSource = std::function<void(const ParamSpec& spec, float* out)>;
+// A model's master weights as a TensorSource (the model must outlive it).
+TensorSource model_tensors(const Model& model);
 
 // Writes every parameter's master weights (converted to `dtype`), atomically.
 void save_model_weights(const Model& model, const std::string& path, DType dtype = DType::f32,

@@ -206,19 +206,41 @@ void run_export(const CkptArgs& args) {
            args.out, dir.string());
     }
   }
-  MemoryTracker tracker;
-  cpu::CpuContext ctx(args.threads, tracker);
-  std::unique_ptr<Model> model = load_model_dir(args.checkpoint, Precision::fp32, ctx);
+  const DType dtype = parse_dtype(args.dtype);
   const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, args.checkpoint);
+  // A sharded checkpoint is read tensor by tensor (memory stays at one tensor);
+  // anything else through a model in memory.
+  MemoryTracker tracker;
+  std::unique_ptr<cpu::CpuContext> ctx;
+  std::unique_ptr<Model> model;
+  ModelConfig config;
+  TensorSource source;
+  dist_ckpt::Manifest manifest;
+  if (dist_ckpt::is_sharded_checkpoint(args.checkpoint)) {
+    dist_ckpt::verify_checkpoint(args.checkpoint);
+    manifest = dist_ckpt::read_manifest(args.checkpoint);
+    TrainConfig run;
+    read_train_state(args.checkpoint, &run);
+    config = run.model;
+    source = [&](const ParamSpec& spec, float* out) {
+      dist_ckpt::read_global_tensor(manifest, args.checkpoint, spec.name,
+                                    layout::StateKind::master, out);
+    };
+  } else {
+    ctx = std::make_unique<cpu::CpuContext>(args.threads, tracker);
+    model = load_model_dir(args.checkpoint, Precision::fp32, *ctx);
+    config = model->config();
+    source = model_tensors(*model);
+  }
   if (args.format == "hf") {
-    export_hf(*model, args.out, parse_dtype(args.dtype), tokenizer.get());
+    export_hf(config, source, args.out, dtype, tokenizer.get());
     if (!tokenizer && !is_training_checkpoint(args.checkpoint)) {
       copy_hf_tokenizer(args.checkpoint, args.out);  // an HF directory's own tokenizer
     }
   } else if (args.format == "llmc") {
-    export_llmc(*model, args.out, parse_dtype(args.dtype));
+    export_llmc(config, source, args.out, dtype);
   } else {
-    export_llama2c(*model, args.out, tokenizer.get());
+    export_llama2c(config, source, args.out, tokenizer.get());
   }
   fmt::print("exported {} to {} ({})\n", args.checkpoint, args.out, args.format);
 }
@@ -417,7 +439,11 @@ int main_impl(int argc, char** argv) {
   } else if (imp->parsed()) {
     run_import(import_args);
   } else if (inspect->parsed()) {
-    fmt::print("{}", dist_ckpt::describe_checkpoint(inspect_args.checkpoint, inspect_verify));
+    int failed = 0;
+    fmt::print("{}", dist_ckpt::describe_checkpoint(inspect_args.checkpoint, inspect_verify, &failed));
+    std::fflush(stdout);
+    // A failed check is an error: one line naming the (first) bad file, exit 1.
+    if (failed > 0) dist_ckpt::verify_checkpoint(inspect_args.checkpoint);
   } else if (convert->parsed()) {
     dist_ckpt::convert_legacy_checkpoint(convert_args.in, convert_args.out);
     fmt::print("converted {} to {}\n", convert_args.in, convert_args.out);

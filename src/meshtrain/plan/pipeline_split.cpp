@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "meshtrain/util/error.h"
 
@@ -10,6 +11,19 @@ namespace meshtrain::plan {
 LayerCosts layer_costs(const ModelConfig& model, const GpuSpec& gpu, const ComputeShape& shape) {
   return {layer_time(model, gpu, shape).total(), embedding_time(model, gpu, shape).total(),
           head_time(model, gpu, shape).total()};
+}
+
+GpuSpec flop_counting_gpu() {
+  GpuSpec gpu;
+  gpu.name = "flop-count";
+  gpu.peak_flops = 1;
+  gpu.gemm_efficiency = 1;
+  gpu.attention_efficiency = 1;
+  gpu.hbm_bandwidth = std::numeric_limits<double>::infinity();
+  gpu.memory_efficiency = 1;
+  gpu.kernel_overhead_seconds = 0;
+  gpu.compute_source = "FLOPs only (the CPU engine's pipeline split)";
+  return gpu;
 }
 
 namespace {

@@ -21,6 +21,12 @@ struct LayerCosts {
 };
 LayerCosts layer_costs(const ModelConfig& model, const GpuSpec& gpu, const ComputeShape& shape);
 
+// A device on which every op takes its FLOPs in seconds: unit peak and
+// efficiencies, no HBM floor (streaming ops and the embedding lookup cost 0),
+// no kernel overhead. layer_costs on it are FLOP-proportional, the CPU
+// engine's model (its GEMMs run at one rate; docs/plan.md).
+GpuSpec flop_counting_gpu();
+
 // Layers per virtual chunk, in model order (pp x virtual_stages entries; chunk
 // j runs on stage j % pp), minimising the most loaded stage's cost
 // n_r * layer + (r == 0) embedding + (r == pp - 1) head; every chunk gets at

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <toml++/toml.h>
 
+#include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -380,23 +381,49 @@ DataSettings read_data(const Section& s) {
 
 }  // namespace
 
-std::vector<int64_t> pp_split_layers(const ParallelSettings& p) {
+namespace {
+
+bool pp_split_is_rule(const std::string& split) {
+  return split.empty() || split == "uniform" || split == "auto";
+}
+
+// An explicit parallel.pp_split list ("7,1").
+std::vector<int64_t> parse_pp_split(const std::string& text) {
   std::vector<int64_t> split;
-  if (p.pp_split.empty()) return split;
   size_t begin = 0;
-  while (begin <= p.pp_split.size()) {
-    const size_t end = std::min(p.pp_split.find(',', begin), p.pp_split.size());
-    const std::string item = p.pp_split.substr(begin, end - begin);
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
     int64_t n = 0;
     const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
     MESHTRAIN_CHECK(ec == std::errc() && ptr == item.data() + item.size() && n >= 1,
-                    "config: parallel.pp_split must be layer counts >= 1 separated by commas "
-                    "(\"3,2\"), got \"{}\"",
-                    p.pp_split);
+                    "config: parallel.pp_split must be \"auto\", \"uniform\" or layer counts >= 1 "
+                    "separated by commas (\"3,2\"), got \"{}\"",
+                    text);
     split.push_back(n);
     begin = end + 1;
   }
   return split;
+}
+
+}  // namespace
+
+std::vector<int64_t> pp_split_layers(const TrainConfig& config) {
+  const ParallelSettings& p = config.parallel;
+  if (!pp_split_is_rule(p.pp_split)) return parse_pp_split(p.pp_split);
+  const int64_t chunks = static_cast<int64_t>(p.pp) * p.virtual_stages;
+  if (p.pp_split != "auto" || p.pp == 1 || config.model.n_layers < chunks) return {};
+  // The CPU engine's time is close to its FLOPs (one GEMM rate; the embedding
+  // lookup and the loss's softmax are a small streaming share): cost the
+  // micro-batch on a FLOP-counting device. Activations are stored, not recomputed.
+  plan::ComputeShape shape;
+  shape.seq = config.train.seq_len;
+  shape.micro_batch = std::max<int64_t>(1, config.train.micro_batch_size);
+  shape.tp = p.tp;
+  shape.recompute = plan::Recompute::none;
+  return plan::balanced_pipeline_split(
+      plan::layer_costs(config.model, plan::flop_counting_gpu(), shape), config.model.n_layers,
+      p.pp, p.virtual_stages);
 }
 
 namespace {
@@ -448,7 +475,7 @@ ParallelSettings read_parallel(const Section& s) {
                   "\"{}\"",
                   p.schedule);
   check_min("parallel.virtual_stages", p.virtual_stages, 1);
-  pp_split_layers(p);  // validates the list
+  if (!pp_split_is_rule(p.pp_split)) parse_pp_split(p.pp_split);  // validates the list
   return p;
 }
 

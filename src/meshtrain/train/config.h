@@ -58,11 +58,13 @@ struct ParallelSettings {
   bool sequence_parallel = false;  // tp > 1: norms and residual stream sharded along the rows
   int pp = 1;             // pipeline-parallel size
   // Pipeline (docs/distributed.md): the schedule ("gpipe", "1f1b",
-  // "interleaved"), chunks per rank for interleaved, and an explicit split
-  // "3,2,..." of the layers per (virtual) stage (empty = balanced).
+  // "interleaved"), chunks per rank for interleaved, and the layers per
+  // (virtual) stage: "auto" balances the stages' FLOPs (the last also runs the
+  // output layer and loss), "" or "uniform" balances layer counts, "3,2,..."
+  // is explicit.
   std::string schedule = "1f1b";
   int virtual_stages = 1;
-  std::string pp_split;
+  std::string pp_split = "auto";
   double bucket_mb = 25;  // gradient bucket size in MiB
   bool overlap = true;    // all-reduce buckets while backward runs
   // ZeRO (docs/distributed.md): 0 = plain DDP; 1 shards optimizer state,
@@ -94,8 +96,13 @@ struct TrainConfig {
   LrSchedule lr_schedule() const;
 };
 
-// parallel.pp_split as layer counts (empty = balanced); throws Error naming the key.
-std::vector<int64_t> pp_split_layers(const ParallelSettings& parallel);
+// parallel.pp_split as layers per (virtual) stage, in model order (chunk j on
+// stage j % pp): "auto" from the planner's FLOP costs of the embedding, a block
+// and the head + loss (plan/pipeline_split.h); {} for "" / "uniform" (the
+// executor splits by count), for pp = 1, and when the model has fewer layers
+// than stages (the executor names that); an explicit list as given. Throws
+// Error naming the key on a malformed list.
+std::vector<int64_t> pp_split_layers(const TrainConfig& config);
 
 // "section.key" -> "value" as given on the command line.
 using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;

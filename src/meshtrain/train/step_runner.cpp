@@ -46,7 +46,7 @@ class PipelineSteps final : public StepRunner {
  public:
   PipelineSteps(const TrainConfig& config, Model& model, DeviceMesh& mesh,
                 const pipeline::PipelineShape& shape, int64_t rows)
-      : model_(model), pp_(mesh.pp()), split_(pp_split_layers(config.parallel)) {
+      : model_(model), pp_(mesh.pp()), split_(pp_split_layers(config)) {
     const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(config.parallel.schedule);
     executor_ = std::make_unique<pipeline::Executor>(model, pp_, kind, shape, rows,
                                                      config.train.seq_len);
@@ -149,7 +149,7 @@ StageLayers stage_of(const TrainConfig& config, const DeviceMesh* mesh, int64_t 
   const pipeline::PipelineShape shape = pipeline_shape(config, micro_batches);
   pipeline::check_shape(pipeline::parse_schedule_kind(config.parallel.schedule), shape);
   return pipeline::stage_layers(config.model.n_layers, shape, mesh->coord().pp,
-                                pp_split_layers(config.parallel));
+                                pp_split_layers(config));
 }
 
 std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, Model& model,
