@@ -34,6 +34,32 @@ TEST_F(TokenizerFiles, Llama2cTokenizerBinGivesEveryIdBack) {
   EXPECT_ERROR(read_llama2c_tokenizer(dir + "/short.bin", 5), "short.bin", "ends before token");
 }
 
+TEST_F(TokenizerFiles, LlmcTokenizerBinGivesEveryIdBack) {
+  ByteTokenizer bytes;
+  write_llmc_tokenizer(bytes, dir + "/gpt2_tokenizer.bin");
+  int32_t eot = -1;
+  const std::vector<std::string> back = read_llmc_tokenizer(dir + "/gpt2_tokenizer.bin", &eot);
+  ASSERT_EQ(back.size(), 256u);
+  EXPECT_EQ(eot, 0);
+  for (int32_t id = 0; id < 256; ++id) ASSERT_EQ(back[static_cast<size_t>(id)], std::string(1, static_cast<char>(id)));
+  testing::write_file(dir + "/bad.bin", std::string(1024, '\0'));
+  EXPECT_ERROR(read_llmc_tokenizer(dir + "/bad.bin"), "bad.bin", "bad magic 0");
+}
+
+TEST_F(TokenizerFiles, Gpt2LlmcTokenizerBinIsLlmcsGpt2File) {
+  MESHTRAIN_NEED_GPT2_RANKS();
+  auto gpt2 = BpeTokenizer::load(testing::gpt2_ranks_path());
+  write_llmc_tokenizer(*gpt2, dir + "/gpt2_tokenizer.bin");
+  int32_t eot = -1;
+  const std::vector<std::string> back = read_llmc_tokenizer(dir + "/gpt2_tokenizer.bin", &eot);
+  ASSERT_EQ(back.size(), 50257u);
+  EXPECT_EQ(eot, 50256);
+  for (int32_t id = 0; id < 50257; ++id) {
+    const int32_t ids[] = {id};
+    ASSERT_EQ(back[static_cast<size_t>(id)], gpt2->decode(ids)) << "id " << id;
+  }
+}
+
 TEST_F(TokenizerFiles, Gpt2Llama2cTokenizerBinGivesEveryIdBack) {
   MESHTRAIN_NEED_GPT2_RANKS();
   auto gpt2 = BpeTokenizer::load(testing::gpt2_ranks_path());

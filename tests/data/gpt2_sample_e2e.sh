@@ -57,4 +57,14 @@ grep -q '"bos_token_id": 50256' "$WORK/hf/generation_config.json"
 grep -q '"<|endoftext|>": 50256' "$WORK/hf/tokenizer.json" || grep -q '"<|endoftext|>":50256' "$WORK/hf/tokenizer.json"
 "$BIN" ckpt export --format llama2c --checkpoint "$WORK/run/step_3" --out "$WORK/l2c/model.bin" >/dev/null
 test -s "$WORK/l2c/tokenizer.bin"
+python3 - "$WORK/l2c/tokenizer.bin" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+(max_len,), at, tokens = struct.unpack_from("<i", data), 4, []
+while at < len(data):
+    score, n = struct.unpack_from("<fi", data, at)
+    tokens.append(data[at + 8: at + 8 + n]); at += 8 + n
+assert len(tokens) == 50257 and tokens[50256] == b"<|endoftext|>" and tokens[262] == b" the", len(tokens)
+print(f"tokenizer.bin: {len(tokens)} tokens, max length {max_len}")
+PY
 echo "gpt2_sample_e2e: OK"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "meshtrain/ckpt/atomic_file.h"
+#include "meshtrain/ckpt/tokenizer_files.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -141,12 +142,24 @@ std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
   return model;
 }
 
-void export_llmc(const Model& model, const std::string& path, DType dtype) {
-  export_llmc(model.config(), model_tensors(model), path, dtype);
+std::string llmc_tokenizer_path(const std::string& model_path) {
+  return (std::filesystem::path(model_path).parent_path() / "gpt2_tokenizer.bin").string();
+}
+
+void export_llmc(const Model& model, const std::string& path, DType dtype,
+                 const Tokenizer* tokenizer) {
+  export_llmc(model.config(), model_tensors(model), path, dtype, tokenizer);
 }
 
 void export_llmc(const ModelConfig& c, const TensorSource& source, const std::string& path,
-                 DType dtype) {
+                 DType dtype, const Tokenizer* tokenizer) {
+  MESHTRAIN_CHECK(tokenizer == nullptr || std::filesystem::path(path).filename() !=
+                                              "gpt2_tokenizer.bin",
+                  "{}: the tokenizer is written as gpt2_tokenizer.bin beside the model; name the "
+                  "model file otherwise", path);
+  MESHTRAIN_CHECK(tokenizer == nullptr || tokenizer->vocab_size() <= c.vocab_size,
+                  "{}: tokenizer '{}' has {} ids, the model only {}", path, tokenizer->name(),
+                  tokenizer->vocab_size(), c.vocab_size);
   MESHTRAIN_CHECK(c.family == Family::gpt2, "{}: llm.c export needs a gpt2 model, not {}", path,
                   family_name(c.family));
   MESHTRAIN_CHECK(c.hidden_dim == 4 * c.dim && c.norm_eps == kNormEps,
@@ -195,6 +208,7 @@ void export_llmc(const ModelConfig& c, const TensorSource& source, const std::st
     }
   }
   file.commit();
+  if (tokenizer != nullptr) write_llmc_tokenizer(*tokenizer, llmc_tokenizer_path(path));
 }
 
 }  // namespace meshtrain

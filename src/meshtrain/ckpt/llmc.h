@@ -16,6 +16,7 @@
 #include <string>
 
 #include "meshtrain/ckpt/weights.h"
+#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -35,12 +36,17 @@ LlmcHeader read_llmc_header(const std::string& path);
 std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
                                    cpu::CpuContext& ctx);
 // Writes a GPT-2 model atomically: version 3 (f32) or 5 (bf16) by `dtype`, the
-// vocabulary padded to a multiple of 128 with zero rows. Error for a Llama or a
-// shape the format cannot hold.
-void export_llmc(const Model& model, const std::string& path, DType dtype = DType::f32);
+// vocabulary padded to a multiple of 128 with zero rows; with the run's
+// `tokenizer`, also gpt2_tokenizer.bin (llm.c's format, ckpt/tokenizer_files.h)
+// beside it, the file llm.c's samplers read. Error for a Llama or a shape the
+// format cannot hold.
+void export_llmc(const Model& model, const std::string& path, DType dtype = DType::f32,
+                 const Tokenizer* tokenizer = nullptr);
 // The same from any source of whole tensors (a sharded checkpoint), streamed.
 void export_llmc(const ModelConfig& config, const TensorSource& source, const std::string& path,
-                 DType dtype = DType::f32);
+                 DType dtype = DType::f32, const Tokenizer* tokenizer = nullptr);
+// <directory of path>/gpt2_tokenizer.bin.
+std::string llmc_tokenizer_path(const std::string& model_path);
 
 // llm.c's padded vocabulary: V rounded up to a multiple of 128.
 int64_t llmc_padded_vocab(int64_t vocab);

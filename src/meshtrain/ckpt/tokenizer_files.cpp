@@ -208,4 +208,48 @@ std::vector<Llama2cToken> read_llama2c_tokenizer(const std::string& path, int64_
   return tokens;
 }
 
+void write_llmc_tokenizer(const Tokenizer& t, const std::string& path) {
+  std::array<uint32_t, 256> header{};
+  header[0] = kLlmcTokenizerMagic;
+  header[1] = 2;  // version 2 records the eot id
+  header[2] = static_cast<uint32_t>(t.vocab_size());
+  header[3] = static_cast<uint32_t>(t.eot_id());
+  AtomicFile file(path);
+  file.write(header.data(), sizeof(header));
+  for (int32_t id = 0; id < t.vocab_size(); ++id) {
+    const std::string bytes = token_text(t, id);
+    MESHTRAIN_CHECK(!bytes.empty() && bytes.size() < 256,
+                    "{}: token {} has {} bytes; llm.c's tokenizer file holds 1 to 255", path, id,
+                    bytes.size());
+    const auto len = static_cast<uint8_t>(bytes.size());
+    file.write(&len, 1);
+    file.write(bytes.data(), bytes.size());
+  }
+  file.commit();
+}
+
+std::vector<std::string> read_llmc_tokenizer(const std::string& path, int32_t* eot) {
+  std::ifstream in(path, std::ios::binary);
+  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  std::array<uint32_t, 256> header{};
+  in.read(reinterpret_cast<char*>(header.data()), sizeof(header));
+  MESHTRAIN_CHECK(in.good(), "{}: shorter than llm.c's 1024-byte tokenizer header", path);
+  MESHTRAIN_CHECK(header[0] == kLlmcTokenizerMagic, "{}: bad magic {} (llm.c's tokenizer has {})",
+                  path, header[0], kLlmcTokenizerMagic);
+  MESHTRAIN_CHECK(header[1] == 1 || header[1] == 2, "{}: version {} is not 1 or 2", path,
+                  header[1]);
+  if (eot != nullptr) *eot = header[1] == 2 ? static_cast<int32_t>(header[3]) : 50256;
+  std::vector<std::string> tokens(header[2]);
+  for (uint32_t id = 0; id < header[2]; ++id) {
+    uint8_t len = 0;
+    in.read(reinterpret_cast<char*>(&len), 1);
+    MESHTRAIN_CHECK(in.good() && len > 0, "{}: ends or breaks before token {} of {}", path, id,
+                    header[2]);
+    tokens[id].resize(len);
+    in.read(tokens[id].data(), len);
+    MESHTRAIN_CHECK(in.good(), "{}: ends inside token {}", path, id);
+  }
+  return tokens;
+}
+
 }  // namespace meshtrain

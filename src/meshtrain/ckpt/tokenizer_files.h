@@ -15,6 +15,10 @@
 // -rank for BPE tokens (llama2.c merges the highest score first, i.e. the
 // lowest rank) and 0 otherwise; ids past the tokenizer (a padded vocabulary)
 // are empty tokens.
+//
+// llm.c gpt2_tokenizer.bin (what its samplers decode with): 256 uint32 header
+// words ([0] magic 20240328, [1] version 2, [2] the tokenizer's vocabulary,
+// [3] the eot id), then per id a uint8 length (>= 1) and the token's bytes.
 #pragma once
 
 #include <cstdint>
@@ -48,5 +52,11 @@ void write_llama2c_tokenizer(const Tokenizer& tokenizer, int64_t vocab_size,
 // Reads `vocab_size` tokens back; Error naming the file on a short or
 // inconsistent file (a token longer than max_token_length, bytes left over).
 std::vector<Llama2cToken> read_llama2c_tokenizer(const std::string& path, int64_t vocab_size);
+
+inline constexpr uint32_t kLlmcTokenizerMagic = 20240328;
+void write_llmc_tokenizer(const Tokenizer& tokenizer, const std::string& path);
+// The tokens of a gpt2_tokenizer.bin (versions 1 and 2); `eot` gets the eot id.
+// Error naming the file on a bad header or a short file.
+std::vector<std::string> read_llmc_tokenizer(const std::string& path, int32_t* eot = nullptr);
 
 }  // namespace meshtrain

@@ -238,7 +238,7 @@ void run_export(const CkptArgs& args) {
       copy_hf_tokenizer(args.checkpoint, args.out);  // an HF directory's own tokenizer
     }
   } else if (args.format == "llmc") {
-    export_llmc(config, source, args.out, dtype);
+    export_llmc(config, source, args.out, dtype, tokenizer.get());
   } else {
     export_llama2c(config, source, args.out, tokenizer.get());
   }
