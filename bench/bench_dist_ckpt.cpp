@@ -53,8 +53,9 @@ ShardMap zero_map(int r) {
   m.tensors = tensors();
   const int64_t n = kRows * kCols / kRanks;
   for (size_t t = 0; t < m.tensors.size(); ++t) {
-    m.pieces.push_back({t, layout::narrow_region(layout::whole_region(m.tensors[t].shape), r * n, (r + 1) * n),
-                        m.local_numel, 0});
+    m.pieces.push_back(
+        {t, layout::narrow_region(layout::whole_region(m.tensors[t].shape), r * n, (r + 1) * n),
+         m.local_numel, 0});
     m.local_numel += n;
   }
   return m;

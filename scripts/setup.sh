@@ -5,18 +5,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
 
+# Why each one is here: docs/setup.md. Check a change with scripts/check_fresh_machine.sh.
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev libcli11-dev libfmt-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy libopenblas0-openmp
-  bible-kjv
+  python3-pip ca-certificates
+  bible-kjv bc
 )
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+# One dpkg-query for all of them: this runs on every test and main-job run.
+installed=$(dpkg-query -W -f='${Package} ${Status}\n' "${PACKAGES[@]}" 2>/dev/null \
+  | awk '$NF == "installed" && $(NF-1) == "ok" { print $1 }' || true)
 missing=()
 for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  grep -qxF "$p" <<<"$installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
@@ -24,11 +29,13 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Test helpers from PyPI for the PATH python3 (not Debian's /usr/bin/python3, which runs torch).
+# tiktoken (the tokenizer tests' reference) from PyPI, for the PATH python3 that runs
+# tests/tokenizer/tiktoken_ref.py. On a fresh Debian machine that is /usr/bin/python3 (which
+# also runs the torch references), where pip needs --break-system-packages; on a developer's
+# machine it may be a pyenv or venv python with its own pip.
 if ! python3 -c "import tiktoken" 2>/dev/null; then
-  if [ "$(command -v python3)" = /usr/bin/python3 ]; then  # Debian's own python: no pip by default
-    python3 -m pip --version >/dev/null 2>&1 || $SUDO apt-get install -y -qq python3-pip >/dev/null
-    python3 -m pip install -q --break-system-packages tiktoken
+  if [ "$(command -v python3)" = /usr/bin/python3 ]; then
+    $SUDO python3 -m pip install -q --break-system-packages tiktoken
   else
     python3 -m pip install -q tiktoken
   fi

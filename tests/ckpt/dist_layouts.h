@@ -22,7 +22,8 @@ using layout::ShardMap;
 using layout::ShardPiece;
 using layout::StateKind;
 
-inline constexpr StateKind kKinds[] = {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq};
+inline constexpr StateKind kKinds[] = {StateKind::master, StateKind::exp_avg,
+                                       StateKind::exp_avg_sq};
 
 // The global tensors every layout cuts: 2-D and 1-D, no size even.
 inline std::vector<layout::GlobalTensor> test_tensors(int64_t scale = 1) {
@@ -33,8 +34,8 @@ inline std::vector<layout::GlobalTensor> test_tensors(int64_t scale = 1) {
 
 // The value of element i of tensor t in state `kind` at `step`: distinct everywhere.
 inline float global_value(int64_t step, StateKind kind, size_t t, int64_t i) {
-  return static_cast<float>(step) * 0.5f + static_cast<float>(static_cast<int>(kind) * 100000 +
-                                                               static_cast<int>(t) * 10000) +
+  return static_cast<float>(step) * 0.5f +
+         static_cast<float>(static_cast<int>(kind) * 100000 + static_cast<int>(t) * 10000) +
          static_cast<float>(i) * 0.25f;
 }
 
@@ -84,7 +85,8 @@ inline std::pair<int64_t, int64_t> split_range(int64_t n, int parts, int p) {
 
 inline Layout single_layout(const std::vector<layout::GlobalTensor>& tensors) {
   Layout l{"single", {empty_map(tensors)}};
-  for (size_t t = 0; t < tensors.size(); ++t) add_piece(l.ranks[0], t, layout::whole_region(tensors[t].shape));
+  for (size_t t = 0; t < tensors.size(); ++t)
+    add_piece(l.ranks[0], t, layout::whole_region(tensors[t].shape));
   return l;
 }
 
@@ -168,7 +170,8 @@ inline Layout zero_layout(const Layout& base, int dp) {
         const int64_t lo = std::max(begin, p.local_offset);
         const int64_t hi = std::min(end, p.local_offset + p.region.numel());
         if (lo >= hi) continue;
-        add_piece(map, p.tensor, layout::narrow_region(p.region, lo - p.local_offset, hi - p.local_offset),
+        add_piece(map, p.tensor,
+                  layout::narrow_region(p.region, lo - p.local_offset, hi - p.local_offset),
                   p.replica);
       }
       l.ranks.push_back(std::move(map));
@@ -209,24 +212,25 @@ inline MemState state_for(const ShardMap& map, int64_t step) {
 }
 
 // Bit-exact check of every piece of `map` against the global values of `step`.
-inline ::testing::AssertionResult matches_step(const ShardMap& map, const MemState& state, int64_t step) {
+inline ::testing::AssertionResult matches_step(const ShardMap& map, const MemState& state,
+                                               int64_t step) {
   for (const ShardPiece& p : map.pieces) {
     int64_t bad = -1;
     StateKind bad_kind = StateKind::master;
-    layout::for_each_global_run(map.tensors[p.tensor].shape, p.region,
-                                [&](int64_t r, int64_t g, int64_t n) {
-                                  for (StateKind kind : kKinds) {
-                                    const auto& v = state.data[static_cast<size_t>(kind)];
-                                    for (int64_t i = 0; i < n && bad < 0; ++i) {
-                                      const float want = global_value(step, kind, p.tensor, g + i);
-                                      const float got = v[static_cast<size_t>(p.local_offset + r + i)];
-                                      if (std::memcmp(&want, &got, 4) != 0) {
-                                        bad = g + i;
-                                        bad_kind = kind;
-                                      }
-                                    }
-                                  }
-                                });
+    layout::for_each_global_run(
+        map.tensors[p.tensor].shape, p.region, [&](int64_t r, int64_t g, int64_t n) {
+          for (StateKind kind : kKinds) {
+            const auto& v = state.data[static_cast<size_t>(kind)];
+            for (int64_t i = 0; i < n && bad < 0; ++i) {
+              const float want = global_value(step, kind, p.tensor, g + i);
+              const float got = v[static_cast<size_t>(p.local_offset + r + i)];
+              if (std::memcmp(&want, &got, 4) != 0) {
+                bad = g + i;
+                bad_kind = kind;
+              }
+            }
+          }
+        });
     if (bad >= 0) {
       return ::testing::AssertionFailure()
              << map.tensors[p.tensor].name << " " << layout::state_kind_name(bad_kind)
@@ -236,7 +240,9 @@ inline ::testing::AssertionResult matches_step(const ShardMap& map, const MemSta
   return ::testing::AssertionSuccess();
 }
 
-inline nlohmann::json layout_json(const Layout& l) { return {{"name", l.name}, {"world", l.world()}}; }
+inline nlohmann::json layout_json(const Layout& l) {
+  return {{"name", l.name}, {"world", l.world()}};
+}
 inline nlohmann::json meta_json(int64_t step) {
   return {{"step", step}, {"seed", 1234}, {"data", {{"epoch", 0}, {"index", step * 8}}}};
 }
@@ -258,8 +264,8 @@ inline std::string save_all(const std::string& out_dir, int64_t step, const Layo
         if (trackers != nullptr) o.tracker = &(*trackers)[static_cast<size_t>(r)];
         dist_ckpt::CheckpointSaver saver(out_dir, o);
         MemState state = state_for(l.ranks[static_cast<size_t>(r)], step);
-        results[static_cast<size_t>(r)] =
-            saver.save(step, l.ranks[static_cast<size_t>(r)], state, layout_json(l), meta_json(step));
+        results[static_cast<size_t>(r)] = saver.save(step, l.ranks[static_cast<size_t>(r)], state,
+                                                     layout_json(l), meta_json(step));
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }

@@ -126,9 +126,12 @@ TEST(dist_ckpt_recovery, ResumeSkipsToTheNewestValidCheckpoint) {
 // ---------------------------------------------------------------- crashes
 
 // Runs `body` in a forked child (exit 0 when it returns, 2 on an exception);
-// kills it with SIGKILL after `kill_after` when given. Returns the wait status.
+// when `kill_after` is given, kills it with SIGKILL that long after the child
+// created `ready` (timing from the fork would depend on the machine's load).
+// Returns the wait status.
 int run_child(const std::function<void()>& body,
-              std::optional<std::chrono::microseconds> kill_after = std::nullopt) {
+              std::optional<std::chrono::microseconds> kill_after = std::nullopt,
+              const std::string& ready = "") {
   const pid_t pid = ::fork();
   if (pid == 0) {
     try {
@@ -141,6 +144,9 @@ int run_child(const std::function<void()>& body,
   }
   EXPECT_GT(pid, 0);
   if (kill_after) {
+    for (int i = 0; i < 60000 && !ready.empty() && !fs::exists(ready); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     std::this_thread::sleep_for(*kill_after);
     ::kill(pid, SIGKILL);
   }
@@ -194,8 +200,16 @@ TEST(dist_ckpt_recovery, KilledAtRandomInstantsLeavesAValidLatest) {
   int64_t first = 1;
   int interrupted = 0, committed = 0;  // rounds killed inside a save; with a checkpoint
   for (int round = 0; round < 8; ++round) {
-    const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(0, 150000)(rng));
-    const int status = run_child([&] { save_loop(out, l, first, first + 1000); }, delay);
+    const auto delay =
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, 150000)(rng));
+    const std::string ready = fmt::format("{}/ready{}", out, round);
+    const int status = run_child(
+        [&] {
+          save_loop(out, l, first, first);  // one commit, then kill at random from here on
+          write_file(ready, "");
+          save_loop(out, l, first + 1, first + 1000);
+        },
+        delay, ready);
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "round " << round;
     for (const auto& e : fs::directory_iterator(out)) {
       const std::string name = e.path().filename().string();
@@ -221,8 +235,8 @@ TEST(dist_ckpt_recovery, KilledAtRandomInstantsLeavesAValidLatest) {
 TEST(dist_ckpt_recovery, KilledAtEachPointOfTheProtocol) {
   const std::string root = scratch_dir();
   const Layout l = tp_layout(test_tensors(50), 2, 0);
-  for (const char* point :
-       {"before_file", "mid_file", "after_file", "before_manifest", "before_rename", "before_latest"}) {
+  for (const char* point : {"before_file", "mid_file", "after_file", "before_manifest",
+                            "before_rename", "before_latest"}) {
     SCOPED_TRACE(point);
     const std::string out = root + "/" + point;
     const int status = run_child([&] {

@@ -1,6 +1,6 @@
 // During a save no rank's tracked memory rises above its own state by more
 // than ckpt.buffer_mb (synchronous), or than a staging copy of the state it
-// owns (asynchronous) — whatever the layout.
+// owns (asynchronous, kept for the next save) — whatever the layout.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -86,7 +86,8 @@ TEST_F(SaveMemory, PeakStaysWithinTheBufferOrTheStagingCopy) {
     EXPECT_LE(rise, allowed) << name << " rank " << world_->rank() << ": owned state " << owned;
     // The buffer is really smaller than the state the rank holds.
     EXPECT_GT(static_cast<size_t>(trainer.shard_map().local_numel) * 12, size_t{1} << 20) << name;
-    EXPECT_EQ(tracker.live_total(), before) << name;  // nothing left behind
+    // Nothing left behind but (async) the staging copy kept for the next save.
+    EXPECT_LE(tracker.live_total(), before + (async ? owned + 64 : 0)) << name;
   }
 }
 

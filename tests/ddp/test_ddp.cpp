@@ -300,15 +300,15 @@ TEST_F(DdpTraining, BucketSizeAndOverlapChangeNothingBeyondRounding) {
   expect_replicas_identical(*world_, small.weights);
 }
 
-// Rank 0 writes the replicated state for all (the other ranks' copies are
-// replicas); every rank resumes from it and continues exactly as the
-// uninterrupted run.
+// The replicas each write 1/dp of the state; every rank resumes from the
+// checkpoint and continues exactly as the uninterrupted run.
 TEST_F(DdpTraining, ResumeFromRankZerosCheckpointContinuesBitForBit) {
   DeviceMesh mesh(*world_, 1, 1);
   Run full = run_trainer(config("full", {{"train.checkpoint_interval", "10"}}), &mesh);
   world_->barrier();  // rank 0's step_10 is on disk
   EXPECT_EQ(std::filesystem::exists(dir_ + "/full/step_10/manifest.json"), true);
-  EXPECT_EQ(std::filesystem::exists(dir_ + "/full/step_10/rank_1.safetensors"), false);
+  // The replicas share the writing: every rank writes 1/dp of the state.
+  EXPECT_EQ(std::filesystem::exists(dir_ + "/full/step_10/rank_1.safetensors"), world_->size() > 1);
   TrainerOptions options;
   options.console = false;
   options.mesh = &mesh;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -12,7 +13,11 @@ namespace meshtrain {
 class AtomicFile {
  public:
   // Creates the parent directory if needed and opens "<path>.tmp.<pid>".
-  explicit AtomicFile(std::string path);
+  // direct: write around the page cache (O_DIRECT) where the filesystem allows
+  // it (tmpfs does not: then buffered), for the writes whose memory, size and
+  // file offset are 4096-aligned; the others (a header, a tail) go through
+  // the page cache. Large sequential writes then run at the device's speed.
+  explicit AtomicFile(std::string path, bool direct = false);
   ~AtomicFile();  // removes the temporary file unless committed
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -26,6 +31,8 @@ class AtomicFile {
  private:
   std::string path_, temp_path_;
   int fd_ = -1;
+  bool direct_ = false;  // fd_ was opened with O_DIRECT
+  uint64_t offset_ = 0;  // bytes written so far
   bool committed_ = false;
 };
 

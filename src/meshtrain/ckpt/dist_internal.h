@@ -17,8 +17,9 @@ using json = nlohmann::json;
 inline constexpr const char* kFormat = "meshtrain-dist-ckpt";
 inline constexpr int kVersion = 1;
 inline constexpr const char* kOpenFile = "open.json";
+inline constexpr const char* kFailedFile = "failed.json";  // rank 0's error, for the others
 
-std::string step_name(int64_t step);  // "step_12"
+std::string step_name(int64_t step);   // "step_12"
 std::string rank_file_name(int rank);  // "rank_3.safetensors"
 std::string done_file_name(int rank);  // "rank_3.done.json"
 std::string join(const std::string& dir, const std::string& name);

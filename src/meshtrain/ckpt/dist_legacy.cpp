@@ -23,25 +23,26 @@ constexpr const char* kLegacyFiles[layout::kStateKinds] = {
 // Reads the local state space of a whole-tensor map from the three files.
 class LegacyState : public layout::StateAccess {
  public:
-  LegacyState(const layout::ShardMap& map, const std::vector<std::unique_ptr<SafetensorsReader>>& files)
+  LegacyState(const layout::ShardMap& map,
+              const std::vector<std::unique_ptr<SafetensorsReader>>& files)
       : map_(map), files_(files) {}
 
   void read(StateKind kind, int64_t local_offset, int64_t count, float* out) override {
     const SafetensorsReader& file = *files_[static_cast<size_t>(kind)];
     while (count > 0) {
       // The last piece starting at or before local_offset (pieces ascend).
-      auto it = std::upper_bound(map_.pieces.begin(), map_.pieces.end(), local_offset,
-                                 [](int64_t off, const layout::ShardPiece& p) {
-                                   return off < p.local_offset;
-                                 });
-      MESHTRAIN_CHECK(it != map_.pieces.begin(), "internal: legacy offset {} before the first tensor",
-                      local_offset);
+      auto it = std::upper_bound(
+          map_.pieces.begin(), map_.pieces.end(), local_offset,
+          [](int64_t off, const layout::ShardPiece& p) { return off < p.local_offset; });
+      MESHTRAIN_CHECK(it != map_.pieces.begin(),
+                      "internal: legacy offset {} before the first tensor", local_offset);
       const layout::ShardPiece& p = *std::prev(it);
       const int64_t within = local_offset - p.local_offset;
       const int64_t n = std::min(count, p.region.numel() - within);
       MESHTRAIN_CHECK(n > 0, "internal: legacy offset {} past the last tensor", local_offset);
       const StTensorInfo& info = file.info(map_.tensors[p.tensor].name);
-      file.read_data(info.begin + static_cast<uint64_t>(within) * 4, out, static_cast<size_t>(n) * 4);
+      file.read_data(info.begin + static_cast<uint64_t>(within) * 4, out,
+                     static_cast<size_t>(n) * 4);
       out += n;
       local_offset += n;
       count -= n;
@@ -91,15 +92,15 @@ void convert_legacy_checkpoint(const std::string& legacy_dir, const std::string&
                       st_dtype_name(m.dtype), shape_str(m.shape), kLegacyFiles[0],
                       st_dtype_name(t.dtype), shape_str(t.shape));
     }
-    map.pieces.push_back(layout::ShardPiece{map.tensors.size(), layout::whole_region(t.shape),
-                                            map.local_numel, 0});
+    map.pieces.push_back(
+        layout::ShardPiece{map.tensors.size(), layout::whole_region(t.shape), map.local_numel, 0});
     map.tensors.push_back(layout::GlobalTensor{t.name, t.shape});
     map.local_numel += t.numel();
   }
   for (size_t k = 1; k < files.size(); ++k) {
-    MESHTRAIN_CHECK(files[k]->tensors().size() == map.tensors.size(),
-                    "{}: {} tensors, {} has {}", files[k]->path(), files[k]->tensors().size(),
-                    kLegacyFiles[0], map.tensors.size());
+    MESHTRAIN_CHECK(files[k]->tensors().size() == map.tensors.size(), "{}: {} tensors, {} has {}",
+                    files[k]->path(), files[k]->tensors().size(), kLegacyFiles[0],
+                    map.tensors.size());
   }
 
   const std::string tmp = new_dir + ".tmp";
@@ -107,13 +108,16 @@ void convert_legacy_checkpoint(const std::string& legacy_dir, const std::string&
   fs::create_directories(tmp);
   LegacyState state(map, files);
   MemoryTracker own;
-  const int64_t step = meta.contains("step") && meta["step"].is_number_integer()
-                           ? meta["step"].get<int64_t>()
-                           : 0;
-  const detail::RankRecord record = detail::write_rank_file(
-      tmp, 0, step, map, state, buffer_bytes, tracker != nullptr ? *tracker : own);
-  const detail::json layout_json = {{"dp", 1}, {"tp", 1}, {"pp", 1},
-                                    {"virtual_stages", 1}, {"zero", 0}, {"offload", false},
+  const int64_t step =
+      meta.contains("step") && meta["step"].is_number_integer() ? meta["step"].get<int64_t>() : 0;
+  const detail::RankRecord record = detail::write_rank_file(tmp, 0, step, map, state, buffer_bytes,
+                                                            tracker != nullptr ? *tracker : own);
+  const detail::json layout_json = {{"dp", 1},
+                                    {"tp", 1},
+                                    {"pp", 1},
+                                    {"virtual_stages", 1},
+                                    {"zero", 0},
+                                    {"offload", false},
                                     {"converted_from", "whole-tensor"}};
   detail::write_manifest(tmp, detail::manifest_json(step, "converted-" + detail::hex64(record.xxh3),
                                                     layout_json, meta, {record}));

@@ -151,7 +151,8 @@ std::string hex64(uint64_t value) { return fmt::format("{:016x}", value); }
 
 StateKind parse_state(const std::string& name, const std::string& where) {
   for (size_t k = 0; k < layout::kStateKinds; ++k) {
-    if (name == layout::state_kind_name(static_cast<StateKind>(k))) return static_cast<StateKind>(k);
+    if (name == layout::state_kind_name(static_cast<StateKind>(k)))
+      return static_cast<StateKind>(k);
   }
   fail("{}: unknown state '{}' (expected master, exp_avg or exp_avg_sq)", where, name);
 }
@@ -175,7 +176,9 @@ void write_json_atomic(const std::string& path, const json& value) {
 
 Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
   MESHTRAIN_CHECK(limit >= 4, "checkpoint buffer of {} bytes: at least 4 bytes are needed", limit);
-  const uint64_t bytes = std::max<uint64_t>(4, std::min<uint64_t>(limit, needed));
+  uint64_t bytes = std::max<uint64_t>(4, std::min<uint64_t>(limit, needed));
+  // Whole 4096-byte units when it can: full buffers then write around the page cache.
+  if (bytes >= 4096) bytes -= bytes % 4096;
   return Tensor({static_cast<int64_t>(bytes / 4)}, DType::f32, MemCategory::workspace, tracker);
 }
 
@@ -226,7 +229,8 @@ json rank_record_json(const RankRecord& record, int64_t step, const std::string&
     pieces.push_back(std::move(piece));
   }
   json held = json::array();
-  for (const layout::GlobalTensor& t : record.held) held.push_back({{"name", t.name}, {"shape", t.shape}});
+  for (const layout::GlobalTensor& t : record.held)
+    held.push_back({{"name", t.name}, {"shape", t.shape}});
   return {{"format", std::string(kFormat) + "-done"},
           {"step", step},
           {"save_id", save_id},
@@ -252,8 +256,8 @@ RankRecord rank_record_from_json(const json& value, const std::string& path) {
   const json& held = f.array(value, "done file", "held");
   for (size_t i = 0; i < held.size(); ++i) {
     const std::string where = fmt::format("held[{}]", i);
-    r.held.push_back(layout::GlobalTensor{f.string(held[i], where, "name"),
-                                          f.ints(held[i], where, "shape")});
+    r.held.push_back(
+        layout::GlobalTensor{f.string(held[i], where, "name"), f.ints(held[i], where, "shape")});
   }
   const json& pieces = f.array(value, "done file", "pieces");
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -275,15 +279,19 @@ json manifest_json(int64_t step, const std::string& save_id, const json& layout_
     auto [it, added] = index.emplace(name, tensors.size());
     if (added) tensors.push_back(ManifestTensor{name, shape, "F32", {}});
     ManifestTensor& t = tensors[it->second];
-    MESHTRAIN_CHECK(t.shape == shape, "checkpoint step_{}: tensor '{}' has shape {} on rank {}, {} "
-                    "on a lower rank", step, name, shape_str(shape), rank, shape_str(t.shape));
+    MESHTRAIN_CHECK(t.shape == shape,
+                    "checkpoint step_{}: tensor '{}' has shape {} on rank {}, {} "
+                    "on a lower rank",
+                    step, name, shape_str(shape), rank, shape_str(t.shape));
     return t;
   };
   json files = json::array();
   for (const RankRecord& r : ranks) {
     for (const layout::GlobalTensor& t : r.held) tensor_of(t.name, t.shape, r.rank);
-    for (const PieceRecord& p : r.pieces) tensor_of(p.tensor, p.shape, r.rank).shards.push_back(p.shard);
-    if (!r.file.empty()) files.push_back({{"name", r.file}, {"bytes", r.bytes}, {"xxh3", hex64(r.xxh3)}});
+    for (const PieceRecord& p : r.pieces)
+      tensor_of(p.tensor, p.shape, r.rank).shards.push_back(p.shard);
+    if (!r.file.empty())
+      files.push_back({{"name", r.file}, {"bytes", r.bytes}, {"xxh3", hex64(r.xxh3)}});
   }
   // A tensor some rank holds but no rank owns (replica 0) would be lost: refuse.
   check_tensors(tensors, fmt::format("checkpoint step_{}", step));
@@ -383,7 +391,8 @@ Manifest read_manifest(const std::string& dir) {
                     where, t.dtype);
     const json& shards = f.array(tensors[i], where, "shards");
     for (size_t j = 0; j < shards.size(); ++j) {
-      ManifestShard s = detail::shard_from_json(f, shards[j], fmt::format("{} shards[{}]", where, j));
+      ManifestShard s =
+          detail::shard_from_json(f, shards[j], fmt::format("{} shards[{}]", where, j));
       MESHTRAIN_CHECK(m.find_file(s.file) != nullptr, "{}: {}: shard file '{}' is not in 'files'",
                       path, where, s.file);
       t.shards.push_back(std::move(s));
@@ -435,7 +444,8 @@ std::string describe_checkpoint(const std::string& dir, bool verify, int* failed
   }
   out += fmt::format("tensors ({}):\n", m.tensors.size());
   for (const ManifestTensor& t : m.tensors) {
-    out += fmt::format("  {} {} {}, {} shards\n", t.name, shape_str(t.shape), t.dtype, t.shards.size());
+    out += fmt::format("  {} {} {}, {} shards\n", t.name, shape_str(t.shape), t.dtype,
+                       t.shards.size());
     for (const ManifestShard& s : t.shards) {
       out += fmt::format("    {} {} '{}' {}offset {} extent {} flat [{}, {})\n",
                          layout::state_kind_name(s.state), s.file, s.key,

@@ -94,12 +94,14 @@ class SourceFiles {
         detail::verify_file(dir_, *manifest_.find_file(shard.file), buffer_);
       }
       if (open_.size() >= kMaxOpenFiles) {
-        auto oldest = std::min_element(open_.begin(), open_.end(), [](const auto& a, const auto& b) {
-          return a.second.last_use < b.second.last_use;
-        });
+        auto oldest = std::min_element(
+            open_.begin(), open_.end(),
+            [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
         open_.erase(oldest);
       }
-      it = open_.emplace(shard.file, Open{std::make_unique<SafetensorsReader>(join(dir_, shard.file)), 0})
+      it = open_
+               .emplace(shard.file,
+                        Open{std::make_unique<SafetensorsReader>(join(dir_, shard.file)), 0})
                .first;
     }
     it->second.last_use = ++uses_;
@@ -132,7 +134,8 @@ class SourceFiles {
 // Throws unless the copies tile [0, numel) of the destination piece exactly.
 void check_tiling(std::vector<Copy>& copies, int64_t numel, const std::string& tensor,
                   StateKind kind, const Region& region, const std::string& manifest_path) {
-  std::sort(copies.begin(), copies.end(), [](const Copy& a, const Copy& b) { return a.dst < b.dst; });
+  std::sort(copies.begin(), copies.end(),
+            [](const Copy& a, const Copy& b) { return a.dst < b.dst; });
   int64_t covered = 0;
   auto where = [&] {
     return fmt::format("tensor '{}' {}: this rank's region (offset {}, extent {}, flat [{}, {}))",
@@ -189,8 +192,8 @@ void read_copies(std::vector<Copy>& copies, const layout::ShardPiece& piece, Sta
 }
 
 void load_states(const Manifest& manifest, const std::string& dir, const layout::ShardMap& map,
-                 layout::StateAccess& state, std::span<const StateKind> kinds,
-                 int64_t buffer_bytes, bool verify, MemoryTracker& tracker) {
+                 layout::StateAccess& state, std::span<const StateKind> kinds, int64_t buffer_bytes,
+                 bool verify, MemoryTracker& tracker) {
   map.validate();
   const std::string manifest_path = join(dir, kManifestFile);
   std::map<std::string, const ManifestTensor*> by_name;

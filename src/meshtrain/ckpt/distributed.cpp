@@ -60,7 +60,7 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
   record.rank = rank;
   std::vector<bool> seen(map.tensors.size(), false);
   std::vector<const ShardPiece*> owned;
-  std::vector<int> ordinal;  // k in "<state>/<name>#<k>"
+  std::vector<int> ordinal;         // k in "<state>/<name>#<k>"
   std::map<size_t, int> pieces_of;  // per tensor, so far
   for (const ShardPiece& p : map.pieces) {
     if (!seen[p.tensor]) record.held.push_back(map.tensors[p.tensor]);
@@ -80,9 +80,8 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
       const layout::GlobalTensor& t = map.tensors[owned[i]->tensor];
       PieceRecord piece{t.name, t.shape, {}};
       piece.shard = ManifestShard{
-          record.file,
-          fmt::format("{}/{}#{}", layout::state_kind_name(kind), t.name, ordinal[i]), kind,
-          owned[i]->region};
+          record.file, fmt::format("{}/{}#{}", layout::state_kind_name(kind), t.name, ordinal[i]),
+          kind, owned[i]->region};
       entries.push_back({piece.shard.key, StDType::F32, {owned[i]->region.numel()}});
       total += static_cast<uint64_t>(owned[i]->region.numel()) * 4;
       record.pieces.push_back(std::move(piece));
@@ -102,7 +101,9 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
   const auto total_floats = static_cast<int64_t>(total / 4);
   if (staged != nullptr) {
     // The async staging copy is the data section already: no buffer.
-    const int64_t chunk = std::max<int64_t>(1, std::min(buffer_bytes / 4, total_floats));
+    // Chunks of whole 4096-byte units from the page-aligned copy: direct writes.
+    const int64_t chunk =
+        std::max<int64_t>(1, std::min((buffer_bytes / 4096) * 1024, total_floats));
     for (int64_t done = 0; done < total_floats; done += chunk) {
       write_data(staged + done, std::min(chunk, total_floats - done));
     }
@@ -151,8 +152,8 @@ struct Poll {
   Clock::time_point deadline;
   std::chrono::microseconds pause{500};
   explicit Poll(double timeout_s)
-      : deadline(Clock::now() + std::chrono::microseconds(static_cast<int64_t>(
-                                    std::clamp(timeout_s, 0.0, 1e9) * 1e6))) {}
+      : deadline(Clock::now() + std::chrono::microseconds(
+                                    static_cast<int64_t>(std::clamp(timeout_s, 0.0, 1e9) * 1e6))) {}
   bool expired() const { return Clock::now() > deadline; }
   void sleep() {
     std::this_thread::sleep_for(pause);
@@ -243,8 +244,8 @@ void install(const std::string& tmp, const std::string& final_dir) {
   remove_dir(trash);
   MESHTRAIN_CHECK(::rename(final_dir.c_str(), trash.c_str()) == 0, "{}: rename to {} failed: {}",
                   final_dir, trash, std::strerror(errno));
-  MESHTRAIN_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, "{}: rename to {} failed: {}",
-                  tmp, final_dir, std::strerror(errno));
+  MESHTRAIN_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, "{}: rename to {} failed: {}", tmp,
+                  final_dir, std::strerror(errno));
   remove_dir(trash);
 }
 
@@ -281,7 +282,9 @@ class StagedState : public layout::StateAccess {
   void write(StateKind, int64_t, int64_t, const float*) override {
     fail("internal: the staged copy of a checkpoint is read-only");
   }
-  float* data(StateKind kind) { return staging_.data<float>() + static_cast<int64_t>(kind) * numel(); }
+  float* data(StateKind kind) {
+    return staging_.data<float>() + static_cast<int64_t>(kind) * numel();
+  }
   int64_t numel() const { return staging_.numel() / static_cast<int64_t>(layout::kStateKinds); }
 
  private:
@@ -304,14 +307,15 @@ RankRecord write_and_mark(const SaveContext& ctx, const std::string& tmp, int64_
                                       ctx.options.buffer_bytes, ctx.tracker, ctx.staged);
   record.world = ctx.options.world;
   fault_point("after_file", step);
-  write_json_atomic(join(tmp, done_file_name(ctx.options.rank)), rank_record_json(record, step, id));
+  write_json_atomic(join(tmp, done_file_name(ctx.options.rank)),
+                    rank_record_json(record, step, id));
   fsync_dir(tmp);
   return record;
 }
 
 // Rank 0: every other rank's record of save `id`, waiting for their done files.
-std::vector<RankRecord> gather_records(const SaveContext& ctx, const std::string& tmp,
-                                       int64_t step, const std::string& id, RankRecord mine) {
+std::vector<RankRecord> gather_records(const SaveContext& ctx, const std::string& tmp, int64_t step,
+                                       const std::string& id, RankRecord mine) {
   std::vector<RankRecord> records(static_cast<size_t>(ctx.options.world));
   std::set<int> missing;
   for (int r = 1; r < ctx.options.world; ++r) missing.insert(r);
@@ -358,14 +362,23 @@ std::string save_rank0(const SaveContext& ctx, int64_t step, const layout::Shard
   fsync_dir(tmp);
   fsync_dir(out);
 
-  RankRecord mine = write_and_mark(ctx, tmp, step, id, map, state);
-  const std::vector<RankRecord> records = gather_records(ctx, tmp, step, id, std::move(mine));
+  try {
+    RankRecord mine = write_and_mark(ctx, tmp, step, id, map, state);
+    const std::vector<RankRecord> records = gather_records(ctx, tmp, step, id, std::move(mine));
 
-  fault_point("before_manifest", step);
-  write_manifest(tmp, manifest_json(step, id, layout_json, meta, records));
-  for (int r = 0; r < ctx.options.world; ++r) fs::remove(join(tmp, done_file_name(r)));
-  fs::remove(join(tmp, kOpenFile));
-  fsync_dir(tmp);
+    fault_point("before_manifest", step);
+    write_manifest(tmp, manifest_json(step, id, layout_json, meta, records));
+    for (int r = 0; r < ctx.options.world; ++r) fs::remove(join(tmp, done_file_name(r)));
+    fs::remove(join(tmp, kOpenFile));
+    fsync_dir(tmp);
+  } catch (const std::exception& e) {
+    // The other ranks wait for this save's commit: tell them now, not at their timeout.
+    try {
+      write_json_atomic(join(tmp, kFailedFile), json{{"save_id", id}, {"error", e.what()}});
+    } catch (const std::exception&) {
+    }
+    throw;
+  }
 
   fault_point("before_rename", step);
   install(tmp, final_dir);
@@ -400,13 +413,17 @@ std::string save_other(const SaveContext& ctx, int64_t step, const layout::Shard
       if (save_id_in(open_path) == id) throw;
       continue;  // rank 0 replaced the directory under us: write again
     }
+    const std::string failed_path = join(tmp, kFailedFile);
     for (;;) {
       if (save_id_in(join(final_dir, kManifestFile)) == id) return final_dir;
+      if (save_id_in(failed_path) == id) {
+        const json failure = read_json_file(failed_path);
+        fail("{}: rank 0 failed to commit: {}", tmp, failure.value("error", std::string("?")));
+      }
       const std::optional<std::string> now = save_id_in(open_path);
       if (now && now != id) break;
-      MESHTRAIN_CHECK(!poll.expired(),
-                      "{}: rank {} wrote {} but rank 0 did not commit within {} s", tmp,
-                      ctx.options.rank, rank_file_name(ctx.options.rank),
+      MESHTRAIN_CHECK(!poll.expired(), "{}: rank {} wrote {} but rank 0 did not commit within {} s",
+                      tmp, ctx.options.rank, rank_file_name(ctx.options.rank),
                       ctx.options.commit_timeout_s);
       poll.sleep();
     }
@@ -484,9 +501,12 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
     job->packed.pieces.push_back(q);
   }
   job->packed.local_numel = owned;
-  job->staged = std::make_unique<StagedState>(
-      Tensor({static_cast<int64_t>(layout::kStateKinds) * std::max<int64_t>(owned, 1)}, DType::f32,
-             MemCategory::workspace, *options_.tracker));
+  const int64_t staged = static_cast<int64_t>(layout::kStateKinds) * std::max<int64_t>(owned, 1);
+  if (staging_.numel() != staged) {
+    staging_ = Tensor();
+    staging_ = Tensor({staged}, DType::f32, MemCategory::workspace, *options_.tracker);
+  }
+  job->staged = std::make_unique<StagedState>(staging_);
   for (size_t k = 0; k < layout::kStateKinds; ++k) {
     const auto kind = static_cast<StateKind>(k);
     for (size_t i = 0; i < map.pieces.size(); ++i) {

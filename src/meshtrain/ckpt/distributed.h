@@ -25,7 +25,8 @@
 //
 // Memory: a sync save or a load holds at most `buffer_bytes` of file data
 // (tracked as MemCategory::workspace), however large the state; an async save
-// holds a staging copy of the rank's owned state (all three states) instead.
+// holds a staging copy of the rank's owned state (all three states) instead,
+// and keeps it for the next save.
 #pragma once
 
 #include <cstdint>
@@ -37,15 +38,16 @@
 
 #include "meshtrain/parallel/layout/shard_map.h"
 #include "meshtrain/tensor/memory_tracker.h"
+#include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::dist_ckpt {
 
 struct SaveOptions {
   int rank = 0, world = 1;
-  int64_t buffer_bytes = 64 << 20;  // staging buffer for file data (sync save)
-  bool async = false;               // copy the owned state at save(), write in the background
-  int keep_last = 0;                // committed checkpoints kept by rank 0; 0: keep all
-  double commit_timeout_s = 600;    // how long any rank waits for the others
+  int64_t buffer_bytes = 64 << 20;   // staging buffer for file data (sync save)
+  bool async = false;                // copy the owned state at save(), write in the background
+  int keep_last = 0;                 // committed checkpoints kept by rank 0; 0: keep all
+  double commit_timeout_s = 600;     // how long any rank waits for the others
   MemoryTracker* tracker = nullptr;  // where file buffers are counted; null: a private one
 };
 
@@ -73,6 +75,9 @@ class CheckpointSaver {
   SaveOptions options_;
   std::unique_ptr<MemoryTracker> own_tracker_;
   std::unique_ptr<Job> job_;
+  // Async: the staging copy, kept for the next save (no allocation, page
+  // faults or zeroing at the step boundary after the first).
+  Tensor staging_;
 };
 
 struct ManifestShard {

@@ -75,8 +75,10 @@ void convert_from_st(StDType from, const void* src, DType to, void* dst, size_t 
 // aligned, as the reference writer does), its 8-byte length prefix included;
 // tensors laid out back to back in the order given.
 template <typename Entries>
+// The header padded with spaces (the format allows it) so that the data
+// section starts at a multiple of `align` bytes.
 std::string header_bytes(const Entries& entries, const std::map<std::string, std::string>& metadata,
-                         uint64_t* data_bytes) {
+                         uint64_t* data_bytes, size_t align = 8) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -90,7 +92,7 @@ std::string header_bytes(const Entries& entries, const std::map<std::string, std
   }
   *data_bytes = offset;
   std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
+  text.append((align - (8 + text.size()) % align) % align, ' ');
   std::string out(8, '\0');
   const uint64_t len = text.size();
   for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(len >> (8 * i));
@@ -421,7 +423,7 @@ void SafetensorsWriter::write(const std::string& path) const {
 struct SafetensorsStreamWriter::Impl {
   AtomicFile file;
   XXH3_state_t* hash = XXH3_createState();
-  explicit Impl(std::string path) : file(std::move(path)) {
+  explicit Impl(std::string path) : file(std::move(path), /*direct=*/true) {
     MESHTRAIN_CHECK(hash != nullptr && XXH3_64bits_reset(hash) == XXH_OK,
                     "{}: cannot start a checksum", file.path());
   }
@@ -439,7 +441,8 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, const std::ve
                       entries[i].name);
     }
   }
-  const std::string header = header_bytes(entries, metadata, &data_bytes_);
+  // Data from 4096 on: aligned writes of it go around the page cache.
+  const std::string header = header_bytes(entries, metadata, &data_bytes_, 4096);
   impl_ = std::make_unique<Impl>(path_);
   write_file(header.data(), header.size());
 }

@@ -20,7 +20,8 @@ std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join
 
 Storage::Storage(size_t bytes, MemCategory category, MemoryTracker& tracker)
     : bytes_(bytes), category_(category), tracker_(&tracker) {
-  constexpr size_t kAlign = 64;
+  // Large buffers page-aligned (direct I/O takes them as they are).
+  const size_t kAlign = bytes >= (size_t{1} << 20) ? 4096 : 64;
   size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   data_ = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
   if (data_ == nullptr) throw std::bad_alloc();

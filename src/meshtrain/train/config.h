@@ -77,7 +77,7 @@ struct ParallelSettings {
   double offload_budget_mb = 0;       // cpu/disk: resident MiB of optimizer state (0 = no limit)
 };
 
-// [ckpt]: distributed checkpoints (docs/distributed.md#distributed-checkpoints).
+// [ckpt]: distributed checkpoints (docs/distributed.md#distributed-checkpoints-ckptdistributedh).
 struct CkptSettings {
   double buffer_mb = 64;  // staging buffer per rank for synchronous writes and loads
   bool async = false;     // copy the state at the step boundary, write it in the background

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/ddp/ddp.h"
 #include "meshtrain/parallel/pipeline/executor.h"
@@ -62,11 +64,25 @@ class ReplicatedDataParallel final : public DataParallel {
   void set_step_count(int64_t step) override { optimizer_.set_step_count(step); }
 
   layout::ShardMap shard_map(const layout::ShardMap& model_map) const override {
-    layout::ShardMap map = model_map;
-    // dp rank 0's copy is the one written.
-    const int copy = ddp_ ? ddp_->dp().rank() : 0;
-    for (layout::ShardPiece& p : map.pieces) {
-      if (p.replica == 0) p.replica = copy;
+    if (!ddp_) return model_map;
+    // Every dp rank holds the whole state; each writes 1/dp of every piece
+    // (its part as replica 0, the others as replicas), so the replicas share
+    // the checkpoint's writing instead of dp rank 0 doing all of it.
+    const int64_t dp = ddp_->dp().size(), me = ddp_->dp().rank();
+    layout::ShardMap map;
+    map.tensors = model_map.tensors;
+    map.local_numel = model_map.local_numel;
+    for (const layout::ShardPiece& p : model_map.pieces) {
+      const int64_t n = p.region.numel();
+      for (int64_t part = 0; part < dp; ++part) {
+        const int64_t begin = n * part / dp, end = n * (part + 1) / dp;
+        if (begin == end) continue;
+        layout::ShardPiece q = p;
+        q.region = layout::narrow_region(p.region, begin, end);
+        q.local_offset = p.local_offset + begin;
+        if (part != me || p.replica != 0) q.replica = std::max(p.replica, 1);
+        map.pieces.push_back(std::move(q));
+      }
     }
     return map;
   }
