@@ -94,5 +94,25 @@ meshtrain_cli_case(sample_bad_llama2c 1 "^meshtrain: .*train.bin"
 meshtrain_cli_case(sample_bad_prompt_ids 1 "^meshtrain: token ids: 'x' is not a non-negative integer"
                    FIXTURE cli_trained
                    ARGS sample --checkpoint ${cli_work}/run/step_30 --prompt-ids 1,x)
+meshtrain_cli_case(sample_past_context 1 "^meshtrain: sample: the prompt \\(4 ids\\) \\+ max_new_tokens \\(125\\) exceed the model's context, max_seq_len 128$"
+                   FIXTURE cli_trained
+                   ARGS sample --checkpoint ${cli_work}/run/step_30 --prompt-ids 1,2,3,4 --max-new-tokens 125)
+# Not text for the GPT-2 tokenizer: the meshtrain binary itself (its ELF header holds NUL bytes).
+set(cli_ranks ${PROJECT_SOURCE_DIR}/data/gpt2.tiktoken)
+if(DEFINED ENV{MESHTRAIN_GPT2_RANKS})
+  set(cli_ranks $ENV{MESHTRAIN_GPT2_RANKS})
+endif()
+meshtrain_cli_case(prepare_binary_input 1 "^meshtrain: prepare: '.*/meshtrain' is not UTF-8 text \\(byte 0x00 at offset [0-9]+\\)"
+                   FIXTURE gpt2_ranks
+                   ARGS prepare --input ${cli_bin} --out ${cli_work}/prepared_binary --tokenizer gpt2 --gpt2-ranks ${cli_ranks})
+meshtrain_cli_case(eval_missing_data 1 "^meshtrain: .*nothing.bin"
+                   FIXTURE cli_trained
+                   ARGS eval --checkpoint ${cli_work}/run/step_30 --data ${cli_work}/nothing.bin)
+meshtrain_cli_case(eval_logits_without_out 2 "^meshtrain: eval: --logits-ids and --logits-out go together$"
+                   FIXTURE cli_trained
+                   ARGS eval --checkpoint ${cli_work}/run/step_30 --data ${cli_work}/val.bin --logits-ids 1,2)
+meshtrain_cli_case(export_llmc_of_llama 1 "^meshtrain: .*llama.bin: llm.c export needs a gpt2 model, not llama$"
+                   FIXTURE cli_trained
+                   ARGS ckpt export --format llmc --checkpoint ${cli_work}/run/step_30 --out ${cli_work}/llama.bin)
 meshtrain_cli_case(prepare_missing_input 1 "^meshtrain: prepare: input '.*/no_text' does not exist$"
                    ARGS prepare --input ${cli_work}/no_text --out ${cli_work}/prepared --tokenizer bytes)

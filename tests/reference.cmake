@@ -32,3 +32,16 @@ add_test(NAME reference_hf_export
                  --tool $<TARGET_FILE:hf_export_tool> --work ${CMAKE_BINARY_DIR}/hf_export_check
                  ${fixtures_dir}/llama_gqa.weights.safetensors ${fixtures_dir}/gpt2.weights.safetensors)
 set_tests_properties(reference_hf_export PROPERTIES FIXTURES_REQUIRED reference_fixtures TIMEOUT 120)
+
+# Against transformers itself, in the optional venv of scripts/setup_hf_venv.sh
+# (skipped without it; CI does not install it). The committed hf_tiny_* fixtures
+# are checked without the venv by test_ckpt's HfTransformers tests.
+set(MESHTRAIN_HF_VENV ${PROJECT_BINARY_DIR}/hf-venv CACHE PATH "venv with torch + transformers (scripts/setup_hf_venv.sh)")
+set(hf_ranks ${PROJECT_SOURCE_DIR}/data/gpt2.tiktoken)
+if(DEFINED ENV{MESHTRAIN_GPT2_RANKS})
+  set(hf_ranks $ENV{MESHTRAIN_GPT2_RANKS})
+endif()
+add_test(NAME reference_hf_venv
+         COMMAND bash ${reference_dir}/hf_venv_check.sh ${MESHTRAIN_HF_VENV}/bin/python
+                 $<TARGET_FILE:test_ckpt> $<TARGET_FILE:meshtrain> ${CMAKE_BINARY_DIR}/hf_venv_check ${hf_ranks})
+set_tests_properties(reference_hf_venv PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)

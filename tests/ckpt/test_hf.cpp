@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/ckpt/atomic_file.h"
@@ -29,6 +31,7 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.init_std, b.init_std);
   if (a.family == Family::llama) {
     EXPECT_EQ(a.rope_theta, b.rope_theta);
+    EXPECT_EQ(a.rope_scaling, b.rope_scaling);
   }
 }
 
@@ -39,6 +42,11 @@ TEST(HfConfig, WriteThenParseGivesTheSameConfig) {
     c.rope_theta = c.family == Family::llama ? 500000.0f : c.rope_theta;
     expect_same_config(parse_hf_config(hf_config_json(c), "config.json"), c);
   }
+  ModelConfig scaled = testing::small_llama(false);
+  scaled.rope_scaling = {RopeType::llama3, 8.0f, 1.0f, 4.0f, 8192};
+  expect_same_config(parse_hf_config(hf_config_json(scaled), "config.json"), scaled);
+  scaled.rope_scaling = {RopeType::linear, 2.0f};
+  expect_same_config(parse_hf_config(hf_config_json(scaled), "config.json"), scaled);
   ModelConfig wide = testing::small_gpt2();
   wide.hidden_dim = 48;  // not 4 * dim: written as n_inner
   expect_same_config(parse_hf_config(hf_config_json(wide), "config.json"), wide);
@@ -60,6 +68,31 @@ TEST(HfConfig, ParsesAHuggingFaceLlamaConfigWithDefaults) {
   EXPECT_FALSE(c.tie_embeddings);
 }
 
+TEST(HfConfig, ReadsEveryRopeFormTransformersWrites) {
+  const std::string llama = R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 97)";
+  // transformers >= 5: rope_parameters, no top-level rope_theta.
+  ModelConfig v5 = parse_hf_config(llama + R"(, "rope_parameters": {"rope_type": "default",
+    "rope_theta": 500000.0}})", "config.json");
+  EXPECT_EQ(v5.rope_theta, 500000.0f);
+  EXPECT_EQ(v5.rope_scaling.type, RopeType::none);
+  ModelConfig v5_llama3 = parse_hf_config(llama + R"(, "rope_parameters": {"rope_type": "llama3",
+    "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}})", "config.json");
+  EXPECT_EQ(v5_llama3.rope_theta, 500000.0f);
+  EXPECT_EQ(v5_llama3.rope_scaling, (RopeScaling{RopeType::llama3, 8.0f, 1.0f, 4.0f, 8192}));
+  // transformers 4: rope_theta + rope_scaling ("rope_type", or the older "type").
+  ModelConfig v4 = parse_hf_config(llama + R"(, "rope_theta": 500000.0, "rope_scaling": {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}})", "config.json");
+  EXPECT_EQ(v4.rope_theta, 500000.0f);
+  EXPECT_EQ(v4.rope_scaling, v5_llama3.rope_scaling);
+  ModelConfig old = parse_hf_config(llama + R"(, "rope_scaling": {"type": "linear", "factor": 2.0}})",
+                                    "config.json");
+  EXPECT_EQ(old.rope_scaling, (RopeScaling{RopeType::linear, 2.0f}));
+  EXPECT_EQ(old.rope_theta, 10000.0f);
+}
+
 TEST(HfConfig, BadConfigsNameTheFileAndKey) {
   const std::string llama = R"("model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
     "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 97)";
@@ -71,8 +104,19 @@ TEST(HfConfig, BadConfigsNameTheFileAndKey) {
   EXPECT_ERROR(parse(llama + R"(, "num_key_value_heads": "two")"), "cfg/config.json",
                "key 'num_key_value_heads' must be a positive integer");
   EXPECT_ERROR(parse(llama + R"(, "num_key_value_heads": 3)"), "cfg/config.json", "n_kv_heads");
-  EXPECT_ERROR(parse(llama + R"(, "rope_scaling": {"type": "linear", "factor": 2.0})"),
-               "cfg/config.json", "key 'rope_scaling'");
+  EXPECT_ERROR(parse(llama + R"(, "rope_scaling": {"type": "yarn", "factor": 2.0})"),
+               "cfg/config.json", "key 'rope_scaling.type' = \"yarn\" is not supported");
+  EXPECT_ERROR(parse(llama + R"(, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0})"),
+               "cfg/config.json", "key 'rope_parameters.rope_type'");
+  EXPECT_ERROR(parse(llama + R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
+    "attention_factor": 0.5})"), "cfg/config.json", "key 'rope_parameters.attention_factor'");
+  EXPECT_ERROR(parse(llama + R"(, "rope_parameters": {"rope_type": "llama3", "factor": 8.0})"),
+               "cfg/config.json", "key 'rope_parameters.low_freq_factor' is missing");
+  EXPECT_ERROR(parse(llama + R"(, "rope_theta": 10000.0, "rope_parameters": {"rope_theta": 5e5})"),
+               "cfg/config.json", "disagrees");
+  EXPECT_ERROR(parse(llama + R"(, "rope_parameters": {"rope_type": "default"},
+    "rope_scaling": {"rope_type": "linear", "factor": 2.0})"), "cfg/config.json",
+               "describe different RoPE scalings");
   EXPECT_ERROR(parse(llama + R"(, "hidden_act": "gelu")"), "cfg/config.json", "key 'hidden_act'");
   EXPECT_ERROR(parse(llama + R"(, "attention_bias": true)"), "cfg/config.json",
                "key 'attention_bias'");
@@ -161,9 +205,62 @@ TEST_F(HfImport, MissingAndWrongTensorsAreErrors) {
                "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [24, 16], expected [32, 16]");
 }
 
-TEST_F(HfImport, ShardedCheckpointsAreRejectedClearly) {
-  testing::write_file(dir + "/model.safetensors.index.json", "{}");
-  EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), dir, "sharded");
+TEST_F(HfImport, AnHfSourcesTokenizerAndSpecialIdsTravelWithTheExport) {
+  Model model(testing::small_llama(false), Precision::fp32, ctx);
+  const std::string src = dir + "/src", dst = dir + "/dst";
+  export_hf(model, src);
+  nlohmann::json config = nlohmann::json::parse(hf_config_json(model.config()));
+  config["bos_token_id"] = 7;
+  config["eos_token_id"] = 9;
+  write_file_atomic(src + "/config.json", config.dump());
+  write_file_atomic(src + "/tokenizer.json", "{\"model\": {}}");
+  export_hf(model, dst);
+  EXPECT_EQ(copy_hf_tokenizer(src, dst), std::vector<std::string>{"tokenizer.json"});
+  EXPECT_TRUE(std::filesystem::exists(dst + "/tokenizer.json"));
+  const ModelConfig back = read_hf_config(dst + "/config.json");
+  EXPECT_EQ(back.dim, model.config().dim);
+  std::ifstream in(dst + "/config.json");
+  const auto written = nlohmann::json::parse(in);
+  EXPECT_EQ(written["bos_token_id"], 7);
+  EXPECT_EQ(written["eos_token_id"], 9);
+}
+
+TEST_F(HfImport, ShardedCheckpointsLoadThroughTheirIndex) {
+  Model model(testing::small_llama(false), Precision::fp32, ctx);
+  export_hf(model, dir);
+  // Split the export over two files, as save_pretrained does past max_shard_size.
+  SafetensorsReader whole(dir + "/model.safetensors");
+  SafetensorsWriter first, second;
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  std::vector<Tensor> copies;
+  copies.reserve(whole.tensors().size());
+  for (size_t i = 0; i < whole.tensors().size(); ++i) {
+    const StTensorInfo& t = whole.tensors()[i];
+    Tensor& copy = copies.emplace_back(t.shape, DType::f32, MemCategory::workspace, tracker);
+    whole.read(t.name, copy);
+    const bool in_first = i % 2 == 0;
+    (in_first ? first : second).add(t.name, copy);
+    index["weight_map"][t.name] = in_first ? "model-00001-of-00002.safetensors"
+                                           : "model-00002-of-00002.safetensors";
+  }
+  first.write(dir + "/model-00001-of-00002.safetensors");
+  second.write(dir + "/model-00002-of-00002.safetensors");
+  std::filesystem::remove(dir + "/model.safetensors");
+  write_file_atomic(dir + "/model.safetensors.index.json", index.dump());
+  auto back = import_hf(dir, Precision::fp32, ctx);
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    EXPECT_EQ(std::memcmp(model.params()[i].master.raw(), back->params()[i].master.raw(),
+                          model.params()[i].master.bytes()), 0);
+  }
+  // An index that omits a tensor a file holds; one without a weight_map.
+  nlohmann::json missing = index;
+  missing["weight_map"].erase("model.embed_tokens.weight");
+  write_file_atomic(dir + "/model.safetensors.index.json", missing.dump());
+  EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), "model.safetensors.index.json",
+               "tensor 'model.embed_tokens.weight' of");
+  write_file_atomic(dir + "/model.safetensors.index.json", "{}");
+  EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), "model.safetensors.index.json",
+               "key 'weight_map'");
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ b=$("$BIN" sample --checkpoint "$WORK/run/step_30" --prompt-ids 65,110,100,32 --
 echo "$a"
 test "$a" = "$b"
 grep -Eq '^65,110,100,32(,[0-9]+){40}$' <<<"$a"
-"$BIN" sample --checkpoint "$WORK/run/step_30" --prompt "And the" --temperature 0.8 --top-k 20 --seed 3 --max-new-tokens 200
+"$BIN" sample --checkpoint "$WORK/run/step_30" --prompt "And the" --temperature 0.8 --top-k 20 --seed 3 --max-new-tokens 100
 
 # Export to HF and llama2.c and back: greedy ids unchanged.
 "$BIN" ckpt export --format hf --checkpoint "$WORK/run/step_30" --out "$WORK/hf"
@@ -57,6 +57,31 @@ for src in "--checkpoint $WORK/hf" "--model-file $WORK/model.bin" "--checkpoint 
   c=$("$BIN" sample $src --prompt-ids 65,110,100,32 --temperature 0 --max-new-tokens 40 --print-ids)
   test "$(head -1 <<<"$c")" = "$(head -1 <<<"$a")" || { echo "ids differ after $src"; exit 1; }
 done
+
+# The exports carry the run's tokenizer (bytes: NUL is bos/eos).
+for f in tokenizer.json tokenizer_config.json generation_config.json; do test -s "$WORK/hf/$f"; done
+grep -q '"eos_token_id": 0' "$WORK/hf/config.json"
+test -s "$WORK/tokenizer.bin"
+
+# eval reproduces the val_loss the run logged at step 30, from another folder too.
+want=$(python3 -c "import json,sys; print([r['val_loss'] for r in map(json.loads, open(sys.argv[1])) if 'val_loss' in r and r['step'] == 30][0])" "$WORK/run/metrics.jsonl")
+got=$(cd / && "$BIN" eval --checkpoint "$WORK/run/step_30" --data "$WORK/val.bin" --logits-ids 65,110,100 --logits-out "$WORK/logits.safetensors")
+echo "$got"
+python3 - "$want" "$got" <<'PY'
+import re, sys
+want, got = float(sys.argv[1]), float(re.search(r"loss ([0-9.]+)", sys.argv[2]).group(1))
+assert abs(want - got) < 1e-5, f"eval loss {got} != logged val_loss {want}"
+PY
+test -s "$WORK/logits.safetensors"
+
+# llm.c: a GPT-2 written by transformers -> llm.c file (f32 and bf16) -> back: same weights.
+fixture="$(cd "$(dirname "$0")/../reference/fixtures/hf_tiny_gpt2" && pwd)"
+"$BIN" ckpt import --format hf --in "$fixture" --out "$WORK/gpt2_hf" >/dev/null
+"$BIN" ckpt export --format llmc --checkpoint "$WORK/gpt2_hf" --out "$WORK/gpt2.bin"
+"$BIN" ckpt import --format llmc --in "$WORK/gpt2.bin" --out "$WORK/gpt2_back"
+cmp "$WORK/gpt2_hf/model.safetensors" "$WORK/gpt2_back/model.safetensors"
+"$BIN" ckpt export --format llmc --dtype bf16 --checkpoint "$WORK/gpt2_hf" --out "$WORK/gpt2_bf16.bin"
+test "$(stat -c %s "$WORK/gpt2_bf16.bin")" -eq $(( ($(stat -c %s "$WORK/gpt2.bin") - 1024) / 2 + 1024 ))
 
 # prepare (byte tokenizer) writes shards the trainer reads.
 "$BIN" prepare --input "$WORK/text" --out "$WORK/prepared" --tokenizer bytes --val-fraction 0.5 --progress none

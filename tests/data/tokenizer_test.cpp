@@ -80,6 +80,21 @@ TEST(ByteTokenizer, RoundTripsEveryByte) {
   EXPECT_THROW(tok.decode(bad), Error);
 }
 
+TEST(TextCheck, FindsTheFirstByteThatIsNotUtf8Text) {
+  constexpr size_t npos = std::string_view::npos;
+  EXPECT_EQ(first_non_text_byte(""), npos);
+  EXPECT_EQ(first_non_text_byte("plain ASCII\n\t"), npos);
+  EXPECT_EQ(first_non_text_byte("na\xc3\xafve \xe2\x80\x94 \xf0\x9f\x99\x82"), npos);  // ï — 🙂
+  EXPECT_EQ(first_non_text_byte("ab\x80"), 2u);              // a lone continuation byte
+  EXPECT_EQ(first_non_text_byte("ab\xc3"), 2u);              // truncated at the end
+  EXPECT_EQ(first_non_text_byte("\xc0\xaf"), 0u);           // overlong '/'
+  EXPECT_EQ(first_non_text_byte("x\xe0\x80\xaf"), 1u);      // overlong three-byte form
+  EXPECT_EQ(first_non_text_byte("\xed\xa0\x80"), 0u);       // a UTF-16 surrogate
+  EXPECT_EQ(first_non_text_byte("\xf4\x90\x80\x80"), 0u);  // past U+10FFFF
+  EXPECT_EQ(first_non_text_byte("\xe2\x28\xa1"), 0u);       // bad second byte
+  EXPECT_EQ(first_non_text_byte(std::string_view("ok\0zero", 7)), 2u);  // NUL is not text
+}
+
 TEST(BpeTokenizer, MergesTheLowestRankFirstAndLeftmostOnTies) {
   auto tok = BpeTokenizer::from_ranks_text(ranks_text({"ab", "bc", "abc", "aa"}), "toy");
   EXPECT_EQ(tok->vocab_size(), 261);

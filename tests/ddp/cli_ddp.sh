@@ -26,3 +26,20 @@ for a, b, c in zip(single, rank0, rank1):
     assert b["comm_ms"] > 0 and "exposed_comm_ms" in b
 print("losses match the single-process run")
 PY
+
+# eval under mpirun: each rank scores its share; the loss is the single-rank one
+# and the val_loss the run logged at that step.
+"$bin" train --config "$work/good.toml" --train.steps 2 --train.checkpoint_interval 2 --train.eval_interval 2 \
+  --train.threads 1 --train.out_dir "$out/eval_run" >"$out.eval_run.log" 2>&1 || { cat "$out.eval_run.log"; exit 1; }
+eval_args=(eval --checkpoint "$out/eval_run/step_2" --data "$work/val.bin" --threads 1)
+one=$("$bin" "${eval_args[@]}") || fail "eval failed"
+two=$("${mpirun[@]}" 2 "$bin" "${eval_args[@]}") || fail "eval under mpirun failed"
+echo "$one"; echo "$two"
+[[ $(grep -c "^eval " <<<"$two") -eq 1 ]] || fail "expected one eval line (rank 0 only)"
+python3 - "$out/eval_run/metrics.jsonl" "$one" "$two" <<'PY'
+import json, re, sys
+logged = [r["val_loss"] for r in map(json.loads, open(sys.argv[1])) if "val_loss" in r][-1]
+one, two = (float(re.search(r"loss ([0-9.]+)", s).group(1)) for s in sys.argv[2:])
+assert abs(one - logged) < 1e-5 and abs(two - logged) < 1e-5, (logged, one, two)
+print(f"eval: {one} (1 rank) = {two} (2 ranks) = logged val_loss {logged}")
+PY

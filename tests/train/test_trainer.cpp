@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/generate.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/train/trainer.h"
@@ -259,13 +261,46 @@ TEST_F(TrainerTest, GenerationIsDeterministic) {
   SampleOptions sampled;
   sampled.temperature = 1.0f;
   sampled.seed = 5;
-  sampled.max_new_tokens = 70;  // past max_seq_len 32: the window restarts twice
+  sampled.max_new_tokens = 29;  // the whole context, max_seq_len 32
   auto s1 = generate(*model, {1, 2, 3}, sampled);
-  EXPECT_EQ(s1.size(), 70u);
+  EXPECT_EQ(s1.size(), 29u);
   EXPECT_EQ(s1, generate(*model, {1, 2, 3}, sampled));
   sampled.seed = 6;
   EXPECT_NE(s1, generate(*model, {1, 2, 3}, sampled));
   EXPECT_THROW(generate(*model, {64}, greedy), Error);  // outside the vocabulary
+  sampled.max_new_tokens = 30;  // one past the context
+  try {
+    generate(*model, {1, 2, 3}, sampled);
+    ADD_FAILURE() << "generation past the context was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_seq_len 32"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainerTest, EvalOfAStepDirEqualsTheLoggedValLoss) {
+  run(config("ev", {{"train.checkpoint_interval", "4"}}));
+  std::map<int64_t, double> logged;
+  std::ifstream metrics(dir_ / "ev/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) logged[j["step"].get<int64_t>()] = j["val_loss"].get<double>();
+  }
+  ASSERT_EQ(logged.size(), 2u);  // steps 4 and 8
+  EvalOptions options;
+  options.data = {(dir_ / "val.bin").string()};
+  for (const auto& [step, val_loss] : logged) {
+    const EvalResult r =
+        evaluate_checkpoint((dir_ / "ev" / step_dir_name(step)).string(), options, nullptr);
+    EXPECT_NEAR(r.loss, val_loss, 1e-6) << "step " << step;
+    EXPECT_EQ(r.tokens, 2 * 4 * 16);  // eval_batches x batch_size x seq_len
+    EXPECT_NEAR(r.perplexity, std::exp(r.loss), 1e-9);
+  }
+  // Other windows than the run's: a different (still valid) loss.
+  options.batches = 1;
+  options.seq_len = 32;
+  const EvalResult other = evaluate_checkpoint((dir_ / "ev/step_8").string(), options, nullptr);
+  EXPECT_EQ(other.tokens, 4 * 32);
+  EXPECT_TRUE(std::isfinite(other.loss));
 }
 
 TEST(PickToken, GreedyTopKAndTemperature) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -29,6 +30,14 @@ std::string_view torch_dtype_name(DType dtype) {
   return "float32";
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
@@ -41,59 +50,218 @@ std::pair<int64_t, int64_t> rope_rows(const ModelConfig& c, const std::string& n
   return {0, 0};
 }
 
-// Reads config.json fields with errors naming the file and key.
+// Reads config.json fields with errors naming the file and key; `prefix` names
+// a nested object ("rope_parameters.").
 class ConfigFields {
  public:
-  ConfigFields(const json& root, std::string_view source) : root_(root), source_(source) {}
+  ConfigFields(const json& root, std::string_view source, std::string prefix = "")
+      : root_(root), source_(source), prefix_(std::move(prefix)) {}
 
   bool has(const char* key) const { return root_.contains(key) && !root_[key].is_null(); }
   int64_t positive_int(const char* key) const {
-    MESHTRAIN_CHECK(has(key), "{}: key '{}' is missing", source_, key);
+    MESHTRAIN_CHECK(has(key), "{}: key '{}{}' is missing", source_, prefix_, key);
     const json& v = root_[key];
     MESHTRAIN_CHECK(v.is_number_integer() && v.get<int64_t>() > 0,
-                    "{}: key '{}' must be a positive integer, got {}", source_, key, v.dump());
+                    "{}: key '{}{}' must be a positive integer, got {}", source_, prefix_, key,
+                    v.dump());
     return v.get<int64_t>();
   }
   int64_t positive_int(const char* key, int64_t fallback) const {
     return has(key) ? positive_int(key) : fallback;
   }
-  float positive_float(const char* key, float fallback) const {
-    if (!has(key)) return fallback;
+  float positive_float(const char* key) const {
+    MESHTRAIN_CHECK(has(key), "{}: key '{}{}' is missing", source_, prefix_, key);
     const json& v = root_[key];
-    MESHTRAIN_CHECK(v.is_number() && v.get<double>() > 0, "{}: key '{}' must be a positive number, "
-                    "got {}", source_, key, v.dump());
+    MESHTRAIN_CHECK(v.is_number() && v.get<double>() > 0,
+                    "{}: key '{}{}' must be a positive number, got {}", source_, prefix_, key,
+                    v.dump());
     return static_cast<float>(v.get<double>());
+  }
+  float positive_float(const char* key, float fallback) const {
+    return has(key) ? positive_float(key) : fallback;
   }
   bool boolean(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
-    MESHTRAIN_CHECK(root_[key].is_boolean(), "{}: key '{}' must be true or false, got {}", source_,
-                    key, root_[key].dump());
+    MESHTRAIN_CHECK(root_[key].is_boolean(), "{}: key '{}{}' must be true or false, got {}",
+                    source_, prefix_, key, root_[key].dump());
     return root_[key].get<bool>();
   }
   std::string string(const char* key, const char* fallback) const {
     if (!has(key)) return fallback;
-    MESHTRAIN_CHECK(root_[key].is_string(), "{}: key '{}' must be a string, got {}", source_, key,
-                    root_[key].dump());
+    MESHTRAIN_CHECK(root_[key].is_string(), "{}: key '{}{}' must be a string, got {}", source_,
+                    prefix_, key, root_[key].dump());
     return root_[key].get<std::string>();
   }
   // Features meshtrain does not implement must be absent, null or `allowed`.
   void require(const char* key, const json& allowed, const char* why) const {
-    MESHTRAIN_CHECK(!has(key) || root_[key] == allowed, "{}: key '{}' = {} is not supported ({})",
-                    source_, key, root_[key].dump(), why);
+    MESHTRAIN_CHECK(!has(key) || root_[key] == allowed,
+                    "{}: key '{}{}' = {} is not supported ({})", source_, prefix_, key,
+                    root_[key].dump(), why);
+  }
+  // Every non-null key of the object is one of `known`.
+  void only(std::initializer_list<std::string_view> known, const char* why) const {
+    for (const auto& [key, value] : root_.items()) {
+      if (value.is_null()) continue;
+      bool found = false;
+      for (std::string_view k : known) found = found || k == key;
+      MESHTRAIN_CHECK(found, "{}: key '{}{}' = {} is not supported ({})", source_, prefix_, key,
+                      value.dump(), why);
+    }
   }
 
  private:
   const json& root_;
   std::string_view source_;
+  std::string prefix_;
 };
 
-std::string hf_name_in_file(const SafetensorsReader& reader, const ModelConfig& c,
+// One RoPE object ("rope_parameters" or "rope_scaling" = `key`): its scaling,
+// and its rope_theta when it has one (else `theta` is left as it is).
+RopeScaling read_rope_object(const json& r, const char* key, std::string_view source,
+                             float& theta) {
+  MESHTRAIN_CHECK(r.is_object(), "{}: key '{}' must be an object, got {}", source, key, r.dump());
+  const ConfigFields f(r, source, std::string(key) + ".");
+  if (f.has("rope_theta")) theta = f.positive_float("rope_theta");
+  MESHTRAIN_CHECK(!(f.has("rope_type") && f.has("type")) || r["rope_type"] == r["type"],
+                  "{}: keys '{}.rope_type' and '{}.type' disagree", source, key, key);
+  const char* type_key = f.has("rope_type") ? "rope_type" : "type";
+  const std::string type = f.string(type_key, "default");
+  RopeScaling s;
+  if (type == "default") {
+    f.only({"rope_type", "type", "rope_theta"}, "the default RoPE has no scaling parameters");
+  } else if (type == "linear") {
+    s.type = RopeType::linear;
+    s.factor = f.positive_float("factor");
+    f.only({"rope_type", "type", "rope_theta", "factor"}, "not implemented for linear RoPE");
+  } else if (type == "llama3") {
+    s.type = RopeType::llama3;
+    s.factor = f.positive_float("factor");
+    s.low_freq_factor = f.positive_float("low_freq_factor");
+    s.high_freq_factor = f.positive_float("high_freq_factor");
+    s.original_max_seq = f.positive_int("original_max_position_embeddings");
+    f.only({"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+            "original_max_position_embeddings"},
+           "not implemented for llama3 RoPE");
+  } else {
+    fail("{}: key '{}.{}' = \"{}\" is not supported (meshtrain implements RoPE types default, "
+         "linear and llama3)", source, key, type_key, type);
+  }
+  return s;
+}
+
+// RoPE settings in every form transformers writes: transformers >= 5 puts theta
+// and the scaling in "rope_parameters" {rope_type, rope_theta, factor, ...};
+// earlier versions have a top-level "rope_theta" and "rope_scaling" {type or
+// rope_type, factor, ...} (null when unscaled). Where a file has several, they
+// must agree. Anything not implemented is refused by key.
+void read_rope(const json& root, const ConfigFields& top, std::string_view source,
+               ModelConfig& c) {
+  const float top_theta = top.positive_float("rope_theta", 10000.0f);
+  c.rope_theta = top_theta;
+  if (top.has("rope_scaling")) {
+    c.rope_scaling = read_rope_object(root["rope_scaling"], "rope_scaling", source, c.rope_theta);
+  }
+  if (top.has("rope_parameters")) {
+    float theta = c.rope_theta;
+    const RopeScaling s = read_rope_object(root["rope_parameters"], "rope_parameters", source, theta);
+    MESHTRAIN_CHECK(!top.has("rope_scaling") || s == c.rope_scaling,
+                    "{}: keys 'rope_parameters' and 'rope_scaling' describe different RoPE "
+                    "scalings", source);
+    MESHTRAIN_CHECK(!top.has("rope_theta") || theta == top_theta,
+                    "{}: key 'rope_parameters.rope_theta' = {} disagrees with 'rope_theta' = {}",
+                    source, theta, top_theta);
+    c.rope_theta = theta;
+    c.rope_scaling = s;
+  }
+}
+
+// The config.json "rope_parameters" object (transformers >= 5's form).
+nlohmann::ordered_json rope_parameters_json(const ModelConfig& c) {
+  nlohmann::ordered_json r;
+  const RopeScaling& s = c.rope_scaling;
+  r["rope_type"] = rope_type_name(s.type);
+  r["rope_theta"] = short_double(c.rope_theta);
+  if (s.type == RopeType::linear || s.type == RopeType::llama3) r["factor"] = short_double(s.factor);
+  if (s.type == RopeType::llama3) {
+    r["low_freq_factor"] = short_double(s.low_freq_factor);
+    r["high_freq_factor"] = short_double(s.high_freq_factor);
+    r["original_max_position_embeddings"] = s.original_max_seq;
+  }
+  return r;
+}
+
+// The tensors of a Hugging Face directory: model.safetensors, or the files a
+// sharded checkpoint's model.safetensors.index.json maps every name to.
+class HfTensors {
+ public:
+  explicit HfTensors(const std::filesystem::path& dir) {
+    const std::filesystem::path single = dir / "model.safetensors";
+    const std::filesystem::path index = dir / "model.safetensors.index.json";
+    if (std::filesystem::exists(single) || !std::filesystem::exists(index)) {
+      source_ = single.string();
+      const SafetensorsReader& reader = open(source_);
+      for (const StTensorInfo& t : reader.tensors()) owner_[t.name] = &reader;
+      return;
+    }
+    source_ = index.string();
+    const std::string& source = source_;
+    json root;
+    try {
+      root = json::parse(read_text(source));
+    } catch (const json::exception& e) {
+      fail("{}: not valid JSON: {}", source, e.what());
+    }
+    MESHTRAIN_CHECK(root.is_object() && root.contains("weight_map") &&
+                        root["weight_map"].is_object(),
+                    "{}: key 'weight_map' (an object of tensor name -> file) is missing", source);
+    std::map<std::string, size_t> file_index;
+    for (const auto& [name, file] : root["weight_map"].items()) {
+      MESHTRAIN_CHECK(file.is_string(), "{}: weight_map['{}'] must be a file name, got {}", source,
+                      name, file.dump());
+      const std::string f = file.get<std::string>();
+      MESHTRAIN_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(),
+                      "{}: weight_map['{}'] = '{}' is not a file in the directory", source, name, f);
+      auto [it, added] = file_index.emplace(f, readers_.size());
+      if (added) open((dir / f).string());
+      const SafetensorsReader& reader = *readers_[it->second];
+      MESHTRAIN_CHECK(reader.contains(name), "{}: tensor '{}' is not in {} (weight_map says it is)",
+                      source, name, f);
+      owner_[name] = &reader;
+    }
+    for (const auto& reader : readers_) {
+      for (const StTensorInfo& t : reader->tensors()) {
+        MESHTRAIN_CHECK(owner_.count(t.name) == 1, "{}: tensor '{}' of {} is not in its weight_map",
+                        source, t.name, reader->path());
+      }
+    }
+  }
+
+  // The file holding `name`, or null.
+  const SafetensorsReader* find(const std::string& name) const {
+    auto it = owner_.find(name);
+    return it == owner_.end() ? nullptr : it->second;
+  }
+  const std::map<std::string, const SafetensorsReader*>& all() const { return owner_; }
+  // model.safetensors, or the index of a sharded checkpoint (for errors).
+  const std::string& source() const { return source_; }
+
+ private:
+  const SafetensorsReader& open(const std::string& path) {
+    readers_.push_back(std::make_unique<SafetensorsReader>(path));
+    return *readers_.back();
+  }
+  std::string source_;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  std::map<std::string, const SafetensorsReader*> owner_;
+};
+
+std::string hf_name_in_file(const HfTensors& files, const ModelConfig& c,
                             const std::string& name) {
-  if (reader.contains(name)) return name;
+  if (files.find(name)) return name;
   constexpr std::string_view prefix = "transformer.";
   if (c.family == Family::gpt2 && name.rfind(prefix, 0) == 0) {
     std::string bare = name.substr(prefix.size());
-    if (reader.contains(bare)) return bare;
+    if (files.find(bare)) return bare;
   }
   return name;
 }
@@ -135,7 +303,7 @@ void rope_rows_from_hf(const float* src, float* dst, int64_t heads, int64_t head
   }
 }
 
-std::string hf_config_json(const ModelConfig& c, DType dtype) {
+std::string hf_config_json(const ModelConfig& c, DType dtype, const SpecialIds* special) {
   nlohmann::ordered_json j;
   if (c.family == Family::llama) {
     j["architectures"] = {"LlamaForCausalLM"};
@@ -149,8 +317,12 @@ std::string hf_config_json(const ModelConfig& c, DType dtype) {
     j["vocab_size"] = c.vocab_size;
     j["max_position_embeddings"] = c.max_seq_len;
     j["rms_norm_eps"] = short_double(c.norm_eps);
+    // Both forms: transformers >= 5 reads rope_parameters, earlier versions
+    // rope_theta and rope_scaling.
+    j["rope_parameters"] = rope_parameters_json(c);
     j["rope_theta"] = short_double(c.rope_theta);
-    j["rope_scaling"] = nullptr;
+    j["rope_scaling"] = c.rope_scaling.type == RopeType::none ? nlohmann::ordered_json(nullptr)
+                                                              : rope_parameters_json(c);
     j["hidden_act"] = "silu";
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
@@ -174,6 +346,10 @@ std::string hf_config_json(const ModelConfig& c, DType dtype) {
   }
   j["initializer_range"] = short_double(c.init_std);
   j["torch_dtype"] = torch_dtype_name(dtype);
+  if (special != nullptr) {
+    j["bos_token_id"] = special->bos;
+    j["eos_token_id"] = special->eos;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -208,13 +384,12 @@ ModelConfig parse_hf_config(std::string_view json_text, std::string_view source)
     c.vocab_size = f.positive_int("vocab_size");
     c.max_seq_len = f.positive_int("max_position_embeddings", 2048);
     c.norm_eps = f.positive_float("rms_norm_eps", 1e-6f);  // HF LlamaConfig's defaults
-    c.rope_theta = f.positive_float("rope_theta", 10000.0f);
+    read_rope(root, f, source, c);
     c.tie_embeddings = f.boolean("tie_word_embeddings", false);
     MESHTRAIN_CHECK(!f.has("head_dim") || f.positive_int("head_dim") * c.n_heads == c.dim,
                     "{}: key 'head_dim' = {} is not hidden_size / num_attention_heads = {}", source,
                     root["head_dim"].dump(), c.dim / c.n_heads);
     f.require("hidden_act", "silu", "meshtrain's Llama uses SwiGLU with silu");
-    f.require("rope_scaling", nullptr, "RoPE scaling is not implemented");
     f.require("attention_bias", false, "Llama projections have no bias in meshtrain");
     f.require("mlp_bias", false, "Llama projections have no bias in meshtrain");
   } else {
@@ -245,19 +420,18 @@ ModelConfig parse_hf_config(std::string_view json_text, std::string_view source)
 }
 
 ModelConfig read_hf_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_hf_config(text.str(), path);
+  return parse_hf_config(read_text(path), path);
 }
 
-void export_hf(Model& model, const std::string& dir, DType dtype) {
-  export_hf(model.config(), model_tensors(model), dir, dtype);
+void export_hf(Model& model, const std::string& dir, DType dtype, const Tokenizer* tokenizer) {
+  export_hf(model.config(), model_tensors(model), dir, dtype, tokenizer);
 }
 
 void export_hf(const ModelConfig& c, const TensorSource& source, const std::string& dir,
-               DType dtype) {
+               DType dtype, const Tokenizer* tokenizer) {
+  MESHTRAIN_CHECK(tokenizer == nullptr || tokenizer->vocab_size() <= c.vocab_size,
+                  "{}: tokenizer '{}' has {} ids, the model only {}", dir, tokenizer->name(),
+                  tokenizer->vocab_size(), c.vocab_size);
   const std::vector<ParamSpec> specs = build_param_specs(c);
   std::vector<SafetensorsStreamWriter::Entry> entries;
   for (const ParamSpec& spec : specs) entries.push_back({spec.name, to_st_dtype(dtype), spec.shape});
@@ -280,30 +454,62 @@ void export_hf(const ModelConfig& c, const TensorSource& source, const std::stri
     writer.write(stored.data(), stored.size());
   }
   writer.commit();
-  write_file_atomic((d / "config.json").string(), hf_config_json(c, dtype));
+  if (tokenizer == nullptr) {
+    write_file_atomic((d / "config.json").string(), hf_config_json(c, dtype));
+    return;
+  }
+  const SpecialIds special = special_ids(*tokenizer);
+  write_hf_tokenizer(*tokenizer, c.max_seq_len, dir);
+  write_file_atomic((d / "config.json").string(), hf_config_json(c, dtype, &special));
 }
 
-void load_hf_weights(Model& model, const std::string& path) {
+std::vector<std::string> copy_hf_tokenizer(const std::string& src, const std::string& dst) {
+  namespace fs = std::filesystem;
+  constexpr const char* kFiles[] = {"tokenizer.json",  "tokenizer_config.json",
+                                    "special_tokens_map.json", "generation_config.json",
+                                    "vocab.json",      "merges.txt", "tokenizer.model"};
+  std::vector<std::string> copied;
+  for (const char* name : kFiles) {
+    const fs::path from = fs::path(src) / name;
+    if (!fs::exists(from)) continue;
+    write_file_atomic((fs::path(dst) / name).string(), read_text(from.string()));
+    copied.emplace_back(name);
+  }
+  const std::string src_config = (fs::path(src) / "config.json").string();
+  const std::string dst_config = (fs::path(dst) / "config.json").string();
+  const json from = json::parse(read_text(src_config), nullptr, /*allow_exceptions=*/false);
+  nlohmann::ordered_json to = nlohmann::ordered_json::parse(read_text(dst_config));
+  if (from.is_object()) {
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      if (from.contains(key)) to[key] = from[key];
+    }
+  }
+  write_file_atomic(dst_config, to.dump(2) + "\n");
+  return copied;
+}
+
+void load_hf_weights(Model& model, const std::string& dir) {
   const ModelConfig& c = model.config();
-  SafetensorsReader reader(path);
+  const HfTensors files{std::filesystem::path(dir)};
   std::set<std::string> used;
   for (Parameter& p : model.params()) {
-    const std::string name = hf_name_in_file(reader, c, p.spec.name);
-    MESHTRAIN_CHECK(reader.contains(name), "{}: tensor '{}' is missing (model needs {})", path,
-                    p.spec.name, shape_str(p.spec.shape));
+    const std::string name = hf_name_in_file(files, c, p.spec.name);
+    const SafetensorsReader* reader = files.find(name);
+    MESHTRAIN_CHECK(reader != nullptr, "{}: tensor '{}' is missing (model needs {})",
+                    files.source(), p.spec.name, shape_str(p.spec.shape));
     used.insert(name);
     auto [heads, head_dim] = rope_rows(c, p.spec.name);
     if (heads == 0) {
-      reader.read(name, p.master);
+      reader->read(name, p.master);
       continue;
     }
     Tensor hf(p.spec.shape, DType::f32, MemCategory::workspace, model.ctx().tracker());
-    reader.read(name, hf);
+    reader->read(name, hf);
     rope_rows_from_hf(hf.data<float>(), p.master.data<float>(), heads, head_dim, p.spec.shape[1]);
   }
-  for (const StTensorInfo& t : reader.tensors()) {
-    MESHTRAIN_CHECK(used.count(t.name) == 1 || ignorable_extra(c, t.name),
-                    "{}: tensor '{}' is not a parameter of this {} model", path, t.name,
+  for (const auto& [name, reader] : files.all()) {
+    MESHTRAIN_CHECK(used.count(name) == 1 || ignorable_extra(c, name),
+                    "{}: tensor '{}' is not a parameter of this {} model", reader->path(), name,
                     family_name(c.family));
   }
   model.sync_compute_weights();
@@ -311,15 +517,9 @@ void load_hf_weights(Model& model, const std::string& path) {
 
 std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision,
                                  cpu::CpuContext& ctx) {
-  const std::filesystem::path d(dir);
-  const std::filesystem::path weights = d / "model.safetensors";
-  MESHTRAIN_CHECK(std::filesystem::exists(weights) ||
-                      !std::filesystem::exists(d / "model.safetensors.index.json"),
-                  "{}: sharded Hugging Face checkpoints (model.safetensors.index.json) are not "
-                  "supported", dir);
-  ModelConfig config = read_hf_config((d / "config.json").string());
+  ModelConfig config = read_hf_config((std::filesystem::path(dir) / "config.json").string());
   auto model = std::make_unique<Model>(config, precision, ctx);
-  load_hf_weights(*model, weights.string());
+  load_hf_weights(*model, dir);
   return model;
 }
 

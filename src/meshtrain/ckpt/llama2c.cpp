@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "meshtrain/ckpt/atomic_file.h"
+#include "meshtrain/ckpt/tokenizer_files.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -130,16 +131,27 @@ std::unique_ptr<Model> import_llama2c(const std::string& path, Precision precisi
   return model;
 }
 
-void export_llama2c(const Model& model, const std::string& path) {
-  export_llama2c(model.config(), model_tensors(model), path);
+std::string llama2c_tokenizer_path(const std::string& model_path) {
+  return (std::filesystem::path(model_path).parent_path() / "tokenizer.bin").string();
 }
 
-void export_llama2c(const ModelConfig& c, const TensorSource& source, const std::string& path) {
+void export_llama2c(const Model& model, const std::string& path, const Tokenizer* tokenizer) {
+  export_llama2c(model.config(), model_tensors(model), path, tokenizer);
+}
+
+void export_llama2c(const ModelConfig& c, const TensorSource& source, const std::string& path,
+                    const Tokenizer* tokenizer) {
+  MESHTRAIN_CHECK(tokenizer == nullptr || std::filesystem::path(path).filename() != "tokenizer.bin",
+                  "{}: the tokenizer is written as tokenizer.bin beside the model; name the model "
+                  "file otherwise", path);
   MESHTRAIN_CHECK(c.family == Family::llama, "{}: llama2.c export needs a llama model, not {}",
                   path, family_name(c.family));
   MESHTRAIN_CHECK(c.norm_eps == kNormEps && c.rope_theta == kRopeTheta,
                   "{}: the llama2.c format fixes norm_eps 1e-5 and rope_theta 10000; this model "
                   "has {} and {}", path, c.norm_eps, c.rope_theta);
+  MESHTRAIN_CHECK(c.rope_scaling.type == RopeType::none,
+                  "{}: the llama2.c format has no RoPE scaling; this model has rope_type {}", path,
+                  rope_type_name(c.rope_scaling.type));
   MESHTRAIN_CHECK(c.max_seq_len <= INT32_MAX && c.vocab_size <= INT32_MAX && c.dim <= INT32_MAX &&
                       c.hidden_dim <= INT32_MAX,
                   "{}: model too large for llama2.c's int32 header", path);
@@ -179,6 +191,7 @@ void export_llama2c(const ModelConfig& c, const TensorSource& source, const std:
         }
       });
   file.commit();
+  if (tokenizer != nullptr) write_llama2c_tokenizer(*tokenizer, c.vocab_size, llama2c_tokenizer_path(path));
 }
 
 }  // namespace meshtrain

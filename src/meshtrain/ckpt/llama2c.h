@@ -13,6 +13,7 @@
 #include <string>
 
 #include "meshtrain/ckpt/weights.h"
+#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -23,10 +24,15 @@ ModelConfig read_llama2c_config(const std::string& path);
 void load_llama2c_weights(Model& model, const std::string& path);
 std::unique_ptr<Model> import_llama2c(const std::string& path, Precision precision,
                                       cpu::CpuContext& ctx);
-// Writes a Llama model (norm eps 1e-5, theta 10000, else Error) atomically.
-void export_llama2c(const Model& model, const std::string& path);
+// Writes a Llama model (norm eps 1e-5, theta 10000, no RoPE scaling, else
+// Error) atomically; with the run's `tokenizer`, also tokenizer.bin (llama2.c's
+// format, ckpt/tokenizer_files.h) beside it, which llama2.c's run reads by default.
+void export_llama2c(const Model& model, const std::string& path,
+                    const Tokenizer* tokenizer = nullptr);
 // The same from any source of whole tensors (a sharded checkpoint), streamed.
 void export_llama2c(const ModelConfig& config, const TensorSource& source,
-                    const std::string& path);
+                    const std::string& path, const Tokenizer* tokenizer = nullptr);
+// <directory of path>/tokenizer.bin.
+std::string llama2c_tokenizer_path(const std::string& model_path);
 
 }  // namespace meshtrain

@@ -1,8 +1,9 @@
-// meshtrain's command line: train, sample, prepare, ckpt export/import. Thin
+// meshtrain's command line: train, eval, sample, prepare, ckpt export/import. Thin
 // glue over the library (train/, data/, ckpt/); any error becomes one line on stderr.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -12,8 +13,10 @@
 #include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
+#include "meshtrain/ckpt/llmc.h"
 #include "meshtrain/cli/plan_command.h"
 #include "meshtrain/cli/ranks.h"
+#include "meshtrain/data/bpe_tokenizer.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/train/checkpoint.h"
@@ -65,7 +68,7 @@ struct SampleArgs {
   std::string checkpoint, model_file, prompt_ids, prompt, precision = "fp32";
   std::string tokenizer, gpt2_ranks;  // empty = the run's (train_state.json), else by vocabulary
   float temperature = 1.0f;
-  int64_t top_k = 0, max_new_tokens = 256;
+  int64_t top_k = 0, max_new_tokens = -1;  // -1: up to 256, within the context
   uint64_t seed = 0;
   int threads = 0;
   bool print_ids = false;
@@ -147,7 +150,9 @@ void run_sample(const SampleArgs& args) {
   options.temperature = args.temperature;
   options.top_k = args.top_k;
   options.seed = args.seed;
-  options.max_new_tokens = args.max_new_tokens;
+  const int64_t room = model->config().max_seq_len - static_cast<int64_t>(prompt.size());
+  options.max_new_tokens =
+      args.max_new_tokens >= 0 ? args.max_new_tokens : std::clamp<int64_t>(room, 0, 256);
   const bool stream = tokenizer && !args.print_ids;
   if (stream && !default_prompt) {
     print_text(*tokenizer, prompt);
@@ -174,8 +179,23 @@ void run_sample(const SampleArgs& args) {
 
 struct CkptArgs {
   std::string format, checkpoint, in, out, dtype = "f32";
+  std::string tokenizer, gpt2_ranks = kDefaultGpt2Ranks;  // tokenizer files for the export
   int threads = 0;
 };
+
+// The tokenizer an export carries: --tokenizer, else a training run's own; null when neither.
+std::unique_ptr<Tokenizer> export_tokenizer(const CkptArgs& args, const std::string& source) {
+  if (!args.tokenizer.empty()) return make_tokenizer(args.tokenizer, args.gpt2_ranks);
+  return source.empty() ? nullptr : checkpoint_tokenizer(source);
+}
+
+void add_tokenizer_options(CLI::App& command, CkptArgs& args) {
+  command.add_option("--tokenizer", args.tokenizer,
+                     "Tokenizer files to write (default: a training run's data.tokenizer)")
+      ->check(CLI::IsMember({"gpt2", "bytes"}));
+  command.add_option("--gpt2-ranks", args.gpt2_ranks, "GPT-2 ranks file for --tokenizer gpt2")
+      ->capture_default_str();
+}
 
 void run_export(const CkptArgs& args) {
   // A training checkpoint's files must never be replaced by an export.
@@ -187,30 +207,40 @@ void run_export(const CkptArgs& args) {
     }
   }
   const DType dtype = parse_dtype(args.dtype);
+  const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, args.checkpoint);
+  // A sharded checkpoint is read tensor by tensor (memory stays at one tensor);
+  // anything else through a model in memory.
+  MemoryTracker tracker;
+  std::unique_ptr<cpu::CpuContext> ctx;
+  std::unique_ptr<Model> model;
+  ModelConfig config;
+  TensorSource source;
+  dist_ckpt::Manifest manifest;
   if (dist_ckpt::is_sharded_checkpoint(args.checkpoint)) {
-    // Straight from the shards, tensor by tensor: memory stays at one tensor.
     dist_ckpt::verify_checkpoint(args.checkpoint);
-    const dist_ckpt::Manifest manifest = dist_ckpt::read_manifest(args.checkpoint);
+    manifest = dist_ckpt::read_manifest(args.checkpoint);
     TrainConfig run;
     read_train_state(args.checkpoint, &run);
-    const TensorSource shards = [&](const ParamSpec& spec, float* out) {
+    config = run.model;
+    source = [&](const ParamSpec& spec, float* out) {
       dist_ckpt::read_global_tensor(manifest, args.checkpoint, spec.name,
                                     layout::StateKind::master, out);
     };
-    if (args.format == "hf") {
-      export_hf(run.model, shards, args.out, dtype);
-    } else {
-      export_llama2c(run.model, shards, args.out);
-    }
   } else {
-    MemoryTracker tracker;
-    cpu::CpuContext ctx(args.threads, tracker);
-    std::unique_ptr<Model> model = load_model_dir(args.checkpoint, Precision::fp32, ctx);
-    if (args.format == "hf") {
-      export_hf(*model, args.out, dtype);
-    } else {
-      export_llama2c(*model, args.out);
+    ctx = std::make_unique<cpu::CpuContext>(args.threads, tracker);
+    model = load_model_dir(args.checkpoint, Precision::fp32, *ctx);
+    config = model->config();
+    source = model_tensors(*model);
+  }
+  if (args.format == "hf") {
+    export_hf(config, source, args.out, dtype, tokenizer.get());
+    if (!tokenizer && !is_training_checkpoint(args.checkpoint)) {
+      copy_hf_tokenizer(args.checkpoint, args.out);  // an HF directory's own tokenizer
     }
+  } else if (args.format == "llmc") {
+    export_llmc(config, source, args.out, dtype, tokenizer.get());
+  } else {
+    export_llama2c(config, source, args.out, tokenizer.get());
   }
   fmt::print("exported {} to {} ({})\n", args.checkpoint, args.out, args.format);
 }
@@ -218,10 +248,12 @@ void run_export(const CkptArgs& args) {
 void run_import(const CkptArgs& args) {
   MemoryTracker tracker;
   cpu::CpuContext ctx(args.threads, tracker);
-  std::unique_ptr<Model> model = args.format == "llama2c"
-                                     ? import_llama2c(args.in, Precision::fp32, ctx)
-                                     : import_hf(args.in, Precision::fp32, ctx);
-  export_hf(*model, args.out, parse_dtype(args.dtype));
+  std::unique_ptr<Model> model = args.format == "llama2c" ? import_llama2c(args.in, Precision::fp32, ctx)
+                                 : args.format == "llmc"  ? import_llmc(args.in, Precision::fp32, ctx)
+                                                          : import_hf(args.in, Precision::fp32, ctx);
+  const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, "");
+  export_hf(*model, args.out, parse_dtype(args.dtype), tokenizer.get());
+  if (!tokenizer && args.format == "hf") copy_hf_tokenizer(args.in, args.out);
   fmt::print("imported {} ({}) to {}: {} params\n", args.in, args.format, args.out,
              model->num_params());
 }
@@ -263,8 +295,9 @@ int main_impl(int argc, char** argv) {
   sample->add_option("--top-k", sample_args.top_k, "0 = whole vocabulary")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   sample->add_option("--seed", sample_args.seed)->capture_default_str();
-  sample->add_option("--max-new-tokens", sample_args.max_new_tokens)
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  sample->add_option("--max-new-tokens", sample_args.max_new_tokens,
+                     "prompt + new must fit max_seq_len (default: 256 or the context left)")
+      ->check(CLI::NonNegativeNumber);
   sample->add_option("--prompt-ids", sample_args.prompt_ids, "Comma-separated token ids");
   sample->add_option("--prompt", sample_args.prompt, "Prompt text, encoded with the tokenizer");
   sample->add_option("--tokenizer", sample_args.tokenizer,
@@ -278,16 +311,42 @@ int main_impl(int argc, char** argv) {
   sample->add_option("--threads", sample_args.threads, "0 = cores available")
       ->check(CLI::NonNegativeNumber);
 
+  EvalArgs eval_args;
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Loss and perplexity of a checkpoint on token shards (runs under mpirun too)");
+  eval->add_option("--checkpoint", eval_args.checkpoint,
+                   "Training step directory or Hugging Face directory")->required();
+  eval->add_option("--data", eval_args.data, "Token files or globs ('data/val_*.bin')")->required();
+  eval->add_option("--batches", eval_args.options.batches,
+                   "Global batches (default: the run's train.eval_batches, else 8)")
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--batch-size", eval_args.options.batch_size,
+                   "Windows per batch (default: the run's train.batch_size, else 8)")
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--micro-batch-size", eval_args.options.micro_batch_size,
+                   "Rows per forward (default: the run's train.micro_batch_size)")
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--seq-len", eval_args.options.seq_len,
+                   "Window length (default: the run's train.seq_len, else max_seq_len)")
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--logits-ids", eval_args.logits_ids,
+                   "Comma-separated ids: also write the model's logits for them");
+  eval->add_option("--logits-out", eval_args.logits_out, "safetensors file for --logits-ids");
+  eval->add_option("--threads", eval_args.options.threads, "0 = cores available")
+      ->check(CLI::NonNegativeNumber);
+
   CLI::App* ckpt = app.add_subcommand("ckpt", "Convert weights to and from other formats");
   ckpt->require_subcommand(1);
   CkptArgs export_args, import_args;
-  CLI::App* exp = ckpt->add_subcommand("export", "Write a checkpoint as Hugging Face or llama2.c");
-  exp->add_option("--format", export_args.format)->required()->check(CLI::IsMember({"hf", "llama2c"}));
+  CLI::App* exp = ckpt->add_subcommand("export", "Write a checkpoint as Hugging Face, llama2.c or llm.c");
+  exp->add_option("--format", export_args.format)->required()
+      ->check(CLI::IsMember({"hf", "llama2c", "llmc"}));
   exp->add_option("--checkpoint", export_args.checkpoint, "Training step or Hugging Face directory")
       ->required();
-  exp->add_option("--out", export_args.out, "Output directory (hf) or file (llama2c)")->required();
-  exp->add_option("--dtype", export_args.dtype, "hf weight dtype")
+  exp->add_option("--out", export_args.out, "Output directory (hf) or file (llama2c, llmc)")->required();
+  exp->add_option("--dtype", export_args.dtype, "weight dtype (hf: f32, bf16, f16; llmc: f32, bf16)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  add_tokenizer_options(*exp, export_args);
   CkptArgs inspect_args;
   bool inspect_verify = false;
   CLI::App* inspect = ckpt->add_subcommand("inspect", "Show a checkpoint's layout, tensors and sizes");
@@ -298,12 +357,14 @@ int main_impl(int argc, char** argv) {
       "convert", "Rewrite a whole-tensor checkpoint (model.safetensors + train_state.json) as a sharded one");
   convert->add_option("--in", convert_args.in, "Old-format step directory")->required();
   convert->add_option("--out", convert_args.out, "New step directory")->required();
-  CLI::App* imp = ckpt->add_subcommand("import", "Read llama2.c or Hugging Face weights");
-  imp->add_option("--format", import_args.format)->required()->check(CLI::IsMember({"hf", "llama2c"}));
-  imp->add_option("--in", import_args.in, "llama2.c file or Hugging Face directory")->required();
+  CLI::App* imp = ckpt->add_subcommand("import", "Read llama2.c, llm.c or Hugging Face weights");
+  imp->add_option("--format", import_args.format)->required()
+      ->check(CLI::IsMember({"hf", "llama2c", "llmc"}));
+  imp->add_option("--in", import_args.in, "llama2.c or llm.c file, or Hugging Face directory")->required();
   imp->add_option("--out", import_args.out, "Output (Hugging Face) directory")->required();
   imp->add_option("--dtype", import_args.dtype, "stored weight dtype")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  add_tokenizer_options(*imp, import_args);
 
   PrepareOptions prepare_args;
   CLI::App* prepare = app.add_subcommand("prepare", "Tokenize text into llm.c token shards");
@@ -362,6 +423,11 @@ int main_impl(int argc, char** argv) {
     return run_train(train_args, train->remaining());
   } else if (plan->parsed()) {
     return run_plan(plan_args);
+  } else if (eval->parsed()) {
+    if (eval_args.logits_ids.empty() != eval_args.logits_out.empty()) {
+      throw UsageError("eval: --logits-ids and --logits-out go together");
+    }
+    return run_eval_ranks(eval_args);
   } else if (bench_comm->parsed()) {
     return run_bench_comm(bench_comm_args);
   } else if (sample->parsed()) {

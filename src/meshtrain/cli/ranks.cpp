@@ -10,6 +10,7 @@
 #include "meshtrain/comm/abort.h"
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/train/generate.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
 
@@ -70,6 +71,35 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
     options.mesh = multi ? mesh.get() : nullptr;
     trainer = std::make_unique<Trainer>(config, options);
     trainer->run();
+    return 0;
+  } catch (const std::exception& e) {
+    if (job.env.world_size() == 1) throw;
+    return job.failure.fail_rank(e.what());
+  }
+}
+
+int run_eval_ranks(const EvalArgs& args) {
+  RankJob job;
+  try {
+    EvalOptions options = args.options;
+    DataSettings files;
+    files.train = args.data;
+    options.data = expand_train_files(files);
+    const bool multi = job.env.world_size() > 1;
+    if (multi && options.threads == 0) {
+      options.threads = default_threads_per_rank(job.env.local_size(), cpu::available_cores());
+    }
+    const EvalResult r = evaluate_checkpoint(args.checkpoint, options, multi ? job.world.get() : nullptr);
+    if (job.world->rank() == 0) {
+      fmt::print("eval {}: loss {:.6f} perplexity {:.4f} ({} tokens: {} batches x {} x {})\n",
+                 args.checkpoint, r.loss, r.perplexity, r.tokens, r.batches, r.batch_size,
+                 r.seq_len);
+      if (!args.logits_ids.empty()) {
+        const std::vector<int32_t> ids = parse_token_ids(args.logits_ids);
+        write_logits(args.checkpoint, ids, args.logits_out, options.threads);
+        fmt::print("logits of {} ids written to {}\n", ids.size(), args.logits_out);
+      }
+    }
     return 0;
   } catch (const std::exception& e) {
     if (job.env.world_size() == 1) throw;

@@ -251,6 +251,15 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
   std::vector<std::string_view> docs;
   for (const auto& file : list_input_files(options.inputs)) {
     texts.push_back(std::make_unique<MappedText>(file));
+    // GPT-2's BPE is defined on text; the bytes tokenizer takes any file.
+    if (tokenizer->name() == "gpt2") {
+      const std::string_view text = texts.back()->text();
+      const size_t bad = first_non_text_byte(text);
+      MESHTRAIN_CHECK(bad == std::string_view::npos,
+                      "prepare: '{}' is not UTF-8 text (byte 0x{:02x} at offset {}); the gpt2 "
+                      "tokenizer needs text (--tokenizer bytes takes any file)",
+                      file, static_cast<unsigned char>(text[bad]), bad);
+    }
     auto parts = split_documents(texts.back()->text(), options.separator);
     docs.insert(docs.end(), parts.begin(), parts.end());
   }

@@ -38,6 +38,12 @@ class Tokenizer {
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
 };
 
+// Byte offset of the first byte of `text` that does not start or continue a
+// well-formed UTF-8 character (overlong forms, surrogates and code points past
+// U+10FFFF included), or of the first NUL byte, which text files do not hold;
+// std::string_view::npos when the whole text is valid.
+size_t first_non_text_byte(std::string_view text);
+
 // Vocabulary 256, id = byte value. Its document separator is the NUL byte
 // (id 0), which plain text does not contain.
 class ByteTokenizer final : public Tokenizer {

@@ -36,7 +36,8 @@ Model::Impl::Impl(Model& owner)
   size_t end = 0, untied_output = kNoParam;
   if (cfg.family == Family::llama) {
     has_rope = true;
-    rope = cpu::make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_theta, ctx.tracker());
+    rope = cpu::make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_frequencies(),
+                                ctx.tracker());
     end = 1 + layers * llama_slot::count;
     final_norm = Norm{local(end), kNoParam};
     if (!cfg.tie_embeddings) untied_output = end + 1;

@@ -1,7 +1,11 @@
 #include "meshtrain/model/config.h"
 
+#include <cmath>
+#include <numbers>
+
 #include <fmt/format.h>
 
+#include "meshtrain/backend/cpu/attention.h"
 #include "meshtrain/model/params.h"
 #include "meshtrain/util/error.h"
 
@@ -66,13 +70,62 @@ void ModelConfig::validate() const {
                     "model.n_heads: head_dim {} (dim {} / n_heads {}) must be even for RoPE",
                     head_dim(), dim, n_heads);
     MESHTRAIN_CHECK(rope_theta > 0, "model.rope_theta: must be > 0, got {}", rope_theta);
+    const RopeScaling& r = rope_scaling;
+    if (r.type != RopeType::none) {
+      MESHTRAIN_CHECK(r.factor > 0, "model.rope_scaling.factor: must be > 0, got {}", r.factor);
+    }
+    if (r.type == RopeType::llama3) {
+      MESHTRAIN_CHECK(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
+                      "model.rope_scaling: llama3 needs 0 < low_freq_factor < high_freq_factor, "
+                      "got {} and {}", r.low_freq_factor, r.high_freq_factor);
+      MESHTRAIN_CHECK(r.original_max_seq > 0,
+                      "model.rope_scaling.original_max_seq: must be > 0, got {}",
+                      r.original_max_seq);
+    }
   } else {
+    MESHTRAIN_CHECK(rope_scaling.type == RopeType::none,
+                    "model.rope_scaling: gpt2 has no RoPE (learned positions)");
     MESHTRAIN_CHECK(n_kv_heads == n_heads,
                     "model.n_kv_heads: gpt2 has no grouped-query attention, so it must equal "
                     "n_heads {} (got {})",
                     n_heads, n_kv_heads);
     MESHTRAIN_CHECK(tie_embeddings, "model.tie_embeddings: gpt2 always ties its output layer");
   }
+}
+
+std::string_view rope_type_name(RopeType type) {
+  switch (type) {
+    case RopeType::none: return "default";
+    case RopeType::linear: return "linear";
+    case RopeType::llama3: return "llama3";
+  }
+  return "default";
+}
+
+std::vector<float> ModelConfig::rope_frequencies() const {
+  std::vector<float> freq = cpu::rope_inv_freq(head_dim(), rope_theta);
+  const RopeScaling& r = rope_scaling;
+  if (r.type == RopeType::linear) {
+    for (float& f : freq) f /= r.factor;
+  } else if (r.type == RopeType::llama3) {
+    // HF's _compute_llama3_parameters, step for step in float.
+    const float old_len = static_cast<float>(r.original_max_seq);
+    const float low_freq_wavelen = old_len / r.low_freq_factor;
+    const float high_freq_wavelen = old_len / r.high_freq_factor;
+    for (float& f : freq) {
+      const float wavelen = 2.0f * std::numbers::pi_v<float> / f;
+      const float scaled = wavelen > low_freq_wavelen ? f / r.factor : f;
+      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      if (medium) {
+        const float smooth =
+            (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        f = (1.0f - smooth) * scaled / r.factor + smooth * scaled;
+      } else {
+        f = scaled;
+      }
+    }
+  }
+  return freq;
 }
 
 int64_t ModelConfig::num_params() const {

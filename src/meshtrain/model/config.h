@@ -49,6 +49,23 @@ struct RecomputePolicy {
   int64_t layers = 0;
 };
 
+// RoPE frequency scaling, as Hugging Face's rope_type names it. none: the
+// plain frequencies theta^(-2i/head_dim). linear: every frequency / factor
+// (positions stretched). llama3: Llama 3.1's rule: wavelengths above
+// original_max_seq / low_freq_factor are divided by factor, those below
+// original_max_seq / high_freq_factor are kept, those between are blended.
+enum class RopeType { none, linear, llama3 };
+std::string_view rope_type_name(RopeType type);  // "default" | "linear" | "llama3" (HF's names)
+
+struct RopeScaling {
+  RopeType type = RopeType::none;
+  float factor = 1.0f;            // linear, llama3
+  float low_freq_factor = 1.0f;   // llama3
+  float high_freq_factor = 4.0f;  // llama3
+  int64_t original_max_seq = 8192;  // llama3: the context the model was pretrained at
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelConfig {
   Family family = Family::llama;
   int64_t dim = 0;
@@ -60,10 +77,14 @@ struct ModelConfig {
   int64_t max_seq_len = 0;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;  // llama only
+  RopeScaling rope_scaling;     // llama only; default: none (unscaled)
   bool tie_embeddings = true;   // output layer shares the token embedding
   float init_std = 0.02f;
 
   int64_t head_dim() const { return dim / n_heads; }
+  // RoPE's inverse frequencies [head_dim / 2] (theta and scaling), computed in
+  // float in the order of HF's rope init functions so angles match PyTorch's.
+  std::vector<float> rope_frequencies() const;
   // Throws Error naming the first invalid field ("model.n_heads: ...").
   void validate() const;
   // Parameter count (tied output counted once).

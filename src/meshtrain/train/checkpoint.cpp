@@ -151,6 +151,15 @@ class MasterOnly final : public layout::StateAccess {
 
 }  // namespace
 
+std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir) {
+  if (!is_training_checkpoint(dir)) return nullptr;
+  TrainConfig run;
+  read_train_state(dir, &run);
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(run.data.tokenizer, run.data.gpt2_ranks);
+  if (tokenizer->vocab_size() > run.model.vocab_size) return nullptr;
+  return tokenizer;
+}
+
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
                                       cpu::CpuContext& ctx) {
   fs::path root(dir);

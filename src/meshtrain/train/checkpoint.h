@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "meshtrain/data/sampler.h"
+#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/train/config.h"
 
@@ -44,6 +45,12 @@ bool is_training_checkpoint(const std::string& dir);
 // one line each. Settings a resume may change (steps, intervals, threads,
 // out_dir, the parallel layout, [ckpt]) are not listed.
 std::vector<std::string> resume_config_changes(const TrainConfig& saved, const TrainConfig& now);
+
+// The training run's tokenizer (data.tokenizer, data.gpt2_ranks: an absolute
+// path since the run recorded it so) for a training checkpoint whose model
+// holds its ids; null for other directories or a run whose vocabulary is
+// smaller than the tokenizer's. Error when the ranks file cannot be read.
+std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir);
 
 // A model from a directory: a training step directory (either format) or a
 // Hugging Face one (config.json + model.safetensors).

@@ -55,9 +55,9 @@ std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt,
                     config.vocab_size);
   }
   auto prompt_len = static_cast<int64_t>(prompt.size());
-  MESHTRAIN_CHECK(prompt_len <= config.max_seq_len,
-                  "sample: the prompt has {} ids, more than max_seq_len {}", prompt_len,
-                  config.max_seq_len);
+  MESHTRAIN_CHECK(prompt_len + options.max_new_tokens <= config.max_seq_len,
+                  "sample: the prompt ({} ids) + max_new_tokens ({}) exceed the model's context, "
+                  "max_seq_len {}", prompt_len, options.max_new_tokens, config.max_seq_len);
   KVCache cache = model.make_kv_cache(1, config.max_seq_len);
   Tensor logits({config.vocab_size}, DType::f32, MemCategory::workspace, model.ctx().tracker());
   model.decode(prompt.data(), 1, prompt_len, cache, logits.data<float>());
@@ -69,15 +69,7 @@ std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt,
     text.push_back(id);
     if (on_token) on_token(id);
     if (i + 1 == options.max_new_tokens) break;
-    if (cache.length < config.max_seq_len) {
-      model.decode(&id, 1, 1, cache, logits.data<float>());
-    } else {
-      // The window is full: start again from position 0 with the last half of the text.
-      int64_t keep = std::max<int64_t>(1, config.max_seq_len / 2);
-      cache.length = 0;
-      model.decode(text.data() + text.size() - static_cast<size_t>(keep), 1, keep, cache,
-                   logits.data<float>());
-    }
+    model.decode(&id, 1, 1, cache, logits.data<float>());
   }
   return out;
 }

@@ -23,10 +23,10 @@ struct SampleOptions {
 int32_t pick_token(const float* logits, int64_t vocab, const SampleOptions& options,
                    uint64_t draw);
 
-// Feeds the prompt (at least one id, at most max_seq_len), then generates
-// max_new_tokens. When the context reaches max_seq_len, decoding restarts from
-// the last max_seq_len/2 tokens (re-encoded). on_token sees each new id as it
-// is produced. Returns the new ids.
+// Feeds the prompt (at least one id), then generates max_new_tokens; the two
+// together must fit the model's context (prompt + new <= max_seq_len, else an
+// Error naming the limit: positions past it were never trained). on_token sees
+// each new id as it is produced. Returns the new ids.
 std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt,
                               const SampleOptions& options,
                               const std::function<void(int32_t)>& on_token = {});

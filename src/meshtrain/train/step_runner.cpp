@@ -7,6 +7,7 @@
 #include "meshtrain/parallel/pipeline/executor.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/train/distributed.h"
+#include "meshtrain/train/evaluate.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -29,14 +30,7 @@ class LocalSteps final : public StepRunner {
     return loss;
   }
   double evaluate(ValidationSet& val, int64_t& tokens) override {
-    double loss = 0;
-    for (int64_t k = 0; k < val.num_micro_batches(); ++k) {
-      val.read(k, batch_);
-      tokens += batch_.rows * batch_.seq_len;
-      loss += model_.forward_loss(batch_.inputs.data(), batch_.targets.data(), batch_.rows,
-                                  batch_.seq_len);
-    }
-    return loss;
+    return validation_loss_sum(model_, val, batch_, tokens);
   }
   Communicator* stages() override { return nullptr; }
 

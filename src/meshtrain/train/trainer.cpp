@@ -10,6 +10,7 @@
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/train/distributed.h"
+#include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/util/error.h"
 
@@ -28,6 +29,7 @@ bool same_model(const ModelConfig& a, const ModelConfig& b) {
          a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads && a.hidden_dim == b.hidden_dim &&
          a.vocab_size == b.vocab_size && a.max_seq_len == b.max_seq_len &&
          a.norm_eps == b.norm_eps && a.rope_theta == b.rope_theta &&
+         a.rope_scaling == b.rope_scaling &&
          a.tie_embeddings == b.tie_embeddings;
 }
 
@@ -48,6 +50,8 @@ std::vector<fs::path> run_files(const fs::path& out_dir) {
 
 Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     : config_(config), options_(options), schedule_(config.lr_schedule()) {
+  // The checkpoint records the tokenizer by a path that works from any folder.
+  config_.data.gpt2_ranks = fs::absolute(config_.data.gpt2_ranks).lexically_normal().string();
   const TrainSettings& t = config_.train;
   DeviceMesh* mesh = options_.mesh;
   if (mesh != nullptr) {
@@ -77,13 +81,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // Data first: a bad file should fail before anything slow happens.
   train_data_ = std::make_unique<TokenDataset>(expand_train_files(config_.data),
                                                config_.model.vocab_size, t.seq_len);
-  LoaderOptions loader;
-  loader.global_batch = t.batch_size;
-  // With dp ranks, each runs batch_size / dp rows per step, in micro-batches
-  // of at most micro_batch_size.
-  loader.micro_batch = std::min(t.micro_batch_size, std::max<int64_t>(1, t.batch_size / options_.dp_size));
-  loader.dp_rank = options_.dp_rank;
-  loader.dp_size = options_.dp_size;
+  LoaderOptions loader =
+      rank_loader_options(t.batch_size, t.micro_batch_size, options_.dp_rank, options_.dp_size);
   loader.seed = t.seed;
   loader.prefetch = options_.prefetch;
   if (!config_.data.val.empty()) {

@@ -90,10 +90,27 @@ inline void softmax_row(float* scores, T* probs, int64_t n, int64_t T_total) {
 
 }  // namespace
 
+std::vector<float> rope_inv_freq(int64_t head_dim, float theta) {
+  MESHTRAIN_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim {} must be even", head_dim);
+  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] =
+        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  }
+  return inv_freq;
+}
+
 RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, float theta, MemoryTracker& tracker) {
+  return make_rope_table(head_dim, max_seq, rope_inv_freq(head_dim, theta), tracker);
+}
+
+RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, std::span<const float> inv_freq,
+                          MemoryTracker& tracker) {
   MESHTRAIN_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim {} must be even", head_dim);
   MESHTRAIN_CHECK(max_seq > 0, "rope: max_seq {} must be positive", max_seq);
   const int64_t half = head_dim / 2;
+  MESHTRAIN_CHECK(static_cast<int64_t>(inv_freq.size()) == half,
+                  "rope: {} frequencies for head_dim {}", inv_freq.size(), head_dim);
   RopeTable table;
   table.head_dim = head_dim;
   table.max_seq = max_seq;
@@ -101,10 +118,8 @@ RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, float theta, Memory
   table.sin = Tensor({max_seq, half}, DType::f32, MemCategory::workspace, tracker);
   float* c = table.cos.data<float>();
   float* s = table.sin.data<float>();
-  // In float, in the order of Meta's precompute_freqs_cis, so angles match PyTorch's.
   for (int64_t i = 0; i < half; ++i) {
-    const float freq =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    const float freq = inv_freq[static_cast<size_t>(i)];
     for (int64_t p = 0; p < max_seq; ++p) {
       const float angle = static_cast<float>(p) * freq;
       c[p * half + i] = std::cos(angle);

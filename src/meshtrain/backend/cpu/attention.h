@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/tensor/tensor.h"
@@ -21,7 +23,14 @@ struct RopeTable {
   Tensor cos, sin;
   int64_t head_dim = 0, max_seq = 0;
 };
+// Unscaled inverse frequencies theta^(-2i/head_dim), i < head_dim / 2, in float
+// in the order of Meta's precompute_freqs_cis, so angles match PyTorch's.
+std::vector<float> rope_inv_freq(int64_t head_dim, float theta);
 RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, float theta, MemoryTracker& tracker);
+// The table for given inverse frequencies [head_dim / 2] (a scaled RoPE):
+// angle(p, i) = p * inv_freq[i] in float.
+RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, std::span<const float> inv_freq,
+                          MemoryTracker& tracker);
 
 // Rotates [rows, n_heads, head_dim] in place; position of row r is pos0 + r % seq.
 // inverse = true applies the transpose rotation (the backward pass).

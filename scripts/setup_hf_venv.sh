@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Optional: a Python venv with torch, transformers and safetensors under
+# build/hf-venv, for the tests that compare meshtrain with models transformers
+# writes itself (tests/reference/hf_models.py, ctest -R hf_venv). Not part of
+# scripts/setup.sh: the download is large and CI does not need it (the committed
+# fixtures in tests/reference/fixtures/hf_tiny_* are checked without it).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${1:-$root/build/hf-venv}
+python3 -m venv "$venv"
+"$venv/bin/pip" install torch transformers safetensors
+"$venv/bin/python" -c "import torch, transformers; print('hf venv:', '$venv', 'torch', torch.__version__, 'transformers', transformers.__version__)"

@@ -1,0 +1,85 @@
+// Models that transformers itself wrote (tests/reference/hf_models.py): every
+// config form and RoPE type, GQA, tied and untied, GPT-2, bf16/f16 and sharded
+// weights. Imported by meshtrain, their logits must equal transformers' own
+// (fp32, 1e-5). Reads the committed fixtures, or MESHTRAIN_HF_FIXTURES (the
+// hf-venv ctest points it at freshly written ones).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/ckpt/hf.h"
+#include "meshtrain/ckpt/safetensors.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fixtures_dir() {
+  const char* env = std::getenv("MESHTRAIN_HF_FIXTURES");
+  return env != nullptr && *env != '\0' ? env
+                                        : std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/fixtures";
+}
+
+std::vector<fs::path> model_dirs() {
+  std::vector<fs::path> dirs;
+  if (!fs::is_directory(fixtures_dir())) return dirs;
+  for (const auto& e : fs::directory_iterator(fixtures_dir())) {
+    if (e.is_directory() && e.path().filename().string().starts_with("hf_tiny_")) {
+      dirs.push_back(e.path());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+TEST(HfTransformers, ImportedModelsGiveTransformersLogits) {
+  const std::vector<fs::path> dirs = model_dirs();
+  ASSERT_GE(dirs.size(), 7u) << "no hf_tiny_* models in " << fixtures_dir();
+  for (const fs::path& dir : dirs) {
+    SCOPED_TRACE(dir.string());
+    MemoryTracker tracker;
+    cpu::CpuContext ctx(2, tracker);
+    std::unique_ptr<Model> model = import_hf(dir.string(), Precision::fp32, ctx);
+    const ModelConfig& c = model->config();
+    SafetensorsReader ref((dir / "logits.safetensors").string());
+    const StTensorInfo* info = ref.find("logits");
+    ASSERT_NE(info, nullptr);
+    const int64_t seq = info->shape[0];
+    ASSERT_EQ(info->shape[1], c.vocab_size);
+    std::vector<int32_t> ids(static_cast<size_t>(seq));
+    for (int64_t t = 0; t < seq; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((7 * t + 3) % c.vocab_size);
+    Tensor want({seq, c.vocab_size}, DType::f32, MemCategory::workspace, tracker);
+    ref.read("logits", want);
+    Tensor got({seq, c.vocab_size}, DType::f32, MemCategory::workspace, tracker);
+    model->forward_logits(ids.data(), 1, seq, got.data<float>());
+    double worst = 0;
+    for (int64_t i = 0; i < seq * c.vocab_size; ++i) {
+      const double w = want.data<float>()[i], g = got.data<float>()[i];
+      worst = std::max(worst, std::abs(w - g) / std::max(1.0, std::abs(w)));
+    }
+    EXPECT_LE(worst, 1e-5);
+  }
+}
+
+TEST(HfTransformers, Llama3ScalingIsReadAndChangesTheModel) {
+  const fs::path dir = fs::path(fixtures_dir()) / "hf_tiny_llama_llama3_scaling";
+  if (!fs::is_directory(dir)) GTEST_SKIP() << "no " << dir;
+  const ModelConfig c = read_hf_config((dir / "config.json").string());
+  EXPECT_EQ(c.rope_theta, 500000.0f);
+  EXPECT_EQ(c.rope_scaling.type, RopeType::llama3);
+  EXPECT_EQ(c.rope_scaling.factor, 8.0f);
+  EXPECT_EQ(c.rope_scaling.original_max_seq, 16);
+  ModelConfig plain = c;
+  plain.rope_scaling = {};
+  EXPECT_NE(c.rope_frequencies(), plain.rope_frequencies());
+}
+
+}  // namespace
+}  // namespace meshtrain
