@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <regex>
@@ -109,25 +110,40 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
     }
   } else {
     const Tensor buffer = file_buffer(buffer_bytes, total, tracker);
-    float* buf = buffer.data<float>();
-    const int64_t capacity = buffer.numel();
+    // Two halves: one is filled from the state while the other is written
+    // (in whole 4096-byte units when the buffer is big enough: direct writes).
+    int64_t capacity = buffer.numel();
+    const bool halves = capacity >= 2048;
+    if (halves) capacity = capacity / 2 / 1024 * 1024;
+    float* const half[2] = {buffer.data<float>(), buffer.data<float>() + (halves ? capacity : 0)};
+    std::future<void> pending;
+    auto finish_pending = [&] {
+      if (pending.valid()) pending.get();  // rethrows the write's error
+    };
+    int side = 0;
     int64_t filled = 0;
-    // Pieces packed into the buffer back to back: one write per full buffer.
+    // Pieces packed into the buffer back to back: one write per full half.
     for (size_t k = 0; k < layout::kStateKinds; ++k) {
       for (const ShardPiece* p : owned) {
         for (int64_t begin = 0; begin < p->region.numel();) {
           const int64_t n = std::min(p->region.numel() - begin, capacity - filled);
-          state.read(static_cast<StateKind>(k), p->local_offset + begin, n, buf + filled);
+          state.read(static_cast<StateKind>(k), p->local_offset + begin, n, half[side] + filled);
           filled += n;
           begin += n;
-          if (filled == capacity) {
-            write_data(buf, filled);
-            filled = 0;
+          if (filled < capacity) continue;
+          finish_pending();
+          if (halves) {
+            pending = std::async(std::launch::async, write_data, half[side], filled);
+            side = 1 - side;
+          } else {
+            write_data(half[side], filled);
           }
+          filled = 0;
         }
       }
     }
-    if (filled > 0) write_data(buf, filled);
+    finish_pending();
+    if (filled > 0) write_data(half[side], filled);
   }
   writer.commit();
   record.bytes = writer.file_bytes();
