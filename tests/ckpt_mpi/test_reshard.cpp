@@ -14,6 +14,7 @@
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
+#include "support/shared_corpus.h"
 #include "support/trainer_run.h"
 
 namespace meshtrain {
@@ -51,9 +52,7 @@ Layouts layouts_for(int n) {
 class Reshard : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    dir_ = testing::shared_scratch_dir(*world_);
-    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 61);
-    world_->barrier();
+    dir_ = testing::shared_phrase_corpus(*world_, 61);
   }
 
   TrainConfig config(const std::string& out, ConfigOverrides extra = {}) const {

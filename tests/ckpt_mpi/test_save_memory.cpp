@@ -8,6 +8,7 @@
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
+#include "support/shared_corpus.h"
 #include "support/trainer_run.h"
 
 namespace meshtrain {
@@ -18,9 +19,7 @@ using testing::mpi_env;
 class SaveMemory : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::shared_scratch_dir(*world_);
-    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 256);
-    world_->barrier();
+    dir_ = testing::shared_phrase_corpus(*world_, 256);
   }
   TrainConfig config(const std::string& out, ConfigOverrides extra) const {
     // ~0.9M parameters: 11 MB of state, against a 1 MiB buffer.

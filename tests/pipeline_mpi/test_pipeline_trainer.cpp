@@ -14,6 +14,7 @@
 #include "meshtrain/util/error.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
+#include "support/shared_corpus.h"
 #include "support/trainer_run.h"
 
 namespace meshtrain {
@@ -24,9 +25,7 @@ using testing::mpi_env;
 class PipelineTrainer : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::shared_scratch_dir(*world_);
-    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 61);
-    world_->barrier();
+    dir_ = testing::shared_phrase_corpus(*world_, 61);
   }
 
   // GPT-2 (tied embeddings: the first and last stages share them) with 9

@@ -14,6 +14,7 @@
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
+#include "support/shared_corpus.h"
 #include "support/trainer_run.h"
 
 namespace meshtrain {
@@ -49,9 +50,7 @@ constexpr Mode kModes[] = {{"selective", 0}, {"full", 0}, {"full", 1}};
 class RecomputeTrainer : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::shared_scratch_dir(*world_);
-    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 61);
-    world_->barrier();
+    dir_ = testing::shared_phrase_corpus(*world_, 61);
   }
 
   // 4 layers (2 per stage); llama: 4 query heads over 2 kv heads.

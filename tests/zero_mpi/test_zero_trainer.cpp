@@ -12,6 +12,7 @@
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
+#include "support/shared_corpus.h"
 #include "support/trainer_run.h"
 
 namespace meshtrain {
@@ -25,9 +26,7 @@ class ZeroTrainer : public ::testing::Test {
   using Run = testing::TrainerRun;  // (hides ::testing::Test::Run)
 
   void SetUp() override {
-    dir_ = testing::shared_scratch_dir(*world_);
-    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 61);
-    world_->barrier();
+    dir_ = testing::shared_phrase_corpus(*world_, 61);
   }
 
   // vocab 61 and an odd MLP width: padded flat parameters at dp 2, 3, 4.
