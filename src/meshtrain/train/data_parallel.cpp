@@ -126,6 +126,11 @@ class ZeroDataParallel final : public DataParallel {
     r.comm_ms = timing.comm_seconds * 1e3;
     r.exposed_comm_ms = timing.exposed_seconds * 1e3;
     r.comm_bytes = timing.bytes;
+    r.offloaded = zero_->options().offload.tier != zero::OffloadTier::none;
+    r.offload_read_bytes = timing.offload.bytes_read;
+    r.offload_written_bytes = timing.offload.bytes_written;
+    r.offload_ready = timing.offload.ready_at_acquire;
+    r.offload_waited = timing.offload.waited_at_acquire;
   }
   void quiesce() override { zero_->quiesce(); }
   int64_t step_count() const override { return zero_->step_count(); }

@@ -69,7 +69,10 @@ std::string describe_zero(const zero::ShardedDataParallel& zero) {
                         o.reshard_after_forward ? "on" : "off");
   }
   if (o.offload.tier != zero::OffloadTier::none) {
-    text += fmt::format(", optimizer state offloaded to {}", zero::offload_tier_name(o.offload.tier));
+    text += fmt::format(", {} offloaded to {}",
+                        zero.params_offloaded() ? "parameters and optimizer state"
+                                                : "optimizer state",
+                        zero::offload_tier_name(o.offload.tier));
     if (o.offload.budget_bytes > 0) {
       text += fmt::format(" (resident budget {})", format_bytes(o.offload.budget_bytes));
     }

@@ -39,6 +39,12 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"exposed_comm_ms", r.exposed_comm_ms},
                         {"comm_bytes", r.comm_bytes},
                         {"tp_comm_bytes", r.tp_comm_bytes}};
+  if (r.offloaded) {
+    record["offload_read_bytes"] = r.offload_read_bytes;
+    record["offload_written_bytes"] = r.offload_written_bytes;
+    record["offload_ready"] = r.offload_ready;
+    record["offload_waited"] = r.offload_waited;
+  }
   if (r.pipelined) {
     record["pp_busy_ms"] = r.pp_busy_ms;
     record["pp_wait_ms"] = r.pp_wait_ms;

@@ -29,6 +29,11 @@ struct StepRecord {
   double pp_bubble = 0, pp_bubble_theory = 0;
   int64_t pp_in_flight = 0;
   uint64_t tp_comm_bytes = 0;  // tensor parallel: the tp group's collectives (CallRecord::bytes)
+  // ZeRO with parallel.offload cpu/disk: the store's traffic in the step and its
+  // read-ahead (acquires that found their chunk read vs. had to wait for it).
+  bool offloaded = false;
+  uint64_t offload_read_bytes = 0, offload_written_bytes = 0;
+  uint64_t offload_ready = 0, offload_waited = 0;
 };
 
 // Observes the training loop. Every rank's hooks are called at the same

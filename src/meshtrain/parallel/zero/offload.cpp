@@ -54,7 +54,7 @@ OffloadStore::OffloadStore(std::string name, std::vector<OffloadChunkSpec> chunk
     MESHTRAIN_CHECK(spec.numel > 0, "offload store '{}': chunk '{}' has {} elements", name_,
                     spec.name, spec.numel);
     Chunk c;
-    c.bytes = static_cast<size_t>(spec.numel) * sizeof(float);
+    c.bytes = static_cast<size_t>(spec.numel) * dtype_size(spec.dtype);
     MESHTRAIN_CHECK(!streams() || options_.budget_bytes == 0 || c.bytes <= options_.budget_bytes,
                     "offload store '{}': chunk '{}' is {}, more than the resident budget of {}",
                     name_, spec.name, describe_bytes(c.bytes),
@@ -71,12 +71,12 @@ OffloadStore::OffloadStore(std::string name, std::vector<OffloadChunkSpec> chunk
   switch (options_.tier) {
     case OffloadTier::none:
       for (auto& c : chunks_) {
-        c.home = Tensor({c.spec.numel}, DType::f32, options_.resident_category, *tracker_);
+        c.home = Tensor({c.spec.numel}, c.spec.dtype, options_.resident_category, *tracker_);
       }
       return;  // no I/O thread
     case OffloadTier::cpu:
       for (auto& c : chunks_) {
-        c.home = Tensor({c.spec.numel}, DType::f32, MemCategory::offloaded, *tracker_);
+        c.home = Tensor({c.spec.numel}, c.spec.dtype, MemCategory::offloaded, *tracker_);
       }
       break;
     case OffloadTier::disk: open_file(); break;
@@ -151,19 +151,20 @@ void OffloadStore::begin_pass(std::vector<size_t> order) {
   MESHTRAIN_CHECK(!in_pass_, "offload store '{}': begin_pass inside a pass", name_);
   MESHTRAIN_CHECK(held_bytes_ == 0, "offload store '{}': begin_pass with chunks still held",
                   name_);
-  std::vector<bool> seen(chunks_.size(), false);
   for (size_t id : order) {
     MESHTRAIN_CHECK(id < chunks_.size(), "offload store '{}': pass names chunk {} of {}", name_,
                     id, chunks_.size());
-    MESHTRAIN_CHECK(!seen[id], "offload store '{}': chunk '{}' appears twice in a pass", name_,
-                    chunks_[id].spec.name);
-    seen[id] = true;
   }
   order_ = std::move(order);
   next_read_ = next_acquire_ = 0;
   in_pass_ = true;
   lock.unlock();
   io_cv_.notify_all();
+}
+
+size_t OffloadStore::next_in_pass() const {
+  std::lock_guard lock(mu_);
+  return in_pass_ && next_acquire_ < order_.size() ? order_[next_acquire_] : npos;
 }
 
 Tensor OffloadStore::acquire(size_t id) {
@@ -253,7 +254,7 @@ void OffloadStore::release(size_t id, bool dirty) {
     }
     return;
   }
-  if (dirty) run_io(lock, [&] { transfer(c, c.buffer.data<float>(), true); });
+  if (dirty) run_io(lock, [&] { transfer(c, c.buffer.raw(), true); });
   c.state = State::stored;
   resident_bytes_ -= c.bytes;
   c.buffer = Tensor();
@@ -302,17 +303,20 @@ OffloadStats OffloadStore::stats() const {
 
 bool OffloadStore::can_read_ahead() const {
   if (!in_pass_ || error_ || next_read_ >= order_.size()) return false;
-  size_t bytes = chunks_[order_[next_read_]].bytes;
+  const Chunk& next = chunks_[order_[next_read_]];
+  // A repeated chunk: its earlier occurrence is not released (or written back) yet.
+  if (next.state != State::stored) return false;
   if (options_.budget_bytes == 0) return true;
   for (const auto& t : spares_) {
-    if (t.bytes() == bytes) return true;
+    if (fits(t, next)) return true;
   }
-  return resident_bytes_ - spare_bytes_ + bytes <= options_.budget_bytes;
+  return resident_bytes_ - spare_bytes_ + next.bytes <= options_.budget_bytes;
 }
 
-Tensor OffloadStore::take_buffer(size_t bytes) {
+Tensor OffloadStore::take_buffer(const Chunk& chunk) {
+  const size_t bytes = chunk.bytes;
   for (size_t i = 0; i < spares_.size(); ++i) {
-    if (spares_[i].bytes() == bytes) {
+    if (fits(spares_[i], chunk)) {
       Tensor t = std::move(spares_[i]);
       spares_.erase(spares_.begin() + static_cast<long>(i));
       spare_bytes_ -= bytes;
@@ -332,7 +336,7 @@ Tensor OffloadStore::take_buffer(size_t bytes) {
 }
 
 Tensor OffloadStore::new_buffer(const Chunk& chunk) {
-  return Tensor({chunk.spec.numel}, DType::f32, options_.resident_category, *tracker_);
+  return Tensor({chunk.spec.numel}, chunk.spec.dtype, options_.resident_category, *tracker_);
 }
 
 void OffloadStore::io_loop() {
@@ -351,11 +355,11 @@ void OffloadStore::io_loop() {
 }
 
 void OffloadStore::load(Chunk& c, std::unique_lock<std::mutex>& lock) {
-  c.buffer = take_buffer(c.bytes);
+  c.buffer = take_buffer(c);
   c.state = State::reading;
   run_io(lock, [&] {
     if (!c.buffer.defined()) c.buffer = new_buffer(c);
-    transfer(c, c.buffer.data<float>(), false);
+    transfer(c, c.buffer.raw(), false);
   });
 }
 
@@ -368,7 +372,7 @@ void OffloadStore::read_next(std::unique_lock<std::mutex>& lock) {
 void OffloadStore::write_next(std::unique_lock<std::mutex>& lock) {
   Chunk& c = chunks_[writes_.front()];
   writes_.pop_front();
-  run_io(lock, [&] { transfer(c, c.buffer.data<float>(), true); });
+  run_io(lock, [&] { transfer(c, c.buffer.raw(), true); });
   if (error_) return;
   c.state = State::stored;
   spare_bytes_ += c.bytes;
@@ -392,12 +396,12 @@ void OffloadStore::run_io(std::unique_lock<std::mutex>& lock, const std::functio
   done_cv_.notify_all();
 }
 
-void OffloadStore::transfer(const Chunk& c, float* buffer, bool to_tier) {
+void OffloadStore::transfer(const Chunk& c, void* buffer, bool to_tier) {
   auto start = Clock::now();
   if (options_.tier == OffloadTier::cpu) {
     std::memcpy(to_tier ? c.home.raw() : buffer, to_tier ? buffer : c.home.raw(), c.bytes);
   } else {
-    auto* bytes = reinterpret_cast<char*>(buffer);
+    auto* bytes = static_cast<char*>(buffer);
     size_t done = 0;
     while (done < c.bytes) {  // pread/pwrite may move fewer bytes than asked
       const auto at = static_cast<off_t>(c.file_offset + done);

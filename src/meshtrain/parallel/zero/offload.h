@@ -1,6 +1,8 @@
-// Offload store: named, fixed-size f32 chunks (ZeRO's optimizer-state shards and,
-// at stage 3, fp32 master shards) kept in a slower tier and streamed through a
-// bounded set of resident buffers, with read-ahead and write-behind on an I/O thread.
+// Offload store: named, fixed-size chunks (ZeRO's optimizer-state shards, the f32
+// master shards of 2-byte weights and, at stage 3, the parameter shards: f32, or
+// 2-byte compute chunks in their own dtype) kept in a slower tier and streamed
+// through a bounded set of resident buffers, with read-ahead and write-behind on an
+// I/O thread.
 //
 // Tiers:
 //   none  every chunk is one resident Tensor; acquire returns it, nothing is copied.
@@ -14,8 +16,10 @@
 //   store.begin_pass({0, 1, 2, ...});          // order of this pass; read-ahead starts
 //   for (id : order) { Tensor t = store.acquire(id); ...; t = {}; store.release(id, true); }
 //   store.end_pass();                          // writes back what is pending, frees buffers
-// Within a pass chunks are acquired in the announced order, each at most once (several
-// may be held at once, within the budget). A caller whose chunk is not read yet does the
+// Within a pass chunks are acquired in the announced order (several may be held at
+// once, within the budget). A chunk may appear more than once (ZeRO-3 reads a unit's
+// parameters in forward and again in backward): the read-ahead of a later occurrence
+// waits until the earlier one is released. A caller whose chunk is not read yet does the
 // due I/O itself rather than sleep. Outside a pass acquire/release do the I/O on the
 // caller's thread (checkpoint save/load, initial values). Chunks start zero-filled.
 //
@@ -59,7 +63,8 @@ struct OffloadOptions {
 
 struct OffloadChunkSpec {
   std::string name;
-  int64_t numel = 0;  // f32 elements
+  int64_t numel = 0;         // elements of dtype
+  DType dtype = DType::f32;  // the resident buffer's element type
 };
 
 struct OffloadStats {
@@ -89,9 +94,12 @@ class OffloadStore {
   size_t find(std::string_view chunk_name) const;  // throws if absent
   const std::string& file_path() const { return path_; }  // disk only, else empty
 
-  // Starts a pass over `order` (distinct chunk ids; nothing may be held).
+  // Starts a pass over `order` (chunk ids, repeats allowed; nothing may be held).
   void begin_pass(std::vector<size_t> order);
-  // The chunk's resident values, an f32 [numel] tensor valid until release(id). It
+  // In a pass: the chunk the order names next (npos at its end or outside a pass).
+  static constexpr size_t npos = static_cast<size_t>(-1);
+  size_t next_in_pass() const;
+  // The chunk's resident values, a [numel] tensor of its dtype valid until release(id). It
   // shares the store's buffer: drop it before release, since the store may then reuse
   // or free the buffer (a copy kept alive would hold memory outside the budget). In a
   // pass `id` must be the next in the order; blocks until it is read.
@@ -124,7 +132,10 @@ class OffloadStore {
   void check_no_error();
   // Reserves room for `bytes` (reusing or freeing spares); returns a spare of that size
   // or an undefined tensor to allocate outside the lock.
-  Tensor take_buffer(size_t bytes);
+  Tensor take_buffer(const Chunk& chunk);
+  bool fits(const Tensor& spare, const Chunk& chunk) const {
+    return spare.bytes() == chunk.bytes && spare.dtype() == chunk.spec.dtype;
+  }
   void load(Chunk& chunk, std::unique_lock<std::mutex>& lock);  // buffer + read
   void read_next(std::unique_lock<std::mutex>& lock);           // order_[next_read_], read ahead
   void write_next(std::unique_lock<std::mutex>& lock);          // writes_.front()
@@ -132,7 +143,7 @@ class OffloadStore {
   void run_io(std::unique_lock<std::mutex>& lock, const std::function<void()>& io);
   Tensor new_buffer(const Chunk& chunk);
   // Copies the chunk between `buffer` and its tier (to_tier: a write), counts it in stats_.
-  void transfer(const Chunk& chunk, float* buffer, bool to_tier);
+  void transfer(const Chunk& chunk, void* buffer, bool to_tier);
   void open_file();
 
   std::string name_;

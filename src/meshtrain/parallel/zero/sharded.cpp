@@ -22,16 +22,19 @@ double seconds(CommClock::duration d) { return std::chrono::duration<double>(d).
 struct ShardedDataParallel::Piece {
   int64_t begin = 0, end = 0;                            // shard elements
   size_t exp_avg = 0, exp_avg_sq = 0, master = kNone;    // store chunk ids
+  size_t compute = kNone;  // stage 3, parameters in the store: a 2-byte flat's compute values
   size_t chunk(State state) const {
     return state == State::master ? master : state == State::exp_avg ? exp_avg : exp_avg_sq;
   }
+  // The values a stage-3 gather sends (a f32 flat's master shard is its compute shard).
+  size_t values() const { return compute != kNone ? compute : master; }
 };
 
 struct ShardedDataParallel::Flat {
   Tensor full;                 // [padded] compute dtype; stage 3 only while gathered
   Work gather;                 // the all-gather into `full`, until waited for
   bool gather_pending = false;
-  Tensor compute_shard;        // stage 3: [shard] compute dtype
+  Tensor compute_shard;        // stage 3 with parameters resident: [shard] compute dtype
   Tensor master_alias;         // f32 flats: the master shard within the compute values
   Tensor grad_full;            // [padded] f32; stage 1 persistent, else per micro-batch
   Tensor grad_shard;           // stages 2, 3: [shard] f32
@@ -78,6 +81,7 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
 
   MemoryTracker& tracker = model.ctx().tracker();
   const int stage = options.stage;
+  params_in_store_ = stage == 3 && options.offload.tier != OffloadTier::none;
   std::vector<OffloadChunkSpec> chunks;
   flats_.resize(layout_.flats.size());
   for (size_t i = 0; i < flats_.size(); ++i) {
@@ -88,7 +92,7 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
       f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, tracker);
       if (fp.dtype == DType::f32) f.master_alias = f.full.view(fp.shard_begin(rank_), {fp.shard});
       bind_values(i);
-    } else {
+    } else if (!params_in_store_) {
       f.compute_shard = Tensor({fp.shard}, fp.dtype, MemCategory::params, tracker);
       if (fp.dtype == DType::f32) f.master_alias = f.compute_shard;
     }
@@ -113,15 +117,73 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
         piece.master = chunks.size();
         chunks.push_back({fmt::format("{}.master.{}", name, k), n});
       }
+      if (params_in_store_ && fp.dtype != DType::f32) {
+        piece.compute = chunks.size();
+        chunks.push_back({fmt::format("{}.compute.{}", name, k), n, fp.dtype});
+      }
       f.pieces.push_back(piece);
     }
   }
+  check_offload_budget(chunks);
+  param_schedule_ = predicted_param_schedule();
   OffloadOptions store = options.offload;
   store.resident_category = MemCategory::optimizer;
   store_ = std::make_unique<OffloadStore>(fmt::format("zero_state.rank{}", rank_),
                                           std::move(chunks), store, tracker);
   model_.unit_hooks.before = [this](size_t u, UnitPass pass) { before(u, pass); };
   model_.unit_hooks.after = [this](size_t u, UnitPass pass) { after(u, pass); };
+}
+
+void ShardedDataParallel::check_offload_budget(const std::vector<OffloadChunkSpec>& chunks) const {
+  const size_t budget = options_.offload.budget_bytes;
+  if (options_.offload.tier == OffloadTier::none || budget == 0) return;
+  // The optimizer step holds one piece's chunks at once (exp_avg, exp_avg_sq, the f32
+  // master, the compute values); a gather holds one values chunk. The largest piece decides.
+  size_t need = 0;
+  std::string what;
+  for (const Flat& f : flats_) {
+    for (const Piece& p : f.pieces) {
+      size_t bytes = 0;
+      for (size_t id : {p.exp_avg, p.exp_avg_sq, p.master, p.compute}) {
+        if (id == kNone) continue;
+        bytes += static_cast<size_t>(chunks[id].numel) * dtype_size(chunks[id].dtype);
+      }
+      if (bytes > need) {
+        need = bytes;
+        what = chunks[p.exp_avg].name;
+      }
+    }
+  }
+  MESHTRAIN_CHECK(need <= budget,
+                  "parallel.offload_budget_mb: a resident budget of {} bytes is less than the {} "
+                  "bytes the optimizer step holds at once for one piece ('{}' and its other "
+                  "states{}; pieces of {} elements); raise parallel.offload_budget_mb to at least "
+                  "{:.3f}",
+                  budget, need, what, params_in_store_ ? " and parameters" : "",
+                  options_.piece_elems, static_cast<double>(need) / (1024.0 * 1024.0));
+}
+
+// The first step's stage-3 gather order, from the model's unit order (forward_backward's
+// hooks): forward embed, layers, head; the tied embedding again as the output layer
+// (prefetched at the head's forward); with reshard_after_forward the layers again in
+// backward, last to first, then an untied embedding. A pipeline stage keeps each unit from
+// its first use to its last backward: its units once, in forward order.
+std::vector<size_t> ShardedDataParallel::predicted_param_schedule() const {
+  const size_t units = layout_.unit_flats.size();
+  std::vector<size_t> order;
+  auto add = [&](size_t u) {
+    for (size_t i : layout_.unit_flats[u]) order.push_back(i);
+  };
+  for (size_t u = 0; u < units; ++u) add(u);
+  if (options_.pipeline_micro_batches > 0 || !options_.reshard_after_forward || units < 2) {
+    return order;
+  }
+  const ModelConfig& c = model_.config();
+  const bool tied = c.family == Family::gpt2 || c.tie_embeddings;
+  if (tied) add(0);
+  for (size_t u = units - 2; u >= 1; --u) add(u);
+  if (!tied) add(0);
+  return order;
 }
 
 ShardedDataParallel::~ShardedDataParallel() {
@@ -179,7 +241,15 @@ void ShardedDataParallel::gather_async(size_t flat) {
   Flat& f = flats_[flat];
   f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.ctx().tracker());
   std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
-  f.gather = dp_.all_gather_async(f.compute_shard.raw(), f.full.raw(), counts, comm_dtype(fp.dtype));
+  const void* send = f.compute_shard.raw();
+  if (params_in_store_) {
+    // The shard streams from the store into its place in the gathered unit: in place.
+    char* own = static_cast<char*>(f.full.raw()) +
+                static_cast<size_t>(fp.shard_begin(rank_)) * dtype_size(fp.dtype);
+    stream_in_params(flat, own);
+    send = own;
+  }
+  f.gather = dp_.all_gather_async(send, f.full.raw(), counts, comm_dtype(fp.dtype));
   timing_.bytes += f.full.bytes();
   f.gather_pending = true;
 }
@@ -197,6 +267,47 @@ void ShardedDataParallel::release_params(size_t flat) {
   wait_gather(flat);
   f.full = Tensor();
   bind_values(flat);  // unbinds: the views held the storage
+}
+
+void ShardedDataParallel::stream_in_params(size_t flat, char* dst) {
+  Flat& f = flats_[flat];
+  const size_t elem = dtype_size(layout_.flats[flat].dtype);
+  if (recording_) recorded_.push_back(flat);
+  if (store_->next_in_pass() != f.pieces.front().values()) announce_params(flat);
+  for (const Piece& p : f.pieces) {
+    const size_t id = p.values();
+    Tensor t = store_->acquire(id);
+    std::memcpy(dst + static_cast<size_t>(p.begin) * elem, t.raw(), t.bytes());
+    t = Tensor();
+    store_->release(id, false);
+  }
+  ++param_pass_next_;
+}
+
+// Starts a store pass over the predicted gathers from `flat` on: the schedule from the
+// first position at or after the current one that gathers `flat` (else from the start);
+// a flat the schedule does not name is announced alone.
+void ShardedDataParallel::announce_params(size_t flat) {
+  end_param_pass();
+  const std::vector<size_t>& s = param_schedule_;
+  size_t from = s.size();
+  for (size_t k = 0; k < s.size() && from == s.size(); ++k) {  // (never empty: every unit)
+    const size_t at = (param_pass_next_ + k) % s.size();
+    if (s[at] == flat) from = at;
+  }
+  std::vector<size_t> order;
+  const size_t end = from < s.size() ? s.size() : 0;
+  auto add = [&](size_t i) {
+    for (const Piece& p : flats_[i].pieces) order.push_back(p.values());
+  };
+  if (from == s.size()) add(flat);
+  for (size_t k = from; k < end; ++k) add(s[k]);
+  param_pass_next_ = from < s.size() ? from : s.size();
+  store_->begin_pass(std::move(order));
+}
+
+void ShardedDataParallel::end_param_pass() {
+  if (params_in_store_ && store_->in_pass()) store_->end_pass();
 }
 
 size_t ShardedDataParallel::prefetch_target(size_t unit, UnitPass pass) const {
@@ -324,6 +435,9 @@ void ShardedDataParallel::begin_micro_batch(bool first, bool last) {
   if (!first) return;
   MESHTRAIN_CHECK(reduces_.empty(), "zero: a step began before the previous sync finished");
   timing_ = ZeroStepTiming{};
+  step_store_stats_ = store_->stats();
+  recorded_.clear();
+  recording_ = params_in_store_;
   std::fill(backwards_.begin(), backwards_.end(), 0);
   for (Flat& f : flats_) {
     if (options_.stage == 1) {
@@ -398,12 +512,17 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
   MESHTRAIN_CHECK(reduces_.empty(), "zero: step before finish_gradient_sync");
   for (size_t i = 0; i < flats_.size(); ++i) wait_gather(i);  // sources of pending gathers
   ++step_count_;
+  end_param_pass();
+  if (recording_ && !recorded_.empty()) param_schedule_ = recorded_;  // the next step's order
+  recording_ = false;
+  param_pass_next_ = 0;
   std::vector<size_t> order;
   for (const Flat& f : flats_) {
     for (const Piece& p : f.pieces) {
       order.push_back(p.exp_avg);
       order.push_back(p.exp_avg_sq);
       if (p.master != kNone) order.push_back(p.master);
+      if (p.compute != kNone) order.push_back(p.compute);
     }
   }
   store_->begin_pass(std::move(order));
@@ -411,30 +530,41 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
   for (size_t i = 0; i < flats_.size(); ++i) {
     Flat& f = flats_[i];
     const float* g = grad_shard(i);
-    bf16* compute =
-        layout_.flats[i].dtype == DType::bf16 ? static_cast<bf16*>(compute_values(i)) : nullptr;
+    bf16* resident_compute = layout_.flats[i].dtype == DType::bf16 && !params_in_store_
+                                 ? static_cast<bf16*>(compute_values(i))
+                                 : nullptr;
     for (const Piece& p : f.pieces) {
       Tensor m = store_->acquire(p.exp_avg);
       Tensor v = store_->acquire(p.exp_avg_sq);
       Tensor master = p.master != kNone ? store_->acquire(p.master) : Tensor();
+      Tensor stored_compute = p.compute != kNone ? store_->acquire(p.compute) : Tensor();
       for (const ShardSegment& s : f.segments) {
         const int64_t lo = std::max(s.shard_offset, p.begin);
         const int64_t hi = std::min(s.shard_offset + s.numel, p.end);
         if (lo >= hi) continue;
         const int64_t k = lo - p.begin;  // within the piece's chunks
         float* w = master.defined() ? master.data<float>() + k : f.master_alias.data<float>() + lo;
+        bf16* compute = stored_compute.defined() ? stored_compute.data<bf16>() + k
+                        : resident_compute != nullptr ? resident_compute + lo
+                                                      : nullptr;
         cpu::adamw_update(adamw_hyper(adamw_, params[s.param].spec, lr, step_count_, grad_scale),
-                          w, g + lo, m.data<float>() + k, v.data<float>() + k,
-                          compute != nullptr ? compute + lo : nullptr, hi - lo);
+                          w, g + lo, m.data<float>() + k, v.data<float>() + k, compute, hi - lo);
       }
       // Our handles go first: the store may free a buffer once released.
-      m = v = master = Tensor();
+      m = v = master = stored_compute = Tensor();
       store_->release(p.exp_avg, true);
       store_->release(p.exp_avg_sq, true);
       if (p.master != kNone) store_->release(p.master, true);
+      if (p.compute != kNone) store_->release(p.compute, true);
     }
   }
   store_->end_pass();
+  const OffloadStats now = store_->stats();
+  timing_.offload.bytes_read = now.bytes_read - step_store_stats_.bytes_read;
+  timing_.offload.bytes_written = now.bytes_written - step_store_stats_.bytes_written;
+  timing_.offload.ready_at_acquire = now.ready_at_acquire - step_store_stats_.ready_at_acquire;
+  timing_.offload.waited_at_acquire = now.waited_at_acquire - step_store_stats_.waited_at_acquire;
+  timing_.offload.wait_seconds = now.wait_seconds - step_store_stats_.wait_seconds;
   if (options_.stage <= 2) all_gather_updated();
 }
 
@@ -456,6 +586,8 @@ void ShardedDataParallel::quiesce() {
     wait_gather(i);
     if (options_.stage == 3) release_params(i);
   }
+  end_param_pass();  // what follows (checkpoints, loads) reads the store outside a pass
+  param_pass_next_ = 0;  // the next gather begins a forward
 }
 
 // --- state in and out (initialisation, checkpoints) ---
@@ -486,8 +618,20 @@ void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, i
   Flat& f = flats_[flat];
   const auto n = static_cast<size_t>(end - begin);
   if (state == State::master) {
-    if (fp.dtype == DType::bf16) {
-      convert(DType::f32, in, DType::bf16, static_cast<bf16*>(compute_values(flat)) + begin, n);
+    if (fp.dtype != DType::f32 && !params_in_store_) {
+      const size_t elem = dtype_size(fp.dtype);
+      convert(DType::f32, in, fp.dtype,
+              static_cast<char*>(compute_values(flat)) + static_cast<size_t>(begin) * elem, n);
+    }
+    for (const Piece& p : f.pieces) {  // parameters in the store: the compute chunks
+      const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
+      if (p.compute == kNone || lo >= hi) continue;
+      Tensor t = store_->acquire(p.compute);
+      convert(DType::f32, in + (lo - begin), fp.dtype,
+              static_cast<char*>(t.raw()) + static_cast<size_t>(lo - p.begin) * dtype_size(fp.dtype),
+              static_cast<size_t>(hi - lo));
+      t = Tensor();
+      store_->release(p.compute, true);
     }
     if (f.master_alias.defined()) {
       std::memcpy(f.master_alias.data<float>() + begin, in, n * sizeof(float));

@@ -76,6 +76,9 @@ struct ZeroStepTiming {
   // update's all-gather (waited for in the next forward).
   uint64_t bytes = 0;
   std::vector<GatherEvent> gathers;  // stage 3
+  // The offload store in the step (from begin_micro_batch(true, _) to the end of step()):
+  // bytes moved, and how many acquires found their chunk read ahead.
+  OffloadStats offload;
 };
 
 class ShardedDataParallel : public layout::StateAccess {
@@ -111,6 +114,9 @@ class ShardedDataParallel : public layout::StateAccess {
   // evaluation; before reading weights).
   void quiesce();
   const ZeroStepTiming& last_step() const { return timing_; }
+  // Stage 3 with offload cpu/disk: the parameter shards live in the store.
+  bool params_offloaded() const { return params_in_store_; }
+  OffloadStats offload_stats() const { return store_->stats(); }
 
   // The layout narrowing of ZeRO: the model's map (Model::shard_map) cut to
   // this rank's shards. Local offsets are in the shard space: the flat
@@ -157,6 +163,12 @@ class ShardedDataParallel : public layout::StateAccess {
   void access_shard_space(int64_t offset, int64_t count,
                           const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) const;
   size_t prefetch_target(size_t unit, UnitPass pass) const;
+  void check_offload_budget(const std::vector<OffloadChunkSpec>& chunks) const;
+  // Parameters in the store: the stage-3 gathers' read-ahead (a store pass).
+  std::vector<size_t> predicted_param_schedule() const;
+  void stream_in_params(size_t flat, char* dst);  // the shard into its gathered place
+  void announce_params(size_t flat);
+  void end_param_pass();
 
   Model& model_;
   Communicator& dp_;
@@ -167,6 +179,12 @@ class ShardedDataParallel : public layout::StateAccess {
   std::vector<Flat> flats_;
   std::vector<Reduce> reduces_;  // in issue order
   std::unique_ptr<OffloadStore> store_;
+  bool params_in_store_ = false;
+  std::vector<size_t> param_schedule_;  // flats in gather order over a step
+  size_t param_pass_next_ = 0;          // position in param_schedule_ of the next gather
+  std::vector<size_t> recorded_;        // this step's gathers, the next step's schedule
+  bool recording_ = false;
+  OffloadStats step_store_stats_;
   int64_t step_count_ = 0;
   bool last_micro_batch_ = false;
   std::vector<int64_t> backwards_;  // pipeline: each unit's backwards in this step
