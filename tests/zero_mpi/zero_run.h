@@ -28,6 +28,7 @@ struct ZeroRunSpec {
   int micro_batches = 1;     // per rank and step
   uint64_t seed = 7;
   float lr = 3e-3f, max_norm = 0.5f;
+  RecomputePolicy recompute;  // activation checkpointing, the reference's too
 };
 
 struct ZeroRunResult {
@@ -49,6 +50,7 @@ inline void batch_rows(const ZeroRunSpec& s, int step, int64_t row0, int64_t row
 
 inline ZeroRunResult run_reference(const ZeroRunSpec& s) {
   CpuModel m(s.model, s.precision, 1);
+  m.model.set_recompute(s.recompute);
   m.model.init_weights(s.seed);
   AdamW optimizer(m.model, test_adamw());
   const auto tokens = static_cast<double>(s.global_rows * s.seq);
@@ -77,6 +79,7 @@ inline ZeroRunResult run_reference(const ZeroRunSpec& s) {
 struct ZeroModel {
   ZeroModel(const ZeroRunSpec& s, Communicator& dp, const zero::ZeroOptions& options)
       : ctx(1, tracker), model(s.model, s.precision, ctx, ParamStorage::external) {
+    model.set_recompute(s.recompute);
     baseline = tracker.snapshot().live;
     zero = std::make_unique<zero::ShardedDataParallel>(model, dp, test_adamw(), options);
   }

@@ -241,13 +241,15 @@ void ShardedDataParallel::gather_async(size_t flat) {
   Flat& f = flats_[flat];
   f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.ctx().tracker());
   std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
-  const void* send = f.compute_shard.raw();
+  const void* send = nullptr;
   if (params_in_store_) {
     // The shard streams from the store into its place in the gathered unit: in place.
     char* own = static_cast<char*>(f.full.raw()) +
                 static_cast<size_t>(fp.shard_begin(rank_)) * dtype_size(fp.dtype);
     stream_in_params(flat, own);
     send = own;
+  } else {
+    send = f.compute_shard.raw();
   }
   f.gather = dp_.all_gather_async(send, f.full.raw(), counts, comm_dtype(fp.dtype));
   timing_.bytes += f.full.bytes();
