@@ -23,9 +23,9 @@
 // due I/O itself rather than sleep. Outside a pass acquire/release do the I/O on the
 // caller's thread (checkpoint save/load, initial values). Chunks start zero-filled.
 //
-// Memory: resident buffers (held, read ahead, or waiting to be written) count under
-// options.resident_category and never exceed options.budget_bytes together; the
-// slower tier (host copies, file bytes) counts as MemCategory::offloaded.
+// Memory: resident buffers (held, read ahead, or waiting to be written), whatever chunk
+// they hold, count under options.resident_category and never exceed options.budget_bytes
+// together; the slower tier (host copies, file bytes) counts as MemCategory::offloaded.
 // Errors (bad directory, chunk over budget, failed or short I/O) throw Error naming
 // the store, the chunk and the file. After an I/O failure (on either thread) the store
 // is unusable: every later call rethrows it. The disk file is removed on destruction.

@@ -21,6 +21,17 @@
 // the separate master shards) lives in an OffloadStore: resident with tier
 // none, streamed through the RAM budget with cpu/disk, with identical results.
 //
+// Stage 3 with tier cpu/disk: the parameter shards live in the store too (per
+// piece: a f32 flat's master chunk, which is its compute values; a 2-byte
+// flat's f32 master and its compute chunk in the compute dtype). A gather
+// streams the shard into the rank's place in the gathered buffer and gathers
+// in place: no parameter shard stays resident. The gathers of a step form one
+// store pass whose order is the previous step's recorded gather order (the
+// first step's: the model's unit order, forward then backward's re-gathers);
+// a gather out of that order starts a new pass from it (correct, less read
+// ahead). The update streams each piece's states and values in one pass. A
+// budget below one piece of the update is refused at construction.
+//
 // The step: grad_norm() (sum of squares of the grad shards, all-reduced) ->
 // step(lr, clip) (AdamW per (parameter ∩ shard) segment with that
 // parameter's decay role; stages 1/2 then all-gather the updated compute
@@ -45,7 +56,9 @@ struct ZeroOptions {
   int stage = 1;  // 1, 2 or 3
   bool prefetch = true;                // stage 3: gather the next unit ahead
   bool reshard_after_forward = true;   // stage 3: free a unit after its forward
-  OffloadOptions offload;              // optimizer state's tier (resident_category ignored)
+  // The store's tier (optimizer state; at stage 3 the parameter shards too).
+  // resident_category is ignored: the store's buffers count as optimizer.
+  OffloadOptions offload;
   // Optimizer state moves in pieces of at most this many elements per state
   // (the same for every tier, so the tier cannot change a result).
   int64_t piece_elems = int64_t{1} << 20;  // 4 MiB chunks (docs/benchmarks.md: offload store)
