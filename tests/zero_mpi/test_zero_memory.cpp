@@ -107,6 +107,12 @@ TEST_F(ZeroMemory, OffloadIsBitIdenticalAndDiskStaysWithinItsBudget) {
     const ZeroRunResult cpu = testing::run_zero(spec, *world_, options);
     testing::expect_identical(cpu, resident, fmt::format("stage {} offload cpu", s));
     EXPECT_GE(at(cpu.trained, MemCategory::offloaded), optimizer_bytes);
+    // Exactly the layout's: the optimizer state, at stage 3 the parameter shards too.
+    const size_t offloaded = zero::layout_offloaded_bytes(
+        zero::make_zero_layout(build_param_specs(spec.model), build_param_units(spec.model),
+                               spec.precision, world_->size()),
+        s);
+    EXPECT_EQ(at(cpu.trained, MemCategory::offloaded), offloaded) << "stage " << s;
 
     options.offload.tier = zero::OffloadTier::disk;
     options.offload.directory = dir;
@@ -117,7 +123,7 @@ TEST_F(ZeroMemory, OffloadIsBitIdenticalAndDiskStaysWithinItsBudget) {
     EXPECT_LE(disk.peak[static_cast<size_t>(MemCategory::optimizer)],
               options.offload.budget_bytes)
         << "resident optimizer memory over the budget, stage " << s;
-    EXPECT_GE(at(disk.trained, MemCategory::offloaded), optimizer_bytes);
+    EXPECT_EQ(at(disk.trained, MemCategory::offloaded), offloaded) << "stage " << s;
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "the store's file outlived it";
 }

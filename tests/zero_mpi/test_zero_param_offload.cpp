@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "meshtrain/parallel/zero/memory.h"
 #include "meshtrain/util/error.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
@@ -104,6 +105,11 @@ TEST_F(ZeroParamOffload, ParamsOnDiskUnderABudgetBelowTheParametersMatchResident
         std::sort(units.begin(), units.end(), std::greater<>());
         EXPECT_LE(at(disk.peak, MemCategory::params), units[0] + units[1] + units[2]);
         EXPECT_EQ(at(disk.trained, MemCategory::offloaded), bytes.store);
+        EXPECT_EQ(zero::layout_offloaded_bytes(zero::make_zero_layout(
+                                                   build_param_specs(spec.model),
+                                                   build_param_units(spec.model), precision, dp),
+                                               3),
+                  bytes.store);
 
         // Every step reads each micro-batch's gathers (forward all units, backward all
         // but the head again) and the whole store once for the update, which writes it.

@@ -32,4 +32,16 @@ ModelStateBytes layout_model_state_bytes(const ZeroLayout& layout, int stage) {
   return b;
 }
 
+size_t layout_offloaded_bytes(const ZeroLayout& layout, int stage) {
+  MESHTRAIN_CHECK(stage >= 1 && stage <= 3, "zero: stage {} has no sharded layout", stage);
+  size_t bytes = 0;
+  for (const FlatParam& f : layout.flats) {
+    const auto shard = static_cast<size_t>(f.shard);
+    const bool wide = f.dtype == DType::f32;
+    bytes += stage == 3 ? shard * (12 + (wide ? 0 : dtype_size(f.dtype)))
+                        : shard * (wide ? 8 : 12);
+  }
+  return bytes;
+}
+
 }  // namespace meshtrain::zero

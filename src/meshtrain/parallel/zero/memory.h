@@ -31,4 +31,11 @@ ModelStateBytes zero_formula_bytes(int stage, int64_t params, int64_t narrow_par
 // padding included, with the optimizer state resident (offload tier none).
 ModelStateBytes layout_model_state_bytes(const ZeroLayout& layout, int stage);
 
+// With offload cpu/disk: the bytes per rank in the slower tier (MemCategory::offloaded).
+// Stages 1/2 the optimizer state above; stage 3 the parameter shards too, which then
+// leave `params`: per flat shard element 12 bytes (exp_avg, exp_avg_sq, f32 master) + the
+// compute dtype's bytes for a 2-byte flat. What stays resident of the store is at most
+// the budget (MemCategory::optimizer), plus the f32 gradient shards (grads above).
+size_t layout_offloaded_bytes(const ZeroLayout& layout, int stage);
+
 }  // namespace meshtrain::zero
