@@ -129,7 +129,8 @@ TEST_F(ZeroParamOffload, ParamsOnDiskUnderABudgetBelowTheParametersMatchResident
         if (world_->rank() == 0 && family == Family::llama && recompute == Recompute::none) {
           std::printf("[ params on disk ] %s dp %d: %.1f KB read per step (params %.1f KB, "
                       "store %.1f KB), read-ahead ready %zu / %zu\n",
-                      what.c_str(), dp, static_cast<double>(disk.timings.back().offload.bytes_read) / 1e3,
+                      what.c_str(), dp,
+                      static_cast<double>(disk.timings.back().offload.bytes_read) / 1e3,
                       static_cast<double>(bytes.values) / 1e3,
                       static_cast<double>(bytes.store) / 1e3, ready, ready + waited);
         }

@@ -178,8 +178,24 @@ TEST_F(ZeroTrainer, ParamsOnDiskEqualResidentAndCheckpointsCrossLayouts) {
 
 // dp 2 x pp 2, 1F1B and interleaved: every stage's units stay gathered from their first
 // use to their last backward, streamed from disk once per step; the same bits as resident.
-TEST_F(ZeroTrainer, PipelineWithParamsOnDiskEqualsResident) {
-  if (world_->size() != 4) GTEST_SKIP() << "pp 2 x dp 2 needs 4 ranks";
+// And dp 2 x tp 2: each tp rank's slices sharded and streamed alike.
+TEST_F(ZeroTrainer, PipelineAndTensorParallelWithParamsOnDiskEqualResident) {
+  if (world_->size() != 4) GTEST_SKIP() << "pp 2 x dp 2 and tp 2 x dp 2 need 4 ranks";
+  {
+    DeviceMesh mesh(*world_, 2, 1);
+    ConfigOverrides c{{"parallel.tp", "2"}, {"parallel.zero", "3"}, {"model.hidden_dim", "48"},
+                      {"train.micro_batch_size", "2"}};
+    const Run resident = run_trainer(config("tp_resident", c), &mesh);
+    c.insert(c.end(), {{"parallel.offload", "disk"}, {"parallel.offload_budget_mb", "0.1"}});
+    const Run on_disk = run_trainer(config("tp_disk", c), &mesh);
+    ASSERT_EQ(on_disk.records.size(), resident.records.size());
+    for (size_t i = 0; i < resident.records.size(); ++i) {
+      EXPECT_EQ(on_disk.records[i].loss, resident.records[i].loss) << "tp 2, step " << i + 1;
+    }
+    EXPECT_EQ(std::memcmp(on_disk.weights.data(), resident.weights.data(),
+                          resident.weights.size() * 4),
+              0);
+  }
   DeviceMesh mesh(*world_, 1, 2);
   for (const char* schedule : {"1f1b", "interleaved"}) {
     SCOPED_TRACE(schedule);

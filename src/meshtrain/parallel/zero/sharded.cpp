@@ -620,8 +620,8 @@ void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, i
   Flat& f = flats_[flat];
   const auto n = static_cast<size_t>(end - begin);
   if (state == State::master) {
+    const size_t elem = dtype_size(fp.dtype);
     if (fp.dtype != DType::f32 && !params_in_store_) {
-      const size_t elem = dtype_size(fp.dtype);
       convert(DType::f32, in, fp.dtype,
               static_cast<char*>(compute_values(flat)) + static_cast<size_t>(begin) * elem, n);
     }
@@ -630,7 +630,7 @@ void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, i
       if (p.compute == kNone || lo >= hi) continue;
       Tensor t = store_->acquire(p.compute);
       convert(DType::f32, in + (lo - begin), fp.dtype,
-              static_cast<char*>(t.raw()) + static_cast<size_t>(lo - p.begin) * dtype_size(fp.dtype),
+              static_cast<char*>(t.raw()) + static_cast<size_t>(lo - p.begin) * elem,
               static_cast<size_t>(hi - lo));
       t = Tensor();
       store_->release(p.compute, true);

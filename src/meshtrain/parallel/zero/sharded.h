@@ -59,8 +59,9 @@ struct ZeroOptions {
   // The store's tier (optimizer state; at stage 3 the parameter shards too).
   // resident_category is ignored: the store's buffers count as optimizer.
   OffloadOptions offload;
-  // Optimizer state moves in pieces of at most this many elements per state
-  // (the same for every tier, so the tier cannot change a result).
+  // The store's state (optimizer state; stage 3 offloaded: parameter shards)
+  // moves in pieces of at most this many elements per state (the same for
+  // every tier, so the tier cannot change a result).
   int64_t piece_elems = int64_t{1} << 20;  // 4 MiB chunks (docs/benchmarks.md: offload store)
   // > 0: the model is a pipeline stage whose schedule interleaves this many
   // micro-batches (begin_micro_batch(true, _) once per step, before it). Each
