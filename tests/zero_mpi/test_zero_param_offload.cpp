@@ -160,6 +160,37 @@ TEST_F(ZeroParamOffload, ParamsOnDiskUnderABudgetBelowTheParametersMatchResident
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "the store's file outlived it";
 }
 
+// Prefetch off, and units kept from forward to backward (reshard_after_forward off: one
+// gather per unit and micro-batch, so the first step's predicted order has no backward
+// part): the same bits as resident, and the bytes read follow the gathers.
+TEST_F(ZeroParamOffload, GatherOptionsChangeNoBitAndSetTheBytesRead) {
+  const std::string dir = testing::rank_scratch_dir();
+  ZeroRunSpec spec;
+  spec.model = offload_model(Family::gpt2);
+  spec.precision = Precision::bf16;
+  spec.steps = 3;
+  spec.micro_batches = 2;
+  const StoreBytes bytes = store_bytes(spec, world_->size());
+  for (bool reshard : {true, false}) {
+    zero::ZeroOptions options;
+    options.stage = 3;
+    options.piece_elems = 1000;
+    options.prefetch = !reshard;  // prefetch off with resharding, on without
+    options.reshard_after_forward = reshard;
+    const ZeroRunResult resident = testing::run_zero(spec, *world_, options);
+    options.offload.tier = zero::OffloadTier::disk;
+    options.offload.directory = dir;
+    options.offload.budget_bytes = 48 * 1000;
+    const ZeroRunResult disk = testing::run_zero(spec, *world_, options);
+    const std::string what = reshard ? "prefetch off" : "reshard_after_forward off";
+    testing::expect_identical(disk, resident, what);
+    const uint64_t gathers = reshard ? 2 * bytes.values - bytes.head_values : bytes.values;
+    for (const zero::ZeroStepTiming& t : disk.timings) {
+      EXPECT_EQ(t.offload.bytes_read, spec.micro_batches * gathers + bytes.store) << what;
+    }
+  }
+}
+
 // The cpu tier is the same code path: the same bits, parameters in host copies.
 TEST_F(ZeroParamOffload, CpuTierHoldsTheParametersInHostCopies) {
   ZeroRunSpec spec;
