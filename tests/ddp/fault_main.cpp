@@ -43,6 +43,6 @@ int main() {
     std::fprintf(stderr, "rank %d: finished without the injected failure\n", world->rank());
     return 0;
   } catch (const std::exception& e) {
-    return failure.fail_rank(e.what());
+    return failure.fail_rank(e);
   }
 }

@@ -18,8 +18,10 @@ constexpr uint64_t kDirectAlign = 4096;
 // Turns O_DIRECT on or off for the next writes.
 void set_direct(int fd, bool on, const std::string& path) {
   const int flags = ::fcntl(fd, F_GETFL);
-  MESHTRAIN_CHECK(flags >= 0 && ::fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) == 0,
-                  "{}: cannot change O_DIRECT: {}", path, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(
+      ErrorKind::io,
+      flags >= 0 && ::fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) == 0,
+      "{}: cannot change O_DIRECT: {}", path, std::strerror(errno));
 }
 
 }  // namespace
@@ -38,7 +40,8 @@ AtomicFile::AtomicFile(std::string path, bool direct) : path_(std::move(path)) {
     direct_ = fd_ >= 0;
   }
   if (fd_ < 0) fd_ = ::open(temp_path_.c_str(), kFlags, 0644);
-  MESHTRAIN_CHECK(fd_ >= 0, "{}: cannot create {}: {}", path_, temp_path_, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, fd_ >= 0, "{}: cannot create {}: {}", path_, temp_path_,
+                     std::strerror(errno));
 }
 
 AtomicFile::~AtomicFile() {
@@ -56,7 +59,7 @@ void AtomicFile::write(const void* data, size_t bytes) {
   while (bytes > 0) {
     ssize_t n = ::write(fd_, p, bytes);
     if (n < 0 && errno == EINTR) continue;
-    MESHTRAIN_CHECK(n > 0, "{}: write failed: {}", path_, std::strerror(errno));
+    MESHTRAIN_CHECK_AS(ErrorKind::io, n > 0, "{}: write failed: {}", path_, std::strerror(errno));
     p += n;
     bytes -= static_cast<size_t>(n);
     offset_ += static_cast<uint64_t>(n);
@@ -66,12 +69,13 @@ void AtomicFile::write(const void* data, size_t bytes) {
 
 void AtomicFile::commit() {
   MESHTRAIN_CHECK(fd_ >= 0 && !committed_, "{}: commit twice", path_);
-  MESHTRAIN_CHECK(::fsync(fd_) == 0, "{}: fsync failed: {}", path_, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, ::fsync(fd_) == 0, "{}: fsync failed: {}", path_,
+                     std::strerror(errno));
   int rc = ::close(fd_);
   fd_ = -1;
-  MESHTRAIN_CHECK(rc == 0, "{}: close failed: {}", path_, std::strerror(errno));
-  MESHTRAIN_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, "{}: rename from {} failed: {}",
-                  path_, temp_path_, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, rc == 0, "{}: close failed: {}", path_, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, ::rename(temp_path_.c_str(), path_.c_str()) == 0,
+                     "{}: rename from {} failed: {}", path_, temp_path_, std::strerror(errno));
   committed_ = true;
 }
 

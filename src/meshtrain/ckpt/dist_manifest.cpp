@@ -166,7 +166,7 @@ json read_json_file(const std::string& path) {
   try {
     return json::parse(text.str());
   } catch (const json::exception& e) {
-    fail("{}: corrupt: not valid JSON: {}", path, e.what());
+    fail_as(ErrorKind::corrupt, "{}: corrupt: not valid JSON: {}", path, e.what());
   }
 }
 
@@ -185,19 +185,21 @@ Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
 void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer) {
   const std::string path = join(dir, file.name);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MESHTRAIN_CHECK(fd >= 0 || errno != ENOENT, "{}: missing (listed in the manifest)", path);
-  MESHTRAIN_CHECK(fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, fd >= 0 || errno != ENOENT,
+                     "{}: missing (listed in the manifest)", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st {};
-  MESHTRAIN_CHECK(::fstat(fd, &st) == 0, "{}: cannot stat: {}", path, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, ::fstat(fd, &st) == 0, "{}: cannot stat: {}", path,
+                     std::strerror(errno));
   const auto size = static_cast<uint64_t>(st.st_size);
-  MESHTRAIN_CHECK(size >= file.bytes, "{}: truncated: {} bytes, the manifest says {}", path, size,
-                  file.bytes);
-  MESHTRAIN_CHECK(size == file.bytes, "{}: corrupt: {} bytes, the manifest says {}", path, size,
-                  file.bytes);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, size >= file.bytes,
+                     "{}: truncated: {} bytes, the manifest says {}", path, size, file.bytes);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, size == file.bytes,
+                     "{}: corrupt: {} bytes, the manifest says {}", path, size, file.bytes);
   XXH3_state_t* state = XXH3_createState();
   MESHTRAIN_CHECK(state != nullptr, "{}: cannot start a checksum", path);
   struct Freer {
@@ -210,14 +212,16 @@ void verify_file(const std::string& dir, const ManifestFile& file, const Tensor&
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buffer.bytes(), size - done));
     const ssize_t n = ::pread(fd, buffer.raw(), want, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
-    MESHTRAIN_CHECK(n >= 0, "{}: read failed: {}", path, std::strerror(errno));
-    MESHTRAIN_CHECK(n > 0, "{}: truncated while reading at byte {}", path, done);
+    MESHTRAIN_CHECK_AS(ErrorKind::io, n >= 0, "{}: read failed: {}", path, std::strerror(errno));
+    MESHTRAIN_CHECK_AS(ErrorKind::corrupt, n > 0, "{}: truncated while reading at byte {}", path,
+                       done);
     XXH3_64bits_update(state, buffer.raw(), static_cast<size_t>(n));
     done += static_cast<uint64_t>(n);
   }
   const uint64_t got = XXH3_64bits_digest(state);
-  MESHTRAIN_CHECK(got == file.xxh3, "{}: corrupt: XXH3-64 {}, the manifest says {}", path,
-                  hex64(got), hex64(file.xxh3));
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, got == file.xxh3,
+                     "{}: corrupt: XXH3-64 {}, the manifest says {}", path, hex64(got),
+                     hex64(file.xxh3));
 }
 
 json rank_record_json(const RankRecord& record, int64_t step, const std::string& save_id) {
@@ -348,11 +352,11 @@ Manifest read_manifest(const std::string& dir) {
   const std::string path = detail::join(dir, kManifestFile);
   json value = detail::read_json_file(path);
   const Fields f{path};
-  MESHTRAIN_CHECK(value.is_object(), "{}: corrupt: not a JSON object", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, value.is_object(), "{}: corrupt: not a JSON object", path);
   const std::string stored = f.string(value, "manifest", detail::kChecksumField);
   value.erase(detail::kChecksumField);
-  MESHTRAIN_CHECK(stored == detail::hex64(detail::checksum_of(value)),
-                  "{}: corrupt: its contents do not match its checksum {}", path, stored);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, stored == detail::hex64(detail::checksum_of(value)),
+                     "{}: corrupt: its contents do not match its checksum {}", path, stored);
   MESHTRAIN_CHECK(f.string(value, "manifest", "format") == detail::kFormat,
                   "{}: field 'format' is not '{}'", path, detail::kFormat);
   Manifest m;

@@ -45,13 +45,14 @@ void fault_point(const char* point, int64_t step) {
 
 void fsync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  MESHTRAIN_CHECK(fd >= 0, "{}: cannot open directory: {}", dir, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, fd >= 0, "{}: cannot open directory: {}", dir,
+                     std::strerror(errno));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
   // Some filesystems cannot fsync a directory; their rename is then as durable as it gets.
-  MESHTRAIN_CHECK(rc == 0 || err == EINVAL || err == EROFS, "{}: fsync failed: {}", dir,
-                  std::strerror(err));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, rc == 0 || err == EINVAL || err == EROFS,
+                     "{}: fsync failed: {}", dir, std::strerror(err));
 }
 
 RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
@@ -246,22 +247,22 @@ std::string read_latest(const std::string& out_dir) {
 void install(const std::string& tmp, const std::string& final_dir) {
   std::error_code ec;
   if (!fs::exists(final_dir, ec)) {
-    MESHTRAIN_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, "{}: rename to {} failed: {}",
-                    tmp, final_dir, std::strerror(errno));
+    MESHTRAIN_CHECK_AS(ErrorKind::io, ::rename(tmp.c_str(), final_dir.c_str()) == 0,
+                       "{}: rename to {} failed: {}", tmp, final_dir, std::strerror(errno));
     return;
   }
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
     remove_dir(tmp);  // now the old checkpoint
     return;
   }
-  MESHTRAIN_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP,
-                  "{}: exchange with {} failed: {}", tmp, final_dir, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, errno == EINVAL || errno == ENOSYS || errno == ENOTSUP,
+                     "{}: exchange with {} failed: {}", tmp, final_dir, std::strerror(errno));
   const std::string trash = final_dir + ".trash";
   remove_dir(trash);
-  MESHTRAIN_CHECK(::rename(final_dir.c_str(), trash.c_str()) == 0, "{}: rename to {} failed: {}",
-                  final_dir, trash, std::strerror(errno));
-  MESHTRAIN_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, "{}: rename to {} failed: {}", tmp,
-                  final_dir, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, ::rename(final_dir.c_str(), trash.c_str()) == 0,
+                     "{}: rename to {} failed: {}", final_dir, trash, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, ::rename(tmp.c_str(), final_dir.c_str()) == 0,
+                     "{}: rename to {} failed: {}", tmp, final_dir, std::strerror(errno));
   remove_dir(trash);
 }
 
@@ -279,8 +280,9 @@ void apply_retention(const std::string& out_dir, int keep) {
   for (size_t i = 0; i < sharded.size() && excess > 0; ++i) {
     if (sharded[i] == latest) continue;
     const std::string trash = join(out_dir, sharded[i] + ".trash");
-    MESHTRAIN_CHECK(::rename(join(out_dir, sharded[i]).c_str(), trash.c_str()) == 0,
-                    "{}: cannot retire {}: {}", out_dir, sharded[i], std::strerror(errno));
+    MESHTRAIN_CHECK_AS(ErrorKind::io,
+                       ::rename(join(out_dir, sharded[i]).c_str(), trash.c_str()) == 0,
+                       "{}: cannot retire {}: {}", out_dir, sharded[i], std::strerror(errno));
     remove_dir(trash);
     --excess;
   }

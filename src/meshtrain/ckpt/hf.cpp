@@ -32,7 +32,7 @@ std::string_view torch_dtype_name(DType dtype) {
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();

@@ -47,12 +47,12 @@ void for_each_in_file_order(const ModelConfig& c, OnParam on_param, OnRopeTables
 ModelConfig read_llama2c_config(const std::string& path) {
   std::error_code ec;
   const auto file_size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
-  MESHTRAIN_CHECK(!ec, "{}: cannot open: {}", path, ec.message());
+  MESHTRAIN_CHECK_AS(ErrorKind::io, !ec, "{}: cannot open: {}", path, ec.message());
   MESHTRAIN_CHECK(file_size >= kHeaderBytes,
                   "{}: file is {} bytes, too short for the 28-byte llama2.c header", path,
                   file_size);
   std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   std::array<int32_t, 7> h{};
   in.read(reinterpret_cast<char*>(h.data()), kHeaderBytes);
   MESHTRAIN_CHECK(in.good(), "{}: cannot read the header", path);
@@ -92,12 +92,12 @@ ModelConfig read_llama2c_config(const std::string& path) {
 
   const int64_t expected =
       kHeaderBytes + 4 * (c.num_params() + rope_table_floats(c));
-  MESHTRAIN_CHECK(file_size == expected,
-                  "{}: file is {} bytes but its header (dim {}, hidden {}, layers {}, heads {}, "
-                  "kv_heads {}, vocab {}, seq {}, {}) implies {} bytes: truncated or not a "
-                  "llama2.c v0 checkpoint",
-                  path, file_size, c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
-                  c.vocab_size, c.max_seq_len, c.tie_embeddings ? "tied" : "untied", expected);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, file_size == expected,
+                     "{}: file is {} bytes but its header (dim {}, hidden {}, layers {}, heads {}, "
+                     "kv_heads {}, vocab {}, seq {}, {}) implies {} bytes: truncated or not a "
+                     "llama2.c v0 checkpoint",
+                     path, file_size, c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+                     c.vocab_size, c.max_seq_len, c.tie_embeddings ? "tied" : "untied", expected);
   return c;
 }
 
@@ -111,7 +111,7 @@ void load_llama2c_weights(Model& model, const std::string& path) {
                       c.tie_embeddings == file_config.tie_embeddings,
                   "{}: checkpoint shape does not match the model", path);
   std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   in.seekg(kHeaderBytes);
   for_each_in_file_order(
       file_config,

@@ -64,11 +64,11 @@ int64_t llmc_padded_vocab(int64_t vocab) { return (vocab + 127) / 128 * 128; }
 LlmcHeader read_llmc_header(const std::string& path) {
   std::error_code ec;
   const auto file_size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
-  MESHTRAIN_CHECK(!ec, "{}: cannot open: {}", path, ec.message());
+  MESHTRAIN_CHECK_AS(ErrorKind::io, !ec, "{}: cannot open: {}", path, ec.message());
   MESHTRAIN_CHECK(file_size >= kHeaderBytes,
                   "{}: file is {} bytes, too short for llm.c's 1024-byte header", path, file_size);
   std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   std::array<int32_t, kHeaderWords> h{};
   in.read(reinterpret_cast<char*>(h.data()), kHeaderBytes);
   MESHTRAIN_CHECK(in.good(), "{}: cannot read the header", path);
@@ -98,12 +98,12 @@ LlmcHeader read_llmc_header(const std::string& path) {
   const int64_t elements = c.num_params() + (header.padded_vocab - c.vocab_size) * c.dim;
   const int64_t expected =
       kHeaderBytes + elements * static_cast<int64_t>(dtype_size(file_dtype(header.version)));
-  MESHTRAIN_CHECK(file_size == expected,
-                  "{}: file is {} bytes but its header (version {}, seq {}, vocab {} padded to "
-                  "{}, layers {}, heads {}, channels {}) implies {} bytes: truncated or not an "
-                  "llm.c GPT-2 checkpoint",
-                  path, file_size, header.version, c.max_seq_len, c.vocab_size,
-                  header.padded_vocab, c.n_layers, c.n_heads, c.dim, expected);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, file_size == expected,
+                     "{}: file is {} bytes but its header (version {}, seq {}, vocab {} padded to "
+                     "{}, layers {}, heads {}, channels {}) implies {} bytes: truncated or not an "
+                     "llm.c GPT-2 checkpoint",
+                     path, file_size, header.version, c.max_seq_len, c.vocab_size,
+                     header.padded_vocab, c.n_layers, c.n_heads, c.dim, expected);
   return header;
 }
 
@@ -114,7 +114,7 @@ std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
   auto model = std::make_unique<Model>(c, precision, ctx);
   const DType dtype = file_dtype(header.version);
   std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   in.seekg(kHeaderBytes);
   std::vector<char> raw;
   std::vector<float> values;

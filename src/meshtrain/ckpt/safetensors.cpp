@@ -150,9 +150,10 @@ StDType to_st_dtype(DType dtype) {
 
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  MESHTRAIN_CHECK(fd_ >= 0, "{}: cannot open: {}", path_, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, fd_ >= 0, "{}: cannot open: {}", path_, std::strerror(errno));
   struct stat st {};
-  MESHTRAIN_CHECK(::fstat(fd_, &st) == 0, "{}: cannot stat: {}", path_, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, ::fstat(fd_, &st) == 0, "{}: cannot stat: {}", path_,
+                     std::strerror(errno));
   const auto file_size = static_cast<uint64_t>(st.st_size);
   MESHTRAIN_CHECK(file_size >= 8,
                   "{}: file is {} bytes, too short for the 8-byte safetensors header length",
@@ -162,10 +163,10 @@ SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) 
   read_bytes(0, len_bytes, 8);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
-  MESHTRAIN_CHECK(header_len <= file_size - 8,
-                  "{}: header length {} exceeds the file size ({} bytes): truncated or not a "
-                  "safetensors file",
-                  path_, header_len, file_size);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, header_len <= file_size - 8,
+                     "{}: header length {} exceeds the file size ({} bytes): truncated or not a "
+                     "safetensors file",
+                     path_, header_len, file_size);
   MESHTRAIN_CHECK(header_len <= kMaxHeaderBytes, "{}: header length {} is larger than {} bytes",
                   path_, header_len, kMaxHeaderBytes);
   data_start_ = 8 + header_len;
@@ -282,7 +283,7 @@ void SafetensorsReader::read_bytes(uint64_t file_offset, void* dst, size_t bytes
   while (bytes > 0) {
     ssize_t n = ::pread(fd_, p, bytes, static_cast<off_t>(file_offset));
     if (n < 0 && errno == EINTR) continue;
-    MESHTRAIN_CHECK(n >= 0, "{}: read failed: {}", path_, std::strerror(errno));
+    MESHTRAIN_CHECK_AS(ErrorKind::io, n >= 0, "{}: read failed: {}", path_, std::strerror(errno));
     MESHTRAIN_CHECK(n > 0, "{}: unexpected end of file at byte {}", path_, file_offset);
     p += n;
     bytes -= static_cast<size_t>(n);

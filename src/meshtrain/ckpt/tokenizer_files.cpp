@@ -186,7 +186,7 @@ void write_llama2c_tokenizer(const Tokenizer& t, int64_t vocab_size, const std::
 
 std::vector<Llama2cToken> read_llama2c_tokenizer(const std::string& path, int64_t vocab_size) {
   std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   int32_t max_len = 0;
   in.read(reinterpret_cast<char*>(&max_len), sizeof(max_len));
   MESHTRAIN_CHECK(in.good() && max_len >= 0, "{}: cannot read max_token_length", path);
@@ -230,7 +230,7 @@ void write_llmc_tokenizer(const Tokenizer& t, const std::string& path) {
 
 std::vector<std::string> read_llmc_tokenizer(const std::string& path, int32_t* eot) {
   std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{}: cannot open", path);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   std::array<uint32_t, 256> header{};
   in.read(reinterpret_cast<char*>(header.data()), sizeof(header));
   MESHTRAIN_CHECK(in.good(), "{}: shorter than llm.c's 1024-byte tokenizer header", path);

@@ -461,6 +461,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fprintf(stderr, "meshtrain: %s\n", meshtrain::one_line(e.what()).c_str());
     return 2;
+  } catch (const meshtrain::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "meshtrain: %s\n", meshtrain::one_line(e.what()).c_str());
+    return meshtrain::exit_code(e.kind());
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "meshtrain: %s\n", meshtrain::one_line(e.what()).c_str());

@@ -74,7 +74,7 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
     return 0;
   } catch (const std::exception& e) {
     if (job.env.world_size() == 1) throw;
-    return job.failure.fail_rank(e.what());
+    return job.failure.fail_rank(e);
   }
 }
 
@@ -103,7 +103,7 @@ int run_eval_ranks(const EvalArgs& args) {
     return 0;
   } catch (const std::exception& e) {
     if (job.env.world_size() == 1) throw;
-    return job.failure.fail_rank(e.what());
+    return job.failure.fail_rank(e);
   }
 }
 
@@ -134,7 +134,7 @@ int run_bench_comm(const BenchCommArgs& args) {
     return 0;
   } catch (const std::exception& e) {
     if (job.env.world_size() == 1) throw;
-    return job.failure.fail_rank(e.what());
+    return job.failure.fail_rank(e);
   }
 }
 

@@ -3,11 +3,13 @@
 // grace period for the other ranks to fail too (a barrier on a communicator
 // reserved for this, so it never matches a training collective). If every
 // rank fails within the grace period (a bad config or mesh is seen by all),
-// all of them exit normally with code 1, each having printed its line;
-// otherwise MPI_Abort ends the whole job within seconds.
+// all of them exit normally with the error's code (meshtrain::exit_code of
+// its kind; 1 for an exception that is not an Error), each having printed its
+// line; otherwise MPI_Abort ends the whole job within seconds, with that code.
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string_view>
 
@@ -21,9 +23,9 @@ class RankFailureHandler {
   RankFailureHandler(MpiEnvironment& env, MemoryTracker& tracker);
   ~RankFailureHandler();
 
-  // Prints the line (newlines in the message become spaces), then returns 1 when all ranks failed
-  // together, or aborts the job (never returns).
-  int fail_rank(std::string_view message,
+  // Prints the line (newlines in the message become spaces), then returns the exit code when all
+  // ranks failed together, or aborts the job with it (never returns).
+  int fail_rank(const std::exception& error,
                 std::chrono::milliseconds grace = std::chrono::milliseconds(3000));
 
  private:

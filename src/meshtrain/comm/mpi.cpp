@@ -186,7 +186,8 @@ void check_mpi(int rc, const std::string& comm, const char* call) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  fail("comm {}: {} failed: {}", comm, call, std::string(text, static_cast<size_t>(len)));
+  fail_as(ErrorKind::peer, "comm {}: {} failed: {}", comm, call,
+          std::string(text, static_cast<size_t>(len)));
 }
 
 // Waiting for peers without spinning. MPI's blocking calls busy-poll, and

@@ -38,7 +38,7 @@ TokenFile::TokenFile(std::string path, int64_t vocab_size) : path_(std::move(pat
   ::close(fd);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
-    fail("data file '{}': mmap failed: {}", path_, std::strerror(errno));
+    fail_as(ErrorKind::io, "data file '{}': mmap failed: {}", path_, std::strerror(errno));
   }
   // From here on the destructor will not run if we throw, so unmap by hand.
   try {
@@ -110,13 +110,14 @@ void write_token_file(const std::string& path, std::span<const uint16_t> tokens)
   header[2] = static_cast<int32_t>(tokens.size());
   std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  MESHTRAIN_CHECK(f != nullptr, "data file '{}': cannot write: {}", tmp, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, f != nullptr, "data file '{}': cannot write: {}", tmp,
+                     std::strerror(errno));
   bool ok = std::fwrite(header.data(), sizeof header, 1, f) == 1;
   if (!tokens.empty()) ok = ok && std::fwrite(tokens.data(), 2, tokens.size(), f) == tokens.size();
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    fail("data file '{}': write failed: {}", path, std::strerror(errno));
+    fail_as(ErrorKind::io, "data file '{}': write failed: {}", path, std::strerror(errno));
   }
 }
 

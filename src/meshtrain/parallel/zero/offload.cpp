@@ -96,8 +96,9 @@ void OffloadStore::open_file() {
   std::replace(file_name.begin(), file_name.end(), '/', '_');
   std::string pattern = (fs::path(options_.directory) / file_name).string();
   fd_ = ::mkstemp(pattern.data());
-  MESHTRAIN_CHECK(fd_ >= 0, "offload store '{}': cannot create a file in '{}': {}", name_,
-                  options_.directory, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, fd_ >= 0,
+                     "offload store '{}': cannot create a file in '{}': {}", name_,
+                     options_.directory, std::strerror(errno));
   path_ = pattern;
   uint64_t size = 0;
   for (const auto& c : chunks_) {
@@ -112,8 +113,8 @@ void OffloadStore::open_file() {
     ::close(fd_);
     ::unlink(path_.c_str());
     fd_ = -1;
-    fail("offload store '{}': cannot reserve {} in '{}': {}", name_, describe_bytes(size), path_,
-         std::strerror(rc));
+    fail_as(ErrorKind::io, "offload store '{}': cannot reserve {} in '{}': {}", name_,
+            describe_bytes(size), path_, std::strerror(rc));
   }
   tracker_->on_alloc(MemCategory::offloaded, stored_bytes_);
 }
@@ -409,12 +410,12 @@ void OffloadStore::transfer(const Chunk& c, void* buffer, bool to_tier) {
                           : ::pread(fd_, bytes + done, c.bytes - done, at);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        fail("offload store '{}': {} chunk '{}' ({} at offset {}) {} '{}': {}", name_,
-             to_tier ? "writing" : "reading", c.spec.name, describe_bytes(c.bytes), c.file_offset,
-             to_tier ? "to" : "from", path_,
-             n < 0     ? std::string(std::strerror(errno))
-             : to_tier ? std::string("nothing written")
-                       : fmt::format("file ends after {} of its bytes", done));
+        fail_as(ErrorKind::io, "offload store '{}': {} chunk '{}' ({} at offset {}) {} '{}': {}",
+                name_, to_tier ? "writing" : "reading", c.spec.name, describe_bytes(c.bytes),
+                c.file_offset, to_tier ? "to" : "from", path_,
+                n < 0     ? std::string(std::strerror(errno))
+                : to_tier ? std::string("nothing written")
+                          : fmt::format("file ends after {} of its bytes", done));
       }
       done += static_cast<size_t>(n);
     }
