@@ -411,8 +411,9 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
   for (size_t i = 0; i < flats_.size(); ++i) {
     Flat& f = flats_[i];
     const float* g = grad_shard(i);
-    bf16* compute =
-        layout_.flats[i].dtype == DType::bf16 ? static_cast<bf16*>(compute_values(i)) : nullptr;
+    const DType dtype = layout_.flats[i].dtype;
+    char* compute = dtype != DType::f32 ? static_cast<char*>(compute_values(i)) : nullptr;
+    const auto esize = static_cast<int64_t>(dtype_size(dtype));
     for (const Piece& p : f.pieces) {
       Tensor m = store_->acquire(p.exp_avg);
       Tensor v = store_->acquire(p.exp_avg_sq);
@@ -425,7 +426,8 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
         float* w = master.defined() ? master.data<float>() + k : f.master_alias.data<float>() + lo;
         cpu::adamw_update(adamw_hyper(adamw_, params[s.param].spec, lr, step_count_, grad_scale),
                           w, g + lo, m.data<float>() + k, v.data<float>() + k,
-                          compute != nullptr ? compute + lo : nullptr, hi - lo);
+                          cpu::ComputeCopy(compute != nullptr ? compute + lo * esize : nullptr, dtype),
+                          hi - lo);
       }
       // Our handles go first: the store may free a buffer once released.
       m = v = master = Tensor();
@@ -486,8 +488,9 @@ void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, i
   Flat& f = flats_[flat];
   const auto n = static_cast<size_t>(end - begin);
   if (state == State::master) {
-    if (fp.dtype == DType::bf16) {
-      convert(DType::f32, in, DType::bf16, static_cast<bf16*>(compute_values(flat)) + begin, n);
+    if (fp.dtype != DType::f32) {
+      const size_t esize = dtype_size(fp.dtype);
+      convert(DType::f32, in, fp.dtype, static_cast<char*>(compute_values(flat)) + begin * esize, n);
     }
     if (f.master_alias.defined()) {
       std::memcpy(f.master_alias.data<float>() + begin, in, n * sizeof(float));
