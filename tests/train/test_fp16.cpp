@@ -151,23 +151,35 @@ warmup_steps = 5
 )";
 
 // Token ids sampled (temperature 1) from stories260K: real TinyStories-like
-// text in its 512-id vocabulary. Written once per test process.
+// text in its 512-id vocabulary, 24 stories decoded as one batch. Written once
+// into the build tree (atomically) and reused by later test processes.
 const std::string& stories_corpus() {
   static const std::string dir = [] {
     const fs::path d = fs::path(MESHTRAIN_BINARY_DIR) / "test_scratch" / "fp16_stories_corpus";
+    constexpr int64_t kStories = 24, kLength = 380;
+    if (fs::exists(d / "val.bin")) return d.string();
     fs::create_directories(d);
     MemoryTracker tracker;
     cpu::CpuContext ctx(2, tracker);
     const std::string model_path = std::string(MESHTRAIN_SHARED_DIR) + "/data/stories260K.bin";
     auto model = import_llama2c(model_path, Precision::fp32, ctx);
-    std::vector<uint16_t> tokens;
-    for (uint64_t story = 0; tokens.size() < 9000; ++story) {
-      SampleOptions options;
-      options.seed = story;
-      options.max_new_tokens = 400;
-      tokens.push_back(1);  // BOS
-      for (int32_t id : generate(*model, {1}, options)) tokens.push_back(static_cast<uint16_t>(id));
+    const int64_t vocab = model->config().vocab_size;
+    KVCache cache = model->make_kv_cache(kStories, kLength);
+    std::vector<int32_t> current(kStories, 1);  // BOS
+    std::vector<std::vector<uint16_t>> stories(kStories, std::vector<uint16_t>{1});
+    std::vector<float> logits(static_cast<size_t>(kStories * vocab));
+    SampleOptions options;
+    options.seed = 260;
+    for (int64_t t = 1; t < kLength; ++t) {
+      model->decode(current.data(), kStories, 1, cache, logits.data());
+      for (int64_t b = 0; b < kStories; ++b) {
+        current[b] = pick_token(logits.data() + b * vocab, vocab, options,
+                                static_cast<uint64_t>(t * kStories + b));
+        stories[b].push_back(static_cast<uint16_t>(current[b]));
+      }
     }
+    std::vector<uint16_t> tokens;
+    for (const auto& story : stories) tokens.insert(tokens.end(), story.begin(), story.end());
     write_token_file((d / "train.bin").string(), tokens);
     write_token_file((d / "val.bin").string(),
                      std::vector<uint16_t>(tokens.end() - 1200, tokens.end()));
@@ -201,10 +213,10 @@ constexpr double kFp16VsBf16Tolerance = 0.02;
 
 TEST_F(Fp16Run, ScaleStartingAt2To24FallsThenTheLossTracksBf16) {
   const testing::TrainerRun half = testing::run_trainer(
-      config("fp16", {{"train.precision", "\"fp16\""}, {"train.loss_scale_init", "16777216.0"}}),
+      config("fp16", {{"train.precision", "fp16"}, {"train.loss_scale_init", "16777216.0"}}),
       nullptr, "", true);
   const testing::TrainerRun brain =
-      testing::run_trainer(config("bf16", {{"train.precision", "\"bf16\""}}), nullptr, "", true);
+      testing::run_trainer(config("bf16", {{"train.precision", "bf16"}}), nullptr, "", true);
   const std::vector<StepRecord>& r = half.records;
   ASSERT_EQ(r.size(), 40u);
   // 2^24 / 256 tokens makes the loss gradient 65536 > f16's 65504: step 1 overflows.
@@ -235,7 +247,7 @@ TEST_F(Fp16Run, ScaleStartingAt2To24FallsThenTheLossTracksBf16) {
 TEST_F(Fp16Run, InjectedInfSkipsThatStepOnly) {
   // An fp16 run whose step 3 gets an Inf gradient ends (after 3 steps) with
   // the weights of the same run stopped after 2; the loss scale halved once.
-  const ConfigOverrides fp16 = {{"train.precision", "\"fp16\""}};
+  const ConfigOverrides fp16 = {{"train.precision", "fp16"}};
   ConfigOverrides three = fp16, two = fp16;
   three.push_back({"train.steps", "3"});
   two.push_back({"train.steps", "2"});
@@ -254,7 +266,7 @@ TEST_F(Fp16Run, InjectedInfSkipsThatStepOnly) {
 TEST_F(Fp16Run, ResumeRestoresTheScaleAndContinuesTheTraceExactly) {
   // From 2^24 with a growth interval of 3: skips, backoffs and growths on
   // both sides of the checkpoint at step 6.
-  const ConfigOverrides extra = {{"train.precision", "\"fp16\""},
+  const ConfigOverrides extra = {{"train.precision", "fp16"},
                                  {"train.loss_scale_init", "16777216.0"},
                                  {"train.loss_scale_growth_interval", "3"},
                                  {"train.steps", "14"},
@@ -295,7 +307,7 @@ TEST_F(Fp16Run, ResumeRestoresTheScaleAndContinuesTheTraceExactly) {
 }
 
 TEST(Fp16Config, LossScaleKeysBelongToFp16) {
-  const std::string base = "[model]\npreset = \"llama-tiny\"\n[train]\n";
+  const std::string base = "[model]\npreset = \"llama-tiny\"\n[train]\nseq_len = 64\n";
   const TrainConfig c = parse_config(base + "precision = \"fp16\"\nloss_scale_init = 1024.0\n"
                                             "loss_scale_growth_interval = 50\nloss_scale_min = 4.0\n",
                                      "a.toml");
