@@ -219,27 +219,31 @@ TEST_F(Fp16Run, ScaleStartingAt2To24FallsThenTheLossTracksBf16) {
       testing::run_trainer(config("bf16", {{"train.precision", "bf16"}}), nullptr, "", true);
   const std::vector<StepRecord>& r = half.records;
   ASSERT_EQ(r.size(), 40u);
-  // 2^24 / 256 tokens makes the loss gradient 65536 > f16's 65504: step 1 overflows.
+  // 2^24 / 256 tokens makes the loss gradient 65536 > f16's 65504: step 1
+  // overflows, and so do the next ones until the scale has fallen enough.
   EXPECT_EQ(r[0].loss_scale, 16777216.0);
   EXPECT_TRUE(r[0].skipped);
   EXPECT_EQ(r[0].skip_reason, "gradient overflow");
-  size_t skipped = 0;
-  while (skipped < r.size() && r[skipped].skipped) ++skipped;
-  EXPECT_GE(skipped, 1u);
-  EXPECT_LE(skipped, 12u);
-  // Each skip halved the scale; then no step overflows (growth needs 2000).
+  size_t skipped = 0, leading = 0;
+  while (leading < r.size() && r[leading].skipped) ++leading;
+  EXPECT_GE(leading, 1u);
   for (size_t i = 0; i < r.size(); ++i) {
     SCOPED_TRACE(i);
-    EXPECT_EQ(r[i].loss_scale, std::ldexp(16777216.0, -static_cast<int>(std::min(i, skipped))));
-    EXPECT_EQ(r[i].skipped, i < skipped);
-    EXPECT_EQ(r[i].skipped_steps, static_cast<int64_t>(std::min(i + 1, skipped)));
-    EXPECT_EQ(std::isfinite(r[i].grad_norm), i >= skipped);
+    skipped += r[i].skipped ? 1 : 0;
+    EXPECT_EQ(r[i].skipped_steps, static_cast<int64_t>(skipped));
+    EXPECT_EQ(std::isfinite(r[i].grad_norm), !r[i].skipped);
+    // Each skip halves the scale; nothing grows it (growth needs 2000 clean steps).
+    if (i + 1 < r.size()) EXPECT_EQ(r[i + 1].loss_scale, r[i].loss_scale * (r[i].skipped ? 0.5 : 1.0));
   }
+  // As the gradients grow in training an occasional later overflow halves it again.
+  EXPECT_LE(skipped, 10u);
+  EXPECT_LT(r.back().loss_scale, 16777216.0);
   const double fp16_tail = mean_loss(r, 30, 40), bf16_tail = mean_loss(brain.records, 30, 40);
-  std::printf("fp16 from 2^24: %zu steps skipped, final scale %g; loss (mean of steps 31-40) "
-              "fp16 %.4f bf16 %.4f; val fp16 %.4f bf16 %.4f\n",
-              skipped, r.back().loss_scale, fp16_tail, bf16_tail, half.val_loss, brain.val_loss);
-  EXPECT_LT(fp16_tail, r[skipped].loss - 0.5);  // it learned
+  std::printf("fp16 from 2^24: %zu steps skipped (%zu leading), final scale %g; loss (mean of "
+              "steps 31-40) fp16 %.4f bf16 %.4f; val fp16 %.4f bf16 %.4f\n",
+              skipped, leading, r.back().loss_scale, fp16_tail, bf16_tail, half.val_loss,
+              brain.val_loss);
+  EXPECT_LT(fp16_tail, r[leading].loss - 0.4);  // it learned
   EXPECT_NEAR(fp16_tail, bf16_tail, kFp16VsBf16Tolerance * bf16_tail);
   EXPECT_NEAR(half.val_loss, brain.val_loss, kFp16VsBf16Tolerance * brain.val_loss);
 }
@@ -307,7 +311,8 @@ TEST_F(Fp16Run, ResumeRestoresTheScaleAndContinuesTheTraceExactly) {
 }
 
 TEST(Fp16Config, LossScaleKeysBelongToFp16) {
-  const std::string base = "[model]\npreset = \"llama-tiny\"\n[train]\nseq_len = 64\n";
+  const std::string base =
+      "[model]\npreset = \"llama-tiny\"\n[data]\ntrain = \"x.bin\"\n[train]\nseq_len = 64\n";
   const TrainConfig c = parse_config(base + "precision = \"fp16\"\nloss_scale_init = 1024.0\n"
                                             "loss_scale_growth_interval = 50\nloss_scale_min = 4.0\n",
                                      "a.toml");
