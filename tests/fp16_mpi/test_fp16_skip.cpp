@@ -28,7 +28,7 @@ class Fp16Mesh : public ::testing::Test {
   void SetUp() override { dir_ = testing::shared_phrase_corpus(*world_, 61); }
 
   TrainConfig config(const std::string& out, ConfigOverrides extra) const {
-    extra.push_back({"train.precision", "\"fp16\""});
+    extra.push_back({"train.precision", "fp16"});
     return testing::tiny_run_config(R"(
 [model]
 family = "gpt2"

@@ -140,11 +140,15 @@ void inject_grad_fault(Model& model, int64_t step, int world_rank) {
       spec.substr(at + 1) != std::to_string(world_rank)) {
     return;
   }
+  // Every local gradient's first element: whichever of them this rank's norm
+  // counts (tp slices, a stage's own layers, not a tied replica) holds an inf.
+  bool any = false;
   for (Parameter& p : model.params()) {
     if (!p.grad.defined()) continue;
     p.grad.data<float>()[0] = std::numeric_limits<float>::infinity();
-    return;
+    any = true;
   }
+  if (any) return;
   fail("MESHTRAIN_INJECT_INF: rank {} holds no local parameter gradient at step {} (ZeRO "
        "shards them)",
        world_rank, step);

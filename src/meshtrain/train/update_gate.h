@@ -121,8 +121,8 @@ class LossScaler final : public UpdateGate {
 std::unique_ptr<UpdateGates> make_update_gates(const TrainConfig& config, Communicator* world);
 
 // Test hook: with MESHTRAIN_INJECT_INF=<step>@<rank>, world rank <rank> writes
-// +inf into its first local parameter gradient at step <step> (after the
-// gradient sync: only that rank's gradients hold it). Replicated parameters
+// +inf into the first element of each of its local parameter gradients at
+// step <step> (after the gradient sync: only that rank's gradients hold it). Replicated parameters
 // (dp 1, DDP, tp, pp); ZeRO holds no local gradient views there (error).
 void inject_grad_fault(Model& model, int64_t step, int world_rank);
 
