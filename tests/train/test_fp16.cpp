@@ -15,6 +15,7 @@
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/generate.h"
+#include "meshtrain/train/trainer.h"
 #include "meshtrain/train/update_gate.h"
 #include "meshtrain/util/error.h"
 #include "support/scratch.h"
@@ -246,6 +247,32 @@ TEST_F(Fp16Run, ScaleStartingAt2To24FallsThenTheLossTracksBf16) {
   EXPECT_LT(fp16_tail, r[leading].loss - 0.4);  // it learned
   EXPECT_NEAR(fp16_tail, bf16_tail, kFp16VsBf16Tolerance * bf16_tail);
   EXPECT_NEAR(half.val_loss, brain.val_loss, kFp16VsBf16Tolerance * brain.val_loss);
+}
+
+// The scale never reaches the optimizer: after two steps at 2^16 the
+// gradient norms and AdamW's first moments (linear in the gradient, unlike the
+// update itself) match fp32's, as they would not with the gradients scaled.
+TEST_F(Fp16Run, GradientsReachTheNormAndTheOptimizerUnscaled) {
+  const ConfigOverrides two = {{"train.steps", "2"}};
+  ConfigOverrides half = two;
+  half.push_back({"train.precision", "fp16"});
+  TrainerOptions options;
+  options.console = false;
+  Trainer full(config("fp32", two), options), scaled(config("fp16", half), options);
+  const std::vector<StepRecord> f = full.run();
+  const std::vector<StepRecord> r = scaled.run();
+  ASSERT_FALSE(r[0].skipped || r[1].skipped);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(r[i].grad_norm, f[i].grad_norm, 1e-2 * f[i].grad_norm);
+  EXPECT_EQ(r[1].loss_scale, 65536.0);
+  const std::vector<float> want = full.gather_state(layout::StateKind::exp_avg);
+  const std::vector<float> got = scaled.gather_state(layout::StateKind::exp_avg);
+  ASSERT_EQ(got.size(), want.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-2);
 }
 
 TEST_F(Fp16Run, InjectedInfSkipsThatStepOnly) {
