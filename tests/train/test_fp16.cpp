@@ -4,9 +4,11 @@
 // loss scale 2^24 skips its first steps, backs the scale off and then tracks
 // bf16; an injected Inf skips exactly that step; resume restores the scale.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <system_error>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -159,7 +161,9 @@ const std::string& stories_corpus() {
     const fs::path d = fs::path(MESHTRAIN_BINARY_DIR) / "test_scratch" / "fp16_stories_corpus";
     constexpr int64_t kStories = 24, kLength = 380;
     if (fs::exists(d / "val.bin")) return d.string();
-    fs::create_directories(d);
+    // Built aside and renamed into place: ctest runs these tests in parallel processes.
+    const fs::path mine = d.string() + "." + std::to_string(::getpid());
+    fs::create_directories(mine);
     MemoryTracker tracker;
     cpu::CpuContext ctx(1, tracker);  // tiny steps: one thread spends nothing on barriers
     const std::string model_path = std::string(MESHTRAIN_SHARED_DIR) + "/data/stories260K.bin";
@@ -181,9 +185,12 @@ const std::string& stories_corpus() {
     }
     std::vector<uint16_t> tokens;
     for (const auto& story : stories) tokens.insert(tokens.end(), story.begin(), story.end());
-    write_token_file((d / "train.bin").string(), tokens);
-    write_token_file((d / "val.bin").string(),
+    write_token_file((mine / "train.bin").string(), tokens);
+    write_token_file((mine / "val.bin").string(),
                      std::vector<uint16_t>(tokens.end() - 1200, tokens.end()));
+    std::error_code taken;  // another process got there first: its files are the same
+    fs::rename(mine, d, taken);
+    if (taken) fs::remove_all(mine);
     return d.string();
   }();
   return dir;
