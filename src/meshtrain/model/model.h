@@ -42,12 +42,12 @@ struct UnitHooks {
 };
 
 // flat: the model owns three flat buffers in registry order (master f32, grad
-// f32, compute bf16) and every Parameter views them.
+// f32, compute bf16 or f16) and every Parameter views them.
 // external: no buffers; Parameter::master / compute / grad stay undefined until
 // the owner (ZeRO) binds them to its own memory, at the latest in
 // unit_hooks.before(u, pass) for unit u's parameters:
-//  - the value view of param_compute_dtype(spec, precision): `compute` (bf16)
-//    for bf16 matmul weights, `master` (f32) for everything else; in backward
+//  - the value view of param_compute_dtype(spec, precision): `compute` (bf16 / f16)
+//    for mixed-precision matmul weights, `master` (f32) for everything else; in backward
 //    also `grad` (f32, gradients are ADDED). Shapes as in the spec.
 //  - q|k|v and gate|up (llama) are one GEMM each: their views must be adjacent
 //    in memory (registry order), value and grad alike.
@@ -118,7 +118,7 @@ class Model {
 
   // Layout-independent initialisation from the seed.
   void init_weights(uint64_t seed);
-  // Refreshes the bf16 compute copies from the f32 master weights (no-op for fp32).
+  // Refreshes the bf16 / f16 compute copies from the f32 master weights (no-op for fp32).
   // Call after changing master weights by hand (load, init); the optimizer
   // writes the copies itself.
   void sync_compute_weights();

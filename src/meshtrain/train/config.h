@@ -15,8 +15,17 @@
 
 namespace meshtrain {
 
+// fp16's dynamic loss scale (train/update_gate.h LossScaler): train.loss_scale_*.
+struct LossScaleSettings {
+  double init = 65536.0;           // 2^16
+  int64_t growth_interval = 2000;  // applied steps without overflow before the scale doubles
+  double min = 1.0;                // the scale never backs off below this
+  static constexpr double kGrowth = 2.0, kBackoff = 0.5;
+};
+
 struct TrainSettings {
   Precision precision = Precision::fp32;
+  LossScaleSettings loss_scale;  // fp16 only
   uint64_t seed = 1337;
   int64_t steps = 100;
   int64_t batch_size = 8;        // sequences per optimizer step (the global batch)

@@ -12,6 +12,7 @@
 #include "meshtrain/train/distributed.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/update_gate.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -106,11 +107,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   dp_ = make_data_parallel(config_, *model_, mesh, config_.parallel.pp > 1 ? micro_batches : 0);
   prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);
+  gates_ = make_update_gates(config_, mesh != nullptr ? &mesh->world() : nullptr);
   if (resumed_from_.empty()) {
     dp_->init_weights(t.seed);
   } else {
     checkpointer_->load(resumed_from_);
     dp_->set_step_count(resumed.optimizer_step);
+    gates_->load_state(resumed.update_gates, resumed_from_);
     step_ = resumed.step;
   }
   runner_ = make_step_runner(config_, *model_, mesh, micro_batches, loader.micro_batch);
@@ -265,19 +268,31 @@ StepRecord Trainer::train_step() {
 
   StepRecord r;
   r.step = step_ + 1;
+  // The loss gradient carries the gates' loss scale (fp16); the gradients are
+  // unscaled in the norm and in the update's multiplier, never in a pass of their own.
+  const double loss_scale = gates_->loss_scale();
   dp_->begin_step();
-  double loss_sum = runner_->run(*loader_, *dp_, grad_scale, r);
+  double loss_sum =
+      runner_->run(*loader_, *dp_, static_cast<float>(grad_scale * loss_scale), r);
   dp_->finish_gradient_sync();
+  inject_grad_fault(*model_, r.step, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
-  MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step, r.loss);
   // Each element counted once across tp, stages and shards.
-  r.grad_norm = dp_->grad_norm(runner_->stages());
-  MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
-                  r.step, r.grad_norm);
+  r.grad_norm = dp_->grad_norm(runner_->stages()) / loss_scale;
+  // Every rank takes the same decision (one collective over the world).
+  const GateDecision decision = gates_->decide({r.step, r.loss, r.grad_norm});
+  gates_->fill(decision, loss_scale, r);
   r.lr = schedule_.at(step_);
-  dp_->step(r.lr, clip_factor(r.grad_norm, t.grad_clip), r);
-  ++step_;
+  if (decision.apply) {
+    // Non-finite values no gate took responsibility for (fp32, bf16).
+    MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step,
+                    r.loss);
+    MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
+                    r.step, r.grad_norm);
+    dp_->step(r.lr, static_cast<float>(clip_factor(r.grad_norm, t.grad_clip) / loss_scale), r);
+  }
+  ++step_;  // a skipped step still consumed its batch and its LR
 
   if (tp.active()) r.tp_comm_bytes = tp.comm->stats().total().bytes - tp_bytes;
   const double seconds =
@@ -313,6 +328,7 @@ std::string Trainer::save_checkpoint() {
   state.optimizer_step = dp_->step_count();
   state.sampler = loader_->position();
   state.seed = config_.train.seed;
+  state.update_gates = gates_->state();
   return checkpointer_->save(state);
 }
 

@@ -19,6 +19,7 @@
 #include "meshtrain/train/data_parallel.h"
 #include "meshtrain/train/step.h"
 #include "meshtrain/train/step_runner.h"
+#include "meshtrain/train/update_gate.h"
 
 namespace meshtrain {
 
@@ -89,6 +90,7 @@ class Trainer {
   // The global data position of the next step (saved in checkpoints).
   SamplerPosition sampler_position() const { return loader_->position(); }
   double peak_flops() const { return peak_flops_; }
+  const UpdateGates& update_gates() const { return *gates_; }
   MemoryTracker& tracker() { return tracker_; }
 
  private:
@@ -115,6 +117,7 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;        // after model_ (uses it)
   std::unique_ptr<StepRunner> runner_;      // after model_
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<UpdateGates> gates_;  // whether each step's update is applied
   MetricsLog* metrics_ = nullptr;  // owned by hooks_
   std::vector<std::unique_ptr<StepHook>> hooks_;  // the metrics log first
   LrSchedule schedule_;
