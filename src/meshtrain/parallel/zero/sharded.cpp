@@ -532,15 +532,11 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
   for (size_t i = 0; i < flats_.size(); ++i) {
     Flat& f = flats_[i];
     const float* g = grad_shard(i);
-<<<<<<< HEAD
-    bf16* resident_compute = layout_.flats[i].dtype == DType::bf16 && !params_in_store_
-                                 ? static_cast<bf16*>(compute_values(i))
-                                 : nullptr;
-=======
     const DType dtype = layout_.flats[i].dtype;
-    char* compute = dtype != DType::f32 ? static_cast<char*>(compute_values(i)) : nullptr;
     const auto esize = static_cast<int64_t>(dtype_size(dtype));
->>>>>>> fp16
+    char* resident_compute = dtype != DType::f32 && !params_in_store_
+                                 ? static_cast<char*>(compute_values(i))
+                                 : nullptr;
     for (const Piece& p : f.pieces) {
       Tensor m = store_->acquire(p.exp_avg);
       Tensor v = store_->acquire(p.exp_avg_sq);
@@ -552,17 +548,13 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
         if (lo >= hi) continue;
         const int64_t k = lo - p.begin;  // within the piece's chunks
         float* w = master.defined() ? master.data<float>() + k : f.master_alias.data<float>() + lo;
-        bf16* compute = stored_compute.defined() ? stored_compute.data<bf16>() + k
-                        : resident_compute != nullptr ? resident_compute + lo
+        char* compute = stored_compute.defined()
+                            ? static_cast<char*>(stored_compute.raw()) + k * esize
+                        : resident_compute != nullptr ? resident_compute + lo * esize
                                                       : nullptr;
         cpu::adamw_update(adamw_hyper(adamw_, params[s.param].spec, lr, step_count_, grad_scale),
-<<<<<<< HEAD
-                          w, g + lo, m.data<float>() + k, v.data<float>() + k, compute, hi - lo);
-=======
                           w, g + lo, m.data<float>() + k, v.data<float>() + k,
-                          cpu::ComputeCopy(compute != nullptr ? compute + lo * esize : nullptr, dtype),
-                          hi - lo);
->>>>>>> fp16
+                          cpu::ComputeCopy(compute, dtype), hi - lo);
       }
       // Our handles go first: the store may free a buffer once released.
       m = v = master = stored_compute = Tensor();
@@ -632,7 +624,6 @@ void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, i
   Flat& f = flats_[flat];
   const auto n = static_cast<size_t>(end - begin);
   if (state == State::master) {
-<<<<<<< HEAD
     const size_t elem = dtype_size(fp.dtype);
     if (fp.dtype != DType::f32 && !params_in_store_) {
       convert(DType::f32, in, fp.dtype,
@@ -647,11 +638,6 @@ void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, i
               static_cast<size_t>(hi - lo));
       t = Tensor();
       store_->release(p.compute, true);
-=======
-    if (fp.dtype != DType::f32) {
-      const size_t esize = dtype_size(fp.dtype);
-      convert(DType::f32, in, fp.dtype, static_cast<char*>(compute_values(flat)) + begin * esize, n);
->>>>>>> fp16
     }
     if (f.master_alias.defined()) {
       std::memcpy(f.master_alias.data<float>() + begin, in, n * sizeof(float));
