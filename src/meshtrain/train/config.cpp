@@ -43,6 +43,7 @@ constexpr KeySpec kKeys[] = {
     {"train", "log_interval", Kind::integer}, {"train", "peak_flops", Kind::number},
     {"train", "checkpoint_interval", Kind::integer}, {"train", "out_dir", Kind::string},
     {"train", "recompute", Kind::string},     {"train", "recompute_layers", Kind::integer},
+    {"train", "memory_check", Kind::string},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
     {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
@@ -303,6 +304,10 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
                   recompute);
   t.recompute = parse_recompute(recompute);
   s.read("recompute_layers", t.recompute_layers);
+  s.read("memory_check", t.memory_check);
+  MESHTRAIN_CHECK(t.memory_check == "error" || t.memory_check == "warn" || t.memory_check == "off",
+                  "config: train.memory_check must be \"error\", \"warn\" or \"off\", got \"{}\"",
+                  t.memory_check);
 
   check_min<int64_t>("train.steps", t.steps, 1);
   check_min<int64_t>("train.seq_len", t.seq_len, 1);
@@ -537,6 +542,7 @@ toml::table to_table(const TrainConfig& c) {
       {"out_dir", t.out_dir},
       {"recompute", std::string(recompute_name(t.recompute))},
       {"recompute_layers", t.recompute_layers},
+      {"memory_check", t.memory_check},
   };
   const OptimSettings& o = c.optim;
   toml::table optim{
