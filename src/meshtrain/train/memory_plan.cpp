@@ -133,10 +133,12 @@ std::string layer_range(int64_t first, int64_t end) {
   return end - first == 1 ? fmt::format("{}", first) : fmt::format("{}-{}", first, end - 1);
 }
 
-// The ZeRO-3 units gathered at once: the one in use and the one prefetched
-// (ShardedDataParallel::before / prefetch_target), and at the head's backward
-// the head, the tied output layer and the last layer. Pipelines keep every
-// unit gathered until its last backward.
+// The ZeRO-3 units gathered at once (ShardedDataParallel::before / after /
+// prefetch_target): in forward the unit in use and the next one prefetched;
+// the head stays gathered into backward, where a tied output layer (the
+// token embedding) stays gathered from the head's backward to the
+// embedding's, with the unit in use and the one prefetched. Pipelines keep
+// every unit gathered until its last backward.
 double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& config,
                             bool pipelined) {
   std::vector<double> unit(layout.unit_flats.size(), 0);
@@ -148,22 +150,22 @@ double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& c
   }
   double total = 0;
   for (double b : unit) total += b;
-  if (pipelined || !config.parallel.reshard_after_forward) return total;
-  if (!config.parallel.prefetch) {
-    double most = 0;
-    for (double b : unit) most = std::max(most, b);
-    return unit.size() >= 2 ? most + unit.back() : most;  // the head stays gathered after forward
-  }
-  double most = 0;
-  for (size_t u = 0; u + 1 < unit.size(); ++u) most = std::max(most, unit[u] + unit[u + 1]);
+  if (pipelined || !config.parallel.reshard_after_forward || unit.size() < 3) return total;
   const size_t head = unit.size() - 1;
-  const bool tied = config.model.family == Family::gpt2 || config.model.tie_embeddings;
-  if (unit.size() >= 3) {
-    most = std::max(most, unit[head] + unit[head - 1] + (tied ? unit[0] : 0));
+  const bool prefetch = config.parallel.prefetch;
+  const bool tied = config.model.tie_embeddings;
+  const double embed = tied ? unit[0] : 0;
+  double most = 0;
+  for (size_t u = 0; u < head; ++u) most = std::max(most, unit[u] + (prefetch ? unit[u + 1] : 0));
+  const bool head_prefetches = config.model.family == Family::gpt2 || tied;
+  most = std::max(most, unit[head] + (head_prefetches ? unit[0] : 0));
+  // Backward: the head, the tied embedding, the last layer prefetched.
+  most = std::max(most, unit[head] + embed + (prefetch ? unit[head - 1] : 0));
+  for (size_t u = head - 1; u >= 1; --u) {
+    most = std::max(most, embed + unit[u] + (prefetch ? unit[u - 1] : 0));
   }
-  return std::max(most, tied ? unit[head] + unit[0] : unit[head]);
+  return most;
 }
-
 }  // namespace
 
 std::string_view prediction_basis_name(PredictionBasis basis) {
@@ -240,26 +242,27 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     // Transients: stage 3's gathered units; stage 2/3's unit gradients while
     // they are reduce-scattered (the next unit's backward overlaps the call);
     // the receive shards of later contributions.
-    double most_padded = 0, most_shard = 0, all_padded = 0;
+    double all_padded = 0, all_shard = 0;
     for (size_t u = 0; u < layout.unit_flats.size(); ++u) {
       double padded = 0, shard = 0;
       for (size_t i : layout.unit_flats[u]) {
         padded += 4 * static_cast<double>(layout.flats[i].padded);
         shard += 4 * static_cast<double>(layout.flats[i].shard);
       }
-      most_padded = std::max(most_padded, padded);
-      most_shard = std::max(most_shard, shard);
       all_padded += padded;
+      all_shard += shard;
     }
     if (p.zero == 3) {
+      out.floor[idx(MemCategory::params)] = params;
       params += zero3_gathered_bound(layout, config, pp > 1);
       out.basis[idx(MemCategory::params)] = PredictionBasis::bound;
     }
-    if (p.zero >= 2) {
-      grads += (pp > 1 ? all_padded : 2 * most_padded) + 2 * most_shard;
-    } else {
-      grads += 2 * most_shard;
-    }
+    // Reduce-scatters are asynchronous: a unit's gradient buffer (and a
+    // later micro-batch's receive shard) lives until its call completes, so
+    // every unit's may be alive at once (the bound).
+    out.floor[idx(MemCategory::grads)] = grads;
+    if (p.zero >= 2) grads += all_padded + all_shard;
+    if (p.zero == 1) grads += all_shard;
     if (dp > 1) out.basis[idx(MemCategory::grads)] = PredictionBasis::bound;
     // The offload store: the optimizer state streams through the budget.
     const zero::OffloadTier tier = zero::parse_offload_tier(p.offload);
@@ -279,6 +282,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
       out.peak[idx(MemCategory::offloaded)] = optimizer;
       if (out.offload_budget > 0) {
         optimizer = std::min(optimizer, out.offload_budget);
+        out.floor[idx(MemCategory::optimizer)] = std::min(optimizer, 2 * out.offload_piece);
         out.basis[idx(MemCategory::optimizer)] = PredictionBasis::bound;
       }
       if (tier == zero::OffloadTier::disk) {
@@ -308,28 +312,35 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     const pipeline::RankSchedule actions =
         pipeline::make_schedule(kind, shape)[static_cast<size_t>(coord.pp)];
     const double message = 4 * s.r * s.d;
-    double in_flight = 0, buffers = 0, sending = 0, most_buffers = 0;
+    // `lazy` keeps every sent buffer to the step's end (the bound), `eager`
+    // frees it at the next post (the floor).
+    double in_flight = 0, lazy = 0, eager = 0, sent = 0, most_lazy = 0, most_eager = 0;
     const int last_vs = shape.total_stages() - 1;
+    auto add = [&](double bytes) {
+      lazy += bytes;
+      eager += bytes;
+      most_lazy = std::max(most_lazy, lazy);
+      most_eager = std::max(most_eager, eager);
+    };
     for (const pipeline::Action& a : actions) {
       if (a.kind == pipeline::ActionKind::send_recv) {
-        buffers -= sending;  // earlier sends have completed (small messages: eager)
-        sending = 0;
+        // Receives are posted here; a sent buffer is freed once the executor
+        // sees its send complete, which depends on timing.
+        eager -= sent;
+        sent = 0;
         for (const pipeline::Transfer& t : a.transfers) {
-          if (t.send) {
-            sending += message;
-          } else {
-            buffers += message;
-          }
+          if (t.send) sent += message;
         }
-        most_buffers = std::max(most_buffers, buffers);
+        for (const pipeline::Transfer& t : a.transfers) {
+          if (!t.send) add(message);
+        }
         continue;
       }
       const int vs = a.chunk * shape.stages + coord.pp;
       const bool backward = a.kind == pipeline::ActionKind::backward;
       // The output buffer is allocated before the input is freed.
-      if (backward ? vs > 0 : vs < last_vs) buffers += message;
-      most_buffers = std::max(most_buffers, buffers);
-      if ((backward && vs < last_vs) || (!backward && vs > 0)) buffers -= message;  // consumed
+      if (backward ? vs > 0 : vs < last_vs) add(message);
+      if ((backward && vs < last_vs) || (!backward && vs > 0)) add(-message);  // consumed
       const double bytes = chunks[static_cast<size_t>(a.chunk)].held;
       if (backward) {
         in_flight -= bytes;
@@ -338,7 +349,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
         held_most = std::max(held_most, in_flight);
       }
     }
-    comm = most_buffers;
+    out.floor[idx(MemCategory::comm)] = most_eager;
+    comm = most_lazy;
     out.basis[idx(MemCategory::comm)] = PredictionBasis::bound;
   }
   out.peak[idx(MemCategory::activations)] = held_most + shared;
@@ -346,6 +358,9 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   out.peak[idx(MemCategory::workspace)] = workspace_bytes(config, s);
   out.basis[idx(MemCategory::workspace)] = PredictionBasis::estimate;
 
+  for (size_t c = 0; c < kMemCategories; ++c) {
+    if (out.basis[c] != PredictionBasis::bound) out.floor[c] = out.peak[c];
+  }
   out.host_bytes = out.total() + (p.offload == "cpu" ? out.at(MemCategory::offloaded) : 0);
   std::string layers;
   for (const auto& [first, end] : stage.chunks) {

@@ -36,6 +36,9 @@ struct RankMemory {
   // slower tier's bytes), with the basis of each.
   std::array<double, kMemCategories> peak{};
   std::array<PredictionBasis, kMemCategories> basis{};
+  // For a bound, what the peak is at least (the part that does not depend on
+  // timing: ZeRO's shards, pipeline sends freed at once); else = peak.
+  std::array<double, kMemCategories> floor{};
   double at(MemCategory c) const { return peak[static_cast<size_t>(c)]; }
   // Working memory: the sum of the category peaks (every category but
   // offloaded): a bound on the tracker's peak_total.
