@@ -356,6 +356,14 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   out.peak[idx(MemCategory::activations)] = held_most + shared;
   out.peak[idx(MemCategory::comm)] = comm;
   out.peak[idx(MemCategory::workspace)] = workspace_bytes(config, s);
+  if (config.train.checkpoint_interval >= 0) {
+    // Checkpoints (ckpt/distributed.h): a file buffer of at most ckpt.buffer_mb,
+    // and with ckpt.async a staged copy of the (master, exp_avg, exp_avg_sq)
+    // this rank writes: about 1/dp of its state.
+    const double written = 12 * psi / dp, buffer = config.ckpt.buffer_mb * 1024 * 1024;
+    out.peak[idx(MemCategory::workspace)] +=
+        std::min(buffer, written) + (config.ckpt.async ? written : 0);
+  }
   out.basis[idx(MemCategory::workspace)] = PredictionBasis::estimate;
 
   for (size_t c = 0; c < kMemCategories; ++c) {
@@ -370,7 +378,6 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
                          stage.last ? ", head" : "");
   if (pp > 1) out.role = fmt::format("pp stage {} ({})", coord.pp, out.role);
   if (tp > 1) out.role += fmt::format(", tp {} of {}", coord.tp, tp);
-  if (dp > 1) out.role += fmt::format(", dp {} of {}", coord.dp, dp);
   return out;
 }
 

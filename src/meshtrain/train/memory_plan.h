@@ -31,7 +31,7 @@ std::string_view prediction_basis_name(PredictionBasis basis);
 struct RankMemory {
   int rank = 0;
   MeshCoord coord;
-  std::string role;  // "pp stage 1 (layers 2-3, head), tp 0 of 2, dp 1 of 2"
+  std::string role;  // "pp stage 1 (layers 2-3, head), tp 0 of 2" (dp ranks are alike)
   // Predicted peak bytes per category (MemCategory order; offloaded = the
   // slower tier's bytes), with the basis of each.
   std::array<double, kMemCategories> peak{};
