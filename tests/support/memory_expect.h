@@ -1,6 +1,6 @@
 // A rank's tracker peaks against its prediction (train/memory_plan.h), by
-// the basis of each category: exact within 5% (the bar; most are
-// equal to the byte), a bound not exceeded by more than 5% and at least its
+// the basis of each category: exact to the byte (stricter than the issue's
+// 5%, which would hide a wrong term in a small model), a bound not exceeded by more than 5% and at least its
 // floor, an estimate within 2x. Shared by the trainer tests.
 #pragma once
 
@@ -37,7 +37,7 @@ inline void expect_memory_matches(const RankMemory& want, const MemorySnapshot& 
                               std::string(prediction_basis_name(want.basis[c])) + ")";
     switch (want.basis[c]) {
       case PredictionBasis::exact:
-        EXPECT_NEAR(measured, predicted, 0.05 * predicted) << where;
+        EXPECT_EQ(measured, predicted) << where;
         break;
       case PredictionBasis::bound:
         EXPECT_LE(measured, 1.05 * predicted) << where;
