@@ -98,8 +98,9 @@ ChunkBytes chunk_bytes(const LocalShape& s, const RecomputePolicy& policy, int64
 }
 
 // The Workspace buffers a block call reuses, the classifier's logits chunk
-// and RoPE's tables (plan/memory.cpp engine_memory, by this rank's widths).
-double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
+// (on the stage with the output layer) and RoPE's tables (plan/memory.cpp
+// engine_memory, by this rank's widths).
+double workspace_bytes(const TrainConfig& config, const LocalShape& s, bool head) {
   const bool bf16 = s.e == 2;
   const double qkv = s.q + 2 * s.kv;
   double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * s.d +
@@ -110,8 +111,10 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
       w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d;  // dres_full, shards, column_input
     }
   }
-  const double chunk = std::min(s.n, 256.0);
-  w += chunk * s.vocab * (4 + (bf16 ? 2 : 0));
+  if (head) {  // the stage that runs the output layer
+    const double chunk = std::min(s.n, 256.0);
+    w += chunk * s.vocab * (4 + (bf16 ? 2 : 0));
+  }
   if (config.model.family == Family::llama) {
     w += 4 * static_cast<double>(config.model.max_seq_len * config.model.head_dim());
   }
@@ -161,8 +164,9 @@ double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& c
   most = std::max(most, unit[head] + (head_prefetches ? unit[0] : 0));
   // Backward: the head, the tied embedding, the last layer prefetched.
   most = std::max(most, unit[head] + embed + (prefetch ? unit[head - 1] : 0));
-  for (size_t u = head - 1; u >= 1; --u) {
-    most = std::max(most, embed + unit[u] + (prefetch ? unit[u - 1] : 0));
+  for (size_t u = head - 1; u >= 1; --u) {  // layers; unit 0 (the embedding) is counted once
+    const double next = prefetch && (u > 1 || !tied) ? unit[u - 1] : 0;
+    most = std::max(most, embed + unit[u] + next);
   }
   return most;
 }
@@ -355,7 +359,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   out.peak[idx(MemCategory::activations)] = held_most + shared;
   out.peak[idx(MemCategory::comm)] = comm;
-  out.peak[idx(MemCategory::workspace)] = workspace_bytes(config, s);
+  out.peak[idx(MemCategory::workspace)] = workspace_bytes(config, s, stage.last);
   if (config.train.checkpoint_interval >= 0) {
     // Checkpoints (ckpt/distributed.h): a file buffer of at most ckpt.buffer_mb,
     // and with ckpt.async a staged copy of the (master, exp_avg, exp_avg_sq)
