@@ -1,0 +1,72 @@
+// The memory check before allocating is collective: a run too large for the
+// host refuses on every rank with the same line (the ranks of one host summed),
+// and none hangs in a collective the others never reach.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "meshtrain/comm/mesh.h"
+#include "meshtrain/plan/models.h"
+#include "meshtrain/train/distributed.h"
+#include "meshtrain/train/trainer.h"
+#include "meshtrain/util/error.h"
+#include "mpi_test.h"
+#include "support/shared_corpus.h"
+
+namespace meshtrain {
+namespace {
+
+using testing::mpi_env;
+
+class MemoryCheck : public ::testing::Test {
+ protected:
+  MemoryTracker tracker_;
+  std::unique_ptr<MpiCommunicator> world_ = mpi_env().world(tracker_);
+};
+
+TEST_F(MemoryCheck, EveryRankRefusesWithTheSameLine) {
+  const std::string dir = testing::shared_phrase_corpus(*world_, 61);
+  TrainConfig c = testing::tiny_run_config(R"(
+[model]
+family = "llama"
+dim = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+hidden_dim = 48
+vocab_size = 61
+max_seq_len = 32
+[train]
+steps = 1
+batch_size = 8
+seq_len = 16
+threads = 1
+eval_interval = 0
+peak_flops = 1e11
+checkpoint_interval = -1
+[data]
+tokenizer = "bytes"
+)",
+                                           dir, "refused", {}, "memory_check.toml");
+  c.model = plan::plan_model("llama2-7b").config;  // 6.7B parameters: ~108 GB of model state
+  const int world = world_->size();
+  DeviceMesh mesh(*world_, 1, 1);
+  TrainerOptions options;
+  options.console = false;
+  options.mesh = &mesh;
+  std::string line;
+  try {
+    Trainer trainer(c, options);
+    ADD_FAILURE() << "a 7B model trained on this machine";
+  } catch (const Error& e) {
+    line = e.what();
+  }
+  EXPECT_NE(line.find(fmt::format("the {} ranks on this host", world)), std::string::npos) << line;
+  EXPECT_NE(line.find("levers: parallel.zero = 3 would need"), std::string::npos) << line;
+  // The same line on every rank: rank 0's, compared everywhere.
+  EXPECT_EQ(broadcast_string(*world_, line, 0), line);
+}
+
+}  // namespace
+}  // namespace meshtrain
