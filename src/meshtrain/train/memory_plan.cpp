@@ -143,7 +143,7 @@ std::string layer_range(int64_t first, int64_t end) {
 // embedding's, with the unit in use and the one prefetched. Pipelines keep
 // every unit gathered until its last backward.
 double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& config,
-                            bool pipelined) {
+                            bool pipelined, bool evaluates) {
   std::vector<double> unit(layout.unit_flats.size(), 0);
   for (size_t u = 0; u < unit.size(); ++u) {
     for (size_t i : layout.unit_flats[u]) {
@@ -167,6 +167,13 @@ double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& c
   for (size_t u = head - 1; u >= 1; --u) {  // layers; unit 0 (the embedding) is counted once
     const double next = prefetch && (u > 1 || !tied) ? unit[u - 1] : 0;
     most = std::max(most, embed + unit[u] + next);
+  }
+  // Evaluation runs forwards only: the head stays gathered from one
+  // micro-batch's forward into the next one's.
+  if (evaluates) {
+    for (size_t u = 0; u + 1 < head; ++u) {
+      most = std::max(most, unit[head] + unit[u] + (prefetch ? unit[u + 1] : 0));
+    }
   }
   return most;
 }
@@ -205,6 +212,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
 
   // The stage: the executor's split of the layers over (virtual) stages.
   const int64_t m = micro_batches_per_step(config, dp), rows = micro_batch_rows(config, dp);
+  // The run's validation (train.eval_interval with data.val), in micro-batches of the same rows.
+  const bool evaluates = !config.data.val.empty() && config.train.eval_interval > 0;
   const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(p.schedule);
   const pipeline::PipelineShape shape{pp, static_cast<int>(m), p.virtual_stages};
   StageLayers stage;
@@ -258,7 +267,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     }
     if (p.zero == 3) {
       out.floor[idx(MemCategory::params)] = params;
-      params += zero3_gathered_bound(layout, config, pp > 1);
+      params += zero3_gathered_bound(layout, config, pp > 1, evaluates);
       out.basis[idx(MemCategory::params)] = PredictionBasis::bound;
     }
     // Reduce-scatters are asynchronous: a unit's gradient buffer (and a
@@ -357,7 +366,20 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     comm = most_lazy;
     out.basis[idx(MemCategory::comm)] = PredictionBasis::bound;
   }
-  out.peak[idx(MemCategory::activations)] = held_most + shared;
+  double activations = held_most + shared;
+  if (evaluates && pp == 1) {
+    // Evaluation's forward (keep nothing: scratch is workspace) next to the
+    // training set, which stays allocated, except the attention kernel's saved
+    // q, k, v and probabilities (backend/cpu/attention.cpp), counted as
+    // activations: one block's, of one micro-batch.
+    activations += s.e * s.n * (s.q + 2 * s.kv) + s.e * s.mb * s.heads * s.seq * s.seq;
+  } else if (evaluates) {
+    // Through the pipeline: every chunk of one micro-batch held, then dropped.
+    double eval = shared;
+    for (const ChunkBytes& c : chunks) eval += c.held;
+    activations = std::max(activations, eval);
+  }
+  out.peak[idx(MemCategory::activations)] = activations;
   out.peak[idx(MemCategory::comm)] = comm;
   out.peak[idx(MemCategory::workspace)] = workspace_bytes(config, s, stage.last);
   if (config.train.checkpoint_interval >= 0) {
