@@ -10,6 +10,7 @@
 #include "meshtrain/plan/planner.h"
 #include "meshtrain/plan/report.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/memory_check.h"
 #include "meshtrain/train/memory_plan.h"
 #include "meshtrain/util/error.h"
 
@@ -182,6 +183,12 @@ int run_plan(const PlanArgs& a) {
       return 0;
     }
     std::fputs(format_run_memory(a.config, *run, ranks).c_str(), stdout);
+    for (const RankMemory& r : ranks) {  // what the run would refuse at start
+      if (std::optional<std::string> why = offload_budget_refusal(r)) {
+        std::fputs(fmt::format("the run would refuse at start: {}\n", *why).c_str(), stdout);
+        break;
+      }
+    }
     if (a.gpus.empty()) return 0;
     std::fputs("\n", stdout);
   }
