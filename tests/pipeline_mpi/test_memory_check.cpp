@@ -85,9 +85,15 @@ TEST_F(MemoryCheck, RunsThatEvaluateAndCheckpointMatchThePrediction) {
       {"dp 2 ZeRO-3", 1, 1, {{"parallel.zero", "3"}}},
       {"tp 2 + SP", 2, 1, {{"parallel.tp", "2"}, {"parallel.sequence_parallel", "true"}}},
       {"pp 2 1F1B", 1, 2, {{"parallel.pp", "2"}}},
+      {"dp 2 ZeRO-2 + cpu offload", 1, 1,
+       {{"parallel.zero", "2"}, {"parallel.offload", "cpu"}, {"parallel.offload_budget_mb", "0.1"}}},
+      {"dp 2 ZeRO-1 + disk offload", 1, 1,
+       {{"parallel.zero", "1"}, {"parallel.offload", "disk"}}},
   };
+  int run = 0;
   for (const Layout& layout : layouts) {
     for (const char* family : {"llama", "gpt2"}) {
+      ++run;
       ConfigOverrides extra = layout.overrides;
       extra.push_back({"model.family", family});
       extra.push_back({"model.tie_embeddings", std::string(family) == "gpt2" ? "true" : "false"});
@@ -114,8 +120,7 @@ checkpoint_interval = 0
 [data]
 tokenizer = "bytes"
 )",
-                                                     dir, fmt::format("eval_{}_{}_{}", layout.tp,
-                                                                      layout.pp, family),
+                                                     dir, fmt::format("eval_{}_{}", run, family),
                                                      extra, "memory_eval.toml");
       DeviceMesh mesh(*world_, layout.tp, layout.pp);
       const testing::TrainerRun r = testing::run_trainer(c, &mesh);

@@ -28,7 +28,6 @@ inline void expect_memory_matches(const RankMemory& want, const MemorySnapshot& 
   }
   for (size_t c = 0; c < kMemCategories; ++c) {
     const auto cat = static_cast<MemCategory>(c);
-    if (cat == MemCategory::offloaded) continue;
     const double predicted = want.peak[c], measured = static_cast<double>(got.peak[c]);
     const std::string where = what + " rank " + std::to_string(want.rank) + " " +
                               std::string(mem_category_name(cat)) + ": measured " +

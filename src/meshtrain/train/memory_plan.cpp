@@ -231,19 +231,19 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
 
   // Model state: the flat buffers (Model, AdamW) or ZeRO's padded shards.
   const Precision precision = config.train.precision;
-  double psi = 0, narrow = 0;
+  double psi = 0, compute_copies = 0;  // elements; bytes of the 16-bit compute copies
   for (const ParamSpec& spec : held.specs) {
     psi += static_cast<double>(spec.numel());
-    if (param_compute_dtype(spec, precision) != DType::f32) {
-      narrow += static_cast<double>(spec.numel()) *
-                static_cast<double>(dtype_size(param_compute_dtype(spec, precision)));
+    const DType dtype = param_compute_dtype(spec, precision);
+    if (dtype != DType::f32) {
+      compute_copies += static_cast<double>(spec.numel()) * static_cast<double>(dtype_size(dtype));
     }
   }
   double& params = out.peak[idx(MemCategory::params)];
   double& grads = out.peak[idx(MemCategory::grads)];
   double& optimizer = out.peak[idx(MemCategory::optimizer)];
   if (p.zero == 0) {
-    params = 4 * psi + narrow;
+    params = 4 * psi + compute_copies;
     grads = 4 * psi;
     optimizer = 8 * psi;
   } else {
@@ -276,7 +276,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     out.floor[idx(MemCategory::grads)] = grads;
     if (p.zero >= 2) grads += all_padded + all_shard;
     if (p.zero == 1) grads += all_shard;
-    if (dp > 1) out.basis[idx(MemCategory::grads)] = PredictionBasis::bound;
+    out.basis[idx(MemCategory::grads)] = PredictionBasis::bound;
     // The offload store: the optimizer state streams through the budget.
     const zero::OffloadTier tier = zero::parse_offload_tier(p.offload);
     if (tier != zero::OffloadTier::none) {
@@ -293,11 +293,11 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
       out.offload_piece = piece_bytes;
       out.offload_budget = p.offload_budget_mb * 1024.0 * 1024.0;
       out.peak[idx(MemCategory::offloaded)] = optimizer;
-      if (out.offload_budget > 0) {
-        optimizer = std::min(optimizer, out.offload_budget);
-        out.floor[idx(MemCategory::optimizer)] = std::min(optimizer, 2 * out.offload_piece);
-        out.basis[idx(MemCategory::optimizer)] = PredictionBasis::bound;
-      }
+      // Resident: what the passes hold and read ahead, within the budget (0:
+      // up to all of it); at least the two pieces an update holds.
+      if (out.offload_budget > 0) optimizer = std::min(optimizer, out.offload_budget);
+      out.floor[idx(MemCategory::optimizer)] = std::min(optimizer, 2 * out.offload_piece);
+      out.basis[idx(MemCategory::optimizer)] = PredictionBasis::bound;
       if (tier == zero::OffloadTier::disk) {
         out.offload_dir = p.offload_dir.empty() ? config.train.out_dir + "/offload" : p.offload_dir;
       }
