@@ -270,11 +270,15 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
       params += zero3_gathered_bound(layout, config, pp > 1, evaluates);
       out.basis[idx(MemCategory::params)] = PredictionBasis::bound;
     }
-    // Reduce-scatters are asynchronous: a unit's gradient buffer (and a
-    // later micro-batch's receive shard) lives until its call completes, so
-    // every unit's may be alive at once (the bound).
+    // Reduce-scatters are asynchronous: a unit's gradient buffer (and, after
+    // the step's first contribution, its receive shard) lives until its call
+    // completes, so every unit's, of every micro-batch of the step, may be
+    // alive at once (the bound; finish_gradient_sync waits for all). Stage 2/3
+    // reduce after each micro-batch's backward; pipelines once, after a unit's
+    // last backward; stage 1 once, into receive shards.
     out.floor[idx(MemCategory::grads)] = grads;
-    if (p.zero >= 2) grads += all_padded + all_shard;
+    const auto micro = static_cast<double>(pp > 1 ? 1 : m);
+    if (p.zero >= 2) grads += micro * all_padded + (micro - 1) * all_shard;
     if (p.zero == 1) grads += all_shard;
     out.basis[idx(MemCategory::grads)] = PredictionBasis::bound;
     // The offload store: the optimizer state streams through the budget.
