@@ -86,6 +86,10 @@ for r in ranks:
 # dp ranks alike, pipeline stages differ.
 assert ranks[0]["bytes"] == ranks[2]["bytes"] and ranks[0]["bytes"] != ranks[4]["bytes"]
 PY
+# With --gpus too: one JSON object, the engine's ranks and the GPU search.
+"$bin" plan --config "$work/run.toml" --dp 2 --json --gpus 8 --gpu a100-80gb >"$work/both.json" || true
+$python -c "import json, sys; j = json.load(open(sys.argv[1])); assert len(j['engine']['ranks']) == 8 and 'search' in j" \
+  "$work/both.json" || fail "--config --json --gpus"
 
 many=$("$bin" plan --model llama3-8b --gpus 64..256 --global-batch-tokens 4M --seq 8192 \
        --rank-by cost --max-days 3000 --top 5)

@@ -173,24 +173,30 @@ int run_plan(const PlanArgs& a) {
   PlanModel pm = resolve_model(a, run.get());
   ModelConfig& model = pm.config;
 
+  std::string engine_json;  // --config --json
   if (run) {
     // The run's own layout on dp x tp x pp ranks (--dp, default 1).
     const int dp = a.dp > 0 ? static_cast<int>(a.dp) : 1;
     const std::vector<RankMemory> ranks =
         predict_run_memory(*run, dp * run->parallel.tp * run->parallel.pp);
-    if (a.json && a.gpus.empty()) {
-      std::fputs(run_memory_json(a.config, *run, ranks).c_str(), stdout);
-      return 0;
-    }
-    std::fputs(format_run_memory(a.config, *run, ranks).c_str(), stdout);
-    for (const RankMemory& r : ranks) {  // what the run would refuse at start
-      if (std::optional<std::string> why = offload_budget_refusal(r)) {
-        std::fputs(fmt::format("the run would refuse at start: {}\n", *why).c_str(), stdout);
-        break;
+    if (a.json) {
+      // With --gpus: {"engine": this, "search": the GPU plan} below.
+      engine_json = run_memory_json(a.config, *run, ranks);
+      if (a.gpus.empty()) {
+        std::fputs(engine_json.c_str(), stdout);
+        return 0;
+      }
+    } else {
+      std::fputs(format_run_memory(a.config, *run, ranks).c_str(), stdout);
+      for (const RankMemory& r : ranks) {  // what the run would refuse at start
+        if (std::optional<std::string> why = offload_budget_refusal(r)) {
+          std::fputs(fmt::format("the run would refuse at start: {}\n", *why).c_str(), stdout);
+          break;
+        }
       }
     }
     if (a.gpus.empty()) return 0;
-    std::fputs("\n", stdout);
+    if (!a.json) std::fputs("\n", stdout);
   }
   MESHTRAIN_CHECK(!a.gpus.empty(), "plan: --gpus is required (a count, or a comma list)");
 
@@ -295,7 +301,12 @@ int run_plan(const PlanArgs& a) {
         fixed ? "" : " (this is the search's #1: fix --tp --pp --zero --micro-batch --recompute "
                      "to the layout you measured)");
   }
-  if (a.json) {
+  if (a.json && !engine_json.empty()) {
+    std::fputs(fmt::format("{{\"engine\": {}, \"search\": {}}}\n", engine_json,
+                           format_json(in, result))
+                   .c_str(),
+               stdout);
+  } else if (a.json) {
     std::fputs(format_json(in, result).c_str(), stdout);
   } else {
     std::fputs(format_table(in, result).c_str(), stdout);
