@@ -200,6 +200,23 @@ TEST_F(MemoryPlanTest, ReadsCgroupLimitsAndRefusesNamingThem) {
   EXPECT_FALSE(memory_refusal(c, ranks, {0}, {{1e12, "big"}}).has_value());
 }
 
+// Each lever is the changed config predicted again; those that would fit say so.
+TEST_F(MemoryPlanTest, LeversSayWhatEachWouldNeedAndWhichFit) {
+  const TrainConfig c = config("gpt2", {{"train.micro_batch_size", "4"}});
+  TrainConfig full = c;
+  full.train.recompute = Recompute::full;
+  const double need = one_rank(c).host_bytes, with_full = one_rank(full).host_bytes;
+  ASSERT_LT(with_full, need);
+  const std::vector<MemoryLimit> limit{{(need + with_full) / 2, "test limit"}};
+  const std::optional<std::string> why = memory_refusal(c, predict_run_memory(c, 1), {0}, limit);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find(fmt::format("train.recompute = \"full\" would need {} (fits)",
+                                  format_bytes(static_cast<size_t>(with_full)))),
+            std::string::npos)
+      << *why;
+  EXPECT_NE(why->find("test limit"), std::string::npos) << *why;
+}
+
 // An offload budget below two pieces fails at start, naming the key and the
 // minimum, whatever train.memory_check says (the store would fail at step 1).
 TEST_F(MemoryPlanTest, OffloadBudgetBelowTwoPiecesIsRefused) {
