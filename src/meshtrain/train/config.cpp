@@ -46,6 +46,7 @@ constexpr KeySpec kKeys[] = {
     {"train", "loss_scale_init", Kind::number},
     {"train", "loss_scale_growth_interval", Kind::integer},
     {"train", "loss_scale_min", Kind::number},
+    {"train", "memory_check", Kind::string},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
     {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
@@ -330,6 +331,10 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
                   recompute);
   t.recompute = parse_recompute(recompute);
   s.read("recompute_layers", t.recompute_layers);
+  s.read("memory_check", t.memory_check);
+  MESHTRAIN_CHECK(t.memory_check == "error" || t.memory_check == "warn" || t.memory_check == "off",
+                  "config: train.memory_check must be \"error\", \"warn\" or \"off\", got \"{}\"",
+                  t.memory_check);
 
   check_min<int64_t>("train.steps", t.steps, 1);
   check_min<int64_t>("train.seq_len", t.seq_len, 1);
@@ -567,6 +572,7 @@ toml::table to_table(const TrainConfig& c) {
       {"loss_scale_init", t.loss_scale.init},
       {"loss_scale_growth_interval", t.loss_scale.growth_interval},
       {"loss_scale_min", t.loss_scale.min},
+      {"memory_check", t.memory_check},
   };
   const OptimSettings& o = c.optim;
   toml::table optim{

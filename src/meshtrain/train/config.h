@@ -45,6 +45,9 @@ struct TrainSettings {
   // pipeline chunk, 0 = all.
   Recompute recompute = Recompute::none;
   int64_t recompute_layers = 0;
+  // Before allocating, each rank's predicted peak (train/memory_plan.h) against
+  // what its host allows: "error" refuses, "warn" prints and trains, "off" skips.
+  std::string memory_check = "error";
 
   int64_t grad_accum_steps() const { return batch_size / micro_batch_size; }
   int64_t tokens_per_step() const { return batch_size * seq_len; }
