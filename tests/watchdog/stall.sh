@@ -37,6 +37,7 @@ cleanup() {
   kill -9 "$launcher" 2>/dev/null
 }
 trap cleanup EXIT
+trap 'exit 1' TERM INT  # ctest's timeout: the EXIT trap still removes the run's processes
 
 # Past the first step (which has the long deadline): a few steps in rank 0's metrics.
 steps_done() { local n; n=$(grep -c '"loss"' "$out/metrics.jsonl" 2>/dev/null); echo "${n:-0}"; }
@@ -92,13 +93,14 @@ grep -qE "^diagnosis: .*waiting for rank\(s\) $victim$" <<<"$report" ||
 if ls "$out"/flight/*/rank_${victim}.json >/dev/null 2>&1; then
   grep -qE "late: (.*,)?$victim(,|\)|$)" <<<"$report" || fail "rank $victim's dump is not marked late"
 fi
-# debug hang finds the call a rank's watchdog named (a rank ahead names a later
-# call than the first disagreement; one of them names that one).
+# debug hang finds the call a rank's watchdog named: as the first disagreement,
+# or as the call of ranks ahead of it (a collective the victim was stopped
+# inside can complete on some ranks, which then time out in the next one).
 agreed=""
 while IFS= read -r line; do
   [[ $line =~ $re ]] || continue
   comm=${BASH_REMATCH[1]} op=${BASH_REMATCH[2]} seq=${BASH_REMATCH[3]}
-  if grep -qE "^comm $comm \[.*\]: ranks disagree at seq $seq \($op " <<<"$report"; then
+  if grep -qE "^comm $comm \[.*\]: (ranks disagree at seq $seq \($op |.*; ahead: .*\(at seq $seq\))" <<<"$report"; then
     agreed="comm $comm $op seq $seq"
   fi
 done < <(grep -E -- "$re" "$out.log")

@@ -209,6 +209,25 @@ TEST(HangDiagnosis, ALiveRankBehindIsNamedWithItsSequence) {
   EXPECT_EQ(describe_not_arrived(at), "1 (behind: at seq 56)");
 }
 
+TEST(HangDiagnosis, RanksPastACollectiveTheVictimStoppedInsideAreAhead) {
+  // Rank 3 stopped inside seq 43 after sending its part: ranks 0 and 2
+  // finished it and wait in seq 44, rank 1 is still in 43.
+  std::vector<RankFlight> dumps;
+  dumps.push_back(flight_of(0, 4, {{"dp", {0, 1, 2, 3}, 45, 1}}, "timeout"));
+  dumps.push_back(flight_of(1, 4, {{"dp", {0, 1, 2, 3}, 44, 1}}));
+  dumps.push_back(flight_of(2, 4, {{"dp", {0, 1, 2, 3}, 45, 1}}));
+  const HangDiagnosis d = diagnose_hang(dumps);
+  const CommHang& h = d.hangs.at(0);
+  EXPECT_EQ(h.seq, 43u);
+  EXPECT_EQ(h.in_call, std::vector<int>{1});
+  EXPECT_EQ(h.ahead, (std::vector<int>{0, 2}));
+  EXPECT_EQ(h.ahead_at, (std::vector<uint64_t>{44, 44}));
+  EXPECT_NE(format_hang_report(d, "d").find("ahead: 0 (at seq 44), 2 (at seq 44)"), std::string::npos);
+  // Rank 0's own call, seq 44: rank 1 has not issued it.
+  EXPECT_EQ(describe_not_arrived(hang_at(dumps, {"dp", {0, 1, 2, 3}, 0}, 44)),
+            "3 (no flight record: stopped, dead or unreachable), 1 (behind: at seq 43)");
+}
+
 TEST(HangDiagnosis, QueuedCallCountsAsNotArrived) {
   std::vector<RankFlight> dumps;
   dumps.push_back(flight_of(0, 2, {{"dp", {0, 1}, 10, 1}}));

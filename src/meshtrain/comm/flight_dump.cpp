@@ -224,6 +224,7 @@ CommHang examine(const Ranks& by_rank, const Local& local, const CommIdentity& c
     }
     if (p.first_unfinished > seq) {
       h.ahead.push_back(m);
+      h.ahead_at.push_back(p.first_unfinished);
       continue;
     }
     const DumpedCall* call = nullptr;
@@ -247,9 +248,11 @@ CommHang examine(const Ranks& by_rank, const Local& local, const CommIdentity& c
   // Point-to-point sequence numbers do not pair up across ranks: only a
   // missing peer is evidence there.
   if (p2p) {
-    for (const BehindRank& b : h.behind) h.ahead.push_back(b.rank);
+    for (const BehindRank& b : h.behind) {
+      h.ahead.push_back(b.rank);
+      h.ahead_at.push_back(b.issued);
+    }
     h.behind.clear();
-    std::sort(h.ahead.begin(), h.ahead.end());
   }
   return h;
 }
@@ -339,12 +342,16 @@ std::string format_hang_report(const HangDiagnosis& d, const std::string& dir) {
   out += fmt::format("deadline passed on ranks: {}\n", join(d.timed_out));
   if (d.hangs.empty()) out += "no communicator has a pending call: the ranks agree\n";
   for (const CommHang& h : d.hangs) {
+    std::string ahead;
+    for (size_t i = 0; i < h.ahead.size(); ++i) {
+      ahead += fmt::format("{}{} (at seq {})", i ? ", " : "", h.ahead[i], h.ahead_at[i]);
+    }
     out += fmt::format(
         "comm {} [{}]: ranks disagree at seq {} ({} {}, {}), waiting {:.1f} s: in it: {}; ahead: "
         "{}; not arrived: {}\n",
         h.comm.name, join(h.comm.members), h.seq, h.op.empty() ? "?" : h.op,
         h.dtype.empty() ? "?" : h.dtype, format_bytes(h.bytes), h.waited_s, join(h.in_call),
-        join(h.ahead), describe_not_arrived(h));
+        ahead.empty() ? "none" : ahead, describe_not_arrived(h));
   }
   if (!d.hangs.empty()) {
     const CommHang& h = d.hangs.front();

@@ -80,7 +80,9 @@ struct CommHang {
   uint64_t bytes = 0;
   double waited_s = 0;          // the longest any member has been in it
   std::vector<int> in_call;     // members in that call (issued, not finished)
-  std::vector<int> ahead;       // members past it (finished it; p2p only)
+  std::vector<int> ahead;       // members past it (they finished it; a collective a member
+                                // was stopped inside can complete on some of the others)
+  std::vector<uint64_t> ahead_at;  // of each: its first unfinished seq (== issued: none pending)
   std::vector<BehindRank> behind;  // members that have not issued it
   std::vector<int> missing;     // members without a dump
   std::vector<int> late;        // members whose dump is late (stalled until the end)
