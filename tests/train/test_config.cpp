@@ -229,7 +229,8 @@ TEST(Config, CommDeadlinesAndRecorder) {
   EXPECT_EQ(parse_config(config_to_toml(c), "saved.toml").comm.timeout_s, 2.5);
   EXPECT_EQ(error_of(kBase, {{"comm.timeout_s", "-1"}}),
             "config: comm.timeout_s must be >= 0 (0 = no deadline), got -1");
-  EXPECT_NE(error_of(kBase, {{"comm.flight_records", "0"}}).find("set comm.timeout_s and comm.long_timeout_s to 0"),
+  EXPECT_NE(error_of(kBase, {{"comm.flight_records", "0"}})
+                .find("set comm.timeout_s and comm.long_timeout_s to 0"),
             std::string::npos);
 }
 

@@ -125,7 +125,8 @@ RankFlight flight_of(int rank, int world, const std::vector<CommSpec>& specs,
       rec.finish(id, r, false);
     }
   }
-  const std::string text = flight_dump_json(rec.snapshot(), {rank, world, "job", reason, marker_age_s});
+  const std::string text =
+      flight_dump_json(rec.snapshot(), {rank, world, "job", reason, marker_age_s});
   return parse_flight_dump(text, "rank_" + std::to_string(rank) + ".json");
 }
 
@@ -222,7 +223,8 @@ TEST(HangDiagnosis, RanksPastACollectiveTheVictimStoppedInsideAreAhead) {
   EXPECT_EQ(h.in_call, std::vector<int>{1});
   EXPECT_EQ(h.ahead, (std::vector<int>{0, 2}));
   EXPECT_EQ(h.ahead_at, (std::vector<uint64_t>{44, 44}));
-  EXPECT_NE(format_hang_report(d, "d").find("ahead: 0 (at seq 44), 2 (at seq 44)"), std::string::npos);
+  EXPECT_NE(format_hang_report(d, "d").find("ahead: 0 (at seq 44), 2 (at seq 44)"),
+            std::string::npos);
   // Rank 0's own call, seq 44: rank 1 has not issued it.
   EXPECT_EQ(describe_not_arrived(hang_at(dumps, {"dp", {0, 1, 2, 3}, 0}, 44)),
             "3 (no flight record: stopped, dead or unreachable), 1 (behind: at seq 43)");

@@ -114,12 +114,14 @@ RankFlight parse_flight_dump(const std::string& text, const std::string& source)
     for (const json& c : doc.at("comms")) {
       f.comms.push_back({c.at("name").get<std::string>(), c.at("members").get<std::vector<int>>(),
                          c.at("rank").get<int>()});
-      f.progress.push_back({c.at("issued").get<uint64_t>(), c.at("first_unfinished").get<uint64_t>()});
+      f.progress.push_back(
+          {c.at("issued").get<uint64_t>(), c.at("first_unfinished").get<uint64_t>()});
     }
     for (const json& c : doc.at("calls")) {
       DumpedCall d;
       d.comm = c.at("comm").get<int>();
-      MESHTRAIN_CHECK_AS(ErrorKind::corrupt, d.comm >= 0 && d.comm < static_cast<int>(f.comms.size()),
+      MESHTRAIN_CHECK_AS(ErrorKind::corrupt,
+                         d.comm >= 0 && d.comm < static_cast<int>(f.comms.size()),
                          "{}: a call names communicator {} of {}", source, d.comm, f.comms.size());
       d.seq = c.at("seq").get<uint64_t>();
       d.op = c.at("op").get<std::string>();
@@ -324,13 +326,16 @@ std::string describe_not_arrived(const CommHang& h) {
   }
   for (const BehindRank& b : h.behind) {
     if (b.queued) {
-      parts.push_back(fmt::format("{} (behind: its seq {} is queued after another call)", b.rank, h.seq));
+      parts.push_back(
+          fmt::format("{} (behind: its seq {} is queued after another call)", b.rank, h.seq));
       continue;
     }
     parts.push_back(b.issued == 0 ? fmt::format("{} (behind: no call yet)", b.rank)
                                   : fmt::format("{} (behind: at seq {})", b.rank, b.issued - 1));
   }
-  if (parts.empty()) return "none (every member is in the call: the data does not arrive; a link down?)";
+  if (parts.empty()) {
+    return "none (every member is in the call: the data does not arrive; a link down?)";
+  }
   std::string s;
   for (const std::string& p : parts) s += (s.empty() ? "" : ", ") + p;
   return s;

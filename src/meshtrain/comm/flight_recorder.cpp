@@ -21,7 +21,9 @@ void FlightRecorder::set_capacity(size_t capacity) {
   std::vector<FlightEntry> kept;
   const size_t n = ring_.size();
   for (size_t i = 0; i < n; ++i) kept.push_back(ring_[(ring_next_ + i) % n]);
-  if (kept.size() > capacity) kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(capacity));
+  if (kept.size() > capacity) {
+    kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(capacity));
+  }
   ring_ = std::move(kept);
   ring_next_ = ring_.size() == capacity ? 0 : ring_.size();
   capacity_ = capacity;

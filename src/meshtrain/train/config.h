@@ -104,8 +104,11 @@ struct CkptSettings {
 // [comm]: deadlines of communication calls and the flight recorder
 // (docs/distributed.md#hangs-watchdog-and-flight-recorder).
 struct CommSettings {
-  double timeout_s = 300;        // calls inside training steps (from a process's second step); 0 = none
-  double long_timeout_s = 3600;  // every other call: start-up, first step, evaluation, checkpoints; 0 = none
+  // Seconds after a call's start; 0 = none. timeout_s: calls inside training
+  // steps (from a process's second step); long_timeout_s: every other call
+  // (start-up, first step, evaluation, checkpoints).
+  double timeout_s = 300;
+  double long_timeout_s = 3600;
   int64_t flight_records = 1024;  // completed calls kept per rank; 0 = no recorder and no watchdog
 };
 
