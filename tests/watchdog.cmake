@@ -18,3 +18,7 @@ foreach(mode ddp zero3 pipeline)
 endforeach()
 meshtrain_stall_test(ddp 2 kill)
 meshtrain_stall_test(pipeline 4 kill)
+# A run without flight records: one line naming where they were looked for, io's code.
+meshtrain_cli_case(debug_hang_no_records 3
+                   "^meshtrain: debug hang: no flight records in .*cli_work \\(expected .*cli_work/flight/<job>/rank_<R>.json\\)$"
+                   ARGS debug hang ${cli_work})

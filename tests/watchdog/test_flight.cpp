@@ -2,8 +2,10 @@
 // diagnosis, without MPI (the SIGSTOP tests under mpirun: tests/watchdog.cmake).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "meshtrain/comm/flight_dump.h"
 #include "meshtrain/comm/flight_recorder.h"
@@ -289,6 +291,69 @@ TEST(FlightDump, FilesAreFoundByJobAndReadBack) {
   EXPECT_EQ(dumps[0].job, new_job);
   EXPECT_FALSE(std::filesystem::exists(dir + "/rank_0.json.tmp"));
   std::filesystem::remove_all(run);
+}
+
+std::filesystem::path fresh_dir(const char* name) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+TEST(WatchdogDeathTest, PastTheDeadlineItDumpsNamesTheCallAndEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto dir = fresh_dir("meshtrain_watchdog_deadline");
+  EXPECT_EXIT(
+      {
+        FlightRecorder rec(16);
+        const int dp = rec.add_comm({"dp", {0, 1}, 0});
+        complete(rec, dp, 0, 3);
+        rec.set_timeout(0.2);
+        rec.start(rec.issue(dp, call(3)), CommClock::now());
+        WatchdogOptions o;
+        o.dir = dir.string();
+        o.job = "job";
+        o.world_size = 2;
+        o.poll = std::chrono::milliseconds(20);
+        o.gather = std::chrono::milliseconds(200);
+        Watchdog watchdog(rec, o, [](int code) { std::_Exit(code); });
+        std::this_thread::sleep_for(std::chrono::seconds(20));
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(7),
+      "rank 0: timeout: comm dp all_reduce seq 3 \\(4.00 KiB\\) not finished after 0\\.[0-9] s "
+      "\\(comm.timeout_s = 0.2\\); ranks not arrived: 1 \\(no flight record");
+  EXPECT_TRUE(std::filesystem::exists(dir / "deadline_passed"));
+  const std::vector<RankFlight> dumps = read_flight_dumps(dir.string());
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_EQ(dumps[0].reason, "timeout");
+  EXPECT_EQ(dumps[0].calls.back().state, CallState::running);
+}
+
+TEST(Watchdog, ARankSeeingThePeersMarkerDumpsWithinAPoll) {
+  const auto dir = fresh_dir("meshtrain_watchdog_marker");
+  FlightRecorder rec(16);
+  const int dp = rec.add_comm({"dp", {0, 1}, 1});
+  complete(rec, dp, 0, 5);
+  WatchdogOptions o;
+  o.dir = dir.string();
+  o.job = "job";
+  o.world_rank = 1;
+  o.world_size = 2;
+  o.poll = std::chrono::milliseconds(20);
+  Watchdog watchdog(rec, o, [](int) { FAIL() << "no deadline passed here"; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(std::filesystem::exists(dir / "rank_1.json"));  // nothing to report yet
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "deadline_passed") << 0 << '\n';
+  for (int i = 0; i < 100 && !std::filesystem::exists(dir / "rank_1.json"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::vector<RankFlight> dumps = read_flight_dumps(dir.string());
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_EQ(dumps[0].rank, 1);
+  EXPECT_EQ(dumps[0].reason, "peer timeout");
+  EXPECT_FALSE(dumps[0].late());
+  EXPECT_EQ(dumps[0].progress[0].issued, 5u);
 }
 
 }  // namespace
