@@ -1,4 +1,4 @@
-// meshtrain's command line: train, eval, sample, prepare, ckpt export/import. Thin
+// meshtrain's command line: train, eval, sample, prepare, ckpt export/import, debug hang. Thin
 // glue over the library (train/, data/, ckpt/); any error becomes one line on stderr.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -15,6 +15,7 @@
 #include "meshtrain/ckpt/llama2c.h"
 #include "meshtrain/ckpt/llmc.h"
 #include "meshtrain/cli/plan_command.h"
+#include "meshtrain/comm/flight_dump.h"
 #include "meshtrain/cli/ranks.h"
 #include "meshtrain/data/bpe_tokenizer.h"
 #include "meshtrain/data/prepare.h"
@@ -400,6 +401,13 @@ int main_impl(int argc, char** argv) {
   bench_comm->add_option("--ops", bench_comm_args.ops,
                          "all_reduce reduce_scatter all_gather broadcast sendrecv (default: all)");
 
+  std::string hang_dir;
+  CLI::App* debug = app.add_subcommand("debug", "Diagnose a failed run");
+  debug->require_subcommand(1);
+  CLI::App* hang = debug->add_subcommand(
+      "hang", "Read a hung run's flight records (out_dir/flight/<job>/) and say where it is stuck");
+  hang->add_option("dir", hang_dir, "The run's out_dir, or a flight record directory")->required();
+
   PlanArgs plan_args;
   CLI::App* plan = app.add_subcommand(
       "plan", "Memory, parallelism layout, time and cost of a training run on GPUs (docs/plan.md)");
@@ -444,6 +452,9 @@ int main_impl(int argc, char** argv) {
     std::fflush(stdout);
     // A failed check is an error: one line naming the (first) bad file, exit 1.
     if (failed > 0) dist_ckpt::verify_checkpoint(inspect_args.checkpoint);
+  } else if (hang->parsed()) {
+    const std::string dir = find_flight_dir(hang_dir);
+    fmt::print("{}", format_hang_report(diagnose_hang(read_flight_dumps(dir)), dir));
   } else if (convert->parsed()) {
     dist_ckpt::convert_legacy_checkpoint(convert_args.in, convert_args.out);
     fmt::print("converted {} to {}\n", convert_args.in, convert_args.out);

@@ -68,6 +68,9 @@ constexpr KeySpec kKeys[] = {
 
     {"ckpt", "buffer_mb", Kind::number},      {"ckpt", "async", Kind::boolean},
     {"ckpt", "keep_last", Kind::integer},
+
+    {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
+    {"comm", "flight_records", Kind::integer},
 };
 
 std::string_view kind_name(Kind kind) {
@@ -484,6 +487,23 @@ CkptSettings read_ckpt(const Section& s) {
   return c;
 }
 
+CommSettings read_comm(const Section& s) {
+  CommSettings c;
+  s.read("timeout_s", c.timeout_s);
+  s.read("long_timeout_s", c.long_timeout_s);
+  s.read("flight_records", c.flight_records);
+  MESHTRAIN_CHECK(std::isfinite(c.timeout_s) && c.timeout_s >= 0,
+                  "config: comm.timeout_s must be >= 0 (0 = no deadline), got {}", c.timeout_s);
+  MESHTRAIN_CHECK(std::isfinite(c.long_timeout_s) && c.long_timeout_s >= 0,
+                  "config: comm.long_timeout_s must be >= 0 (0 = no deadline), got {}",
+                  c.long_timeout_s);
+  check_min<int64_t>("comm.flight_records", c.flight_records, 0);
+  MESHTRAIN_CHECK(c.flight_records > 0 || (c.timeout_s == 0 && c.long_timeout_s == 0),
+                  "config: comm.flight_records = 0 turns the flight recorder off, and the watchdog "
+                  "reads it: set comm.timeout_s and comm.long_timeout_s to 0 too");
+  return c;
+}
+
 ParallelSettings read_parallel(const Section& s) {
   ParallelSettings p;
   s.read("tp", p.tp);
@@ -533,6 +553,7 @@ TrainConfig from_table(const toml::table& root) {
   c.data = read_data(Section(root, "data"));
   c.parallel = read_parallel(Section(root, "parallel"));
   c.ckpt = read_ckpt(Section(root, "ckpt"));
+  c.comm = read_comm(Section(root, "comm"));
   return c;
 }
 
@@ -611,12 +632,16 @@ toml::table to_table(const TrainConfig& c) {
   toml::table ckpt{{"buffer_mb", c.ckpt.buffer_mb},
                    {"async", c.ckpt.async},
                    {"keep_last", c.ckpt.keep_last}};
+  toml::table comm{{"timeout_s", c.comm.timeout_s},
+                   {"long_timeout_s", c.comm.long_timeout_s},
+                   {"flight_records", c.comm.flight_records}};
   return toml::table{{"model", std::move(model)},
                      {"train", std::move(train)},
                      {"optim", std::move(optim)},
                      {"data", std::move(data)},
                      {"parallel", std::move(parallel)},
-                     {"ckpt", std::move(ckpt)}};
+                     {"ckpt", std::move(ckpt)},
+                     {"comm", std::move(comm)}};
 }
 
 // JSON values as TOML nodes (integers stay integers), for config_from_json.

@@ -101,6 +101,17 @@ struct CkptSettings {
   int64_t keep_last = 0;  // committed checkpoints kept (0 = all)
 };
 
+// [comm]: deadlines of communication calls and the flight recorder
+// (docs/distributed.md#hangs-watchdog-and-flight-recorder).
+struct CommSettings {
+  // Seconds after a call's start; 0 = none. timeout_s: calls inside training
+  // steps (from a process's second step); long_timeout_s: every other call
+  // (start-up, first step, evaluation, checkpoints).
+  double timeout_s = 300;
+  double long_timeout_s = 3600;
+  int64_t flight_records = 1024;  // completed calls kept per rank; 0 = no recorder and no watchdog
+};
+
 struct TrainConfig {
   std::string model_preset;  // empty when every model field is explicit
   ModelConfig model;
@@ -109,6 +120,7 @@ struct TrainConfig {
   DataSettings data;
   ParallelSettings parallel;
   CkptSettings ckpt;
+  CommSettings comm;
 
   LrSchedule lr_schedule() const;
 };

@@ -334,6 +334,7 @@ std::vector<StepRecord> Trainer::run() {
     fmt::print("nothing to do: at step {} of train.steps = {}\n", step_, t.steps);
   }
   while (step_ < t.steps) {
+    for (auto& hook : hooks_) hook->before_step(step_ + 1);
     records.push_back(train_step());
     for (auto& hook : hooks_) hook->on_step(records.back());
     const bool last = step_ == t.steps;
