@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "meshtrain/backend/cpu/context.h"
@@ -11,6 +12,7 @@
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/train/generate.h"
+#include "meshtrain/train/preemption.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
 
@@ -51,11 +53,21 @@ CommOp parse_op(const std::string& name) {
        name);
 }
 
+// MESHTRAIN_LAUNCH_ATTEMPT / MESHTRAIN_LAUNCH_TIME, set by `meshtrain launch`.
+void read_launch_env(TrainerOptions& options) {
+  if (const char* attempt = std::getenv("MESHTRAIN_LAUNCH_ATTEMPT")) {
+    options.launch_attempt = std::atoi(attempt);
+  }
+  if (const char* time = std::getenv("MESHTRAIN_LAUNCH_TIME")) options.launched_at = std::atof(time);
+}
+
 }  // namespace
 
 int run_train_ranks(const std::string& config_path, const ConfigOverrides& overrides,
                     const TrainerOptions& base) {
   RankJob job;
+  // SIGTERM/SIGINT from here on: a checkpoint and exit 75 at the next step boundary.
+  PreemptionSignals signals;
   // Outlive the catch below: a failing rank reports while its pending
   // collectives still have their buffers (see comm/abort.h).
   std::unique_ptr<DeviceMesh> mesh;
@@ -69,7 +81,9 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
     mesh = std::make_unique<DeviceMesh>(*job.world, config.parallel.tp, config.parallel.pp);
     TrainerOptions options = base;
     options.mesh = multi ? mesh.get() : nullptr;
+    read_launch_env(options);
     trainer = std::make_unique<Trainer>(config, options);
+    trainer->add_hook(std::make_unique<PreemptionHook>(*trainer, multi ? &mesh->world() : nullptr));
     trainer->run();
     return 0;
   } catch (const std::exception& e) {
