@@ -363,7 +363,7 @@ int supervise(const Argv& command, const LaunchOptions& options) {
     }
     ++restarts;
     // --shrink: the same rank failing again and again.
-    same_rank = progress ? 0 : (rank >= 0 && rank == last_rank ? same_rank + 1 : (rank >= 0 ? 1 : 0));
+    same_rank = rank < 0 ? 0 : rank == last_rank ? same_rank + 1 : 1;
     last_rank = rank;
     if (options.shrink && same_rank >= options.shrink_after) {
       const std::optional<int> world = rank_count(base);
