@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   config.dim = 512, config.n_layers = 8, config.n_heads = 8, config.n_kv_heads = 8;
   config.hidden_dim = 1536, config.vocab_size = 50257, config.max_seq_len = 256;
   bool tied = true;
-  app.add_option("--precision", precision_name)->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--precision", precision_name)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--threads", threads);
   app.add_option("--steps", steps);
   app.add_option("--dim", config.dim);

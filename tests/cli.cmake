@@ -12,9 +12,18 @@ add_test(NAME cli.end_to_end COMMAND bash ${cli_dir}/e2e.sh ${cli_bin} ${cli_wor
 set_tests_properties(cli.end_to_end PROPERTIES FIXTURES_REQUIRED cli_inputs
                      FIXTURES_SETUP cli_trained TIMEOUT 300)
 
+# fp16 (dynamic loss scaling) through train, resume, eval, sample and HF export.
+add_test(NAME cli.fp16 COMMAND bash ${cli_dir}/fp16.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.fp16 PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 300)
+
 # A full disk (a real tmpfs) for checkpoints and metrics; skipped without mount rights.
 add_test(NAME cli.full_disk COMMAND bash ${cli_dir}/full_disk.sh ${cli_bin} ${cli_work})
 set_tests_properties(cli.full_disk PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 300
+                     SKIP_RETURN_CODE 77)
+
+# A cgroup v1 memory limit the run would exceed: refused at start; skipped without the rights.
+add_test(NAME cli.cgroup_memory_limit COMMAND bash ${cli_dir}/cgroup_limit.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.cgroup_memory_limit PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
                      SKIP_RETURN_CODE 77)
 
 # meshtrain_cli_case(name exit_code regex [FIXTURE f] ARGS args...)
@@ -46,7 +55,7 @@ meshtrain_cli_case(unknown_override 1 "^meshtrain: config: unknown key 'optim.le
                    ARGS train --config ${good} --optim.learning_rate 1e-3)
 meshtrain_cli_case(wrong_type 1 "^meshtrain: config: train.steps must be an integer, got \"30\"$"
                    ARGS train --config ${cli_work}/bad_type.toml)
-meshtrain_cli_case(invalid_value 1 "^meshtrain: config: train.precision must be \"fp32\" or \"bf16\", got \"fp8\"$"
+meshtrain_cli_case(invalid_value 1 "^meshtrain: config: train.precision must be \"fp32\", \"bf16\" or \"fp16\", got \"fp8\"$"
                    ARGS train --config ${good} --train.precision fp8)
 meshtrain_cli_case(invalid_override_value 1 "^meshtrain: config: optim.lr must be a number, got \"fast\"$"
                    ARGS train --config ${good} --optim.lr fast)

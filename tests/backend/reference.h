@@ -39,6 +39,20 @@ inline std::vector<float> from_bf16(const std::vector<bf16>& v) {
 // Rounds every value through bf16 (what a bf16 kernel actually sees).
 inline std::vector<float> round_bf16(const std::vector<float>& v) { return from_bf16(to_bf16(v)); }
 
+inline std::vector<f16> to_f16(const std::vector<float>& v) {
+  std::vector<f16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = float_to_f16(v[i]);
+  return out;
+}
+
+inline std::vector<float> from_f16(const std::vector<f16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f16_to_float(v[i]);
+  return out;
+}
+
+inline std::vector<float> round_f16(const std::vector<float>& v) { return from_f16(to_f16(v)); }
+
 // Every |got - want| <= rtol * |want| + atol * max|want|.
 template <typename G>
 void expect_close(const std::vector<G>& got, const std::vector<double>& want, double rtol,

@@ -85,6 +85,14 @@ struct AttnSetup {
 
 std::vector<float> as_f32(const std::vector<float>& v) { return v; }
 std::vector<float> as_f32(const std::vector<bf16>& v) { return from_bf16(v); }
+std::vector<float> as_f32(const std::vector<f16>& v) { return from_f16(v); }
+
+template <typename E>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<E, bf16>) return DType::bf16;
+  if constexpr (std::is_same_v<E, f16>) return DType::f16;
+  return DType::f32;
+}
 
 // Forward against the float64 reference, backward against its finite
 // differences, in compute dtype E (tolerances: out, then d_qkv).
@@ -92,7 +100,7 @@ template <typename E>
 void check_attention(const AttnCase& c, uint32_t seed, double rel_out, double abs_out, double rel_grad,
                      double abs_grad) {
   AttnSetup t(c);
-  const DType dt = std::is_same_v<E, bf16> ? DType::bf16 : DType::f32;
+  const DType dt = dtype_of<E>();
   auto qkv = random_floats(t.n_qkv, seed, -1.5, 1.5);
   std::vector<E> out(t.n_out);
   cpu::AttentionSaved saved;
@@ -116,12 +124,18 @@ TEST_P(Attention, Bf16MatchesReferenceLoosely) {
   check_attention<bf16>(GetParam(), 90, 2e-2, 1e-2, 3e-2, 2e-2);
 }
 
+// f16 keeps 3 more mantissa bits than bf16 (its GEMMs run on the operands
+// widened to f32): 8x tighter tolerances than bf16's.
+TEST_P(Attention, F16MatchesReference) {
+  check_attention<f16>(GetParam(), 90, 3e-3, 1.5e-3, 4e-3, 3e-3);
+}
+
 // recompute_probs (selective activation checkpointing): no probabilities kept,
 // the same out and d_qkv bit for bit, in both compute dtypes.
 template <typename E>
 void check_recomputed_probs(const AttnCase& c) {
   AttnSetup t(c);
-  const DType dt = std::is_same_v<E, bf16> ? DType::bf16 : DType::f32;
+  const DType dt = dtype_of<E>();
   const auto qkv = random_floats(t.n_qkv, 70, -1.5, 1.5);
   const auto dout = random_floats(t.n_out, 71);
   std::vector<E> out[2], dqkv[2];
@@ -141,6 +155,7 @@ void check_recomputed_probs(const AttnCase& c) {
 TEST_P(Attention, RecomputedProbabilitiesGiveIdenticalGradients) {
   check_recomputed_probs<float>(GetParam());
   check_recomputed_probs<bf16>(GetParam());
+  check_recomputed_probs<f16>(GetParam());
 }
 
 TEST_P(Attention, DecodingThroughTheCacheEqualsTheFullForward) {

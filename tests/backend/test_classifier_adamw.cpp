@@ -86,6 +86,38 @@ TEST(FusedClassifier, Bf16) {
   expect_close(dw, gw, 1e-2, 2e-3, "dw bf16");
 }
 
+// f16: the loss gradient's scale (fp16 loss scaling) goes into the f16
+// d_logits; dividing the gradients by it gives the unscaled ones, and a scale
+// too large for f16 overflows there to inf (what the loss scaler detects).
+TEST(FusedClassifier, F16WithLossScale) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  auto h = round_f16(random_floats(kRows * kDim, 130, -1, 1));
+  auto w = round_f16(random_floats(kVocab * kDim, 131, -1, 1));
+  auto h16 = to_f16(h), w16 = to_f16(w);
+  const float scale = 1024.0f;
+  std::vector<float> dh(h.size()), dw(w.size(), 0.0f);
+  cpu::ClassifierArgs args{.rows = kRows, .dim = kDim, .vocab = kVocab, .compute = DType::f16,
+                           .h = h16.data(), .w = w16.data(), .targets = kTargets.data(),
+                           .grad_scale = scale, .dh = dh.data(), .dw = dw.data(), .chunk_rows = 4};
+  const double want = loss_ref(to_double(h), to_double(w), nullptr);
+  EXPECT_NEAR(cpu::fused_classifier(ctx, args), want, 1e-5 * want);
+  for (float& x : dh) x /= scale;
+  for (float& x : dw) x /= scale;
+  auto gh = finite_difference([&](const auto& v) { return loss_ref(v, to_double(w), nullptr); }, to_double(h));
+  auto gw = finite_difference([&](const auto& v) { return loss_ref(to_double(h), v, nullptr); }, to_double(w));
+  // d_logits rounded to f16 (8x finer than bf16).
+  expect_close(dh, gh, 2e-3, 3e-4, "dh f16");
+  expect_close(dw, gw, 2e-3, 3e-4, "dw f16");
+
+  std::fill(dw.begin(), dw.end(), 0.0f);
+  args.grad_scale = 1e6f;  // d_logits of the target overflow f16
+  cpu::fused_classifier(ctx, args);
+  bool overflow = false;
+  for (float x : dh) overflow = overflow || !std::isfinite(x);
+  EXPECT_TRUE(overflow);
+}
+
 TEST(AdamW, MatchesFloat64ReferenceOverSteps) {
   const int64_t n = 5003;
   auto p = random_floats(n, 140), g = random_floats(n, 141);
@@ -112,6 +144,10 @@ TEST(AdamW, MatchesFloat64ReferenceOverSteps) {
   expect_close(m, md, 1e-5, 1e-6, "m");
   expect_close(v, vd, 1e-5, 1e-6, "v");
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(compute[i].bits, float_to_bf16(p[i]).bits) << i;
+  // The f16 compute copy (fp16) is written the same way.
+  std::vector<f16> half(n);
+  cpu::adamw_update(hyper, p.data(), g.data(), m.data(), v.data(), half.data(), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(half[i].bits, float_to_f16(p[i]).bits) << i;
 }
 
 TEST(SumSquares, ExactAndIndependentOfThreadCount) {

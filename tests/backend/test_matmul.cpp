@@ -59,11 +59,19 @@ void run_case(cpu::CpuContext& ctx, const Case& cs) {
   if (cs.ab == DType::bf16) {
     a = round_bf16(a);
     b = round_bf16(b);
+  } else if (cs.ab == DType::f16) {
+    a = round_f16(a);
+    b = round_f16(b);
   }
   auto want = reference(cs, a, b, bias, c0);
   auto ab16 = to_bf16(a), bb16 = to_bf16(b);
-  const void* pa = cs.ab == DType::bf16 ? static_cast<const void*>(ab16.data()) : a.data();
-  const void* pb = cs.ab == DType::bf16 ? static_cast<const void*>(bb16.data()) : b.data();
+  auto ah16 = to_f16(a), bh16 = to_f16(b);
+  const void* pa = cs.ab == DType::bf16 ? static_cast<const void*>(ab16.data())
+                   : cs.ab == DType::f16 ? static_cast<const void*>(ah16.data())
+                                         : a.data();
+  const void* pb = cs.ab == DType::bf16 ? static_cast<const void*>(bb16.data())
+                   : cs.ab == DType::f16 ? static_cast<const void*>(bh16.data())
+                                         : b.data();
   const float* pbias = cs.bias ? bias.data() : nullptr;
   SCOPED_TRACE(::testing::Message() << "batch " << d.batch << " m " << d.m << " n " << d.n << " k "
                                     << d.k << " ta " << d.trans_a << " tb " << d.trans_b << " bcast "
@@ -74,10 +82,15 @@ void run_case(cpu::CpuContext& ctx, const Case& cs) {
     std::vector<float> c = c0;
     cpu::matmul(ctx, d, cs.ab, pa, pb, DType::f32, c.data(), cs.alpha, cs.accumulate, pbias);
     expect_close(c, want, 1e-5, 1e-6, "C");
-  } else {
+  } else if (cs.c == DType::bf16) {
     std::vector<bf16> c(want.size());
     cpu::matmul(ctx, d, cs.ab, pa, pb, DType::bf16, c.data(), cs.alpha, false, pbias);
     expect_close(from_bf16(c), want, 8e-3, 1e-4, "C(bf16)");
+  } else {
+    // f32 accumulation, one rounding to f16 (2^-11 relative) at the end.
+    std::vector<f16> c(want.size());
+    cpu::matmul(ctx, d, cs.ab, pa, pb, DType::f16, c.data(), cs.alpha, false, pbias);
+    expect_close(from_f16(c), want, 1e-3, 1e-5, "C(f16)");
   }
 }
 
@@ -177,6 +190,66 @@ TEST(Matmul, Bf16InputsAndOutput) {
   cs.alpha = 0.5f;
   cs.bias = true;
   run_case(ctx, cs);
+}
+
+// oneDNN has no f16 matmul here: the operands are widened to f32 (exactly),
+// so an f16 GEMM equals the f32 GEMM of the f16-rounded inputs.
+TEST(Matmul, F16InputsAndOutputThroughF32) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  for (DType c : {DType::f32, DType::f16})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Case cs;
+        cs.dims = {2, 9, 17, 33, ta, tb, false};
+        cs.ab = DType::f16;
+        cs.c = c;
+        run_case(ctx, cs);
+      }
+  Case cs;
+  cs.dims = {3, 5, 7, 6, false, true, true};
+  cs.ab = DType::f16;
+  cs.accumulate = true;
+  cs.alpha = 0.5f;
+  cs.bias = true;
+  run_case(ctx, cs);
+}
+
+// Leading dimensions with f16: the pads of A and B are read (widened) but
+// unused, and C's pad is never written.
+TEST(Matmul, F16LeadingDimensionsKeepCsPad) {
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Case cs;
+      cs.dims = {1, 7, 5, 9, ta, tb, false};
+      const auto& d = cs.dims;
+      auto a = round_f16(random_floats(d.m * d.k, 1)), b = round_f16(random_floats(d.k * d.n, 2));
+      auto want = reference(cs, a, b, {}, {});
+      const int64_t a_rows = ta ? d.k : d.m, a_cols = ta ? d.m : d.k;
+      const int64_t b_rows = tb ? d.n : d.k, b_cols = tb ? d.k : d.n;
+      cpu::MatmulDims dims = d;
+      dims.lda = a_cols + 3;
+      dims.ldb = b_cols + 1;
+      dims.ldc = d.n + 2;
+      auto pa = to_f16(pad_rows(a, a_rows, a_cols, dims.lda, 1e4f));
+      auto pb = to_f16(pad_rows(b, b_rows, b_cols, dims.ldb, 1e4f));
+      auto pc = to_f16(pad_rows(std::vector<float>(d.m * d.n, 0.0f), d.m, d.n, dims.ldc, -7.0f));
+      cpu::matmul(ctx, dims, DType::f16, pa.data(), pb.data(), DType::f16, pc.data());
+      std::vector<float> got;
+      for (int64_t i = 0; i < d.m; ++i) {
+        for (int64_t j = 0; j < dims.ldc; ++j) {
+          const float v = f16_to_float(pc[static_cast<size_t>(i * dims.ldc + j)]);
+          if (j < d.n) {
+            got.push_back(v);
+          } else {
+            EXPECT_EQ(v, -7.0f) << "pad of C written at row " << i;
+          }
+        }
+      }
+      expect_close(got, want, 1e-3, 1e-5, "C(f16) with leading dims");
+    }
 }
 
 TEST(Matmul, RepeatedCallsReuseThePrimitiveWithNewPointers) {

@@ -96,6 +96,9 @@ TEST(ModelConfig, ParsesNames) {
   EXPECT_EQ(family_name(Family::gpt2), "gpt2");
   EXPECT_THROW(parse_family("mamba"), Error);
   EXPECT_EQ(parse_precision("bf16"), Precision::bf16);
+  EXPECT_EQ(parse_precision("fp16"), Precision::fp16);
+  EXPECT_EQ(precision_name(Precision::fp16), "fp16");
+  EXPECT_EQ(compute_dtype(Precision::fp16), DType::f16);
   EXPECT_EQ(precision_name(Precision::fp32), "fp32");
   EXPECT_THROW(parse_precision("fp8"), Error);
 }

@@ -50,6 +50,55 @@ TEST_P(ForwardBackward, LogitsLossAndEveryGradientMatchFloat64Reference) {
               worst_name.c_str());
 }
 
+// Mixed precision against the same float64 reference: the worst relative error
+// of the logits, the loss and any parameter gradient. fp16 runs with a loss
+// scale of 1024 on the loss gradient (divided out of the gradients after), as
+// training does; its 11-bit mantissa must beat bf16's 8 bits.
+struct MixedErrors {
+  double logits = 0, loss = 0, grad = 0;
+};
+
+MixedErrors mixed_errors(const std::string& name, Precision precision, float loss_scale) {
+  FixtureModel f(name, precision);
+  Model& model = *f.model;
+  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
+  const auto& shape = ref.info("tokens").shape;
+  const int64_t batch = shape[0], seq = shape[1], n = batch * seq;
+  const auto tokens = to_i32(ref.read_ints("tokens"));
+  const auto targets = to_i32(ref.read_ints("targets"));
+  MixedErrors e;
+  Tensor ref_logits = ref.read_tensor("logits", DType::f32, MemCategory::workspace, f.tracker);
+  std::vector<float> logits = f.logits(tokens, batch, seq);
+  e.logits = rel_error(logits.data(), ref_logits.data<float>(), ref_logits.numel());
+  model.zero_grads();
+  const double loss = model.forward_backward(tokens.data(), targets.data(), batch, seq,
+                                             loss_scale / static_cast<float>(n)) /
+                      static_cast<double>(n);
+  Tensor ref_loss = ref.read_tensor("loss", DType::f32, MemCategory::workspace, f.tracker);
+  e.loss = std::abs(loss - ref_loss.data<float>()[0]) / std::abs(ref_loss.data<float>()[0]);
+  for (const Parameter& p : model.params()) {
+    Tensor g = ref.read_tensor("grad/" + p.spec.name, DType::f32, MemCategory::workspace, f.tracker);
+    std::vector<float> unscaled(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+    for (float& x : unscaled) x /= loss_scale;
+    e.grad = std::max(e.grad, rel_error(unscaled.data(), g.data<float>(), g.numel()));
+  }
+  std::printf("%s %s: logits rel err %.2e, loss rel err %.2e, worst gradient rel err %.2e\n",
+              name.c_str(), std::string(precision_name(precision)).c_str(), e.logits, e.loss,
+              e.grad);
+  return e;
+}
+
+TEST_P(ForwardBackward, Fp16MatchesFloat64ReferenceCloserThanBf16) {
+  const MixedErrors half = mixed_errors(GetParam(), Precision::fp16, 1024.0f);
+  const MixedErrors brain = mixed_errors(GetParam(), Precision::bf16, 1.0f);
+  // Stated tolerances for fp16 (f16 operands, f32 accumulation).
+  EXPECT_LE(half.logits, 2e-3);
+  EXPECT_LE(half.loss, 1e-3);
+  EXPECT_LE(half.grad, 5e-3);
+  EXPECT_LT(half.logits, brain.logits);
+  EXPECT_LT(half.grad, brain.grad);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ForwardBackward, ::testing::Values("llama_gqa", "gpt2"));
 
 }  // namespace

@@ -214,6 +214,7 @@ TEST(EngineMemory, LlamaMatchesTheTracker) {
   ModelConfig c = model_preset("llama-tiny");
   expect_engine_matches(c, Precision::bf16, 2, 32);
   expect_engine_matches(c, Precision::fp32, 1, 16);
+  expect_engine_matches(c, Precision::fp16, 2, 32);  // f16 compute copies: as bf16's
   c.tie_embeddings = true;
   expect_engine_matches(c, Precision::bf16, 2, 24);
 }

@@ -103,7 +103,7 @@ TEST(Config, WrongTypesNamed) {
 
 TEST(Config, InvalidValuesNamed) {
   EXPECT_EQ(error_of(kBase, {{"train.precision", "fp8"}}),
-            "config: train.precision must be \"fp32\" or \"bf16\", got \"fp8\"");
+            "config: train.precision must be \"fp32\", \"bf16\" or \"fp16\", got \"fp8\"");
   EXPECT_EQ(error_of(kBase, {{"optim.decay", "linear"}}),
             "config: optim.decay must be \"cosine\" or \"constant\", got \"linear\"");
   EXPECT_EQ(error_of(kBase, {{"train.steps", "0"}}), "config: train.steps must be >= 1, got 0");

@@ -283,7 +283,7 @@ int main_impl(int argc, char** argv) {
                      "GPT-2 ranks file (default: the run's data.gpt2_ranks)");
   sample->add_flag("--print-ids", sample_args.print_ids, "Print the token ids");
   sample->add_option("--precision", sample_args.precision)
-      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   sample->add_option("--threads", sample_args.threads, "0 = cores available")
       ->check(CLI::NonNegativeNumber);
 

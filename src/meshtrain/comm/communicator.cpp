@@ -6,7 +6,8 @@ namespace meshtrain {
 
 size_t comm_dtype_size(CommDType dtype) {
   switch (dtype) {
-    case CommDType::bf16: return 2;
+    case CommDType::bf16:
+    case CommDType::f16: return 2;
     case CommDType::f32:
     case CommDType::i32: return 4;
     case CommDType::f64:
@@ -19,6 +20,7 @@ std::string_view comm_dtype_name(CommDType dtype) {
   switch (dtype) {
     case CommDType::f32: return "f32";
     case CommDType::bf16: return "bf16";
+    case CommDType::f16: return "f16";
     case CommDType::f64: return "f64";
     case CommDType::i32: return "i32";
     case CommDType::i64: return "i64";
@@ -30,9 +32,9 @@ CommDType comm_dtype(DType dtype) {
   switch (dtype) {
     case DType::f32: return CommDType::f32;
     case DType::bf16: return CommDType::bf16;
-    case DType::f16: break;
+    case DType::f16: return CommDType::f16;
   }
-  fail("comm: dtype {} is not supported by the communicator (f32, bf16)", dtype_name(dtype));
+  fail("comm: dtype {} is not supported by the communicator", dtype_name(dtype));
 }
 
 bool is_floating(CommDType dtype) {
@@ -116,6 +118,8 @@ void check_peer(const Communicator& comm, std::string_view call, int peer, std::
 }
 
 void check_reduce(const Communicator& comm, std::string_view call, CommDType dtype, ReduceOp op) {
+  MESHTRAIN_CHECK(dtype != CommDType::f16,
+                  "comm {}: {}: f16 is moved, not reduced (reduce in f32)", comm.name(), call);
   MESHTRAIN_CHECK(op != ReduceOp::avg || is_floating(dtype),
                   "comm {}: {}: avg needs a floating type, got {}", comm.name(), call,
                   comm_dtype_name(dtype));

@@ -32,11 +32,13 @@
 
 namespace meshtrain {
 
-// Element types a communicator moves. bf16 reductions accumulate in f32.
-enum class CommDType : uint8_t { f32, bf16, f64, i32, i64 };
+// Element types a communicator moves. bf16 reductions accumulate in f32; f16
+// is only moved (gathers, broadcasts, point to point), never reduced: the
+// engine reduces gradients in f32.
+enum class CommDType : uint8_t { f32, bf16, f64, i32, i64, f16 };
 size_t comm_dtype_size(CommDType dtype);
 std::string_view comm_dtype_name(CommDType dtype);
-CommDType comm_dtype(DType dtype);  // f32, bf16; throws Error for f16
+CommDType comm_dtype(DType dtype);
 bool is_floating(CommDType dtype);
 
 // avg = sum / size (floating types only).

@@ -236,6 +236,7 @@ MPI_Datatype mpi_type(CommDType dtype) {
   switch (dtype) {
     case CommDType::f32: return MPI_FLOAT;
     case CommDType::bf16: return MPI_UINT16_T;  // moved as bits; reduced through f32
+    case CommDType::f16: return MPI_UINT16_T;   // moved as bits; never reduced
     case CommDType::f64: return MPI_DOUBLE;
     case CommDType::i32: return MPI_INT32_T;
     case CommDType::i64: return MPI_INT64_T;

@@ -24,11 +24,17 @@ Family parse_family(std::string_view name) {
 Precision parse_precision(std::string_view name) {
   if (name == "fp32") return Precision::fp32;
   if (name == "bf16") return Precision::bf16;
-  fail("unknown precision '{}' (expected \"fp32\" or \"bf16\")", name);
+  if (name == "fp16") return Precision::fp16;
+  fail("unknown precision '{}' (expected \"fp32\", \"bf16\" or \"fp16\")", name);
 }
 
 std::string_view precision_name(Precision precision) {
-  return precision == Precision::bf16 ? "bf16" : "fp32";
+  switch (precision) {
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+    case Precision::fp32: break;
+  }
+  return "fp32";
 }
 
 Recompute parse_recompute(std::string_view name) {

@@ -14,13 +14,19 @@ enum class Family { llama, gpt2 };
 std::string_view family_name(Family family);
 Family parse_family(std::string_view name);  // "llama" | "gpt2"
 
-// fp32: everything f32. bf16: bf16 compute copies of matmul weights and bf16
-// matmul inputs, f32 master weights, f32 gradients and f32 AdamW state.
-enum class Precision { fp32, bf16 };
-Precision parse_precision(std::string_view name);  // "fp32" | "bf16"
+// fp32: everything f32. bf16 / fp16: bf16 / f16 compute copies of matmul
+// weights and matmul inputs, f32 master weights, f32 gradients and f32 AdamW
+// state (fp16 trains with dynamic loss scaling: train/update_gate.h).
+enum class Precision { fp32, bf16, fp16 };
+Precision parse_precision(std::string_view name);  // "fp32" | "bf16" | "fp16"
 std::string_view precision_name(Precision precision);
 inline DType compute_dtype(Precision precision) {
-  return precision == Precision::bf16 ? DType::bf16 : DType::f32;
+  switch (precision) {
+    case Precision::bf16: return DType::bf16;
+    case Precision::fp16: return DType::f16;
+    case Precision::fp32: break;
+  }
+  return DType::f32;
 }
 
 enum class Recompute { none, selective, full };

@@ -20,7 +20,6 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
-  units_ = build_param_units(config_);
   select_stage(specs);
   int64_t compute_total = 0;
   for (const ParamSpec& spec : specs) {
@@ -35,9 +34,10 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
   }
   // Only matmul weights get compute copies, packed in registry order (so q|k|v
   // and gate|up stay adjacent there too).
-  const bool bf16 = precision_ == Precision::bf16;
-  if (flat && bf16) {
-    flat_compute_ = Tensor({compute_total}, DType::bf16, MemCategory::params, tracker);
+  const DType narrow = compute_dtype(precision_);
+  const bool mixed = narrow != DType::f32;
+  if (flat && mixed) {
+    flat_compute_ = Tensor({compute_total}, narrow, MemCategory::params, tracker);
   }
   int64_t offset = 0, compute_offset = 0;
   params_.reserve(specs.size());
@@ -47,7 +47,7 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
     if (flat) {
       p.master = flat_master_.view(offset, spec.shape);
       p.grad = flat_grad_.view(offset, spec.shape);
-      if (bf16 && spec.matmul_weight) {
+      if (mixed && spec.matmul_weight) {
         p.compute = flat_compute_.view(compute_offset, spec.shape);
         compute_offset += spec.numel();
       }
@@ -136,12 +136,14 @@ void Model::Impl::embedding_forward(const int32_t* tokens, int64_t batch, int64_
     cpu::embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0);
     return;
   }
-  // External storage with a bf16 embedding bound as `compute` only: the
-  // kernel's sum on the rows converted to f32.
-  const bf16* rows = table.compute.data<bf16>();
+  // External storage with a bf16 / f16 embedding bound as `compute` only:
+  // the kernel's sum on the rows converted to f32.
+  const DType dt = table.compute.dtype();
+  const char* rows = static_cast<const char*>(table.compute.raw());
+  const size_t row_bytes = static_cast<size_t>(d) * dtype_size(dt);
   for (int64_t i = 0; i < batch * seq; ++i) {
     float* o = out + i * d;
-    convert(DType::bf16, rows + static_cast<int64_t>(tokens[i]) * d, DType::f32, o,
+    convert(dt, rows + static_cast<size_t>(tokens[i]) * row_bytes, DType::f32, o,
             static_cast<size_t>(d));
     if (wpe == nullptr) continue;
     const float* p = wpe + (pos0 + i % seq) * d;

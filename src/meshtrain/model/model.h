@@ -42,12 +42,12 @@ struct UnitHooks {
 };
 
 // flat: the model owns three flat buffers in registry order (master f32, grad
-// f32, compute bf16) and every Parameter views them.
+// f32, compute bf16 or f16) and every Parameter views them.
 // external: no buffers; Parameter::master / compute / grad stay undefined until
 // the owner (ZeRO) binds them to its own memory, at the latest in
 // unit_hooks.before(u, pass) for unit u's parameters:
-//  - the value view of param_compute_dtype(spec, precision): `compute` (bf16)
-//    for bf16 matmul weights, `master` (f32) for everything else; in backward
+//  - the value view of param_compute_dtype(spec, precision): `compute` (bf16 / f16)
+//    for mixed-precision matmul weights, `master` (f32) for everything else; in backward
 //    also `grad` (f32, gradients are ADDED). Shapes as in the spec.
 //  - q|k|v and gate|up (llama) are one GEMM each: their views must be adjacent
 //    in memory (registry order), value and grad alike.
@@ -118,7 +118,7 @@ class Model {
 
   // Layout-independent initialisation from the seed.
   void init_weights(uint64_t seed);
-  // Refreshes the bf16 compute copies from the f32 master weights (no-op for fp32).
+  // Refreshes the bf16 / f16 compute copies from the f32 master weights (no-op for fp32).
   // Call after changing master weights by hand (load, init); the optimizer
   // writes the copies itself.
   void sync_compute_weights();
@@ -213,6 +213,20 @@ class Model {
 // The global registry indices (build_param_specs order) a stage holds, in
 // its own registry order. Throws Error for invalid layer ranges.
 std::vector<size_t> stage_param_indices(const ModelConfig& config, const StageLayers& stage);
+
+// What a stage holds, as data (no tensors): its parameters in its registry
+// order and its units (runs of held parameters within each global unit).
+// `specs` is the whole registry (build_param_specs, any tp slice); the Model
+// is built from the same selection, so a planner reading this sees the
+// engine's layout. local_index: global registry index -> stage index
+// (kNoParam-like -1 for another stage's); empty when the stage holds all.
+struct StageParams {
+  std::vector<ParamSpec> specs;
+  std::vector<ParamUnit> units;
+  std::vector<size_t> local_index;
+};
+StageParams select_stage_params(const ModelConfig& config, const StageLayers& stage,
+                                std::vector<ParamSpec> specs);
 
 // The whole model's gradient norm under tensor parallelism (flat storage):
 // every global element counted once (tp_counts_once), collective over tp.

@@ -43,7 +43,7 @@ struct Block {
 };
 
 // What one block saves between forward and backward (rows N = batch * seq).
-// `dt` is the compute dtype (f32 or bf16).
+// `dt` is the compute dtype (f32, bf16 or f16).
 // Under recomputation (model.h RecomputePolicy) the tensors a block does not
 // keep are left undefined here and live in Impl::recomputed while it runs.
 struct BlockActs {
@@ -73,7 +73,7 @@ struct Activations {
 struct Workspace {
   Tensor qkv;     // f32 [N, qkv width] (forward)
   Tensor dres;    // f32 [N, d]: gradient of the residual stream
-  Tensor dres_c;  // dt [N, d]: dres in the compute dtype (bf16 only)
+  Tensor dres_c;  // dt [N, d]: dres in the compute dtype (mixed precision only)
   Tensor dx;      // f32 [N, d]: gradient out of a norm's output / attention output
   Tensor dff;     // f32 [N, max(hidden, qkv width)]: d(act output), bias-grad scratch
   Tensor dff_c;   // dt [N, ff_in.out]: d(ff_in output)
@@ -93,7 +93,7 @@ struct Model::Impl {
   // Parameter access by registry index.
   const float* master(size_t i) const { return model.params_[i].master.data<float>(); }
   float* grad(size_t i) const { return model.params_[i].grad.data<float>(); }
-  // The GEMM operand for dtype dt: the bf16 compute copy or the f32 master.
+  // The GEMM operand for dtype dt: the bf16 / f16 compute copy or the f32 master.
   const void* weight(size_t i, DType dt) const;
   // Reports a complete gradient; checks reverse registry order.
   void ready(size_t i);

@@ -1,7 +1,7 @@
 // The parameter registry: every parameter has a global name (Hugging Face
 // Llama / GPT-2 names), a global shape, a role (weight decay or not) and an
 // initialisation rule. By default the model stores all parameters in three
-// flat buffers (f32 master, f32 grads, bf16 compute copy), in registry order,
+// flat buffers (f32 master, f32 grads, bf16 or f16 compute copy), in registry order,
 // so the optimizer, clipping and gradient buckets work on contiguous memory;
 // with external storage (model.h) an owner such as ZeRO binds them instead.
 #pragma once
@@ -30,12 +30,12 @@ struct ParamSpec {
   InitKind init = InitKind::normal;
   float init_std = 0.02f;
   // Used as a GEMM operand (linear layers, the output layer, a tied embedding):
-  // gets a bf16 compute copy in bf16 precision and counts toward model FLOPs.
+  // gets a compute copy (bf16 / f16) in mixed precision and counts toward model FLOPs.
   bool matmul_weight = false;
   int64_t numel() const { return shape_numel(shape); }
 };
 
-// The dtype the model computes with: bf16 for matmul weights in bf16
+// The dtype the model computes with: compute_dtype(precision) for matmul weights in bf16 / fp16
 // precision (read from Parameter::compute), else f32 (read from master).
 DType param_compute_dtype(const ParamSpec& spec, Precision precision);
 
@@ -44,7 +44,7 @@ struct Parameter {
   int64_t offset = 0;  // element offset in the flat buffers (also set in external storage)
   Tensor master;       // f32 view into the flat master buffer
   Tensor grad;         // f32 view into the flat grad buffer
-  Tensor compute;      // bf16 view (bf16 precision, matmul weights only); else undefined
+  Tensor compute;      // bf16 / f16 view (mixed precision, matmul weights only); else undefined
 };
 
 // A unit: a contiguous registry range the model reads, and completes the

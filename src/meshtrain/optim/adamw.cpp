@@ -46,7 +46,8 @@ void AdamW::step(float lr, float grad_scale) {
   // Per parameter, so weight decay follows the role (never the tensor's index).
   for (Parameter& p : model_.params()) {
     cpu::AdamWHyper hyper = adamw_hyper(config_, p.spec, lr, step_count_, grad_scale);
-    bf16* compute = p.compute.defined() ? p.compute.data<bf16>() : nullptr;
+    cpu::ComputeCopy compute;
+    if (p.compute.defined()) compute = cpu::ComputeCopy(p.compute.raw(), p.compute.dtype());
     cpu::adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(), m + p.offset,
                       v + p.offset, compute, p.spec.numel());
   }

@@ -151,10 +151,10 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
     params += static_cast<double>(spec.numel());
     if (spec.matmul_weight) matmul += static_cast<double>(spec.numel());
   }
-  const bool bf16 = precision == Precision::bf16;
-  const double e = bf16 ? 2 : 4;
+  const bool mixed = precision != Precision::fp32;  // bf16 or fp16: 2-byte compute copies
+  const double e = mixed ? 2 : 4;
   MemoryBreakdown m;
-  m.params = 4 * params + (bf16 ? 2 * matmul : 0);
+  m.params = 4 * params + (mixed ? 2 * matmul : 0);
   m.grads = 4 * params;
   m.optimizer = 8 * params;  // AdamW exp_avg and exp_avg_sq, f32
 
@@ -191,12 +191,12 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   m.activations = 4 * n * d * (layers + 1) + kept + shared + e * n * d + stats;
   // Workspace (model_impl.h Workspace): qkv, dres, dres_c, dx, dff, dff_c, dqkv.
   const double qkv = d + 2 * kv;
-  m.workspace = 4 * n * qkv + 4 * n * d + (bf16 ? e * n * d : 0) + 4 * n * d +
+  m.workspace = 4 * n * qkv + 4 * n * d + (mixed ? e * n * d : 0) + 4 * n * d +
                 4 * n * std::max(f, qkv) + e * n * ff_in + e * n * qkv;
   // The fused classifier's logits chunk (256 rows: backend/cpu/cross_entropy.cpp)
   // and RoPE's cos/sin tables.
   const double chunk = std::min(n, 256.0), vocab = static_cast<double>(c.vocab_size);
-  m.workspace += chunk * vocab * (4 + (bf16 ? 2 : 0));
+  m.workspace += chunk * vocab * (4 + (mixed ? 2 : 0));
   if (c.family == Family::llama) {
     m.workspace += 4 * static_cast<double>(c.max_seq_len * c.head_dim());
   }

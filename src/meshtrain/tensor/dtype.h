@@ -1,5 +1,5 @@
-// Element types: f32 for math and master weights, bf16 for compute copies and
-// activations in mixed precision, f16 as a storage format (import/export).
+// Element types: f32 for math and master weights, bf16 or f16 for compute
+// copies and activations in mixed precision (f16 also as a storage format).
 #pragma once
 
 #include <cstddef>

@@ -43,6 +43,7 @@ TrainState parse_train_state(const nlohmann::json& json, const std::string& path
   MESHTRAIN_CHECK(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
                   "{}: field 'seed' must be a non-negative integer", path);
   state.seed = seed.get<uint64_t>();
+  if (json.contains("update_gates")) state.update_gates = json.at("update_gates");
   if (config != nullptr) {
     try {
       *config = config_from_json(field(json, "config").dump());
@@ -85,13 +86,15 @@ bool may_change_on_resume(const std::string& key) {
 std::string step_dir_name(int64_t step) { return fmt::format("step_{}", step); }
 
 nlohmann::json train_state_json(const TrainState& state, const TrainConfig& config) {
-  return {{"format", "meshtrain-train-state"},
-          {"version", 1},
-          {"step", state.step},
-          {"optimizer_step", state.optimizer_step},
-          {"sampler", {{"epoch", state.sampler.epoch}, {"index", state.sampler.index}}},
-          {"seed", state.seed},
-          {"config", nlohmann::json::parse(config_to_json(config))}};
+  nlohmann::json json{{"format", "meshtrain-train-state"},
+                      {"version", 1},
+                      {"step", state.step},
+                      {"optimizer_step", state.optimizer_step},
+                      {"sampler", {{"epoch", state.sampler.epoch}, {"index", state.sampler.index}}},
+                      {"seed", state.seed},
+                      {"config", nlohmann::json::parse(config_to_json(config))}};
+  if (!state.update_gates.is_null()) json["update_gates"] = state.update_gates;
+  return json;
 }
 
 bool is_training_checkpoint(const std::string& dir) {

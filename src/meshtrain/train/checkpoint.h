@@ -2,8 +2,8 @@
 // sharded format of ckpt/distributed.h (each rank's slices + manifest.json,
 // committed atomically, `latest` pointing at the newest) written by
 // train/checkpointer.h. The manifest's `meta` object is the train state
-// below: step, optimizer step, sampler position, seed and the resolved
-// config. Directories of the earlier whole-tensor format
+// below: step, optimizer step, sampler position, seed, the update gates'
+// state and the resolved config. Directories of the earlier whole-tensor format
 // (model.safetensors, exp_avg.safetensors, exp_avg_sq.safetensors,
 // train_state.json holding the same object) are still read.
 // No config.json is written, so a step directory is never mistaken for a
@@ -28,6 +28,9 @@ struct TrainState {
   int64_t optimizer_step = 0;  // AdamW's bias-correction counter
   SamplerPosition sampler;
   uint64_t seed = 0;
+  // The update gates' state (UpdateGates::state: loss scale, counters); null
+  // in checkpoints from before the gates.
+  nlohmann::json update_gates;
 };
 
 std::string step_dir_name(int64_t step);  // "step_100"

@@ -43,6 +43,10 @@ constexpr KeySpec kKeys[] = {
     {"train", "log_interval", Kind::integer}, {"train", "peak_flops", Kind::number},
     {"train", "checkpoint_interval", Kind::integer}, {"train", "out_dir", Kind::string},
     {"train", "recompute", Kind::string},     {"train", "recompute_layers", Kind::integer},
+    {"train", "loss_scale_init", Kind::number},
+    {"train", "loss_scale_growth_interval", Kind::integer},
+    {"train", "loss_scale_min", Kind::number},
+    {"train", "memory_check", Kind::string},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
     {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
@@ -275,9 +279,33 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   TrainSettings t;
   std::string precision(precision_name(t.precision));
   s.read("precision", precision);
-  MESHTRAIN_CHECK(precision == "fp32" || precision == "bf16",
-                  "config: train.precision must be \"fp32\" or \"bf16\", got \"{}\"", precision);
+  MESHTRAIN_CHECK(precision == "fp32" || precision == "bf16" || precision == "fp16",
+                  "config: train.precision must be \"fp32\", \"bf16\" or \"fp16\", got \"{}\"",
+                  precision);
   t.precision = parse_precision(precision);
+  LossScaleSettings& ls = t.loss_scale;
+  s.read("loss_scale_init", ls.init);
+  s.read("loss_scale_growth_interval", ls.growth_interval);
+  s.read("loss_scale_min", ls.min);
+  MESHTRAIN_CHECK(std::isfinite(ls.min) && ls.min > 0,
+                  "config: train.loss_scale_min must be a positive number, got {}", ls.min);
+  MESHTRAIN_CHECK(std::isfinite(ls.init) && ls.init >= ls.min,
+                  "config: train.loss_scale_init ({}) must be a finite number >= "
+                  "train.loss_scale_min ({})",
+                  ls.init, ls.min);
+  check_min<int64_t>("train.loss_scale_growth_interval", ls.growth_interval, 1);
+  const LossScaleSettings defaults;
+  if (t.precision != Precision::fp16) {
+    // Only fp16 scales the loss; a setting elsewhere would silently do nothing.
+    for (const auto& [key, set] :
+         {std::pair{"loss_scale_init", ls.init != defaults.init},
+          std::pair{"loss_scale_growth_interval", ls.growth_interval != defaults.growth_interval},
+          std::pair{"loss_scale_min", ls.min != defaults.min}}) {
+      MESHTRAIN_CHECK(!set, "config: train.{} applies to train.precision = \"fp16\" only (this "
+                            "run is \"{}\")",
+                      key, precision);
+    }
+  }
   int64_t seed = static_cast<int64_t>(t.seed);
   s.read("seed", seed);
   check_min<int64_t>("train.seed", seed, 0);
@@ -303,6 +331,10 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
                   recompute);
   t.recompute = parse_recompute(recompute);
   s.read("recompute_layers", t.recompute_layers);
+  s.read("memory_check", t.memory_check);
+  MESHTRAIN_CHECK(t.memory_check == "error" || t.memory_check == "warn" || t.memory_check == "off",
+                  "config: train.memory_check must be \"error\", \"warn\" or \"off\", got \"{}\"",
+                  t.memory_check);
 
   check_min<int64_t>("train.steps", t.steps, 1);
   check_min<int64_t>("train.seq_len", t.seq_len, 1);
@@ -537,6 +569,10 @@ toml::table to_table(const TrainConfig& c) {
       {"out_dir", t.out_dir},
       {"recompute", std::string(recompute_name(t.recompute))},
       {"recompute_layers", t.recompute_layers},
+      {"loss_scale_init", t.loss_scale.init},
+      {"loss_scale_growth_interval", t.loss_scale.growth_interval},
+      {"loss_scale_min", t.loss_scale.min},
+      {"memory_check", t.memory_check},
   };
   const OptimSettings& o = c.optim;
   toml::table optim{

@@ -15,8 +15,17 @@
 
 namespace meshtrain {
 
+// fp16's dynamic loss scale (train/update_gate.h LossScaler): train.loss_scale_*.
+struct LossScaleSettings {
+  double init = 65536.0;           // 2^16
+  int64_t growth_interval = 2000;  // applied steps without overflow before the scale doubles
+  double min = 1.0;                // the scale never backs off below this
+  static constexpr double kGrowth = 2.0, kBackoff = 0.5;
+};
+
 struct TrainSettings {
   Precision precision = Precision::fp32;
+  LossScaleSettings loss_scale;  // fp16 only
   uint64_t seed = 1337;
   int64_t steps = 100;
   int64_t batch_size = 8;        // sequences per optimizer step (the global batch)
@@ -36,6 +45,9 @@ struct TrainSettings {
   // pipeline chunk, 0 = all.
   Recompute recompute = Recompute::none;
   int64_t recompute_layers = 0;
+  // Before allocating, each rank's predicted peak (train/memory_plan.h) against
+  // what its host allows: "error" refuses, "warn" prints and trains, "off" skips.
+  std::string memory_check = "error";
 
   int64_t grad_accum_steps() const { return batch_size / micro_batch_size; }
   int64_t tokens_per_step() const { return batch_size * seq_len; }

@@ -66,7 +66,11 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"comm_ms", r.comm_ms},
                         {"exposed_comm_ms", r.exposed_comm_ms},
                         {"comm_bytes", r.comm_bytes},
-                        {"tp_comm_bytes", r.tp_comm_bytes}};
+                        {"tp_comm_bytes", r.tp_comm_bytes},
+                        {"skipped", r.skipped},
+                        {"skipped_steps", r.skipped_steps},
+                        {"loss_scale", r.loss_scale}};
+  if (r.skipped) record["skip_reason"] = r.skip_reason;
   if (r.offloaded) {
     record["offload_read_bytes"] = r.offload_read_bytes;
     record["offload_written_bytes"] = r.offload_written_bytes;
@@ -84,12 +88,15 @@ void MetricsLog::on_step(const StepRecord& r) {
   write(record);
   if (console_ && (r.step % train_.log_interval == 0 || r.step == 1 || r.step == train_.steps)) {
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
-               "MFU {:.1f}% | {:.1f} ms{}\n",
+               "MFU {:.1f}% | {:.1f} ms{}{}{}\n",
                r.step, train_.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu * 100,
                r.step_ms,
                show_comm_
                    ? fmt::format(" | comm {:.1f} ms, {:.1f} exposed", r.comm_ms, r.exposed_comm_ms)
-                   : "");
+                   : "",
+               r.loss_scale != 1.0 ? fmt::format(" | loss scale {:g}", r.loss_scale) : "",
+               r.skipped ? fmt::format(" | skipped ({}; {} so far)", r.skip_reason, r.skipped_steps)
+                         : "");
     std::fflush(stdout);
   }
 }

@@ -12,7 +12,14 @@ struct StepRecord {
   int64_t step = 0;  // 1-based: the step just completed
   double loss = 0;   // mean token loss over the step's batch
   float lr = 0;
-  double grad_norm = 0;  // before clipping
+  double grad_norm = 0;  // before clipping (of the unscaled gradients; non-finite when skipped)
+  // The update gates (train/update_gate.h): whether the step's update was
+  // skipped on every rank and why, the loss scale it ran with (1 unless
+  // fp16), and the run's skipped steps so far (a resumed run continues the count).
+  bool skipped = false;
+  std::string skip_reason;
+  double loss_scale = 1.0;
+  int64_t skipped_steps = 0;
   double tokens_per_s = 0;
   double mfu = 0;
   double step_ms = 0;

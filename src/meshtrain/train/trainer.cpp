@@ -9,7 +9,10 @@
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/train/distributed.h"
 #include "meshtrain/train/evaluate.h"
+#include "meshtrain/train/memory_check.h"
+#include "meshtrain/train/memory_report.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/update_gate.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -91,6 +94,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     val_set_ = std::make_unique<ValidationSet>(*val_data_, loader, t.eval_batches);
   }
   loader_ = std::make_unique<DataLoader>(*train_data_, loader, resumed.sampler);
+  // Fail before allocating: every rank's predicted peak against its host's
+  // limits (without a mesh a parallel layout fails below with its own message).
+  const ParallelSettings& parallel = config_.parallel;
+  if (mesh != nullptr || (parallel.tp == 1 && parallel.pp == 1)) {
+    memory_plan_ = predict_run_memory(config_, mesh != nullptr ? mesh->size() : 1);
+    check_memory_before_allocating(config_, memory_plan_, mesh, options_.console);
+  }
   ctx_ = std::make_unique<cpu::CpuContext>(t.threads, tracker_);
 
   // The parallel modes, composed: the stage and tp slice the model holds, the
@@ -106,6 +116,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   dp_ = make_data_parallel(config_, *model_, mesh, config_.parallel.pp > 1 ? micro_batches : 0);
   prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);
+  gates_ = make_update_gates(config_, mesh != nullptr ? &mesh->world() : nullptr);
   if (resumed_from_.empty()) {
     dp_->init_weights(t.seed);
   } else {
@@ -113,6 +124,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     checkpointer_->load(resumed_from_);
     load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
     dp_->set_step_count(resumed.optimizer_step);
+    gates_->load_state(resumed.update_gates, resumed_from_);
     step_ = resumed.step;
   }
   runner_ = make_step_runner(config_, *model_, mesh, micro_batches, loader.micro_batch);
@@ -248,27 +260,7 @@ void Trainer::print_setup(const LoaderOptions& loader) {
 void Trainer::add_hook(std::unique_ptr<StepHook> hook) { hooks_.push_back(std::move(hook)); }
 
 void Trainer::log_memory(const char* when) {
-  const MemorySnapshot mine = tracker_.snapshot();
-  nlohmann::json bytes;
-  for (size_t c = 0; c < kMemCategories; ++c) {
-    const std::string name(mem_category_name(static_cast<MemCategory>(c)));
-    bytes[name] = mine.live[c];
-    bytes[name + "_peak"] = mine.peak[c];
-  }
-  bytes["total"] = mine.live_total;
-  bytes["total_peak"] = mine.peak_total;
-  metrics_->write({{"step", step_}, {"memory", when}, {"bytes", bytes}});
-  // Collective: every rank takes part, rank 0 prints.
-  const bool ranks = options_.mesh != nullptr && options_.mesh->world().size() > 1;
-  const MemorySnapshot max = ranks ? max_over_ranks(options_.mesh->world(), mine) : mine;
-  if (options_.console) {
-    fmt::print("memory at {}: {}\n", when, mine.report());
-    if (ranks) {
-      fmt::print("memory at {}, max over {} ranks: {}\n", when, options_.mesh->world().size(),
-                 max.report());
-    }
-    std::fflush(stdout);
-  }
+  report_memory(when, step_, tracker_, memory_plan_, options_.mesh, *metrics_, options_.console);
 }
 
 StepRecord Trainer::train_step() {
@@ -283,19 +275,31 @@ StepRecord Trainer::train_step() {
 
   StepRecord r;
   r.step = step_ + 1;
+  // The loss gradient carries the gates' loss scale (fp16); the gradients are
+  // unscaled in the norm and in the update's multiplier, never in a pass of their own.
+  const double loss_scale = gates_->loss_scale();
   dp_->begin_step();
-  double loss_sum = runner_->run(*loader_, *dp_, grad_scale, r);
+  double loss_sum =
+      runner_->run(*loader_, *dp_, static_cast<float>(grad_scale * loss_scale), r);
   dp_->finish_gradient_sync();
+  inject_grad_fault(*model_, r.step, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
-  MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step, r.loss);
   // Each element counted once across tp, stages and shards.
-  r.grad_norm = dp_->grad_norm(runner_->stages());
-  MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
-                  r.step, r.grad_norm);
+  r.grad_norm = dp_->grad_norm(runner_->stages()) / loss_scale;
+  // Every rank takes the same decision (one collective over the world).
+  const GateDecision decision = gates_->decide({r.step, r.loss, r.grad_norm});
+  gates_->fill(decision, loss_scale, r);
   r.lr = schedule_.at(step_);
-  dp_->step(r.lr, clip_factor(r.grad_norm, t.grad_clip), r);
-  ++step_;
+  if (decision.apply) {
+    // Non-finite values no gate took responsibility for (fp32, bf16).
+    MESHTRAIN_CHECK(std::isfinite(r.loss), "step {}: loss is {}: training diverged", r.step,
+                    r.loss);
+    MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
+                    r.step, r.grad_norm);
+    dp_->step(r.lr, static_cast<float>(clip_factor(r.grad_norm, t.grad_clip) / loss_scale), r);
+  }
+  ++step_;  // a skipped step still consumed its batch and its LR
 
   if (tp.active()) r.tp_comm_bytes = tp.comm->stats().total().bytes - tp_bytes;
   const double seconds =
@@ -331,6 +335,7 @@ std::string Trainer::save_checkpoint() {
   state.optimizer_step = dp_->step_count();
   state.sampler = loader_->position();
   state.seed = config_.train.seed;
+  state.update_gates = gates_->state();
   return checkpointer_->save(state);
 }
 

@@ -9,7 +9,7 @@
 namespace meshtrain::cpu {
 
 void adamw_update(const AdamWHyper& hyper, float* param, const float* grad, float* m, float* v,
-                  bf16* compute, int64_t n) {
+                  ComputeCopy compute, int64_t n) {
   // Same operation order as PyTorch 1.13's AdamW (single-tensor path):
   // p *= 1 - lr*wd; m, v updated; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
   const double bc1 = 1.0 - std::pow(static_cast<double>(hyper.beta1), static_cast<double>(hyper.step));
@@ -53,7 +53,11 @@ void adamw_update(const AdamWHyper& hyper, float* param, const float* grad, floa
       v[i] = vi;
       param[i] = p - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
     }
-    if (compute != nullptr) simd::store_row(compute + i0, param + i0, i1 - i0);
+    if (compute.data != nullptr) {
+      simd::dispatch_store(compute.dtype, compute.data, [&](auto* c) {
+        simd::store_row(c + i0, param + i0, i1 - i0);
+      });
+    }
   }
 }
 

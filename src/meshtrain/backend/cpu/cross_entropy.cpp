@@ -29,20 +29,19 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
                       (valid == 0 || first + valid <= total),
                   "fused_classifier: bad dims rows={} dim={} vocab={} (valid {}, offset {}, total {})",
                   rows, dim, V, valid, first, total);
-  MESHTRAIN_CHECK(args.compute == DType::f32 || args.compute == DType::bf16,
-                  "fused_classifier: compute dtype {} unsupported", dtype_name(args.compute));
   for (int64_t r = 0; r < rows; ++r)
     MESHTRAIN_CHECK(args.targets[r] < total, "fused_classifier: target {} at row {} >= vocab {}",
                     args.targets[r], r, total);
   const int64_t chunk = std::max<int64_t>(1, std::min(rows, args.chunk_rows > 0 ? args.chunk_rows
                                                                                  : kDefaultChunkRows));
   const bool backward = args.dh != nullptr || args.dw != nullptr;
-  const bool to_bf16 = backward && args.compute == DType::bf16;
+  // Mixed precision: d_logits go to a copy in the compute dtype (bf16 or f16).
+  const bool narrow = backward && args.compute != DType::f32;
   const size_t esize = dtype_size(args.compute);
   auto& impl = ctx.impl();
   float* logits = static_cast<float*>(impl.scratch(Scratch::logits, chunk * V * sizeof(float)));
-  bf16* dl_bf16 = to_bf16 ? static_cast<bf16*>(impl.scratch(Scratch::dlogits, chunk * V * 2)) : nullptr;
-  const void* dlogits = to_bf16 ? static_cast<void*>(dl_bf16) : static_cast<void*>(logits);
+  void* dl_narrow = narrow ? impl.scratch(Scratch::dlogits, chunk * V * esize) : nullptr;
+  const void* dlogits = narrow ? dl_narrow : static_cast<void*>(logits);
   // Per row of a chunk: max, then [sum of exp | target logit] (reduced together).
   std::vector<float> mx(static_cast<size_t>(chunk)), sums(static_cast<size_t>(2 * chunk));
   std::vector<double> loss(static_cast<size_t>(chunk));
@@ -83,22 +82,26 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
       }
       if (!backward) continue;
       if (target < 0) {
-        if (to_bf16) {
-          std::memset(static_cast<void*>(dl_bf16 + r * V), 0, V * sizeof(bf16));
+        if (narrow) {
+          std::memset(static_cast<char*>(dl_narrow) + r * V * esize, 0, V * esize);
         } else {
           std::fill(row, row + V, 0.0f);
         }
         continue;
       }
-      // d_logits = (softmax - onehot) * grad_scale: in place in f32; in bf16
-      // scaled straight into the bf16 copy (same rounding, one pass less).
-      // Padding columns get zero.
+      // d_logits = (softmax - onehot) * grad_scale: in place in f32; in bf16 /
+      // f16 scaled straight into the narrow copy (same rounding, one pass
+      // less; in f16 a large grad_scale overflows to inf here, which the loss
+      // scaler sees in the gradient norm). Padding columns get zero.
       const float f = gs / sum;
       const int64_t t = local_target(r0 + r);
-      if (to_bf16) {
-        simd::scale_row(dl_bf16 + r * V, row, f, valid);
-        std::memset(static_cast<void*>(dl_bf16 + r * V + valid), 0, (V - valid) * sizeof(bf16));
-        if (t >= 0) dl_bf16[r * V + t] = float_to_bf16(row[t] * f - gs);
+      if (narrow) {
+        simd::dispatch_store(args.compute, dl_narrow, [&](auto* dl) {
+          auto* out = dl + r * V;
+          simd::scale_row(out, row, f, valid);
+          std::memset(static_cast<void*>(out + valid), 0, (V - valid) * esize);
+          if (t >= 0) simd::store1(out + t, row[t] * f - gs);
+        });
       } else {
         const float target_grad = t >= 0 ? row[t] * f - gs : 0.0f;
         simd::scale_row(row, row, f, valid);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/backend/cpu/onednn.h"
+#include "meshtrain/backend/cpu/simd.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::cpu {
@@ -20,7 +21,7 @@ memory::data_type onednn_type(DType dtype) {
   switch (dtype) {
     case DType::f32: return memory::data_type::f32;
     case DType::bf16: return memory::data_type::bf16;
-    default: fail("matmul: dtype {} is not supported (f32 or bf16)", dtype_name(dtype));
+    default: fail("matmul: dtype {} has no oneDNN primitive here (f32 or bf16)", dtype_name(dtype));
   }
 }
 
@@ -72,7 +73,89 @@ MatmulEntry create_matmul(CpuContext::Impl& impl, const MatmulKey& key) {
   return entry;
 }
 
+size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Elements from the first to the last one a [rows, cols] operand with row
+// stride ld (dense when ld == cols) touches.
+int64_t span(int64_t rows, int64_t cols, int64_t ld) { return rows == 0 ? 0 : (rows - 1) * ld + cols; }
+
+void widen(const void* src, float* dst, int64_t n, bool threaded) {
+  if (threaded) {
+    convert(DType::f16, src, DType::f32, dst, static_cast<size_t>(n));
+  } else {
+    simd::convert_row(dst, static_cast<const f16*>(src), n);
+  }
+}
+
+void narrow_rows(const float* src, f16* dst, int64_t rows, int64_t cols, int64_t ld, bool threaded) {
+  if (ld == cols) {
+    if (threaded) {
+      convert(DType::f32, src, DType::f16, dst, static_cast<size_t>(rows * cols));
+    } else {
+      simd::convert_row(dst, src, rows * cols);
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (threaded)
+  for (int64_t r = 0; r < rows; ++r) simd::convert_row(dst + r * ld, src + r * cols, cols);
+}
+
 }  // namespace
+
+size_t F16Staging::bytes() const {
+  if (!active) return 0;
+  return round64(static_cast<size_t>(a_span) * 4) + round64(static_cast<size_t>(b_span) * 4) +
+         round64(static_cast<size_t>(c_elems) * 4);
+}
+
+F16Staging f16_staging(const MatmulDims& dims, DType ab, DType c_dtype) {
+  F16Staging s;
+  s.active = ab == DType::f16 || c_dtype == DType::f16;
+  if (!s.active) return s;
+  MESHTRAIN_CHECK(ab == DType::f16 || ab == DType::f32, "matmul: inputs {} with an f16 output",
+                  dtype_name(ab));
+  s.f32_dims = dims;
+  if (ab == DType::f16) {
+    const int64_t batch_a = dims.batch, batch_b = dims.broadcast_b ? 1 : dims.batch;
+    const int64_t lda = dims.lda > 0 ? dims.lda : (dims.trans_a ? dims.m : dims.k);
+    const int64_t ldb = dims.ldb > 0 ? dims.ldb : (dims.trans_b ? dims.k : dims.n);
+    s.a_span = dims.batch > 1 ? batch_a * dims.m * dims.k
+                              : (dims.trans_a ? span(dims.k, dims.m, lda) : span(dims.m, dims.k, lda));
+    s.b_span = dims.batch > 1 ? batch_b * dims.k * dims.n
+                              : (dims.trans_b ? span(dims.n, dims.k, ldb) : span(dims.k, dims.n, ldb));
+  }
+  if (c_dtype == DType::f16) {
+    s.c_elems = dims.batch * dims.m * dims.n;
+    s.f32_dims.ldc = 0;  // dense: rows go to C's leading dimension when rounded
+  }
+  return s;
+}
+
+template <typename Gemm>
+void F16Staging::run(const MatmulDims& dims, DType ab, const void* a, const void* b, DType c_dtype,
+                     void* c, void* space, bool threaded, Gemm gemm) const {
+  char* p = static_cast<char*>(space);
+  const void* a_in = a;
+  const void* b_in = b;
+  if (ab == DType::f16) {
+    auto* a32 = reinterpret_cast<float*>(p);
+    p += round64(static_cast<size_t>(a_span) * 4);
+    auto* b32 = reinterpret_cast<float*>(p);
+    p += round64(static_cast<size_t>(b_span) * 4);
+    widen(a, a32, a_span, threaded);
+    widen(b, b32, b_span, threaded);
+    a_in = a32;
+    b_in = b32;
+  }
+  if (c_dtype != DType::f16) {
+    gemm(a_in, b_in, c);
+    return;
+  }
+  auto* c32 = reinterpret_cast<float*>(p);
+  gemm(a_in, b_in, c32);
+  const int64_t ldc = dims.ldc > 0 ? dims.ldc : dims.n;
+  narrow_rows(c32, static_cast<f16*>(c), dims.batch * dims.m, dims.n, ldc, threaded);
+}
 
 MatmulEntry& find_matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype,
                          float alpha, bool accumulate, bool bias) {
@@ -109,6 +192,15 @@ MatmulEntry& find_matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DTyp
 void matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, const void* a, const void* b,
             DType c_dtype, void* c, float alpha, bool accumulate, const float* bias) {
   if (dims.m == 0 || dims.n == 0) return;
+  const F16Staging staging = f16_staging(dims, ab, c_dtype);
+  if (staging.active) {
+    MESHTRAIN_CHECK(!accumulate || c_dtype == DType::f32, "matmul: accumulate requires an f32 output");
+    void* space = ctx.impl().scratch(Scratch::f16_staging, staging.bytes());
+    staging.run(dims, ab, a, b, c_dtype, c, space, true, [&](const void* a32, const void* b32, void* out) {
+      matmul(ctx, staging.f32_dims, DType::f32, a32, b32, DType::f32, out, alpha, accumulate, bias);
+    });
+    return;
+  }
   MatmulEntry& e = find_matmul(ctx, dims, ab, c_dtype, alpha, accumulate, bias != nullptr);
   CpuContext::Impl& impl = ctx.impl();
   e.src.set_data_handle(const_cast<void*>(a));
@@ -135,8 +227,12 @@ void matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, const void* a, co
 }
 
 ThreadMatmul::ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype, float alpha,
-                           bool accumulate) {
-  MatmulEntry& e = find_matmul(ctx, dims, ab, c_dtype, alpha, accumulate, false);
+                           bool accumulate)
+    : dims_(dims), ab_(ab), c_(c_dtype), staging_(f16_staging(dims, ab, c_dtype)) {
+  MESHTRAIN_CHECK(!accumulate || c_dtype == DType::f32, "matmul: accumulate requires an f32 output");
+  MatmulEntry& e = staging_.active
+                       ? find_matmul(ctx, staging_.f32_dims, DType::f32, DType::f32, alpha, accumulate, false)
+                       : find_matmul(ctx, dims, ab, c_dtype, alpha, accumulate, false);
   CpuContext::Impl& impl = ctx.impl();
   const int n = omp_get_max_threads();
   while (static_cast<int>(impl.thread_streams.size()) < n) impl.thread_streams.emplace_back(impl.engine);
@@ -158,6 +254,18 @@ ThreadMatmul::ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DT
 }
 
 void ThreadMatmul::run(int thread, const void* a, const void* b, void* c, void* pad) {
+  if (staging_.active) {
+    // The staging first, oneDNN's scratchpad after it.
+    char* own = static_cast<char*>(pad) + staging_.bytes();
+    staging_.run(dims_, ab_, a, b, c_, c, pad, false, [&](const void* a32, const void* b32, void* out) {
+      run_primitive(thread, a32, b32, out, own);
+    });
+    return;
+  }
+  run_primitive(thread, a, b, c, pad);
+}
+
+void ThreadMatmul::run_primitive(int thread, const void* a, const void* b, void* c, void* pad) {
   PerThread& t = threads_[static_cast<size_t>(thread)];
   t.src.set_data_handle(const_cast<void*>(a));
   t.wei.set_data_handle(const_cast<void*>(b));

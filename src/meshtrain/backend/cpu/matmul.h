@@ -1,4 +1,5 @@
-// GEMM through oneDNN: f32 or bf16 inputs, f32 accumulation.
+// GEMM through oneDNN: f32, bf16 or f16 inputs, f32 accumulation (f16 through
+// f32 copies of the operands here: see F16Staging in onednn.h).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ struct MatmulDims {
 };
 
 // C[b] = alpha * op(A[b]) · op(B[b]) (+ bias[n]) (+ C[b] when accumulate).
-// A and B have dtype `ab` (f32 or bf16); C has dtype `c_dtype` (f32 or bf16;
+// A and B have dtype `ab` (f32, bf16 or f16); C has dtype `c_dtype` (f32, bf16 or f16;
 // accumulate requires f32). Batches are contiguous. bias is f32 or nullptr.
 void matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, const void* a, const void* b,
             DType c_dtype, void* c, float alpha = 1.0f, bool accumulate = false,

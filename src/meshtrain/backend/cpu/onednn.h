@@ -57,6 +57,7 @@ enum class Scratch : uint8_t {
   attention,  // per-thread workspace of attention_forward/backward
   logits,
   dlogits,
+  f16_staging,  // f32 copies of an f16 GEMM's operands and result (matmul.cpp)
   count
 };
 
@@ -77,6 +78,24 @@ struct CpuContext::Impl {
   std::array<Tensor, static_cast<size_t>(Scratch::count)> scratch_;
 };
 
+// An f16 GEMM (oneDNN 2.6 has no f16 matmul on CPUs without AVX512-FP16) runs
+// as the f32 GEMM of its operands widened exactly to f32, the result rounded
+// to f16 when C is f16: what an f16 tensor-core GEMM with f32 accumulation
+// computes. F16Staging is the f32 space that takes.
+struct F16Staging {
+  bool active = false;
+  int64_t a_span = 0, b_span = 0;  // elements of A and B as stored (with leading dimensions)
+  int64_t c_elems = 0;             // dense f32 result to round into an f16 C (0: C is f32)
+  MatmulDims f32_dims;             // the GEMM run on the staging (C dense when c_elems > 0)
+  size_t bytes() const;
+  // Widens A and B, runs gemm(a32, b32, c32 or c), rounds c32 into C.
+  // `threaded`: convert with the OpenMP team (false inside a parallel region).
+  template <typename Gemm>
+  void run(const MatmulDims& dims, DType ab, const void* a, const void* b, DType c_dtype, void* c,
+           void* space, bool threaded, Gemm gemm) const;
+};
+F16Staging f16_staging(const MatmulDims& dims, DType ab, DType c_dtype);
+
 // The cached primitive for these arguments (created on first use; not thread-safe).
 MatmulEntry& find_matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype,
                          float alpha, bool accumulate, bool bias);
@@ -88,11 +107,12 @@ class ThreadMatmul {
  public:
   ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype, float alpha = 1.0f,
                bool accumulate = false);
-  // Bytes of scratchpad each thread must pass to run().
-  size_t scratchpad_bytes() const { return pad_bytes_; }
+  // Bytes of scratchpad each thread must pass to run() (64-byte aligned).
+  size_t scratchpad_bytes() const { return staging_.bytes() + (pad_bytes_ + 63) / 64 * 64; }
   void run(int thread, const void* a, const void* b, void* c, void* pad);
 
  private:
+  void run_primitive(int thread, const void* a, const void* b, void* c, void* pad);
   struct PerThread {
     dnnl::memory src, wei, dst, pad;
     std::unordered_map<int, dnnl::memory> args;
@@ -100,7 +120,10 @@ class ThreadMatmul {
   dnnl::matmul prim_;
   std::vector<PerThread> threads_;
   std::vector<dnnl::stream>* streams_;
-  size_t pad_bytes_ = 0;
+  size_t pad_bytes_ = 0;  // oneDNN's (after the f16 staging in run()'s pad)
+  MatmulDims dims_;
+  DType ab_ = DType::f32, c_ = DType::f32;
+  F16Staging staging_;
 };
 
 }  // namespace meshtrain::cpu

@@ -1,6 +1,7 @@
 // Internal to the CPU backend: vector exp and dtype load/store helpers shared
 // by the elementwise kernels. AVX-512 where the compiler targets it, scalar
-// otherwise; both round bf16 exactly like float_to_bf16.
+// otherwise; both round bf16 exactly like float_to_bf16 and f16 exactly like
+// float_to_f16 (round to nearest even, overflow to inf).
 #pragma once
 
 #include <cmath>
@@ -49,6 +50,9 @@ inline __m512 load_ps(const bf16* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+inline __m512 load_ps(const f16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 inline __m512 load_ps_masked(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 
 inline void store_ps(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
@@ -64,16 +68,22 @@ inline __m256i to_bf16(__m512 v) {
 inline void store_ps(bf16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(v));
 }
+inline void store_ps(f16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 #endif
 
 inline float exp_scalar(float x) { return std::exp(x); }
 
 inline float load1(const float* p) { return *p; }
 inline float load1(const bf16* p) { return bf16_to_float(*p); }
+inline float load1(const f16* p) { return f16_to_float(*p); }
 inline void store1(float* p, float v) { *p = v; }
 inline void store1(bf16* p, float v) { *p = float_to_bf16(v); }
+inline void store1(f16* p, float v) { *p = float_to_f16(v); }
 
-// dst[i] = src[i] for n elements, converting S -> D (f32 <-> bf16 or a copy).
+// dst[i] = src[i] for n elements, converting S -> D (f32 <-> bf16 / f16 or a copy).
 template <typename D, typename S>
 inline void convert_row(D* dst, const S* src, int64_t n) {
   int64_t i = 0;
@@ -188,14 +198,13 @@ void reduce_rows(int64_t rows, int64_t width, RowFn row_fn, OutFn out_fn) {
   }
 }
 
-// Calls fn(typed pointer) with `out` cast to float* or bf16* by dtype.
+// Calls fn(typed pointer) with `out` cast to float*, bf16* or f16* by dtype.
 template <typename Fn>
 void dispatch_store(DType dtype, void* out, Fn fn) {
-  MESHTRAIN_CHECK(dtype != DType::f16, "cpu kernels write f32 or bf16, not {}", dtype_name(dtype));
-  if (dtype == DType::bf16) {
-    fn(static_cast<bf16*>(out));
-  } else {
-    fn(static_cast<float*>(out));
+  switch (dtype) {
+    case DType::bf16: fn(static_cast<bf16*>(out)); return;
+    case DType::f16: fn(static_cast<f16*>(out)); return;
+    case DType::f32: fn(static_cast<float*>(out)); return;
   }
 }
 

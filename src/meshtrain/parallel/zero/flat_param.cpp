@@ -39,7 +39,9 @@ ZeroLayout make_zero_layout(const std::vector<ParamSpec>& specs,
                     "zero: unit '{}' [{}, {}) does not continue the registry at {}", unit.name,
                     unit.first_param, unit.end_param, expected_first);
     expected_first = unit.end_param;
-    for (DType dtype : {DType::f32, DType::bf16}) {
+    // The f32 flat, then (mixed precision) the compute dtype's (empty in fp32).
+    const DType narrow = compute_dtype(precision);
+    for (DType dtype : {DType::f32, narrow == DType::f32 ? DType::bf16 : narrow}) {
       FlatParam flat;
       flat.unit = u;
       flat.dtype = dtype;

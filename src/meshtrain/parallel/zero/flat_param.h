@@ -9,7 +9,7 @@
 // - padded = round_up(numel, dp), shard = padded / dp; rank r owns elements
 //   [r * shard, (r + 1) * shard). Padding holds zeros and is never updated.
 // - Flat parameters are ordered by unit, the f32 ("wide") group before the
-//   bf16 ("narrow") one; every parameter is in exactly one.
+//   compute dtype's (bf16 or f16, "narrow") one; every parameter is in exactly one.
 #pragma once
 
 #include <cstddef>

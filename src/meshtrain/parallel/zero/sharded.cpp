@@ -532,8 +532,10 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
   for (size_t i = 0; i < flats_.size(); ++i) {
     Flat& f = flats_[i];
     const float* g = grad_shard(i);
-    bf16* resident_compute = layout_.flats[i].dtype == DType::bf16 && !params_in_store_
-                                 ? static_cast<bf16*>(compute_values(i))
+    const DType dtype = layout_.flats[i].dtype;
+    const auto esize = static_cast<int64_t>(dtype_size(dtype));
+    char* resident_compute = dtype != DType::f32 && !params_in_store_
+                                 ? static_cast<char*>(compute_values(i))
                                  : nullptr;
     for (const Piece& p : f.pieces) {
       Tensor m = store_->acquire(p.exp_avg);
@@ -546,11 +548,13 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
         if (lo >= hi) continue;
         const int64_t k = lo - p.begin;  // within the piece's chunks
         float* w = master.defined() ? master.data<float>() + k : f.master_alias.data<float>() + lo;
-        bf16* compute = stored_compute.defined() ? stored_compute.data<bf16>() + k
-                        : resident_compute != nullptr ? resident_compute + lo
+        char* compute = stored_compute.defined()
+                            ? static_cast<char*>(stored_compute.raw()) + k * esize
+                        : resident_compute != nullptr ? resident_compute + lo * esize
                                                       : nullptr;
         cpu::adamw_update(adamw_hyper(adamw_, params[s.param].spec, lr, step_count_, grad_scale),
-                          w, g + lo, m.data<float>() + k, v.data<float>() + k, compute, hi - lo);
+                          w, g + lo, m.data<float>() + k, v.data<float>() + k,
+                          cpu::ComputeCopy(compute, dtype), hi - lo);
       }
       // Our handles go first: the store may free a buffer once released.
       m = v = master = stored_compute = Tensor();

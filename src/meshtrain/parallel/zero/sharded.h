@@ -16,7 +16,7 @@
 //            needs next), after(u, bwd) frees it.
 // Master shards: a f32 flat parameter's master shard IS its slice of the full
 // compute buffer (stages 1/2) or its compute shard (stage 3): in f32 the
-// values the model computes with are the master values. bf16 flat parameters
+// values the model computes with are the master values. bf16 / f16 flat parameters
 // keep a separate f32 master shard. Optimizer state (exp_avg, exp_avg_sq and
 // the separate master shards) lives in an OffloadStore: resident with tier
 // none, streamed through the RAM budget with cpu/disk, with identical results.
