@@ -9,7 +9,8 @@
 #     median step after it;
 #   - lost work: steps redone = the last step logged before the kill - the step resumed
 #     from (plus the step in flight), against the interval (expected ~ interval / 2).
-# Also the cost of the preemption hook's per-step all-reduce (8 bytes over the world).
+# Also: SIGTERM to launch -> exit 75 (the step in flight, the checkpoint, the exit), and the
+# cost of the preemption hook's per-step all-reduce (8 bytes over the world).
 # usage: [MODEL=small|60M] bench/launch_recovery.sh [steps=30] [kill_after=17] [intervals="2 5 10"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,6 +90,25 @@ print(f"{interval:<9} {res['step']:<7} {max(before) - res['step']:<7} {detect:<9
       f"{relaunch:<10.2f} {res['load_ms'] / 1e3:<8.3f} {first:<10.1f} {steady:<10.1f} {recovery:<10.2f}")
 PY
 done
+# Preemption: SIGTERM to launch after step KILL -> checkpoint -> exit 75.
+out="$work/preempt"
+"$BIN" launch --backoff 0 -- "${MPIRUN[@]}" -np 2 "$BIN" train --config "$work/run.toml" \
+  --train.checkpoint_interval -1 --train.out_dir "$out" >"$out.log" 2>&1 &
+launch=$!
+until n=$(grep -c '"loss"' "$out/metrics.jsonl" 2>/dev/null); [ "${n:-0}" -ge "$KILL" ]; do sleep 0.01; done
+t_sig=$(date +%s.%N)
+kill -TERM "$launch"
+rc=0; wait "$launch" || rc=$?
+t_end=$(date +%s.%N)
+python3 - "$out" "$t_sig" "$t_end" "$rc" <<'PY'
+import json, statistics, sys
+out, t_sig, t_end, rc = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+rows = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
+pre = next(r for r in rows if r.get("event") == "preempted")
+step = statistics.median(r["step_ms"] for r in rows if "loss" in r)
+print(f"SIGTERM to launch: exit {rc} "
+      f"{t_end - t_sig:.2f} s later (checkpoint of step {pre['step']}; median step {step:.0f} ms)")
+PY
 # The preemption agreement's cost: an 8-byte all-reduce per step, timed alone.
 echo "the preemption hook's per-step all-reduce (8 bytes, 2 ranks):"
 "${MPIRUN[@]}" -np 2 "$BIN" bench comm --ops all_reduce --min-size 8 --max-size 8 2>&1 | tail -2

@@ -9,11 +9,8 @@
 # usage: cleanup.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -uo pipefail
 source "$(dirname "$0")/common.sh" "$@"
-out=$work/launch_cleanup
-rm -rf "$out" && mkdir -p "$out/offload"
-zero=(--parallel.zero 1 --parallel.offload disk --parallel.offload_dir "$out/offload")
-"${mpirun[@]}" 2 "$bin" $(train_args "$out/plain") "${zero[@]}" >"$out/plain.log" 2>&1 ||
-  { cat "$out/plain.log"; fail "the uninterrupted run failed"; }
+zero=(--parallel.zero 1 --parallel.offload disk --parallel.offload_dir "$work/launch_cleanup/offload")
+reference_run launch_cleanup 2 "${zero[@]}"
 [[ -z $(ls "$out/offload") ]] || fail "a finished run left offload files: $(ls "$out/offload")"
 touch "$out/offload/meshtrain-offload-0badc0de-zero_state.rank0-XXXXXX"  # another run's
 # Attempt 1 only: the checkpoint fault point kills rank 0 before the rename.

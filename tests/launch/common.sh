@@ -23,3 +23,12 @@ wait_steps() {  # OUT N TIMEOUT
 }
 # The final checkpoints of two runs hold the same tensors, bit for bit.
 same_checkpoint() { python3 "$here/same_checkpoint.py" "$1" "$2"; }
+# A fresh $out and the uninterrupted run of RANKS ranks in $out/plain (more overrides after).
+reference_run() {  # NAME RANKS [overrides]
+  out=$work/$1; local ranks=$2; shift 2
+  rm -rf "$out" && mkdir -p "$out"
+  "${mpirun[@]}" "$ranks" "$bin" $(train_args "$out/plain") "$@" >"$out/plain.log" 2>&1 ||
+    { cat "$out/plain.log"; fail "the uninterrupted run failed"; }
+}
+# RANDOM seeded from MESHTRAIN_TEST_SEED (or the clock), printed with the test's choices.
+seed_random() { seed=${MESHTRAIN_TEST_SEED:-$(( $(date +%s) % 1000 ))}; RANDOM=$seed; }

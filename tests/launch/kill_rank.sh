@@ -5,13 +5,9 @@
 # usage: kill_rank.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -uo pipefail
 source "$(dirname "$0")/common.sh" "$@"
-out=$work/launch_kill
-rm -rf "$out" && mkdir -p "$out"
-"${mpirun[@]}" 2 "$bin" $(train_args "$out/plain") >"$out/plain.log" 2>&1 ||
-  { cat "$out/plain.log"; fail "the uninterrupted run failed"; }
+reference_run launch_kill 2
 
-seed=${MESHTRAIN_TEST_SEED:-$(( $(date +%s) % 1000 ))}
-RANDOM=$seed
+seed_random
 kill_at=$(( 4 + RANDOM % 24 ))   # a step in 4..27 of 36
 victim_rank=$(( RANDOM % 2 ))
 echo "seed $seed: kill -9 rank $victim_rank after step $kill_at"

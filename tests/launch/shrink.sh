@@ -7,10 +7,7 @@
 # usage: shrink.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -uo pipefail
 source "$(dirname "$0")/common.sh" "$@"
-out=$work/launch_shrink
-rm -rf "$out" && mkdir -p "$out"
-"${mpirun[@]}" 4 "$bin" $(train_args "$out/plain") >"$out/plain.log" 2>&1 ||
-  { cat "$out/plain.log"; fail "the uninterrupted run failed"; }
+reference_run launch_shrink 4
 cat >"$out/fault_rank3.sh" <<'SH'
 #!/usr/bin/env bash
 [[ $MESHTRAIN_LAUNCH_ATTEMPT -le 2 && $OMPI_COMM_WORLD_RANK == 3 ]] && export MESHTRAIN_CKPT_FAULT=before_file@6

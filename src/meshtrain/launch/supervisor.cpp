@@ -32,13 +32,11 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // The signal handler's view (a signal handler can reach nothing else): how
-// many SIGTERM/SIGINT arrived, the last one, and a pipe that wakes poll().
+// many SIGTERM/SIGINT arrived, and a pipe that wakes poll().
 volatile sig_atomic_t g_signals = 0;
-volatile sig_atomic_t g_last_signal = 0;
 int g_wake_write = -1;
 
-void on_signal(int sig) {
-  g_last_signal = sig;
+void on_signal(int) {
   g_signals = g_signals + 1;
   if (g_wake_write >= 0) {
     const char byte = 1;
@@ -193,7 +191,8 @@ AttemptResult run_attempt(const Argv& argv, const SignalScope& signals, int* for
     if (fds[1].revents & POLLIN) signals.drain();
     while (*forwarded < g_signals) {
       ++*forwarded;
-      if (!exited) signal_job(pid, g_last_signal);
+      // As SIGTERM whichever came: srun answers SIGINT with a status report, not a forward.
+      if (!exited) signal_job(pid, SIGTERM);
     }
     if (!exited && ::waitpid(pid, &status, WNOHANG) == pid) {
       exited = true;
