@@ -1,4 +1,5 @@
-// meshtrain's command line: train, eval, sample, prepare, ckpt export/import, debug hang. Thin
+// meshtrain's command line: train, launch, eval, sample, prepare, ckpt export/import, debug
+// hang. Thin
 // glue over the library (train/, data/, ckpt/); any error becomes one line on stderr.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -14,6 +15,8 @@
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
 #include "meshtrain/ckpt/llmc.h"
+#include "meshtrain/cli/args.h"
+#include "meshtrain/cli/launch_command.h"
 #include "meshtrain/cli/plan_command.h"
 #include "meshtrain/comm/flight_dump.h"
 #include "meshtrain/cli/ranks.h"
@@ -28,32 +31,6 @@
 
 namespace meshtrain {
 namespace {
-
-// Signals a command-line usage problem (exit code 2).
-struct UsageError : Error {
-  using Error::Error;
-};
-
-// "--section.key value" and "--section.key=value" pairs left over by CLI11.
-ConfigOverrides parse_overrides(const std::vector<std::string>& args) {
-  ConfigOverrides overrides;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.rfind("--", 0) != 0 || arg.find('.') == std::string::npos) {
-      throw UsageError(fmt::format("train: unexpected argument '{}' (overrides are --section.key value)", arg));
-    }
-    std::string key = arg.substr(2), value;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key.resize(eq);
-    } else {
-      if (i + 1 >= args.size()) throw UsageError(fmt::format("train: {} needs a value", arg));
-      value = args[++i];
-    }
-    overrides.emplace_back(key, value);
-  }
-  return overrides;
-}
 
 struct TrainArgs {
   std::string config;
@@ -407,6 +384,10 @@ int main_impl(int argc, char** argv) {
   CLI::App* hang = debug->add_subcommand(
       "hang", "Read a hung run's flight records (out_dir/flight/<job>/) and say where it is stuck");
   hang->add_option("dir", hang_dir, "The run's out_dir, or a flight record directory")->required();
+  LaunchArgs launch_args;
+  CLI::App* launch = app.add_subcommand(
+      "launch", "Supervise a training job: relaunch it with --resume auto when it fails (docs/launch.md)");
+  add_launch_options(*launch, launch_args);
 
   PlanArgs plan_args;
   CLI::App* plan = app.add_subcommand(
@@ -429,6 +410,8 @@ int main_impl(int argc, char** argv) {
 
   if (train->parsed()) {
     return run_train(train_args, train->remaining());
+  } else if (launch->parsed()) {
+    return run_launch(launch_args);
   } else if (plan->parsed()) {
     return run_plan(plan_args);
   } else if (eval->parsed()) {

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdio>
 #include <ctime>
+#include <cstdlib>
 #include <memory>
 
 #include "meshtrain/backend/cpu/context.h"
@@ -17,6 +18,7 @@
 #include "meshtrain/comm/watchdog.h"
 #include "meshtrain/train/comm_deadlines.h"
 #include "meshtrain/train/generate.h"
+#include "meshtrain/train/preemption.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
 
@@ -72,6 +74,12 @@ std::unique_ptr<Watchdog> start_watchdog(RankJob& job, const TrainConfig& config
   options.world_size = job.env.world_size();
   return std::make_unique<Watchdog>(job.env.flight(), options,
                                     [&job](int code) { job.env.abort(code); });
+// MESHTRAIN_LAUNCH_ATTEMPT / MESHTRAIN_LAUNCH_TIME, set by `meshtrain launch`.
+void read_launch_env(TrainerOptions& options) {
+  if (const char* attempt = std::getenv("MESHTRAIN_LAUNCH_ATTEMPT")) {
+    options.launch_attempt = std::atoi(attempt);
+  }
+  if (const char* time = std::getenv("MESHTRAIN_LAUNCH_TIME")) options.launched_at = std::atof(time);
 }
 
 }  // namespace
@@ -79,6 +87,8 @@ std::unique_ptr<Watchdog> start_watchdog(RankJob& job, const TrainConfig& config
 int run_train_ranks(const std::string& config_path, const ConfigOverrides& overrides,
                     const TrainerOptions& base) {
   RankJob job;
+  // SIGTERM/SIGINT from here on: a checkpoint and exit 75 at the next step boundary.
+  PreemptionSignals signals;
   // Outlive the catch below: a failing rank reports while its pending
   // collectives still have their buffers (see comm/abort.h).
   std::unique_ptr<Watchdog> watchdog;
@@ -95,8 +105,10 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
     mesh = std::make_unique<DeviceMesh>(*job.world, config.parallel.tp, config.parallel.pp);
     TrainerOptions options = base;
     options.mesh = multi ? mesh.get() : nullptr;
+    read_launch_env(options);
     trainer = std::make_unique<Trainer>(config, options);
     trainer->add_hook(std::move(deadlines));
+    trainer->add_hook(std::make_unique<PreemptionHook>(*trainer, multi ? &mesh->world() : nullptr));
     trainer->run();
     return 0;
   } catch (const std::exception& e) {
