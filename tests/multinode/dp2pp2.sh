@@ -22,29 +22,8 @@ bed_mpirun 4 "$bin" "${args[@]}" --train.out_dir "$work/two_hosts" >"$work/two_h
 t1=$(date +%s.%N)
 grep -q "^parallel: dp 2 x tp 1 x pp 2 = 4 ranks" "$work/two_hosts.log" || { cat "$work/two_hosts.log"; fail "no parallel: line"; }
 echo "two-host run: $(echo "$t1 - $t0" | bc) s"
-python3 - "$work/one_host" "$work/two_hosts" <<'PY'
-import glob, json, os, sys
-one, two = sys.argv[1:]
-def trace(run):
-    out = {}
-    for path in sorted(glob.glob(f"{run}/metrics*.jsonl")):
-        rows = [json.loads(l) for l in open(path)]
-        out[os.path.basename(path)] = [(r["step"], r.get("loss"), r.get("grad_norm"), r.get("val_loss"))
-                                       for r in rows if "loss" in r or "val_loss" in r]
-    return out
-a, b = trace(one), trace(two)
-assert len(a) == 4 and a.keys() == b.keys(), (sorted(a), sorted(b))
-for name in a:
-    assert len([r for r in a[name] if r[1] is not None]) == 6, (name, a[name])
-    assert a[name] == b[name], (name, a[name], b[name])
-print("losses, gradient norms and validation losses equal the one-host run's on every rank")
-PY
-[ $? -eq 0 ] || fail "traces differ"
-for f in "$work"/one_host/step_6/rank_*.safetensors; do
-  cmp -s "$f" "$work/two_hosts/step_6/$(basename "$f")" || fail "$(basename "$f") differs from the one-host run's"
-done
-[ "$(ls "$work"/two_hosts/step_6/rank_*.safetensors | wc -l)" -eq 4 ] || fail "expected 4 shards"
-echo "final checkpoint shards equal the one-host run's byte for byte"
+python3 "$(dirname "$0")/../support/compare_runs.py" 4 6 "$work/one_host" "$work/two_hosts" ||
+  fail "the two-host run differs from the one-host run"
 # Nothing left on either host.
 for h in "$BED_A" "$BED_B"; do
   [ -z "$(bed_pids "$h")" ] || fail "processes left on $h: $(bed_pids "$h")"
