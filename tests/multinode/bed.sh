@@ -16,7 +16,8 @@
 # `ip netns` rights, without unshare or mpirun.
 #
 # Settings (environment): BED_TIMEOUT (bed_mpirun's limit, s; 120), BED_TCP_RETRIES2 (4),
-# BED_KEEPALIVE (s before Open MPI's daemons probe an idle link; 10): docs/cluster.md.
+# BED_KEEPALIVE (s before Open MPI's daemons probe an idle link; 10), BED_YIELD (Open MPI's
+# mpi_yield_when_idle; 1): docs/cluster.md.
 
 bed_skip() { echo "SKIP: $*"; exit 77; }
 bed_fail_setup() { echo "FAIL: test bed: $*"; exit 1; }
@@ -82,7 +83,7 @@ exec ip netns exec $BED_A unshare --uts /bin/sh -c 'hostname $BED_A && exec "\$@
   --mca btl_tcp_if_include $BED_SUBNET.0/24 --mca oob_tcp_if_include $BED_SUBNET.0/24 \\
   --mca oob_tcp_keepalive_time $keepalive --mca oob_tcp_keepalive_intvl 1 \\
   --mca oob_tcp_keepalive_probes 3 \\
-  --mca mpi_yield_when_idle 1 "\$@"
+  --mca mpi_yield_when_idle ${BED_YIELD:-1} "\$@"
 WRAPPER
   chmod +x "$work/rsh_agent" "$BED_MPIRUN"
   echo "bed: hosts $BED_A ($BED_SUBNET.1) and $BED_B ($BED_SUBNET.2)"
