@@ -57,13 +57,18 @@ args=(train --config "$inputs/good.toml" --parallel.pp 2 --train.threads 1 --tra
       --train.eval_interval 0)
 [ "$mode" != killed ] && args+=(--comm.timeout_s 2)
 
-if [ "$mode" = killed ]; then
+# A run without an end in the background (job), the link down in its 10th step or later (down).
+run_until_link_down() {
   bed_mpirun 4 "$bin" "${args[@]}" --train.steps 100000 --train.checkpoint_interval 0 \
     --train.out_dir "$work/run" > >(stamp >"$work/log") 2>&1 &
   job=$!
   wait_for 60 reached_step 10 "$work/log" || { cat "$work/log"; fail "the run did not reach step 10"; }
   bed_link down
   down=$(now)
+}
+
+if [ "$mode" = killed ]; then
+  run_until_link_down
   sleep 1
   mpirun_pid=$(bed_pids "$BED_A" mpirun)
   [ -n "$mpirun_pid" ] || fail "no mpirun on $BED_A"
@@ -76,12 +81,7 @@ if [ "$mode" = killed ]; then
 fi
 
 if [ "$mode" = watchdog ]; then
-  bed_mpirun 4 "$bin" "${args[@]}" --train.steps 100000 --train.checkpoint_interval 0 \
-    --train.out_dir "$work/run" > >(stamp >"$work/log") 2>&1 &
-  job=$!
-  wait_for 60 reached_step 10 "$work/log" || { cat "$work/log"; fail "the run did not reach step 10"; }
-  bed_link down
-  down=$(now)
+  run_until_link_down
   no_rank() { [ -z "$(bed_pids "$BED_A" meshtrain)$(bed_pids "$BED_B" meshtrain)" ]; }
   wait_for 60 no_rank
   ranks_gone=$(elapsed "$down")
