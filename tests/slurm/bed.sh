@@ -99,25 +99,34 @@ CONF
   echo "slurm: cluster mt$$ (node $node, ports $base-$((base + 2)), $cpus CPUs) in $SLURM_BED"
 }
 
-# pid and every process below it.
-slurm_tree() {
-  local child
-  echo "$1"
-  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do slurm_tree "$child"; done
+# slurm_job_pids [NAME]: the bed's job steps and tasks (slurmstepd daemonizes, so they are
+# not below slurmd): processes with this bed's SLURM_CONF in their environment that are a
+# slurmstepd or carry a SLURM_JOB_ID; with NAME, only those whose process name is NAME.
+slurm_job_pids() {
+  local dir pid env comm
+  for dir in /proc/[0-9]*; do
+    pid=${dir#/proc/}
+    [ "$pid" = "$$" ] && continue
+    env=$(tr '\0' '\n' 2>/dev/null <"$dir/environ") || continue
+    grep -qxF "SLURM_CONF=$SLURM_CONF" <<<"$env" || continue
+    comm=$(cat "$dir/comm" 2>/dev/null)
+    [ "$comm" = slurmstepd ] || grep -q "^SLURM_JOB_ID=" <<<"$env" || continue
+    [ -z "${1:-}" ] || [ "$comm" = "$1" ] && echo "$pid"
+  done
 }
 
-# Every exit path: cancel what is left, stop the daemons (slurmd first, with the job
-# steps it started), then munged.
+# Every exit path: cancel what is left, kill the job steps still there, stop the daemons
+# (slurmd first), then munged.
 slurm_down() {
   local rc=$?
   if [ -n "${SLURM_BED_PIDS:-}" ]; then
     scancel --full --quiet "--clusters=mt$$" 2>/dev/null || scancel --full --quiet -u root 2>/dev/null
     local i pid left
+    left=$(slurm_job_pids)
+    [ -n "$left" ] && kill -9 $left 2>/dev/null
     for ((i = ${#SLURM_BED_PIDS[@]} - 1; i >= 0; i--)); do
       pid=${SLURM_BED_PIDS[i]}
-      left=$(slurm_tree "$pid" | tail -n +2)
       kill "$pid" 2>/dev/null && { timeout 10 tail --pid="$pid" -f /dev/null || kill -9 "$pid" 2>/dev/null; }
-      [ -n "$left" ] && kill -9 $left 2>/dev/null
     done
     SLURM_BED_PIDS=()
   fi
