@@ -8,10 +8,11 @@
 #             the link going down, the job exits non-zero, flight records are in out_dir/flight
 #             and `meshtrain debug hang` gives a diagnosis; nothing is left on either host.
 #             Skipped (77) while `comm.timeout_s` is not a config key.
-#   launch    under `meshtrain launch`: the link goes down after the first checkpoint and comes
-#             back when the first attempt has ended; launch relaunches with --resume auto and the
-#             run finishes equal to the uninterrupted run bit for bit. Skipped (77) without
-#             `meshtrain launch` or `comm.timeout_s`.
+#   launch    under `meshtrain launch`: the link goes down in a step after the first checkpoint
+#             and comes back when the first attempt has ended (by the watchdog: kind timeout);
+#             launch relaunches with --resume auto and the run finishes equal to the
+#             uninterrupted run bit for bit. Skipped (77) without `meshtrain launch` or
+#             `comm.timeout_s`.
 # usage: link_down.sh MODE MESHTRAIN CLI_WORK_DIR (the CLI tests' inputs)
 set -uo pipefail
 here=$(dirname "$(readlink -f "$0")")
