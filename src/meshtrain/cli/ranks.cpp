@@ -7,8 +7,8 @@
 #include <array>
 #include <charconv>
 #include <cstdio>
-#include <ctime>
 #include <cstdlib>
+#include <ctime>
 #include <memory>
 
 #include "meshtrain/backend/cpu/context.h"
@@ -74,6 +74,8 @@ std::unique_ptr<Watchdog> start_watchdog(RankJob& job, const TrainConfig& config
   options.world_size = job.env.world_size();
   return std::make_unique<Watchdog>(job.env.flight(), options,
                                     [&job](int code) { job.env.abort(code); });
+}
+
 // MESHTRAIN_LAUNCH_ATTEMPT / MESHTRAIN_LAUNCH_TIME, set by `meshtrain launch`.
 void read_launch_env(TrainerOptions& options) {
   if (const char* attempt = std::getenv("MESHTRAIN_LAUNCH_ATTEMPT")) {
