@@ -15,6 +15,7 @@ PACKAGES=(
   python3-pip ca-certificates
   bible-kjv bc
   iproute2 munge slurmctld slurmd slurm-client
+  chromium fonts-dejavu-core
 )
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 # One dpkg-query for all of them: this runs on every test and main-job run.
