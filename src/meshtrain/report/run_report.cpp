@@ -50,6 +50,10 @@ std::string fmt_num(const json& v, const char* spec = "{:.3g}") {
   return v.is_number() ? fmt::format(fmt::runtime(spec), v.get<double>()) : "–";
 }
 
+std::string percent(const json& v) {
+  return v.is_number() ? fmt::format("{:.1f}%", v.get<double>() * 100) : "–";
+}
+
 std::string section(const std::string& id, const std::string& title, const std::string& body) {
   return fmt::format("<section id=\"sec-{}\"><h2>{}</h2>{}</section>\n", id, escape_html(title), body);
 }
@@ -90,7 +94,7 @@ std::string comm_section(const json& s) {
     rows += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                         c["rank"].get<int>(), fmt_num(c["step_ms"], "{:.1f}"),
                         fmt_num(c["comm_ms"], "{:.1f}"), fmt_num(c["exposed_comm_ms"], "{:.1f}"),
-                        fmt_num(c["comm_share"], "{:.1%}"), fmt_num(c["exposed_share"], "{:.1%}"));
+                        percent(c["comm_share"]), percent(c["exposed_share"]));
   }
   return bar_chart("comm", "communication share of the step per rank", "% of step",
                    {"communication", "exposed"}, {kBlue, kRed}, groups) +

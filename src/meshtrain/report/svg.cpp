@@ -10,7 +10,7 @@ namespace meshtrain::report {
 namespace {
 
 constexpr double kWidth = 560, kHeight = 260;
-constexpr double kLeft = 64, kRight = 16, kTop = 28, kBottom = 40;
+constexpr double kLeft = 64, kRight = 16, kTop = 40, kBottom = 40;
 
 struct Range {
   double lo = std::numeric_limits<double>::infinity();
@@ -73,8 +73,8 @@ std::string legend(const std::vector<std::pair<std::string, std::string>>& entri
   for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
     x -= 14 + 6.5 * static_cast<double>(it->first.size());
     out += fmt::format(
-        "<rect x=\"{0:.1f}\" y=\"8\" width=\"10\" height=\"10\" fill=\"{1}\"/>"
-        "<text x=\"{2:.1f}\" y=\"17\" font-size=\"10\">{3}</text>",
+        "<rect x=\"{0:.1f}\" y=\"23\" width=\"10\" height=\"10\" fill=\"{1}\"/>"
+        "<text x=\"{2:.1f}\" y=\"32\" font-size=\"10\">{3}</text>",
         x, it->second, x + 12, escape_html(it->first));
   }
   return out;
@@ -183,6 +183,7 @@ std::string bar_chart(const std::string& id, const std::string& title,
   }
   y.settle();
   y.lo = std::min(y.lo, 0.0);
+  y.hi += 0.08 * (y.hi - y.lo);  // room above the tallest bar
   const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
   auto sy = [&](double v) { return kTop + plot_h * (1 - (v - y.lo) / (y.hi - y.lo)); };
   std::string out = svg_open(id, "bar", title) + axes(Range{0, 1}, y, y_label, false);
