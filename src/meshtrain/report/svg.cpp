@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 
@@ -92,8 +93,10 @@ std::vector<double> nice_ticks(double lo, double hi, int count) {
     step = m * mag;
     if (step >= raw) break;
   }
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) {
-    ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
+  // k × step, rounded to the step's decimals (0.3, not 0.30000000000000004).
+  const double scale = std::pow(10.0, std::max(0.0, -std::floor(std::log10(step))));
+  for (auto k = static_cast<int64_t>(std::ceil(lo / step)); k * step <= hi + step * 1e-9; ++k) {
+    ticks.push_back(std::round(static_cast<double>(k) * step * scale) / scale + 0.0);
   }
   return ticks;
 }
