@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `meshtrain report` on real runs of the CLI tests' byte corpus: one rank, and
+# `meshtrain report` on real runs of the CLI tests' byte corpus: one rank (resumed once), and
 # dp 2 x pp 2 on 4 ranks (checkpoints and validation inside the window). The
 # report.json has every rank's memory, both stages' bubble, every rank's
 # communication; the report.html passes the browser check (headless Chromium,
@@ -18,6 +18,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 args=(train --config "$work/good.toml" --train.steps 6 --train.checkpoint_interval 3
       --train.eval_interval 3 --train.log_interval 1 --train.threads 1)
 "$bin" "${args[@]}" --train.out_dir "$out/single" >"$out/single.log" 2>&1 || { cat "$out/single.log"; fail "single run"; }
+# Resumed from step 3: steps 4-6 written twice; the report keeps the later records.
+"$bin" "${args[@]}" --train.out_dir "$out/single" --resume "$out/single/step_3" >"$out/resumed.log" 2>&1 ||
+  { cat "$out/resumed.log"; fail "resumed run"; }
 "${mpirun[@]}" 4 "$bin" "${args[@]}" --parallel.pp 2 --train.out_dir "$out/dp2pp2" >"$out/dp2pp2.log" 2>&1 ||
   { cat "$out/dp2pp2.log"; fail "dp 2 x pp 2 run"; }
 for run in single dp2pp2; do
@@ -43,6 +46,10 @@ for s in (single, pp):
 # The metrics' own numbers, unchanged: rank 0's losses.
 rows = [json.loads(l) for l in open(f"{out}/dp2pp2/metrics.jsonl")]
 assert pp["steps"]["loss"] == [r["loss"] for r in rows if "loss" in r]
+assert [e["step"] for e in single["events"]["resume"]] == [3], single["events"]
+rows = [json.loads(l) for l in open(f"{out}/single/metrics.jsonl")]
+later = {r["step"]: r["loss"] for r in rows if "loss" in r}
+assert sum("loss" in r for r in rows) == 9 and single["steps"]["loss"] == [later[s] for s in range(1, 7)]
 assert single["pipeline"] is None and single["comm"] is None and single["ranks"] == 1
 assert pp["ranks"] == 4 and pp["layout"]["describe"].startswith("dp 2 x tp 1 x pp 2")
 # Both stages' bubble (measured > 0, theory (p - 1) / m = 1 at one micro-batch per rank).
