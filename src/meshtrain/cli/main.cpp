@@ -1,5 +1,5 @@
 // meshtrain's command line: train, launch, eval, sample, prepare, ckpt export/import, debug
-// hang. Thin
+// hang, report. Thin
 // glue over the library (train/, data/, ckpt/); any error becomes one line on stderr.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -23,6 +23,7 @@
 #include "meshtrain/data/bpe_tokenizer.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/report/run_report.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/generate.h"
@@ -389,6 +390,12 @@ int main_impl(int argc, char** argv) {
       "launch", "Supervise a training job: relaunch it with --resume auto when it fails (docs/launch.md)");
   add_launch_options(*launch, launch_args);
 
+  std::string report_dir, report_out;
+  CLI::App* report = app.add_subcommand(
+      "report", "Write a run's report.html (self-contained: inline SVG) and report.json (docs/report.md)");
+  report->add_option("run_dir", report_dir, "The run's out_dir")->required();
+  report->add_option("--out", report_out, "The HTML file (default RUN_DIR/report.html; report.json beside it)");
+
   PlanArgs plan_args;
   CLI::App* plan = app.add_subcommand(
       "plan", "Memory, parallelism layout, time and cost of a training run on GPUs (docs/plan.md)");
@@ -435,6 +442,9 @@ int main_impl(int argc, char** argv) {
     std::fflush(stdout);
     // A failed check is an error: one line naming the (first) bad file, exit 1.
     if (failed > 0) dist_ckpt::verify_checkpoint(inspect_args.checkpoint);
+  } else if (report->parsed()) {
+    const report::ReportFiles files = report::write_report(report_dir, report_out);
+    fmt::print("report: {}\nsummary: {}\n", files.html, files.json);
   } else if (hang->parsed()) {
     const std::string dir = find_flight_dir(hang_dir);
     fmt::print("{}", format_hang_report(diagnose_hang(read_flight_dumps(dir)), dir));

@@ -22,6 +22,7 @@
 
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/progress.h"
 #include "meshtrain/util/rng.h"
 
 namespace meshtrain {
@@ -119,12 +120,6 @@ std::vector<bool> choose_validation(int64_t documents, double fraction, uint64_t
   return is_val;
 }
 
-std::string format_duration(double seconds) {
-  auto s = static_cast<int64_t>(seconds + 0.5);
-  if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
-  return fmt::format("{}:{:02}", s / 60, s % 60);
-}
-
 std::string with_commas(int64_t v) {
   std::string digits = std::to_string(v), out;
   for (size_t i = 0; i < digits.size(); ++i) {
@@ -134,51 +129,38 @@ std::string with_commas(int64_t v) {
   return out;
 }
 
-// A bar redrawn in place on a terminal; plain lines every few seconds otherwise.
+// The bar (util/progress.h) on a terminal; plain lines every 10 s otherwise.
 class Progress {
  public:
   Progress(std::FILE* out, const std::string& mode, int64_t total_bytes)
-      : out_(out), total_(total_bytes), start_(Clock::now()), last_(start_) {
-    MESHTRAIN_CHECK(mode == "auto" || mode == "bar" || mode == "lines" || mode == "none",
-                    "prepare: progress '{}' is not one of auto, bar, lines, none", mode);
-    if (out_ == nullptr || mode == "none") {
-      out_ = nullptr;
-    } else {
-      bar_ = mode == "bar" || (mode == "auto" && ::isatty(::fileno(out_)));
-    }
-  }
+      : bar_(out, mode, "prepare", "prepare"), out_(out), total_(total_bytes),
+        start_(Clock::now()), last_(start_) {}
 
   void update(int64_t bytes, int64_t tokens, bool done = false) {
-    if (out_ == nullptr) return;
+    if (!bar_.enabled()) return;
     auto now = Clock::now();
-    double since_last = std::chrono::duration<double>(now - last_).count();
-    if (!done && since_last < (bar_ ? 0.2 : 10.0)) return;
-    last_ = now;
     double elapsed = std::chrono::duration<double>(now - start_).count();
     double rate = elapsed > 0 ? static_cast<double>(bytes) / elapsed : 0;
     double frac = total_ > 0 ? static_cast<double>(bytes) / static_cast<double>(total_) : 1.0;
-    std::string eta =
-        rate > 0 ? format_duration(static_cast<double>(total_ - bytes) / rate) : "?";
-    if (bar_) {
-      constexpr int kWidth = 30;
-      int filled = static_cast<int>(frac * kWidth);
-      std::fprintf(out_, "\rprepare [%s%s] %5.1f%%  %7.2f MB/s  %s tokens  ETA %s   ",
-                   std::string(static_cast<size_t>(filled), '#').c_str(),
-                   std::string(static_cast<size_t>(kWidth - filled), '.').c_str(), 100 * frac,
-                   rate / 1e6, with_commas(tokens).c_str(), eta.c_str());
-      if (done) std::fputc('\n', out_);
-    } else if (!done) {
-      std::fprintf(out_, "prepare: %.1f%% (%.1f of %.1f MB), %.2f MB/s, %s tokens, ETA %s\n",
-                   100 * frac, static_cast<double>(bytes) / 1e6, static_cast<double>(total_) / 1e6,
-                   rate / 1e6, with_commas(tokens).c_str(), eta.c_str());
+    std::string eta = eta_text(static_cast<double>(bytes), static_cast<double>(total_), elapsed);
+    if (bar_.bar()) {
+      bar_.draw(frac, fmt::format("{:5.1f}%  {:7.2f} MB/s  {} tokens  ETA {}", 100 * frac,
+                                  rate / 1e6, with_commas(tokens), eta),
+                done);
+      return;
     }
+    if (done || std::chrono::duration<double>(now - last_).count() < 10.0) return;
+    last_ = now;
+    std::fprintf(out_, "prepare: %.1f%% (%.1f of %.1f MB), %.2f MB/s, %s tokens, ETA %s\n",
+                 100 * frac, static_cast<double>(bytes) / 1e6, static_cast<double>(total_) / 1e6,
+                 rate / 1e6, with_commas(tokens).c_str(), eta.c_str());
     std::fflush(out_);
   }
 
  private:
+  ProgressBar bar_;
   std::FILE* out_;
   int64_t total_;
-  bool bar_ = false;
   Clock::time_point start_, last_;
 };
 

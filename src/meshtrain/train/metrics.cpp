@@ -42,7 +42,11 @@ void drop_partial_line(const std::string& path) {
 
 MetricsLog::MetricsLog(std::string path, bool append, const TrainSettings& train, bool console,
                        bool show_comm)
-    : path_(std::move(path)), train_(train), console_(console), show_comm_(show_comm) {
+    : path_(std::move(path)),
+      train_(train),
+      console_(console),
+      show_comm_(show_comm),
+      progress_(console ? stdout : nullptr, "auto", "train", "train") {
   if (append) drop_partial_line(path_);
   out_.open(path_, append ? std::ios::app : std::ios::trunc);
   MESHTRAIN_CHECK(out_.good(), "cannot write metrics file '{}'", path_);
@@ -86,6 +90,10 @@ void MetricsLog::on_step(const StepRecord& r) {
     record["pp_in_flight"] = r.pp_in_flight;
   }
   write(record);
+  if (console_ && progress_.bar()) {
+    draw_progress(r);
+    return;
+  }
   if (console_ && (r.step % train_.log_interval == 0 || r.step == 1 || r.step == train_.steps)) {
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
                "MFU {:.1f}% | {:.1f} ms{}{}{}\n",
@@ -101,19 +109,37 @@ void MetricsLog::on_step(const StepRecord& r) {
   }
 }
 
+void MetricsLog::draw_progress(const StepRecord& r) {
+  const auto now = std::chrono::steady_clock::now();
+  if (first_step_ < 0) {
+    first_step_ = r.step;
+    first_end_ = now;
+  }
+  const int64_t left = train_.steps - r.step;
+  const double per_step_s =
+      r.step > first_step_
+          ? std::chrono::duration<double>(now - first_end_).count() /
+                static_cast<double>(r.step - first_step_)
+          : r.step_ms / 1e3;
+  progress_.draw(static_cast<double>(r.step) / static_cast<double>(train_.steps),
+                 fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | ETA {}{}", r.step,
+                             train_.steps, r.loss, r.tokens_per_s,
+                             format_duration(per_step_s * static_cast<double>(left)),
+                             r.skipped ? " | skipped" : ""),
+                 r.step == train_.steps);
+}
+
 void MetricsLog::on_eval(int64_t step, double val_loss) {
   write({{"step", step}, {"val_loss", json_number(val_loss)}});
   if (console_) {
-    fmt::print("step {:>5}/{} | val_loss {:.4f}\n", step, train_.steps, val_loss);
-    std::fflush(stdout);
+    progress_.line(fmt::format("step {:>5}/{} | val_loss {:.4f}", step, train_.steps, val_loss));
   }
 }
 
 void MetricsLog::on_checkpoint(int64_t step, const std::string& dir) {
   write({{"step", step}, {"checkpoint", dir}});
   if (console_) {
-    fmt::print("checkpoint: {}\n", dir);
-    std::fflush(stdout);
+    progress_.line(fmt::format("checkpoint: {}", dir));
   }
 }
 

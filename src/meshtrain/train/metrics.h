@@ -1,14 +1,18 @@
 // The run's metrics file (metrics.jsonl on rank 0, metrics.rank<R>.jsonl on
-// the others) and console lines, as a step hook. Every write is checked: a
+// the others) and the console, as a step hook: on a terminal a progress bar
+// (steps, tokens/s, loss, ETA) redrawn in place, otherwise a line every
+// log_interval steps. Every write is checked: a
 // failed one (a full disk) ends the run with the file named.
 #pragma once
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/step.h"
+#include "meshtrain/util/progress.h"
 
 namespace meshtrain {
 
@@ -25,10 +29,15 @@ class MetricsLog final : public StepHook {
   const std::string& path() const { return path_; }
 
  private:
+  void draw_progress(const StepRecord& r);
+
   std::string path_;
   std::ofstream out_;
   const TrainSettings& train_;
   bool console_, show_comm_;
+  ProgressBar progress_;
+  int64_t first_step_ = -1;  // this process's first step and when it ended: the ETA's rate
+  std::chrono::steady_clock::time_point first_end_{};
 };
 
 // A run killed while writing leaves a partial last line: cut it off, so the
