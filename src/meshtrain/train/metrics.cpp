@@ -37,6 +37,7 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"data_ms", r.data_ms},
                         {"comm_ms", r.comm_ms},
                         {"exposed_comm_ms", r.exposed_comm_ms},
+                        {"optimizer_ms", r.optimizer_ms},
                         {"comm_bytes", r.comm_bytes},
                         {"tp_comm_bytes", r.tp_comm_bytes},
                         {"skipped", r.skipped},
@@ -58,6 +59,20 @@ void MetricsLog::on_step(const StepRecord& r) {
     record["pp_in_flight"] = r.pp_in_flight;
   }
   write(record);
+  if (r.rolled_back) {
+    write({{"step", r.step},
+           {"event", "rollback"},
+           {"from_step", r.step},
+           {"to_step", r.rollback_to_step},
+           {"skipped_batches", r.rollback_skipped_batches},
+           {"checkpoint", r.rollback_checkpoint},
+           {"reason", r.rollback_reason}});
+    if (console_) {
+      fmt::print("step {:>5}/{} | rollback to step {} ({}): {}; the data skips {} batches\n",
+                 r.step, train_.steps, r.rollback_to_step, r.rollback_checkpoint,
+                 r.rollback_reason, r.rollback_skipped_batches);
+    }
+  }
   if (console_ && (r.step % train_.log_interval == 0 || r.step == 1 || r.step == train_.steps)) {
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
                "MFU {:.1f}% | {:.1f} ms{}{}{}\n",
