@@ -4,7 +4,6 @@
 // NaN step is skipped and training continues, no checkpoint to roll back to
 // ends the run as diverged, and a rollback continues exactly like a run
 // resumed from that checkpoint with the data position advanced.
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,14 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include <xxhash.h>
 
-#include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/train/stragglers.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/train/update_gate.h"
 #include "meshtrain/util/error.h"
+#include "support/checkpoint_edit.h"
 #include "support/scratch.h"
 #include "support/trainer_run.h"
 
@@ -245,7 +243,7 @@ TEST_F(GuardRun, WithoutACheckpointARollbackEndsTheRunAsDiverged) {
 // The documented state: a rollback at step R to the checkpoint of step C
 // continues like a run resumed from that checkpoint whose data position is
 // moved to batch R + 1 + guard.rollback_skip_batches.
-void expect_rollback_like_advanced_resume(GuardRun& t, const TrainConfig& rolled,
+void expect_rollback_like_advanced_resume(const TrainConfig& rolled,
                                           const testing::TrainerRun& a, int64_t from,
                                           int64_t to, int64_t skip, const fs::path& dir) {
   ASSERT_EQ(a.records.size(), static_cast<size_t>(10 + from - to));
@@ -260,15 +258,9 @@ void expect_rollback_like_advanced_resume(GuardRun& t, const TrainConfig& rolled
   fs::create_directories(b_dir);
   fs::copy(fs::path(rolled.train.out_dir) / step_dir_name(to), b_dir / step_dir_name(to),
            fs::copy_options::recursive);
-  const fs::path manifest = b_dir / step_dir_name(to) / dist_ckpt::kManifestFile;
-  nlohmann::json m;
-  std::ifstream(manifest) >> m;
-  m["meta"]["sampler"]["index"] = (from + skip) * rolled.train.batch_size;  // within epoch 0
-  // The manifest's own checksum (ckpt/dist_manifest.cpp): XXH3 of the rest.
-  m.erase("manifest_xxh3");
-  const std::string text = m.dump();
-  m["manifest_xxh3"] = fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
-  std::ofstream(manifest) << m.dump();
+  // Batch from + skip + 1, within epoch 0.
+  testing::set_checkpoint_data_position((b_dir / step_dir_name(to)).string(), 0,
+                                        (from + skip) * rolled.train.batch_size);
   TrainConfig b_config = rolled;
   b_config.train.out_dir = b_dir.string();
   const testing::TrainerRun b =
@@ -290,7 +282,7 @@ TEST_F(GuardRun, ASpikeUnderPolicyRollbackReloadsTheCheckpointAndSkipsTheWindow)
   const testing::TrainerRun a = testing::run_trainer(c);
   ::unsetenv("MESHTRAIN_INJECT_SPIKE");
   EXPECT_EQ(a.records[6].skip_reason, "gradient-norm spike");
-  expect_rollback_like_advanced_resume(*this, c, a, 7, 4, 2, dir_);
+  expect_rollback_like_advanced_resume(c, a, 7, 4, 2, dir_);
   const std::vector<nlohmann::json> rollbacks = events("spike", "rollback");
   ASSERT_EQ(rollbacks.size(), 1u);
   EXPECT_EQ(rollbacks[0]["from_step"], 7);
@@ -317,7 +309,7 @@ TEST_F(GuardRun, MaxSkipsInARowRollBack) {
   ::unsetenv("MESHTRAIN_INJECT_NAN");
   EXPECT_TRUE(a.records[5].skipped);
   EXPECT_FALSE(a.records[5].rolled_back);
-  expect_rollback_like_advanced_resume(*this, c, a, 7, 4, 0, dir_);
+  expect_rollback_like_advanced_resume(c, a, 7, 4, 0, dir_);
 }
 
 }  // namespace

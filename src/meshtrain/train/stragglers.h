@@ -57,9 +57,10 @@ class StragglerHook final : public StepHook {
   int64_t steps_ = 0;
 };
 
-// Test hook MESHTRAIN_SLOW_RANK=<rank>:<ms>[:<phase>] (phase "data", the
-// default: each micro-batch's loading; "compute": each step's; "optimizer":
-// each update's): the milliseconds world rank `world_rank` sleeps there.
+// Test hook MESHTRAIN_SLOW_RANK=<rank>:<ms>[:<phase>]: the milliseconds world
+// rank `world_rank` sleeps in phase "data" (the default: each micro-batch's
+// loading), "compute" (each step's, before its forward and backward) or
+// "optimizer" (each update).
 struct SlowRankDelays {
   double data_ms = 0, compute_ms = 0, optimizer_ms = 0;
 };

@@ -316,9 +316,9 @@ StepRecord Trainer::train_step() {
   const double loss_scale = gates_->loss_scale();
   const int64_t batch = next_batch_number();
   dp_->begin_step();
+  sleep_ms(slow_.compute_ms);  // before the gradients: its peers wait for them in the sync
   double loss_sum =
       runner_->run(*loader_, *dp_, static_cast<float>(grad_scale * loss_scale), r);
-  sleep_ms(slow_.compute_ms);
   dp_->finish_gradient_sync();
   inject_grad_fault(*model_, batch, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
