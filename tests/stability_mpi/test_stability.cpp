@@ -1,7 +1,7 @@
 // The stability guard and straggler detection under mpirun (fp32: the guard
 // is the only gate). A NaN in ONE rank's gradients (after the gradient sync,
 // so no collective carries it to its peers) skips the step on every rank —
-// dp, tp 2 and pp 2 — and the weights equal the run stopped before it; a
+// dp, tp 2, pp 2, ZeRO 1 and 3 — and the weights equal the run stopped before it; a
 // gradient spike on one rank under policy rollback rolls every rank back and
 // the run then equals one resumed from that checkpoint with the data moved
 // past the window; no checkpoint ends every rank as diverged (no hang). A rank
@@ -110,6 +110,24 @@ TEST_F(StabilityMesh, NanOnOneRankIsSkippedOnEveryRank) {
     EXPECT_EQ(hit.records[2].skip_reason, "non-finite loss or gradient norm");
     EXPECT_EQ(hit.records[2].skipped_steps, 1);
     // Gathered over the mesh: no rank applied step 3.
+    EXPECT_EQ(hit.weights, ref.weights) << "rank " << world_->rank();
+  }
+}
+
+// ZeRO's gradients are shards: the fault goes into the rank's shards.
+TEST_F(StabilityMesh, NanInOneRanksZeroShardsIsSkippedOnEveryRank) {
+  if (world_->size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  DeviceMesh mesh(*world_, 1, 1);
+  for (const char* zero : {"1", "3"}) {
+    SCOPED_TRACE(std::string("zero ") + zero);
+    ::setenv("MESHTRAIN_INJECT_NAN", fmt::format("3@{}", world_->size() - 1).c_str(), 1);
+    const testing::TrainerRun hit = testing::run_trainer(
+        config(std::string("zhit") + zero, {{"train.steps", "3"}, {"parallel.zero", zero}}), &mesh);
+    ::unsetenv("MESHTRAIN_INJECT_NAN");
+    const testing::TrainerRun ref = testing::run_trainer(
+        config(std::string("zref") + zero, {{"train.steps", "2"}, {"parallel.zero", zero}}), &mesh);
+    ASSERT_EQ(hit.records.size(), 3u);
+    EXPECT_TRUE(hit.records[2].skipped) << "rank " << world_->rank();
     EXPECT_EQ(hit.weights, ref.weights) << "rank " << world_->rank();
   }
 }

@@ -38,6 +38,7 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"comm_ms", r.comm_ms},
                         {"exposed_comm_ms", r.exposed_comm_ms},
                         {"optimizer_ms", r.optimizer_ms},
+                        {"gates_ms", r.gates_ms},
                         {"comm_bytes", r.comm_bytes},
                         {"tp_comm_bytes", r.tp_comm_bytes},
                         {"skipped", r.skipped},

@@ -33,6 +33,7 @@ struct StepRecord {
   double comm_ms = 0;          // data parallel: the gradient collectives' busy time
   double exposed_comm_ms = 0;  // of step_ms, waiting for them after backward
   double optimizer_ms = 0;     // of step_ms, the optimizer step (0 when skipped)
+  double gates_ms = 0;         // of step_ms, the update gates' votes and their one collective
   uint64_t comm_bytes = 0;     // bytes of the step's collectives (CallRecord::bytes)
   // Pipeline (pp > 1), this rank: time computing, waiting for a peer's
   // activation or gradient, and in the whole schedule; the measured bubble

@@ -195,6 +195,7 @@ void Trainer::roll_back(const RollbackRequest& request, StepRecord& r) {
   SamplerPosition data = loader_->position();
   for (int64_t i = 0; i < request.skip_batches; ++i) data = loader_->order().next_batch(data);
   const TrainState saved = read_train_state(dir);
+  dp_->quiesce();  // ZeRO 3: nothing gathered while the shards are overwritten
   checkpointer_->load(dir);
   dp_->set_step_count(saved.optimizer_step);
   gates_->load_state(saved.update_gates, dir);
@@ -320,13 +321,17 @@ StepRecord Trainer::train_step() {
   double loss_sum =
       runner_->run(*loader_, *dp_, static_cast<float>(grad_scale * loss_scale), r);
   dp_->finish_gradient_sync();
-  inject_grad_fault(*model_, batch, options_.mesh != nullptr ? options_.mesh->rank() : 0);
+  inject_grad_fault(*dp_, batch, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
   // Each element counted once across tp, stages and shards.
   r.grad_norm = dp_->grad_norm(runner_->stages()) / loss_scale;
   // Every rank takes the same decision (one collective over the world).
+  const auto gates_start = std::chrono::steady_clock::now();
   const GateDecision decision = gates_->decide({r.step, r.loss, r.grad_norm});
+  r.gates_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - gates_start)
+          .count();
   gates_->fill(decision, loss_scale, r);
   r.lr = schedule_.at(step_);
   if (decision.apply) {

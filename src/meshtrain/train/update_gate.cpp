@@ -286,38 +286,28 @@ bool fault_here(const char* var, int64_t batch, int world_rank) {
 
 }  // namespace
 
-void inject_grad_fault(Model& model, int64_t batch, int world_rank) {
+void inject_grad_fault(DataParallel& dp, int64_t batch, int world_rank) {
   float value = 0;
   bool scale = false;
-  const char* var = nullptr;
   if (fault_here("MESHTRAIN_INJECT_INF", batch, world_rank)) {
-    var = "MESHTRAIN_INJECT_INF";
     value = std::numeric_limits<float>::infinity();
   } else if (fault_here("MESHTRAIN_INJECT_NAN", batch, world_rank)) {
-    var = "MESHTRAIN_INJECT_NAN";
     value = std::numeric_limits<float>::quiet_NaN();
   } else if (fault_here("MESHTRAIN_INJECT_SPIKE", batch, world_rank)) {
-    var = "MESHTRAIN_INJECT_SPIKE";
     scale = true;
   } else {
     return;
   }
-  // Every local gradient: whichever of them this rank's norm counts (tp
-  // slices, a stage's own layers, not a tied replica) holds the fault.
-  bool any = false;
-  for (Parameter& p : model.params()) {
-    if (!p.grad.defined()) continue;
-    float* g = p.grad.data<float>();
+  // Every local gradient (or shard): whichever of them this rank's norm
+  // counts (tp slices, a stage's own layers, not a tied replica) holds the fault.
+  for (std::span<float> g : dp.local_gradients()) {
+    if (g.empty()) continue;
     if (scale) {
-      for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] *= 1000.0f;
+      for (float& v : g) v *= 1000.0f;
     } else {
       g[0] = value;
     }
-    any = true;
   }
-  if (any) return;
-  fail("{}: rank {} holds no local parameter gradient at batch {} (ZeRO shards them)", var,
-       world_rank, batch);
 }
 
 }  // namespace meshtrain

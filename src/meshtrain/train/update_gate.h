@@ -31,6 +31,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/data_parallel.h"
 #include "meshtrain/train/step.h"
 
 namespace meshtrain {
@@ -189,8 +190,8 @@ std::unique_ptr<UpdateGates> make_update_gates(const TrainConfig& config, Commun
 //   MESHTRAIN_INJECT_INF    +inf into the first element
 //   MESHTRAIN_INJECT_NAN    NaN into the first element
 //   MESHTRAIN_INJECT_SPIKE  every element x 1000 (a gradient-norm spike)
-// Replicated parameters (dp 1, DDP, tp, pp); ZeRO holds no local gradient
-// views there (error).
-void inject_grad_fault(Model& model, int64_t batch, int world_rank);
+// The gradients are DataParallel::local_gradients(): the replicated model's
+// (dp 1, DDP, tp, pp) or ZeRO's shards (the first element of each shard).
+void inject_grad_fault(DataParallel& dp, int64_t batch, int world_rank);
 
 }  // namespace meshtrain
