@@ -89,6 +89,7 @@ StragglerHook::StragglerHook(Communicator& world, MetricsLog& metrics, int64_t i
 void StragglerHook::on_step(const StepRecord& record) {
   mine_.add(record);
   if (++steps_ < interval_) return;
+  const auto start = std::chrono::steady_clock::now();
   // Each rank fills its row; a sum over the world assembles the table.
   const int n = world_.size();
   std::vector<double> table(static_cast<size_t>(n) * kFields, 0.0);
@@ -119,9 +120,12 @@ void StragglerHook::on_step(const StepRecord& record) {
     lines.push_back(fmt::format("rank {} +{:.0f}% ({} +{:.1f} ms/step)", s.rank, s.excess * 100,
                                 s.phase, per_step));
   }
+  const double report_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   metrics_.write({{"step", record.step},
                   {"event", "stragglers"},
                   {"steps", steps_},
+                  {"report_ms", report_ms},
                   {"threshold", threshold_},
                   {"ranks", all},
                   {"slow", named}});
