@@ -21,6 +21,11 @@ add_test(NAME cli.full_disk COMMAND bash ${cli_dir}/full_disk.sh ${cli_bin} ${cl
 set_tests_properties(cli.full_disk PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 300
                      SKIP_RETURN_CODE 77)
 
+# A cgroup v1 memory limit the run would exceed: refused at start; skipped without the rights.
+add_test(NAME cli.cgroup_memory_limit COMMAND bash ${cli_dir}/cgroup_limit.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.cgroup_memory_limit PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
+                     SKIP_RETURN_CODE 77)
+
 # meshtrain_cli_case(name exit_code regex [FIXTURE f] ARGS args...)
 function(meshtrain_cli_case name rc regex)
   cmake_parse_arguments(C "" "FIXTURE" "ARGS" ${ARGN})

@@ -3,7 +3,9 @@
 // gradient-norm trace and the final weights of recompute = "none" on the
 // same layout, bit for bit: one rank, dp 2 ZeRO-3, tp 2 + sequence parallel,
 // pp 2 1F1B, pp 2 interleaved (2 chunks a rank) and (8 ranks) dp 2 x tp 2 x
-// pp 2, for Llama with grouped-query attention and GPT-2.
+// pp 2, for Llama with grouped-query attention and GPT-2. Every run's tracker
+// peaks per category and rank match its prediction (train/memory_plan.h;
+// tests/support/memory_expect.h says how close).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +15,7 @@
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
+#include "support/memory_expect.h"
 #include "support/scratch.h"
 #include "support/shared_corpus.h"
 #include "support/trainer_run.h"
@@ -114,12 +117,17 @@ tokenizer = "bytes"
                                            layout.virtual_stages, layout.zero, rank);
       const testing::TrainerRun ref =
           testing::run_trainer(config(family, base + "_none", overrides({"none", 0})), mesh.get());
+      testing::expect_memory_matches(ref.predicted, ref.memory,
+                                     fmt::format("{} {} recompute none", layout.name, family));
       for (const Mode& m : kModes) {
         SCOPED_TRACE(fmt::format("{} {} recompute {} layers {}", layout.name, family, m.recompute,
                                  m.layers));
         const testing::TrainerRun got = testing::run_trainer(
             config(family, fmt::format("{}_{}{}", base, m.recompute, m.layers), overrides(m)),
             mesh.get());
+        testing::expect_memory_matches(got.predicted, got.memory,
+                                       fmt::format("{} {} recompute {} layers {}", layout.name,
+                                                   family, m.recompute, m.layers));
         ASSERT_EQ(got.records.size(), 20u);
         ASSERT_EQ(ref.records.size(), 20u);
         for (size_t i = 0; i < ref.records.size(); ++i) {

@@ -62,6 +62,34 @@ done
 cfg=$("$bin" plan --config "$src/configs/llama-tiny-bytes.toml")
 grep -q "^predicted memory per rank for" <<<"$cfg" || fail "--config header"
 grep -qE "^  activations .*\(exact\)" <<<"$cfg" || fail "--config activations"
+# The run's [parallel] layout, every rank class, units that fit, JSON on request.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+sed -e 's/^micro_batch_size = 32 .*/micro_batch_size = 8/' "$src/configs/llama-tiny-bytes.toml" >"$work/run.toml"
+printf '\n[parallel]\ntp = 2\npp = 2\nzero = 3\nsequence_parallel = true\n' >>"$work/run.toml"
+layout=$("$bin" plan --config "$work/run.toml" --dp 2)
+echo "$layout" | head -12
+grep -q "8 ranks: dp 2 x tp 2 x pp 2, ZeRO-3, sequence parallel" <<<"$layout" || fail "--config layout line"
+grep -qF "ranks 5,7 (pp stage 1 (layers 1, head), tp 1 of 2):" <<<"$layout" || fail "--config rank classes"
+! grep -q "0.00 GiB" <<<"$layout" || fail "--config prints 0.00 GiB"
+grep -qE "^  params +[0-9.]+ KiB  \(bound\)" <<<"$layout" || fail "--config ZeRO-3 params in KiB"
+"$bin" plan --config "$work/run.toml" --dp 2 --json >"$work/plan.json"
+$python - "$work/plan.json" <<'PY' || fail "--config --json"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+ranks = plan["ranks"]
+assert len(ranks) == 8, len(ranks)
+for r in ranks:
+    for c in ("params", "grads", "optimizer", "activations", "workspace", "comm", "offloaded", "total"):
+        assert isinstance(r["bytes"][c], int), (r["rank"], c)
+    assert r["bytes"]["params"] > 0 and r["basis"]["activations"] == "exact"
+# dp ranks alike, pipeline stages differ.
+assert ranks[0]["bytes"] == ranks[2]["bytes"] and ranks[0]["bytes"] != ranks[4]["bytes"]
+PY
+# With --gpus too: one JSON object, the engine's ranks and the GPU search.
+"$bin" plan --config "$work/run.toml" --dp 2 --json --gpus 8 --gpu a100-80gb >"$work/both.json" || true
+$python -c "import json, sys; j = json.load(open(sys.argv[1])); assert len(j['engine']['ranks']) == 8 and 'search' in j" \
+  "$work/both.json" || fail "--config --json --gpus"
 
 many=$("$bin" plan --model llama3-8b --gpus 64..256 --global-batch-tokens 4M --seq 8192 \
        --rank-by cost --max-days 3000 --top 5)

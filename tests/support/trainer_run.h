@@ -47,6 +47,8 @@ struct TrainerRun {
   std::vector<StepRecord> records;
   std::vector<float> weights;  // the master weights after the run, full layout
   double val_loss = 0;         // after the run, when asked for
+  MemorySnapshot memory;       // the tracker after the run (peaks by category)
+  RankMemory predicted;        // this rank's prediction (train/memory_plan.h)
 };
 
 // A quiet run on `mesh` (nullptr: one process), resumed from `resume` if set;
@@ -64,6 +66,9 @@ inline TrainerRun run_trainer(const TrainConfig& c, DeviceMesh* mesh = nullptr,
   TrainerRun r;
   r.records = trainer.run();
   if (evaluate) r.val_loss = trainer.evaluate();
+  // Before gathering: the gather's buffers are not the run's.
+  r.memory = trainer.tracker().snapshot();
+  r.predicted = trainer.memory_plan().at(mesh != nullptr ? static_cast<size_t>(mesh->rank()) : 0);
   r.weights = trainer.gather_weights();
   return r;
 }

@@ -10,6 +10,8 @@
 #include "meshtrain/plan/planner.h"
 #include "meshtrain/plan/report.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/memory_check.h"
+#include "meshtrain/train/memory_plan.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -17,8 +19,9 @@ namespace meshtrain {
 void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--model", a.model, "Preset: gpt2-124m ... llama3-405b (see docs/plan.md)");
   p.add_option("--config", a.config,
-               "A meshtrain TOML run config: prints the engine's predicted memory per rank "
-               "(and plans that model on GPUs when --gpus is given)");
+               "A meshtrain TOML run config: prints the engine's predicted memory of every rank "
+               "for the run's [parallel] layout on --dp x tp x pp ranks (--json: as JSON), and "
+               "plans that model on GPUs when --gpus is given");
   p.add_option("--layers", a.layers, "Dense model: layers (with --hidden --heads --vocab)");
   p.add_option("--hidden", a.hidden, "Dense model: hidden size");
   p.add_option("--heads", a.heads, "Dense model: attention heads");
@@ -81,7 +84,7 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--cp", a.cp, "Fix context parallelism (sequence split, all-gathered K/V)");
   p.add_option("--pp", a.pp, "Fix pipeline parallelism");
   p.add_option("--vpp", a.vpp, "Fix virtual pipeline stages (interleaved schedule)");
-  p.add_option("--dp", a.dp, "Fix data parallelism");
+  p.add_option("--dp", a.dp, "Fix data parallelism (with --config: the run's dp size, default 1)");
   p.add_option("--zero", a.zero, "Fix the ZeRO stage (0..3; 3 = FSDP)");
   p.add_option("--shard", a.shard,
                "Fix ZeRO-3's shard group: g (hybrid sharding, replicated across groups) or dp "
@@ -170,16 +173,30 @@ int run_plan(const PlanArgs& a) {
   PlanModel pm = resolve_model(a, run.get());
   ModelConfig& model = pm.config;
 
+  std::string engine_json;  // --config --json
   if (run) {
-    const TrainSettings& t = run->train;
-    const int64_t mb = t.micro_batch_size > 0 ? t.micro_batch_size : t.batch_size;
-    std::fputs(format_engine_memory(a.config, model, t.precision, mb, t.seq_len,
-                                    engine_memory(model, t.precision, mb, t.seq_len,
-                                                  {t.recompute, t.recompute_layers}))
-                   .c_str(),
-               stdout);
+    // The run's own layout on dp x tp x pp ranks (--dp, default 1).
+    const int dp = a.dp > 0 ? static_cast<int>(a.dp) : 1;
+    const std::vector<RankMemory> ranks =
+        predict_run_memory(*run, dp * run->parallel.tp * run->parallel.pp);
+    if (a.json) {
+      // With --gpus: {"engine": this, "search": the GPU plan} below.
+      engine_json = run_memory_json(a.config, *run, ranks);
+      if (a.gpus.empty()) {
+        std::fputs(engine_json.c_str(), stdout);
+        return 0;
+      }
+    } else {
+      std::fputs(format_run_memory(a.config, *run, ranks).c_str(), stdout);
+      for (const RankMemory& r : ranks) {  // what the run would refuse at start
+        if (std::optional<std::string> why = offload_budget_refusal(r)) {
+          std::fputs(fmt::format("the run would refuse at start: {}\n", *why).c_str(), stdout);
+          break;
+        }
+      }
+    }
     if (a.gpus.empty()) return 0;
-    std::fputs("\n", stdout);
+    if (!a.json) std::fputs("\n", stdout);
   }
   MESHTRAIN_CHECK(!a.gpus.empty(), "plan: --gpus is required (a count, or a comma list)");
 
@@ -284,7 +301,12 @@ int run_plan(const PlanArgs& a) {
         fixed ? "" : " (this is the search's #1: fix --tp --pp --zero --micro-batch --recompute "
                      "to the layout you measured)");
   }
-  if (a.json) {
+  if (a.json && !engine_json.empty()) {
+    std::fputs(fmt::format("{{\"engine\": {}, \"search\": {}}}\n", engine_json,
+                           format_json(in, result))
+                   .c_str(),
+               stdout);
+  } else if (a.json) {
     std::fputs(format_json(in, result).c_str(), stdout);
   } else {
     std::fputs(format_table(in, result).c_str(), stdout);

@@ -20,7 +20,6 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
-  units_ = build_param_units(config_);
   select_stage(specs);
   int64_t compute_total = 0;
   for (const ParamSpec& spec : specs) {

@@ -214,6 +214,20 @@ class Model {
 // its own registry order. Throws Error for invalid layer ranges.
 std::vector<size_t> stage_param_indices(const ModelConfig& config, const StageLayers& stage);
 
+// What a stage holds, as data (no tensors): its parameters in its registry
+// order and its units (runs of held parameters within each global unit).
+// `specs` is the whole registry (build_param_specs, any tp slice); the Model
+// is built from the same selection, so a planner reading this sees the
+// engine's layout. local_index: global registry index -> stage index
+// (kNoParam-like -1 for another stage's); empty when the stage holds all.
+struct StageParams {
+  std::vector<ParamSpec> specs;
+  std::vector<ParamUnit> units;
+  std::vector<size_t> local_index;
+};
+StageParams select_stage_params(const ModelConfig& config, const StageLayers& stage,
+                                std::vector<ParamSpec> specs);
+
 // The whole model's gradient norm under tensor parallelism (flat storage):
 // every global element counted once (tp_counts_once), collective over tp.
 // At tp 1 it is sqrt of the sum over parameters, as global_grad_norm.

@@ -51,31 +51,45 @@ std::vector<size_t> stage_param_indices(const ModelConfig& config, const StageLa
   return held;
 }
 
-void Model::select_stage(std::vector<ParamSpec>& specs) {
-  const int64_t layers = config_.n_layers;
-  const std::vector<size_t> held = stage_param_indices(config_, stage_);
-  if (stage_.whole()) {
-    stage_.chunks = {{0, layers}};
-    stage_.first = stage_.last = true;
-    return;
+StageParams select_stage_params(const ModelConfig& config, const StageLayers& stage,
+                                std::vector<ParamSpec> specs) {
+  StageParams out;
+  out.units = build_param_units(config);
+  if (stage.whole()) {
+    out.specs = std::move(specs);
+    return out;
   }
-  if (held.size() == specs.size()) return;  // one stage holding everything
+  const std::vector<size_t> held = stage_param_indices(config, stage);
+  if (held.size() == specs.size()) {  // one stage holding everything
+    out.specs = std::move(specs);
+    return out;
+  }
   // Units: the runs of held parameters within each global unit.
-  std::vector<ParamSpec> kept;
   std::vector<ParamUnit> units;
-  local_index_.assign(specs.size(), static_cast<size_t>(-1));
+  out.local_index.assign(specs.size(), static_cast<size_t>(-1));
   size_t global_unit = 0;
   for (size_t g : held) {
-    while (units_[global_unit].end_param <= g) ++global_unit;
-    if (units.empty() || units.back().name != units_[global_unit].name) {
-      units.push_back(ParamUnit{units_[global_unit].name, kept.size(), kept.size()});
+    while (out.units[global_unit].end_param <= g) ++global_unit;
+    if (units.empty() || units.back().name != out.units[global_unit].name) {
+      units.push_back(ParamUnit{out.units[global_unit].name, out.specs.size(), out.specs.size()});
     }
-    local_index_[g] = kept.size();
-    kept.push_back(std::move(specs[g]));
-    units.back().end_param = kept.size();
+    out.local_index[g] = out.specs.size();
+    out.specs.push_back(std::move(specs[g]));
+    units.back().end_param = out.specs.size();
   }
-  specs = std::move(kept);
-  units_ = std::move(units);
+  out.units = std::move(units);
+  return out;
+}
+
+void Model::select_stage(std::vector<ParamSpec>& specs) {
+  StageParams selected = select_stage_params(config_, stage_, std::move(specs));
+  if (stage_.whole()) {
+    stage_.chunks = {{0, config_.n_layers}};
+    stage_.first = stage_.last = true;
+  }
+  specs = std::move(selected.specs);
+  units_ = std::move(selected.units);
+  local_index_ = std::move(selected.local_index);
 }
 
 void Model::require_whole(const char* what) const {

@@ -345,23 +345,4 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
   return out.dump(2) + "\n";
 }
 
-std::string format_engine_memory(const std::string& source, const ModelConfig& model,
-                                 Precision precision, int64_t micro_batch, int64_t seq,
-                                 const MemoryBreakdown& memory) {
-  std::string out = fmt::format(
-      "predicted memory per rank for {} (meshtrain CPU engine, {} layers, dim {}, {}, "
-      "micro-batch {} x seq {}; data parallelism replicates all of it):\n",
-      source, model.n_layers, model.dim, precision_name(precision), micro_batch, seq);
-  for (const auto& [name, bytes] : categories(memory)) {
-    if (name == "fragmentation" || name == "offloaded") continue;
-    out += fmt::format("  {:<12} {:>14}  {}\n", name, gib(bytes),
-                       name == "workspace" ? "(estimate: the block's reusable buffers)"
-                       : name == "comm"    ? "(DDP buckets view the grad buffer)"
-                                           : "(exact)");
-  }
-  out += fmt::format("  {:<12} {:>14}\n", "total", gib(memory.tracked()));
-  out += "compare with the run's memory report (MemoryTracker peaks by category)\n";
-  return out;
-}
-
 }  // namespace meshtrain::plan

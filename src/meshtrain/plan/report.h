@@ -23,11 +23,6 @@ std::string format_json(const PlanInputs& in, const SearchResult& result);
 // The arithmetic of one estimate, step by step.
 std::string format_explain(const PlanInputs& in, const Estimate& est);
 
-// The engine's predicted memory for one rank of a TOML run (see engine_memory).
-std::string format_engine_memory(const std::string& source, const ModelConfig& model,
-                                 Precision precision, int64_t micro_batch, int64_t seq,
-                                 const MemoryBreakdown& memory);
-
 // "1.23B", "355M", "16.8K"
 std::string human_count(double n);
 // "16,777,216"

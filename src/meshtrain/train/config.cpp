@@ -48,6 +48,7 @@ constexpr KeySpec kKeys[] = {
     {"train", "loss_scale_min", Kind::number},
     {"train", "straggler_interval", Kind::integer},
     {"train", "straggler_threshold", Kind::number},
+    {"train", "memory_check", Kind::string},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
     {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
@@ -338,6 +339,10 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
                   recompute);
   t.recompute = parse_recompute(recompute);
   s.read("recompute_layers", t.recompute_layers);
+  s.read("memory_check", t.memory_check);
+  MESHTRAIN_CHECK(t.memory_check == "error" || t.memory_check == "warn" || t.memory_check == "off",
+                  "config: train.memory_check must be \"error\", \"warn\" or \"off\", got \"{}\"",
+                  t.memory_check);
 
   check_min<int64_t>("train.steps", t.steps, 1);
   check_min<int64_t>("train.seq_len", t.seq_len, 1);
@@ -613,6 +618,7 @@ toml::table to_table(const TrainConfig& c) {
       {"loss_scale_min", t.loss_scale.min},
       {"straggler_interval", t.straggler_interval},
       {"straggler_threshold", t.straggler_threshold},
+      {"memory_check", t.memory_check},
   };
   const OptimSettings& o = c.optim;
   toml::table optim{

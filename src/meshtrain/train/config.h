@@ -50,6 +50,9 @@ struct TrainSettings {
   // exceeds the median rank's by more than straggler_threshold (0.2 = 20%) is named.
   int64_t straggler_interval = 0;
   double straggler_threshold = 0.2;
+  // Before allocating, each rank's predicted peak (train/memory_plan.h) against
+  // what its host allows: "error" refuses, "warn" prints and trains, "off" skips.
+  std::string memory_check = "error";
 
   int64_t grad_accum_steps() const { return batch_size / micro_batch_size; }
   int64_t tokens_per_step() const { return batch_size * seq_len; }

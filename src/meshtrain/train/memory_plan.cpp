@@ -1,0 +1,512 @@
+#include "meshtrain/train/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/model/model.h"
+#include "meshtrain/model/params.h"
+#include "meshtrain/parallel/pipeline/executor.h"
+#include "meshtrain/parallel/pipeline/schedule.h"
+#include "meshtrain/parallel/zero/flat_param.h"
+#include "meshtrain/parallel/zero/memory.h"
+#include "meshtrain/parallel/zero/sharded.h"
+#include "meshtrain/train/evaluate.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+constexpr size_t idx(MemCategory c) { return static_cast<size_t>(c); }
+
+// The shapes one rank's blocks run on (model_impl.h BlockActs, Workspace).
+struct LocalShape {
+  double n = 0;  // rows of a micro-batch: micro_batch * seq
+  double r = 0;  // residual-stream rows on this rank (n / tp under sequence parallelism)
+  double mb = 0, seq = 0, e = 4;  // e: bytes of the compute dtype
+  double d = 0, q = 0, kv = 0, heads = 0, f = 0, ff_in = 0, vocab = 0;
+  bool gpt2 = false;
+  double stats(double rows) const { return (gpt2 ? 8 : 4) * rows; }  // rstd (+ mean) f32
+};
+
+LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
+  const ModelConfig& c = config.model;
+  const auto tp = static_cast<double>(config.parallel.tp);
+  LocalShape s;
+  s.mb = static_cast<double>(micro_batch);
+  s.seq = static_cast<double>(config.train.seq_len);
+  s.n = s.mb * s.seq;
+  s.r = config.parallel.sequence_parallel && tp > 1 ? s.n / tp : s.n;
+  s.e = static_cast<double>(dtype_size(compute_dtype(config.train.precision)));
+  s.d = static_cast<double>(c.dim);
+  s.heads = static_cast<double>(c.n_heads) / tp;
+  s.q = s.heads * static_cast<double>(c.head_dim());
+  s.kv = static_cast<double>(c.n_kv_heads) / tp * static_cast<double>(c.head_dim());
+  s.f = static_cast<double>(c.hidden_dim) / tp;
+  s.ff_in = c.family == Family::llama ? 2 * s.f : s.f;
+  s.vocab = static_cast<double>(c.vocab_size) / tp;  // (padded: within a row per rank)
+  s.gpt2 = c.family == Family::gpt2;
+  return s;
+}
+
+// BlockActs: what one block keeps under `mode`, and what its recomputation
+// needs in the one shared set (model/recompute.cpp swap_unkept).
+struct BlockBytes {
+  double kept = 0, shared = 0;
+};
+
+BlockBytes block_bytes(const LocalShape& s, Recompute mode) {
+  const double norms = 2 * (s.e * s.r * s.d + s.stats(s.r));  // xn1, xn2 and their stats
+  const double act = s.e * s.n * s.f;                          // ff_act
+  const double probs = s.e * s.mb * s.heads * s.seq * s.seq;
+  const double all = norms + act + probs                     //
+                     + s.e * s.n * (s.q + 2 * s.kv)          // q, k, v
+                     + s.e * s.n * s.q                       // attention output
+                     + 4 * s.r * s.d                         // mid residual
+                     + 4 * s.n * s.ff_in;                    // ff_pre
+  switch (mode) {
+    case Recompute::none: return {all, 0};
+    case Recompute::selective: return {all - norms - act - probs, norms + act};
+    case Recompute::full: return {0, all};
+  }
+  return {all, 0};
+}
+
+// One (chunk, micro-batch) in flight: its residuals, blocks and (head) the
+// final norm's output; and the shared set its recomputing blocks need.
+struct ChunkBytes {
+  double held = 0, shared = 0;
+};
+
+ChunkBytes chunk_bytes(const LocalShape& s, const RecomputePolicy& policy, int64_t first,
+                       int64_t end, bool head) {
+  ChunkBytes c;
+  c.held = 4 * s.r * s.d * static_cast<double>(end - first + 1);
+  for (int64_t l = first; l < end; ++l) {
+    Recompute mode = policy.mode;
+    if (mode == Recompute::full && policy.layers > 0 && l - first >= policy.layers) {
+      mode = Recompute::none;
+    }
+    const BlockBytes b = block_bytes(s, mode);
+    c.held += b.kept;
+    c.shared = std::max(c.shared, b.shared);
+  }
+  if (head) c.held += s.e * s.r * s.d + s.stats(s.r);
+  return c;
+}
+
+// The Workspace buffers a block call reuses, the classifier's logits chunk
+// (on the stage with the output layer) and RoPE's tables (plan/memory.cpp
+// engine_memory, by this rank's widths).
+double workspace_bytes(const TrainConfig& config, const LocalShape& s, bool head) {
+  const bool bf16 = s.e == 2;
+  const double qkv = s.q + 2 * s.kv;
+  double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * s.d +
+             4 * s.n * std::max(s.f, qkv) + s.e * s.n * s.ff_in + s.e * s.n * qkv;
+  if (config.parallel.tp > 1) {
+    w += 4 * s.n * s.d;  // partial (row-parallel sums)
+    if (config.parallel.sequence_parallel) {
+      w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d;  // dres_full, shards, column_input
+    }
+  }
+  if (head) {  // the stage that runs the output layer
+    const double chunk = std::min(s.n, 256.0);
+    w += chunk * s.vocab * (4 + (bf16 ? 2 : 0));
+  }
+  if (config.model.family == Family::llama) {
+    w += 4 * static_cast<double>(config.model.max_seq_len * config.model.head_dim());
+  }
+  return w;
+}
+
+int64_t micro_batch_rows(const TrainConfig& config, int dp) {
+  const TrainSettings& t = config.train;
+  const int64_t mb = t.micro_batch_size > 0 ? t.micro_batch_size : t.batch_size;
+  return rank_loader_options(t.batch_size, mb, 0, dp).micro_batch;
+}
+
+int64_t micro_batches_per_step(const TrainConfig& config, int dp) {
+  const int64_t rows = config.train.batch_size / dp, mb = micro_batch_rows(config, dp);
+  return std::max<int64_t>(1, (rows + mb - 1) / mb);
+}
+
+std::string layer_range(int64_t first, int64_t end) {
+  return end - first == 1 ? fmt::format("{}", first) : fmt::format("{}-{}", first, end - 1);
+}
+
+// The ZeRO-3 units gathered at once (ShardedDataParallel::before / after /
+// prefetch_target): in forward the unit in use and the next one prefetched;
+// the head stays gathered into backward, where a tied output layer (the
+// token embedding) stays gathered from the head's backward to the
+// embedding's, with the unit in use and the one prefetched. Pipelines keep
+// every unit gathered until its last backward.
+double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& config,
+                            bool pipelined, bool evaluates) {
+  std::vector<double> unit(layout.unit_flats.size(), 0);
+  for (size_t u = 0; u < unit.size(); ++u) {
+    for (size_t i : layout.unit_flats[u]) {
+      unit[u] += static_cast<double>(layout.flats[i].padded) *
+                 static_cast<double>(dtype_size(layout.flats[i].dtype));
+    }
+  }
+  double total = 0;
+  for (double b : unit) total += b;
+  if (pipelined || !config.parallel.reshard_after_forward || unit.size() < 3) return total;
+  const size_t head = unit.size() - 1;
+  const bool prefetch = config.parallel.prefetch;
+  const bool tied = config.model.tie_embeddings;
+  const double embed = tied ? unit[0] : 0;
+  double most = 0;
+  for (size_t u = 0; u < head; ++u) most = std::max(most, unit[u] + (prefetch ? unit[u + 1] : 0));
+  const bool head_prefetches = config.model.family == Family::gpt2 || tied;
+  most = std::max(most, unit[head] + (head_prefetches ? unit[0] : 0));
+  // Backward: the head, the tied embedding, the last layer prefetched.
+  most = std::max(most, unit[head] + embed + (prefetch ? unit[head - 1] : 0));
+  for (size_t u = head - 1; u >= 1; --u) {  // layers; unit 0 (the embedding) is counted once
+    const double next = prefetch && (u > 1 || !tied) ? unit[u - 1] : 0;
+    most = std::max(most, embed + unit[u] + next);
+  }
+  // Evaluation runs forwards only: the head stays gathered from one
+  // micro-batch's forward into the next one's.
+  if (evaluates) {
+    for (size_t u = 0; u + 1 < head; ++u) {
+      most = std::max(most, unit[head] + unit[u] + (prefetch ? unit[u + 1] : 0));
+    }
+  }
+  return most;
+}
+}  // namespace
+
+std::string_view prediction_basis_name(PredictionBasis basis) {
+  switch (basis) {
+    case PredictionBasis::exact: return "exact";
+    case PredictionBasis::bound: return "bound";
+    case PredictionBasis::estimate: return "estimate";
+  }
+  return "?";
+}
+
+double RankMemory::total() const {
+  double sum = 0;
+  for (size_t c = 0; c < kMemCategories; ++c) {
+    if (c != idx(MemCategory::offloaded)) sum += peak[c];
+  }
+  return sum;
+}
+
+RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh,
+                               MeshCoord coord) {
+  const ParallelSettings& p = config.parallel;
+  const ModelConfig& model = config.model;
+  const int dp = mesh.dp(), tp = mesh.tp(), pp = mesh.pp();
+  MESHTRAIN_CHECK(tp == p.tp && pp == p.pp,
+                  "memory plan: the mesh (tp {}, pp {}) is not the config's (parallel.tp {}, "
+                  "parallel.pp {})",
+                  tp, pp, p.tp, p.pp);
+  RankMemory out;
+  out.coord = coord;
+  out.rank = mesh.rank(coord);
+  out.basis.fill(PredictionBasis::exact);
+
+  // The stage: the executor's split of the layers over (virtual) stages.
+  const int64_t m = micro_batches_per_step(config, dp), rows = micro_batch_rows(config, dp);
+  // The run's validation (train.eval_interval with data.val), in micro-batches of the same rows.
+  const bool evaluates = !config.data.val.empty() && config.train.eval_interval > 0;
+  const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(p.schedule);
+  const pipeline::PipelineShape shape{pp, static_cast<int>(m), p.virtual_stages};
+  StageLayers stage;
+  if (pp > 1) {
+    pipeline::check_shape(kind, shape);
+    stage = pipeline::stage_layers(model.n_layers, shape, coord.pp, pp_split_layers(config));
+  }
+  check_tensor_parallel_split(model, tp);
+  const StageParams held =
+      select_stage_params(model, stage, build_param_specs(model, coord.tp, tp));
+  if (stage.whole()) {
+    stage.chunks = {{0, model.n_layers}};
+    stage.first = stage.last = true;
+  }
+
+  // Model state: the flat buffers (Model, AdamW) or ZeRO's padded shards.
+  const Precision precision = config.train.precision;
+  double psi = 0, compute_copies = 0;  // elements; bytes of the 16-bit compute copies
+  for (const ParamSpec& spec : held.specs) {
+    psi += static_cast<double>(spec.numel());
+    const DType dtype = param_compute_dtype(spec, precision);
+    if (dtype != DType::f32) {
+      compute_copies += static_cast<double>(spec.numel()) * static_cast<double>(dtype_size(dtype));
+    }
+  }
+  double& params = out.peak[idx(MemCategory::params)];
+  double& grads = out.peak[idx(MemCategory::grads)];
+  double& optimizer = out.peak[idx(MemCategory::optimizer)];
+  if (p.zero == 0) {
+    params = 4 * psi + compute_copies;
+    grads = 4 * psi;
+    optimizer = 8 * psi;
+  } else {
+    const zero::ZeroLayout layout = zero::make_zero_layout(held.specs, held.units, precision, dp);
+    const zero::ModelStateBytes state = zero::layout_model_state_bytes(layout, p.zero);
+    params = static_cast<double>(state.params);
+    grads = static_cast<double>(state.grads);
+    optimizer = static_cast<double>(state.optimizer);
+    // Transients: stage 3's gathered units; stage 2/3's unit gradients while
+    // they are reduce-scattered (the next unit's backward overlaps the call);
+    // the receive shards of later contributions.
+    double all_padded = 0, all_shard = 0;
+    for (size_t u = 0; u < layout.unit_flats.size(); ++u) {
+      double padded = 0, shard = 0;
+      for (size_t i : layout.unit_flats[u]) {
+        padded += 4 * static_cast<double>(layout.flats[i].padded);
+        shard += 4 * static_cast<double>(layout.flats[i].shard);
+      }
+      all_padded += padded;
+      all_shard += shard;
+    }
+    if (p.zero == 3) {
+      out.floor[idx(MemCategory::params)] = params;
+      params += zero3_gathered_bound(layout, config, pp > 1, evaluates);
+      out.basis[idx(MemCategory::params)] = PredictionBasis::bound;
+    }
+    // Reduce-scatters are asynchronous: a unit's gradient buffer (and, after
+    // the step's first contribution, its receive shard) lives until its call
+    // completes, so every unit's, of every micro-batch of the step, may be
+    // alive at once (the bound; finish_gradient_sync waits for all). Stage 2/3
+    // reduce after each micro-batch's backward; pipelines once, after a unit's
+    // last backward; stage 1 once, into receive shards.
+    out.floor[idx(MemCategory::grads)] = grads;
+    const auto micro = static_cast<double>(pp > 1 ? 1 : m);
+    if (p.zero >= 2) grads += micro * all_padded + (micro - 1) * all_shard;
+    if (p.zero == 1) grads += all_shard;
+    out.basis[idx(MemCategory::grads)] = PredictionBasis::bound;
+    // The offload store: the optimizer state streams through the budget.
+    const zero::OffloadTier tier = zero::parse_offload_tier(p.offload);
+    if (tier != zero::OffloadTier::none) {
+      const int64_t piece = zero::ZeroOptions{}.piece_elems;
+      // A piece: exp_avg, exp_avg_sq (and a bf16 flat's f32 master) of up to
+      // piece_elems shard elements, acquired together by the update.
+      double piece_bytes = 0;
+      for (const zero::FlatParam& f : layout.flats) {
+        const double states = f.dtype == DType::f32 ? 2 : 3;
+        piece_bytes = std::max(piece_bytes, 4 * states * static_cast<double>(std::min(f.shard, piece)));
+      }
+      out.offload_tier = p.offload;
+      out.offload_state = optimizer;
+      out.offload_piece = piece_bytes;
+      out.offload_budget = p.offload_budget_mb * 1024.0 * 1024.0;
+      out.peak[idx(MemCategory::offloaded)] = optimizer;
+      // Resident: what the passes hold and read ahead, within the budget (0:
+      // up to all of it); at least the two pieces an update holds.
+      if (out.offload_budget > 0) optimizer = std::min(optimizer, out.offload_budget);
+      out.floor[idx(MemCategory::optimizer)] = std::min(optimizer, 2 * out.offload_piece);
+      out.basis[idx(MemCategory::optimizer)] = PredictionBasis::bound;
+      if (tier == zero::OffloadTier::disk) {
+        out.offload_dir = p.offload_dir.empty() ? config.train.out_dir + "/offload" : p.offload_dir;
+      }
+    }
+  }
+
+  // Activations: each (chunk, micro-batch) the schedule holds, at the
+  // schedule's fullest point, plus the one shared set recomputation uses.
+  const LocalShape s = local_shape(config, rows);
+  const RecomputePolicy policy{config.train.recompute, config.train.recompute_layers};
+  std::vector<ChunkBytes> chunks;
+  for (size_t c = 0; c < stage.chunks.size(); ++c) {
+    const auto [first, end] = stage.chunks[c];
+    chunks.push_back(chunk_bytes(s, policy, first, end, stage.last && c + 1 == stage.chunks.size()));
+  }
+  double shared = 0, held_most = 0;
+  for (const ChunkBytes& c : chunks) shared = std::max(shared, c.shared);
+  double comm = 0;
+  if (pp == 1) {
+    held_most = chunks.front().held;  // one micro-batch at a time
+  } else {
+    // Walk the rank's actions: forwards add their chunk's tensors, backwards
+    // free them; pipeline messages are [stage rows, dim] f32 buffers from their
+    // post (receive) or production (send) to their use or the next post.
+    const pipeline::RankSchedule actions =
+        pipeline::make_schedule(kind, shape)[static_cast<size_t>(coord.pp)];
+    const double message = 4 * s.r * s.d;
+    // `lazy` keeps every sent buffer to the step's end (the bound), `eager`
+    // frees it at the next post (the floor).
+    double in_flight = 0, lazy = 0, eager = 0, sent = 0, most_lazy = 0, most_eager = 0;
+    const int last_vs = shape.total_stages() - 1;
+    auto add = [&](double bytes) {
+      lazy += bytes;
+      eager += bytes;
+      most_lazy = std::max(most_lazy, lazy);
+      most_eager = std::max(most_eager, eager);
+    };
+    for (const pipeline::Action& a : actions) {
+      if (a.kind == pipeline::ActionKind::send_recv) {
+        // Receives are posted here; a sent buffer is freed once the executor
+        // sees its send complete, which depends on timing.
+        eager -= sent;
+        sent = 0;
+        for (const pipeline::Transfer& t : a.transfers) {
+          if (t.send) sent += message;
+        }
+        for (const pipeline::Transfer& t : a.transfers) {
+          if (!t.send) add(message);
+        }
+        continue;
+      }
+      const int vs = a.chunk * shape.stages + coord.pp;
+      const bool backward = a.kind == pipeline::ActionKind::backward;
+      // The output buffer is allocated before the input is freed.
+      if (backward ? vs > 0 : vs < last_vs) add(message);
+      if ((backward && vs < last_vs) || (!backward && vs > 0)) add(-message);  // consumed
+      const double bytes = chunks[static_cast<size_t>(a.chunk)].held;
+      if (backward) {
+        in_flight -= bytes;
+      } else {
+        in_flight += bytes;
+        held_most = std::max(held_most, in_flight);
+      }
+    }
+    out.floor[idx(MemCategory::comm)] = most_eager;
+    comm = most_lazy;
+    out.basis[idx(MemCategory::comm)] = PredictionBasis::bound;
+  }
+  double activations = held_most + shared;
+  if (evaluates && pp == 1) {
+    // Evaluation's forward (keep nothing: scratch is workspace) next to the
+    // training set, which stays allocated, except the attention kernel's saved
+    // q, k, v and probabilities (backend/cpu/attention.cpp), counted as
+    // activations: one block's, of one micro-batch.
+    activations += s.e * s.n * (s.q + 2 * s.kv) + s.e * s.mb * s.heads * s.seq * s.seq;
+  } else if (evaluates) {
+    // Through the pipeline: every chunk of one micro-batch held, then dropped.
+    double eval = shared;
+    for (const ChunkBytes& c : chunks) eval += c.held;
+    activations = std::max(activations, eval);
+  }
+  out.peak[idx(MemCategory::activations)] = activations;
+  out.peak[idx(MemCategory::comm)] = comm;
+  out.peak[idx(MemCategory::workspace)] = workspace_bytes(config, s, stage.last);
+  if (config.train.checkpoint_interval >= 0) {
+    // Checkpoints (ckpt/distributed.h): a file buffer of at most ckpt.buffer_mb,
+    // and with ckpt.async a staged copy of the (master, exp_avg, exp_avg_sq)
+    // this rank writes: about 1/dp of its state.
+    const double written = 12 * psi / dp, buffer = config.ckpt.buffer_mb * 1024 * 1024;
+    out.peak[idx(MemCategory::workspace)] +=
+        std::min(buffer, written) + (config.ckpt.async ? written : 0);
+  }
+  out.basis[idx(MemCategory::workspace)] = PredictionBasis::estimate;
+
+  for (size_t c = 0; c < kMemCategories; ++c) {
+    if (out.basis[c] != PredictionBasis::bound) out.floor[c] = out.peak[c];
+  }
+  out.host_bytes = out.total() + (p.offload == "cpu" ? out.at(MemCategory::offloaded) : 0);
+  std::string layers;
+  for (const auto& [first, end] : stage.chunks) {
+    layers += fmt::format("{}{}", layers.empty() ? "" : ",", layer_range(first, end));
+  }
+  out.role = fmt::format("layers {}{}{}", layers, stage.first ? ", embed" : "",
+                         stage.last ? ", head" : "");
+  if (pp > 1) out.role = fmt::format("pp stage {} ({})", coord.pp, out.role);
+  if (tp > 1) out.role += fmt::format(", tp {} of {}", coord.tp, tp);
+  return out;
+}
+
+std::vector<RankMemory> predict_run_memory(const TrainConfig& config, int world_size) {
+  const MeshLayout mesh(world_size, config.parallel.tp, config.parallel.pp);
+  std::vector<RankMemory> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    ranks.push_back(predict_rank_memory(config, mesh, mesh.coord(r)));
+  }
+  return ranks;
+}
+
+std::vector<std::pair<const RankMemory*, std::vector<int>>> distinct_ranks(
+    const std::vector<RankMemory>& ranks) {
+  std::vector<std::pair<const RankMemory*, std::vector<int>>> rows;
+  for (const RankMemory& r : ranks) {
+    auto same = std::find_if(rows.begin(), rows.end(), [&](const auto& row) {
+      return row.first->peak == r.peak && row.first->coord.tp == r.coord.tp &&
+             row.first->coord.pp == r.coord.pp;
+    });
+    if (same == rows.end()) {
+      rows.push_back({&r, {r.rank}});
+    } else {
+      same->second.push_back(r.rank);
+    }
+  }
+  return rows;
+}
+
+namespace {
+
+std::string rank_list(const std::vector<int>& ranks) {
+  if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
+  return fmt::format("ranks {}", fmt::join(ranks, ","));
+}
+
+std::string layout_line(const TrainConfig& config, size_t world) {
+  const ParallelSettings& p = config.parallel;
+  const TrainSettings& t = config.train;
+  std::string text = fmt::format("{} ranks: dp {} x tp {} x pp {}", world,
+                                 static_cast<int>(world) / (p.tp * p.pp), p.tp, p.pp);
+  if (p.zero > 0) text += fmt::format(", ZeRO-{}", p.zero);
+  if (p.tp > 1 && p.sequence_parallel) text += ", sequence parallel";
+  if (p.pp > 1) text += fmt::format(", schedule {}", p.schedule);
+  if (p.offload != "none") text += fmt::format(", offload {}", p.offload);
+  text += fmt::format(", {}, micro-batch {} x seq {}, recompute {}", precision_name(t.precision),
+                      micro_batch_rows(config, static_cast<int>(world) / (p.tp * p.pp)),
+                      t.seq_len, recompute_name(t.recompute));
+  if (t.recompute_layers > 0) text += fmt::format(" ({} layers)", t.recompute_layers);
+  return text;
+}
+
+}  // namespace
+
+std::string format_run_memory(const std::string& source, const TrainConfig& config,
+                              const std::vector<RankMemory>& ranks) {
+  std::string out = fmt::format("predicted memory per rank for {} (meshtrain CPU engine; {}):\n",
+                                source, layout_line(config, ranks.size()));
+  for (const auto& [r, same] : distinct_ranks(ranks)) {
+    out += fmt::format("{} ({}):\n", rank_list(same), r->role);
+    for (size_t c = 0; c < kMemCategories; ++c) {
+      const auto cat = static_cast<MemCategory>(c);
+      if (cat == MemCategory::offloaded && r->peak[c] == 0) continue;
+      out += fmt::format("  {:<12} {:>12}  ({})\n", mem_category_name(cat),
+                         format_bytes(static_cast<size_t>(r->peak[c])),
+                         cat == MemCategory::offloaded
+                             ? fmt::format("{} tier, not in the total", r->offload_tier)
+                             : std::string(prediction_basis_name(r->basis[c])));
+    }
+    out += fmt::format("  {:<12} {:>12}  (sum of the category peaks)\n", "total",
+                       format_bytes(static_cast<size_t>(r->total())));
+  }
+  out += "compare with the run's memory report (predicted next to measured, per rank)\n";
+  return out;
+}
+
+std::string run_memory_json(const std::string& source, const TrainConfig& config,
+                            const std::vector<RankMemory>& ranks) {
+  nlohmann::json j;
+  j["source"] = source;
+  j["layout"] = layout_line(config, ranks.size());
+  j["ranks"] = nlohmann::json::array();
+  for (const RankMemory& r : ranks) {
+    nlohmann::json row;
+    row["rank"] = r.rank;
+    row["dp"] = r.coord.dp;
+    row["tp"] = r.coord.tp;
+    row["pp"] = r.coord.pp;
+    row["role"] = r.role;
+    for (size_t c = 0; c < kMemCategories; ++c) {
+      const std::string name(mem_category_name(static_cast<MemCategory>(c)));
+      row["bytes"][name] = static_cast<uint64_t>(r.peak[c]);
+      row["basis"][name] = std::string(prediction_basis_name(r.basis[c]));
+    }
+    row["bytes"]["total"] = static_cast<uint64_t>(r.total());
+    row["host_bytes"] = static_cast<uint64_t>(r.host_bytes);
+    j["ranks"].push_back(std::move(row));
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace meshtrain

@@ -11,6 +11,8 @@
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/train/distributed.h"
 #include "meshtrain/train/evaluate.h"
+#include "meshtrain/train/memory_check.h"
+#include "meshtrain/train/memory_report.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/update_gate.h"
 #include "meshtrain/util/error.h"
@@ -95,6 +97,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     val_set_ = std::make_unique<ValidationSet>(*val_data_, loader, t.eval_batches);
   }
   loader_ = std::make_unique<DataLoader>(*train_data_, loader, resumed.sampler);
+  // Fail before allocating: every rank's predicted peak against its host's
+  // limits (without a mesh a parallel layout fails below with its own message).
+  const ParallelSettings& parallel = config_.parallel;
+  if (mesh != nullptr || (parallel.tp == 1 && parallel.pp == 1)) {
+    memory_plan_ = predict_run_memory(config_, mesh != nullptr ? mesh->size() : 1);
+    check_memory_before_allocating(config_, memory_plan_, mesh, options_.console);
+  }
   ctx_ = std::make_unique<cpu::CpuContext>(t.threads, tracker_);
 
   // The parallel modes, composed: the stage and tp slice the model holds, the
@@ -277,27 +286,7 @@ void Trainer::print_setup(const LoaderOptions& loader) {
 void Trainer::add_hook(std::unique_ptr<StepHook> hook) { hooks_.push_back(std::move(hook)); }
 
 void Trainer::log_memory(const char* when) {
-  const MemorySnapshot mine = tracker_.snapshot();
-  nlohmann::json bytes;
-  for (size_t c = 0; c < kMemCategories; ++c) {
-    const std::string name(mem_category_name(static_cast<MemCategory>(c)));
-    bytes[name] = mine.live[c];
-    bytes[name + "_peak"] = mine.peak[c];
-  }
-  bytes["total"] = mine.live_total;
-  bytes["total_peak"] = mine.peak_total;
-  metrics_->write({{"step", step_}, {"memory", when}, {"bytes", bytes}});
-  // Collective: every rank takes part, rank 0 prints.
-  const bool ranks = options_.mesh != nullptr && options_.mesh->world().size() > 1;
-  const MemorySnapshot max = ranks ? max_over_ranks(options_.mesh->world(), mine) : mine;
-  if (options_.console) {
-    fmt::print("memory at {}: {}\n", when, mine.report());
-    if (ranks) {
-      fmt::print("memory at {}, max over {} ranks: {}\n", when, options_.mesh->world().size(),
-                 max.report());
-    }
-    std::fflush(stdout);
-  }
+  report_memory(when, step_, tracker_, memory_plan_, options_.mesh, *metrics_, options_.console);
 }
 
 StepRecord Trainer::train_step() {

@@ -17,6 +17,7 @@
 #include "meshtrain/train/checkpointer.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/data_parallel.h"
+#include "meshtrain/train/memory_plan.h"
 #include "meshtrain/train/step.h"
 #include "meshtrain/train/step_runner.h"
 #include "meshtrain/train/stragglers.h"
@@ -93,6 +94,9 @@ class Trainer {
   double peak_flops() const { return peak_flops_; }
   const UpdateGates& update_gates() const { return *gates_; }
   MemoryTracker& tracker() { return tracker_; }
+  // Every rank's predicted memory (memory_plan.h), made before allocating;
+  // indexed by world rank.
+  const std::vector<RankMemory>& memory_plan() const { return memory_plan_; }
 
  private:
   // Resolves options_.resume_dir ("auto": the newest valid checkpoint,
@@ -113,13 +117,14 @@ class Trainer {
   // before any rank writes. Collective.
   void prepare_out_dir();
   void print_setup(const LoaderOptions& loader);
-  // Rank 0 prints its bytes by category and (several ranks) the maximum over
-  // ranks; every rank writes its own to its metrics file. Collective.
+  // The memory report (memory_report.h): measured next to predicted, every
+  // rank to its metrics file, rank 0 a table of all ranks. Collective.
   void log_memory(const char* when);
 
   TrainConfig config_;
   TrainerOptions options_;
   MemoryTracker tracker_;
+  std::vector<RankMemory> memory_plan_;
   std::unique_ptr<cpu::CpuContext> ctx_;
   std::unique_ptr<TokenDataset> train_data_;
   std::unique_ptr<TokenDataset> val_data_;  // null without data.val
