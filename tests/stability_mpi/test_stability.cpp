@@ -147,45 +147,57 @@ TEST_F(StabilityMesh, TrainingContinuesAfterTheSkip) {
 
 TEST_F(StabilityMesh, SpikeOnOneRankRollsEveryRankBackToTheDocumentedState) {
   if (world_->size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
-  DeviceMesh mesh(*world_, 1, 1);
-  const ConfigOverrides rollback{{"train.steps", "10"},
-                                 {"train.checkpoint_interval", "4"},
-                                 {"guard.grad_z", "50"},
-                                 {"guard.min_steps", "3"},
-                                 {"guard.window", "10"},
-                                 {"guard.policy", "rollback"},
-                                 {"guard.rollback_skip_batches", "2"}};
-  const TrainConfig c = config("spike", rollback);
-  ::setenv("MESHTRAIN_INJECT_SPIKE", fmt::format("7@{}", world_->size() - 1).c_str(), 1);
-  const testing::TrainerRun a = testing::run_trainer(c, &mesh);
-  ::unsetenv("MESHTRAIN_INJECT_SPIKE");
-  // Steps 1..7 (7 rolled back to 4), then 5..10 again.
-  ASSERT_EQ(a.records.size(), 13u);
-  EXPECT_TRUE(a.records[6].rolled_back) << "rank " << world_->rank();
-  EXPECT_EQ(a.records[6].skip_reason, "gradient-norm spike");
-  EXPECT_EQ(a.records[6].rollback_to_step, 4);
-  EXPECT_EQ(a.records[6].rollback_skipped_batches, 5);  // batches 5..7, then 8 and 9
-  const std::vector<nlohmann::json> rollbacks = events("spike", "rollback");
-  ASSERT_EQ(rollbacks.size(), 1u);
-  EXPECT_EQ(rollbacks[0]["from_step"], 7);
-  EXPECT_EQ(rollbacks[0]["to_step"], 4);
-  // B: step 4's checkpoint with the data at batch 10, resumed normally.
-  const std::string b_out = dir_ + "/advanced";
-  const std::string b_step = b_out + "/" + step_dir_name(4);
-  if (world_->rank() == 0) {
-    fs::create_directories(b_out);
-    fs::copy(c.train.out_dir + "/" + step_dir_name(4), b_step, fs::copy_options::recursive);
-    testing::set_checkpoint_data_position(b_step, 0, 9 * c.train.batch_size);
+  struct Layout {
+    const char* name;
+    int pp;
+    const char* zero;
+  };
+  // DDP, a pipeline (each stage reloads its layers), ZeRO 3 (the shards).
+  for (Layout l : {Layout{"ddp", 1, "0"}, Layout{"pp2", 2, "0"}, Layout{"zero3", 1, "3"}}) {
+    SCOPED_TRACE(l.name);
+    DeviceMesh mesh(*world_, 1, l.pp);
+    const ConfigOverrides rollback{{"train.steps", "10"},
+                                   {"train.checkpoint_interval", "4"},
+                                   {"parallel.pp", std::to_string(l.pp)},
+                                   {"parallel.zero", l.zero},
+                                   {"guard.grad_z", "50"},
+                                   {"guard.min_steps", "3"},
+                                   {"guard.window", "10"},
+                                   {"guard.policy", "rollback"},
+                                   {"guard.rollback_skip_batches", "2"}};
+    const std::string out = std::string("spike_") + l.name;
+    const TrainConfig c = config(out, rollback);
+    ::setenv("MESHTRAIN_INJECT_SPIKE", fmt::format("7@{}", world_->size() - 1).c_str(), 1);
+    const testing::TrainerRun a = testing::run_trainer(c, &mesh);
+    ::unsetenv("MESHTRAIN_INJECT_SPIKE");
+    // Steps 1..7 (7 rolled back to 4), then 5..10 again.
+    ASSERT_EQ(a.records.size(), 13u);
+    EXPECT_TRUE(a.records[6].rolled_back) << "rank " << world_->rank();
+    EXPECT_EQ(a.records[6].skip_reason, "gradient-norm spike");
+    EXPECT_EQ(a.records[6].rollback_to_step, 4);
+    EXPECT_EQ(a.records[6].rollback_skipped_batches, 5);  // batches 5..7, then 8 and 9
+    const std::vector<nlohmann::json> rollbacks = events(out, "rollback");
+    ASSERT_EQ(rollbacks.size(), 1u);
+    EXPECT_EQ(rollbacks[0]["from_step"], 7);
+    EXPECT_EQ(rollbacks[0]["to_step"], 4);
+    // B: step 4's checkpoint with the data at batch 10, resumed normally.
+    const std::string b_out = dir_ + "/advanced_" + l.name;
+    const std::string b_step = b_out + "/" + step_dir_name(4);
+    if (world_->rank() == 0) {
+      fs::create_directories(b_out);
+      fs::copy(c.train.out_dir + "/" + step_dir_name(4), b_step, fs::copy_options::recursive);
+      testing::set_checkpoint_data_position(b_step, 0, 9 * c.train.batch_size);
+    }
+    world_->barrier();
+    TrainConfig b_config = c;
+    b_config.train.out_dir = b_out;
+    const testing::TrainerRun b = testing::run_trainer(b_config, &mesh, b_step);
+    ASSERT_EQ(b.records.size(), 6u);
+    for (size_t i = 0; i < b.records.size(); ++i) {
+      EXPECT_EQ(a.records[7 + i].loss, b.records[i].loss) << "step " << 5 + i;
+    }
+    EXPECT_EQ(a.weights, b.weights) << "rank " << world_->rank();
   }
-  world_->barrier();
-  TrainConfig b_config = c;
-  b_config.train.out_dir = b_out;
-  const testing::TrainerRun b = testing::run_trainer(b_config, &mesh, b_step);
-  ASSERT_EQ(b.records.size(), 6u);
-  for (size_t i = 0; i < b.records.size(); ++i) {
-    EXPECT_EQ(a.records[7 + i].loss, b.records[i].loss) << "step " << 5 + i;
-  }
-  EXPECT_EQ(a.weights, b.weights) << "rank " << world_->rank();
 }
 
 TEST_F(StabilityMesh, WithoutACheckpointEveryRankEndsAsDiverged) {
