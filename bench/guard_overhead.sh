@@ -20,14 +20,7 @@ cd "$(dirname "$0")/.."
 STEPS=${1:-20}
 ROUNDS=${2:-3}
 source bench/common.sh
-python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(1)
-n = 200000
-with open(sys.argv[1], "wb") as f:  # llm.c's token format, ids below the vocabulary (8192)
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(8192) for _ in range(n))))
-PY
+random_tokens 200000 8192
 cat >"$work/run.toml" <<TOML
 [model]
 family = "llama"
