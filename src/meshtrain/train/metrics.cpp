@@ -60,20 +60,6 @@ void MetricsLog::on_step(const StepRecord& r) {
     record["pp_in_flight"] = r.pp_in_flight;
   }
   write(record);
-  if (r.rolled_back) {
-    write({{"step", r.step},
-           {"event", "rollback"},
-           {"from_step", r.step},
-           {"to_step", r.rollback_to_step},
-           {"skipped_batches", r.rollback_skipped_batches},
-           {"checkpoint", r.rollback_checkpoint},
-           {"reason", r.rollback_reason}});
-    if (console_) {
-      fmt::print("step {:>5}/{} | rollback to step {} ({}): {}; the data skips {} batches\n",
-                 r.step, train_.steps, r.rollback_to_step, r.rollback_checkpoint,
-                 r.rollback_reason, r.rollback_skipped_batches);
-    }
-  }
   if (console_ && (r.step % train_.log_interval == 0 || r.step == 1 || r.step == train_.steps)) {
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
                "MFU {:.1f}% | {:.1f} ms{}{}{}\n",
@@ -86,6 +72,21 @@ void MetricsLog::on_step(const StepRecord& r) {
                r.skipped ? fmt::format(" | skipped ({}; {} so far)", r.skip_reason, r.skipped_steps)
                          : "");
     std::fflush(stdout);
+  }
+  if (r.rolled_back) {
+    write({{"step", r.step},
+           {"event", "rollback"},
+           {"from_step", r.step},
+           {"to_step", r.rollback_to_step},
+           {"skipped_batches", r.rollback_skipped_batches},
+           {"checkpoint", r.rollback_checkpoint},
+           {"reason", r.rollback_reason}});
+    if (console_) {
+      fmt::print("step {:>5}/{} | rollback to step {} ({}): {}; the data skips {} batches\n",
+                 r.step, train_.steps, r.rollback_to_step, r.rollback_checkpoint,
+                 r.rollback_reason, r.rollback_skipped_batches);
+      std::fflush(stdout);
+    }
   }
 }
 

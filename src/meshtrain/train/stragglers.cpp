@@ -87,6 +87,10 @@ StragglerHook::StragglerHook(Communicator& world, MetricsLog& metrics, int64_t i
       console_(console) {}
 
 void StragglerHook::on_step(const StepRecord& record) {
+  if (!warm_) {  // the first step (allocation, first touches, the loader filling) says nothing
+    warm_ = true;
+    return;
+  }
   mine_.add(record);
   if (++steps_ < interval_) return;
   const auto start = std::chrono::steady_clock::now();

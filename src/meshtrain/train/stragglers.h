@@ -7,7 +7,8 @@
 // median rank's; a rank more than `threshold` above it is named with the
 // phase whose excess over that phase's median is largest. One console line
 // (rank 0) and a metrics record {"event": "stragglers", ...} with every
-// rank's breakdown (each rank's metrics file) per report.
+// rank's breakdown (each rank's metrics file) per report. The first step the
+// hook sees (warm-up: allocation, first touches) is left out.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,7 @@ class StragglerHook final : public StepHook {
   bool console_;
   StepBreakdown mine_;
   int64_t steps_ = 0;
+  bool warm_ = false;  // past the first step this hook saw (left out: warm-up)
 };
 
 // Test hook MESHTRAIN_SLOW_RANK=<rank>:<ms>[:<phase>]: the milliseconds world
