@@ -14,6 +14,7 @@ PACKAGES=(
   python3-torch python3-numpy libopenblas0-openmp
   python3-pip ca-certificates
   bible-kjv bc
+  iproute2 munge slurmctld slurmd slurm-client
 )
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 # One dpkg-query for all of them: this runs on every test and main-job run.

@@ -78,10 +78,10 @@ meshtrain_cli_case(data_glob_no_match 1 "^meshtrain: config: data.train: no file
 meshtrain_cli_case(resume_truncated_safetensors 4 "^meshtrain: .*ckpt_truncated/rank_0.safetensors"
                    FIXTURE cli_trained
                    ARGS train --config ${good} --resume ${cli_work}/ckpt_truncated)
-meshtrain_cli_case(sample_bad_header_length 1 "^meshtrain: .*ckpt_header_len/rank_0.safetensors"
+meshtrain_cli_case(sample_bad_header_length 4 "^meshtrain: .*ckpt_header_len/rank_0.safetensors"
                    FIXTURE cli_trained
                    ARGS sample --checkpoint ${cli_work}/ckpt_header_len)
-meshtrain_cli_case(resume_bad_safetensors_json 1 "^meshtrain: .*ckpt_bad_json/manifest.json"
+meshtrain_cli_case(resume_bad_safetensors_json 4 "^meshtrain: .*ckpt_bad_json/manifest.json"
                    FIXTURE cli_trained
                    ARGS train --config ${good} --resume ${cli_work}/ckpt_bad_json)
 # Exports never write into a training checkpoint; inspect --verify names a corrupt file.

@@ -89,6 +89,8 @@ TEST_F(MemoryCheck, RunsThatEvaluateAndCheckpointMatchThePrediction) {
        {{"parallel.zero", "2"}, {"parallel.offload", "cpu"}, {"parallel.offload_budget_mb", "0.1"}}},
       {"dp 2 ZeRO-1 + disk offload", 1, 1,
        {{"parallel.zero", "1"}, {"parallel.offload", "disk"}}},
+      {"dp 2 ZeRO-3 + parameters on disk", 1, 1,
+       {{"parallel.zero", "3"}, {"parallel.offload", "disk"}, {"parallel.offload_budget_mb", "0.15"}}},
   };
   int run = 0;
   for (const Layout& layout : layouts) {

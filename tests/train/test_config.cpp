@@ -215,3 +215,24 @@ TEST(Config, ExampleConfigsParse) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+TEST(Config, CommDeadlinesAndRecorder) {
+  const TrainConfig defaults = parse_config(kBase, "test.toml");
+  EXPECT_EQ(defaults.comm.timeout_s, 300);
+  EXPECT_EQ(defaults.comm.long_timeout_s, 3600);
+  EXPECT_EQ(defaults.comm.flight_records, 1024);
+  const TrainConfig c = parse_config(kBase, "test.toml", {{"comm.timeout_s", "2.5"}});
+  EXPECT_EQ(c.comm.timeout_s, 2.5);
+  EXPECT_EQ(parse_config(config_to_toml(c), "saved.toml").comm.timeout_s, 2.5);
+  EXPECT_EQ(error_of(kBase, {{"comm.timeout_s", "-1"}}),
+            "config: comm.timeout_s must be >= 0 (0 = no deadline), got -1");
+  EXPECT_NE(error_of(kBase, {{"comm.flight_records", "0"}})
+                .find("set comm.timeout_s and comm.long_timeout_s to 0"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshtrain

@@ -126,7 +126,7 @@ TEST_F(ZeroTrainer, DiskOffloadFromTheConfigChangesNoBit) {
   EXPECT_EQ(std::memcmp(disk.weights.data(), resident.weights.data(), disk.weights.size() * 4), 0);
 }
 
-// ZeRO-3 with the parameter shards on disk (budget 0.1 MiB, below the rank's model
+// ZeRO-3 with the parameter shards on disk (budget 0.15 MiB (two pieces), below the rank's model
 // state): the whole run (evaluation every 5 steps included) equals the resident one bit
 // for bit, with the records' offload traffic; its checkpoint resumes bit for bit in the
 // resident layout, and a resident checkpoint resumes with parameters on disk.
@@ -134,7 +134,7 @@ TEST_F(ZeroTrainer, ParamsOnDiskEqualResidentAndCheckpointsCrossLayouts) {
   DeviceMesh mesh(*world_, 1, 1);
   const ConfigOverrides disk{{"parallel.zero", "3"},
                              {"parallel.offload", "disk"},
-                             {"parallel.offload_budget_mb", "0.1"},
+                             {"parallel.offload_budget_mb", "0.15"},
                              {"train.micro_batch_size", "1"}};
   ConfigOverrides c = disk;
   c.push_back({"train.checkpoint_interval", "5"});
@@ -186,7 +186,7 @@ TEST_F(ZeroTrainer, PipelineAndTensorParallelWithParamsOnDiskEqualResident) {
     ConfigOverrides c{{"parallel.tp", "2"}, {"parallel.zero", "3"}, {"model.hidden_dim", "48"},
                       {"train.micro_batch_size", "2"}};
     const Run resident = run_trainer(config("tp_resident", c), &mesh);
-    c.insert(c.end(), {{"parallel.offload", "disk"}, {"parallel.offload_budget_mb", "0.1"}});
+    c.insert(c.end(), {{"parallel.offload", "disk"}, {"parallel.offload_budget_mb", "0.15"}});
     const Run on_disk = run_trainer(config("tp_disk", c), &mesh);
     ASSERT_EQ(on_disk.records.size(), resident.records.size());
     for (size_t i = 0; i < resident.records.size(); ++i) {
@@ -207,7 +207,7 @@ TEST_F(ZeroTrainer, PipelineAndTensorParallelWithParamsOnDiskEqualResident) {
                       // m 3 (> pp) under 1F1B, m 2 interleaved (a multiple of pp).
                       {"train.micro_batch_size", std::string(schedule) == "1f1b" ? "2" : "3"}};
     const Run resident = run_trainer(config(fmt::format("pp_resident_{}", schedule), c), &mesh);
-    c.insert(c.end(), {{"parallel.offload", "disk"}, {"parallel.offload_budget_mb", "0.1"}});
+    c.insert(c.end(), {{"parallel.offload", "disk"}, {"parallel.offload_budget_mb", "0.15"}});
     const Run on_disk = run_trainer(config(fmt::format("pp_disk_{}", schedule), c), &mesh);
     ASSERT_EQ(on_disk.records.size(), resident.records.size());
     for (size_t i = 0; i < resident.records.size(); ++i) {

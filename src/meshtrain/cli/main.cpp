@@ -1,4 +1,5 @@
-// meshtrain's command line: train, eval, sample, prepare, ckpt export/import. Thin
+// meshtrain's command line: train, launch, eval, sample, prepare, ckpt export/import, debug
+// hang. Thin
 // glue over the library (train/, data/, ckpt/); any error becomes one line on stderr.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -14,8 +15,11 @@
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
 #include "meshtrain/ckpt/llmc.h"
+#include "meshtrain/cli/args.h"
+#include "meshtrain/cli/launch_command.h"
 #include "meshtrain/cli/plan_command.h"
 #include "meshtrain/cli/ranks.h"
+#include "meshtrain/comm/flight_dump.h"
 #include "meshtrain/data/bpe_tokenizer.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/data/tokenizer.h"
@@ -27,32 +31,6 @@
 
 namespace meshtrain {
 namespace {
-
-// Signals a command-line usage problem (exit code 2).
-struct UsageError : Error {
-  using Error::Error;
-};
-
-// "--section.key value" and "--section.key=value" pairs left over by CLI11.
-ConfigOverrides parse_overrides(const std::vector<std::string>& args) {
-  ConfigOverrides overrides;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.rfind("--", 0) != 0 || arg.find('.') == std::string::npos) {
-      throw UsageError(fmt::format("train: unexpected argument '{}' (overrides are --section.key value)", arg));
-    }
-    std::string key = arg.substr(2), value;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key.resize(eq);
-    } else {
-      if (i + 1 >= args.size()) throw UsageError(fmt::format("train: {} needs a value", arg));
-      value = args[++i];
-    }
-    overrides.emplace_back(key, value);
-  }
-  return overrides;
-}
 
 struct TrainArgs {
   std::string config;
@@ -400,6 +378,17 @@ int main_impl(int argc, char** argv) {
   bench_comm->add_option("--ops", bench_comm_args.ops,
                          "all_reduce reduce_scatter all_gather broadcast sendrecv (default: all)");
 
+  std::string hang_dir;
+  CLI::App* debug = app.add_subcommand("debug", "Diagnose a failed run");
+  debug->require_subcommand(1);
+  CLI::App* hang = debug->add_subcommand(
+      "hang", "Read a hung run's flight records (out_dir/flight/<job>/) and say where it is stuck");
+  hang->add_option("dir", hang_dir, "The run's out_dir, or a flight record directory")->required();
+  LaunchArgs launch_args;
+  CLI::App* launch = app.add_subcommand(
+      "launch", "Supervise a training job: relaunch it with --resume auto when it fails (docs/launch.md)");
+  add_launch_options(*launch, launch_args);
+
   PlanArgs plan_args;
   CLI::App* plan = app.add_subcommand(
       "plan", "Memory, parallelism layout, time and cost of a training run on GPUs (docs/plan.md)");
@@ -421,6 +410,8 @@ int main_impl(int argc, char** argv) {
 
   if (train->parsed()) {
     return run_train(train_args, train->remaining());
+  } else if (launch->parsed()) {
+    return run_launch(launch_args);
   } else if (plan->parsed()) {
     return run_plan(plan_args);
   } else if (eval->parsed()) {
@@ -444,6 +435,9 @@ int main_impl(int argc, char** argv) {
     std::fflush(stdout);
     // A failed check is an error: one line naming the (first) bad file, exit 1.
     if (failed > 0) dist_ckpt::verify_checkpoint(inspect_args.checkpoint);
+  } else if (hang->parsed()) {
+    const std::string dir = find_flight_dir(hang_dir);
+    fmt::print("{}", format_hang_report(diagnose_hang(read_flight_dumps(dir)), dir));
   } else if (convert->parsed()) {
     dist_ckpt::convert_legacy_checkpoint(convert_args.in, convert_args.out);
     fmt::print("converted {} to {}\n", convert_args.in, convert_args.out);

@@ -2,15 +2,23 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <array>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <memory>
 
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/comm/abort.h"
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/comm/watchdog.h"
+#include "meshtrain/train/comm_deadlines.h"
 #include "meshtrain/train/generate.h"
+#include "meshtrain/train/preemption.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
 
@@ -51,17 +59,47 @@ CommOp parse_op(const std::string& name) {
        name);
 }
 
+// The hang watchdog of a multi-rank run (comm/watchdog.h), or none: its
+// flight directory is out_dir/flight/<job>, the job named by rank 0's start.
+std::unique_ptr<Watchdog> start_watchdog(RankJob& job, const TrainConfig& config) {
+  job.env.flight().set_capacity(static_cast<size_t>(config.comm.flight_records));
+  std::array<int64_t, 2> id{static_cast<int64_t>(std::time(nullptr)),
+                            static_cast<int64_t>(::getpid())};
+  job.world->broadcast(id.data(), 2, CommDType::i64, 0);
+  if (job.env.world_size() == 1 || config.comm.flight_records == 0) return nullptr;
+  WatchdogOptions options;
+  options.job = flight_job_name(id[0], id[1]);
+  options.dir = config.train.out_dir + "/flight/" + options.job;
+  options.world_rank = job.env.world_rank();
+  options.world_size = job.env.world_size();
+  return std::make_unique<Watchdog>(job.env.flight(), options,
+                                    [&job](int code) { job.env.abort(code); });
+}
+
+// MESHTRAIN_LAUNCH_ATTEMPT / MESHTRAIN_LAUNCH_TIME, set by `meshtrain launch`.
+void read_launch_env(TrainerOptions& options) {
+  if (const char* attempt = std::getenv("MESHTRAIN_LAUNCH_ATTEMPT")) {
+    options.launch_attempt = std::atoi(attempt);
+  }
+  if (const char* time = std::getenv("MESHTRAIN_LAUNCH_TIME")) options.launched_at = std::atof(time);
+}
+
 }  // namespace
 
 int run_train_ranks(const std::string& config_path, const ConfigOverrides& overrides,
                     const TrainerOptions& base) {
   RankJob job;
+  // SIGTERM/SIGINT from here on: a checkpoint and exit 75 at the next step boundary.
+  PreemptionSignals signals;
   // Outlive the catch below: a failing rank reports while its pending
   // collectives still have their buffers (see comm/abort.h).
+  std::unique_ptr<Watchdog> watchdog;
   std::unique_ptr<DeviceMesh> mesh;
   std::unique_ptr<Trainer> trainer;
   try {
     TrainConfig config = load_config(config_path, overrides);
+    watchdog = start_watchdog(job, config);
+    auto deadlines = std::make_unique<CommDeadlines>(job.env.flight(), config.comm);
     const bool multi = job.env.world_size() > 1;
     if (multi && config.train.threads == 0) {
       config.train.threads = default_threads_per_rank(job.env.local_size(), cpu::available_cores());
@@ -69,7 +107,10 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
     mesh = std::make_unique<DeviceMesh>(*job.world, config.parallel.tp, config.parallel.pp);
     TrainerOptions options = base;
     options.mesh = multi ? mesh.get() : nullptr;
+    read_launch_env(options);
     trainer = std::make_unique<Trainer>(config, options);
+    trainer->add_hook(std::move(deadlines));
+    trainer->add_hook(std::make_unique<PreemptionHook>(*trainer, multi ? &mesh->world() : nullptr));
     trainer->run();
     return 0;
   } catch (const std::exception& e) {

@@ -304,14 +304,33 @@ CallRecord p2p_record(const Communicator& comm, CommOp op, int64_t count, CommDT
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(std::shared_ptr<CommThread> thread, MPI_Comm comm,
+MpiCommunicator::MpiCommunicator(std::shared_ptr<CommThread> thread,
+                                 std::shared_ptr<FlightRecorder> flight, MPI_Comm comm,
                                  std::string name, MemoryTracker& tracker)
-    : thread_(std::move(thread)), comm_(comm), name_(std::move(name)), tracker_(tracker) {
+    : thread_(std::move(thread)),
+      flight_(std::move(flight)),
+      comm_(comm),
+      name_(std::move(name)),
+      tracker_(tracker) {
+  CommIdentity identity;
   thread_->run([&] {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // The members' world ranks, so a hang report can name who has not arrived.
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(comm_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> local(static_cast<size_t>(size_));
+    identity.members.assign(static_cast<size_t>(size_), -1);
+    for (int r = 0; r < size_; ++r) local[static_cast<size_t>(r)] = r;
+    MPI_Group_translate_ranks(group, size_, local.data(), world, identity.members.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
   });
+  identity.name = name_;
+  identity.rank = rank_;
+  flight_comm_ = flight_->add_comm(std::move(identity));
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -324,15 +343,18 @@ Work MpiCommunicator::submit(CallRecord record, std::function<void()> fn) {
   std::lock_guard lock(submit_mutex_);
   record.seq = next_seq_.fetch_add(1);
   record.submitted = CommClock::now();
-  thread_->post([this, state, record, fn = std::move(fn)]() mutable {
+  const uint64_t flight_id = flight_->issue(flight_comm_, record);
+  thread_->post([this, state, record, flight_id, fn = std::move(fn)]() mutable {
     std::exception_ptr error;
     record.started = CommClock::now();
+    flight_->start(flight_id, record.started);
     try {
       fn();
     } catch (...) {
       error = std::current_exception();
     }
     record.finished = CommClock::now();
+    flight_->finish(flight_id, record, error != nullptr);
     trace_.record(record);
     state->complete(record, std::move(error));
   });
@@ -508,10 +530,13 @@ Work MpiCommunicator::send_recv_async(std::vector<P2POp> ops) {
   std::lock_guard lock(submit_mutex_);
   rec.seq = next_seq_.fetch_add(1);
   rec.submitted = CommClock::now();
-  thread_->post([this, state, rec, ops = std::move(ops)]() mutable {
+  const uint64_t flight_id = flight_->issue(flight_comm_, rec);
+  thread_->post([this, state, rec, flight_id, ops = std::move(ops)]() mutable {
     rec.started = CommClock::now();
-    auto finish = [this, state](CallRecord record, std::exception_ptr error) {
+    flight_->start(flight_id, rec.started);
+    auto finish = [this, state, flight_id](CallRecord record, std::exception_ptr error) {
       record.finished = CommClock::now();
+      flight_->finish(flight_id, record, error != nullptr);
       trace_.record(record);
       state->complete(record, std::move(error));
     };
@@ -569,7 +594,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::st
   thread_->run(
       [&] { check_mpi(MPI_Comm_split(comm_, color, key, &sub), name_, "MPI_Comm_split"); });
   return std::unique_ptr<Communicator>(
-      new MpiCommunicator(thread_, sub, std::move(name), tracker_));
+      new MpiCommunicator(thread_, flight_, sub, std::move(name), tracker_));
 }
 
 void MpiCommunicator::run_raw(const std::function<void(MPI_Comm)>& fn) {
@@ -613,7 +638,7 @@ std::unique_ptr<MpiCommunicator> MpiEnvironment::world(MemoryTracker& tracker, s
   MPI_Comm dup = MPI_COMM_NULL;
   thread_->run([&] { check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "world", "MPI_Comm_dup"); });
   return std::unique_ptr<MpiCommunicator>(
-      new MpiCommunicator(thread_, dup, std::move(name), tracker));
+      new MpiCommunicator(thread_, flight_, dup, std::move(name), tracker));
 }
 
 void MpiEnvironment::abort(int exit_code) {

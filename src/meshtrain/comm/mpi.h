@@ -24,6 +24,7 @@
 #include <string>
 
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/flight_recorder.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain {
@@ -60,8 +61,8 @@ class MpiCommunicator final : public Communicator {
 
  private:
   friend class MpiEnvironment;
-  MpiCommunicator(std::shared_ptr<CommThread> thread, MPI_Comm comm, std::string name,
-                  MemoryTracker& tracker);
+  MpiCommunicator(std::shared_ptr<CommThread> thread, std::shared_ptr<FlightRecorder> flight,
+                  MPI_Comm comm, std::string name, MemoryTracker& tracker);
   // Numbers the call and queues fn on the communication thread.
   Work submit(CallRecord record, std::function<void()> fn);
   // f32 scratch for bf16 reductions (touched on the communication thread only).
@@ -70,6 +71,8 @@ class MpiCommunicator final : public Communicator {
                            MPI_Datatype type, ReduceOp op, bool even);
 
   std::shared_ptr<CommThread> thread_;
+  std::shared_ptr<FlightRecorder> flight_;
+  int flight_comm_ = 0;  // this communicator's index in the recorder
   MPI_Comm comm_;
   std::string name_;
   MemoryTracker& tracker_;
@@ -102,11 +105,15 @@ class MpiEnvironment {
   // in `tracker`, which must outlive it.
   std::unique_ptr<MpiCommunicator> world(MemoryTracker& tracker, std::string name = "world");
 
+  // Every call of every communicator of this process (comm/flight_recorder.h).
+  FlightRecorder& flight() { return *flight_; }
+
   // Ends every rank of the job now (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] void abort(int exit_code);
 
  private:
   std::shared_ptr<CommThread> thread_;
+  std::shared_ptr<FlightRecorder> flight_ = std::make_shared<FlightRecorder>();
   int world_rank_ = 0, world_size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 

@@ -78,7 +78,7 @@ bool may_change_on_resume(const std::string& key) {
   for (const char* k : kFree) {
     if (key == k) return true;
   }
-  return key.starts_with("parallel.") || key.starts_with("ckpt.");
+  return key.starts_with("parallel.") || key.starts_with("ckpt.") || key.starts_with("comm.");
 }
 
 }  // namespace

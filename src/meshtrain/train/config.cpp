@@ -76,6 +76,8 @@ constexpr KeySpec kKeys[] = {
     {"guard", "loss_z", Kind::number},        {"guard", "grad_z", Kind::number},
     {"guard", "policy", Kind::string},        {"guard", "rollback_skip_batches", Kind::integer},
     {"guard", "max_rollbacks", Kind::integer},
+    {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
+    {"comm", "flight_records", Kind::integer},
 };
 
 std::string_view kind_name(Kind kind) {
@@ -497,6 +499,23 @@ CkptSettings read_ckpt(const Section& s) {
   return c;
 }
 
+CommSettings read_comm(const Section& s) {
+  CommSettings c;
+  s.read("timeout_s", c.timeout_s);
+  s.read("long_timeout_s", c.long_timeout_s);
+  s.read("flight_records", c.flight_records);
+  MESHTRAIN_CHECK(std::isfinite(c.timeout_s) && c.timeout_s >= 0,
+                  "config: comm.timeout_s must be >= 0 (0 = no deadline), got {}", c.timeout_s);
+  MESHTRAIN_CHECK(std::isfinite(c.long_timeout_s) && c.long_timeout_s >= 0,
+                  "config: comm.long_timeout_s must be >= 0 (0 = no deadline), got {}",
+                  c.long_timeout_s);
+  check_min<int64_t>("comm.flight_records", c.flight_records, 0);
+  MESHTRAIN_CHECK(c.flight_records > 0 || (c.timeout_s == 0 && c.long_timeout_s == 0),
+                  "config: comm.flight_records = 0 turns the flight recorder off, and the watchdog "
+                  "reads it: set comm.timeout_s and comm.long_timeout_s to 0 too");
+  return c;
+}
+
 ParallelSettings read_parallel(const Section& s) {
   ParallelSettings p;
   s.read("tp", p.tp);
@@ -577,6 +596,7 @@ TrainConfig from_table(const toml::table& root) {
   c.parallel = read_parallel(Section(root, "parallel"));
   c.ckpt = read_ckpt(Section(root, "ckpt"));
   c.guard = read_guard(Section(root, "guard"));
+  c.comm = read_comm(Section(root, "comm"));
   return c;
 }
 
@@ -667,13 +687,17 @@ toml::table to_table(const TrainConfig& c) {
                     {"policy", g.policy == GuardPolicy::skip ? "skip" : "rollback"},
                     {"rollback_skip_batches", g.rollback_skip_batches},
                     {"max_rollbacks", g.max_rollbacks}};
+  toml::table comm{{"timeout_s", c.comm.timeout_s},
+                   {"long_timeout_s", c.comm.long_timeout_s},
+                   {"flight_records", c.comm.flight_records}};
   return toml::table{{"model", std::move(model)},
                      {"train", std::move(train)},
                      {"optim", std::move(optim)},
                      {"data", std::move(data)},
                      {"parallel", std::move(parallel)},
                      {"ckpt", std::move(ckpt)},
-                     {"guard", std::move(guard)}};
+                     {"guard", std::move(guard)},
+                     {"comm", std::move(comm)}};
 }
 
 // JSON values as TOML nodes (integers stay integers), for config_from_json.

@@ -120,6 +120,15 @@ struct GuardSettings {
   GuardPolicy policy = GuardPolicy::skip;  // what a spike does
   int64_t rollback_skip_batches = 0;  // batches skipped beyond the one that caused a rollback
   int64_t max_rollbacks = 3;   // rollbacks in one process before the run ends as diverged
+// [comm]: deadlines of communication calls and the flight recorder
+// (docs/distributed.md#hangs-watchdog-and-flight-recorder).
+struct CommSettings {
+  // Seconds after a call's start; 0 = none. timeout_s: calls inside training
+  // steps (from a process's second step); long_timeout_s: every other call
+  // (start-up, first step, evaluation, checkpoints).
+  double timeout_s = 300;
+  double long_timeout_s = 3600;
+  int64_t flight_records = 1024;  // completed calls kept per rank; 0 = no recorder and no watchdog
 };
 
 struct TrainConfig {
@@ -131,6 +140,7 @@ struct TrainConfig {
   ParallelSettings parallel;
   CkptSettings ckpt;
   GuardSettings guard;
+  CommSettings comm;
 
   LrSchedule lr_schedule() const;
 };

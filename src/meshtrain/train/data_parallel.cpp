@@ -110,6 +110,18 @@ class ZeroDataParallel final : public DataParallel {
   ZeroDataParallel(const TrainConfig& config, Model& model, DeviceMesh& mesh,
                    int64_t pipeline_micro_batches) {
     zero::ZeroOptions options = zero_options(config);
+    if (options.offload.tier == zero::OffloadTier::disk) {
+      // A killed attempt's store files: every rank clears its host's; the sum
+      // (an all-reduce) also keeps any rank from opening its own store before
+      // every rank has cleared.
+      const double stale = sum_over_ranks(
+          mesh.world(),
+          zero::remove_offload_files(options.offload.directory, options.offload.file_prefix));
+      if (stale > 0 && mesh.rank() == 0) {
+        fmt::print("offload: removed {} stale file(s) of this run from {}\n", stale,
+                   options.offload.directory);
+      }
+    }
     // Pipelines: each unit's gradients reduced once, after its last backward.
     options.pipeline_micro_batches = pipeline_micro_batches;
     zero_ = std::make_unique<zero::ShardedDataParallel>(model, mesh.dp(), config.optim.adamw,

@@ -55,6 +55,12 @@ zero::ZeroOptions zero_options(const TrainConfig& config) {
                               ? (std::filesystem::path(config.train.out_dir) / "offload").string()
                               : p.offload_dir;
     std::filesystem::create_directories(o.offload.directory);
+    // The run's own prefix (FNV-1a of its out_dir), so that a restart removes
+    // what a killed attempt left and nothing of another run sharing the directory.
+    const std::string run = std::filesystem::absolute(config.train.out_dir).lexically_normal().string();
+    uint32_t hash = 2166136261u;
+    for (unsigned char c : run) hash = (hash ^ c) * 16777619u;
+    o.offload.file_prefix = fmt::format("meshtrain-offload-{:08x}-", hash);
   }
   return o;
 }

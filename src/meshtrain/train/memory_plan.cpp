@@ -265,6 +265,11 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
       all_padded += padded;
       all_shard += shard;
     }
+    // Stage 3 with offload: the parameter shards live in the store too (each
+    // streamed in before its unit's gather), so only gathered units stay.
+    const zero::OffloadTier tier = zero::parse_offload_tier(p.offload);
+    const bool params_in_store = p.zero == 3 && tier != zero::OffloadTier::none;
+    if (params_in_store) params = 0;
     if (p.zero == 3) {
       out.floor[idx(MemCategory::params)] = params;
       params += zero3_gathered_bound(layout, config, pp > 1, evaluates);
@@ -281,22 +286,28 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     if (p.zero >= 2) grads += micro * all_padded + (micro - 1) * all_shard;
     if (p.zero == 1) grads += all_shard;
     out.basis[idx(MemCategory::grads)] = PredictionBasis::bound;
-    // The offload store: the optimizer state streams through the budget.
-    const zero::OffloadTier tier = zero::parse_offload_tier(p.offload);
+    // The offload store: the optimizer state (at stage 3 with the parameter
+    // shards) streams through the budget.
     if (tier != zero::OffloadTier::none) {
       const int64_t piece = zero::ZeroOptions{}.piece_elems;
-      // A piece: exp_avg, exp_avg_sq (and a bf16 flat's f32 master) of up to
-      // piece_elems shard elements, acquired together by the update.
+      // A piece: exp_avg, exp_avg_sq (and a 2-byte flat's f32 master; at stage
+      // 3 its 2-byte values) of up to piece_elems shard elements, acquired
+      // together by the update.
       double piece_bytes = 0;
       for (const zero::FlatParam& f : layout.flats) {
-        const double states = f.dtype == DType::f32 ? 2 : 3;
-        piece_bytes = std::max(piece_bytes, 4 * states * static_cast<double>(std::min(f.shard, piece)));
+        const double elems = static_cast<double>(std::min(f.shard, piece));
+        const bool narrow = f.dtype != DType::f32;
+        const double bytes = 4 * (narrow ? 3 : 2) * elems +
+                             (params_in_store && narrow ? dtype_size(f.dtype) * elems : 0);
+        piece_bytes = std::max(piece_bytes, bytes);
       }
+      const auto store = static_cast<double>(zero::layout_offloaded_bytes(layout, p.zero));
+      optimizer = store;
       out.offload_tier = p.offload;
-      out.offload_state = optimizer;
+      out.offload_state = store;
       out.offload_piece = piece_bytes;
       out.offload_budget = p.offload_budget_mb * 1024.0 * 1024.0;
-      out.peak[idx(MemCategory::offloaded)] = optimizer;
+      out.peak[idx(MemCategory::offloaded)] = store;
       // Resident: what the passes hold and read ahead, within the budget (0:
       // up to all of it); at least the two pieces an update holds.
       if (out.offload_budget > 0) optimizer = std::min(optimizer, out.offload_budget);

@@ -14,7 +14,8 @@ namespace meshtrain {
 
 class MetricsLog final : public StepHook {
  public:
-  // append: continue the file of the run this one resumes.
+  // append: continue the file of the run this one resumes (a partial last
+  // line, from a killed run, is dropped first).
   MetricsLog(std::string path, bool append, const TrainSettings& train, bool console,
              bool show_comm);
   void write(const nlohmann::json& record);  // one line, flushed and checked
@@ -29,6 +30,10 @@ class MetricsLog final : public StepHook {
   const TrainSettings& train_;
   bool console_, show_comm_;
 };
+
+// A run killed while writing leaves a partial last line: cut it off, so the
+// run that resumes appends whole records.
+void drop_partial_line(const std::string& path);
 
 // JSON has no NaN; a diverged value is written as null.
 nlohmann::json json_number(double value);

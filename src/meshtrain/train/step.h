@@ -56,6 +56,7 @@ struct StepRecord {
 class StepHook {
  public:
   virtual ~StepHook() = default;
+  virtual void before_step(int64_t step) {}  // step: 1-based, the one about to run
   virtual void on_step(const StepRecord& record) {}
   virtual void on_eval(int64_t step, double val_loss) {}
   virtual void on_checkpoint(int64_t step, const std::string& dir) {}

@@ -5,8 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <nlohmann/json.hpp>
-
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/train/distributed.h"
@@ -53,6 +51,7 @@ std::vector<fs::path> run_files(const fs::path& out_dir) {
 
 Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     : config_(config), options_(options), schedule_(config.lr_schedule()) {
+  const auto constructed = std::chrono::steady_clock::now();
   // The checkpoint records the tokenizer by a path that works from any folder.
   config_.data.gpt2_ranks = fs::absolute(config_.data.gpt2_ranks).lexically_normal().string();
   const TrainSettings& t = config_.train;
@@ -68,6 +67,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     check_parallel_layout(config_.parallel, *mesh);
   }
   TrainState resumed;
+  double load_ms = 0;
   if (!resumed_from_.empty()) {
     TrainConfig saved;
     resumed = read_train_state(resumed_from_, &saved);
@@ -123,7 +123,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   if (resumed_from_.empty()) {
     dp_->init_weights(t.seed);
   } else {
+    const auto load_start = std::chrono::steady_clock::now();
     checkpointer_->load(resumed_from_);
+    load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
     dp_->set_step_count(resumed.optimizer_step);
     gates_->load_state(resumed.update_gates, resumed_from_);
     step_ = resumed.step;
@@ -150,6 +152,22 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                ctx_->threads());
   }
   if (options_.console) print_setup(loader);
+  if (!resumed_from_.empty()) {
+    // Each restart shows in the metrics: where from, and what it cost (the
+    // steps between this checkpoint and the failure are redone).
+    nlohmann::json event{{"event", "resume"}, {"from", resumed_from_}, {"step", step_},
+                         {"load_ms", load_ms},
+                         {"setup_ms", std::chrono::duration<double, std::milli>(
+                                          std::chrono::steady_clock::now() - constructed)
+                                          .count()}};
+    if (options_.launch_attempt > 0) {
+      event["attempt"] = options_.launch_attempt;
+      const double now = std::chrono::duration<double>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+      if (options_.launched_at > 0) event["since_launch_ms"] = (now - options_.launched_at) * 1e3;
+    }
+    metrics_->write(event);
+  }
   log_memory("start");
 }
 
@@ -380,6 +398,15 @@ std::string Trainer::save_checkpoint() {
 
 void Trainer::wait_for_checkpoint() { checkpointer_->wait(); }
 
+std::string Trainer::checkpoint_now() {
+  const std::string dir = save_checkpoint();
+  checkpointer_->wait();
+  for (auto& hook : hooks_) hook->on_checkpoint(step_, dir);
+  return dir;
+}
+
+void Trainer::log_event(const nlohmann::json& record) { metrics_->write(record); }
+
 std::vector<float> Trainer::gather_state(layout::StateKind kind) {
   return checkpointer_->gather(kind);
 }
@@ -391,6 +418,7 @@ std::vector<StepRecord> Trainer::run() {
     fmt::print("nothing to do: at step {} of train.steps = {}\n", step_, t.steps);
   }
   while (step_ < t.steps) {
+    for (auto& hook : hooks_) hook->before_step(step_ + 1);
     records.push_back(train_step());
     for (auto& hook : hooks_) hook->on_step(records.back());
     // Back at a checkpoint's step: its evaluation and checkpoint were done.

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,11 @@ struct TrainerOptions {
   // its metrics to out_dir/metrics.rank<R>.jsonl; every rank writes its own
   // part of each checkpoint.
   DeviceMesh* mesh = nullptr;
+  // Under `meshtrain launch` (MESHTRAIN_LAUNCH_ATTEMPT / _TIME): the attempt
+  // (1 = the first run) and when the launcher started it (unix seconds); a
+  // resumed run writes them into its resume event. 0 = not launched.
+  int launch_attempt = 0;
+  double launched_at = 0;
 };
 
 class MetricsLog;
@@ -72,6 +78,11 @@ class Trainer {
   std::string save_checkpoint();
   // Waits until an asynchronous checkpoint is committed (collective).
   void wait_for_checkpoint();
+  // Saves, waits for the commit and tells the hooks (on_checkpoint); returns
+  // the directory. Collective.
+  std::string checkpoint_now();
+  // One record in this rank's metrics file (an event: resume, preempted, ...).
+  void log_event(const nlohmann::json& record);
 
   // Observers called by run() after each step, evaluation and checkpoint.
   void add_hook(std::unique_ptr<StepHook> hook);

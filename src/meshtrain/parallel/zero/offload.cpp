@@ -84,6 +84,18 @@ OffloadStore::OffloadStore(std::string name, std::vector<OffloadChunkSpec> chunk
   io_thread_ = std::thread([this] { io_loop(); });
 }
 
+int remove_offload_files(const std::string& directory, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(directory, ec)) {
+    if (!entry.path().filename().string().starts_with(prefix)) continue;
+    std::error_code gone;
+    if (fs::remove(entry.path(), gone)) ++removed;  // another rank may have removed it first
+  }
+  return removed;
+}
+
 void OffloadStore::open_file() {
   namespace fs = std::filesystem;
   MESHTRAIN_CHECK(!options_.directory.empty(),
@@ -92,7 +104,7 @@ void OffloadStore::open_file() {
   MESHTRAIN_CHECK(fs::is_directory(options_.directory, ec),
                   "offload store '{}': directory '{}' does not exist or is not a directory", name_,
                   options_.directory);
-  std::string file_name = fmt::format("meshtrain-offload-{}-XXXXXX", name_);
+  std::string file_name = fmt::format("{}{}-XXXXXX", options_.file_prefix, name_);
   std::replace(file_name.begin(), file_name.end(), '/', '_');
   std::string pattern = (fs::path(options_.directory) / file_name).string();
   fd_ = ::mkstemp(pattern.data());

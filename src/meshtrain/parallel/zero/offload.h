@@ -56,10 +56,19 @@ OffloadTier parse_offload_tier(std::string_view name);
 struct OffloadOptions {
   OffloadTier tier = OffloadTier::none;
   std::string directory;  // disk: an existing directory for the store's file
+  // disk: the file is <directory>/<file_prefix><store name>-XXXXXX. A run
+  // names its files by a prefix of its own, so a restart finds and removes
+  // the ones a killed attempt left (remove_offload_files).
+  std::string file_prefix = "meshtrain-offload-";
   // cpu/disk: most bytes of resident chunk buffers at once (0 = no limit).
   size_t budget_bytes = 0;
   MemCategory resident_category = MemCategory::optimizer;
 };
+
+// Removes the files in `directory` whose names start with `prefix` (a killed
+// run's stores: a store removes its own file on destruction, a SIGKILL
+// leaves it); returns how many. Call before any store with that prefix opens.
+int remove_offload_files(const std::string& directory, const std::string& prefix);
 
 struct OffloadChunkSpec {
   std::string name;
