@@ -120,6 +120,8 @@ struct GuardSettings {
   GuardPolicy policy = GuardPolicy::skip;  // what a spike does
   int64_t rollback_skip_batches = 0;  // batches skipped beyond the one that caused a rollback
   int64_t max_rollbacks = 3;   // rollbacks in one process before the run ends as diverged
+};
+
 // [comm]: deadlines of communication calls and the flight recorder
 // (docs/distributed.md#hangs-watchdog-and-flight-recorder).
 struct CommSettings {
