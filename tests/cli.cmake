@@ -125,3 +125,14 @@ meshtrain_cli_case(export_llmc_of_llama 1 "^meshtrain: .*llama.bin: llm.c export
                    ARGS ckpt export --format llmc --checkpoint ${cli_work}/run/step_30 --out ${cli_work}/llama.bin)
 meshtrain_cli_case(prepare_missing_input 1 "^meshtrain: prepare: input '.*/no_text' does not exist$"
                    ARGS prepare --input ${cli_work}/no_text --out ${cli_work}/prepared --tokenizer bytes)
+
+# The stability guard: a NaN in every step's gradients (test hook), two guard
+# skips in a row (guard.max_skips) ask for a rollback, and with no checkpoint
+# the run ends as diverged: exit code 5 (docs/errors.md).
+add_test(NAME cli.guard_diverged
+         COMMAND bash ${cli_dir}/run_case.sh 5
+                 "^meshtrain: step 2: 2 consecutive skipped steps .* no checkpoint in .*training diverged$"
+                 -- env MESHTRAIN_INJECT_NAN=1-99@0 ${cli_bin} train --config ${good}
+                 --train.steps 4 --train.checkpoint_interval -1 --train.eval_interval 0
+                 --guard.max_skips 2 --train.out_dir ${cli_work}/guard_diverged --overwrite)
+set_tests_properties(cli.guard_diverged PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 60)

@@ -76,6 +76,9 @@ void DataLoader::produce(Cursor& cursor, MicroBatch& out) const {
         static_cast<int64_t>(order(static_cast<uint64_t>(first + row)));
   }
   read_micro_batch(source_, out);
+  if (options_.produce_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(options_.produce_delay_ms));
+  }
 }
 
 void DataLoader::advance(Cursor& cursor) const {

@@ -27,6 +27,7 @@ struct LoaderOptions {
   int64_t dp_size = 1;
   uint64_t seed = 0;
   int prefetch = 2;  // micro-batches made ahead on a background thread; 0 = made in next()
+  double produce_delay_ms = 0;  // test hook (MESHTRAIN_SLOW_RANK): a sleep per micro-batch made
 };
 
 // Checks the split of G over dp ranks and micro-batches (an Error names

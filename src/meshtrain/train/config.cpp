@@ -46,6 +46,8 @@ constexpr KeySpec kKeys[] = {
     {"train", "loss_scale_init", Kind::number},
     {"train", "loss_scale_growth_interval", Kind::integer},
     {"train", "loss_scale_min", Kind::number},
+    {"train", "straggler_interval", Kind::integer},
+    {"train", "straggler_threshold", Kind::number},
     {"train", "memory_check", Kind::string},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
@@ -69,6 +71,11 @@ constexpr KeySpec kKeys[] = {
     {"ckpt", "buffer_mb", Kind::number},      {"ckpt", "async", Kind::boolean},
     {"ckpt", "keep_last", Kind::integer},
 
+    {"guard", "enabled", Kind::boolean},      {"guard", "max_skips", Kind::integer},
+    {"guard", "window", Kind::integer},       {"guard", "min_steps", Kind::integer},
+    {"guard", "loss_z", Kind::number},        {"guard", "grad_z", Kind::number},
+    {"guard", "policy", Kind::string},        {"guard", "rollback_skip_batches", Kind::integer},
+    {"guard", "max_rollbacks", Kind::integer},
     {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
     {"comm", "flight_records", Kind::integer},
 };
@@ -373,6 +380,11 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   check_min<int64_t>("train.checkpoint_interval", t.checkpoint_interval, -1);
   MESHTRAIN_CHECK(!t.out_dir.empty(), "config: train.out_dir must not be empty");
   check_min<int64_t>("train.recompute_layers", t.recompute_layers, 0);
+  s.read("straggler_interval", t.straggler_interval);
+  s.read("straggler_threshold", t.straggler_threshold);
+  check_min<int64_t>("train.straggler_interval", t.straggler_interval, 0);
+  MESHTRAIN_CHECK(std::isfinite(t.straggler_threshold) && t.straggler_threshold > 0,
+                  "config: train.straggler_threshold must be > 0, got {}", t.straggler_threshold);
   MESHTRAIN_CHECK(t.recompute_layers == 0 || t.recompute == Recompute::full,
                   "config: train.recompute_layers ({}) needs train.recompute = \"full\"",
                   t.recompute_layers);
@@ -544,6 +556,36 @@ ParallelSettings read_parallel(const Section& s) {
   return p;
 }
 
+GuardSettings read_guard(const Section& s) {
+  GuardSettings g;
+  s.read("enabled", g.enabled);
+  s.read("max_skips", g.max_skips);
+  s.read("window", g.window);
+  s.read("min_steps", g.min_steps);
+  s.read("loss_z", g.loss_z);
+  s.read("grad_z", g.grad_z);
+  std::string policy = "skip";
+  s.read("policy", policy);
+  MESHTRAIN_CHECK(policy == "skip" || policy == "rollback",
+                  "config: guard.policy must be \"skip\" or \"rollback\", got \"{}\"", policy);
+  g.policy = policy == "skip" ? GuardPolicy::skip : GuardPolicy::rollback;
+  s.read("rollback_skip_batches", g.rollback_skip_batches);
+  s.read("max_rollbacks", g.max_rollbacks);
+  check_min<int64_t>("guard.max_skips", g.max_skips, 1);
+  check_min<int64_t>("guard.window", g.window, 2);
+  check_min<int64_t>("guard.min_steps", g.min_steps, 2);
+  MESHTRAIN_CHECK(g.min_steps <= g.window,
+                  "config: guard.min_steps ({}) must be <= guard.window ({})", g.min_steps,
+                  g.window);
+  for (auto [key, value] : {std::pair{"guard.loss_z", g.loss_z}, {"guard.grad_z", g.grad_z}}) {
+    MESHTRAIN_CHECK(std::isfinite(value) && value >= 0, "config: {} must be >= 0 (0 = off), got {}",
+                    key, value);
+  }
+  check_min<int64_t>("guard.rollback_skip_batches", g.rollback_skip_batches, 0);
+  check_min<int64_t>("guard.max_rollbacks", g.max_rollbacks, 0);
+  return g;
+}
+
 TrainConfig from_table(const toml::table& root) {
   check_keys_and_types(root);
   TrainConfig c;
@@ -553,6 +595,7 @@ TrainConfig from_table(const toml::table& root) {
   c.data = read_data(Section(root, "data"));
   c.parallel = read_parallel(Section(root, "parallel"));
   c.ckpt = read_ckpt(Section(root, "ckpt"));
+  c.guard = read_guard(Section(root, "guard"));
   c.comm = read_comm(Section(root, "comm"));
   return c;
 }
@@ -593,6 +636,8 @@ toml::table to_table(const TrainConfig& c) {
       {"loss_scale_init", t.loss_scale.init},
       {"loss_scale_growth_interval", t.loss_scale.growth_interval},
       {"loss_scale_min", t.loss_scale.min},
+      {"straggler_interval", t.straggler_interval},
+      {"straggler_threshold", t.straggler_threshold},
       {"memory_check", t.memory_check},
   };
   const OptimSettings& o = c.optim;
@@ -632,6 +677,16 @@ toml::table to_table(const TrainConfig& c) {
   toml::table ckpt{{"buffer_mb", c.ckpt.buffer_mb},
                    {"async", c.ckpt.async},
                    {"keep_last", c.ckpt.keep_last}};
+  const GuardSettings& g = c.guard;
+  toml::table guard{{"enabled", g.enabled},
+                    {"max_skips", g.max_skips},
+                    {"window", g.window},
+                    {"min_steps", g.min_steps},
+                    {"loss_z", g.loss_z},
+                    {"grad_z", g.grad_z},
+                    {"policy", g.policy == GuardPolicy::skip ? "skip" : "rollback"},
+                    {"rollback_skip_batches", g.rollback_skip_batches},
+                    {"max_rollbacks", g.max_rollbacks}};
   toml::table comm{{"timeout_s", c.comm.timeout_s},
                    {"long_timeout_s", c.comm.long_timeout_s},
                    {"flight_records", c.comm.flight_records}};
@@ -641,6 +696,7 @@ toml::table to_table(const TrainConfig& c) {
                      {"data", std::move(data)},
                      {"parallel", std::move(parallel)},
                      {"ckpt", std::move(ckpt)},
+                     {"guard", std::move(guard)},
                      {"comm", std::move(comm)}};
 }
 

@@ -45,6 +45,11 @@ struct TrainSettings {
   // pipeline chunk, 0 = all.
   Recompute recompute = Recompute::none;
   int64_t recompute_layers = 0;
+  // Straggler detection (train/stragglers.h): every straggler_interval steps
+  // (0 = off) the ranks' step breakdowns are gathered; a rank whose own work
+  // exceeds the median rank's by more than straggler_threshold (0.2 = 20%) is named.
+  int64_t straggler_interval = 0;
+  double straggler_threshold = 0.2;
   // Before allocating, each rank's predicted peak (train/memory_plan.h) against
   // what its host allows: "error" refuses, "warn" prints and trains, "off" skips.
   std::string memory_check = "error";
@@ -101,6 +106,22 @@ struct CkptSettings {
   int64_t keep_last = 0;  // committed checkpoints kept (0 = all)
 };
 
+// [guard]: the stability guard (train/update_gate.h StabilityGuard;
+// docs/distributed.md#stability-guard).
+enum class GuardPolicy { skip, rollback };
+
+struct GuardSettings {
+  bool enabled = true;         // non-finite loss / gradient norm => skip (fp32, bf16)
+  int64_t max_skips = 5;       // consecutive guard skips => roll back
+  int64_t window = 100;        // applied steps in the spike statistics
+  int64_t min_steps = 20;      // applied steps in the window before spikes are judged
+  double loss_z = 0;           // z-score above the window's mean that is a loss spike (0 = off)
+  double grad_z = 0;           // the same for the gradient norm (0 = off)
+  GuardPolicy policy = GuardPolicy::skip;  // what a spike does
+  int64_t rollback_skip_batches = 0;  // batches skipped beyond the one that caused a rollback
+  int64_t max_rollbacks = 3;   // rollbacks in one process before the run ends as diverged
+};
+
 // [comm]: deadlines of communication calls and the flight recorder
 // (docs/distributed.md#hangs-watchdog-and-flight-recorder).
 struct CommSettings {
@@ -120,6 +141,7 @@ struct TrainConfig {
   DataSettings data;
   ParallelSettings parallel;
   CkptSettings ckpt;
+  GuardSettings guard;
   CommSettings comm;
 
   LrSchedule lr_schedule() const;

@@ -52,6 +52,13 @@ class ReplicatedDataParallel final : public DataParallel {
     return stages != nullptr ? pipeline::pipeline_grad_norm(model_, *stages)
                              : tensor_parallel_grad_norm(model_);
   }
+  std::vector<std::span<float>> local_gradients() override {
+    std::vector<std::span<float>> out;
+    for (Parameter& p : model_.params()) {
+      if (p.grad.defined()) out.emplace_back(p.grad.data<float>(), static_cast<size_t>(p.grad.numel()));
+    }
+    return out;
+  }
   void step(float lr, float grad_scale, StepRecord& r) override {
     optimizer_.step(lr, grad_scale);
     if (!ddp_) return;
@@ -131,6 +138,7 @@ class ZeroDataParallel final : public DataParallel {
   void end_schedule() override {}
   void finish_gradient_sync() override { zero_->finish_gradient_sync(); }
   double grad_norm(Communicator* stages) override { return zero_->grad_norm(stages); }
+  std::vector<std::span<float>> local_gradients() override { return zero_->grad_shards(); }
   void step(float lr, float grad_scale, StepRecord& r) override {
     zero_->step(lr, grad_scale);
     // The step's collectives: reduce-scatters, and the gathers waited for in it.

@@ -12,7 +12,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/model/model.h"
@@ -38,6 +40,9 @@ class DataParallel {
   // The whole model's gradient norm, every element once; `stages`: the
   // pipeline's pp group (summed over too), or null.
   virtual double grad_norm(Communicator* stages) = 0;
+  // The gradients this rank holds after finish_gradient_sync (the replicated
+  // model's local gradients, or ZeRO's shards); for fault injection (tests).
+  virtual std::vector<std::span<float>> local_gradients() = 0;
   // AdamW with every gradient multiplied by grad_scale; fills the step's
   // communication figures into `record`.
   virtual void step(float lr, float grad_scale, StepRecord& record) = 0;

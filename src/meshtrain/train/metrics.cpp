@@ -69,6 +69,8 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"data_ms", r.data_ms},
                         {"comm_ms", r.comm_ms},
                         {"exposed_comm_ms", r.exposed_comm_ms},
+                        {"optimizer_ms", r.optimizer_ms},
+                        {"gates_ms", r.gates_ms},
                         {"comm_bytes", r.comm_bytes},
                         {"tp_comm_bytes", r.tp_comm_bytes},
                         {"skipped", r.skipped},
@@ -106,6 +108,21 @@ void MetricsLog::on_step(const StepRecord& r) {
                r.skipped ? fmt::format(" | skipped ({}; {} so far)", r.skip_reason, r.skipped_steps)
                          : "");
     std::fflush(stdout);
+  }
+  if (r.rolled_back) {
+    write({{"step", r.step},
+           {"event", "rollback"},
+           {"from_step", r.step},
+           {"to_step", r.rollback_to_step},
+           {"skipped_batches", r.rollback_skipped_batches},
+           {"checkpoint", r.rollback_checkpoint},
+           {"reason", r.rollback_reason}});
+    if (console_) {
+      fmt::print("step {:>5}/{} | rollback to step {} ({}): {}; the data skips {} batches\n",
+                 r.step, train_.steps, r.rollback_to_step, r.rollback_checkpoint,
+                 r.rollback_reason, r.rollback_skipped_batches);
+      std::fflush(stdout);
+    }
   }
 }
 

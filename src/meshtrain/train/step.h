@@ -20,12 +20,20 @@ struct StepRecord {
   std::string skip_reason;
   double loss_scale = 1.0;
   int64_t skipped_steps = 0;
+  // A gate asked for a rollback at this step (train/update_gate.h): the run
+  // went back to the checkpoint of step rollback_to_step (the next record is
+  // that step + 1) and its data skipped rollback_skipped_batches batches.
+  bool rolled_back = false;
+  int64_t rollback_to_step = 0, rollback_skipped_batches = 0;
+  std::string rollback_reason, rollback_checkpoint;
   double tokens_per_s = 0;
   double mfu = 0;
   double step_ms = 0;
   double data_ms = 0;  // of step_ms, waiting for the loader's micro-batches
   double comm_ms = 0;          // data parallel: the gradient collectives' busy time
   double exposed_comm_ms = 0;  // of step_ms, waiting for them after backward
+  double optimizer_ms = 0;     // of step_ms, the optimizer step (0 when skipped)
+  double gates_ms = 0;         // of step_ms, the update gates' votes and their one collective
   uint64_t comm_bytes = 0;     // bytes of the step's collectives (CallRecord::bytes)
   // Pipeline (pp > 1), this rank: time computing, waiting for a peer's
   // activation or gradient, and in the whole schedule; the measured bubble

@@ -88,6 +88,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
       rank_loader_options(t.batch_size, t.micro_batch_size, options_.dp_rank, options_.dp_size);
   loader.seed = t.seed;
   loader.prefetch = options_.prefetch;
+  slow_ = slow_rank_delays(mesh != nullptr ? mesh->rank() : 0);
+  loader.produce_delay_ms = slow_.data_ms;
+  loader_options_ = loader;
   if (!config_.data.val.empty()) {
     val_data_ = std::make_unique<TokenDataset>(expand_val_files(config_.data),
                                                config_.model.vocab_size, t.seq_len);
@@ -134,6 +137,10 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                               options_.console, dp_->group() != nullptr);
   metrics_ = metrics.get();
   hooks_.push_back(std::move(metrics));
+  if (t.straggler_interval > 0 && mesh != nullptr && mesh->world().size() > 1) {
+    hooks_.push_back(std::make_unique<StragglerHook>(mesh->world(), *metrics_, t.straggler_interval,
+                                                     t.straggler_threshold, options_.console));
+  }
 
   if (t.peak_flops > 0) {
     peak_flops_ = t.peak_flops;
@@ -168,31 +175,68 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
 Trainer::~Trainer() = default;
 
 std::string Trainer::resolve_resume() {
-  const fs::path out_dir(config_.train.out_dir);
   std::string dir = options_.resume_dir;
   if (dir == "auto") {
-    // Rank 0 chooses (verifying checksums); every rank takes its choice.
-    std::string chosen;
-    const bool root = options_.mesh == nullptr || options_.mesh->rank() == 0;
-    if (root) {
-      std::optional<dist_ckpt::ResumeChoice> choice =
-          dist_ckpt::find_resume_checkpoint(out_dir.string());
-      if (choice) {
-        chosen = choice->dir;
-        if (options_.console) {
-          for (const std::string& note : choice->notes) fmt::print("resume: {}\n", note);
-        }
-      }
-      if (options_.console) {
-        fmt::print("resume auto: {}\n", chosen.empty() ? "no valid checkpoint, starting fresh"
-                                                       : "from " + chosen);
-      }
+    const std::string chosen = newest_checkpoint(true);
+    if (options_.console) {
+      fmt::print("resume auto: {}\n", chosen.empty() ? "no valid checkpoint, starting fresh"
+                                                     : "from " + chosen);
     }
-    if (options_.mesh != nullptr) chosen = broadcast_string(options_.mesh->world(), chosen, 0);
     if (chosen.empty()) options_.overwrite = true;  // nothing to continue: a fresh run
     dir = chosen;
   }
   return dir;
+}
+
+std::string Trainer::newest_checkpoint(bool report) {
+  // Rank 0 chooses (verifying checksums); every rank takes its choice.
+  std::string chosen;
+  if (options_.mesh == nullptr || options_.mesh->rank() == 0) {
+    std::optional<dist_ckpt::ResumeChoice> choice =
+        dist_ckpt::find_resume_checkpoint(config_.train.out_dir);
+    if (choice) {
+      chosen = choice->dir;
+      if (report && options_.console) {
+        for (const std::string& note : choice->notes) fmt::print("resume: {}\n", note);
+      }
+    }
+  }
+  if (options_.mesh != nullptr) chosen = broadcast_string(options_.mesh->world(), chosen, 0);
+  return chosen;
+}
+
+int64_t Trainer::next_batch_number() const {
+  const SamplerPosition p = loader_->position();
+  return p.epoch * loader_->order().batches_per_epoch() + p.index / config_.train.batch_size + 1;
+}
+
+void Trainer::roll_back(const RollbackRequest& request, StepRecord& r) {
+  checkpointer_->wait();  // a checkpoint being written is the newest good one
+  std::string dir = newest_checkpoint(false);
+  if (dir.empty()) dir = resumed_from_;  // nothing saved yet in out_dir: where this run began
+  MESHTRAIN_CHECK_AS(ErrorKind::diverged, !dir.empty(),
+                     "step {}: {}; no checkpoint in '{}' to roll back to (train.checkpoint_interval "
+                     "saves them): training diverged",
+                     r.step, request.reason, config_.train.out_dir);
+  // The data continues past this step's batch (already read) and skip_batches more.
+  SamplerPosition data = loader_->position();
+  for (int64_t i = 0; i < request.skip_batches; ++i) data = loader_->order().next_batch(data);
+  const TrainState saved = read_train_state(dir);
+  dp_->quiesce();  // ZeRO 3: nothing gathered while the shards are overwritten
+  checkpointer_->load(dir);
+  dp_->set_step_count(saved.optimizer_step);
+  gates_->load_state(saved.update_gates, dir);
+  step_ = saved.step;
+  loader_.reset();  // joins its prefetch thread before the new one starts
+  loader_ = std::make_unique<DataLoader>(*train_data_, loader_options_, data);
+  const int64_t batches = loader_->order().batches_per_epoch();
+  r.rolled_back = true;
+  r.rollback_to_step = saved.step;
+  r.rollback_skipped_batches = next_batch_number() - 1 -
+                               (saved.sampler.epoch * batches +
+                                saved.sampler.index / config_.train.batch_size);
+  r.rollback_reason = request.reason;
+  r.rollback_checkpoint = dir;
 }
 
 void Trainer::prepare_out_dir() {
@@ -278,17 +322,23 @@ StepRecord Trainer::train_step() {
   // The loss gradient carries the gates' loss scale (fp16); the gradients are
   // unscaled in the norm and in the update's multiplier, never in a pass of their own.
   const double loss_scale = gates_->loss_scale();
+  const int64_t batch = next_batch_number();
   dp_->begin_step();
+  sleep_ms(slow_.compute_ms);  // before the gradients: its peers wait for them in the sync
   double loss_sum =
       runner_->run(*loader_, *dp_, static_cast<float>(grad_scale * loss_scale), r);
   dp_->finish_gradient_sync();
-  inject_grad_fault(*model_, r.step, options_.mesh != nullptr ? options_.mesh->rank() : 0);
+  inject_grad_fault(*dp_, batch, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
   // Each element counted once across tp, stages and shards.
   r.grad_norm = dp_->grad_norm(runner_->stages()) / loss_scale;
   // Every rank takes the same decision (one collective over the world).
+  const auto gates_start = std::chrono::steady_clock::now();
   const GateDecision decision = gates_->decide({r.step, r.loss, r.grad_norm});
+  r.gates_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - gates_start)
+          .count();
   gates_->fill(decision, loss_scale, r);
   r.lr = schedule_.at(step_);
   if (decision.apply) {
@@ -297,7 +347,12 @@ StepRecord Trainer::train_step() {
                     r.loss);
     MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
                     r.step, r.grad_norm);
+    const auto optimizer_start = std::chrono::steady_clock::now();
+    sleep_ms(slow_.optimizer_ms);
     dp_->step(r.lr, static_cast<float>(clip_factor(r.grad_norm, t.grad_clip) / loss_scale), r);
+    r.optimizer_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                               optimizer_start)
+                         .count();
   }
   ++step_;  // a skipped step still consumed its batch and its LR
 
@@ -313,6 +368,8 @@ StepRecord Trainer::train_step() {
   r.mfu = config_.model.train_flops_per_token(t.seq_len) * tokens /
           static_cast<double>(options_.dp_size * tp.size() * config_.parallel.pp) / seconds /
           peak_flops_;
+  // After the step's figures: the rollback replaces the loader.
+  if (decision.rollback) roll_back(*decision.rollback, r);
   return r;
 }
 
@@ -364,6 +421,8 @@ std::vector<StepRecord> Trainer::run() {
     for (auto& hook : hooks_) hook->before_step(step_ + 1);
     records.push_back(train_step());
     for (auto& hook : hooks_) hook->on_step(records.back());
+    // Back at a checkpoint's step: its evaluation and checkpoint were done.
+    if (records.back().rolled_back) continue;
     const bool last = step_ == t.steps;
     if (val_set_ && t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       const double val_loss = evaluate();

@@ -21,6 +21,7 @@
 #include "meshtrain/train/memory_plan.h"
 #include "meshtrain/train/step.h"
 #include "meshtrain/train/step_runner.h"
+#include "meshtrain/train/stragglers.h"
 #include "meshtrain/train/update_gate.h"
 
 namespace meshtrain {
@@ -112,6 +113,17 @@ class Trainer {
   // Resolves options_.resume_dir ("auto": the newest valid checkpoint,
   // agreed by every rank). Collective.
   std::string resolve_resume();
+  // out_dir's newest checkpoint that verifies, chosen by rank 0 (its notes
+  // printed when `report`), the same on every rank; empty when none. Collective.
+  std::string newest_checkpoint(bool report);
+  // What a gate's rollback request makes the trainer do, at step record.step
+  // (after its batch was read): reload the newest committed checkpoint
+  // (weights, optimizer state, step, the gates' state) and continue the data
+  // request.skip_batches global batches past that step's batch, filling the
+  // record's rollback fields. No checkpoint: ErrorKind::diverged. Collective.
+  void roll_back(const RollbackRequest& request, StepRecord& record);
+  // The global batch (1-based, counted over epochs) the next step reads.
+  int64_t next_batch_number() const;
   // A fresh run: refuses (or with overwrite deletes) another run's files,
   // before any rank writes. Collective.
   void prepare_out_dir();
@@ -127,6 +139,7 @@ class Trainer {
   std::unique_ptr<cpu::CpuContext> ctx_;
   std::unique_ptr<TokenDataset> train_data_;
   std::unique_ptr<TokenDataset> val_data_;  // null without data.val
+  LoaderOptions loader_options_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<ValidationSet> val_set_;  // null without data.val
   std::unique_ptr<Model> model_;
@@ -136,6 +149,7 @@ class Trainer {
   std::unique_ptr<UpdateGates> gates_;  // whether each step's update is applied
   MetricsLog* metrics_ = nullptr;  // owned by hooks_
   std::vector<std::unique_ptr<StepHook>> hooks_;  // the metrics log first
+  SlowRankDelays slow_;  // test hook MESHTRAIN_SLOW_RANK (zero normally)
   LrSchedule schedule_;
   int64_t step_ = 0;
   std::string resumed_from_;

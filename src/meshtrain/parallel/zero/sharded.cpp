@@ -477,6 +477,14 @@ float* ShardedDataParallel::grad_shard(size_t flat) {
   return f.grad_shard.data<float>();
 }
 
+std::vector<std::span<float>> ShardedDataParallel::grad_shards() {
+  std::vector<std::span<float>> out;
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    out.emplace_back(grad_shard(i), static_cast<size_t>(layout_.flats[i].shard));
+  }
+  return out;
+}
+
 double ShardedDataParallel::grad_norm(Communicator* stages) {
   MESHTRAIN_CHECK(reduces_.empty(), "zero: grad_norm before finish_gradient_sync");
   // Padding is zero; each shard's sum has a fixed blocking.

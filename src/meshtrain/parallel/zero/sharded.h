@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
@@ -122,6 +123,9 @@ class ShardedDataParallel : public layout::StateAccess {
   // sqrt of the sum of squares of all gradients (collective). stages: the
   // pipeline's pp group, summed over too (a tied copy counted once).
   double grad_norm(Communicator* stages = nullptr);
+  // This rank's gradient shards (after finish_gradient_sync), one per flat
+  // parameter: what its norm and its update read.
+  std::vector<std::span<float>> grad_shards();
   // AdamW on this rank's shards with every gradient multiplied by grad_scale.
   void step(float lr, float grad_scale);
   // Waits for every pending call and frees gathered stage-3 units (after an
