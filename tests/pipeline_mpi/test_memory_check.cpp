@@ -89,6 +89,13 @@ TEST_F(MemoryCheck, RunsThatEvaluateAndCheckpointMatchThePrediction) {
        {{"parallel.zero", "2"}, {"parallel.offload", "cpu"}, {"parallel.offload_budget_mb", "0.1"}}},
       {"dp 2 ZeRO-1 + disk offload", 1, 1,
        {{"parallel.zero", "1"}, {"parallel.offload", "disk"}}},
+      // The reduce-scatter rate limiter at other K: the grads peak follows it to the byte.
+      {"dp 2 ZeRO-2, 1 reduce in flight", 1, 1,
+       {{"parallel.zero", "2"}, {"parallel.max_inflight_reduces", "1"}}},
+      {"dp 2 ZeRO-3, 5 reduces in flight", 1, 1,
+       {{"parallel.zero", "3"}, {"parallel.max_inflight_reduces", "5"}}},
+      {"dp 2 ZeRO-1, 3 reduces in flight", 1, 1,
+       {{"parallel.zero", "1"}, {"parallel.max_inflight_reduces", "3"}}},
       {"dp 2 ZeRO-3 + parameters on disk", 1, 1,
        {{"parallel.zero", "3"}, {"parallel.offload", "disk"}, {"parallel.offload_budget_mb", "0.15"}}},
   };

@@ -63,6 +63,7 @@ constexpr KeySpec kKeys[] = {
     {"parallel", "bucket_mb", Kind::number},  {"parallel", "overlap", Kind::boolean},
     {"parallel", "zero", Kind::integer},      {"parallel", "prefetch", Kind::boolean},
     {"parallel", "reshard_after_forward", Kind::boolean},
+    {"parallel", "max_inflight_reduces", Kind::integer},
     {"parallel", "offload", Kind::string},    {"parallel", "offload_dir", Kind::string},
     {"parallel", "offload_budget_mb", Kind::number},
     {"parallel", "schedule", Kind::string},   {"parallel", "virtual_stages", Kind::integer},
@@ -530,6 +531,8 @@ ParallelSettings read_parallel(const Section& s) {
   s.read("zero", p.zero);
   s.read("prefetch", p.prefetch);
   s.read("reshard_after_forward", p.reshard_after_forward);
+  s.read("max_inflight_reduces", p.max_inflight_reduces);
+  check_min("parallel.max_inflight_reduces", p.max_inflight_reduces, int64_t{1});
   s.read("offload", p.offload);
   s.read("offload_dir", p.offload_dir);
   s.read("offload_budget_mb", p.offload_budget_mb);
@@ -668,6 +671,7 @@ toml::table to_table(const TrainConfig& c) {
                        {"zero", p.zero},
                        {"prefetch", p.prefetch},
                        {"reshard_after_forward", p.reshard_after_forward},
+                       {"max_inflight_reduces", p.max_inflight_reduces},
                        {"offload", p.offload},
                        {"offload_dir", p.offload_dir},
                        {"offload_budget_mb", p.offload_budget_mb},

@@ -94,6 +94,7 @@ struct ParallelSettings {
   int zero = 0;
   bool prefetch = true;               // stage 3: all-gather the next unit ahead
   bool reshard_after_forward = true;  // stage 3: free a unit after its forward
+  int64_t max_inflight_reduces = 2;   // stages 1-3: gradient reduce-scatters in flight at most
   std::string offload = "none";       // optimizer state: "none" | "cpu" | "disk"
   std::string offload_dir;            // disk: where; empty = <train.out_dir>/offload
   double offload_budget_mb = 0;       // cpu/disk: resident MiB of optimizer state (0 = no limit)

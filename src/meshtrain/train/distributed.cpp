@@ -48,6 +48,7 @@ zero::ZeroOptions zero_options(const TrainConfig& config) {
   o.stage = p.zero;
   o.prefetch = p.prefetch;
   o.reshard_after_forward = p.reshard_after_forward;
+  o.max_inflight_reduces = p.max_inflight_reduces;
   o.offload.tier = zero::parse_offload_tier(p.offload);
   o.offload.budget_bytes = static_cast<size_t>(p.offload_budget_mb * 1024.0 * 1024.0);
   if (o.offload.tier == zero::OffloadTier::disk) {

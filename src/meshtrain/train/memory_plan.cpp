@@ -177,6 +177,69 @@ double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& c
   }
   return most;
 }
+
+// The gradient transients of a stage-1/2/3 step without pipelining
+// (ShardedDataParallel::before / after / reduce_scatter_grads, model.cpp's
+// backward): per micro-batch, backward allocates a unit's [padded] f32
+// gradients in before(u) (the head's, then with a tied embedding the
+// embedding's), and after(u) issues one reduce-scatter per flat, whose
+// receive shard is new unless it is the flat's first contribution of the step
+// (stage 1: once, on the last micro-batch, always a new receive shard; the
+// full gradients are resident). Issuing with K alive retires the oldest
+// first. Returns the peak of what is alive above the resident floor.
+double zero_reduce_peak(const zero::ZeroLayout& layout, const TrainConfig& config,
+                        int64_t micro_batches) {
+  const int stage = config.parallel.zero;
+  const auto limit = static_cast<size_t>(config.parallel.max_inflight_reduces);
+  const size_t head = layout.unit_flats.size() - 1;
+  const bool tied = config.model.family == Family::gpt2 || config.model.tie_embeddings;
+  struct Call {
+    double bytes = 0;  // the send buffer (stages 2/3) and the receive shard
+  };
+  std::vector<Call> alive;  // in issue order
+  std::vector<bool> written(layout.flats.size(), false);
+  double live = 0, most = 0;
+  auto padded = [&](size_t i) {
+    return 4 * static_cast<double>(layout.flats[i].padded);
+  };
+  auto alloc = [&](size_t u) {
+    if (stage == 1) return;
+    for (size_t i : layout.unit_flats[u]) live += padded(i);
+    most = std::max(most, live);
+  };
+  auto issue = [&](size_t u) {
+    for (size_t i : layout.unit_flats[u]) {
+      while (alive.size() >= limit) {
+        live -= alive.front().bytes;
+        alive.erase(alive.begin());
+      }
+      const double recv =
+          stage == 1 || written[i] ? 4 * static_cast<double>(layout.flats[i].shard) : 0;
+      written[i] = true;
+      live += recv;
+      most = std::max(most, live);
+      alive.push_back({(stage >= 2 ? padded(i) : 0) + recv});
+    }
+  };
+  for (int64_t k = 0; k < micro_batches; ++k) {
+    if (stage == 1 && k + 1 < micro_batches) continue;
+    if (head == 0) {  // (a single unit)
+      alloc(0);
+      issue(0);
+      continue;
+    }
+    alloc(head);
+    if (tied) alloc(0);
+    issue(head);
+    for (size_t u = head - 1; u >= 1; --u) {
+      alloc(u);
+      issue(u);
+    }
+    if (!tied) alloc(0);
+    issue(0);
+  }
+  return most;
+}
 }  // namespace
 
 std::string_view prediction_basis_name(PredictionBasis basis) {
@@ -275,17 +338,23 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
       params += zero3_gathered_bound(layout, config, pp > 1, evaluates);
       out.basis[idx(MemCategory::params)] = PredictionBasis::bound;
     }
-    // Reduce-scatters are asynchronous: a unit's gradient buffer (and, after
-    // the step's first contribution, its receive shard) lives until its call
-    // completes, so every unit's, of every micro-batch of the step, may be
-    // alive at once (the bound; finish_gradient_sync waits for all). Stage 2/3
-    // reduce after each micro-batch's backward; pipelines once, after a unit's
-    // last backward; stage 1 once, into receive shards.
+    // Gradient reduce-scatters: the rate limiter (parallel.max_inflight_reduces,
+    // parallel/zero/sharded.h) keeps at most K calls alive and retires them
+    // only when the (K+1)-th is issued or at the sync, so the peak follows
+    // from the issue order alone.
     out.floor[idx(MemCategory::grads)] = grads;
-    const auto micro = static_cast<double>(pp > 1 ? 1 : m);
-    if (p.zero >= 2) grads += micro * all_padded + (micro - 1) * all_shard;
-    if (p.zero == 1) grads += all_shard;
-    out.basis[idx(MemCategory::grads)] = PredictionBasis::bound;
+    if (pp == 1) {
+      grads += zero_reduce_peak(layout, config, m);
+    } else if (p.zero >= 2 && m >= 2 && shape.virtual_stages == 1) {
+      // A stage allocates each unit's gradients at its first backward (the
+      // first micro-batch) and reduces them after its last (the last
+      // micro-batch's): all are alive together, the first contributions need
+      // no receive shard.
+      grads += all_padded;
+    } else {
+      grads += p.zero >= 2 ? all_padded : all_shard;
+      out.basis[idx(MemCategory::grads)] = PredictionBasis::bound;
+    }
     // The offload store: the optimizer state (at stage 3 with the parameter
     // shards) streams through the budget.
     if (tier != zero::OffloadTier::none) {
@@ -335,34 +404,35 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     held_most = chunks.front().held;  // one micro-batch at a time
   } else {
     // Walk the rank's actions: forwards add their chunk's tensors, backwards
-    // free them; pipeline messages are [stage rows, dim] f32 buffers from their
-    // post (receive) or production (send) to their use or the next post.
+    // free them; pipeline messages are [stage rows, dim] f32 buffers: a
+    // receive from its post to its use, an output from its production until
+    // the compute that waits for the batch that sent it, else the step's end
+    // (pipeline/executor.cpp frees sent buffers only there).
     const pipeline::RankSchedule actions =
         pipeline::make_schedule(kind, shape)[static_cast<size_t>(coord.pp)];
     const double message = 4 * s.r * s.d;
-    // `lazy` keeps every sent buffer to the step's end (the bound), `eager`
-    // frees it at the next post (the floor).
-    double in_flight = 0, lazy = 0, eager = 0, sent = 0, most_lazy = 0, most_eager = 0;
+    double in_flight = 0, live = 0, most_live = 0;
+    std::vector<double> sent(actions.size(), 0);  // by send_recv: bytes still held
     const int last_vs = shape.total_stages() - 1;
     auto add = [&](double bytes) {
-      lazy += bytes;
-      eager += bytes;
-      most_lazy = std::max(most_lazy, lazy);
-      most_eager = std::max(most_eager, eager);
+      live += bytes;
+      most_live = std::max(most_live, live);
     };
-    for (const pipeline::Action& a : actions) {
+    for (size_t k = 0; k < actions.size(); ++k) {
+      const pipeline::Action& a = actions[k];
       if (a.kind == pipeline::ActionKind::send_recv) {
-        // Receives are posted here; a sent buffer is freed once the executor
-        // sees its send complete, which depends on timing.
-        eager -= sent;
-        sent = 0;
         for (const pipeline::Transfer& t : a.transfers) {
-          if (t.send) sent += message;
-        }
-        for (const pipeline::Transfer& t : a.transfers) {
-          if (!t.send) add(message);
+          if (t.send) {
+            sent[k] += message;  // (counted since its production)
+          } else {
+            add(message);
+          }
         }
         continue;
+      }
+      if (a.receive >= 0) {
+        live -= sent[static_cast<size_t>(a.receive)];
+        sent[static_cast<size_t>(a.receive)] = 0;
       }
       const int vs = a.chunk * shape.stages + coord.pp;
       const bool backward = a.kind == pipeline::ActionKind::backward;
@@ -377,9 +447,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
         held_most = std::max(held_most, in_flight);
       }
     }
-    out.floor[idx(MemCategory::comm)] = most_eager;
-    comm = most_lazy;
-    out.basis[idx(MemCategory::comm)] = PredictionBasis::bound;
+    comm = most_live;
   }
   double activations = held_most + shared;
   if (evaluates && pp == 1) {

@@ -87,8 +87,9 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
   std::map<Key, Tensor> received, outgoing;
   std::vector<Work> works(actions_.size());  // by send_recv action
   struct Sending {
+    size_t action = 0;  // the send_recv that posted it
     Work work;
-    Tensor buffer;  // kept alive until the send completes
+    Tensor buffer;  // kept alive until the send is known complete
   };
   std::deque<Sending> sending;
   auto wait = [&](Work& work) {
@@ -120,12 +121,18 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
         ops.push_back(P2POp{t.send, buffer.raw(), message_elems_, CommDType::f32, t.peer, t.tag});
       }
       works[k] = pp_.send_recv_async(std::move(ops));
-      for (Tensor& buffer : sent) sending.push_back(Sending{works[k], std::move(buffer)});
-      // Completed sends free their buffers early.
-      while (!sending.empty() && sending.front().work.test()) sending.pop_front();
+      for (Tensor& buffer : sent) sending.push_back(Sending{k, works[k], std::move(buffer)});
       continue;
     }
-    if (a.receive >= 0) wait(works[static_cast<size_t>(a.receive)]);
+    if (a.receive >= 0) {
+      // Waiting for a receive completes its batch: the batch's sent buffers
+      // go now. Sent buffers are freed only here or at the step's end (never
+      // when a poll happens to see them done), so the comm peak follows from
+      // the schedule alone (train/memory_plan.cpp walks the same actions).
+      const auto posted = static_cast<size_t>(a.receive);
+      wait(works[posted]);
+      std::erase_if(sending, [&](const Sending& s) { return s.action == posted; });
+    }
     const MicroBatchRef& mb = micro_batches[static_cast<size_t>(a.micro_batch)];
     const int vs = a.chunk * shape_.stages + pp_.rank();
     const bool backward = a.kind == ActionKind::backward;

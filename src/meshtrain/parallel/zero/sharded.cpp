@@ -62,6 +62,9 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
                   "zero: the model already has unit hooks");
   MESHTRAIN_CHECK(options.piece_elems > 0, "zero: piece_elems must be > 0, got {}",
                   options.piece_elems);
+  MESHTRAIN_CHECK(options.max_inflight_reduces >= 1,
+                  "zero: max_inflight_reduces (parallel.max_inflight_reduces) must be >= 1, got {}",
+                  options.max_inflight_reduces);
   MESHTRAIN_CHECK(options.pipeline_micro_batches >= 0,
                   "zero: pipeline_micro_batches must be >= 0, got {}",
                   options.pipeline_micro_batches);
@@ -321,7 +324,6 @@ size_t ShardedDataParallel::prefetch_target(size_t unit, UnitPass pass) const {
 }
 
 void ShardedDataParallel::before(size_t unit, UnitPass pass) {
-  poll_reduces(false);
   const int stage = options_.stage;
   for (size_t i : layout_.unit_flats[unit]) {
     Flat& f = flats_[i];
@@ -380,13 +382,16 @@ void ShardedDataParallel::after(size_t unit, UnitPass pass) {
     if (stage == 3) release_params(i);
     if (stage >= 2 || last_micro_batch_) reduce_scatter_grads(i);
   }
-  poll_reduces(false);
 }
 
 void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
   MemoryTracker& tracker = model_.ctx().tracker();
+  // The limiter: the oldest call's buffers go before this one's receive shard comes.
+  while (static_cast<int64_t>(reduces_.size()) >= options_.max_inflight_reduces) {
+    finish_oldest_reduce();
+  }
   Reduce r;
   r.flat = flat;
   r.send = f.grad_full;
@@ -411,25 +416,28 @@ void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
   reduces_.push_back(std::move(r));
 }
 
-void ShardedDataParallel::poll_reduces(bool wait_all) {
-  size_t done = 0;
+void ShardedDataParallel::finish_oldest_reduce() {
   // In issue order: an accumulation adds after the shard's first write.
-  for (; done < reduces_.size(); ++done) {
-    Reduce& r = reduces_[done];
-    if (!wait_all && !r.work.test()) break;
-    finish(r.work, &timing_.exposed_seconds);
-    const FlatParam& fp = layout_.flats[r.flat];
-    Flat& f = flats_[r.flat];
-    const float* src = r.recv.data<float>();
-    if (r.then == Reduce::Then::add_to_shard) {
-      float* dst = f.grad_shard.data<float>();
-      for (int64_t k = 0; k < fp.shard; ++k) dst[k] += src[k];
-    } else if (r.then == Reduce::Then::copy_to_full) {
-      std::memcpy(f.grad_full.data<float>() + fp.shard_begin(rank_), src,
-                  static_cast<size_t>(fp.shard) * sizeof(float));
-    }
+  Reduce& r = reduces_.front();
+  finish(r.work, &timing_.exposed_seconds);
+  const FlatParam& fp = layout_.flats[r.flat];
+  Flat& f = flats_[r.flat];
+  const float* src = r.recv.data<float>();
+  if (r.then == Reduce::Then::add_to_shard) {
+    float* dst = f.grad_shard.data<float>();
+    for (int64_t k = 0; k < fp.shard; ++k) dst[k] += src[k];
+  } else if (r.then == Reduce::Then::copy_to_full) {
+    std::memcpy(f.grad_full.data<float>() + fp.shard_begin(rank_), src,
+                static_cast<size_t>(fp.shard) * sizeof(float));
   }
-  reduces_.erase(reduces_.begin(), reduces_.begin() + static_cast<std::ptrdiff_t>(done));
+  reduces_.erase(reduces_.begin());
+}
+
+void ShardedDataParallel::finish_reduces() {
+  // No polling elsewhere: completed calls keep their buffers until the
+  // limiter (reduce_scatter_grads) or a sync retires them, so that what is
+  // alive depends on the issue order only.
+  while (!reduces_.empty()) finish_oldest_reduce();
 }
 
 void ShardedDataParallel::begin_micro_batch(bool first, bool last) {
@@ -464,7 +472,7 @@ void ShardedDataParallel::finish_gradient_sync() {
   for (size_t i = 0; pipeline > 0 && options_.stage == 3 && i < flats_.size(); ++i) {
     release_params(i);
   }
-  poll_reduces(true);
+  finish_reduces();
   for (const Flat& f : flats_) {
     MESHTRAIN_CHECK(options_.stage == 1 || !f.grad_full.defined(),
                     "zero: a unit's backward did not finish (after(u, backward) missing)");
@@ -595,7 +603,7 @@ void ShardedDataParallel::all_gather_updated() {
 }
 
 void ShardedDataParallel::quiesce() {
-  poll_reduces(true);
+  finish_reduces();
   for (size_t i = 0; i < flats_.size(); ++i) {
     wait_gather(i);
     if (options_.stage == 3) release_params(i);

@@ -8,7 +8,8 @@
 //            as after(u, backward) fires, overlapping the rest of backward.
 //   stage 2: + the f32 grad shard instead of full grads: every micro-batch's
 //            unit grads live in a transient full buffer from before(u, bwd)
-//            until their reduce-scatter completes, and are ADDED to the shard.
+//            until the limiter retires their reduce-scatter
+//            (max_inflight_reduces), and are ADDED to the shard.
 //   stage 3: + compute params sharded: before(u, pass) all-gathers unit u
 //            (prefetch: unit u's successor is issued on the communication
 //            thread at once), after(u, fwd) frees it unless
@@ -72,6 +73,14 @@ struct ZeroOptions {
   // embedding copy (a stage's embed unit) waits for finish_gradient_sync: the
   // caller sums its gradient over the stages first.
   int64_t pipeline_micro_batches = 0;
+  // The rate limiter of the gradient reduce-scatters: at most this many
+  // (one per flat parameter; their gradient buffers and receive shards) are
+  // in flight; issuing one more first waits for the oldest and frees its
+  // buffers. A completed call's buffers are freed only then (or by
+  // finish_gradient_sync / quiesce), never when a poll happens to see it
+  // done, so the gradient peak does not depend on timing
+  // (train/memory_plan.cpp predicts it to the byte). >= 1.
+  int64_t max_inflight_reduces = 2;
 };
 
 // One stage-3 all-gather as the model met it.
@@ -164,7 +173,8 @@ class ShardedDataParallel : public layout::StateAccess {
   void wait_gather(size_t flat);     // any stage: wait for a pending all-gather
   void release_params(size_t flat);  // stage 3
   void reduce_scatter_grads(size_t flat);
-  void poll_reduces(bool wait_all);
+  void finish_reduces();  // waits for every pending reduce-scatter, in issue order
+  void finish_oldest_reduce();
   void bind_values(size_t flat);
   void bind_grads(size_t flat, bool bound);
   void all_gather_updated();  // stages 1/2, after the update or a load
