@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain::pipeline {
 
@@ -125,7 +126,10 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
       while (!sending.empty() && sending.front().work.test()) sending.pop_front();
       continue;
     }
-    if (a.receive >= 0) wait(works[static_cast<size_t>(a.receive)]);
+    if (a.receive >= 0) {
+      trace::Span span("pipeline", "wait", a.micro_batch);
+      wait(works[static_cast<size_t>(a.receive)]);
+    }
     const MicroBatchRef& mb = micro_batches[static_cast<size_t>(a.micro_batch)];
     const int vs = a.chunk * shape_.stages + pp_.rank();
     const bool backward = a.kind == ActionKind::backward;
@@ -137,6 +141,8 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
     const bool sends = backward ? vs > 0 : vs < last_vs;
     Tensor out = sends ? Tensor({message_elems_}, DType::f32, MemCategory::comm, tracker) : Tensor();
     const auto t = Clock::now();
+    trace::Span span("pipeline", backward ? "B" : "F", a.micro_batch);
+    span.args(R"("micro_batch":{},"chunk":{},"stage":{})", a.micro_batch, a.chunk, vs);
     if (backward) {
       loss += model_.stage_backward(a.chunk, a.micro_batch, mb.tokens, mb.targets, grad_scale,
                                     in.defined() ? in.data<float>() : nullptr,
