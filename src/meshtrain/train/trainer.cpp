@@ -384,6 +384,7 @@ StepRecord Trainer::train_step() {
 
 double Trainer::evaluate() {
   MESHTRAIN_CHECK(val_set_ != nullptr, "evaluate: no validation data (data.val)");
+  trace::Span span("step", "evaluate");
   // Always the same leading windows, so successive values are comparable.
   int64_t tokens = 0;
   double loss_sum = runner_->evaluate(*val_set_, tokens);
