@@ -5,21 +5,35 @@
 # median step time of steps >= 2 per run, the on/off ratio of the sums, and
 # the trace's bytes per step per rank. With BASE_BIN set (a build without the
 # tracer, e.g. main before it), also that binary against this one, trace off.
-# usage: bench/trace_overhead.sh [ROUNDS=2] [STEPS=5] [SEQ=128]
+# MODEL=llama-tiny (byte vocabulary) gives the worst case: the most events
+# per unit of compute. Odd rounds run off then on, even rounds on then off.
+# WINDOW_RUNS=N adds N single runs with the middle third of 3 x STEPS traced.
+# usage: bench/trace_overhead.sh [ROUNDS=2] [STEPS=5] [SEQ=128] [MODEL=llama-60M]
 #   (from the repository root, after building meshtrain)
 set -euo pipefail
-ROUNDS=${1:-2} STEPS=${2:-5} SEQ=${3:-128}
+ROUNDS=${1:-2} STEPS=${2:-5} SEQ=${3:-128} MODEL=${4:-llama-60M}
 source "$(dirname "$0")/common.sh"
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
-random_tokens 500000
+if [ "$MODEL" = llama-tiny ]; then
+  python3 - "$work/train.bin" <<'PY'
+import random, struct, sys
+random.seed(1)
+n = 500000
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack(f"<{n}H", *(random.randrange(256) for _ in range(n))))
+PY
+else
+  random_tokens 500000
+fi
 write_run_config <<TOML
 steps = $STEPS
 batch_size = 4
 micro_batch_size = 1
 seq_len = $SEQ
 TOML
-sed -i "/^seq_len = 256/d" "$work/run.toml"
-echo "A/B: llama-60M dp 2, batch 4 x $SEQ, 2 micro-batches per rank, $STEPS steps, 1 thread per rank"
+sed -i "/^seq_len = 256/d; s/^preset = .*/preset = \"$MODEL\"/" "$work/run.toml"
+echo "A/B: $MODEL dp 2, batch 4 x $SEQ, 2 micro-batches per rank, $STEPS steps, 1 thread per rank"
 median_ms() {
   python3 - "$1" <<'PY'
 import json, statistics, sys
@@ -31,7 +45,9 @@ declare -A sum
 sides=(off on)
 [ -n "${BASE_BIN:-}" ] && sides+=(base)
 for round in $(seq "$ROUNDS"); do
-  for side in "${sides[@]}"; do
+  order=("${sides[@]}")
+  (( round % 2 == 0 )) && order=(on off "${sides[@]:2}")
+  for side in "${order[@]}"; do
     bin=$BIN extra=()
     [ "$side" = on ] && extra=(--train.trace_steps "2-$STEPS")
     [ "$side" = base ] && bin=$BASE_BIN
@@ -48,5 +64,22 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 python3 -c "print(f'trace on / off: {${sum[on]} / ${sum[off]}:.4f}')"
+# Within one run (same processes, interleaved in time): 3 x STEPS steps, the
+# middle third traced; median step of the window / of the thirds around it.
+for round in $(seq "${WINDOW_RUNS:-0}"); do
+  out="$work/window.$round"
+  "${MPIRUN[@]}" -np 2 "$BIN" train --config "$work/run.toml" --train.out_dir "$out" \
+    --train.steps $((3 * STEPS)) --train.trace_steps "$((STEPS + 1))-$((2 * STEPS))" >/dev/null
+  python3 - "$out/metrics.jsonl" "$STEPS" "$round" <<'PY'
+import json, statistics, sys
+n, ms = int(sys.argv[2]), {}
+for r in map(json.loads, open(sys.argv[1])):
+    if "loss" in r:
+        ms[r["step"]] = r["step_ms"]
+m = [statistics.median(ms[s] for s in range(a, a + n)) for a in (1 + n // 5, n + 1, 2 * n + 1)]
+print(f"window run {sys.argv[3]}: before {m[0]:.2f}, traced {m[1]:.2f}, after {m[2]:.2f} ms/step: "
+      f"traced / around {m[1] / ((m[0] + m[2]) / 2):.3f}")
+PY
+done
 [ -n "${BASE_BIN:-}" ] && python3 -c "print(f'trace off / binary without the tracer: {${sum[off]} / ${sum[base]}:.4f}')"
 exit 0
