@@ -14,18 +14,8 @@ set -euo pipefail
 ROUNDS=${1:-2} STEPS=${2:-5} SEQ=${3:-128} MODEL=${4:-llama-60M}
 source "$(dirname "$0")/common.sh"
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
-if [ "$MODEL" = llama-tiny ]; then
-  python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(1)
-n = 500000
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(256) for _ in range(n))))
-PY
-else
-  random_tokens 500000
-fi
+vocab=50257; [ "$MODEL" = llama-tiny ] && vocab=256
+random_tokens 500000 "$vocab"
 write_run_config <<TOML
 steps = $STEPS
 batch_size = 4
