@@ -8,6 +8,7 @@
 
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/trace_hook.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -120,6 +121,19 @@ TEST(Config, InvalidValuesNamed) {
   std::string no_data = kBase;
   no_data.erase(no_data.find("[data]"));
   EXPECT_NE(error_of(no_data).find("data.train"), std::string::npos);
+}
+
+TEST(Config, TraceStepsParsedOrNamed) {
+  EXPECT_EQ(parse_config(kBase, "run.toml", {}).train.trace_steps, "");  // off by default
+  EXPECT_EQ(parse_config(kBase, "run.toml", {{"train.trace_steps", "10-12"}}).train.trace_steps,
+            "10-12");
+  EXPECT_EQ(parse_trace_steps("10-12"), std::make_pair(int64_t{10}, int64_t{12}));
+  EXPECT_EQ(parse_trace_steps("7"), std::make_pair(int64_t{7}, int64_t{7}));
+  for (const char* bad : {"0", "3-", "-3", "a-b", "12-10", "1-2-3", "1.5"}) {
+    EXPECT_NE(error_of(kBase, {{"train.trace_steps", bad}}).find("train.trace_steps"),
+              std::string::npos)
+        << bad;
+  }
 }
 
 TEST(Config, GlobalBatchInTokens) {

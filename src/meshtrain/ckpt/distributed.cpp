@@ -25,6 +25,7 @@
 #include "meshtrain/ckpt/dist_internal.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain::dist_ckpt {
 namespace detail {
@@ -450,6 +451,7 @@ std::string save_other(const SaveContext& ctx, int64_t step, const layout::Shard
 
 std::string run_save(const SaveContext& ctx, int64_t step, const layout::ShardMap& map,
                      layout::StateAccess& state, const json& layout_json, const json& meta) {
+  trace::Span span("checkpoint", "checkpoint write", step);
   try {
     return ctx.options.rank == 0 ? save_rank0(ctx, step, map, state, layout_json, meta)
                                  : save_other(ctx, step, map, state);
@@ -539,6 +541,7 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
   Job* raw = job.get();
   job_ = std::move(job);
   raw->thread = std::thread([this, raw, step] {
+    trace::set_thread_name("checkpoint writer");
     try {
       const SaveContext context{out_dir_, options_, *options_.tracker,
                                 raw->staged->data(StateKind::master)};

@@ -13,7 +13,10 @@
 #include <vector>
 #include <thread>
 
+#include <fmt/ranges.h>
+
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 
@@ -78,6 +81,7 @@ class CommThread {
     // While requests are outstanding the thread tests them between calls and
     // otherwise sleeps 20 to 500 us (a waiting caller: no sleep), as await_request.
     auto pause = std::chrono::microseconds(20);
+    trace::set_thread_name("comm");
     for (;;) {
       std::function<void()> task;
       {
@@ -330,6 +334,7 @@ MpiCommunicator::MpiCommunicator(std::shared_ptr<CommThread> thread,
   });
   identity.name = name_;
   identity.rank = rank_;
+  trace_group_ = trace::quote(fmt::format("{}[{}]", name_, fmt::join(identity.members, ",")));
   flight_comm_ = flight_->add_comm(std::move(identity));
 }
 
@@ -338,12 +343,35 @@ MpiCommunicator::~MpiCommunicator() {
   thread_->run([&] { MPI_Comm_free(&comm_); });
 }
 
+// Timeline trace (util/trace.h): the issue as an instant on the calling
+// thread, the execution as a span on the communication thread (a send_recv
+// batch, which may overlap later calls, as an asynchronous span).
+std::string MpiCommunicator::trace_args(const CallRecord& record) const {
+  return fmt::format(R"("group":{},"seq":{},"bytes":{},"peer":{},"dtype":"{}")", trace_group_,
+                     record.seq, record.bytes, record.peer, comm_dtype_name(record.dtype));
+}
+
+void MpiCommunicator::trace_issue(const CallRecord& record) const {
+  trace::instant("comm issue", std::string(comm_op_name(record.op)), trace_args(record));
+}
+
+void MpiCommunicator::trace_execution(const CallRecord& record, uint64_t flight_id) const {
+  std::string name(comm_op_name(record.op));
+  if (record.op == CommOp::send_recv) {
+    trace::async_span("p2p", std::move(name), flight_id, record.started, record.finished,
+                      trace_args(record));
+  } else {
+    trace::complete("comm", std::move(name), record.started, record.finished, trace_args(record));
+  }
+}
+
 Work MpiCommunicator::submit(CallRecord record, std::function<void()> fn) {
   auto state = std::make_shared<MpiWork>(*thread_);
   std::lock_guard lock(submit_mutex_);
   record.seq = next_seq_.fetch_add(1);
   record.submitted = CommClock::now();
   const uint64_t flight_id = flight_->issue(flight_comm_, record);
+  if (trace::enabled()) trace_issue(record);
   thread_->post([this, state, record, flight_id, fn = std::move(fn)]() mutable {
     std::exception_ptr error;
     record.started = CommClock::now();
@@ -356,6 +384,7 @@ Work MpiCommunicator::submit(CallRecord record, std::function<void()> fn) {
     record.finished = CommClock::now();
     flight_->finish(flight_id, record, error != nullptr);
     trace_.record(record);
+    if (trace::enabled()) trace_execution(record, flight_id);
     state->complete(record, std::move(error));
   });
   return Work(state, record.seq);
@@ -531,6 +560,7 @@ Work MpiCommunicator::send_recv_async(std::vector<P2POp> ops) {
   rec.seq = next_seq_.fetch_add(1);
   rec.submitted = CommClock::now();
   const uint64_t flight_id = flight_->issue(flight_comm_, rec);
+  if (trace::enabled()) trace_issue(rec);
   thread_->post([this, state, rec, flight_id, ops = std::move(ops)]() mutable {
     rec.started = CommClock::now();
     flight_->start(flight_id, rec.started);
@@ -538,6 +568,7 @@ Work MpiCommunicator::send_recv_async(std::vector<P2POp> ops) {
       record.finished = CommClock::now();
       flight_->finish(flight_id, record, error != nullptr);
       trace_.record(record);
+      if (trace::enabled()) trace_execution(record, flight_id);
       state->complete(record, std::move(error));
     };
     CommThread::Outstanding o;

@@ -65,6 +65,9 @@ class MpiCommunicator final : public Communicator {
                   MPI_Comm comm, std::string name, MemoryTracker& tracker);
   // Numbers the call and queues fn on the communication thread.
   Work submit(CallRecord record, std::function<void()> fn);
+  std::string trace_args(const CallRecord& record) const;
+  void trace_issue(const CallRecord& record) const;
+  void trace_execution(const CallRecord& record, uint64_t flight_id) const;
   // f32 scratch for bf16 reductions (touched on the communication thread only).
   float* scratch(size_t floats);
   void reduce_scatter_call(const void* send, void* recv, const std::vector<int>& counts,
@@ -73,6 +76,7 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<CommThread> thread_;
   std::shared_ptr<FlightRecorder> flight_;
   int flight_comm_ = 0;  // this communicator's index in the recorder
+  std::string trace_group_;  // JSON string naming it in timeline traces: "dp[0,2]"
   MPI_Comm comm_;
   std::string name_;
   MemoryTracker& tracker_;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 namespace {
@@ -55,7 +56,12 @@ DataLoader::DataLoader(const SampleSource& source, const LoaderOptions& options,
   produced_ = consumed_;
   slots_.resize(static_cast<size_t>(options_.prefetch) + 1);
   for (size_t i = 0; i < slots_.size(); ++i) free_.push_back(i);
-  if (options_.prefetch > 0) producer_ = std::thread([this] { producer_loop(); });
+  if (options_.prefetch > 0) {
+    producer_ = std::thread([this] {
+      trace::set_thread_name("loader");
+      producer_loop();
+    });
+  }
 }
 
 DataLoader::~DataLoader() {
@@ -100,6 +106,7 @@ void DataLoader::producer_loop() {
     }
     auto start = std::chrono::steady_clock::now();
     try {
+      trace::Span span("data", "produce micro-batch");
       produce(produced_, slots_[slot]);
       advance(produced_);
     } catch (...) {
@@ -119,6 +126,7 @@ void DataLoader::producer_loop() {
 }
 
 const MicroBatch& DataLoader::next() {
+  trace::Span span("data", "data wait");
   auto start = std::chrono::steady_clock::now();
   std::unique_lock lock(mutex_);
   if (held_ >= 0) {

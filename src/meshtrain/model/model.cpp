@@ -11,6 +11,7 @@
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 
@@ -229,6 +230,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   args.grad_scale = grad_scale;
   args.dh = m.ws.dx.data<float>();
   args.dw = m.grad(m.output);
+  trace::Span classifier_span("backward", "classifier");
   const double loss = cpu::fused_classifier(ctx_, args);
   if (!m.tied) m.ready(m.output);
   m.ws.dres.zero();
@@ -236,6 +238,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
                   m.ws.dres.data<float>(), m.shard_rows(rows));
   m.flush_norm_grads();
   m.after(m.head_unit, UnitPass::backward);
+  classifier_span.end();
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
     const size_t i = static_cast<size_t>(l);
     m.before(m.layer_unit(l), UnitPass::backward);

@@ -4,6 +4,7 @@
 
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 
@@ -56,6 +57,7 @@ Recompute Model::Impl::layer_recompute(int64_t layer, int64_t chunk_first) const
 void Model::Impl::train_forward_block(int64_t layer, int64_t chunk_first, const Tensor& x,
                                       BlockActs& a, Tensor& out, DType dt, int64_t batch,
                                       int64_t seq) {
+  trace::Span span("forward", "layer", layer);
   a.mode = layer_recompute(layer, chunk_first);
   a.attn.recompute_probs = a.mode == Recompute::selective;
   if (a.mode == Recompute::none) {
@@ -69,20 +71,24 @@ void Model::Impl::train_forward_block(int64_t layer, int64_t chunk_first, const 
 
 void Model::Impl::train_backward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out,
                                        DType dt, int64_t batch, int64_t seq) {
+  trace::Span span("backward", "layer", layer);
   if (a.mode == Recompute::none) {
     backward_block(layer, x, a, dt, batch, seq);
     return;
   }
   swap_unkept(a, recomputed, a.mode);
-  if (a.mode == Recompute::full) {
-    forward_block(layer, x, a, out, dt, batch, seq, nullptr, 0);
-  } else {
-    // The probabilities come back inside attention_backward (recompute_probs).
-    const Block b = block(layer);
-    const int64_t rows = batch * seq, srows = shard_rows(rows);
-    norm_forward(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, srows, a.category);
-    norm_forward(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, srows, a.category);
-    mlp_activation(a.ff_pre, dt, a.ff_act, rows, a.category);
+  {
+    trace::Span recompute_span("recompute", "recompute layer", layer);
+    if (a.mode == Recompute::full) {
+      forward_block(layer, x, a, out, dt, batch, seq, nullptr, 0);
+    } else {
+      // The probabilities come back inside attention_backward (recompute_probs).
+      const Block b = block(layer);
+      const int64_t rows = batch * seq, srows = shard_rows(rows);
+      norm_forward(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, srows, a.category);
+      norm_forward(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, srows, a.category);
+      mlp_activation(a.ff_pre, dt, a.ff_act, rows, a.category);
+    }
   }
   backward_block(layer, x, a, dt, batch, seq);
   swap_unkept(a, recomputed, a.mode);

@@ -74,7 +74,7 @@ bool may_change_on_resume(const std::string& key) {
                                       "train.threads",      "train.peak_flops",
                                       "train.checkpoint_interval", "train.out_dir",
                                       "train.recompute",    "train.recompute_layers",
-                                      "data.gpt2_ranks"};
+                                      "train.trace_steps",  "data.gpt2_ranks"};
   for (const char* k : kFree) {
     if (key == k) return true;
   }

@@ -6,6 +6,7 @@
 
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 namespace {
@@ -53,6 +54,7 @@ nlohmann::json Checkpointer::layout_json() const {
 }
 
 std::string Checkpointer::save(const TrainState& state) {
+  trace::Span span("checkpoint", "checkpoint save", state.step);
   const auto start = std::chrono::steady_clock::now();
   dp_.quiesce();
   std::string dir = saver_->save(state.step, map_, dp_.state(), layout_json(),

@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/plan/pipeline_split.h"
+#include "meshtrain/train/trace_hook.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -49,6 +50,7 @@ constexpr KeySpec kKeys[] = {
     {"train", "straggler_interval", Kind::integer},
     {"train", "straggler_threshold", Kind::number},
     {"train", "memory_check", Kind::string},
+    {"train", "trace_steps", Kind::string},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
     {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
@@ -343,6 +345,8 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   t.recompute = parse_recompute(recompute);
   s.read("recompute_layers", t.recompute_layers);
   s.read("memory_check", t.memory_check);
+  s.read("trace_steps", t.trace_steps);
+  if (!t.trace_steps.empty()) parse_trace_steps(t.trace_steps);
   MESHTRAIN_CHECK(t.memory_check == "error" || t.memory_check == "warn" || t.memory_check == "off",
                   "config: train.memory_check must be \"error\", \"warn\" or \"off\", got \"{}\"",
                   t.memory_check);
@@ -642,6 +646,7 @@ toml::table to_table(const TrainConfig& c) {
       {"straggler_interval", t.straggler_interval},
       {"straggler_threshold", t.straggler_threshold},
       {"memory_check", t.memory_check},
+      {"trace_steps", t.trace_steps},
   };
   const OptimSettings& o = c.optim;
   toml::table optim{

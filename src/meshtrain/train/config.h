@@ -53,6 +53,8 @@ struct TrainSettings {
   // Before allocating, each rank's predicted peak (train/memory_plan.h) against
   // what its host allows: "error" refuses, "warn" prints and trains, "off" skips.
   std::string memory_check = "error";
+  // Timeline trace of steps "A-B" or "N" (docs/trace.md); "" = off.
+  std::string trace_steps;
 
   int64_t grad_accum_steps() const { return batch_size / micro_batch_size; }
   int64_t tokens_per_step() const { return batch_size * seq_len; }

@@ -60,6 +60,7 @@ class StepHook {
   virtual void on_step(const StepRecord& record) {}
   virtual void on_eval(int64_t step, double val_loss) {}
   virtual void on_checkpoint(int64_t step, const std::string& dir) {}
+  virtual void on_end() {}  // after run()'s last step, evaluation and checkpoint
 };
 
 }  // namespace meshtrain

@@ -14,6 +14,8 @@
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/update_gate.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/train/trace_hook.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 namespace {
@@ -141,6 +143,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     hooks_.push_back(std::make_unique<StragglerHook>(mesh->world(), *metrics_, t.straggler_interval,
                                                      t.straggler_threshold, options_.console));
   }
+  if (!t.trace_steps.empty()) hooks_.push_back(std::make_unique<TraceHook>(t.trace_steps, t.out_dir, mesh));
 
   if (t.peak_flops > 0) {
     peak_flops_ = t.peak_flops;
@@ -319,6 +322,7 @@ StepRecord Trainer::train_step() {
 
   StepRecord r;
   r.step = step_ + 1;
+  trace::Span step_span("step", "step", r.step);
   // The loss gradient carries the gates' loss scale (fp16); the gradients are
   // unscaled in the norm and in the update's multiplier, never in a pass of their own.
   const double loss_scale = gates_->loss_scale();
@@ -327,12 +331,16 @@ StepRecord Trainer::train_step() {
   sleep_ms(slow_.compute_ms);  // before the gradients: its peers wait for them in the sync
   double loss_sum =
       runner_->run(*loader_, *dp_, static_cast<float>(grad_scale * loss_scale), r);
+  trace::Span sync_span("step", "gradient sync");
   dp_->finish_gradient_sync();
+  sync_span.end();
   inject_grad_fault(*dp_, batch, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
   r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
   // Each element counted once across tp, stages and shards.
+  trace::Span norm_span("step", "grad norm");
   r.grad_norm = dp_->grad_norm(runner_->stages()) / loss_scale;
+  norm_span.end();
   // Every rank takes the same decision (one collective over the world).
   const auto gates_start = std::chrono::steady_clock::now();
   const GateDecision decision = gates_->decide({r.step, r.loss, r.grad_norm});
@@ -348,6 +356,7 @@ StepRecord Trainer::train_step() {
     MESHTRAIN_CHECK(std::isfinite(r.grad_norm), "step {}: gradient norm is {}: training diverged",
                     r.step, r.grad_norm);
     const auto optimizer_start = std::chrono::steady_clock::now();
+    trace::Span optimizer_span("step", "optimizer");
     sleep_ms(slow_.optimizer_ms);
     dp_->step(r.lr, static_cast<float>(clip_factor(r.grad_norm, t.grad_clip) / loss_scale), r);
     r.optimizer_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
@@ -375,6 +384,7 @@ StepRecord Trainer::train_step() {
 
 double Trainer::evaluate() {
   MESHTRAIN_CHECK(val_set_ != nullptr, "evaluate: no validation data (data.val)");
+  trace::Span span("step", "evaluate");
   // Always the same leading windows, so successive values are comparable.
   int64_t tokens = 0;
   double loss_sum = runner_->evaluate(*val_set_, tokens);
@@ -435,6 +445,7 @@ std::vector<StepRecord> Trainer::run() {
       for (auto& hook : hooks_) hook->on_checkpoint(step_, dir);
     }
   }
+  for (auto& hook : hooks_) hook->on_end();
   log_memory("end");
   return records;
 }

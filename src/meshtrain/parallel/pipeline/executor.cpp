@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain::pipeline {
 
@@ -130,7 +131,10 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
       // when a poll happens to see them done), so the comm peak follows from
       // the schedule alone (train/memory_plan.cpp walks the same actions).
       const auto posted = static_cast<size_t>(a.receive);
-      wait(works[posted]);
+      {
+        trace::Span span("pipeline", "wait", a.micro_batch);
+        wait(works[posted]);
+      }
       std::erase_if(sending, [&](const Sending& s) { return s.action == posted; });
     }
     const MicroBatchRef& mb = micro_batches[static_cast<size_t>(a.micro_batch)];
@@ -144,6 +148,8 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
     const bool sends = backward ? vs > 0 : vs < last_vs;
     Tensor out = sends ? Tensor({message_elems_}, DType::f32, MemCategory::comm, tracker) : Tensor();
     const auto t = Clock::now();
+    trace::Span span("pipeline", backward ? "B" : "F", a.micro_batch);
+    span.args(R"("micro_batch":{},"chunk":{},"stage":{})", a.micro_batch, a.chunk, vs);
     if (backward) {
       loss += model_.stage_backward(a.chunk, a.micro_batch, mb.tokens, mb.targets, grad_scale,
                                     in.defined() ? in.data<float>() : nullptr,

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain::zero {
 
@@ -81,7 +82,10 @@ OffloadStore::OffloadStore(std::string name, std::vector<OffloadChunkSpec> chunk
       break;
     case OffloadTier::disk: open_file(); break;
   }
-  io_thread_ = std::thread([this] { io_loop(); });
+  io_thread_ = std::thread([this] {
+    trace::set_thread_name("offload io");
+    io_loop();
+  });
 }
 
 int remove_offload_files(const std::string& directory, const std::string& prefix) {
@@ -410,6 +414,8 @@ void OffloadStore::run_io(std::unique_lock<std::mutex>& lock, const std::functio
 }
 
 void OffloadStore::transfer(const Chunk& c, void* buffer, bool to_tier) {
+  trace::Span span("offload", to_tier ? "write" : "read");
+  span.args(R"("chunk":{},"bytes":{})", trace::quote(c.spec.name), c.bytes);
   auto start = Clock::now();
   if (options_.tier == OffloadTier::cpu) {
     std::memcpy(to_tier ? c.home.raw() : buffer, to_tier ? buffer : c.home.raw(), c.bytes);

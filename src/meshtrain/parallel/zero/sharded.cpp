@@ -9,6 +9,7 @@
 
 #include "meshtrain/backend/cpu/adamw.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain::zero {
 namespace {
@@ -240,6 +241,7 @@ void ShardedDataParallel::finish(Work& work, double* exposed) {
 }
 
 void ShardedDataParallel::gather_async(size_t flat) {
+  trace::Span span("zero", "gather issue", static_cast<int64_t>(flat));
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
   f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.ctx().tracker());
@@ -262,6 +264,7 @@ void ShardedDataParallel::gather_async(size_t flat) {
 void ShardedDataParallel::wait_gather(size_t flat) {
   Flat& f = flats_[flat];
   if (!f.gather_pending) return;
+  trace::Span span("zero", "gather wait", static_cast<int64_t>(flat));
   finish(f.gather, &timing_.exposed_seconds);
   f.gather_pending = false;
 }
@@ -348,6 +351,7 @@ void ShardedDataParallel::before(size_t unit, UnitPass pass) {
   if (stage == 3 && options_.prefetch) {
     const size_t next = prefetch_target(unit, pass);
     if (next != kNone) {
+      if (trace::enabled()) trace::instant("zero", "prefetch", fmt::format(R"("unit":{})", next));
       for (size_t i : layout_.unit_flats[next]) {
         if (!flats_[i].full.defined()) gather_async(i);
       }
