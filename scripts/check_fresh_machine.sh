@@ -99,9 +99,13 @@ unmount_all() {
   local i m
   for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
     m=${MOUNTS[$i]}
-    mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }
+    mountpoint -q "$m" && { umount -R "$m" 2>/dev/null || umount -l "$m"; }
   done
   MOUNTS=()
+  # What the tests mounted inside the root themselves (ip netns: /run/netns), deepest first.
+  findmnt -rn -o TARGET | grep "^$ROOT/" | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
 }
 kill_tree() {  # kill_tree PID: the stage's processes (those in the chroot too), leaves first
   local child
@@ -251,6 +255,11 @@ bind() {  # bind SRC DIR-IN-ROOT
 }
 bind /proc /proc
 bind /sys /sys
+# The cgroup hierarchy (slurmd's cgroup plugin needs it), with its sub-mounts.
+if mountpoint -q /sys/fs/cgroup; then
+  mount --rbind /sys/fs/cgroup "$ROOT/sys/fs/cgroup" && mount --make-rslave "$ROOT/sys/fs/cgroup"
+  MOUNTS+=("$ROOT/sys/fs/cgroup")
+fi
 bind /dev /dev
 bind /dev/pts /dev/pts
 mountpoint -q /dev/shm && bind /dev/shm /dev/shm

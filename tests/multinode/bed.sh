@@ -40,6 +40,9 @@ bed_up() {
   trap 'exit 143' TERM
   ip netns add "$BED_A" 2>/dev/null || bed_skip "'ip netns add' is not permitted here"
   BED_UP=1
+  # In a chroot `ip netns add` may create the name but not the mount it needs.
+  ip netns exec "$BED_A" true 2>/dev/null ||
+    bed_skip "'ip netns exec' does not work here (a chroot whose / is not a mount point?)"
   ip netns add "$BED_B" || bed_fail_setup "ip netns add $BED_B"
   # One veth pair, one end in each namespace; the addresses exist only inside them.
   ip link add "${BED_A}0" type veth peer name "${BED_B}0" || bed_fail_setup "ip link add veth"

@@ -109,8 +109,13 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
     options.mesh = multi ? mesh.get() : nullptr;
     read_launch_env(options);
     trainer = std::make_unique<Trainer>(config, options);
+    // The preemption vote before CommDeadlines' on_step: under the step's deadline.
+    trainer->add_hook(std::make_unique<PreemptionHook>(
+        *trainer, multi ? &mesh->world() : nullptr,
+        [&job, long_timeout = config.comm.long_timeout_s] {
+          job.env.flight().set_timeout(long_timeout);
+        }));
     trainer->add_hook(std::move(deadlines));
-    trainer->add_hook(std::make_unique<PreemptionHook>(*trainer, multi ? &mesh->world() : nullptr));
     trainer->run();
     return 0;
   } catch (const std::exception& e) {

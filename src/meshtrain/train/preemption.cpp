@@ -33,8 +33,9 @@ PreemptionSignals::~PreemptionSignals() {
 
 int PreemptionSignals::received() { return g_received; }
 
-PreemptionHook::PreemptionHook(Trainer& trainer, Communicator* world)
-    : trainer_(trainer), world_(world) {}
+PreemptionHook::PreemptionHook(Trainer& trainer, Communicator* world,
+                               std::function<void()> before_checkpoint)
+    : trainer_(trainer), world_(world), before_checkpoint_(std::move(before_checkpoint)) {}
 
 void PreemptionHook::on_step(const StepRecord& record) {
   if (record.step >= trainer_.config().train.steps) return;  // the run ends here anyway
@@ -42,6 +43,7 @@ void PreemptionHook::on_step(const StepRecord& record) {
   double signalled = sig != 0 ? 1.0 : 0.0;
   if (world_ != nullptr && world_->size() > 1) signalled = sum_over_ranks(*world_, signalled);
   if (signalled == 0) return;
+  if (before_checkpoint_) before_checkpoint_();
   const std::string dir = trainer_.checkpoint_now();
   trainer_.log_event({{"event", "preempted"},
                       {"step", record.step},

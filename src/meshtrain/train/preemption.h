@@ -14,6 +14,7 @@
 #pragma once
 
 #include <csignal>
+#include <functional>
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/train/step.h"
@@ -40,12 +41,19 @@ class PreemptionSignals {
 class PreemptionHook final : public StepHook {
  public:
   // world: every rank of the job (null: a single process). `trainer` must outlive the hook.
-  PreemptionHook(Trainer& trainer, Communicator* world);
+  // The vote runs under the step's communication deadline (add this hook before
+  // CommDeadlines, whose on_step switches to the long one): a rank stalled
+  // between steps is then caught within comm.timeout_s. `before_checkpoint`
+  // (optional) runs before the preemption checkpoint: it switches to the long
+  // deadline a checkpoint needs.
+  PreemptionHook(Trainer& trainer, Communicator* world,
+                 std::function<void()> before_checkpoint = {});
   void on_step(const StepRecord& record) override;
 
  private:
   Trainer& trainer_;
   Communicator* world_;
+  std::function<void()> before_checkpoint_;
 };
 
 }  // namespace meshtrain

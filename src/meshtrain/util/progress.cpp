@@ -3,10 +3,24 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
+namespace {
+
+// A terminal a person watches. Under a launcher the rank's stdout is often a
+// pty the launcher made (Open MPI's orted does), whatever mpirun's own output
+// is — a file in CI — so a launched rank counts as not interactive.
+bool interactive(std::FILE* out) {
+  for (const char* launcher : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (std::getenv(launcher) != nullptr) return false;
+  }
+  return ::isatty(::fileno(out)) != 0;
+}
+
+}  // namespace
 
 std::string format_duration(double seconds) {
   auto s = static_cast<int64_t>(seconds + 0.5);
@@ -28,7 +42,7 @@ ProgressBar::ProgressBar(std::FILE* out, const std::string& mode, std::string la
   if (out_ == nullptr || mode == "none") {
     out_ = nullptr;
   } else {
-    bar_ = mode == "bar" || (mode == "auto" && ::isatty(::fileno(out_)));
+    bar_ = mode == "bar" || (mode == "auto" && interactive(out_));
   }
 }
 

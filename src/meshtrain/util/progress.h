@@ -13,7 +13,8 @@ std::string format_duration(double seconds);
 
 class ProgressBar {
  public:
-  // mode: "auto" (bar when `out` is a terminal), "bar", "lines", "none";
+  // mode: "auto" (bar when `out` is a terminal and the process was not started
+  // by mpirun/srun, whose ranks write to a pty of the launcher), "bar", "lines", "none";
   // anything else throws Error naming `what`. out may be null (= none).
   ProgressBar(std::FILE* out, const std::string& mode, std::string label, const char* what);
 
