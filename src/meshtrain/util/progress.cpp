@@ -10,12 +10,14 @@
 namespace meshtrain {
 namespace {
 
-// A terminal a person watches. Under a launcher the rank's stdout is often a
+// A terminal a person watches. Under a launcher the ranks' stdout is often a
 // pty the launcher made (Open MPI's orted does), whatever mpirun's own output
-// is — a file in CI — so a launched rank counts as not interactive.
+// is — a file in CI — so a rank of a multi-rank job counts as not interactive
+// (a singleton MPI process sets OMPI_COMM_WORLD_SIZE=1 itself).
 bool interactive(std::FILE* out) {
-  for (const char* launcher : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    if (std::getenv(launcher) != nullptr) return false;
+  for (const char* size : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    const char* value = std::getenv(size);
+    if (value != nullptr && std::atoi(value) > 1) return false;
   }
   return ::isatty(::fileno(out)) != 0;
 }
