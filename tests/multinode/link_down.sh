@@ -138,7 +138,10 @@ assert len(ends) >= 2, "no relaunch"
 first = ends[0]
 print(f"attempt 1: exit {first['exit_code']} ({first['kind']}) after {first['duration_s']:.1f} s, "
       f"checkpoint {first['checkpoint']}; cause: {first['cause']}")
-assert first["kind"] == "timeout", "the first attempt should end by the watchdog (timeout, exit 7)"
+# The watchdog (timeout, 7) when the link falls inside a step; when the run has moved on to a
+# checkpoint (long deadline) TCP gives up first (Open MPI exits 205, "unknown"): launch must
+# relaunch either way. link_down_watchdog checks the watchdog's own detection.
+assert first["kind"] in ("timeout", "peer", "unknown"), f"attempt 1 ended as {first['kind']}"
 assert ends[-1]["exit_code"] == 0
 PY
 grep -q '"event": *"resume"' "$work/run/metrics.jsonl" || fail "no resume event in the metrics"
