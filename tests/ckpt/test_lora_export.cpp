@@ -1,0 +1,249 @@
+// LoRA exports from synthetic checkpoints (a TensorSource holding a base model and
+// adapters under the checkpoint's names): the merge against float64, the merged
+// HF export, PEFT's adapter layout and its round trip, and the agreement of the
+// two (merging PEFT's adapter in HF's row order gives the merged export).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/ckpt/hf.h"
+#include "meshtrain/ckpt/lora_export.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/model/params.h"
+#include "meshtrain/util/rng.h"
+#include "support/scratch.h"
+#include "util.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ckpt_test::CkptTest;
+
+// A checkpoint as a map: the base model and every adapter, random (B non-zero).
+struct SyntheticCheckpoint {
+  std::map<std::string, std::vector<float>> tensors;
+  std::set<std::string> asked;  // names a reader asked for
+
+  void add(const ParamSpec& spec, uint64_t seed, float std) {
+    std::vector<float>& v = tensors[spec.name];
+    v.resize(static_cast<size_t>(spec.numel()));
+    const uint64_t key = stream_key(seed, spec.name);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = normal_at(key, i) * std;
+  }
+  TensorSource source() {
+    return [this](const ParamSpec& spec, float* out) {
+      auto it = tensors.find(spec.name);
+      ASSERT_NE(it, tensors.end()) << spec.name;
+      ASSERT_EQ(static_cast<int64_t>(it->second.size()), spec.numel()) << spec.name;
+      asked.insert(spec.name);
+      std::copy(it->second.begin(), it->second.end(), out);
+    };
+  }
+};
+
+SyntheticCheckpoint lora_checkpoint(const ModelConfig& c, const LoraSettings& lora) {
+  SyntheticCheckpoint ck;
+  for (const ParamSpec& spec : build_param_specs(c)) ck.add(spec, 1, 0.3f);
+  for (const LoraModule& m : lora_modules(c, lora)) {
+    ck.add(m.lora_a(), 2, 0.5f);
+    ck.add(m.lora_b(), 3, 0.5f);
+  }
+  return ck;
+}
+
+LoraSettings settings(std::vector<std::string> targets) {
+  return {.rank = 3, .alpha = 6.0f, .dropout = 0.05f, .targets = std::move(targets)};
+}
+
+std::vector<float> read_all(const SafetensorsReader& r, const std::string& name) {
+  MemoryTracker tracker;
+  const Tensor t = r.read_tensor(name, DType::f32, MemCategory::workspace, tracker);
+  return {t.data<float>(), t.data<float>() + t.numel()};
+}
+
+TEST(LoraModules, FindTheTargetsOfEachFamily) {
+  const ModelConfig llama = testing::small_llama(false);
+  const auto q_v = lora_modules(llama, settings({"q_proj", "v_proj"}));
+  ASSERT_EQ(q_v.size(), 4u);  // 2 layers
+  EXPECT_EQ(q_v[0].module, "model.layers.0.self_attn.q_proj");
+  EXPECT_EQ(q_v[0].lora_a().shape, (Shape{3, llama.dim}));
+  EXPECT_EQ(q_v[1].module, "model.layers.0.self_attn.v_proj");
+  EXPECT_EQ(q_v[1].lora_b().shape, (Shape{llama.n_kv_heads * llama.head_dim(), 3}));
+  EXPECT_FALSE(q_v[0].conv1d);
+
+  // GPT-2: Conv1D [in, out] bases, PEFT's [r, in] / [out, r] adapters; c_proj is
+  // the attention's and the MLP's (a suffix match, as PEFT does).
+  const ModelConfig gpt2 = testing::small_gpt2();
+  const auto proj = lora_modules(gpt2, settings({"c_proj", "c_fc"}));
+  ASSERT_EQ(proj.size(), 6u);
+  EXPECT_EQ(proj[0].module, "transformer.h.0.attn.c_proj");
+  EXPECT_EQ(proj[1].module, "transformer.h.0.mlp.c_fc");
+  EXPECT_TRUE(proj[1].conv1d);
+  EXPECT_EQ(proj[1].lora_a().shape, (Shape{3, gpt2.dim}));
+  EXPECT_EQ(proj[1].lora_b().shape, (Shape{gpt2.hidden_dim, 3}));
+  EXPECT_EQ(proj[2].lora_a().shape, (Shape{3, gpt2.hidden_dim}));  // mlp.c_proj: in = hidden
+
+  EXPECT_ERROR(lora_modules(gpt2, settings({"q_proj"})), "lora.targets", "'q_proj'");
+  EXPECT_TRUE(is_lora_tensor("transformer.h.0.attn.c_attn.lora_B.weight"));
+  EXPECT_FALSE(is_lora_tensor("transformer.h.0.attn.c_attn.weight"));
+}
+
+// Against a float64 merge: each element is the double result rounded once.
+TEST(LoraMerge, EqualsFloat64BaseplusScaledBA) {
+  const int64_t r = 4, in = 37, out = 29;
+  const float scale = 16.0f / 4;
+  for (bool conv1d : {false, true}) {
+    SCOPED_TRACE(conv1d ? "conv1d" : "linear");
+    std::vector<float> a(r * in), b(out * r), w(out * in);
+    const uint64_t key = stream_key(7, "merge");
+    for (size_t i = 0; i < a.size(); ++i) a[i] = normal_at(key, i);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = normal_at(key, 1000 + i) * 0.01f;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = normal_at(key, 5000 + i);
+    std::vector<float> merged = w;
+    merge_lora_delta(a.data(), b.data(), r, in, out, scale, conv1d, merged.data());
+    double worst_f32_accumulation = 0;
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t i = 0; i < in; ++i) {
+        double delta = 0;
+        float delta_f32 = 0;
+        for (int64_t k = 0; k < r; ++k) {
+          delta += static_cast<double>(b[o * r + k]) * a[k * in + i];
+          delta_f32 += b[o * r + k] * a[k * in + i];
+        }
+        const int64_t at = conv1d ? i * out + o : o * in + i;
+        const double want = w[at] + scale * delta;
+        EXPECT_EQ(merged[at], static_cast<float>(want)) << o << "," << i;
+        worst_f32_accumulation = std::max(
+            worst_f32_accumulation, std::abs(static_cast<double>(w[at] + scale * delta_f32) - want));
+      }
+    }
+    // What an all-f32 merge (PEFT's, torch matmul) would differ by: an ulp or so of W.
+    EXPECT_LT(worst_f32_accumulation, 1e-6);
+  }
+}
+
+class LoraExport : public CkptTest {};
+
+// The merged HF export: targeted weights are W + scale·BA (in HF's row order
+// for q/k), the rest as stored, no adapter tensor; the adapters are read.
+TEST_F(LoraExport, MergedHfExportHoldsBasePlusDeltaAndNoAdapters) {
+  for (const ModelConfig& c : {testing::small_llama(false), testing::small_gpt2()}) {
+    SCOPED_TRACE(family_name(c.family));
+    const LoraSettings lora = c.family == Family::llama
+                                  ? settings({"q_proj", "k_proj", "v_proj", "down_proj"})
+                                  : settings({"c_attn", "c_proj"});
+    SyntheticCheckpoint ck = lora_checkpoint(c, lora);
+    const std::string out = dir + "/" + std::string(family_name(c.family));
+    export_hf(c, merge_lora(c, lora, ck.source()), out);
+    const std::vector<LoraModule> modules = lora_modules(c, lora);
+    for (const LoraModule& m : modules) {
+      EXPECT_EQ(ck.asked.count(m.lora_a().name), 1u) << m.module;
+    }
+    const SafetensorsReader hf(out + "/model.safetensors");
+    for (const StTensorInfo& t : hf.tensors()) EXPECT_FALSE(is_lora_tensor(t.name)) << t.name;
+    for (const LoraModule& m : modules) {
+      SCOPED_TRACE(m.module);
+      std::vector<float> want = ck.tensors[m.base.name];
+      merge_lora_delta(ck.tensors[m.lora_a().name].data(), ck.tensors[m.lora_b().name].data(),
+                       m.rank, m.in_features, m.out_features, lora.scale(), m.conv1d, want.data());
+      if (auto [heads, hd] = rope_rows(c, m.base.name); heads != 0) {
+        std::vector<float> permuted(want.size());
+        rope_rows_to_hf(want.data(), permuted.data(), heads, hd, m.in_features);
+        want = permuted;
+      }
+      EXPECT_EQ(read_all(hf, m.base.name), want);
+      EXPECT_NE(want, ck.tensors[m.base.name]);  // the adapters changed it
+    }
+    // An untouched tensor is as stored.
+    const std::string other = c.family == Family::llama ? "model.layers.1.self_attn.o_proj.weight"
+                                                        : "transformer.h.1.mlp.c_fc.weight";
+    EXPECT_EQ(read_all(hf, other), ck.tensors[other]);
+  }
+}
+
+// PEFT's layout, and the identity PEFT relies on: merging the exported adapter
+// into the exported (HF-order) base gives the merged export.
+TEST_F(LoraExport, PeftAdapterMergedIntoHfBaseEqualsTheMergedExport) {
+  for (const ModelConfig& c : {testing::small_llama(true), testing::small_gpt2()}) {
+    SCOPED_TRACE(family_name(c.family));
+    const LoraSettings lora = c.family == Family::llama ? settings({"q_proj", "k_proj", "o_proj"})
+                                                        : settings({"c_attn", "c_fc"});
+    SyntheticCheckpoint ck = lora_checkpoint(c, lora);
+    const std::string base = dir + "/base_" + std::string(family_name(c.family));
+    const std::string merged = dir + "/merged_" + std::string(family_name(c.family));
+    const std::string peft = dir + "/peft_" + std::string(family_name(c.family));
+    export_hf(c, ck.source(), base);
+    export_hf(c, merge_lora(c, lora, ck.source()), merged);
+    export_peft(c, lora, ck.source(), peft, "my/base");
+
+    const nlohmann::json cfg = nlohmann::json::parse(testing::read_file(peft + "/adapter_config.json"));
+    EXPECT_EQ(cfg["peft_type"], "LORA");
+    EXPECT_EQ(cfg["task_type"], "CAUSAL_LM");
+    EXPECT_EQ(cfg["r"], 3);
+    EXPECT_EQ(cfg["lora_alpha"], 6.0);
+    EXPECT_EQ(cfg["lora_dropout"], 0.05);
+    EXPECT_EQ(cfg["target_modules"], nlohmann::json(lora.targets));
+    EXPECT_EQ(cfg["fan_in_fan_out"], c.family == Family::gpt2);
+    EXPECT_EQ(cfg["bias"], "none");
+    EXPECT_EQ(cfg["base_model_name_or_path"], "my/base");
+
+    const SafetensorsReader adapter(peft + "/adapter_model.safetensors");
+    const SafetensorsReader base_hf(base + "/model.safetensors");
+    const SafetensorsReader merged_hf(merged + "/model.safetensors");
+    const std::vector<LoraModule> modules = lora_modules(c, lora);
+    EXPECT_EQ(adapter.tensors().size(), 2 * modules.size());
+    for (const LoraModule& m : modules) {
+      SCOPED_TRACE(m.module);
+      const std::vector<float> a = read_all(adapter, "base_model.model." + m.module + ".lora_A.weight");
+      const std::vector<float> b = read_all(adapter, "base_model.model." + m.module + ".lora_B.weight");
+      EXPECT_EQ(a, ck.tensors[m.lora_a().name]);
+      std::vector<float> w = read_all(base_hf, m.base.name);
+      merge_lora_delta(a.data(), b.data(), m.rank, m.in_features, m.out_features, lora.scale(),
+                       m.conv1d, w.data());
+      EXPECT_EQ(w, read_all(merged_hf, m.base.name));
+    }
+
+    // Read back: meshtrain's names and row order again.
+    const PeftAdapter back = read_peft_adapter(peft, c);
+    EXPECT_EQ(back.settings.rank, 3);
+    EXPECT_EQ(back.settings.alpha, 6.0f);
+    EXPECT_EQ(back.settings.targets, lora.targets);
+    EXPECT_EQ(back.base_model, "my/base");
+    ASSERT_EQ(back.tensors.size(), 2 * modules.size());
+    for (const auto& [name, values] : back.tensors) EXPECT_EQ(values, ck.tensors[name]) << name;
+  }
+}
+
+TEST_F(LoraExport, ReadPeftAdapterRefusesWhatItCannotMerge) {
+  const ModelConfig c = testing::small_llama(false);
+  const LoraSettings lora = settings({"q_proj"});
+  SyntheticCheckpoint ck = lora_checkpoint(c, lora);
+  export_peft(c, lora, ck.source(), dir);
+  const std::string config = dir + "/adapter_config.json";
+  const std::string text = testing::read_file(config);
+  auto edit = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    j[key] = value;
+    testing::write_file(config, j.dump());
+  };
+  edit("bias", "all");
+  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_config.json", "'bias'");
+  edit("use_dora", true);
+  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_config.json", "'use_dora'");
+  edit("target_modules", "all-linear");
+  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_config.json", "'target_modules'");
+  edit("r", 4);  // the tensors are r = 3
+  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_model.safetensors", "lora_A.weight' has shape");
+  edit("target_modules", nlohmann::json::array({"q_proj", "v_proj"}));  // v_proj has none
+  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_model.safetensors", "v_proj.lora_A.weight' is missing");
+  edit("target_modules", nlohmann::json::array());  // q_proj's tensors belong to nothing
+  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_model.safetensors", "is not an adapter");
+}
+
+}  // namespace
+}  // namespace meshtrain
