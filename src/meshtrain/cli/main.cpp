@@ -84,7 +84,7 @@ std::unique_ptr<Tokenizer> sample_tokenizer(const SampleArgs& args, int64_t voca
       kind = run.data.tokenizer;
       from_run = true;
     }
-    if (ranks.empty()) ranks = run.data.gpt2_ranks;
+    if (ranks.empty()) ranks = checkpoint_gpt2_ranks(args.checkpoint, run);
   }
   if (ranks.empty()) ranks = kDefaultGpt2Ranks;
   const int64_t kind_vocab = kind == "bytes" ? 256 : kind == "gpt2" ? 50257 : 0;
