@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/ckpt/safetensors.h"
@@ -243,6 +245,61 @@ TEST_F(LoraExport, ReadPeftAdapterRefusesWhatItCannotMerge) {
   EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_model.safetensors", "v_proj.lora_A.weight' is missing");
   edit("target_modules", nlohmann::json::array());  // q_proj's tensors belong to nothing
   EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_model.safetensors", "is not an adapter");
+}
+
+// Adapters PyPI peft wrote (tests/reference/peft_models.py; the hf-venv ctest
+// points MESHTRAIN_HF_FIXTURES at freshly written ones): read, merged into the
+// base, they give peft's merge_and_unload() weights (1e-6) and PeftModel's
+// logits (1e-5). Llama with GQA and q/k/v/o/down targets; GPT-2's Conv1D.
+TEST_F(LoraExport, PeftFixturesMergeAsPeftDoesAndGiveItsLogits) {
+  const char* env = std::getenv("MESHTRAIN_HF_FIXTURES");
+  const fs::path root = env != nullptr && *env != '\0'
+                            ? fs::path(env)
+                            : fs::path(MESHTRAIN_SOURCE_DIR) / "tests/reference/fixtures";
+  for (const char* name : {"peft_tiny_llama", "peft_tiny_gpt2"}) {
+    SCOPED_TRACE(name);
+    const fs::path d = root / name;
+    ASSERT_TRUE(fs::is_directory(d)) << d;
+    std::unique_ptr<Model> base = import_hf((d / "base").string(), Precision::fp32, ctx);
+    const ModelConfig& c = base->config();
+    const PeftAdapter adapter = read_peft_adapter((d / "adapter").string(), c);
+    EXPECT_FALSE(lora_modules(c, adapter.settings).empty());
+    const std::string merged_dir = dir + "/" + name;
+    export_hf(c, merge_lora(c, adapter.settings, with_adapter(model_tensors(*base), adapter)),
+              merged_dir);
+
+    const SafetensorsReader theirs((d / "merged.safetensors").string());
+    const SafetensorsReader ours(merged_dir + "/model.safetensors");
+    EXPECT_EQ(theirs.tensors().size(), ours.tensors().size());
+    for (const StTensorInfo& t : theirs.tensors()) {
+      const std::string our_name = c.family == Family::gpt2 && !t.name.starts_with("transformer.")
+                                       ? "transformer." + t.name
+                                       : t.name;
+      const std::vector<float> want = read_all(theirs, t.name), got = read_all(ours, our_name);
+      ASSERT_EQ(want.size(), got.size()) << t.name;
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        worst = std::max(worst, std::abs(static_cast<double>(want[i]) - got[i]) /
+                                    std::max(1.0, std::abs(static_cast<double>(want[i]))));
+      }
+      EXPECT_LE(worst, 1e-6) << t.name;
+    }
+
+    std::unique_ptr<Model> merged = import_hf(merged_dir, Precision::fp32, ctx);
+    const SafetensorsReader ref((d / "logits.safetensors").string());
+    const std::vector<float> want = read_all(ref, "logits");
+    const int64_t seq = ref.info("logits").shape[0];
+    std::vector<int32_t> ids(static_cast<size_t>(seq));
+    for (int64_t t = 0; t < seq; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((7 * t + 3) % c.vocab_size);
+    std::vector<float> got(want.size());
+    merged->forward_logits(ids.data(), 1, seq, got.data());
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(want[i]) - got[i]) /
+                                  std::max(1.0, std::abs(static_cast<double>(want[i]))));
+    }
+    EXPECT_LE(worst, 1e-5);
+  }
 }
 
 }  // namespace

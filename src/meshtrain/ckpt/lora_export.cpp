@@ -197,6 +197,11 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& config)
   require("alpha_pattern", nullptr);
   require("layers_to_transform", nullptr);
   require("modules_to_save", nullptr);
+  require("lora_bias", false);
+  require("exclude_modules", nullptr);
+  require("layer_replication", nullptr);
+  require("target_parameters", nullptr);
+  require("trainable_token_indices", nullptr);
   PeftAdapter adapter;
   MESHTRAIN_CHECK_AS(ErrorKind::corrupt, has("r") && j["r"].is_number_integer() && j["r"].get<int64_t>() > 0,
                      "{}: key 'r' must be a positive integer", config_path);
