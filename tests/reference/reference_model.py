@@ -108,6 +108,46 @@ def param_shapes(c):
     return out
 
 
+def lora(h, P, module, scale):
+    """LoRA's term of `module` (Hu et al. 2021; PEFT's shapes whatever the base's layout):
+    scale * (h A^T) B^T with A [r, in] = P[module.lora_A.weight], B [out, r]; 0 without one."""
+    a = P.get(module + ".lora_A.weight")
+    if a is None:
+        return 0
+    return scale * F.linear(F.linear(h, a), P[module + ".lora_B.weight"])
+
+
+def lora_shapes(c, rank, targets):
+    """Adapter name -> shape, for the modules named by `targets` (short names)."""
+    out = {}
+    hd = c.head_dim
+    if c.family == "llama":
+        mods = {"q_proj": ("self_attn", c.dim, c.n_heads * hd),
+                "k_proj": ("self_attn", c.dim, c.n_kv_heads * hd),
+                "v_proj": ("self_attn", c.dim, c.n_kv_heads * hd),
+                "o_proj": ("self_attn", c.n_heads * hd, c.dim),
+                "gate_proj": ("mlp", c.dim, c.hidden_dim), "up_proj": ("mlp", c.dim, c.hidden_dim),
+                "down_proj": ("mlp", c.hidden_dim, c.dim)}
+        for i in range(c.n_layers):
+            for t in targets:
+                part, n_in, n_out = mods[t]
+                m = f"model.layers.{i}.{part}.{t}"
+                out[m + ".lora_A.weight"] = (rank, n_in)
+                out[m + ".lora_B.weight"] = (n_out, rank)
+        return out
+    d, h = c.dim, c.hidden_dim
+    for i in range(c.n_layers):
+        p = f"transformer.h.{i}."
+        mods = {"c_attn": [("attn.c_attn", d, 3 * d)],
+                "c_proj": [("attn.c_proj", d, d), ("mlp.c_proj", h, d)],
+                "c_fc": [("mlp.c_fc", d, h)]}
+        for t in targets:
+            for m, n_in, n_out in mods[t]:
+                out[p + m + ".lora_A.weight"] = (rank, n_in)
+                out[p + m + ".lora_B.weight"] = (n_out, rank)
+    return out
+
+
 def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -149,24 +189,28 @@ def causal_attention(q, k, v):
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
-def llama_logits(P, c, tokens, rope="interleaved"):
+def llama_logits(P, c, tokens, rope="interleaved", lora_scale=0.0):
     B, T = tokens.shape
     hd = c.head_dim
     rotate = rope_interleaved if rope == "interleaved" else rope_half
     x = P["model.embed_tokens.weight"][tokens]
     cos, sin = rope_angles(c, torch.arange(T), x.dtype)
+
+    def linear(h, module):
+        return F.linear(h, P[module + ".weight"]) + lora(h, P, module, lora_scale)
+
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
         h = rms_norm(x, P[p + "input_layernorm.weight"], c.norm_eps)
-        q = F.linear(h, P[p + "self_attn.q_proj.weight"]).view(B, T, c.n_heads, hd)
-        k = F.linear(h, P[p + "self_attn.k_proj.weight"]).view(B, T, c.n_kv_heads, hd)
-        v = F.linear(h, P[p + "self_attn.v_proj.weight"]).view(B, T, c.n_kv_heads, hd)
+        q = linear(h, p + "self_attn.q_proj").view(B, T, c.n_heads, hd)
+        k = linear(h, p + "self_attn.k_proj").view(B, T, c.n_kv_heads, hd)
+        v = linear(h, p + "self_attn.v_proj").view(B, T, c.n_kv_heads, hd)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        x = x + F.linear(causal_attention(q, k, v), P[p + "self_attn.o_proj.weight"])
+        x = x + linear(causal_attention(q, k, v), p + "self_attn.o_proj")
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
-        gate = F.linear(h, P[p + "mlp.gate_proj.weight"])
-        up = F.linear(h, P[p + "mlp.up_proj.weight"])
-        x = x + F.linear(F.silu(gate) * up, P[p + "mlp.down_proj.weight"])
+        gate = linear(h, p + "mlp.gate_proj")
+        up = linear(h, p + "mlp.up_proj")
+        x = x + linear(F.silu(gate) * up, p + "mlp.down_proj")
     x = rms_norm(x, P["model.norm.weight"], c.norm_eps)
     head = P["model.embed_tokens.weight"] if c.tie_embeddings else P["lm_head.weight"]
     return F.linear(x, head)
@@ -177,27 +221,33 @@ def conv1d(x, weight, bias):
     return torch.matmul(x, weight) + bias
 
 
-def gpt2_logits(P, c, tokens):
+def gpt2_logits(P, c, tokens, lora_scale=0.0):
     B, T = tokens.shape
     hd = c.head_dim
     x = P["transformer.wte.weight"][tokens] + P["transformer.wpe.weight"][:T][None]
+
+    def linear(h, module):
+        return conv1d(h, P[module + ".weight"], P[module + ".bias"]) + lora(h, P, module, lora_scale)
+
     for i in range(c.n_layers):
         p = f"transformer.h.{i}."
         h = F.layer_norm(x, (c.dim,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], c.norm_eps)
-        qkv = conv1d(h, P[p + "attn.c_attn.weight"], P[p + "attn.c_attn.bias"])
+        qkv = linear(h, p + "attn.c_attn")
         q, k, v = (t.reshape(B, T, c.n_heads, hd) for t in qkv.split(c.dim, dim=-1))
-        x = x + conv1d(causal_attention(q, k, v), P[p + "attn.c_proj.weight"],
-                       P[p + "attn.c_proj.bias"])
+        x = x + linear(causal_attention(q, k, v), p + "attn.c_proj")
         h = F.layer_norm(x, (c.dim,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], c.norm_eps)
-        h = F.gelu(conv1d(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]), approximate="tanh")
-        x = x + conv1d(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
+        h = F.gelu(linear(h, p + "mlp.c_fc"), approximate="tanh")
+        x = x + linear(h, p + "mlp.c_proj")
     x = F.layer_norm(x, (c.dim,), P["transformer.ln_f.weight"], P["transformer.ln_f.bias"],
                      c.norm_eps)
     return F.linear(x, P["transformer.wte.weight"])
 
 
-def logits(P, c, tokens, rope="interleaved"):
-    return llama_logits(P, c, tokens, rope) if c.family == "llama" else gpt2_logits(P, c, tokens)
+def logits(P, c, tokens, rope="interleaved", lora_scale=0.0):
+    """lora_scale: alpha / rank of the LoRA adapters P holds (none: no term)."""
+    if c.family == "llama":
+        return llama_logits(P, c, tokens, rope, lora_scale)
+    return gpt2_logits(P, c, tokens, lora_scale)
 
 
 def mean_loss(P, c, tokens, targets):

@@ -20,40 +20,51 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
     : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp), stage_(stage) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
+  check_lora_tensor_parallel(config_, tp_.size());
+  MESHTRAIN_CHECK(config_.lora.dropout == 0.0f,
+                  "lora.dropout = {}: adapter dropout is not implemented yet (use 0)",
+                  config_.lora.dropout);
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
   select_stage(specs);
-  int64_t compute_total = 0;
+  // Flat buffers in registry order: master (parameters with an f32 master),
+  // grad (trainable ones), compute (matmul weights in mixed precision, so
+  // q|k|v and gate|up stay adjacent there too).
+  const DType narrow = compute_dtype(precision_);
+  const bool mixed = narrow != DType::f32;
+  int64_t master_total = 0, compute_total = 0;
   for (const ParamSpec& spec : specs) {
     num_params_ += spec.numel();
+    if (spec.trainable) num_trainable_ += spec.numel();
+    if (param_has_master(spec, precision_)) master_total += spec.numel();
     if (spec.matmul_weight) compute_total += spec.numel();
   }
   const bool flat = storage_ == ParamStorage::flat;
   MemoryTracker& tracker = ctx.tracker();
   if (flat) {
-    flat_master_ = Tensor({num_params_}, DType::f32, MemCategory::params, tracker);
-    flat_grad_ = Tensor({num_params_}, DType::f32, MemCategory::grads, tracker);
+    flat_master_ = Tensor({master_total}, DType::f32, MemCategory::params, tracker);
+    flat_grad_ = Tensor({num_trainable_}, DType::f32, MemCategory::grads, tracker);
   }
-  // Only matmul weights get compute copies, packed in registry order (so q|k|v
-  // and gate|up stay adjacent there too).
-  const DType narrow = compute_dtype(precision_);
-  const bool mixed = narrow != DType::f32;
   if (flat && mixed) {
     flat_compute_ = Tensor({compute_total}, narrow, MemCategory::params, tracker);
   }
-  int64_t offset = 0, compute_offset = 0;
+  int64_t offset = 0, master_offset = 0, grad_offset = 0, compute_offset = 0;
   params_.reserve(specs.size());
   for (ParamSpec& spec : specs) {
     Parameter p;
     p.offset = offset;
+    p.grad_offset = spec.trainable ? grad_offset : -1;
+    const bool has_master = param_has_master(spec, precision_);
     if (flat) {
-      p.master = flat_master_.view(offset, spec.shape);
-      p.grad = flat_grad_.view(offset, spec.shape);
+      if (has_master) p.master = flat_master_.view(master_offset, spec.shape);
+      if (spec.trainable) p.grad = flat_grad_.view(grad_offset, spec.shape);
       if (mixed && spec.matmul_weight) {
         p.compute = flat_compute_.view(compute_offset, spec.shape);
         compute_offset += spec.numel();
       }
     }
     offset += spec.numel();
+    if (has_master) master_offset += spec.numel();
+    if (spec.trainable) grad_offset += spec.numel();
     p.spec = std::move(spec);
     params_.push_back(std::move(p));
   }
@@ -118,10 +129,10 @@ void Model::Impl::check_bound(size_t unit, UnitPass pass) const {
                u);
     // The embedding lookup reads a bound f32 master of a bf16 embedding.
     if (dt != DType::f32 && p.master.defined()) check_view(p.master, DType::f32, p, "master", u);
-    if (pass == UnitPass::backward) check_view(p.grad, DType::f32, p, "grad", u);
+    if (pass == UnitPass::backward && p.spec.trainable) check_view(p.grad, DType::f32, p, "grad", u);
   }
   if (layer_of_unit[unit] >= 0) {
-    const Block b = block(layer_of_unit[unit]);
+    const Block& b = block(layer_of_unit[unit]);
     for (const Linear* lin : {&b.qkv, &b.proj, &b.ff_in, &b.ff_out}) {
       check_adjacent(params, *lin, model.precision_);
     }
@@ -190,14 +201,55 @@ Tensor& Model::flat_grad() {
 
 void Model::init_weights(uint64_t seed) {
   require_flat("init_weights");
-  for (Parameter& p : params_) init_parameter(p.spec, seed, p.master.data<float>());
+  std::vector<float> values;
+  for (Parameter& p : params_) {
+    if (p.master.defined()) {
+      init_parameter(p.spec, seed, p.master.data<float>());
+      continue;
+    }
+    values.resize(static_cast<size_t>(p.spec.numel()));  // a frozen compute-only weight
+    init_parameter(p.spec, seed, values.data());
+    convert(DType::f32, values.data(), p.compute.dtype(), p.compute.raw(), values.size());
+  }
   sync_compute_weights();
+}
+
+void Model::read_values(int64_t offset, int64_t count, float* out) {
+  require_flat("read_values");
+  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= num_params_,
+                  "model: state range [{}, {}) outside {} elements", offset, offset + count,
+                  num_params_);
+  for_each_state_run(params_, offset, count, [&](Parameter& p, int64_t at, int64_t n, int64_t pos) {
+    if (p.master.defined()) {
+      std::copy_n(p.master.data<float>() + at, n, out + pos);
+    } else {
+      const size_t esize = dtype_size(p.compute.dtype());
+      convert(p.compute.dtype(), static_cast<const char*>(p.compute.raw()) + at * esize,
+              DType::f32, out + pos, static_cast<size_t>(n));
+    }
+  });
+}
+
+void Model::write_values(int64_t offset, int64_t count, const float* in) {
+  require_flat("write_values");
+  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= num_params_,
+                  "model: state range [{}, {}) outside {} elements", offset, offset + count,
+                  num_params_);
+  for_each_state_run(params_, offset, count, [&](Parameter& p, int64_t at, int64_t n, int64_t pos) {
+    if (p.master.defined()) {
+      std::copy_n(in + pos, n, p.master.data<float>() + at);
+    } else {
+      const size_t esize = dtype_size(p.compute.dtype());
+      convert(DType::f32, in + pos, p.compute.dtype(),
+              static_cast<char*>(p.compute.raw()) + at * esize, static_cast<size_t>(n));
+    }
+  });
 }
 
 void Model::sync_compute_weights() {
   require_flat("sync_compute_weights");
   for (Parameter& p : params_) {
-    if (p.compute.defined()) p.compute.copy_from(p.master);
+    if (p.compute.defined() && p.master.defined()) p.compute.copy_from(p.master);
   }
 }
 
@@ -229,7 +281,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   cpu::ClassifierArgs args = m.classifier_args(hn, targets, rows, dt);
   args.grad_scale = grad_scale;
   args.dh = m.ws.dx.data<float>();
-  args.dw = m.grad(m.output);
+  args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;
   trace::Span classifier_span("backward", "classifier");
   const double loss = cpu::fused_classifier(ctx_, args);
   if (!m.tied) m.ready(m.output);

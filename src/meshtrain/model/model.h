@@ -115,6 +115,14 @@ class Model {
   Tensor& flat_master();  // flat storage only
   Tensor& flat_grad();    // flat storage only
   int64_t num_params() const { return num_params_; }  // this rank's (tp slices)
+  // Of those, the trainable ones (the flat grad buffer's size; all without LoRA).
+  int64_t num_trainable() const { return num_trainable_; }
+  // The f32 values of state-space elements [offset, offset + count)
+  // (Parameter::offset; every parameter, frozen ones included: a frozen bf16
+  // weight is read from / rounded into its compute copy). Flat storage only;
+  // after writing call sync_compute_weights.
+  void read_values(int64_t offset, int64_t count, float* out);
+  void write_values(int64_t offset, int64_t count, const float* in);
 
   // Layout-independent initialisation from the seed.
   void init_weights(uint64_t seed);
@@ -205,7 +213,7 @@ class Model {
   std::vector<size_t> local_index_;
   std::vector<Parameter> params_;
   std::vector<ParamUnit> units_;
-  int64_t num_params_ = 0;
+  int64_t num_params_ = 0, num_trainable_ = 0;
   Tensor flat_master_, flat_grad_, flat_compute_;
   std::unique_ptr<Impl> impl_;
 };

@@ -224,7 +224,7 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
     cpu::ClassifierArgs args = m.classifier_args(acts.head_input, targets, rows, dt);
     args.grad_scale = grad_scale;
     args.dh = m.ws.dx.data<float>();
-    args.dw = m.grad(m.output);
+    args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;
     loss = cpu::fused_classifier(ctx_, args);
     if (!m.tied) m.ready(m.output);
     m.ws.dres.zero();

@@ -294,9 +294,13 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
 
   // Model state: the flat buffers (Model, AdamW) or ZeRO's padded shards.
   const Precision precision = config.train.precision;
-  double psi = 0, compute_copies = 0;  // elements; bytes of the 16-bit compute copies
+  // elements: all, trainable (LoRA: the adapters), with an f32 master; bytes
+  // of the 16-bit compute copies.
+  double psi = 0, trainable = 0, masters = 0, compute_copies = 0;
   for (const ParamSpec& spec : held.specs) {
     psi += static_cast<double>(spec.numel());
+    if (spec.trainable) trainable += static_cast<double>(spec.numel());
+    if (param_has_master(spec, precision)) masters += static_cast<double>(spec.numel());
     const DType dtype = param_compute_dtype(spec, precision);
     if (dtype != DType::f32) {
       compute_copies += static_cast<double>(spec.numel()) * static_cast<double>(dtype_size(dtype));
@@ -306,9 +310,9 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   double& grads = out.peak[idx(MemCategory::grads)];
   double& optimizer = out.peak[idx(MemCategory::optimizer)];
   if (p.zero == 0) {
-    params = 4 * psi + compute_copies;
-    grads = 4 * psi;
-    optimizer = 8 * psi;
+    params = 4 * masters + compute_copies;
+    grads = 4 * trainable;
+    optimizer = 8 * trainable;
   } else {
     const zero::ZeroLayout layout = zero::make_zero_layout(held.specs, held.units, precision, dp);
     const zero::ModelStateBytes state = zero::layout_model_state_bytes(layout, p.zero);

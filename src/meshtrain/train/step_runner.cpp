@@ -85,7 +85,7 @@ class PipelineSteps final : public StepRunner {
     }
     dp.begin_schedule();
     const double loss = executor_->run(refs, grad_scale);
-    if (tied_) {
+    if (tied_ && model_.params()[0].spec.trainable) {
       // The first stage's embedding and the last stage's output layer are one
       // parameter: both get the sum of their gradients, so both updates agree.
       Parameter& embedding = model_.params()[0];
