@@ -48,18 +48,17 @@ struct SyntheticCheckpoint {
   }
 };
 
-SyntheticCheckpoint lora_checkpoint(const ModelConfig& c, const LoraSettings& lora) {
+// Base and adapters (B non-zero), as a LoRA run's checkpoint holds them.
+SyntheticCheckpoint lora_checkpoint(const ModelConfig& c) {
   SyntheticCheckpoint ck;
-  for (const ParamSpec& spec : build_param_specs(c)) ck.add(spec, 1, 0.3f);
-  for (const LoraModule& m : lora_modules(c, lora)) {
-    ck.add(m.lora_a(), 2, 0.5f);
-    ck.add(m.lora_b(), 3, 0.5f);
-  }
+  for (const ParamSpec& spec : build_param_specs(c)) ck.add(spec, 1, spec.lora_adapter ? 0.5f : 0.3f);
   return ck;
 }
 
-LoraSettings settings(std::vector<std::string> targets) {
-  return {.rank = 3, .alpha = 6.0f, .dropout = 0.05f, .targets = std::move(targets)};
+ModelConfig with_lora(ModelConfig c, std::vector<std::string> targets) {
+  c.lora = {.rank = 3, .alpha = 6.0f, .dropout = 0.05f, .targets = std::move(targets)};
+  c.validate();
+  return c;
 }
 
 std::vector<float> read_all(const SafetensorsReader& r, const std::string& name) {
@@ -69,28 +68,28 @@ std::vector<float> read_all(const SafetensorsReader& r, const std::string& name)
 }
 
 TEST(LoraModules, FindTheTargetsOfEachFamily) {
-  const ModelConfig llama = testing::small_llama(false);
-  const auto q_v = lora_modules(llama, settings({"q_proj", "v_proj"}));
+  const ModelConfig llama = with_lora(testing::small_llama(false), {"q_proj", "v_proj"});
+  const auto q_v = lora_modules(llama);
   ASSERT_EQ(q_v.size(), 4u);  // 2 layers
   EXPECT_EQ(q_v[0].module, "model.layers.0.self_attn.q_proj");
-  EXPECT_EQ(q_v[0].lora_a().shape, (Shape{3, llama.dim}));
+  EXPECT_EQ(q_v[0].a.shape, (Shape{3, llama.dim}));
   EXPECT_EQ(q_v[1].module, "model.layers.0.self_attn.v_proj");
-  EXPECT_EQ(q_v[1].lora_b().shape, (Shape{llama.n_kv_heads * llama.head_dim(), 3}));
+  EXPECT_EQ(q_v[1].b.shape, (Shape{llama.n_kv_heads * llama.head_dim(), 3}));
   EXPECT_FALSE(q_v[0].conv1d);
 
   // GPT-2: Conv1D [in, out] bases, PEFT's [r, in] / [out, r] adapters; c_proj is
   // the attention's and the MLP's (a suffix match, as PEFT does).
-  const ModelConfig gpt2 = testing::small_gpt2();
-  const auto proj = lora_modules(gpt2, settings({"c_proj", "c_fc"}));
+  const ModelConfig gpt2 = with_lora(testing::small_gpt2(), {"c_proj", "c_fc"});
+  const auto proj = lora_modules(gpt2);
   ASSERT_EQ(proj.size(), 6u);
   EXPECT_EQ(proj[0].module, "transformer.h.0.attn.c_proj");
   EXPECT_EQ(proj[1].module, "transformer.h.0.mlp.c_fc");
   EXPECT_TRUE(proj[1].conv1d);
-  EXPECT_EQ(proj[1].lora_a().shape, (Shape{3, gpt2.dim}));
-  EXPECT_EQ(proj[1].lora_b().shape, (Shape{gpt2.hidden_dim, 3}));
-  EXPECT_EQ(proj[2].lora_a().shape, (Shape{3, gpt2.hidden_dim}));  // mlp.c_proj: in = hidden
+  EXPECT_EQ(proj[1].a.shape, (Shape{3, gpt2.dim}));
+  EXPECT_EQ(proj[1].b.shape, (Shape{gpt2.hidden_dim, 3}));
+  EXPECT_EQ(proj[2].a.shape, (Shape{3, gpt2.hidden_dim}));  // mlp.c_proj: in = hidden
 
-  EXPECT_ERROR(lora_modules(gpt2, settings({"q_proj"})), "lora.targets", "'q_proj'");
+  EXPECT_TRUE(lora_modules(without_lora(gpt2)).empty());
   EXPECT_TRUE(is_lora_tensor("transformer.h.0.attn.c_attn.lora_B.weight"));
   EXPECT_FALSE(is_lora_tensor("transformer.h.0.attn.c_attn.weight"));
 }
@@ -134,25 +133,24 @@ class LoraExport : public CkptTest {};
 // The merged HF export: targeted weights are W + scale·BA (in HF's row order
 // for q/k), the rest as stored, no adapter tensor; the adapters are read.
 TEST_F(LoraExport, MergedHfExportHoldsBasePlusDeltaAndNoAdapters) {
-  for (const ModelConfig& c : {testing::small_llama(false), testing::small_gpt2()}) {
+  for (const ModelConfig& c :
+       {with_lora(testing::small_llama(false), {"q_proj", "k_proj", "v_proj", "down_proj"}),
+        with_lora(testing::small_gpt2(), {"c_attn", "c_proj"})}) {
     SCOPED_TRACE(family_name(c.family));
-    const LoraSettings lora = c.family == Family::llama
-                                  ? settings({"q_proj", "k_proj", "v_proj", "down_proj"})
-                                  : settings({"c_attn", "c_proj"});
-    SyntheticCheckpoint ck = lora_checkpoint(c, lora);
+    SyntheticCheckpoint ck = lora_checkpoint(c);
     const std::string out = dir + "/" + std::string(family_name(c.family));
-    export_hf(c, merge_lora(c, lora, ck.source()), out);
-    const std::vector<LoraModule> modules = lora_modules(c, lora);
+    export_hf(without_lora(c), merge_lora(c, ck.source()), out);
+    const std::vector<LoraModule> modules = lora_modules(c);
     for (const LoraModule& m : modules) {
-      EXPECT_EQ(ck.asked.count(m.lora_a().name), 1u) << m.module;
+      EXPECT_EQ(ck.asked.count(m.a.name), 1u) << m.module;
     }
     const SafetensorsReader hf(out + "/model.safetensors");
     for (const StTensorInfo& t : hf.tensors()) EXPECT_FALSE(is_lora_tensor(t.name)) << t.name;
     for (const LoraModule& m : modules) {
       SCOPED_TRACE(m.module);
       std::vector<float> want = ck.tensors[m.base.name];
-      merge_lora_delta(ck.tensors[m.lora_a().name].data(), ck.tensors[m.lora_b().name].data(),
-                       m.rank, m.in_features, m.out_features, lora.scale(), m.conv1d, want.data());
+      merge_lora_delta(ck.tensors[m.a.name].data(), ck.tensors[m.b.name].data(),
+                       m.rank, m.in_features, m.out_features, c.lora.scale(), m.conv1d, want.data());
       if (auto [heads, hd] = rope_rows(c, m.base.name); heads != 0) {
         std::vector<float> permuted(want.size());
         rope_rows_to_hf(want.data(), permuted.data(), heads, hd, m.in_features);
@@ -171,17 +169,17 @@ TEST_F(LoraExport, MergedHfExportHoldsBasePlusDeltaAndNoAdapters) {
 // PEFT's layout, and the identity PEFT relies on: merging the exported adapter
 // into the exported (HF-order) base gives the merged export.
 TEST_F(LoraExport, PeftAdapterMergedIntoHfBaseEqualsTheMergedExport) {
-  for (const ModelConfig& c : {testing::small_llama(true), testing::small_gpt2()}) {
+  for (const ModelConfig& c : {with_lora(testing::small_llama(true), {"q_proj", "k_proj", "o_proj"}),
+                               with_lora(testing::small_gpt2(), {"c_attn", "c_fc"})}) {
     SCOPED_TRACE(family_name(c.family));
-    const LoraSettings lora = c.family == Family::llama ? settings({"q_proj", "k_proj", "o_proj"})
-                                                        : settings({"c_attn", "c_fc"});
-    SyntheticCheckpoint ck = lora_checkpoint(c, lora);
+    const LoraConfig& lora = c.lora;
+    SyntheticCheckpoint ck = lora_checkpoint(c);
     const std::string base = dir + "/base_" + std::string(family_name(c.family));
     const std::string merged = dir + "/merged_" + std::string(family_name(c.family));
     const std::string peft = dir + "/peft_" + std::string(family_name(c.family));
-    export_hf(c, ck.source(), base);
-    export_hf(c, merge_lora(c, lora, ck.source()), merged);
-    export_peft(c, lora, ck.source(), peft, "my/base");
+    export_hf(without_lora(c), ck.source(), base);
+    export_hf(without_lora(c), merge_lora(c, ck.source()), merged);
+    export_peft(c, ck.source(), peft, "my/base");
 
     const nlohmann::json cfg = nlohmann::json::parse(testing::read_file(peft + "/adapter_config.json"));
     EXPECT_EQ(cfg["peft_type"], "LORA");
@@ -197,13 +195,13 @@ TEST_F(LoraExport, PeftAdapterMergedIntoHfBaseEqualsTheMergedExport) {
     const SafetensorsReader adapter(peft + "/adapter_model.safetensors");
     const SafetensorsReader base_hf(base + "/model.safetensors");
     const SafetensorsReader merged_hf(merged + "/model.safetensors");
-    const std::vector<LoraModule> modules = lora_modules(c, lora);
+    const std::vector<LoraModule> modules = lora_modules(c);
     EXPECT_EQ(adapter.tensors().size(), 2 * modules.size());
     for (const LoraModule& m : modules) {
       SCOPED_TRACE(m.module);
       const std::vector<float> a = read_all(adapter, "base_model.model." + m.module + ".lora_A.weight");
       const std::vector<float> b = read_all(adapter, "base_model.model." + m.module + ".lora_B.weight");
-      EXPECT_EQ(a, ck.tensors[m.lora_a().name]);
+      EXPECT_EQ(a, ck.tensors[m.a.name]);
       std::vector<float> w = read_all(base_hf, m.base.name);
       merge_lora_delta(a.data(), b.data(), m.rank, m.in_features, m.out_features, lora.scale(),
                        m.conv1d, w.data());
@@ -211,10 +209,8 @@ TEST_F(LoraExport, PeftAdapterMergedIntoHfBaseEqualsTheMergedExport) {
     }
 
     // Read back: meshtrain's names and row order again.
-    const PeftAdapter back = read_peft_adapter(peft, c);
-    EXPECT_EQ(back.settings.rank, 3);
-    EXPECT_EQ(back.settings.alpha, 6.0f);
-    EXPECT_EQ(back.settings.targets, lora.targets);
+    const PeftAdapter back = read_peft_adapter(peft, without_lora(c));
+    EXPECT_EQ(back.config.lora, c.lora);
     EXPECT_EQ(back.base_model, "my/base");
     ASSERT_EQ(back.tensors.size(), 2 * modules.size());
     for (const auto& [name, values] : back.tensors) EXPECT_EQ(values, ck.tensors[name]) << name;
@@ -222,10 +218,9 @@ TEST_F(LoraExport, PeftAdapterMergedIntoHfBaseEqualsTheMergedExport) {
 }
 
 TEST_F(LoraExport, ReadPeftAdapterRefusesWhatItCannotMerge) {
-  const ModelConfig c = testing::small_llama(false);
-  const LoraSettings lora = settings({"q_proj"});
-  SyntheticCheckpoint ck = lora_checkpoint(c, lora);
-  export_peft(c, lora, ck.source(), dir);
+  const ModelConfig c = with_lora(testing::small_llama(false), {"q_proj"});
+  SyntheticCheckpoint ck = lora_checkpoint(c);
+  export_peft(c, ck.source(), dir);
   const std::string config = dir + "/adapter_config.json";
   const std::string text = testing::read_file(config);
   auto edit = [&](const char* key, const nlohmann::json& value) {
@@ -234,17 +229,19 @@ TEST_F(LoraExport, ReadPeftAdapterRefusesWhatItCannotMerge) {
     testing::write_file(config, j.dump());
   };
   edit("bias", "all");
-  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_config.json", "'bias'");
+  EXPECT_ERROR(read_peft_adapter(dir, without_lora(c)), "adapter_config.json", "'bias'");
   edit("use_dora", true);
-  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_config.json", "'use_dora'");
+  EXPECT_ERROR(read_peft_adapter(dir, without_lora(c)), "adapter_config.json", "'use_dora'");
   edit("target_modules", "all-linear");
-  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_config.json", "'target_modules'");
+  EXPECT_ERROR(read_peft_adapter(dir, without_lora(c)), "adapter_config.json", "'target_modules'");
   edit("r", 4);  // the tensors are r = 3
-  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_model.safetensors", "lora_A.weight' has shape");
+  EXPECT_ERROR(read_peft_adapter(dir, without_lora(c)), "adapter_model.safetensors", "lora_A.weight' has shape");
   edit("target_modules", nlohmann::json::array({"q_proj", "v_proj"}));  // v_proj has none
-  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_model.safetensors", "v_proj.lora_A.weight' is missing");
-  edit("target_modules", nlohmann::json::array());  // q_proj's tensors belong to nothing
-  EXPECT_ERROR(read_peft_adapter(dir, c), "adapter_model.safetensors", "is not an adapter");
+  EXPECT_ERROR(read_peft_adapter(dir, without_lora(c)), "adapter_model.safetensors", "v_proj.lora_A.weight' is missing");
+  edit("target_modules", nlohmann::json::array({"k_proj"}));  // q_proj's tensors belong to nothing
+  EXPECT_ERROR(read_peft_adapter(dir, without_lora(c)), "adapter_model.safetensors", "k_proj.lora_A.weight' is missing");
+  edit("target_modules", nlohmann::json::array({"c_attn"}));
+  EXPECT_ERROR(read_peft_adapter(dir, without_lora(c)), "adapter_config.json", "'c_attn' is not a linear layer of llama");
 }
 
 // Adapters PyPI peft wrote (tests/reference/peft_models.py; the hf-venv ctest
@@ -263,10 +260,9 @@ TEST_F(LoraExport, PeftFixturesMergeAsPeftDoesAndGiveItsLogits) {
     std::unique_ptr<Model> base = import_hf((d / "base").string(), Precision::fp32, ctx);
     const ModelConfig& c = base->config();
     const PeftAdapter adapter = read_peft_adapter((d / "adapter").string(), c);
-    EXPECT_FALSE(lora_modules(c, adapter.settings).empty());
+    EXPECT_FALSE(lora_modules(adapter.config).empty());
     const std::string merged_dir = dir + "/" + name;
-    export_hf(c, merge_lora(c, adapter.settings, with_adapter(model_tensors(*base), adapter)),
-              merged_dir);
+    export_hf(c, merge_lora(adapter.config, with_adapter(model_tensors(*base), adapter)), merged_dir);
 
     const SafetensorsReader theirs((d / "merged.safetensors").string());
     const SafetensorsReader ours(merged_dir + "/model.safetensors");

@@ -420,6 +420,11 @@ void export_hf(Model& model, const std::string& dir, DType dtype, const Tokenize
 
 void export_hf(const ModelConfig& c, const TensorSource& source, const std::string& dir,
                DType dtype, const Tokenizer* tokenizer) {
+  // Adapters in model.safetensors would be ignored by transformers: a silently different model.
+  MESHTRAIN_CHECK_AS(ErrorKind::config, !c.lora.enabled(),
+                     "{}: the model has LoRA adapters (lora.rank = {}); export it merged "
+                     "(ckpt/lora_export.h merge_lora) or the adapters in PEFT's layout",
+                     dir, c.lora.rank);
   MESHTRAIN_CHECK(tokenizer == nullptr || tokenizer->vocab_size() <= c.vocab_size,
                   "{}: tokenizer '{}' has {} ids, the model only {}", dir, tokenizer->name(),
                   tokenizer->vocab_size(), c.vocab_size);

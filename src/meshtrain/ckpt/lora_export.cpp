@@ -20,58 +20,35 @@ using ordered_json = nlohmann::ordered_json;
 constexpr std::string_view kWeight = ".weight";
 constexpr std::string_view kPeftPrefix = "base_model.model.";  // PeftModel's wrapping of the model
 
-std::vector<std::string_view> family_targets(Family family) {
-  if (family == Family::gpt2) return {"c_attn", "c_proj", "c_fc"};
-  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-}
-
-std::string short_name(const std::string& module) { return module.substr(module.rfind('.') + 1); }
-
-ParamSpec adapter_spec(std::string name, Shape shape) {
-  ParamSpec spec;
-  spec.name = std::move(name);
-  spec.shape = shape;
-  spec.split.global_shape = shape;
-  spec.matmul_weight = true;
-  return spec;
-}
-
 }  // namespace
-
-ParamSpec LoraModule::lora_a() const {
-  return adapter_spec(module + ".lora_A.weight", {rank, in_features});
-}
-ParamSpec LoraModule::lora_b() const {
-  return adapter_spec(module + ".lora_B.weight", {out_features, rank});
-}
 
 bool is_lora_tensor(const std::string& name) {
   return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
 }
 
-std::vector<LoraModule> lora_modules(const ModelConfig& config, const LoraSettings& lora) {
-  const std::vector<std::string_view> known = family_targets(config.family);
-  MESHTRAIN_CHECK_AS(ErrorKind::config, lora.rank > 0, "lora.rank must be at least 1, got {}",
-                     lora.rank);
-  for (const std::string& t : lora.targets) {
-    MESHTRAIN_CHECK_AS(ErrorKind::config,
-                       std::find(known.begin(), known.end(), t) != known.end(),
-                       "lora.targets: '{}' is not a linear layer of {} (known: {})", t,
-                       family_name(config.family), fmt::join(known, ", "));
-  }
+ModelConfig without_lora(const ModelConfig& config) {
+  ModelConfig base = config;
+  base.lora = {};
+  return base;
+}
+
+std::vector<LoraModule> lora_modules(const ModelConfig& config) {
+  constexpr std::string_view kA = ".lora_A.weight";
+  const std::vector<ParamSpec> specs = build_param_specs(config);
+  std::map<std::string, const ParamSpec*> by_name;
+  for (const ParamSpec& spec : specs) by_name[spec.name] = &spec;
   std::vector<LoraModule> modules;
-  for (const ParamSpec& spec : build_param_specs(config)) {
-    if (!spec.matmul_weight || spec.shape.size() != 2 || !spec.name.ends_with(kWeight)) continue;
-    std::string module = spec.name.substr(0, spec.name.size() - kWeight.size());
-    const std::string part = short_name(module);
-    if (std::find(lora.targets.begin(), lora.targets.end(), part) == lora.targets.end()) continue;
+  for (const ParamSpec& spec : specs) {
+    if (!spec.lora_adapter || !spec.name.ends_with(kA)) continue;
     LoraModule m;
-    m.module = std::move(module);
-    m.base = spec;
+    m.module = spec.name.substr(0, spec.name.size() - kA.size());
+    m.a = spec;
+    m.b = *by_name.at(m.module + ".lora_B.weight");
+    m.base = *by_name.at(m.module + std::string(kWeight));
     m.conv1d = config.family == Family::gpt2;
-    m.in_features = m.conv1d ? spec.shape[0] : spec.shape[1];
-    m.out_features = m.conv1d ? spec.shape[1] : spec.shape[0];
-    m.rank = lora.rank;
+    m.rank = spec.shape[0];
+    m.in_features = spec.shape[1];
+    m.out_features = m.b.shape[0];
     modules.push_back(std::move(m));
   }
   return modules;
@@ -93,32 +70,34 @@ void merge_lora_delta(const float* a, const float* b, int64_t rank, int64_t in_f
   }
 }
 
-TensorSource merge_lora(const ModelConfig& config, const LoraSettings& lora, TensorSource source) {
+TensorSource merge_lora(const ModelConfig& config, TensorSource source) {
   std::map<std::string, LoraModule> by_base;
-  for (LoraModule& m : lora_modules(config, lora)) by_base.emplace(m.base.name, std::move(m));
+  for (LoraModule& m : lora_modules(config)) by_base.emplace(m.base.name, std::move(m));
   return [by_base = std::move(by_base), source = std::move(source),
-          scale = lora.scale()](const ParamSpec& spec, float* out) {
+          scale = config.lora.scale()](const ParamSpec& spec, float* out) {
     MESHTRAIN_CHECK(!is_lora_tensor(spec.name),
                     "merge_lora: '{}' is an adapter; the merged model has none", spec.name);
     source(spec, out);
     auto it = by_base.find(spec.name);
     if (it == by_base.end()) return;
     const LoraModule& m = it->second;
-    std::vector<float> a(static_cast<size_t>(m.rank * m.in_features));
-    std::vector<float> b(static_cast<size_t>(m.out_features * m.rank));
-    source(m.lora_a(), a.data());
-    source(m.lora_b(), b.data());
+    std::vector<float> a(static_cast<size_t>(m.a.numel())), b(static_cast<size_t>(m.b.numel()));
+    source(m.a, a.data());
+    source(m.b, b.data());
     merge_lora_delta(a.data(), b.data(), m.rank, m.in_features, m.out_features, scale, m.conv1d,
                      out);
   };
 }
 
-void export_peft(const ModelConfig& config, const LoraSettings& lora, const TensorSource& source,
-                 const std::string& dir, const std::string& base_model, DType dtype) {
-  const std::vector<LoraModule> modules = lora_modules(config, lora);
+void export_peft(const ModelConfig& config, const TensorSource& source, const std::string& dir,
+                 const std::string& base_model, DType dtype) {
+  const LoraConfig& lora = config.lora;
+  MESHTRAIN_CHECK_AS(ErrorKind::config, lora.enabled(),
+                     "{}: a PEFT export needs a model with LoRA adapters (lora.rank >= 1)", dir);
+  const std::vector<LoraModule> modules = lora_modules(config);
   std::vector<SafetensorsStreamWriter::Entry> entries;
   for (const LoraModule& m : modules) {
-    for (const ParamSpec& spec : {m.lora_a(), m.lora_b()}) {
+    for (const ParamSpec& spec : {m.a, m.b}) {
       entries.push_back({std::string(kPeftPrefix) + spec.name, to_st_dtype(dtype), spec.shape});
     }
   }
@@ -127,7 +106,7 @@ void export_peft(const ModelConfig& config, const LoraSettings& lora, const Tens
   std::vector<float> values, permuted;
   std::vector<char> stored;
   for (const LoraModule& m : modules) {
-    for (const ParamSpec& spec : {m.lora_a(), m.lora_b()}) {
+    for (const ParamSpec& spec : {m.a, m.b}) {
       values.resize(static_cast<size_t>(spec.numel()));
       source(spec, values.data());
       const float* out = values.data();
@@ -152,7 +131,7 @@ void export_peft(const ModelConfig& config, const LoraSettings& lora, const Tens
   j["r"] = lora.rank;
   j["lora_alpha"] = std::stod(fmt::format("{}", lora.alpha));  // 16, not 16.000000xyz
   j["lora_dropout"] = std::stod(fmt::format("{}", lora.dropout));
-  j["target_modules"] = lora.targets;
+  j["target_modules"] = lora_targets(lora, config.family);
   j["fan_in_fan_out"] = config.family == Family::gpt2;  // Conv1D stores [in, out]
   j["bias"] = "none";
   j["modules_to_save"] = nullptr;
@@ -164,7 +143,7 @@ void export_peft(const ModelConfig& config, const LoraSettings& lora, const Tens
   write_file_atomic((fs::path(dir) / "adapter_config.json").string(), j.dump(2) + "\n");
 }
 
-PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& config) {
+PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& base) {
   const std::string config_path = (fs::path(dir) / "adapter_config.json").string();
   nlohmann::json j;
   try {
@@ -203,18 +182,38 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& config)
   require("target_parameters", nullptr);
   require("trainable_token_indices", nullptr);
   PeftAdapter adapter;
+  adapter.config = without_lora(base);
+  LoraConfig& lora = adapter.config.lora;
   MESHTRAIN_CHECK_AS(ErrorKind::corrupt, has("r") && j["r"].is_number_integer() && j["r"].get<int64_t>() > 0,
                      "{}: key 'r' must be a positive integer", config_path);
-  adapter.settings.rank = j["r"].get<int64_t>();
-  adapter.settings.alpha = static_cast<float>(number("lora_alpha", 8.0));  // PEFT's default
-  adapter.settings.dropout = static_cast<float>(number("lora_dropout", 0.0));
+  lora.rank = j["r"].get<int64_t>();
+  lora.alpha = static_cast<float>(number("lora_alpha", 8.0));  // PEFT's default
+  lora.dropout = static_cast<float>(number("lora_dropout", 0.0));
   MESHTRAIN_CHECK_AS(ErrorKind::config, has("target_modules") && j["target_modules"].is_array(),
                      "{}: key 'target_modules' must be a list of module names (a regex or "
                      "'all-linear' is not supported)", config_path);
   for (const auto& t : j["target_modules"]) {
     MESHTRAIN_CHECK_AS(ErrorKind::corrupt, t.is_string(), "{}: key 'target_modules' holds {}",
                        config_path, t.dump());
-    adapter.settings.targets.push_back(t.get<std::string>());
+    lora.targets.push_back(t.get<std::string>());
+  }
+  // Registry order, each once (PEFT writes a set).
+  std::vector<std::string> targets;
+  for (const std::string& t : lora_target_names(base.family)) {
+    if (std::find(lora.targets.begin(), lora.targets.end(), t) != lora.targets.end()) targets.push_back(t);
+  }
+  for (const std::string& t : lora.targets) {
+    MESHTRAIN_CHECK_AS(ErrorKind::config, std::find(targets.begin(), targets.end(), t) != targets.end(),
+                       "{}: target_modules '{}' is not a linear layer of {} (known: {})", config_path, t,
+                       family_name(base.family), fmt::join(lora_target_names(base.family), ", "));
+  }
+  lora.targets = targets;
+  MESHTRAIN_CHECK_AS(ErrorKind::config, !targets.empty(), "{}: key 'target_modules' is empty",
+                     config_path);
+  try {
+    adapter.config.validate();
+  } catch (const Error& e) {
+    fail_as(ErrorKind::config, "{}: {}", config_path, e.what());
   }
   if (has("base_model_name_or_path") && j["base_model_name_or_path"].is_string()) {
     adapter.base_model = j["base_model_name_or_path"].get<std::string>();
@@ -223,8 +222,9 @@ PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& config)
   const SafetensorsReader reader((fs::path(dir) / "adapter_model.safetensors").string());
   std::set<std::string> used;
   MemoryTracker tracker;
-  for (const LoraModule& m : lora_modules(config, adapter.settings)) {
-    for (const ParamSpec& spec : {m.lora_a(), m.lora_b()}) {
+  const ModelConfig& config = adapter.config;
+  for (const LoraModule& m : lora_modules(config)) {
+    for (const ParamSpec& spec : {m.a, m.b}) {
       const std::string name = std::string(kPeftPrefix) + spec.name;
       const StTensorInfo* info = reader.find(name);
       MESHTRAIN_CHECK_AS(ErrorKind::corrupt, info != nullptr, "{}: tensor '{}' is missing",

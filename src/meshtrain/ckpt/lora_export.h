@@ -25,31 +25,20 @@
 
 namespace meshtrain {
 
-// The run's [lora] settings, as an export needs them.
-struct LoraSettings {
-  int64_t rank = 0;  // 0: no adapters
-  float alpha = 0.0f;
-  float dropout = 0.0f;
-  std::vector<std::string> targets;  // module short names: "q_proj", "c_attn", ...
-  float scale() const { return alpha / static_cast<float>(rank); }
-};
-
-// One adapted base linear of a model.
+// One adapted base linear of a model (config.lora, model/config.h), from the
+// registry: the base weight and its two adapters.
 struct LoraModule {
   std::string module;  // "model.layers.0.self_attn.q_proj"
-  ParamSpec base;      // its weight ("<module>.weight"), as the registry has it
-  int64_t in_features = 0, out_features = 0;
+  ParamSpec base;      // its weight ("<module>.weight")
+  ParamSpec a, b;      // "<module>.lora_A.weight" [rank, in], "<module>.lora_B.weight" [out, rank]
+  int64_t in_features = 0, out_features = 0, rank = 0;
   bool conv1d = false;  // GPT-2: the base is stored [in, out]
-  int64_t rank = 0;
-  ParamSpec lora_a() const;  // "<module>.lora_A.weight" [rank, in]
-  ParamSpec lora_b() const;  // "<module>.lora_B.weight" [out, rank]
 };
 
-// The adapted linears of `config` in registry order: every base matmul weight
-// whose module's last name part is one of `lora.targets` (PEFT's suffix match:
-// GPT-2's "c_proj" is the attention's and the MLP's). An unknown target for the
-// family is an Error naming lora.targets.
-std::vector<LoraModule> lora_modules(const ModelConfig& config, const LoraSettings& lora);
+// The adapted linears of `config` in registry order (none when config.lora is off).
+std::vector<LoraModule> lora_modules(const ModelConfig& config);
+// `config` without adapters (lora off): the model a merged export writes.
+ModelConfig without_lora(const ModelConfig& config);
 
 // True for "<module>.lora_A.weight" / "<module>.lora_B.weight".
 bool is_lora_tensor(const std::string& name);
@@ -60,13 +49,12 @@ bool is_lora_tensor(const std::string& name);
 void merge_lora_delta(const float* a, const float* b, int64_t rank, int64_t in_features,
                       int64_t out_features, float scale, bool conv1d, float* w);
 
-// The base model's tensors with the adapters merged in: for an adapted module
-// W + scale · B A, every other tensor as `source` gives it. `source` must also
-// yield the adapters (specs LoraModule::lora_a() / lora_b()). The result is
-// asked for base specs only (build_param_specs(config)), so the adapters never
-// reach an export: hf, llmc and llama2c exports write a plain model.
-TensorSource merge_lora(const ModelConfig& config, const LoraSettings& lora,
-                        TensorSource source);
+// The tensors of without_lora(config) with the adapters merged in: for an
+// adapted module W + scale · B A, every other tensor as `source` (a LoRA
+// checkpoint: base and adapters) gives it. Asked for an adapter, an Error: an
+// export of without_lora(config) never asks, so hf, llmc and llama2c exports
+// write a plain model.
+TensorSource merge_lora(const ModelConfig& config, TensorSource source);
 
 // PEFT's adapter-only layout in `dir`: adapter_config.json (peft_type LORA, r,
 // lora_alpha, lora_dropout, target_modules, fan_in_fan_out = true for GPT-2's
@@ -74,24 +62,23 @@ TensorSource merge_lora(const ModelConfig& config, const LoraSettings& lora,
 // or null) and adapter_model.safetensors with PEFT's names
 // "base_model.model.<module>.lora_A.weight" / ".lora_B.weight" (Llama's q/k
 // lora_B rows permuted to HF's order), converted to `dtype`. Each file atomic.
-void export_peft(const ModelConfig& config, const LoraSettings& lora, const TensorSource& source,
-                 const std::string& dir, const std::string& base_model = "",
-                 DType dtype = DType::f32);
+void export_peft(const ModelConfig& config, const TensorSource& source, const std::string& dir,
+                 const std::string& base_model = "", DType dtype = DType::f32);
 
-// An adapter PEFT wrote (or export_peft): its settings and every module's
-// adapters under meshtrain's names and row order ("<module>.lora_A.weight"),
-// f32. Errors name the file and key: a peft_type other than LORA, features
+// An adapter PEFT wrote (or export_peft) for the base model `base`: `config`
+// is `base` with the adapter's LoRA settings, `tensors` every module's adapters
+// under meshtrain's names and row order ("<module>.lora_A.weight"), f32. Errors name the file and key: a peft_type other than LORA, features
 // meshtrain does not implement (bias, DoRA, rsLoRA, per-module ranks or alphas,
 // layers_to_transform), a missing or misshaped adapter, a tensor for no module.
 struct PeftAdapter {
-  LoraSettings settings;
+  ModelConfig config;
   std::string base_model;  // base_model_name_or_path ("" when null)
   std::map<std::string, std::vector<float>> tensors;
 };
-PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& config);
+PeftAdapter read_peft_adapter(const std::string& dir, const ModelConfig& base);
 
-// `base` with the adapter's tensors added (for merge_lora over a base model
-// that holds no adapters, e.g. an HF directory + a PEFT adapter).
+// `base` (the base model's tensors) with the adapter's added: a source for
+// merge_lora(adapter.config, ...) over an HF directory + a PEFT adapter.
 TensorSource with_adapter(TensorSource base, const PeftAdapter& adapter);
 
 }  // namespace meshtrain

@@ -15,6 +15,7 @@
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
 #include "meshtrain/ckpt/llmc.h"
+#include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/cli/args.h"
 #include "meshtrain/cli/launch_command.h"
 #include "meshtrain/cli/plan_command.h"
@@ -159,8 +160,40 @@ void run_sample(const SampleArgs& args) {
 struct CkptArgs {
   std::string format, checkpoint, in, out, dtype = "f32";
   std::string tokenizer, gpt2_ranks = kDefaultGpt2Ranks;  // tokenizer files for the export
+  std::string base_model;                 // peft: base_model_name_or_path
+  bool merge_lora = false, base_only = false;  // a LoRA checkpoint to hf / llmc / llama2c
   int threads = 0;
 };
+
+// What a checkpoint with LoRA adapters exports as: the base with the adapters
+// merged in (--merge-lora), the frozen base alone (--base-only), or (peft) the
+// adapters alone; a plain format without either flag is refused, as it would
+// drop or misplace the adapters. `config` and `source` become the model written.
+void select_lora_export(const CkptArgs& args, ModelConfig& config, TensorSource& source) {
+  const bool lora = config.lora.enabled();
+  if (args.format == "peft") {
+    MESHTRAIN_CHECK_AS(ErrorKind::config, lora,
+                       "ckpt export: '{}' has no LoRA adapters (lora.rank = 0): nothing for "
+                       "--format peft", args.checkpoint);
+    MESHTRAIN_CHECK_AS(ErrorKind::config, !args.merge_lora && !args.base_only,
+                       "ckpt export: --format peft writes the adapters alone; --merge-lora and "
+                       "--base-only are for --format hf, llmc or llama2c");
+    return;
+  }
+  if (!lora) {
+    MESHTRAIN_CHECK_AS(ErrorKind::config, !args.merge_lora && !args.base_only,
+                       "ckpt export: '{}' has no LoRA adapters (lora.rank = 0): drop --{}",
+                       args.checkpoint, args.merge_lora ? "merge-lora" : "base-only");
+    return;
+  }
+  MESHTRAIN_CHECK_AS(ErrorKind::config, args.merge_lora || args.base_only,
+                     "ckpt export: '{}' has LoRA adapters (lora.rank = {}): --format {} needs "
+                     "--merge-lora (the base with the adapters merged in) or --base-only (the "
+                     "frozen base); --format peft writes the adapters alone",
+                     args.checkpoint, config.lora.rank, args.format);
+  if (args.merge_lora) source = merge_lora(config, std::move(source));
+  config = without_lora(config);
+}
 
 // The tokenizer an export carries: --tokenizer, else a training run's own; null when neither.
 std::unique_ptr<Tokenizer> export_tokenizer(const CkptArgs& args, const std::string& source) {
@@ -211,7 +244,10 @@ void run_export(const CkptArgs& args) {
     config = model->config();
     source = model_tensors(*model);
   }
-  if (args.format == "hf") {
+  select_lora_export(args, config, source);
+  if (args.format == "peft") {
+    export_peft(config, source, args.out, args.base_model, dtype);
+  } else if (args.format == "hf") {
     export_hf(config, source, args.out, dtype, tokenizer.get());
     if (!tokenizer && !is_training_checkpoint(args.checkpoint)) {
       copy_hf_tokenizer(args.checkpoint, args.out);  // an HF directory's own tokenizer
@@ -317,12 +353,19 @@ int main_impl(int argc, char** argv) {
   CLI::App* ckpt = app.add_subcommand("ckpt", "Convert weights to and from other formats");
   ckpt->require_subcommand(1);
   CkptArgs export_args, import_args;
-  CLI::App* exp = ckpt->add_subcommand("export", "Write a checkpoint as Hugging Face, llama2.c or llm.c");
+  CLI::App* exp = ckpt->add_subcommand(
+      "export", "Write a checkpoint as Hugging Face, llama2.c or llm.c, or its LoRA adapters as PEFT");
   exp->add_option("--format", export_args.format)->required()
-      ->check(CLI::IsMember({"hf", "llama2c", "llmc"}));
+      ->check(CLI::IsMember({"hf", "llama2c", "llmc", "peft"}));
+  exp->add_flag("--merge-lora", export_args.merge_lora,
+                "LoRA checkpoint: write the base with the adapters merged in (W + alpha/r * B A)");
+  exp->add_flag("--base-only", export_args.base_only,
+                "LoRA checkpoint: write the frozen base model alone (the adapters dropped)");
+  exp->add_option("--base-model", export_args.base_model,
+                  "peft: the base model's name or path (adapter_config.json base_model_name_or_path)");
   exp->add_option("--checkpoint", export_args.checkpoint, "Training step or Hugging Face directory")
       ->required();
-  exp->add_option("--out", export_args.out, "Output directory (hf) or file (llama2c, llmc)")->required();
+  exp->add_option("--out", export_args.out, "Output directory (hf, peft) or file (llama2c, llmc)")->required();
   exp->add_option("--dtype", export_args.dtype, "weight dtype (hf: f32, bf16, f16; llmc: f32, bf16)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
   add_tokenizer_options(*exp, export_args);
