@@ -21,7 +21,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
-from hf_models import ids_for, llama_config
+from hf_models import ids_for, llama_config, random_model
 
 
 def cases():
@@ -41,10 +41,7 @@ def main():
     args = ap.parse_args()
     for i, (name, cls, config, lora) in enumerate(cases()):
         torch.manual_seed(2000 + i)
-        model = cls(config).eval()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.normal_(0.0, 0.2 if p.dim() > 1 else 0.1)
+        model = random_model(cls, config)
         d = os.path.join(args.out, f"peft_tiny_{name}")
         shutil.rmtree(d, ignore_errors=True)
         model.save_pretrained(os.path.join(d, "base"), safe_serialization=True)

@@ -10,19 +10,13 @@
 # usage: peft_venv_check.sh VENV_PYTHON MESHTRAIN WORK
 set -euo pipefail
 py=$1 bin=$(realpath "$2") work=$3
+here=$(cd "$(dirname "$0")" && pwd)
 if [ ! -x "$py" ] || ! "$py" -c "import torch, transformers, safetensors, peft" 2>/dev/null; then
   echo "SKIP: no venv with torch + transformers + peft at $py (scripts/setup_hf_venv.sh)"
   exit 77
 fi
 rm -rf "$work" && mkdir -p "$work"
-python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(3)
-n = 20000
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(64) for _ in range(n))))
-PY
+python3 "$here/../support/random_tokens.py" "$work/train.bin" 20000 64 3
 ids=$(python3 -c "print(','.join(str((7 * t + 3) % 64) for t in range(24)))")
 for family in llama gpt2; do
   if [ "$family" = llama ]; then
