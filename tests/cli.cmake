@@ -143,6 +143,8 @@ add_test(NAME cli.moved_checkpoint_tokenizer
 set_tests_properties(cli.moved_checkpoint_tokenizer PROPERTIES FIXTURES_REQUIRED "cli_inputs;gpt2_ranks"
                      TIMEOUT 120 SKIP_RETURN_CODE 77)
 
-# LoRA checkpoints through ckpt export: refusals (one line) and the merged / base / PEFT exports.
+# LoRA checkpoints through ckpt export: refusals (one line) and the merged / base / PEFT exports;
+# a PEFT adapter merged into its base by ckpt import gives PeftModel's logits.
 add_test(NAME cli.lora_export COMMAND bash ${cli_dir}/lora_export.sh ${cli_bin} ${cli_work})
-set_tests_properties(cli.lora_export PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120)
+set_tests_properties(cli.lora_export PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
+                     ENVIRONMENT "MESHTRAIN_PYTHON=${MESHTRAIN_PYTHON}")

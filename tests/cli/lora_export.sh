@@ -27,4 +27,23 @@ if cmp -s "$work/merged/model.safetensors" "$work/base/model.safetensors"; then
   echo "FAIL: the merged export equals the base (lora_B still zero?)"; exit 1
 fi
 grep -q '"peft_type": "LORA"' "$work/peft/adapter_config.json" || { echo "FAIL: adapter_config.json"; exit 1; }
+# A PEFT adapter (peft's own, the committed fixture) merged into its base by ckpt import: the
+# result gives PeftModel's logits.
+fixture=$here/../reference/fixtures/peft_tiny_llama
+"$bin" ckpt import --format peft --in "$fixture/adapter" --base "$fixture/base" --out "$work/imported" >/dev/null
+ids=$(python3 -c "print(','.join(str((7 * t + 3) % 64) for t in range(40)))")
+python3 "$here/../support/random_tokens.py" "$work/tokens64.bin" 100 64
+"$bin" eval --checkpoint "$work/imported" --data "$work/tokens64.bin" --batches 1 --batch-size 1 --seq-len 8 \
+  --logits-ids "$ids" --logits-out "$work/imported_logits.safetensors" >/dev/null
+"${MESHTRAIN_PYTHON:-/usr/bin/python3}" - "$here/../reference" "$work/imported_logits.safetensors" "$fixture/logits.safetensors" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, stfile
+ours, theirs = stfile.read(sys.argv[2])[0]["logits"], stfile.read(sys.argv[3])[0]["logits"]
+worst = float(np.max(np.abs(ours.astype(np.float64) - theirs) / np.maximum(1.0, np.abs(theirs))))
+print(f"ckpt import --format peft: logits vs PeftModel's {worst:.2e}")
+assert worst <= 1e-5, worst
+PY
+bash "$here/run_case.sh" 1 "^meshtrain: ckpt import: --format peft needs --base" \
+  -- "$bin" ckpt import --format peft --in "$fixture/adapter" --out "$work/refused"
 echo PASS

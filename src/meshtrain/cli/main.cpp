@@ -160,7 +160,7 @@ void run_sample(const SampleArgs& args) {
 struct CkptArgs {
   std::string format, checkpoint, in, out, dtype = "f32";
   std::string tokenizer, gpt2_ranks = kDefaultGpt2Ranks;  // tokenizer files for the export
-  std::string base_model;                 // peft: base_model_name_or_path
+  std::string base_model;  // export peft: base_model_name_or_path; import peft: the base directory
   bool merge_lora = false, base_only = false;  // a LoRA checkpoint to hf / llmc / llama2c
   int threads = 0;
 };
@@ -260,9 +260,25 @@ void run_export(const CkptArgs& args) {
   fmt::print("exported {} to {} ({})\n", args.checkpoint, args.out, args.format);
 }
 
+// A PEFT adapter merged into its Hugging Face base: a plain HF directory (with the base's tokenizer).
+void run_import_peft(const CkptArgs& args, cpu::CpuContext& ctx) {
+  MESHTRAIN_CHECK_AS(ErrorKind::config, !args.base_model.empty(),
+                     "ckpt import: --format peft needs --base, the Hugging Face directory the "
+                     "adapter was trained on");
+  std::unique_ptr<Model> base = import_hf(args.base_model, Precision::fp32, ctx);
+  const PeftAdapter adapter = read_peft_adapter(args.in, base->config());
+  const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, "");
+  export_hf(base->config(), merge_lora(adapter.config, with_adapter(model_tensors(*base), adapter)),
+            args.out, parse_dtype(args.dtype), tokenizer.get());
+  if (!tokenizer) copy_hf_tokenizer(args.base_model, args.out);
+  fmt::print("imported {} (peft, r = {}) merged into {} to {}\n", args.in, adapter.config.lora.rank,
+             args.base_model, args.out);
+}
+
 void run_import(const CkptArgs& args) {
   MemoryTracker tracker;
   cpu::CpuContext ctx(args.threads, tracker);
+  if (args.format == "peft") return run_import_peft(args, ctx);
   std::unique_ptr<Model> model = args.format == "llama2c" ? import_llama2c(args.in, Precision::fp32, ctx)
                                  : args.format == "llmc"  ? import_llmc(args.in, Precision::fp32, ctx)
                                                           : import_hf(args.in, Precision::fp32, ctx);
@@ -379,10 +395,15 @@ int main_impl(int argc, char** argv) {
       "convert", "Rewrite a whole-tensor checkpoint (model.safetensors + train_state.json) as a sharded one");
   convert->add_option("--in", convert_args.in, "Old-format step directory")->required();
   convert->add_option("--out", convert_args.out, "New step directory")->required();
-  CLI::App* imp = ckpt->add_subcommand("import", "Read llama2.c, llm.c or Hugging Face weights");
+  CLI::App* imp = ckpt->add_subcommand(
+      "import", "Read llama2.c, llm.c or Hugging Face weights, or a PEFT LoRA adapter merged into its base");
   imp->add_option("--format", import_args.format)->required()
-      ->check(CLI::IsMember({"hf", "llama2c", "llmc"}));
-  imp->add_option("--in", import_args.in, "llama2.c or llm.c file, or Hugging Face directory")->required();
+      ->check(CLI::IsMember({"hf", "llama2c", "llmc", "peft"}));
+  imp->add_option("--in", import_args.in,
+                  "llama2.c or llm.c file, or Hugging Face or PEFT adapter directory")->required();
+  imp->add_option("--base", import_args.base_model,
+                  "peft: the Hugging Face directory of the base model (the output is the base with "
+                  "the adapter merged in)");
   imp->add_option("--out", import_args.out, "Output (Hugging Face) directory")->required();
   imp->add_option("--dtype", import_args.dtype, "stored weight dtype")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
