@@ -14,14 +14,18 @@ source bench/common.sh
 STEPS=${1:-3}
 VENV_PY=${MESHTRAIN_HF_VENV:-build/hf-venv}/bin/python
 
-# run_case NAME MODEL_TOML VOCAB LORA(0|1): trains, then plans the same config.
+# run_case NAME MODEL VOCAB LORA(0|1): trains, then plans the same config. MODEL is a
+# preset name, or a directory for train.init_from.
 run_case() {
   local name=$1 model=$2 vocab=$3 lora=$4 d=$work/$1
   mkdir -p "$d"
   {
-    echo "$model"
+    if [ -d "$model" ]; then
+      printf '[train]\ninit_from = "%s"\n' "$model"
+    else
+      printf '[model]\npreset = "%s"\n[train]\n' "$model"
+    fi
     cat <<TOML
-[train]
 precision = "bf16"
 steps = $STEPS
 batch_size = 4
@@ -51,10 +55,8 @@ TOML
 }
 
 random_tokens 40000 50257 && mv "$work/train.bin" "$work/train_50257.bin"
-run_case "llama-60M full" '[model]
-preset = "llama-60M"' 50257 0
-run_case "llama-60M LoRA" '[model]
-preset = "llama-60M"' 50257 1
+run_case "llama-60M full" llama-60M 50257 0
+run_case "llama-60M LoRA" llama-60M 50257 1
 
 if [ -x "$VENV_PY" ]; then
   # A ~100M Llama (GQA 12/4 heads, untied, vocabulary 32000) as transformers writes it (bf16).
@@ -69,10 +71,8 @@ LlamaForCausalLM(c).to(torch.bfloat16).save_pretrained(sys.argv[1])
 PY
   "$BIN" ckpt import --format hf --in "$work/hf" --out "$work/imported" --dtype bf16 >/dev/null
   random_tokens 40000 32000 && mv "$work/train.bin" "$work/train_32000.bin"
-  run_case "imported full" "[train]
-init_from = \"$work/imported\"" 32000 0
-  run_case "imported LoRA" "[train]
-init_from = \"$work/imported\"" 32000 1
+  run_case "imported full" "$work/imported" 32000 0
+  run_case "imported LoRA" "$work/imported" 32000 1
 else
   echo "(no $VENV_PY: the imported-model half is skipped)" >&2
 fi
