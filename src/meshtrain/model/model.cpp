@@ -20,7 +20,6 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
     : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp), stage_(stage) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
-  check_lora_tensor_parallel(config_, tp_.size());
   MESHTRAIN_CHECK(config_.lora.dropout == 0.0f,
                   "lora.dropout = {}: adapter dropout is not implemented yet (use 0)",
                   config_.lora.dropout);
