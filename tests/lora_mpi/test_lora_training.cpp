@@ -88,6 +88,9 @@ tokenizer = "bytes"
     EXPECT_LE(worst, 1e-5f) << what << ": largest weight difference";
   }
 
+  void expect_resumes_on_one_rank(const std::string& name, ConfigOverrides layout,
+                                  DeviceMesh& mesh);
+
   std::string dir_;
   MemoryTracker tracker_;
   std::unique_ptr<MpiCommunicator> world_ = mpi_env().world(tracker_);
@@ -136,7 +139,7 @@ TEST_F(LoraTraining, DataAndTensorAndPipelineParallelMatchSingleRank) {
     LoraRun ddp = run_trainer(config(std::string("ddp_") + family, family), &dp_mesh);
     expect_close(ddp, ref, "dp = world (DDP)");
     testing::expect_memory_matches(ddp.predicted, ddp.memory, std::string("lora ddp ") + family);
-    for (const char* zero : {"1", "2"}) {
+    for (const char* zero : {"1", "2", "3"}) {
       for (const char* precision : {"fp32", "bf16"}) {
         const std::string what = std::string("zero ") + zero + " " + precision;
         const ConfigOverrides extra{{"parallel.zero", zero}, {"train.precision", precision}};
@@ -179,43 +182,32 @@ TEST_F(LoraTraining, ResumeContinuesBitForBit) {
   EXPECT_EQ(std::memcmp(rest.weights.data(), full.weights.data(), full.weights.size() * 4), 0);
 }
 
-// A ZeRO-2 checkpoint (dp = world: adapters' states sharded, the frozen base
-// written shard by shard) resumes on one rank through the shard map.
-TEST_F(LoraTraining, ZeroCheckpointReshardsToOneRank) {
-  DeviceMesh mesh(*world_, 1, 1);
-  LoraRun full = run_trainer(config("zero_full", "llama", {{"parallel.zero", "2"},
-                                                           {"train.checkpoint_interval", "5"}}),
-                             &mesh);
+// A checkpoint of `layout` (over the whole world) at step 5, resumed on one
+// rank through the shard map, continues the run.
+void LoraTraining::expect_resumes_on_one_rank(const std::string& name, ConfigOverrides layout,
+                                              DeviceMesh& mesh) {
+  layout.push_back({"train.checkpoint_interval", "5"});
+  LoraRun full = run_trainer(config(name, "llama", layout), &mesh);
   world_->barrier();
-  LoraRun single = run_trainer(config(rank_dir("zero_resumed"), "llama"), nullptr,
-                               dir_ + "/zero_full/step_5");
+  LoraRun single = run_trainer(config(rank_dir(name + "_resumed"), "llama"), nullptr,
+                               dir_ + "/" + name + "/step_5");
   ASSERT_EQ(single.records.size(), 5u);
   for (size_t i = 0; i < single.records.size(); ++i) {
     EXPECT_NEAR(single.records[i].loss, full.records[5 + i].loss,
                 1e-5 * std::fabs(full.records[5 + i].loss))
-        << "step " << single.records[i].step;
+        << name << ": step " << single.records[i].step;
   }
-  world_->barrier();
+  world_->barrier();  // every rank has read the checkpoint
 }
 
-// A tp 2 checkpoint (adapters' B split by rows, the base split as usual)
-// loads into a single rank through the shard map and continues the run.
-TEST_F(LoraTraining, TensorParallelCheckpointReshardsToOneRank) {
-  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+// ZeRO-2 (adapters' states sharded, the frozen base written shard by shard)
+// and tp 2 (adapters' B split by rows or A by columns, the base split as usual).
+TEST_F(LoraTraining, ZeroAndTensorParallelCheckpointsReshardToOneRank) {
+  DeviceMesh dp_mesh(*world_, 1, 1);
+  expect_resumes_on_one_rank("zero2", {{"parallel.zero", "2"}}, dp_mesh);
+  if (world_->size() != 2) return;
   DeviceMesh tp_mesh(*world_, 2, 1);
-  LoraRun full = run_trainer(config("tp_full", "llama", {{"parallel.tp", "2"},
-                                                         {"train.checkpoint_interval", "5"}}),
-                             &tp_mesh);
-  world_->barrier();
-  LoraRun single = run_trainer(config(rank_dir("tp_resumed"), "llama"), nullptr,
-                               dir_ + "/tp_full/step_5");
-  ASSERT_EQ(single.records.size(), 5u);
-  for (size_t i = 0; i < single.records.size(); ++i) {
-    EXPECT_NEAR(single.records[i].loss, full.records[5 + i].loss,
-                1e-5 * std::fabs(full.records[5 + i].loss))
-        << "step " << single.records[i].step;
-  }
-  world_->barrier();  // rank 1 reads the checkpoint rank 0 may otherwise delete
+  expect_resumes_on_one_rank("tp2", {{"parallel.tp", "2"}}, tp_mesh);
 }
 
 }  // namespace

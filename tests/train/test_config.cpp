@@ -280,10 +280,12 @@ TEST(Config, LoraKeysParsedSavedAndNamedWhenInvalid) {
             "config: [lora] needs lora.rank >= 1 (0 or no [lora] section: no LoRA)");
   EXPECT_NE(error_of(with, {{"lora.alpha", "0"}}).find("lora.alpha"), std::string::npos);
   EXPECT_NE(error_of(with, {{"lora.dropout", "1"}}).find("lora.dropout"), std::string::npos);
-  EXPECT_EQ(error_of(with, {{"parallel.zero", "3"}}),
-            "config: lora.rank = 8 with parallel.zero = 3: LoRA under ZeRO-3 is not supported "
-            "yet (use parallel.zero <= 2; the frozen base is then replicated)");
-  EXPECT_EQ(error_of(with, {{"parallel.zero", "2"}}), "");
+  EXPECT_EQ(error_of(with, {{"parallel.zero", "3"}, {"parallel.offload", "cpu"}}),
+            "config: lora.rank = 8 with parallel.zero = 3 and parallel.offload = \"cpu\": the "
+            "frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use parallel.offload "
+            "= \"none\", or parallel.zero <= 2)");
+  EXPECT_EQ(error_of(with, {{"parallel.zero", "3"}}), "");
+  EXPECT_EQ(error_of(with, {{"parallel.zero", "2"}, {"parallel.offload", "cpu"}}), "");
   EXPECT_NE(error_of(with, {{"lora.targets", "lm_head"}}).find("lora.targets"), std::string::npos);
 }
 

@@ -74,9 +74,9 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
   for (const Parameter& p : model.params()) specs.push_back(p.spec);
   layout_ = make_zero_layout(specs, model.units(), model.precision(), dp.size());
   for (const FlatParam& fp : layout_.flats) {
-    MESHTRAIN_CHECK(fp.trainable || options.stage <= 2,
-                    "zero: frozen parameters (lora.rank > 0) need parallel.zero <= 2, got stage {}",
-                    options.stage);
+    MESHTRAIN_CHECK(fp.trainable || options.stage <= 2 || options.offload.tier == OffloadTier::none,
+                    "zero: frozen parameters (lora.rank > 0) at stage 3 cannot be offloaded "
+                    "(parallel.offload = \"none\" or parallel.zero <= 2)");
   }
 
   backwards_.assign(model.units().size(), 0);
@@ -376,7 +376,7 @@ void ShardedDataParallel::after(size_t unit, UnitPass pass) {
                     model_.units()[unit].name, pipeline);
   }
   for (size_t i : layout_.unit_flats[unit]) {
-    if (!layout_.flats[i].trainable) continue;  // frozen (stages 1/2): no gradients, no release
+    const bool trainable = layout_.flats[i].trainable;  // frozen: released, never reduced
     if (pass == UnitPass::forward) {
       // Backward starts with the head: never free it after forward.
       // Pipelines keep units gathered until their last backward.
@@ -388,11 +388,11 @@ void ShardedDataParallel::after(size_t unit, UnitPass pass) {
     if (pipeline > 0) {
       if (backwards_[unit] < pipeline) continue;
       if (stage == 3) release_params(i);
-      if (!deferred_[unit]) reduce_scatter_grads(i);
+      if (trainable && !deferred_[unit]) reduce_scatter_grads(i);
       continue;
     }
     if (stage == 3) release_params(i);
-    if (stage >= 2 || last_micro_batch_) reduce_scatter_grads(i);
+    if (trainable && (stage >= 2 || last_micro_batch_)) reduce_scatter_grads(i);
   }
 }
 
