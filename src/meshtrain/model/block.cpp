@@ -130,7 +130,7 @@ Block Model::Impl::make_block(int64_t layer) const {
       const size_t a = find(std::string(module) + ".lora_A.weight");
       if (a != kNoParam) {
         lin.lora.push_back(LoraAdapter{a, param(std::string(module) + ".lora_B.weight"),
-                                       out_begin, out});
+                                       out_begin, out, model.params_[a].spec.split.split()});
       }
       out_begin += out;
     }
@@ -266,16 +266,33 @@ void Model::Impl::linear_forward(const Linear& lin, DType dt, const void* x, int
   lora_forward(lin, dt, x, rows, y);
 }
 
+const void* Model::Impl::lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                            const void* x, int64_t rows) {
+  const int64_t r = cfg.lora.rank;
+  ensure(ws.lora_u, {rows, r}, dt, MemCategory::workspace);
+  const cpu::MatmulDims dims{.m = rows, .n = r, .k = lin.in, .trans_b = true};
+  if (!ad.row_parallel) {
+    cpu::matmul(ctx, dims, dt, x, weight(ad.a, dt), dt, ws.lora_u.raw());
+    return ws.lora_u.raw();
+  }
+  // This rank's input columns give a partial x A^T: summed over tp in f32.
+  ensure(ws.lora_u_sum, {rows, r}, DType::f32, MemCategory::workspace);
+  cpu::matmul(ctx, dims, dt, x, weight(ad.a, dt), DType::f32, ws.lora_u_sum.raw());
+  tp_all_reduce_sum(tp, ws.lora_u_sum.data<float>(), rows * r);
+  if (dt == DType::f32) return ws.lora_u_sum.raw();
+  ws.lora_u.copy_from(ws.lora_u_sum);
+  return ws.lora_u.raw();
+}
+
 void Model::Impl::lora_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y) {
   const int64_t r = cfg.lora.rank;
   for (const LoraAdapter& ad : lin.lora) {
     // u = x A^T [rows, r]; y[:, out_begin:] += scale * u B^T.
-    ensure(ws.lora_u, {rows, r}, dt, MemCategory::workspace);
-    cpu::matmul(ctx, {.m = rows, .n = r, .k = lin.in, .trans_b = true}, dt, x, weight(ad.a, dt), dt,
-                ws.lora_u.raw());
-    cpu::matmul(ctx, {.m = rows, .n = ad.out, .k = r, .trans_b = true, .ldc = lin.out}, dt,
-                ws.lora_u.raw(), weight(ad.b, dt), DType::f32, y + ad.out_begin, cfg.lora.scale(),
-                true);
+    const void* u = lora_input_product(lin, ad, dt, x, rows);
+    // A row-parallel layer's y is a partial sum over tp: the term goes into one rank's.
+    if (ad.row_parallel && tp.rank() != 0) continue;
+    cpu::matmul(ctx, {.m = rows, .n = ad.out, .k = r, .trans_b = true, .ldc = lin.out}, dt, u,
+                weight(ad.b, dt), DType::f32, y + ad.out_begin, cfg.lora.scale(), true);
   }
 }
 
@@ -314,15 +331,15 @@ void Model::Impl::lora_backward_weight(const Linear& lin, DType dt, const void* 
     const LoraAdapter& ad = lin.lora[i];
     float* du = ws.lora_du.data<float>() + static_cast<int64_t>(i) * rows * r;
     // dB += scale * dY[:, out_begin:]^T u, with u = x A^T again (not kept).
-    ensure(ws.lora_u, {rows, r}, dt, MemCategory::workspace);
-    cpu::matmul(ctx, {.m = rows, .n = r, .k = lin.in, .trans_b = true}, dt, x, weight(ad.a, dt), dt,
-                ws.lora_u.raw());
+    const void* u = lora_input_product(lin, ad, dt, x, rows);
     const char* dy_slice = static_cast<const char*>(dy) + static_cast<size_t>(ad.out_begin) * esize;
     cpu::matmul(ctx, {.m = ad.out, .n = r, .k = rows, .trans_a = true, .lda = lin.out}, dt,
-                dy_slice, ws.lora_u.raw(), DType::f32, grad(ad.b), cfg.lora.scale(), true);
+                dy_slice, u, DType::f32, grad(ad.b), cfg.lora.scale(), true);
     ready(ad.b);
-    // dA += du^T x; du summed over tp (each rank's B rows give a partial).
-    if (tp.active()) tp_all_reduce_sum(tp, du, rows * r);
+    // dA += du^T x. A column-parallel layer's du is summed over tp first (each
+    // rank's B rows give a partial); a row-parallel one's is whole already (B
+    // replicated, dY over all outputs) and meets this rank's x columns.
+    if (tp.active() && !ad.row_parallel) tp_all_reduce_sum(tp, du, rows * r);
     const void* du_c = du;
     if (dt != DType::f32) {
       ensure(ws.lora_du_c, {rows, r}, dt, MemCategory::workspace);

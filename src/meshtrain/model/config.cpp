@@ -175,15 +175,16 @@ int64_t ModelConfig::num_params() const {
 }
 
 double ModelConfig::train_flops_per_token(int64_t seq) const {
-  int64_t matmul_params = 0;
+  // 6 FLOPs per weight (forward, d input, d weight); a frozen weight (LoRA)
+  // has no weight gradient: 4.
+  double matmul_flops = 0;
   for (const ParamSpec& spec : build_param_specs(*this)) {
-    if (spec.matmul_weight && !spec.lora_adapter) matmul_params += spec.numel();
+    if (spec.matmul_weight) matmul_flops += (spec.trainable ? 6.0 : 4.0) * spec.numel();
   }
   // A tied embedding is a matmul weight already; an untied one is a lookup
   // and lm_head is the output layer.
-  return 6.0 * static_cast<double>(matmul_params) +
-         12.0 * static_cast<double>(n_layers) * static_cast<double>(seq) *
-             static_cast<double>(dim);
+  return matmul_flops + 12.0 * static_cast<double>(n_layers) * static_cast<double>(seq) *
+                            static_cast<double>(dim);
 }
 
 ModelConfig llama_shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,

@@ -119,7 +119,8 @@ struct ModelConfig {
   // Parameter count (tied output counted once).
   int64_t num_params() const;
   // Model FLOPs per token of training (forward + backward): 6 * matmul params
-  // (incl. output layer) + 12 * layers * seq * dim for attention (PaLM convention).
+  // (incl. output layer; 4 for a frozen one: no weight gradient, LoRA's base,
+  // as plan/ counts it) + 12 * layers * seq * dim for attention (PaLM convention).
   double train_flops_per_token(int64_t seq) const;
 };
 

@@ -20,7 +20,6 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
     : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp), stage_(stage) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
-  check_lora_tensor_parallel(config_, tp_.size());
   MESHTRAIN_CHECK(config_.lora.dropout == 0.0f,
                   "lora.dropout = {}: adapter dropout is not implemented yet (use 0)",
                   config_.lora.dropout);
@@ -214,36 +213,37 @@ void Model::init_weights(uint64_t seed) {
   sync_compute_weights();
 }
 
-void Model::read_values(int64_t offset, int64_t count, float* out) {
-  require_flat("read_values");
-  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= num_params_,
+namespace {
+
+// The value views of state-space elements [offset, offset + count): an f32
+// master, or (a frozen mixed-precision weight) its compute copy, converted.
+// to_model: copy `values` into the model, else out of it.
+void copy_values(std::vector<Parameter>& params, int64_t total, int64_t offset, int64_t count,
+                 float* values, bool to_model) {
+  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= total,
                   "model: state range [{}, {}) outside {} elements", offset, offset + count,
-                  num_params_);
-  for_each_state_run(params_, offset, count, [&](Parameter& p, int64_t at, int64_t n, int64_t pos) {
-    if (p.master.defined()) {
-      std::copy_n(p.master.data<float>() + at, n, out + pos);
+                  total);
+  for_each_state_run(params, offset, count, [&](Parameter& p, int64_t at, int64_t n, int64_t pos) {
+    const Tensor& view = p.master.defined() ? p.master : p.compute;
+    char* mine = static_cast<char*>(view.raw()) + static_cast<size_t>(at) * dtype_size(view.dtype());
+    if (to_model) {
+      convert(DType::f32, values + pos, view.dtype(), mine, static_cast<size_t>(n));
     } else {
-      const size_t esize = dtype_size(p.compute.dtype());
-      convert(p.compute.dtype(), static_cast<const char*>(p.compute.raw()) + at * esize,
-              DType::f32, out + pos, static_cast<size_t>(n));
+      convert(view.dtype(), mine, DType::f32, values + pos, static_cast<size_t>(n));
     }
   });
 }
 
+}  // namespace
+
+void Model::read_values(int64_t offset, int64_t count, float* out) {
+  require_flat("read_values");
+  copy_values(params_, num_params_, offset, count, out, false);
+}
+
 void Model::write_values(int64_t offset, int64_t count, const float* in) {
   require_flat("write_values");
-  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= num_params_,
-                  "model: state range [{}, {}) outside {} elements", offset, offset + count,
-                  num_params_);
-  for_each_state_run(params_, offset, count, [&](Parameter& p, int64_t at, int64_t n, int64_t pos) {
-    if (p.master.defined()) {
-      std::copy_n(in + pos, n, p.master.data<float>() + at);
-    } else {
-      const size_t esize = dtype_size(p.compute.dtype());
-      convert(DType::f32, in + pos, p.compute.dtype(),
-              static_cast<char*>(p.compute.raw()) + at * esize, static_cast<size_t>(n));
-    }
-  });
+  copy_values(params_, num_params_, offset, count, const_cast<float*>(in), true);
 }
 
 void Model::sync_compute_weights() {

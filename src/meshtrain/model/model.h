@@ -42,13 +42,16 @@ struct UnitHooks {
 };
 
 // flat: the model owns three flat buffers in registry order (master f32, grad
-// f32, compute bf16 or f16) and every Parameter views them.
+// f32, compute bf16 or f16) and every Parameter views them. Frozen parameters
+// (ParamSpec::trainable false: LoRA's base) have no grad view, and in mixed
+// precision a frozen matmul weight has no master view (its compute copy is its
+// value); the grad buffer holds the trainable parameters at grad_offset.
 // external: no buffers; Parameter::master / compute / grad stay undefined until
 // the owner (ZeRO) binds them to its own memory, at the latest in
 // unit_hooks.before(u, pass) for unit u's parameters:
 //  - the value view of param_compute_dtype(spec, precision): `compute` (bf16 / f16)
 //    for mixed-precision matmul weights, `master` (f32) for everything else; in backward
-//    also `grad` (f32, gradients are ADDED). Shapes as in the spec.
+//    also `grad` (f32, gradients are ADDED; trainable parameters only). Shapes as in the spec.
 //  - q|k|v and gate|up (llama) are one GEMM each: their views must be adjacent
 //    in memory (registry order), value and grad alike.
 //  - the embedding lookup reads `master` of the token embedding if bound, else

@@ -20,9 +20,12 @@ inline constexpr size_t kNoUnit = static_cast<size_t>(-1);
 // A LoRA adapter of one module of a Linear: A [rank, in], B [out, rank]
 // (whatever the base's orientation) adding scale * (x A^T) B^T to the
 // Linear's output columns [out_begin, out_begin + out).
+// row_parallel: A is split by input columns over tp (a row-parallel layer:
+// o_proj, down_proj, c_proj), so x A^T is a partial sum over the tp ranks.
 struct LoraAdapter {
   size_t a = kNoParam, b = kNoParam;
   int64_t out_begin = 0, out = 0;
+  bool row_parallel = false;
 };
 
 // A linear layer over parameters of the registry. `nn_linear`: weight stored
@@ -98,6 +101,7 @@ struct Workspace {
   Tensor column_input;   // dt [N, d]: a norm output all-gathered (sequence parallel)
   // LoRA.
   Tensor lora_u;     // dt [N, rank]: x A^T of one adapter
+  Tensor lora_u_sum;  // f32 [N, rank]: a row-parallel adapter's x A^T, summed over tp
   Tensor lora_du;    // f32 [adapters of a Linear, N, rank]: d(x A^T), kept from d(input) to dW
   Tensor lora_du_c;  // dt [N, rank]: one of those in the compute dtype
   Tensor discard;    // f32 [2, d]: where a frozen norm's weight / bias gradient goes
@@ -182,6 +186,9 @@ struct Model::Impl {
   // adapters' gradients from ws.lora_du (under tp first summed over the tp
   // ranks: B's rows are split, A is replicated).
   void lora_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y);
+  // ws.lora_u = x A^T (x [rows, lin.in] in dt), summed over tp for a row-parallel adapter.
+  const void* lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                 const void* x, int64_t rows);
   void lora_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows, float* dx);
   void lora_backward_weight(const Linear& lin, DType dt, const void* dy, const void* x,
                             int64_t rows);

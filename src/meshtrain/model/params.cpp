@@ -255,17 +255,6 @@ void check_tensor_parallel_split(const ModelConfig& c, int tp) {
   }
 }
 
-void check_lora_tensor_parallel(const ModelConfig& c, int tp) {
-  if (tp <= 1) return;
-  for (const std::string& t : lora_targets(c.lora, c.family)) {
-    MESHTRAIN_CHECK(t != "o_proj" && t != "down_proj" && t != "c_proj",
-                    "lora.targets: \"{}\" is a row-parallel layer; under tensor parallelism "
-                    "(parallel.tp = {}) LoRA supports column-parallel targets only (q_proj k_proj "
-                    "v_proj gate_proj up_proj / c_attn c_fc)",
-                    t, tp);
-  }
-}
-
 std::vector<ParamSpec> build_param_specs(const ModelConfig& config, int tp_rank, int tp_size) {
   return build_registry(config, tp_rank, tp_size).take_specs();
 }

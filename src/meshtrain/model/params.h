@@ -102,10 +102,6 @@ std::vector<ParamSpec> build_param_specs(const ModelConfig& config, int tp_rank 
 // Throws Error on every rank, naming the field, unless n_heads, n_kv_heads and
 // hidden_dim divide by tp.
 void check_tensor_parallel_split(const ModelConfig& config, int tp);
-// LoRA under tensor parallelism: adapters of column-parallel layers only
-// (A replicated, B split like the layer's output); throws Error naming
-// lora.targets for a row-parallel target (o_proj, down_proj, c_proj) at tp > 1.
-void check_lora_tensor_parallel(const ModelConfig& config, int tp);
 // The units of that registry, in registry order; they cover it exactly once.
 std::vector<ParamUnit> build_param_units(const ModelConfig& config);
 

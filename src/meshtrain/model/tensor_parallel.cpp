@@ -44,6 +44,7 @@ void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, 
   ensure(ws.partial, {rows, d}, DType::f32, MemCategory::workspace);
   cpu::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
   cpu::matmul(ctx, dims, dt, in, weight(lin.weight, dt), DType::f32, ws.partial.data<float>());
+  lora_forward(lin, dt, in, rows, ws.partial.data<float>());  // added on tp rank 0 only
   const float* sum = ws.partial.data<float>();
   if (sp) {
     ensure(ws.partial_shard, {srows, d}, DType::f32, MemCategory::workspace);

@@ -625,10 +625,11 @@ TrainConfig from_table(const toml::table& root) {
   c.data = read_data(Section(root, "data"));
   c.parallel = read_parallel(Section(root, "parallel"));
   read_lora(Section(root, "lora"), c.model);
-  MESHTRAIN_CHECK(!c.model.lora.enabled() || c.parallel.zero == 0,
-                  "config: lora.rank = {} with parallel.zero = {}: LoRA under ZeRO is not "
-                  "supported yet (use DDP: parallel.zero = 0; the adapters are small)",
-                  c.model.lora.rank, c.parallel.zero);
+  MESHTRAIN_CHECK(!c.model.lora.enabled() || c.parallel.zero <= 2 || c.parallel.offload == "none",
+                  "config: lora.rank = {} with parallel.zero = 3 and parallel.offload = \"{}\": "
+                  "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
+                  "parallel.offload = \"none\", or parallel.zero <= 2)",
+                  c.model.lora.rank, c.parallel.offload);
   c.ckpt = read_ckpt(Section(root, "ckpt"));
   c.guard = read_guard(Section(root, "guard"));
   c.comm = read_comm(Section(root, "comm"));

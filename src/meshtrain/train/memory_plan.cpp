@@ -204,11 +204,12 @@ double zero_reduce_peak(const zero::ZeroLayout& layout, const TrainConfig& confi
   };
   auto alloc = [&](size_t u) {
     if (stage == 1) return;
-    for (size_t i : layout.unit_flats[u]) live += padded(i);
+    for (size_t i : layout.unit_flats[u]) live += layout.flats[i].trainable ? padded(i) : 0;
     most = std::max(most, live);
   };
   auto issue = [&](size_t u) {
     for (size_t i : layout.unit_flats[u]) {
+      if (!layout.flats[i].trainable) continue;  // frozen: no gradients
       while (alive.size() >= limit) {
         live -= alive.front().bytes;
         alive.erase(alive.begin());
@@ -326,6 +327,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     for (size_t u = 0; u < layout.unit_flats.size(); ++u) {
       double padded = 0, shard = 0;
       for (size_t i : layout.unit_flats[u]) {
+        if (!layout.flats[i].trainable) continue;
         padded += 4 * static_cast<double>(layout.flats[i].padded);
         shard += 4 * static_cast<double>(layout.flats[i].shard);
       }
@@ -368,6 +370,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
       // together by the update.
       double piece_bytes = 0;
       for (const zero::FlatParam& f : layout.flats) {
+        if (!f.trainable) continue;  // frozen: not in the store
         const double elems = static_cast<double>(std::min(f.shard, piece));
         const bool narrow = f.dtype != DType::f32;
         const double bytes = 4 * (narrow ? 3 : 2) * elems +
