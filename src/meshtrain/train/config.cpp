@@ -51,6 +51,7 @@ constexpr KeySpec kKeys[] = {
     {"train", "straggler_threshold", Kind::number},
     {"train", "memory_check", Kind::string},
     {"train", "trace_steps", Kind::string},
+    {"train", "init_from", Kind::string},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
     {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
@@ -59,6 +60,8 @@ constexpr KeySpec kKeys[] = {
 
     {"data", "train", Kind::string_list},     {"data", "val", Kind::string_list},
     {"data", "tokenizer", Kind::string},      {"data", "gpt2_ranks", Kind::string},
+    {"data", "format", Kind::string},         {"data", "sft_pack", Kind::boolean},
+    {"data", "sft_overflow", Kind::string},
 
     {"parallel", "tp", Kind::integer},        {"parallel", "pp", Kind::integer},
     {"parallel", "sequence_parallel", Kind::boolean},
@@ -336,6 +339,7 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   s.read("peak_flops", t.peak_flops);
   s.read("checkpoint_interval", t.checkpoint_interval);
   s.read("out_dir", t.out_dir);
+  s.read("init_from", t.init_from);
   std::string recompute(recompute_name(t.recompute));
   s.read("recompute", recompute);
   MESHTRAIN_CHECK(recompute == "none" || recompute == "selective" || recompute == "full",
@@ -441,6 +445,14 @@ DataSettings read_data(const Section& s) {
                   "config: data.tokenizer must be \"gpt2\" or \"bytes\", got \"{}\"", d.tokenizer);
   s.read("gpt2_ranks", d.gpt2_ranks);
   MESHTRAIN_CHECK(!d.gpt2_ranks.empty(), "config: data.gpt2_ranks must not be empty");
+  s.read("format", d.format);
+  MESHTRAIN_CHECK(d.format == "tokens" || d.format == "sft-jsonl",
+                  "config: data.format must be \"tokens\" or \"sft-jsonl\", got \"{}\"", d.format);
+  s.read("sft_pack", d.sft_pack);
+  s.read("sft_overflow", d.sft_overflow);
+  MESHTRAIN_CHECK(d.sft_overflow == "truncate" || d.sft_overflow == "refuse",
+                  "config: data.sft_overflow must be \"truncate\" or \"refuse\", got \"{}\"",
+                  d.sft_overflow);
   return d;
 }
 
@@ -597,6 +609,9 @@ TrainConfig from_table(const toml::table& root) {
   check_keys_and_types(root);
   TrainConfig c;
   c.model = read_model(Section(root, "model"), c.model_preset);
+  if (const toml::node* model = root.get("model"); model != nullptr && model->as_table()) {
+    for (const auto& [key, value] : *model->as_table()) c.model_keys.emplace_back(key.str());
+  }
   c.train = read_train(Section(root, "train"), c.model);
   c.optim = read_optim(Section(root, "optim"));
   c.data = read_data(Section(root, "data"));
@@ -647,6 +662,7 @@ toml::table to_table(const TrainConfig& c) {
       {"straggler_threshold", t.straggler_threshold},
       {"memory_check", t.memory_check},
       {"trace_steps", t.trace_steps},
+      {"init_from", t.init_from},
   };
   const OptimSettings& o = c.optim;
   toml::table optim{
@@ -665,7 +681,10 @@ toml::table to_table(const TrainConfig& c) {
   for (const std::string& path : c.data.val) val_files.push_back(path);
   toml::table data{{"train", std::move(train_files)},
                    {"tokenizer", c.data.tokenizer},
-                   {"gpt2_ranks", c.data.gpt2_ranks}};
+                   {"gpt2_ranks", c.data.gpt2_ranks},
+                   {"format", c.data.format},
+                   {"sft_pack", c.data.sft_pack},
+                   {"sft_overflow", c.data.sft_overflow}};
   if (!c.data.val.empty()) data.insert("val", std::move(val_files));
   const ParallelSettings& p = c.parallel;
   toml::table parallel{{"tp", p.tp},

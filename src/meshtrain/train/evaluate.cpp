@@ -29,9 +29,9 @@ double validation_loss_sum(Model& model, const ValidationSet& val, MicroBatch& s
   double loss = 0;
   for (int64_t k = 0; k < val.num_micro_batches(); ++k) {
     val.read(k, scratch);
-    tokens += scratch.rows * scratch.seq_len;
+    tokens += count_loss_tokens(scratch);
     loss += model.forward_loss(scratch.inputs.data(), scratch.targets.data(), scratch.rows,
-                               scratch.seq_len);
+                               scratch.seq_len, positions_of(scratch));
   }
   return loss;
 }

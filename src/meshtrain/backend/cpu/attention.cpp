@@ -56,6 +56,17 @@ void check_dims(const AttentionDims& d, const RopeTable* rope, int64_t positions
     MESHTRAIN_CHECK(positions <= rope->max_seq, "attention: position {} beyond the rope table ({})",
                     positions - 1, rope->max_seq);
   }
+  if (d.positions != nullptr) {
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (int64_t t = 0; t < d.seq; ++t) {
+        const int64_t p = d.position(b, t);
+        MESHTRAIN_CHECK(p >= 0 && p <= t && (p == 0 || d.position(b, t - 1) == p - 1),
+                        "attention: position {} of token {} in row {} is not 0 or its "
+                        "predecessor's + 1 (records restart at 0)",
+                        p, t, b);
+      }
+    }
+  }
 }
 
 void ensure(Tensor& t, const Shape& shape, DType dtype, MemoryTracker& tracker) {
@@ -76,15 +87,19 @@ inline void put_head(const float* src, T* dst, const float* cos, const float* si
   simd::store_row(dst, src, D);
 }
 
-// Causal softmax of one row of scores (length n = t + 1 used, T total):
-// probs[0..n) = softmax, probs[n..T) = 0.
+// Causal softmax of one row of scores over keys [first, n) (n = t + 1; first:
+// the record's first token, 0 unpacked), T total: probs[first..n) = softmax,
+// zero elsewhere. scores may alias probs (f32).
 template <typename T>
-inline void softmax_row(float* scores, T* probs, int64_t n, int64_t T_total) {
-  const float mx = simd::max_of(scores, n);
-  const float inv = 1.0f / simd::exp_shift_sum(scores, n, mx);
+inline void softmax_row(float* scores, T* probs, int64_t first, int64_t n, int64_t T_total) {
+  std::memset(static_cast<void*>(probs), 0, static_cast<size_t>(first) * sizeof(T));
+  scores += first;
+  const int64_t len = n - first;
+  const float mx = simd::max_of(scores, len);
+  const float inv = 1.0f / simd::exp_shift_sum(scores, len, mx);
 #pragma omp simd
-  for (int64_t s = 0; s < n; ++s) scores[s] *= inv;
-  simd::store_row(probs, scores, n);
+  for (int64_t s = 0; s < len; ++s) scores[s] *= inv;
+  simd::store_row(probs + first, scores, len);
   std::memset(static_cast<void*>(probs + n), 0, static_cast<size_t>(T_total - n) * sizeof(T));
 }
 
@@ -211,11 +226,13 @@ std::vector<ThreadMatmul> score_matmuls(CpuContext& ctx, const CausalBlocks& blk
 // The causal softmax probabilities of one (batch, kv head) group, its rep
 // query heads stacked as rows: probs_g [rep*T, T], zero above the diagonal.
 // q_g [rep*T, D], k_g [T, D]; scores: f32 scratch [rep*T, T] (may alias
-// probs_g in f32). Forward and the recomputation in backward both run this,
-// so recomputed probabilities are bit-identical.
+// probs_g in f32); row_pos: the group's row of AttentionDims::positions or
+// null. Forward and the recomputation in backward both run this, so
+// recomputed probabilities are bit-identical.
 template <typename E>
 void group_probs(std::vector<ThreadMatmul>& qk, const CausalBlocks& blk, int tid, const E* q_g,
-                 const E* k_g, int64_t rep, int64_t D, float* scores, E* probs_g, void* pad) {
+                 const E* k_g, int64_t rep, int64_t D, const int32_t* row_pos, float* scores,
+                 E* probs_g, void* pad) {
   const int64_t T = blk.seq;
   for (int64_t hh = 0; hh < rep; ++hh) {
     for (int64_t i = 0; i < blk.count(); ++i) {
@@ -223,7 +240,10 @@ void group_probs(std::vector<ThreadMatmul>& qk, const CausalBlocks& blk, int tid
       qk[static_cast<size_t>(i)].run(tid, q_g + r0 * D, k_g, scores + r0 * T, pad);
     }
   }
-  for (int64_t r = 0; r < rep * T; ++r) softmax_row(scores + r * T, probs_g + r * T, r % T + 1, T);
+  for (int64_t r = 0; r < rep * T; ++r) {
+    const int64_t t = r % T, first = row_pos ? t - row_pos[t] : 0;
+    softmax_row(scores + r * T, probs_g + r * T, first, t + 1, T);
+  }
 }
 
 }  // namespace
@@ -260,10 +280,10 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
       std::vector<float> tmp(static_cast<size_t>(D));
 #pragma omp for schedule(static)
       for (int64_t bt = 0; bt < B * T; ++bt) {
-        const int64_t b = bt / T, t = bt % T;
+        const int64_t b = bt / T, t = bt % T, p = dims.position(b, t);
         const float* row = qkv + bt * W;
-        const float* c = rope ? rope->cos.data<float>() + t * half : nullptr;
-        const float* s = rope ? rope->sin.data<float>() + t * half : nullptr;
+        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
         for (int64_t h = 0; h < H; ++h)
           put_head(row + h * D, q + ((b * H + h) * T + t) * D, c, s, D, false, tmp.data());
         for (int64_t j = 0; j < KV; ++j) {
@@ -298,7 +318,9 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
       E* out_g = mine.take<E>(M * D);
       void* pad_g = mine.take<char>(pad);
       if (f32) scores = reinterpret_cast<float*>(probs_g);
-      group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, scores, probs_g, pad_g);
+      const int32_t* row_pos = dims.positions ? dims.positions + (g / KV) * T : nullptr;
+      group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, row_pos, scores, probs_g,
+                  pad_g);
       for (int64_t hh = 0; hh < rep; ++hh) {
         for (int64_t i = 0; i < blk.count(); ++i) {
           const int64_t r0 = hh * T + blk.begin(i);
@@ -374,11 +396,13 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       if (f32) ds = reinterpret_cast<E*>(dp);
       const int64_t b = g / KV, j = g % KV, h0 = j * rep;
       const E* probs_g = kept ? probs + g * M * T : nullptr;
+      const int32_t* row_pos = dims.positions ? dims.positions + b * T : nullptr;
       if (!kept) {
         // bf16: the f32 scores use dp's space, which dP overwrites next.
         E* recomputed = mine.take<E>(M * T);
         float* scores = f32 ? reinterpret_cast<float*>(recomputed) : dp;
-        group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, scores, recomputed, pad_g);
+        group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, row_pos, scores, recomputed,
+                    pad_g);
         probs_g = recomputed;
       }
       // dO for the group's heads, stacked like q.
@@ -392,16 +416,18 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
         }
       }
       for (int64_t r = 0; r < M; ++r) {
-        const int64_t n = r % T + 1;
-        float* dpr = dp + r * T;
-        const E* pr = probs_g + r * T;
+        const int64_t n = r % T + 1, first = row_pos ? r % T - row_pos[r % T] : 0;
+        float* dpr = dp + r * T + first;
+        const E* pr = probs_g + r * T + first;
+        const int64_t len = n - first;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t s = 0; s < n; ++s) dot += simd::load1(pr + s) * dpr[s];
+        for (int64_t s = 0; s < len; ++s) dot += simd::load1(pr + s) * dpr[s];
 #pragma omp simd
-        for (int64_t s = 0; s < n; ++s) dpr[s] = simd::load1(pr + s) * (dpr[s] - dot) * scale;
+        for (int64_t s = 0; s < len; ++s) dpr[s] = simd::load1(pr + s) * (dpr[s] - dot) * scale;
         E* dsr = ds + r * T;
-        if (!f32) simd::store_row(dsr, dpr, n);  // in f32, dS overwrites dP in place
+        if (!f32) simd::store_row(dsr + first, dpr, len);  // in f32, dS overwrites dP in place
+        std::memset(static_cast<void*>(dsr), 0, static_cast<size_t>(first) * esize);
         std::memset(static_cast<void*>(dsr + n), 0, static_cast<size_t>(T - n) * esize);
       }
       // dQ = dS k; dK = dS^T q and dV = P^T dO (these sum over the group's heads).
@@ -417,14 +443,15 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       }
       // Back to [B, T, (H + 2KV) * D], undoing the rotation.
       for (int64_t r = 0; r < M; ++r) {
-        const int64_t t = r % T;
-        const float* c = rope ? rope->cos.data<float>() + t * half : nullptr;
-        const float* s = rope ? rope->sin.data<float>() + t * half : nullptr;
+        const int64_t t = r % T, p = dims.position(b, t);
+        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
         put_head(dq + r * D, dqkv + (b * T + t) * W + (h0 + r / T) * D, c, s, D, true, tmp);
       }
       for (int64_t t = 0; t < T; ++t) {
-        const float* c = rope ? rope->cos.data<float>() + t * half : nullptr;
-        const float* s = rope ? rope->sin.data<float>() + t * half : nullptr;
+        const int64_t p = dims.position(b, t);
+        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
         E* row = dqkv + (b * T + t) * W;
         put_head(dk + t * D, row + (H + j) * D, c, s, D, true, tmp);
         put_head(dv + t * D, row + (H + KV + j) * D, nullptr, nullptr, D, true, tmp);
