@@ -46,7 +46,8 @@ TEST(SftRecord, TemplateAndLossMaskAreAsDocumented) {
       bytes, "x:2");
   std::string text;
   for (int32_t id : c.tokens) text += static_cast<char>(id);
-  EXPECT_EQ(text, std::string("\0System: s\nUser: u\nAssistant: a\0User: v\nAssistant: b\0", 47));
+  const char want_text[] = "\0System: s\nUser: u\nAssistant: a\0User: v\nAssistant: b\0";
+  EXPECT_EQ(text, std::string(want_text, sizeof(want_text) - 1));
   std::string learned;
   for (size_t i = 0; i < c.tokens.size(); ++i)
     if (c.in_loss[i]) learned += c.tokens[i] == 0 ? '$' : static_cast<char>(c.tokens[i]);

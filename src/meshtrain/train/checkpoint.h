@@ -59,9 +59,9 @@ std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir);
 // [model] or a Hugging Face config.json.
 ModelConfig model_config_of_dir(const std::string& dir);
 
-// train.init_from: config.model becomes the model of `from` (the init_from
-// directory, or on resume the checkpoint resumed); Error naming the key when
-// one the config file set (config.model_keys) disagrees with it.
+// train.init_from (parse_config calls it): config.model becomes the model of
+// `from`; Error naming the key when one the config file set
+// (config.model_keys) disagrees with it.
 void apply_init_from_model(TrainConfig& config, const std::string& from);
 
 // A model from a directory: a training step directory (either format) or a

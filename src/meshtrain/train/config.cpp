@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/plan/pipeline_split.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/trace_hook.h"
 #include "meshtrain/util/error.h"
 
@@ -255,7 +256,8 @@ void check_min(std::string_view key, T value, T min) {
   MESHTRAIN_CHECK(value >= min, "config: {} must be >= {}, got {}", key, min, value);
 }
 
-ModelConfig read_model(const Section& s, std::string& preset) {
+// validate = false: train.init_from supplies the model (checked there).
+ModelConfig read_model(const Section& s, std::string& preset, bool validate) {
   ModelConfig m;
   s.read("preset", preset);
   if (!preset.empty()) {
@@ -283,6 +285,7 @@ ModelConfig read_model(const Section& s, std::string& preset) {
   s.read("rope_theta", m.rope_theta);
   s.read("tie_embeddings", m.tie_embeddings);
   s.read("init_std", m.init_std);
+  if (!validate) return m;
   try {
     m.validate();
   } catch (const Error& e) {
@@ -605,13 +608,20 @@ GuardSettings read_guard(const Section& s) {
   return g;
 }
 
-TrainConfig from_table(const toml::table& root) {
+// resolve_init_from: a config file's train.init_from gives the model
+// (apply_init_from_model); a checkpoint's saved config (config_from_json)
+// already holds that model in full and does not read the directory again.
+TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   check_keys_and_types(root);
   TrainConfig c;
-  c.model = read_model(Section(root, "model"), c.model_preset);
+  std::string init_from;
+  Section(root, "train").read("init_from", init_from);
+  const bool from_dir = resolve_init_from && !init_from.empty();
+  c.model = read_model(Section(root, "model"), c.model_preset, !from_dir);
   if (const toml::node* model = root.get("model"); model != nullptr && model->as_table()) {
     for (const auto& [key, value] : *model->as_table()) c.model_keys.emplace_back(key.str());
   }
+  if (from_dir) apply_init_from_model(c, init_from);
   c.train = read_train(Section(root, "train"), c.model);
   c.optim = read_optim(Section(root, "optim"));
   c.data = read_data(Section(root, "data"));
@@ -782,7 +792,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
          e.description());
   }
   for (const auto& [key, value] : overrides) apply_override(root, key, value);
-  return from_table(root);
+  return from_table(root, true);
 }
 
 TrainConfig load_config(const std::string& path, const ConfigOverrides& overrides) {
@@ -821,7 +831,7 @@ TrainConfig config_from_json(const std::string& json_text) {
   MESHTRAIN_CHECK(json.is_object(), "config: expected a JSON object");
   toml::table root;
   for (const auto& [key, value] : json.items()) insert_json(root, key, value);
-  return from_table(root);
+  return from_table(root, false);
 }
 
 namespace {

@@ -103,10 +103,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     options_.console = options_.console && mesh->rank() == 0;
   }
   resumed_from_ = resolve_resume();
-  // The model of the weights it starts from (a resumed run: of its checkpoint).
-  if (!t.init_from.empty()) {
-    apply_init_from_model(config_, resumed_from_.empty() ? t.init_from : resumed_from_);
-  }
   if (mesh != nullptr) {
     check_same_config_on_all_ranks(config_, mesh->world());
     check_parallel_layout(config_.parallel, *mesh);
