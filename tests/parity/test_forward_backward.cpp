@@ -50,6 +50,38 @@ TEST_P(ForwardBackward, LogitsLossAndEveryGradientMatchFloat64Reference) {
               worst_name.c_str());
 }
 
+// Packed SFT rows (records with positions restarting at 0, attention within
+// each record, prompt and padding targets -1) against PyTorch's float64
+// reference with a block-diagonal causal mask and cross_entropy(ignore_index=-1):
+// the mean over loss tokens and every gradient.
+TEST_P(ForwardBackward, PackedSftRowsMatchFloat64ReferenceWithIgnoreIndex) {
+  const std::string name = GetParam();
+  FixtureModel f(name, Precision::fp32);
+  Model& model = *f.model;
+  SafetensorsReader ref(fixture_path(name + ".sft.safetensors"));
+  const auto& shape = ref.info("tokens").shape;
+  const int64_t batch = shape[0], seq = shape[1];
+  const auto tokens = to_i32(ref.read_ints("tokens"));
+  const auto targets = to_i32(ref.read_ints("targets"));
+  const auto positions = to_i32(ref.read_ints("positions"));
+  int64_t loss_tokens = 0;
+  for (int32_t t : targets) loss_tokens += t >= 0;
+  ASSERT_GT(loss_tokens, 0);
+  ASSERT_LT(loss_tokens, batch * seq);
+  model.zero_grads();
+  const double loss = model.forward_backward(tokens.data(), targets.data(), batch, seq,
+                                             1.0f / static_cast<float>(loss_tokens),
+                                             positions.data()) /
+                      static_cast<double>(loss_tokens);
+  Tensor ref_loss = ref.read_tensor("loss", DType::f32, MemCategory::workspace, f.tracker);
+  EXPECT_LE(std::abs(loss - ref_loss.data<float>()[0]) / ref_loss.data<float>()[0], kTol);
+  for (const Parameter& p : model.params()) {
+    Tensor g = ref.read_tensor("grad/" + p.spec.name, DType::f32, MemCategory::workspace, f.tracker);
+    EXPECT_LE(rel_error(p.grad.data<float>(), g.data<float>(), g.numel()), kTol)
+        << "gradient of " << p.spec.name;
+  }
+}
+
 // Mixed precision against the same float64 reference: the worst relative error
 // of the logits, the loss and any parameter gradient. fp16 runs with a loss
 // scale of 1024 on the loss gradient (divided out of the gradients after), as
