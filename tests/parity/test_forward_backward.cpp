@@ -11,15 +11,24 @@ constexpr double kTol = 1e-5;
 
 class ForwardBackward : public ::testing::TestWithParam<const char*> {};
 
+// A fixture's batch: tokens and targets [batch, seq].
+struct RefBatch {
+  explicit RefBatch(const SafetensorsReader& ref)
+      : batch(ref.info("tokens").shape[0]), seq(ref.info("tokens").shape[1]),
+        tokens(to_i32(ref.read_ints("tokens"))), targets(to_i32(ref.read_ints("targets"))) {}
+  int64_t batch, seq;
+  std::vector<int32_t> tokens, targets;
+};
+
 TEST_P(ForwardBackward, LogitsLossAndEveryGradientMatchFloat64Reference) {
   const std::string name = GetParam();
   FixtureModel f(name, Precision::fp32);
   Model& model = *f.model;
   SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
-  const auto& shape = ref.info("tokens").shape;
-  const int64_t batch = shape[0], seq = shape[1], n = batch * seq;
-  const auto tokens = to_i32(ref.read_ints("tokens"));
-  const auto targets = to_i32(ref.read_ints("targets"));
+  const RefBatch b(ref);
+  const int64_t batch = b.batch, seq = b.seq, n = batch * seq;
+  const std::vector<int32_t>& tokens = b.tokens;
+  const std::vector<int32_t>& targets = b.targets;
 
   Tensor ref_logits = ref.read_tensor("logits", DType::f32, MemCategory::workspace, f.tracker);
   std::vector<float> logits = f.logits(tokens, batch, seq);
@@ -59,10 +68,10 @@ TEST_P(ForwardBackward, PackedSftRowsMatchFloat64ReferenceWithIgnoreIndex) {
   FixtureModel f(name, Precision::fp32);
   Model& model = *f.model;
   SafetensorsReader ref(fixture_path(name + ".sft.safetensors"));
-  const auto& shape = ref.info("tokens").shape;
-  const int64_t batch = shape[0], seq = shape[1];
-  const auto tokens = to_i32(ref.read_ints("tokens"));
-  const auto targets = to_i32(ref.read_ints("targets"));
+  const RefBatch b(ref);
+  const int64_t batch = b.batch, seq = b.seq;
+  const std::vector<int32_t>& tokens = b.tokens;
+  const std::vector<int32_t>& targets = b.targets;
   const auto positions = to_i32(ref.read_ints("positions"));
   int64_t loss_tokens = 0;
   for (int32_t t : targets) loss_tokens += t >= 0;

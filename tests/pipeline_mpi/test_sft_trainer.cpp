@@ -10,6 +10,7 @@
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
+#include "support/sft_run.h"
 #include "support/shared_corpus.h"
 #include "support/trainer_run.h"
 
@@ -23,37 +24,10 @@ class SftParallel : public ::testing::Test {
   void SetUp() override { dir_ = testing::shared_phrase_corpus(*world_, 61); }
 
   TrainConfig config(const std::string& out, ConfigOverrides o) const {
-    const std::string fixtures = std::string(MESHTRAIN_SOURCE_DIR) + "/tests/train/fixtures";
-    o.insert(o.begin(), {"train.out_dir", dir_ + "/sft_" + out});
-    return parse_config(R"(
-[model]
-family = "llama"
-dim = 16
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-hidden_dim = 32
-vocab_size = 256
-max_seq_len = 128
-[train]
-steps = 3
-batch_size = 4
-micro_batch_size = 1
-seq_len = 128
-threads = 1
-eval_interval = 3
-eval_batches = 1
-peak_flops = 1e11
-checkpoint_interval = -1
-[optim]
-lr = 3e-3
-[data]
-format = "sft-jsonl"
-tokenizer = "bytes"
-train = ")" + fixtures + R"(/sft_tiny.jsonl"
-val = ")" + fixtures + R"(/sft_tiny_val.jsonl"
-)",
-                        "sft.toml", o);
+    o.insert(o.begin(), {{"train.steps", "3"}, {"train.micro_batch_size", "1"},
+                         {"train.threads", "1"}, {"train.eval_interval", "3"},
+                         {"train.checkpoint_interval", "-1"}});
+    return testing::sft_run_config(dir_ + "/sft_" + out, o);
   }
 
   std::string dir_;

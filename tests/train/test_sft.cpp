@@ -16,6 +16,7 @@
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/util/error.h"
 #include "support/scratch.h"
+#include "support/sft_run.h"
 #include "support/trainer_run.h"
 
 namespace meshtrain {
@@ -23,7 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kFixtures = std::string(MESHTRAIN_SOURCE_DIR) + "/tests/train/fixtures";
+const std::string kFixtures = testing::sft_fixtures_dir();
 
 std::vector<int32_t> bytes_of(const std::string& s) { return ByteTokenizer().encode_ordinary(s); }
 
@@ -151,37 +152,8 @@ class SftTrainer : public ::testing::Test {
   void SetUp() override { dir_ = testing::scratch_dir(); }
 
   TrainConfig config(const std::string& out, ConfigOverrides o = {}) const {
-    o.insert(o.begin(), {"train.out_dir", (dir_ / out).string()});
-    return parse_config(R"(
-[model]
-family = "llama"
-dim = 16
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-hidden_dim = 32
-vocab_size = 256
-max_seq_len = 128
-[train]
-steps = 4
-batch_size = 4
-micro_batch_size = 4
-seq_len = 128
-threads = 2
-eval_interval = 2
-eval_batches = 1
-peak_flops = 1e11
-checkpoint_interval = 2
-[optim]
-lr = 3e-3
-warmup_steps = 0
-[data]
-format = "sft-jsonl"
-tokenizer = "bytes"
-train = ")" + kFixtures + R"(/sft_tiny.jsonl"
-val = ")" + kFixtures + R"(/sft_tiny_val.jsonl"
-)",
-                        "sft.toml", o);
+    o.insert(o.begin(), {{"train.eval_interval", "2"}, {"train.checkpoint_interval", "2"}});
+    return testing::sft_run_config((dir_ / out).string(), o);
   }
   fs::path dir_;
 };
