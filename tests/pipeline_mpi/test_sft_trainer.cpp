@@ -1,7 +1,8 @@
 // Supervised fine-tuning (packed sft-jsonl rows: record positions through
 // every stage, loss masking, normalisation over the step's loss tokens)
 // under mpirun: data parallel, pipeline and tensor parallel (with sequence
-// parallelism) runs equal the single-rank run.
+// parallelism and without), ZeRO-3 (external parameter storage) runs equal
+// the single-rank run.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -42,18 +43,25 @@ TEST_F(SftParallel, DataPipelineAndTensorParallelRunsEqualTheSingleRankRun) {
     if (std::string(family) == "gpt2") base.push_back({"model.n_kv_heads", "4"});
     const testing::TrainerRun ref = testing::run_trainer(
         config(fmt::format("ref_{}.rank{}", family, world_->rank()), base), nullptr, "", true);
-    for (auto [tp, pp] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 1}}) {
-      if (world_->size() % (tp * pp) != 0) continue;
-      const std::string what = fmt::format("{} tp {} pp {} dp {}", family, tp, pp,
-                                           world_->size() / (tp * pp));
+    struct Layout {
+      int tp, pp, zero;
+      bool sp;
+    };
+    for (const Layout l : {Layout{1, 1, 0, false}, Layout{1, 1, 3, false}, Layout{1, 2, 0, false},
+                           Layout{2, 1, 0, true}, Layout{2, 1, 0, false}}) {
+      if (world_->size() % (l.tp * l.pp) != 0) continue;
+      const std::string what = fmt::format("{} tp {} (sp {}) pp {} zero {} dp {}", family, l.tp,
+                                           l.sp, l.pp, l.zero, world_->size() / (l.tp * l.pp));
       SCOPED_TRACE(what);
-      DeviceMesh mesh(*world_, tp, pp);
+      DeviceMesh mesh(*world_, l.tp, l.pp);
       ConfigOverrides o = base;
-      o.push_back({"parallel.tp", std::to_string(tp)});
-      o.push_back({"parallel.pp", std::to_string(pp)});
-      if (tp > 1) o.push_back({"parallel.sequence_parallel", "true"});
+      o.push_back({"parallel.tp", std::to_string(l.tp)});
+      o.push_back({"parallel.pp", std::to_string(l.pp)});
+      o.push_back({"parallel.zero", std::to_string(l.zero)});
+      o.push_back({"parallel.sequence_parallel", l.sp ? "true" : "false"});
       const testing::TrainerRun got = testing::run_trainer(
-          config(fmt::format("{}_tp{}_pp{}", family, tp, pp), o), &mesh, "", true);
+          config(fmt::format("{}_tp{}{}_pp{}_z{}", family, l.tp, l.sp ? "sp" : "", l.pp, l.zero), o),
+          &mesh, "", true);
       ASSERT_EQ(got.records.size(), ref.records.size());
       for (size_t i = 0; i < ref.records.size(); ++i) {
         EXPECT_EQ(got.records[i].loss_tokens, ref.records[i].loss_tokens);

@@ -192,6 +192,22 @@ TEST_F(SftTrainer, ResumeEqualsTheUninterruptedRunBitForBit) {
                            full.weights.size() * sizeof(float)));
 }
 
+// train.init_from a training checkpoint (the sharded format): its master
+// weights at step 0 and a new run (steps from 1, data from the start).
+TEST_F(SftTrainer, InitFromATrainingCheckpointTakesItsWeightsOnly) {
+  const auto source = testing::run_trainer(config("source", {{"train.steps", "2"}}));
+  const std::string step = (dir_ / "source/step_2").string();
+  TrainConfig c = config("init", {{"train.init_from", step}});
+  TrainerOptions options;
+  options.console = false;
+  Trainer trainer(c, options);
+  const std::vector<float> start = trainer.gather_weights();
+  ASSERT_EQ(0, std::memcmp(start.data(), source.weights.data(), start.size() * sizeof(float)));
+  const auto records = trainer.run();
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_EQ(records.front().step, 1);  // step 0: a new run, not a resume
+}
+
 // train.init_from a transformers-written directory: the model comes from its
 // config.json, the weights are HF's at step 0 (so are the logits:
 // tests/ckpt/test_hf_transformers.cpp), the optimizer is fresh; a [model] key
