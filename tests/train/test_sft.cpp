@@ -12,6 +12,7 @@
 
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/hf.h"
+#include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/data/sft.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/util/error.h"
@@ -241,6 +242,18 @@ init_from = ")" + hf + R"("
     ASSERT_EQ(weights.size(), static_cast<size_t>(want->num_params()));
     EXPECT_EQ(0, std::memcmp(weights.data(), want->flat_master().data<float>(),
                              weights.size() * sizeof(float)));
+    // Those weights give transformers' logits (the fixture's ids, as test_hf_transformers).
+    Model start(trainer.config().model, Precision::fp32, ctx);
+    std::copy(weights.begin(), weights.end(), start.flat_master().data<float>());
+    SafetensorsReader ref(hf + "/logits.safetensors");
+    const int64_t seq = ref.info("logits").shape[0], vocab = 64;
+    std::vector<int32_t> ids(static_cast<size_t>(seq));
+    for (int64_t t = 0; t < seq; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((7 * t + 3) % vocab);
+    Tensor logits_want = ref.read_tensor("logits", DType::f32, MemCategory::workspace, tracker);
+    std::vector<float> logits(static_cast<size_t>(seq * vocab));
+    start.forward_logits(ids.data(), 1, seq, logits.data());
+    for (int64_t i = 0; i < seq * vocab; ++i)
+      ASSERT_NEAR(logits[i], logits_want.data<float>()[i], 1e-5 * std::max(1.0f, std::abs(logits_want.data<float>()[i])));
     const auto records = trainer.run();
     ASSERT_EQ(records.size(), 1u);
     EXPECT_EQ(records[0].step, 1);
