@@ -16,6 +16,7 @@
 #include "meshtrain/data/sft.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/util/error.h"
+#include "data/tokenizer_test_util.h"
 #include "support/scratch.h"
 #include "support/sft_run.h"
 #include "support/trainer_run.h"
@@ -54,6 +55,23 @@ TEST(SftRecord, TemplateAndLossMaskAreAsDocumented) {
   for (size_t i = 0; i < c.tokens.size(); ++i)
     if (c.in_loss[i]) learned += c.tokens[i] == 0 ? '$' : static_cast<char>(c.tokens[i]);
   EXPECT_EQ(learned, "a$b$");
+}
+
+// GPT-2 BPE: E = <|endoftext|> (50256) opens the record and closes the response;
+// each piece is encoded on its own.
+TEST(SftRecord, Gpt2TemplateUsesEndOfText) {
+  MESHTRAIN_NEED_GPT2_RANKS();
+  const std::unique_ptr<Tokenizer> gpt2 = make_tokenizer("gpt2", testing::gpt2_ranks_path());
+  const SftRecord r = tokenize_sft_record(R"({"prompt": "Hi there", "response": "Hello!"})", *gpt2, "x:1");
+  std::vector<int32_t> want = {50256};
+  for (const char* piece : {"User: ", "Hi there", "\n", "Assistant: ", "Hello!"}) {
+    const std::vector<int32_t> ids = gpt2->encode_ordinary(piece);
+    want.insert(want.end(), ids.begin(), ids.end());
+  }
+  want.push_back(50256);
+  EXPECT_EQ(r.tokens, want);
+  const size_t response = gpt2->encode_ordinary("Hello!").size() + 1;
+  for (size_t i = 0; i < r.tokens.size(); ++i) EXPECT_EQ(r.in_loss[i], i + response >= r.tokens.size()) << i;
 }
 
 std::string error_of(const std::string& line, ErrorKind* kind = nullptr) {
