@@ -212,7 +212,8 @@ TEST_F(SftTrainer, ResumeEqualsTheUninterruptedRunBitForBit) {
 }
 
 // train.init_from a training checkpoint (the sharded format): its master
-// weights at step 0 and a new run (steps from 1, data from the start).
+// weights at step 0 and a new run (steps from 1, data from the start); its
+// resume continues it bit for bit.
 TEST_F(SftTrainer, InitFromATrainingCheckpointTakesItsWeightsOnly) {
   const auto source = testing::run_trainer(config("source", {{"train.steps", "2"}}));
   const std::string step = (dir_ / "source/step_2").string();
@@ -225,6 +226,13 @@ TEST_F(SftTrainer, InitFromATrainingCheckpointTakesItsWeightsOnly) {
   const auto records = trainer.run();
   ASSERT_EQ(records.size(), 4u);
   EXPECT_EQ(records.front().step, 1);  // step 0: a new run, not a resume
+  // Resuming that run resumes (its checkpoint), it does not initialise again.
+  const auto resumed = testing::run_trainer(config("init_resumed", {{"train.init_from", step}}),
+                                            nullptr, (dir_ / "init/step_2").string());
+  ASSERT_EQ(resumed.records.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(resumed.records[i].loss, records[2 + i].loss);
+  const std::vector<float> end = trainer.gather_weights();
+  EXPECT_EQ(0, std::memcmp(resumed.weights.data(), end.data(), end.size() * sizeof(float)));
 }
 
 // train.init_from a transformers-written directory: the model comes from its
