@@ -32,6 +32,8 @@ class SampleSource {
   // Targets of sample `index` that count in the loss (>= 0): the step's loss
   // normalisation sums this over the global batch.
   virtual int64_t loss_tokens(int64_t /*index*/) const { return seq_len(); }
+  // One phrase for the run's start-up line ("4000 tokens, 250 samples of 16 (+1) tokens").
+  virtual std::string describe() const { return std::to_string(num_samples()) + " samples"; }
 };
 
 class TokenDataset final : public SampleSource {
@@ -46,6 +48,7 @@ class TokenDataset final : public SampleSource {
   const std::vector<TokenFile>& files() const { return files_; }
 
   void read_sample(int64_t index, int32_t* inputs, int32_t* targets) const override;
+  std::string describe() const override;
 
  private:
   std::vector<TokenFile> files_;

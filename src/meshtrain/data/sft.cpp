@@ -190,6 +190,13 @@ int64_t SftDataset::loss_tokens(int64_t index) const {
   return loss_counts_[static_cast<size_t>(index)];
 }
 
+std::string SftDataset::describe() const {
+  return fmt::format("{} SFT records ({} truncated) in {} {} rows of {}, {} loss tokens (packing "
+                     "efficiency {:.3f})",
+                     records_, truncated_, num_samples(), packed_ ? "packed" : "unpacked", seq_len_,
+                     total_loss_, packing_efficiency());
+}
+
 double SftDataset::packing_efficiency() const {
   return static_cast<double>(total_loss_) / static_cast<double>(num_samples() * seq_len_);
 }

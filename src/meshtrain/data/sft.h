@@ -60,6 +60,7 @@ class SftDataset final : public SampleSource {
   bool has_positions() const override { return packed_; }
   void read_positions(int64_t index, int32_t* positions) const override;
   int64_t loss_tokens(int64_t index) const override;
+  std::string describe() const override;
 
   int64_t num_records() const { return records_; }
   int64_t truncated_records() const { return truncated_; }

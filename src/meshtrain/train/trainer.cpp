@@ -74,20 +74,6 @@ std::unique_ptr<SampleSource> open_sample_source(const TrainConfig& config,
   return std::make_unique<SftDataset>(files, *tokenizer, options);
 }
 
-std::string describe_source(const SampleSource& source) {
-  const int64_t seq = source.seq_len();
-  if (const auto* tokens = dynamic_cast<const TokenDataset*>(&source)) {
-    return fmt::format("{} tokens, {} samples of {} (+1) tokens", tokens->num_tokens(),
-                       tokens->num_samples(), seq);
-  }
-  const auto& sft = dynamic_cast<const SftDataset&>(source);
-  return fmt::format("{} SFT records ({} truncated) in {} {} rows of {}, {} loss tokens (packing "
-                     "efficiency {:.3f})",
-                     sft.num_records(), sft.truncated_records(), sft.num_samples(),
-                     sft.has_positions() ? "packed" : "unpacked", seq, sft.total_loss_tokens(),
-                     sft.packing_efficiency());
-}
-
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
@@ -326,11 +312,11 @@ void Trainer::print_setup(const LoaderOptions& loader) {
     }
   }
   const GlobalOrder& order = loader_->order();
-  fmt::print("data: {}, {} steps per epoch ({:.2f} epochs){}\n", describe_source(*train_data_),
+  fmt::print("data: {}, {} steps per epoch ({:.2f} epochs){}\n", train_data_->describe(),
              order.batches_per_epoch(),
              static_cast<double>(t.steps) / static_cast<double>(order.batches_per_epoch()),
              val_data_ ? fmt::format("; val {}, {} sequences per validation",
-                                     describe_source(*val_data_), t.eval_batches * t.batch_size)
+                                     val_data_->describe(), t.eval_batches * t.batch_size)
                        : "");
   fmt::print("MFU peak: {} ({})\n", format_flops(peak_flops_), peak_source_);
   if (!resumed_from_.empty()) {
