@@ -166,6 +166,39 @@ TEST(SftDataset, PackingKeepsEveryRecordOnceAndCountsLossTokens) {
   EXPECT_EQ(SftDataset({file}, bytes, o).truncated_records(), 27);
 }
 
+TEST(SftConfig, SftKeysWithTokenShardsAreRefused) {
+  const std::string toml = std::string(R"(
+[model]
+family = "llama"
+dim = 16
+n_layers = 1
+n_heads = 2
+hidden_dim = 32
+vocab_size = 256
+max_seq_len = 16
+[train]
+seq_len = 16
+[data]
+train = "x.bin"
+)");
+  EXPECT_NO_THROW(parse_config(toml, "t.toml"));
+  try {
+    parse_config(toml, "t.toml", {{"data.sft_pack", "false"}});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "config: data.sft_pack applies to data.format = \"sft-jsonl\" only (this "
+                           "run reads \"tokens\")");
+  }
+  EXPECT_NO_THROW(parse_config(toml, "t.toml", {{"data.format", "sft-jsonl"}, {"data.sft_pack", "false"}}));
+  try {
+    parse_config(toml, "t.toml", {{"data.format", "jsonl"}});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.format must be \"tokens\" or \"sft-jsonl\""),
+              std::string::npos);
+  }
+}
+
 class SftTrainer : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = testing::scratch_dir(); }

@@ -456,6 +456,15 @@ DataSettings read_data(const Section& s) {
   MESHTRAIN_CHECK(d.sft_overflow == "truncate" || d.sft_overflow == "refuse",
                   "config: data.sft_overflow must be \"truncate\" or \"refuse\", got \"{}\"",
                   d.sft_overflow);
+  // A setting that would silently do nothing.
+  const DataSettings defaults;
+  for (const auto& [key, set] : {std::pair{"sft_pack", d.sft_pack != defaults.sft_pack},
+                                 std::pair{"sft_overflow", d.sft_overflow != defaults.sft_overflow}}) {
+    MESHTRAIN_CHECK(d.sft() || !set,
+                    "config: data.{} applies to data.format = \"sft-jsonl\" only (this run reads "
+                    "\"{}\")",
+                    key, d.format);
+  }
   return d;
 }
 
