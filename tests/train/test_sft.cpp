@@ -15,6 +15,7 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/data/sft.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/train/evaluate.h"
 #include "meshtrain/util/error.h"
 #include "data/tokenizer_test_util.h"
 #include "support/scratch.h"
@@ -242,6 +243,18 @@ TEST_F(SftTrainer, ResumeEqualsTheUninterruptedRunBitForBit) {
   for (size_t i = 0; i < 2; ++i) EXPECT_EQ(resumed.records[i].loss, full.records[2 + i].loss);
   ASSERT_EQ(0, std::memcmp(resumed.weights.data(), full.weights.data(),
                            full.weights.size() * sizeof(float)));
+}
+
+// meshtrain eval of an SFT run's checkpoint on its validation JSONL: the
+// run's data settings, so its logged val_loss (over loss tokens) comes back.
+TEST_F(SftTrainer, EvalOfTheCheckpointReproducesItsValidationLoss) {
+  const auto run = testing::run_trainer(config("evaluated", {{"train.steps", "2"}}), nullptr, "", true);
+  EvalOptions options;
+  options.data = {kFixtures + "/sft_tiny_val.jsonl"};
+  options.threads = 2;
+  const EvalResult r = evaluate_checkpoint((dir_ / "evaluated/step_2").string(), options, nullptr);
+  EXPECT_NEAR(r.loss, run.val_loss, 1e-6 * run.val_loss);
+  EXPECT_LT(r.tokens, r.batch_size * r.seq_len);  // loss tokens only
 }
 
 // train.init_from a training checkpoint (the sharded format): its master

@@ -6,9 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include "meshtrain/backend/cpu/matmul.h"
-#include "meshtrain/data/sft.h"
-#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/optim/clip.h"
+#include "meshtrain/train/data_source.h"
 #include "meshtrain/train/distributed.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/memory_check.h"
@@ -49,29 +48,6 @@ std::vector<fs::path> run_files(const fs::path& out_dir) {
     }
   }
   return found;
-}
-
-// The run's samples: token shards, or SFT records (data/sft.h; training
-// records shuffled by the seed before packing, validation in file order).
-std::unique_ptr<SampleSource> open_sample_source(const TrainConfig& config,
-                                                 const std::vector<std::string>& files,
-                                                 bool train) {
-  const TrainSettings& t = config.train;
-  if (!config.data.sft()) {
-    return std::make_unique<TokenDataset>(files, config.model.vocab_size, t.seq_len);
-  }
-  const std::unique_ptr<Tokenizer> tokenizer =
-      make_tokenizer(config.data.tokenizer, config.data.gpt2_ranks);
-  MESHTRAIN_CHECK(tokenizer->vocab_size() <= config.model.vocab_size,
-                  "data: tokenizer '{}' has {} ids; model.vocab_size is {}", tokenizer->name(),
-                  tokenizer->vocab_size(), config.model.vocab_size);
-  SftOptions options;
-  options.seq_len = t.seq_len;
-  options.pack = config.data.sft_pack;
-  options.truncate = config.data.sft_overflow == "truncate";
-  options.shuffle = train;
-  options.seed = t.seed;
-  return std::make_unique<SftDataset>(files, *tokenizer, options);
 }
 
 }  // namespace
