@@ -168,31 +168,18 @@ TEST(SftDataset, PackingKeepsEveryRecordOnceAndCountsLossTokens) {
 }
 
 TEST(SftConfig, SftKeysWithTokenShardsAreRefused) {
-  const std::string toml = std::string(R"(
-[model]
-family = "llama"
-dim = 16
-n_layers = 1
-n_heads = 2
-hidden_dim = 32
-vocab_size = 256
-max_seq_len = 16
-[train]
-seq_len = 16
-[data]
-train = "x.bin"
-)");
-  EXPECT_NO_THROW(parse_config(toml, "t.toml"));
+  auto parse = [](ConfigOverrides o) { return testing::sft_run_config("out", std::move(o)); };
+  EXPECT_NO_THROW(parse({{"data.sft_pack", "false"}}));
+  EXPECT_NO_THROW(parse({{"data.format", "tokens"}}));
   try {
-    parse_config(toml, "t.toml", {{"data.sft_pack", "false"}});
+    parse({{"data.format", "tokens"}, {"data.sft_pack", "false"}});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "config: data.sft_pack applies to data.format = \"sft-jsonl\" only (this "
                            "run reads \"tokens\")");
   }
-  EXPECT_NO_THROW(parse_config(toml, "t.toml", {{"data.format", "sft-jsonl"}, {"data.sft_pack", "false"}}));
   try {
-    parse_config(toml, "t.toml", {{"data.format", "jsonl"}});
+    parse({{"data.format", "jsonl"}});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("data.format must be \"tokens\" or \"sft-jsonl\""),
