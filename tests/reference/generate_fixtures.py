@@ -130,6 +130,39 @@ def model_case(name, c, out_dir, seed):
     meta = {k: repr(v) for k, v in TRAIN.items()}
     meta["config"] = config_text
     stfile.write(os.path.join(out_dir, f"{name}.reference.safetensors"), tensors, meta)
+    sft_case(name, c, P0, out_dir, seed)
+
+
+def sft_case(name, c, P0, out_dir, seed):
+    """Packed SFT rows: records of (lengths) per row, positions restarting at 0,
+    prompt and padding targets -1 (ignore_index), the loss the mean over the
+    loss tokens. <case>.sft.safetensors: tokens/targets/positions [B, T] I32,
+    loss [1], grad/<name>."""
+    T = SEQ[name]
+    lengths = [[5, 4, T - 9], [7, T - 10, 3]]  # the last record of row 1 is padding
+    g = torch.Generator().manual_seed(seed + 2)
+    tokens = torch.randint(0, c.vocab_size, (BATCH, T), generator=g)
+    targets = torch.randint(0, c.vocab_size, (BATCH, T), generator=g)
+    positions = torch.zeros(BATCH, T, dtype=torch.long)
+    for b, row in enumerate(lengths):
+        at = 0
+        for r, n in enumerate(row):
+            positions[b, at:at + n] = torch.arange(n)
+            targets[b, at:at + 2] = -1  # each record's first two targets: its prompt
+            if b == 1 and r == len(row) - 1:
+                targets[b, at:at + n] = -1  # padding
+            at += n
+    P = leaf_copy(P0, torch.float64)
+    out = ref.logits(P, c, tokens, positions=positions)
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, c.vocab_size), targets.reshape(-1),
+                                             ignore_index=-1)
+    loss.backward()
+    print(f"{name} sft: loss {loss.item():.6f} over {(targets >= 0).sum().item()} loss tokens")
+    tensors = {"tokens": tokens.to(torch.int32).numpy(), "targets": targets.to(torch.int32).numpy(),
+               "positions": positions.to(torch.int32).numpy(), "loss": np.array([loss.item()])}
+    for k, v in P.items():
+        tensors["grad/" + k] = f32(v.grad)
+    stfile.write(os.path.join(out_dir, f"{name}.sft.safetensors"), tensors, {})
 
 
 def load_llama2c(path):

@@ -113,16 +113,22 @@ def rms_norm(x, weight, eps):
 
 
 def rope_angles(c, positions, dtype):
+    """positions [T] (every row) or [B, T] (packed records): cos, sin [(B,) T, hd/2]."""
     i = torch.arange(c.head_dim // 2, dtype=torch.float64)
     inv_freq = c.rope_theta ** (-2.0 * i / c.head_dim)
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # [T, hd/2]
+    angles = positions.to(torch.float64)[..., None] * inv_freq
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _per_row(t):
+    """[T, n] or [B, T, n] -> broadcastable over [B, T, H, n]."""
+    return t[None, :, None, :] if t.dim() == 2 else t[:, :, None, :]
 
 
 def rope_interleaved(x, cos, sin):
     """x [B, T, H, hd]: rotates pairs (x[2i], x[2i+1]) by angle pos * theta^(-2i/hd)."""
     x0, x1 = x[..., 0::2], x[..., 1::2]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = _per_row(cos), _per_row(sin)
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
 
 
@@ -130,12 +136,13 @@ def rope_half(x, cos, sin):
     """Hugging Face's rotate_half: pairs (x[i], x[i + hd/2])."""
     half = x.shape[-1] // 2
     x0, x1 = x[..., :half], x[..., half:]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = _per_row(cos), _per_row(sin)
     return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
 
 
-def causal_attention(q, k, v):
-    """q [B, T, H, hd], k/v [B, T, KV, hd] -> [B, T, H*hd]; head h reads kv head h // (H/KV)."""
+def causal_attention(q, k, v, positions=None):
+    """q [B, T, H, hd], k/v [B, T, KV, hd] -> [B, T, H*hd]; head h reads kv head h // (H/KV).
+    positions [B, T] (packed records, restarting at 0): query t sees keys [t - pos, t] only."""
     B, T, H, hd = q.shape
     rep = H // k.shape[2]
     k = k.repeat_interleave(rep, dim=2)
@@ -143,18 +150,23 @@ def causal_attention(q, k, v):
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hd)
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    if positions is not None:
+        t = torch.arange(T)
+        first = t[None, :] - positions  # [B, T]: each query's record start
+        mask = mask[None] | (t[None, None, :] < first[:, :, None])  # [B, T, T]
+        mask = mask[:, None]  # over heads
     scores = scores.masked_fill(mask, float("-inf"))
     out = torch.matmul(torch.softmax(scores.float() if scores.dtype == torch.bfloat16 else scores,
                                      dim=-1).to(v.dtype), v)
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
-def llama_logits(P, c, tokens, rope="interleaved"):
+def llama_logits(P, c, tokens, rope="interleaved", positions=None):
     B, T = tokens.shape
     hd = c.head_dim
     rotate = rope_interleaved if rope == "interleaved" else rope_half
     x = P["model.embed_tokens.weight"][tokens]
-    cos, sin = rope_angles(c, torch.arange(T), x.dtype)
+    cos, sin = rope_angles(c, torch.arange(T) if positions is None else positions, x.dtype)
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
         h = rms_norm(x, P[p + "input_layernorm.weight"], c.norm_eps)
@@ -162,7 +174,7 @@ def llama_logits(P, c, tokens, rope="interleaved"):
         k = F.linear(h, P[p + "self_attn.k_proj.weight"]).view(B, T, c.n_kv_heads, hd)
         v = F.linear(h, P[p + "self_attn.v_proj.weight"]).view(B, T, c.n_kv_heads, hd)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        x = x + F.linear(causal_attention(q, k, v), P[p + "self_attn.o_proj.weight"])
+        x = x + F.linear(causal_attention(q, k, v, positions), P[p + "self_attn.o_proj.weight"])
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
         gate = F.linear(h, P[p + "mlp.gate_proj.weight"])
         up = F.linear(h, P[p + "mlp.up_proj.weight"])
@@ -177,16 +189,17 @@ def conv1d(x, weight, bias):
     return torch.matmul(x, weight) + bias
 
 
-def gpt2_logits(P, c, tokens):
+def gpt2_logits(P, c, tokens, positions=None):
     B, T = tokens.shape
     hd = c.head_dim
-    x = P["transformer.wte.weight"][tokens] + P["transformer.wpe.weight"][:T][None]
+    wpe = P["transformer.wpe.weight"]
+    x = P["transformer.wte.weight"][tokens] + (wpe[:T][None] if positions is None else wpe[positions])
     for i in range(c.n_layers):
         p = f"transformer.h.{i}."
         h = F.layer_norm(x, (c.dim,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], c.norm_eps)
         qkv = conv1d(h, P[p + "attn.c_attn.weight"], P[p + "attn.c_attn.bias"])
         q, k, v = (t.reshape(B, T, c.n_heads, hd) for t in qkv.split(c.dim, dim=-1))
-        x = x + conv1d(causal_attention(q, k, v), P[p + "attn.c_proj.weight"],
+        x = x + conv1d(causal_attention(q, k, v, positions), P[p + "attn.c_proj.weight"],
                        P[p + "attn.c_proj.bias"])
         h = F.layer_norm(x, (c.dim,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], c.norm_eps)
         h = F.gelu(conv1d(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]), approximate="tanh")
@@ -196,8 +209,11 @@ def gpt2_logits(P, c, tokens):
     return F.linear(x, P["transformer.wte.weight"])
 
 
-def logits(P, c, tokens, rope="interleaved"):
-    return llama_logits(P, c, tokens, rope) if c.family == "llama" else gpt2_logits(P, c, tokens)
+def logits(P, c, tokens, rope="interleaved", positions=None):
+    """positions [B, T]: packed records (attention within each, positions restarting at 0)."""
+    if c.family == "llama":
+        return llama_logits(P, c, tokens, rope, positions)
+    return gpt2_logits(P, c, tokens, positions)
 
 
 def mean_loss(P, c, tokens, targets):

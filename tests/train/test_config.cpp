@@ -222,7 +222,8 @@ TEST(Config, EveryKeyDocumented) {
 
 TEST(Config, ExampleConfigsParse) {
   for (const char* name :
-       {"llama-tiny-bytes.toml", "llama-kjv-gpt2.toml", "bench-llama-60M.toml"}) {
+       {"llama-tiny-bytes.toml", "llama-kjv-gpt2.toml", "bench-llama-60M.toml",
+        "sft-tiny-bytes.toml"}) {
     EXPECT_NO_THROW(load_config(std::string(MESHTRAIN_SOURCE_DIR "/configs/") + name)) << name;
   }
 }

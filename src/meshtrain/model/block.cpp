@@ -132,7 +132,7 @@ Block Model::Impl::block(int64_t layer) const {
 }
 
 cpu::AttentionDims Model::Impl::attention_dims(int64_t batch, int64_t seq) const {
-  return cpu::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim()};
+  return cpu::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim(), row_positions};
 }
 
 void Model::Impl::ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const {

@@ -134,7 +134,8 @@ void Model::Impl::embedding_forward(const int32_t* tokens, int64_t batch, int64_
   const float* wpe = positions != kNoParam ? master(positions) : nullptr;
   const int64_t d = cfg.dim;
   if (table.master.defined()) {
-    cpu::embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0);
+    cpu::embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0,
+                           row_positions);
     return;
   }
   // External storage with a bf16 / f16 embedding bound as `compute` only:
@@ -147,7 +148,7 @@ void Model::Impl::embedding_forward(const int32_t* tokens, int64_t batch, int64_
     convert(dt, rows + static_cast<size_t>(tokens[i]) * row_bytes, DType::f32, o,
             static_cast<size_t>(d));
     if (wpe == nullptr) continue;
-    const float* p = wpe + (pos0 + i % seq) * d;
+    const float* p = wpe + (row_positions ? row_positions[i] : pos0 + i % seq) * d;
     for (int64_t j = 0; j < d; ++j) o[j] = o[j] + p[j];
   }
 }
@@ -207,9 +208,10 @@ void Model::zero_grads() {
 }
 
 double Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                               int64_t seq, float grad_scale) {
+                               int64_t seq, float grad_scale, const int32_t* positions) {
   require_whole("forward_backward");
   Impl& m = *impl_;
+  const Impl::PassPositions pass(m, positions);
   const DType dt = compute_dtype(precision_);
   const int64_t rows = batch * seq, d = config_.dim;
   m.check_tokens(targets, rows, true, "target");
@@ -255,9 +257,10 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
 }
 
 double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                           int64_t seq) {
+                           int64_t seq, const int32_t* positions) {
   require_whole("forward_loss");
   Impl& m = *impl_;
+  const Impl::PassPositions pass(m, positions);
   const DType dt = compute_dtype(precision_);
   m.check_tokens(targets, batch * seq, true, "target");
   Activations acts;
@@ -269,9 +272,11 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
   return loss;
 }
 
-void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits) {
+void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits,
+                           const int32_t* positions) {
   require_whole("forward_logits");
   Impl& m = *impl_;
+  const Impl::PassPositions pass(m, positions);
   const DType dt = compute_dtype(precision_);
   Activations acts;
   const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);

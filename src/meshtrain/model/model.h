@@ -126,15 +126,21 @@ class Model {
 
   // One micro-batch: tokens/targets [batch * seq]. Gradients are ADDED to the
   // grad buffer, each token's loss weighted by grad_scale (so grad_scale =
-  // 1 / tokens-in-the-optimizer-step gives the mean over the step).
+  // 1 / loss-tokens-in-the-optimizer-step gives the mean over the step). A
+  // negative target is ignored (no loss, no gradient: SFT prompts, padding).
+  // positions (packed records, cpu::AttentionDims::positions): [batch * seq]
+  // each token's position in its record; attention never crosses a record
+  // and positions (RoPE, learned) restart at 0. nullptr: one sequence per row.
   // Returns the sum of the token losses.
   double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                          int64_t seq, float grad_scale);
+                          int64_t seq, float grad_scale, const int32_t* positions = nullptr);
   // Forward only: sum of token losses (evaluation).
-  double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+  double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                      const int32_t* positions = nullptr);
   // Forward only: full logits [batch * seq, vocab] f32 (tests, small inputs;
   // under tp the slices are all-gathered, on every rank).
-  void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits);
+  void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits,
+                      const int32_t* positions = nullptr);
 
   // Pipeline stage passes (a model built with StageLayers; also the whole
   // model as one stage). Chunk c of stage_layers().chunks on micro-batch mb:
@@ -143,9 +149,11 @@ class Model {
   // flight. Activations between stages are [stage_rows(batch, seq), dim] f32
   // (this rank's rows under sequence parallelism).
   // stage_forward: the embedding chunk reads `tokens`, others `input`; writes
-  // `output` unless the chunk ends with the head (null there).
+  // `output` unless the chunk ends with the head (null there). `positions`
+  // as in forward_backward (every chunk needs them: its attention); kept with
+  // the pass's activations for its backward.
   void stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens, const float* input,
-                     int64_t batch, int64_t seq, float* output);
+                     int64_t batch, int64_t seq, float* output, const int32_t* positions = nullptr);
   // stage_backward: the head chunk computes the loss of `targets` (returns the
   // sum of token losses; gradients weighted by grad_scale and ADDED), other
   // chunks start from `output_grad`. Writes `input_grad` unless the chunk

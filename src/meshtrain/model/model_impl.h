@@ -62,6 +62,7 @@ struct BlockActs {
 
 struct Activations {
   int64_t batch = 0, seq = 0;
+  std::vector<int32_t> positions;  // packed records (staged passes); empty: one sequence per row
   MemCategory category = MemCategory::activations;
   std::vector<Tensor> residual;  // f32 [N, d]: residual[l] is the input of block l
   std::vector<BlockActs> blocks;
@@ -206,6 +207,15 @@ struct Model::Impl {
   // The fused classifier's arguments over h [rows, d] (vocab slice and reductions).
   cpu::ClassifierArgs classifier_args(const void* h, const int32_t* targets, int64_t rows,
                                       DType dt);
+
+  // The running pass's per-token record positions (Model::forward_backward),
+  // or nullptr; set by the public passes through PassPositions.
+  const int32_t* row_positions = nullptr;
+  struct PassPositions {
+    PassPositions(Impl& m, const int32_t* p) : m(m) { m.row_positions = p; }
+    ~PassPositions() { m.row_positions = nullptr; }
+    Impl& m;
+  };
 
   Model& model;
   const ModelConfig& cfg;

@@ -25,7 +25,7 @@ class LocalSteps final : public StepRunner {
       const MicroBatch& batch = loader.next();
       dp.begin_micro_batch(a == 0, a + 1 == m);
       loss += model_.forward_backward(batch.inputs.data(), batch.targets.data(), batch.rows, seq_,
-                                      grad_scale);
+                                      grad_scale, positions_of(batch));
     }
     return loss;
   }
@@ -81,7 +81,7 @@ class PipelineSteps final : public StepRunner {
     std::vector<pipeline::MicroBatchRef> refs;
     for (MicroBatch& batch : batches_) {
       batch = loader.next();
-      refs.push_back({batch.inputs.data(), batch.targets.data()});
+      refs.push_back({batch.inputs.data(), batch.targets.data(), positions_of(batch)});
     }
     dp.begin_schedule();
     const double loss = executor_->run(refs, grad_scale);
@@ -112,12 +112,12 @@ class PipelineSteps final : public StepRunner {
     for (int64_t k = 0; k < val.num_micro_batches(); ++k) {
       MicroBatch& b = batches[static_cast<size_t>(k)];
       val.read(k, b);
-      tokens += b.rows * b.seq_len;
+      tokens += count_loss_tokens(b);
       // The stages agreed on one message size: the training micro-batch's.
       MESHTRAIN_CHECK(b.rows == executor_->micro_batch_rows(),
                       "evaluate: validation micro-batch of {} rows; the pipeline runs {}", b.rows,
                       executor_->micro_batch_rows());
-      refs.push_back({b.inputs.data(), b.targets.data()});
+      refs.push_back({b.inputs.data(), b.targets.data(), positions_of(b)});
     }
     return sum_over_ranks(pp_, executor_->evaluate(refs));
   }

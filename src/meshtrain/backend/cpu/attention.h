@@ -15,7 +15,13 @@ namespace meshtrain::cpu {
 struct AttentionDims {
   int64_t batch = 0, seq = 0;
   int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  // Packed sequences (SFT): [batch * seq] each token's position within its
+  // record, restarting at 0 where a record begins (0 <= positions[t] <= t).
+  // Query t attends keys [t - positions[t], t] only (causal AND same record)
+  // and RoPE rotates by positions[t]. nullptr: one sequence per row (position t).
+  const int32_t* positions = nullptr;
   int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
+  int64_t position(int64_t b, int64_t t) const { return positions ? positions[b * seq + t] : t; }
 };
 
 // cos/sin of position p and pair i: [max_seq, head_dim/2].
