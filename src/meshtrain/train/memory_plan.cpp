@@ -6,6 +6,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/backend/cpu/attention.h"
+#include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/model/params.h"
 #include "meshtrain/parallel/pipeline/executor.h"
@@ -97,10 +99,9 @@ ChunkBytes chunk_bytes(const LocalShape& s, const RecomputePolicy& policy, int64
   return c;
 }
 
-// The Workspace buffers a block call reuses, the classifier's logits chunk
-// (on the stage with the output layer) and RoPE's tables (plan/memory.cpp
+// The Workspace buffers a block call reuses and RoPE's tables (plan/memory.cpp
 // engine_memory, by this rank's widths).
-double workspace_bytes(const TrainConfig& config, const LocalShape& s, bool head) {
+double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
   const bool bf16 = s.e == 2;
   const double qkv = s.q + 2 * s.kv;
   double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * s.d +
@@ -111,14 +112,77 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s, bool head
       w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d;  // dres_full, shards, column_input
     }
   }
-  if (head) {  // the stage that runs the output layer
-    const double chunk = std::min(s.n, 256.0);
-    w += chunk * s.vocab * (4 + (bf16 ? 2 : 0));
-  }
   if (config.model.family == Family::llama) {
     w += 4 * static_cast<double>(config.model.max_seq_len * config.model.head_dim());
   }
   return w;
+}
+
+// The context's reused scratch slots (backend/cpu/onednn.h Scratch: each one
+// grown to its largest request, the old buffer freed first, never shrunk), at
+// their size once every call of the step has run: oneDNN's scratchpad and
+// the f16 staging over every GEMM through matmul() (model/block.cpp,
+// model/tensor_parallel.cpp, the classifier of backend/cpu/cross_entropy.cpp),
+// the attention kernels' per-thread buffer, the classifier's logits chunk
+// (and its 16-bit d_logits). Sizes come from the backend's queries, which
+// build the primitive descriptors matmul() builds, for the run's thread count.
+double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage,
+                          double vocab_rows) {
+  const DType dt = compute_dtype(config.train.precision);
+  const int threads = config.train.threads > 0 ? config.train.threads : cpu::available_cores();
+  const bool llama = config.model.family == Family::llama, tp = config.parallel.tp > 1;
+  const auto n = static_cast<int64_t>(s.n), d = static_cast<int64_t>(s.d);
+  size_t onednn = 0, staging = 0, attention = 0, logits = 0, dlogits = 0;
+  auto gemm = [&](const cpu::MatmulDims& dims, bool accumulate = false, bool bias = false) {
+    const cpu::MatmulWorkspace w = cpu::matmul_workspace(dims, dt, DType::f32, threads, 1.0f, accumulate, bias);
+    onednn = std::max(onednn, w.scratchpad);
+    staging = std::max(staging, w.f16_staging);
+  };
+  if (!stage.chunks.empty() && stage.chunks.front().second > stage.chunks.front().first) {
+    // A block's linear layers (model/block.cpp Block): in -> out; row-parallel
+    // ones (proj, ff_out) add into the residual at tp 1, else write a partial.
+    struct Linear {
+      int64_t in, out;
+      bool row_parallel;
+    };
+    const auto q = static_cast<int64_t>(s.q), qkv = static_cast<int64_t>(s.q + 2 * s.kv);
+    const auto f = static_cast<int64_t>(s.f), ff_in = static_cast<int64_t>(s.ff_in);
+    for (const Linear& l : {Linear{d, qkv, false}, Linear{q, d, true}, Linear{d, ff_in, false},
+                            Linear{f, d, true}}) {
+      const bool adds = l.row_parallel && !tp;
+      gemm({.m = n, .n = l.out, .k = l.in, .trans_b = llama}, adds, !llama && (adds || !l.row_parallel));
+      // Backward: dW += dY^T X (llama) or X^T dY (GPT-2), then dX.
+      gemm({.m = llama ? l.out : l.in, .n = llama ? l.in : l.out, .k = n, .trans_a = true}, true);
+      gemm({.m = n, .n = l.in, .k = l.out, .trans_b = !llama});
+    }
+    const int64_t tp_size = config.parallel.tp;
+    const cpu::AttentionDims dims{static_cast<int64_t>(s.mb), static_cast<int64_t>(s.seq),
+                                  config.model.n_heads / tp_size, config.model.n_kv_heads / tp_size,
+                                  config.model.head_dim()};
+    // Training's forward and backward (selective: the probabilities
+    // recomputed; full keeps them while a block recomputes) and evaluation's
+    // forward, which keeps them.
+    const bool selective = config.train.recompute == Recompute::selective;
+    for (bool backward : {false, true}) {
+      attention = std::max(attention, cpu::attention_workspace_bytes(dims, dt, selective, backward, threads));
+    }
+    attention = std::max(attention, cpu::attention_workspace_bytes(dims, dt, false, false, threads));
+  }
+  if (stage.last) {
+    // The fused classifier over all rows, in chunks of up to 256 rows (its
+    // default): the logits, d(h) and d(W) GEMMs of each chunk size.
+    const auto vocab = static_cast<int64_t>(vocab_rows);
+    const int64_t chunk = std::min<int64_t>(n, 256);
+    for (const int64_t rows : {chunk, n % chunk}) {
+      if (rows == 0) continue;
+      gemm({.m = rows, .n = vocab, .k = d, .trans_b = true});
+      gemm({.m = rows, .n = d, .k = vocab});
+      gemm({.m = vocab, .n = d, .k = rows, .trans_a = true}, true);
+    }
+    logits = static_cast<size_t>(chunk * vocab) * 4;
+    if (dt != DType::f32) dlogits = static_cast<size_t>(chunk * vocab) * dtype_size(dt);
+  }
+  return static_cast<double>(onednn + staging + attention + logits + dlogits);
 }
 
 int64_t micro_batch_rows(const TrainConfig& config, int dp) {
@@ -464,7 +528,12 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   out.peak[idx(MemCategory::activations)] = activations;
   out.peak[idx(MemCategory::comm)] = comm;
-  out.peak[idx(MemCategory::workspace)] = workspace_bytes(config, s, stage.last);
+  double vocab_rows = 0;  // the output layer's rows on this rank (tp: its padded slice)
+  for (const ParamSpec& spec : held.specs) {
+    if (spec.split.global_shape == Shape{model.vocab_size, model.dim}) vocab_rows = static_cast<double>(spec.shape[0]);
+  }
+  out.peak[idx(MemCategory::workspace)] =
+      workspace_bytes(config, s) + scratch_slot_bytes(config, s, stage, vocab_rows);
   if (config.train.checkpoint_interval >= 0) {
     // Checkpoints (ckpt/distributed.h): a file buffer of at most ckpt.buffer_mb,
     // and with ckpt.async a staged copy of the (master, exp_avg, exp_avg_sq)
