@@ -8,6 +8,7 @@
 
 #include "meshtrain/backend/cpu/attention.h"
 #include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/model/params.h"
 #include "meshtrain/parallel/pipeline/executor.h"
@@ -15,6 +16,7 @@
 #include "meshtrain/parallel/zero/flat_param.h"
 #include "meshtrain/parallel/zero/memory.h"
 #include "meshtrain/parallel/zero/sharded.h"
+#include "meshtrain/train/data_parallel.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/util/error.h"
 
@@ -109,7 +111,8 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
   if (config.parallel.tp > 1) {
     w += 4 * s.n * s.d;  // partial (row-parallel sums)
     if (config.parallel.sequence_parallel) {
-      w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d;  // dres_full, shards, column_input
+      // dres_full, shards, column_input; the norm gradients' slots (4 norm params of d).
+      w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d + 4 * 4 * s.d;
     }
   }
   if (config.model.family == Family::llama) {
@@ -183,6 +186,50 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
     if (dt != DType::f32) dlogits = static_cast<size_t>(chunk * vocab) * dtype_size(dt);
   }
   return static_cast<double>(onednn + staging + attention + logits + dlogits);
+}
+
+// Evaluation without a pipeline (Model::forward_loss): its activations keep
+// nothing for a backward, so they are workspace while one micro-batch runs:
+// two residuals, one block's tensors (the attention kernel's saved q, k, v
+// and probabilities excepted: those are activations) and the final norm's.
+double evaluation_workspace_bytes(const LocalShape& s) {
+  const double norm = s.e * s.r * s.d + s.stats(s.r);
+  return 2 * 4 * s.r * s.d                      // residuals
+         + 2 * norm + s.e * s.n * s.q           // xn1, xn2; attention output
+         + 4 * s.r * s.d + 4 * s.n * s.ff_in    // mid, ff_pre
+         + s.e * s.n * s.f                      // ff_act
+         + norm;                                // hn
+}
+
+// Elements of each state this rank writes to a checkpoint: the replica-0
+// pieces of its shard map, narrowed as the engine narrows it (Model::shard_map
+// by params_shard_map, then DataParallel::shard_map: ZeRO's shards or DDP's
+// split of the writing).
+int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& held,
+                               const StageLayers& stage, MeshCoord coord, int dp) {
+  const ModelConfig& model = config.model;
+  size_t duplicate = static_cast<size_t>(-1);  // a tied output layer's copy on a later stage
+  std::vector<int64_t> offsets;
+  int64_t offset = 0;
+  for (size_t i = 0; i < held.specs.size(); ++i) {
+    if (!stage.first && model.tie_embeddings &&
+        held.specs[i].split.global_shape == Shape{model.vocab_size, model.dim}) {
+      duplicate = i;
+    }
+    offsets.push_back(offset);
+    offset += held.specs[i].numel();
+  }
+  layout::ShardMap map = params_shard_map(held.specs, coord.tp, duplicate);
+  if (config.parallel.zero > 0) {
+    const zero::ZeroLayout layout =
+        zero::make_zero_layout(held.specs, held.units, config.train.precision, dp);
+    map = zero::narrow_to_shard(layout, offsets, map, coord.dp);
+  } else if (dp > 1) {
+    map = split_replica_writes(map, dp, coord.dp);
+  }
+  int64_t owned = 0;
+  for (const layout::ShardPiece& p : map.pieces) owned += p.replica == 0 ? p.region.numel() : 0;
+  return owned;
 }
 
 int64_t micro_batch_rows(const TrainConfig& config, int dp) {
@@ -310,7 +357,6 @@ std::string_view prediction_basis_name(PredictionBasis basis) {
   switch (basis) {
     case PredictionBasis::exact: return "exact";
     case PredictionBasis::bound: return "bound";
-    case PredictionBasis::estimate: return "estimate";
   }
   return "?";
 }
@@ -534,15 +580,17 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   out.peak[idx(MemCategory::workspace)] =
       workspace_bytes(config, s) + scratch_slot_bytes(config, s, stage, vocab_rows);
+  // On top of those, at different moments: evaluation's forward, a checkpoint's buffers.
+  double transient = evaluates && pp == 1 ? evaluation_workspace_bytes(s) : 0;
   if (config.train.checkpoint_interval >= 0) {
-    // Checkpoints (ckpt/distributed.h): a file buffer of at most ckpt.buffer_mb,
-    // and with ckpt.async a staged copy of the (master, exp_avg, exp_avg_sq)
-    // this rank writes: about 1/dp of its state.
-    const double written = 12 * psi / dp, buffer = config.ckpt.buffer_mb * 1024 * 1024;
-    out.peak[idx(MemCategory::workspace)] +=
-        std::min(buffer, written) + (config.ckpt.async ? written : 0);
+    // Checkpoints (ckpt/distributed.h): a sync save's file buffer or an async
+    // save's staging copy of what this rank writes.
+    const int64_t owned = checkpoint_owned_elems(config, held, stage, coord, dp);
+    transient = std::max(transient, static_cast<double>(dist_ckpt::save_workspace_bytes(
+                                        owned, static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024),
+                                        config.ckpt.async)));
   }
-  out.basis[idx(MemCategory::workspace)] = PredictionBasis::estimate;
+  out.peak[idx(MemCategory::workspace)] += transient;
 
   for (size_t c = 0; c < kMemCategories; ++c) {
     if (out.basis[c] != PredictionBasis::bound) out.floor[c] = out.peak[c];
