@@ -580,17 +580,22 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   out.peak[idx(MemCategory::workspace)] =
       workspace_bytes(config, s) + scratch_slot_bytes(config, s, stage, vocab_rows);
-  // On top of those, at different moments: evaluation's forward, a checkpoint's buffers.
-  double transient = evaluates && pp == 1 ? evaluation_workspace_bytes(s) : 0;
-  if (config.train.checkpoint_interval >= 0) {
-    // Checkpoints (ckpt/distributed.h): a sync save's file buffer or an async
-    // save's staging copy of what this rank writes.
+  // On top of those: evaluation's forward and a checkpoint's buffers
+  // (ckpt/distributed.h: a sync save's file buffer, or an async save's staging
+  // copy of what this rank writes). The trainer evaluates, then saves, at the
+  // end of a step; an async save keeps its copy for the next one, so an
+  // evaluation after a periodic save runs next to it.
+  const TrainSettings& t = config.train;
+  const double eval = evaluates && pp == 1 ? evaluation_workspace_bytes(s) : 0;
+  double save = 0;
+  if (t.checkpoint_interval >= 0) {
     const int64_t owned = checkpoint_owned_elems(config, held, stage, coord, dp);
-    transient = std::max(transient, static_cast<double>(dist_ckpt::save_workspace_bytes(
-                                        owned, static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024),
-                                        config.ckpt.async)));
+    save = static_cast<double>(dist_ckpt::save_workspace_bytes(
+        owned, static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024), config.ckpt.async));
   }
-  out.peak[idx(MemCategory::workspace)] += transient;
+  const bool kept_copy_under_eval = config.ckpt.async && t.checkpoint_interval > 0 &&
+                                    t.checkpoint_interval < t.steps;
+  out.peak[idx(MemCategory::workspace)] += kept_copy_under_eval ? eval + save : std::max(eval, save);
 
   for (size_t c = 0; c < kMemCategories; ++c) {
     if (out.basis[c] != PredictionBasis::bound) out.floor[c] = out.peak[c];
