@@ -137,7 +137,8 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
   const auto n = static_cast<int64_t>(s.n), d = static_cast<int64_t>(s.d);
   size_t onednn = 0, staging = 0, attention = 0, logits = 0, dlogits = 0;
   auto gemm = [&](const cpu::MatmulDims& dims, bool accumulate = false, bool bias = false) {
-    const cpu::MatmulWorkspace w = cpu::matmul_workspace(dims, dt, DType::f32, threads, 1.0f, accumulate, bias);
+    const cpu::MatmulWorkspace w =
+        cpu::matmul_workspace(dims, dt, DType::f32, threads, 1.0f, accumulate, bias);
     onednn = std::max(onednn, w.scratchpad);
     staging = std::max(staging, w.f16_staging);
   };
@@ -167,7 +168,8 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
     // forward, which keeps them.
     const bool selective = config.train.recompute == Recompute::selective;
     for (bool backward : {false, true}) {
-      attention = std::max(attention, cpu::attention_workspace_bytes(dims, dt, selective, backward, threads));
+      attention = std::max(attention,
+                           cpu::attention_workspace_bytes(dims, dt, selective, backward, threads));
     }
     attention = std::max(attention, cpu::attention_workspace_bytes(dims, dt, false, false, threads));
   }
@@ -576,7 +578,9 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   out.peak[idx(MemCategory::comm)] = comm;
   double vocab_rows = 0;  // the output layer's rows on this rank (tp: its padded slice)
   for (const ParamSpec& spec : held.specs) {
-    if (spec.split.global_shape == Shape{model.vocab_size, model.dim}) vocab_rows = static_cast<double>(spec.shape[0]);
+    if (spec.split.global_shape == Shape{model.vocab_size, model.dim}) {
+      vocab_rows = static_cast<double>(spec.shape[0]);
+    }
   }
   out.peak[idx(MemCategory::workspace)] =
       workspace_bytes(config, s) + scratch_slot_bytes(config, s, stage, vocab_rows);
