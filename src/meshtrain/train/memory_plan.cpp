@@ -101,6 +101,16 @@ ChunkBytes chunk_bytes(const LocalShape& s, const RecomputePolicy& policy, int64
   return c;
 }
 
+// RoPE's cos and sin tables (Llama), allocated with the model.
+double rope_table_bytes(const ModelConfig& model) {
+  if (model.family != Family::llama) return 0;
+  return 4 * static_cast<double>(model.max_seq_len * model.head_dim());
+}
+
+int run_threads(const TrainConfig& config) {
+  return config.train.threads > 0 ? config.train.threads : cpu::available_cores();
+}
+
 // The Workspace buffers a block call reuses and RoPE's tables (plan/memory.cpp
 // engine_memory, by this rank's widths).
 double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
@@ -115,10 +125,7 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
       w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d + 4 * 4 * s.d;
     }
   }
-  if (config.model.family == Family::llama) {
-    w += 4 * static_cast<double>(config.model.max_seq_len * config.model.head_dim());
-  }
-  return w;
+  return w + rope_table_bytes(config.model);
 }
 
 // The context's reused scratch slots (backend/cpu/onednn.h Scratch: each one
@@ -127,12 +134,13 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
 // the f16 staging over every GEMM through matmul() (model/block.cpp,
 // model/tensor_parallel.cpp, the classifier of backend/cpu/cross_entropy.cpp),
 // the attention kernels' per-thread buffer, the classifier's logits chunk
-// (and its 16-bit d_logits). Sizes come from the backend's queries, which
-// build the primitive descriptors matmul() builds, for the run's thread count.
+// (and its 16-bit d_logits); and the start-up FLOP/s probe's GEMMs
+// (train.peak_flops = 0). Sizes come from the backend's queries, which build
+// the primitive descriptors matmul() builds, for the run's thread count.
 double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage,
                           double vocab_rows) {
   const DType dt = compute_dtype(config.train.precision);
-  const int threads = config.train.threads > 0 ? config.train.threads : cpu::available_cores();
+  const int threads = run_threads(config);
   const bool llama = config.model.family == Family::llama, tp = config.parallel.tp > 1;
   const auto n = static_cast<int64_t>(s.n), d = static_cast<int64_t>(s.d);
   size_t onednn = 0, staging = 0, attention = 0, logits = 0, dlogits = 0;
@@ -172,6 +180,11 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
                            cpu::attention_workspace_bytes(dims, dt, selective, backward, threads));
     }
     attention = std::max(attention, cpu::attention_workspace_bytes(dims, dt, false, false, threads));
+  }
+  if (config.train.peak_flops <= 0) {
+    const cpu::MatmulWorkspace probe = cpu::peak_probe_workspace(dt, threads).slots;
+    onednn = std::max(onednn, probe.scratchpad);
+    staging = std::max(staging, probe.f16_staging);
   }
   if (stage.last) {
     // The fused classifier over all rows, in chunks of up to 256 rows (its
@@ -599,7 +612,17 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   const bool kept_copy_under_eval = config.ckpt.async && t.checkpoint_interval > 0 &&
                                     t.checkpoint_interval < t.steps;
-  out.peak[idx(MemCategory::workspace)] += kept_copy_under_eval ? eval + save : std::max(eval, save);
+  double& workspace = out.peak[idx(MemCategory::workspace)];
+  workspace += kept_copy_under_eval ? eval + save : std::max(eval, save);
+  if (t.peak_flops <= 0) {
+    // The FLOP/s probe at start (Trainer): the RoPE tables exist, the block
+    // buffers not yet; its operands next to what its GEMMs grow the slots to.
+    const cpu::PeakProbeWorkspace probe =
+        cpu::peak_probe_workspace(compute_dtype(t.precision), run_threads(config));
+    workspace = std::max(workspace, rope_table_bytes(model) + static_cast<double>(probe.operands) +
+                                        static_cast<double>(probe.slots.scratchpad +
+                                                            probe.slots.f16_staging));
+  }
 
   for (size_t c = 0; c < kMemCategories; ++c) {
     if (out.basis[c] != PredictionBasis::bound) out.floor[c] = out.peak[c];

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "meshtrain/backend/cpu/onednn.h"
@@ -338,17 +339,50 @@ size_t thread_pad_bytes(const F16Staging& staging, size_t onednn_bytes) {
   return staging.bytes() + round64(onednn_bytes);
 }
 
-double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds) {
-  // Shapes of a dim-512..1536 transformer layer at 2048 tokens.
-  struct Shape3 {
-    int64_t m, n, k;
-  };
-  const std::vector<Shape3> shapes = {{2048, 1536, 512}, {2048, 512, 1536}, {2048, 1024, 1024}};
-  int64_t max_ab = 0, max_c = 0;
-  for (auto s : shapes) {
+namespace {
+
+// The peak probe's GEMMs: shapes of a dim-512..1536 transformer layer at 2048
+// tokens, B stored [n, k]; and the elements of its operands and result.
+struct ProbeShape {
+  int64_t m, n, k;
+};
+constexpr ProbeShape kProbeShapes[] = {{2048, 1536, 512}, {2048, 512, 1536}, {2048, 1024, 1024}};
+
+MatmulDims probe_dims(const ProbeShape& s) {
+  MatmulDims dims;
+  dims.m = s.m;
+  dims.n = s.n;
+  dims.k = s.k;
+  dims.trans_b = true;
+  return dims;
+}
+
+void probe_elems(int64_t& max_ab, int64_t& max_c) {
+  max_ab = max_c = 0;
+  for (const ProbeShape& s : kProbeShapes) {
     max_ab = std::max({max_ab, s.m * s.k, s.k * s.n});
     max_c = std::max(max_c, s.m * s.n);
   }
+}
+
+}  // namespace
+
+PeakProbeWorkspace peak_probe_workspace(DType ab, int threads) {
+  int64_t max_ab = 0, max_c = 0;
+  probe_elems(max_ab, max_c);
+  PeakProbeWorkspace w;
+  w.operands = static_cast<size_t>(2 * max_ab) * dtype_size(ab) + static_cast<size_t>(max_c) * 4;
+  for (const ProbeShape& s : kProbeShapes) {
+    const MatmulWorkspace g = matmul_workspace(probe_dims(s), ab, DType::f32, threads);
+    w.slots.scratchpad = std::max(w.slots.scratchpad, g.scratchpad);
+    w.slots.f16_staging = std::max(w.slots.f16_staging, g.f16_staging);
+  }
+  return w;
+}
+
+double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds) {
+  int64_t max_ab = 0, max_c = 0;
+  probe_elems(max_ab, max_c);
   MemoryTracker& tracker = ctx.tracker();
   Tensor a({max_ab}, ab, MemCategory::workspace, tracker);
   Tensor b({max_ab}, ab, MemCategory::workspace, tracker);
@@ -360,14 +394,10 @@ double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds) {
   convert(DType::f32, fill.data(), ab, b.raw(), fill.size());
 
   using Clock = std::chrono::steady_clock;
-  const double per_shape = std::max(seconds, 0.05) / static_cast<double>(shapes.size());
+  const double per_shape = std::max(seconds, 0.05) / static_cast<double>(std::size(kProbeShapes));
   double best = 0.0;
-  for (auto s : shapes) {
-    MatmulDims dims;
-    dims.m = s.m;
-    dims.n = s.n;
-    dims.k = s.k;
-    dims.trans_b = true;
+  for (const ProbeShape& s : kProbeShapes) {
+    const MatmulDims dims = probe_dims(s);
     matmul(ctx, dims, ab, a.raw(), b.raw(), DType::f32, c.raw());  // warm-up (JIT, pages)
     const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
     // Sustained rate over windows of >= 3 GEMMs and >= 30 ms; the best window

@@ -42,5 +42,12 @@ MatmulWorkspace matmul_workspace(const MatmulDims& dims, DType ab, DType c_dtype
 // Measures this process's sustained matmul FLOP/s with the given input dtype
 // (square-ish GEMMs of the sizes a transformer uses), for MFU denominators.
 double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds = 1.0);
+// The workspace that probe takes with `threads` threads: its operands and
+// result while it runs, and what its GEMMs leave in the context's slots.
+struct PeakProbeWorkspace {
+  size_t operands = 0;
+  MatmulWorkspace slots;
+};
+PeakProbeWorkspace peak_probe_workspace(DType ab, int threads);
 
 }  // namespace meshtrain::cpu
