@@ -101,7 +101,7 @@ class Model {
   // What this rank holds of every global tensor: each parameter's tp slice
   // (its regions) at its flat offset (params()[i].offset), tp-replicated
   // parameters and a tied output layer's stage copy marked as replicas.
-  layout::ShardMap shard_map() const;
+  layout::ShardMap shard_map() const;  // params_shard_map over params()
   // Every parameter's split, in registry order (for gather_tp_flat / scatter_tp_flat).
   std::vector<TensorSplit> param_splits() const;
 
@@ -235,6 +235,13 @@ struct StageParams {
 };
 StageParams select_stage_params(const ModelConfig& config, const StageLayers& stage,
                                 std::vector<ParamSpec> specs);
+// The layout of parameters `specs` stored back to back in that order (a
+// stage's, as select_stage_params gives them) on tp rank `tp_rank`: each
+// one's tp slice as regions of its global tensor (split_regions), replica 0
+// where this rank writes it (tp-replicated ones on tp rank 0; the spec at
+// index `duplicate`, a tied output layer's copy on a later stage, never).
+layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_rank,
+                                  size_t duplicate = static_cast<size_t>(-1));
 
 // The whole model's gradient norm under tensor parallelism (flat storage):
 // every global element counted once (tp_counts_once), collective over tp.

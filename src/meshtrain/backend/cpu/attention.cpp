@@ -199,6 +199,37 @@ struct CausalBlocks {
   int64_t seq, size;
 };
 
+// The per-block GEMMs, one function each, for the kernels' ThreadMatmuls and
+// for attention_workspace_bytes. Query block i from key key0 (0 unless packed
+// rows skip masked key blocks): scores (and dP) [rows, key0:end) = q[rows]
+// k[key0:end)^T; out (and dQ) [rows] = P[rows, key0:end) v[key0:end). Key
+// block i: dK[keys] = dS[begin:T, keys]^T q[begin:T] (and dV from P, dO).
+MatmulDims score_dims(const CausalBlocks& blk, int64_t i, int64_t D, int64_t key0 = 0) {
+  return MatmulDims{1, blk.rows(i), blk.end(i) - key0, D, false, true, false, D, D, blk.seq};
+}
+MatmulDims output_dims(const CausalBlocks& blk, int64_t i, int64_t D, int64_t key0 = 0) {
+  return MatmulDims{1, blk.rows(i), D, blk.end(i) - key0, false, false, false, blk.seq, D, D};
+}
+MatmulDims key_grad_dims(const CausalBlocks& blk, int64_t i, int64_t D) {
+  return MatmulDims{1, blk.rows(i), D, blk.seq - blk.begin(i), true, false, false, blk.seq, D, D};
+}
+
+float score_scale(int64_t D) { return 1.0f / std::sqrt(static_cast<float>(D)); }
+
+// One thread's workspace: the pieces in the order the kernels carve them
+// (M = rep * T rows of a group, e = bytes of the compute dtype, pad = the
+// largest GEMM scratchpad of the pass).
+size_t forward_thread_bytes(int64_t M, int64_t T, int64_t D, int64_t e, bool keep_probs, size_t pad) {
+  const bool f32 = e == 4;
+  return Carver::bytes({f32 ? 0 : M * T * 4, keep_probs ? 0 : M * T * e, M * D * e,
+                        static_cast<int64_t>(pad)});
+}
+size_t backward_thread_bytes(int64_t M, int64_t T, int64_t D, int64_t e, bool keep_probs, size_t pad) {
+  const bool f32 = e == 4;
+  return Carver::bytes({M * D * e, M * T * 4, f32 ? 0 : M * T * e, M * D * 4, T * D * 4, T * D * 4,
+                        D * 4, static_cast<int64_t>(pad), keep_probs ? 0 : M * T * e});
+}
+
 // One ThreadMatmul per causal block, dims from make(block index).
 template <typename MakeDims>
 std::vector<ThreadMatmul> per_block(CpuContext& ctx, const CausalBlocks& blocks, DType ab, DType c,
@@ -279,11 +310,10 @@ size_t max_pad(std::initializer_list<const std::vector<ThreadMatmul>*> groups) {
 
 // scores[rows, key0:end) = q[rows] k[key0:end)^T / sqrt(D), per query block.
 BlockMatmuls score_matmuls(CpuContext& ctx, const CausalBlocks& blk, const KeySkip& skip,
-                           DType compute, int64_t D, int64_t T) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  return BlockMatmuls(ctx, blk, skip, compute, DType::f32, [&](int64_t i, int64_t key0) {
-    return MatmulDims{1, blk.rows(i), blk.end(i) - key0, D, false, true, false, D, D, T};
-  }, scale);
+                           DType compute, int64_t D) {
+  return BlockMatmuls(ctx, blk, skip, compute, DType::f32,
+                      [&](int64_t i, int64_t key0) { return score_dims(blk, i, D, key0); },
+                      score_scale(D));
 }
 
 // The causal softmax probabilities of one (batch, kv head) group, its rep
@@ -362,15 +392,13 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
     const CausalBlocks blk(T);
     const KeySkip skip(dims, blk);
     // scores[rows, key0:end) = q[rows] k[key0:end)^T; out[rows] = P[rows, key0:end) v[key0:end).
-    BlockMatmuls qk = score_matmuls(ctx, blk, skip, compute, D, T);
-    BlockMatmuls pv(ctx, blk, skip, compute, compute, [&](int64_t i, int64_t key0) {
-      return MatmulDims{1, blk.rows(i), D, blk.end(i) - key0, false, false, false, T, D, D};
-    });
+    BlockMatmuls qk = score_matmuls(ctx, blk, skip, compute, D);
+    BlockMatmuls pv(ctx, blk, skip, compute, compute,
+                    [&](int64_t i, int64_t key0) { return output_dims(blk, i, D, key0); });
     const auto pad = static_cast<int64_t>(std::max(qk.pad(), pv.pad()));
     const bool f32 = compute == DType::f32;
     // Without kept probabilities each thread's group lives in its scratch.
-    const size_t per_thread = Carver::bytes(
-        {f32 ? 0 : M * T * 4, keep_probs ? 0 : M * T * esize, M * D * esize, pad});
+    const size_t per_thread = forward_thread_bytes(M, T, D, esize, keep_probs, pad);
     char* base = static_cast<char*>(
         ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
     E* o = static_cast<E*>(out);
@@ -412,7 +440,7 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
                       (!kept || (saved.probs.defined() && saved.probs.dtype() == compute &&
                                  saved.probs.numel() == B * H * T * T)),
                   "attention_backward: saved tensors do not match dims/compute dtype");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = score_scale(D);
   const int64_t esize = static_cast<int64_t>(dtype_size(compute));
   const int64_t M = rep * T;
 
@@ -426,30 +454,21 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     const KeySkip skip(dims, blk);
     // Recomputation: each group's probabilities again, as in the forward.
     std::optional<BlockMatmuls> qk;
-    if (!kept) qk.emplace(score_matmuls(ctx, blk, skip, compute, D, T));
-    // Query block i: dP[rows, key0:end) = dO[rows] v[key0:end)^T;
-    // dQ[rows] = dS[rows, key0:end) k[key0:end).
-    BlockMatmuls dp_mm(ctx, blk, skip, compute, DType::f32, [&](int64_t i, int64_t key0) {
-      return MatmulDims{1, blk.rows(i), blk.end(i) - key0, D, false, true, false, D, D, T};
-    });
-    BlockMatmuls dq_mm(ctx, blk, skip, compute, DType::f32, [&](int64_t i, int64_t key0) {
-      return MatmulDims{1, blk.rows(i), D, blk.end(i) - key0, false, false, false, T, D, D};
-    });
-    // Key block i: dK[keys] = dS[begin:T, keys]^T q[begin:T] (and dV from P, dO), summed
-    // over the group's heads (the first head overwrites, the others accumulate).
-    auto kv_dims = [&](int64_t i) {
-      return MatmulDims{1, blk.rows(i), D, T - blk.begin(i), true, false, false, T, D, D};
-    };
+    if (!kept) qk.emplace(score_matmuls(ctx, blk, skip, compute, D));
+    // dP = dO v^T (the scores' shape); dQ = dS k (the output's), from the block's first key block.
+    BlockMatmuls dp_mm(ctx, blk, skip, compute, DType::f32,
+                       [&](int64_t i, int64_t key0) { return score_dims(blk, i, D, key0); });
+    BlockMatmuls dq_mm(ctx, blk, skip, compute, DType::f32,
+                       [&](int64_t i, int64_t key0) { return output_dims(blk, i, D, key0); });
+    // dK and dV sum over the group's heads (the first head overwrites, the others accumulate).
+    auto kv_dims = [&](int64_t i) { return key_grad_dims(blk, i, D); };
     auto dkv_mm = per_block(ctx, blk, compute, DType::f32, kv_dims);
     auto dkv_acc = rep > 1 ? per_block(ctx, blk, compute, DType::f32, kv_dims, 1.0f, true)
                            : std::vector<ThreadMatmul>{};
     const auto pad = static_cast<int64_t>(std::max({max_pad({&dkv_mm, &dkv_acc}), dp_mm.pad(),
                                                     dq_mm.pad(), qk ? qk->pad() : size_t{0}}));
     const bool f32 = compute == DType::f32;
-    const int64_t recompute_bytes = kept ? 0 : M * T * esize;
-    const size_t per_thread =
-        Carver::bytes({M * D * esize, M * T * 4, f32 ? 0 : M * T * esize, M * D * 4, T * D * 4,
-                       T * D * 4, D * 4, pad, recompute_bytes});
+    const size_t per_thread = backward_thread_bytes(M, T, D, esize, kept, pad);
     char* base = static_cast<char*>(
         ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
 #pragma omp parallel for schedule(static)
@@ -531,6 +550,32 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       }
     }
   });
+}
+
+size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool recompute_probs,
+                                 bool backward, int threads) {
+  check_dims(dims, nullptr, dims.seq);
+  const int64_t T = dims.seq, D = dims.head_dim, M = dims.n_heads / dims.n_kv_heads * T;
+  const auto e = static_cast<int64_t>(dtype_size(compute));
+  const CausalBlocks blk(T);
+  size_t pad = 0;
+  auto take = [&](const MatmulDims& d, DType c, float alpha = 1.0f, bool accumulate = false) {
+    pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, c, threads, alpha, accumulate));
+  };
+  for (int64_t i = 0; i < blk.count(); ++i) {
+    if (!backward || recompute_probs) take(score_dims(blk, i, D), DType::f32, score_scale(D));
+    if (!backward) {
+      take(output_dims(blk, i, D), compute);
+      continue;
+    }
+    take(score_dims(blk, i, D), DType::f32);
+    take(output_dims(blk, i, D), DType::f32);
+    take(key_grad_dims(blk, i, D), DType::f32);
+    if (M > T) take(key_grad_dims(blk, i, D), DType::f32, 1.0f, true);
+  }
+  const size_t per_thread = backward ? backward_thread_bytes(M, T, D, e, !recompute_probs, pad)
+                                     : forward_thread_bytes(M, T, D, e, !recompute_probs, pad);
+  return per_thread * static_cast<size_t>(threads);
 }
 
 void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,

@@ -63,6 +63,15 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
 void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,
                         DType compute, const AttentionSaved& saved, const float* d_out, void* d_qkv);
 
+// The workspace (bytes; the context's `attention` slot, grown, never shrunk)
+// attention_forward (backward = false) or attention_backward takes with
+// `threads` OpenMP threads: per thread, one (batch, kv head) group's f32
+// scores, its probabilities when they are recomputed, its output (forward) or
+// gradients (backward), and its GEMMs' largest scratchpad; the kernels carve
+// their buffer by the same per-thread layout.
+size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool recompute_probs,
+                                 bool backward, int threads);
+
 // Incremental decoding. The cache holds post-RoPE k and v for positions [0, len).
 struct KVCacheLayer {
   Tensor k, v;  // [B, KV, max_seq, D] f32
