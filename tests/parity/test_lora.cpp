@@ -1,5 +1,6 @@
-// LoRA on the reference models: the adapters' gradients against the float64
-// PyTorch reference (tests/reference/generate_fixtures.py lora_case), the base
+// LoRA on the reference models: the adapters' gradients (with and without
+// dropout) against the float64 PyTorch reference
+// (tests/reference/generate_fixtures.py lora_case), the base
 // frozen (no gradient, no optimizer state, never written), step 0 equal to the
 // base model, and what a frozen bf16 base holds.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 
 #include "fixtures.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/util/error.h"
 
 namespace meshtrain::parity {
 namespace {
@@ -82,10 +84,55 @@ TEST_P(Lora, AdapterGradientsMatchFloat64ReferenceAndTheBaseGetsNone) {
     EXPECT_LE(err, kTol) << "gradient of " << p.spec.name;
     worst = std::max(worst, err);
   }
-  EXPECT_EQ(2 * adapters + 1, static_cast<int64_t>(lora.tensors().size()));  // + loss
+  // Each adapter: values, gradient, gradient with dropout; + the losses and the samples.
+  EXPECT_EQ(3 * adapters + 3, static_cast<int64_t>(lora.tensors().size()));
   EXPECT_EQ(model.num_trainable(), trainable);
   std::printf("%s lora: %lld adapter tensors, worst gradient rel err %.2e\n", name.c_str(),
               static_cast<long long>(adapters), worst);
+}
+
+// With adapter dropout: the reference applies meshtrain's counter-based mask
+// (reference_model.lora_dropout, a port of util/rng.h) to each adapter's input.
+TEST_P(Lora, DropoutGradientsMatchFloat64Reference) {
+  const std::string name = GetParam();
+  SafetensorsReader lora(fixture_path(name + ".lora.safetensors"));
+  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
+  MemoryTracker tracker;
+  cpu::CpuContext ctx(0, tracker);
+  ModelConfig config = lora_config(name, lora);
+  config.lora.dropout = std::stof(lora.metadata("dropout"));
+  Model model(config, Precision::fp32, ctx);
+  load_base_and_adapters(model, name, lora);
+  const auto& shape = ref.info("tokens").shape;
+  const int64_t batch = shape[0], seq = shape[1], n = batch * seq;
+  const auto tokens = to_i32(ref.read_ints("tokens"));
+  const auto targets = to_i32(ref.read_ints("targets"));
+  EXPECT_THROW(model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0f), Error)
+      << "dropout without the rows' samples";
+  model.set_lora_dropout(std::stoull(lora.metadata("dropout_seed")),
+                         std::stoll(lora.metadata("dropout_step")),
+                         lora.read_ints("dropout/samples"));
+  model.zero_grads();
+  const double loss = model.forward_backward(tokens.data(), targets.data(), batch, seq,
+                                             1.0f / static_cast<float>(n)) /
+                      static_cast<double>(n);
+  Tensor want = lora.read_tensor("dropout/loss", DType::f32, MemCategory::workspace, tracker);
+  Tensor plain = lora.read_tensor("loss", DType::f32, MemCategory::workspace, tracker);
+  EXPECT_LE(std::abs(loss - want.data<float>()[0]) / want.data<float>()[0], kTol);
+  EXPECT_GT(std::abs(loss - plain.data<float>()[0]), 1e-4) << "the mask changes the loss";
+  double worst = 0;
+  for (const Parameter& p : model.params()) {
+    if (!p.spec.trainable) continue;
+    Tensor g = lora.read_tensor("dropout/grad/" + p.spec.name, DType::f32, MemCategory::workspace,
+                                tracker);
+    const double err = rel_error(p.grad.data<float>(), g.data<float>(), g.numel());
+    EXPECT_LE(err, kTol) << "gradient of " << p.spec.name;
+    worst = std::max(worst, err);
+  }
+  // Evaluation never drops: the loss is the no-dropout one.
+  const double eval = model.forward_loss(tokens.data(), targets.data(), batch, seq) / n;
+  EXPECT_LE(std::abs(eval - plain.data<float>()[0]) / plain.data<float>()[0], kTol);
+  std::printf("%s lora dropout: worst gradient rel err %.2e\n", name.c_str(), worst);
 }
 
 TEST_P(Lora, StepZeroIsTheBaseModelAndTrainingNeverWritesTheBase) {

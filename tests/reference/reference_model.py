@@ -108,13 +108,51 @@ def param_shapes(c):
     return out
 
 
-def lora(h, P, module, scale):
+def lora(h, P, module, scale, dropout=None):
     """LoRA's term of `module` (Hu et al. 2021; PEFT's shapes whatever the base's layout):
-    scale * (h A^T) B^T with A [r, in] = P[module.lora_A.weight], B [out, r]; 0 without one."""
+    scale * (dropout(h) A^T) B^T with A [r, in] = P[module.lora_A.weight], B [out, r]; 0
+    without one. dropout: None or fn(module, h) -> h with the adapter's mask applied."""
     a = P.get(module + ".lora_A.weight")
     if a is None:
         return 0
+    if dropout is not None:
+        h = dropout(module, h)
     return scale * F.linear(F.linear(h, a), P[module + ".lora_B.weight"])
+
+
+M64 = (1 << 64) - 1
+
+
+def mix64(x):
+    """meshtrain's util/rng.h SplitMix64 finaliser, on Python ints."""
+    x = (x + 0x9e3779b97f4a7c15) & M64
+    x = ((x ^ (x >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    x = ((x ^ (x >> 27)) * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def stream_key(seed, purpose):
+    h = 0xcbf29ce484222325
+    for c in purpose.encode():
+        h = ((h ^ c) * 0x100000001b3) & M64
+    return mix64(h ^ mix64(seed))
+
+
+def uniform_at(key, index):
+    return (mix64(key ^ mix64(index)) >> 40) * (1.0 / 16777216.0)
+
+
+def lora_dropout(p, seed, step, samples, seq):
+    """meshtrain's adapter dropout (model/block.cpp): element (row, j) of module m's input is
+    kept iff uniform_at(stream_key(seed, "lora_dropout.<step>.<m>"), (samples[b] * seq + t) *
+    in + j) >= p (row = b * seq + t), and scaled by 1 / (1 - p)."""
+    def apply(module, h):
+        B, T, n = h.shape
+        key = stream_key(seed, f"lora_dropout.{step}.{module}")
+        keep = torch.tensor([[[uniform_at(key, (samples[b] * seq + t) * n + j) >= p
+                               for j in range(n)] for t in range(T)] for b in range(B)])
+        return h * keep.to(h.dtype) / (1.0 - p)
+    return apply
 
 
 def lora_shapes(c, rank, targets):
@@ -189,7 +227,7 @@ def causal_attention(q, k, v):
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
-def llama_logits(P, c, tokens, rope="interleaved", lora_scale=0.0):
+def llama_logits(P, c, tokens, rope="interleaved", lora_scale=0.0, dropout=None):
     B, T = tokens.shape
     hd = c.head_dim
     rotate = rope_interleaved if rope == "interleaved" else rope_half
@@ -197,7 +235,7 @@ def llama_logits(P, c, tokens, rope="interleaved", lora_scale=0.0):
     cos, sin = rope_angles(c, torch.arange(T), x.dtype)
 
     def linear(h, module):
-        return F.linear(h, P[module + ".weight"]) + lora(h, P, module, lora_scale)
+        return F.linear(h, P[module + ".weight"]) + lora(h, P, module, lora_scale, dropout)
 
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
@@ -221,13 +259,14 @@ def conv1d(x, weight, bias):
     return torch.matmul(x, weight) + bias
 
 
-def gpt2_logits(P, c, tokens, lora_scale=0.0):
+def gpt2_logits(P, c, tokens, lora_scale=0.0, dropout=None):
     B, T = tokens.shape
     hd = c.head_dim
     x = P["transformer.wte.weight"][tokens] + P["transformer.wpe.weight"][:T][None]
 
     def linear(h, module):
-        return conv1d(h, P[module + ".weight"], P[module + ".bias"]) + lora(h, P, module, lora_scale)
+        return (conv1d(h, P[module + ".weight"], P[module + ".bias"]) +
+                lora(h, P, module, lora_scale, dropout))
 
     for i in range(c.n_layers):
         p = f"transformer.h.{i}."
@@ -243,11 +282,12 @@ def gpt2_logits(P, c, tokens, lora_scale=0.0):
     return F.linear(x, P["transformer.wte.weight"])
 
 
-def logits(P, c, tokens, rope="interleaved", lora_scale=0.0):
-    """lora_scale: alpha / rank of the LoRA adapters P holds (none: no term)."""
+def logits(P, c, tokens, rope="interleaved", lora_scale=0.0, dropout=None):
+    """lora_scale: alpha / rank of the LoRA adapters P holds (none: no term); dropout: on
+    their inputs (lora_dropout)."""
     if c.family == "llama":
-        return llama_logits(P, c, tokens, rope, lora_scale)
-    return gpt2_logits(P, c, tokens, lora_scale)
+        return llama_logits(P, c, tokens, rope, lora_scale, dropout)
+    return gpt2_logits(P, c, tokens, lora_scale, dropout)
 
 
 def mean_loss(P, c, tokens, targets):

@@ -20,9 +20,6 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
     : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp), stage_(stage) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
-  MESHTRAIN_CHECK(config_.lora.dropout == 0.0f,
-                  "lora.dropout = {}: adapter dropout is not implemented yet (use 0)",
-                  config_.lora.dropout);
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
   select_stage(specs);
   // Flat buffers in registry order: master (parameters with an f32 master),
@@ -258,10 +255,34 @@ void Model::zero_grads() {
   flat_grad_.zero();
 }
 
+void Model::set_lora_dropout(uint64_t seed, int64_t step, std::vector<int64_t> samples) {
+  impl_->dropout.seed = seed;
+  impl_->dropout.step = step;
+  impl_->dropout.samples = std::move(samples);
+}
+
+namespace {
+
+// Adapter dropout on for one training pass (model.h set_lora_dropout).
+struct DropoutScope {
+  bool& active;
+  DropoutScope(bool& flag, bool on) : active(flag) { active = on; }
+  ~DropoutScope() { active = false; }
+};
+
+}  // namespace
+
 double Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                                int64_t seq, float grad_scale) {
   require_whole("forward_backward");
   Impl& m = *impl_;
+  const bool drop = config_.lora.enabled() && config_.lora.dropout > 0;
+  MESHTRAIN_CHECK(!drop || static_cast<int64_t>(m.dropout.samples.size()) == batch,
+                  "model: lora.dropout needs set_lora_dropout with the sample index of each of "
+                  "the micro-batch's {} rows (got {})",
+                  batch, m.dropout.samples.size());
+  m.dropout.seq = seq;
+  DropoutScope dropping(m.dropout.active, drop);
   const DType dt = compute_dtype(precision_);
   const int64_t rows = batch * seq, d = config_.dim;
   m.check_tokens(targets, rows, true, "target");

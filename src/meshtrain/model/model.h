@@ -141,6 +141,16 @@ class Model {
   // Returns the sum of the token losses.
   double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                           int64_t seq, float grad_scale);
+  // LoRA adapter dropout (lora.dropout > 0) in the following forward_backward
+  // calls: element (row, j) of an adapter's input is kept iff
+  // uniform_at(stream_key(seed, "lora_dropout.<step>.<module>"), (samples[b] *
+  // seq + t) * in + j) >= p, row = b * seq + t (then scaled by 1 / (1 - p)), so
+  // the mask depends on the sample and position, never on the layout or the
+  // micro-batch split. samples: each row's sample index (MicroBatch::samples);
+  // forward_backward throws Error when their count is not its batch. Evaluation
+  // passes never drop. Pipeline stage passes refuse lora.dropout > 0.
+  void set_lora_dropout(uint64_t seed, int64_t step, std::vector<int64_t> samples);
+
   // Forward only: sum of token losses (evaluation).
   double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
   // Forward only: full logits [batch * seq, vocab] f32 (tests, small inputs;

@@ -105,6 +105,9 @@ struct Workspace {
   Tensor lora_du;    // f32 [adapters of a Linear, N, rank]: d(x A^T), kept from d(input) to dW
   Tensor lora_du_c;  // dt [N, rank]: one of those in the compute dtype
   Tensor discard;    // f32 [2, d]: where a frozen norm's weight / bias gradient goes
+  Tensor lora_mask;  // f32 [N, in]: an adapter's dropout factors (0 or 1 / (1 - p))
+  Tensor lora_x32;   // f32 [N, in]: its dropped input, or d(input) before the mask
+  Tensor lora_x;     // dt [N, in]: the dropped input in the compute dtype (mixed precision)
 };
 
 struct Model::Impl {
@@ -189,6 +192,12 @@ struct Model::Impl {
   // ws.lora_u = x A^T (x [rows, lin.in] in dt), summed over tp for a row-parallel adapter.
   const void* lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
                                  const void* x, int64_t rows);
+  // Adapter dropout (model.h set_lora_dropout): whether it applies to this
+  // pass, ws.lora_mask for adapter ad over x [rows, lin.in], and x with it applied.
+  bool dropping() const { return dropout.active; }
+  void lora_dropout_mask(const Linear& lin, const LoraAdapter& ad, int64_t rows);
+  const void* lora_dropped_input(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                 const void* x, int64_t rows);
   void lora_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows, float* dx);
   void lora_backward_weight(const Linear& lin, DType dt, const void* dy, const void* x,
                             int64_t rows);
@@ -260,6 +269,12 @@ struct Model::Impl {
   bool tied = false;  // the token embedding is the output layer
   Norm final_norm;
   std::vector<Block> blocks;  // by global layer (default for another stage's)
+  struct LoraDropout {
+    uint64_t seed = 0;
+    int64_t step = 0, seq = 0;
+    std::vector<int64_t> samples;  // the micro-batch rows' sample indices
+    bool active = false;           // inside forward_backward, lora.dropout > 0
+  } dropout;
   size_t next_ready = 0;  // the registry index + 1 the next ready() must report
   RecomputePolicy recompute;
   BlockActs recomputed;  // the one block's tensors its mode does not keep
