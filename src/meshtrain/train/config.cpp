@@ -630,6 +630,10 @@ TrainConfig from_table(const toml::table& root) {
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
                   "parallel.offload = \"none\", or parallel.zero <= 2)",
                   c.model.lora.rank, c.parallel.offload);
+  MESHTRAIN_CHECK(c.model.lora.dropout == 0.0f || c.parallel.pp == 1,
+                  "config: lora.dropout = {} with parallel.pp = {}: adapter dropout under "
+                  "pipeline parallelism is not implemented yet (use lora.dropout = 0)",
+                  c.model.lora.dropout, c.parallel.pp);
   c.ckpt = read_ckpt(Section(root, "ckpt"));
   c.guard = read_guard(Section(root, "guard"));
   c.comm = read_comm(Section(root, "comm"));
