@@ -41,6 +41,15 @@ TEST(ModelConfig, TrainFlopsCountMatmulsAndAttention) {
   ASSERT_FALSE(t.tie_embeddings);
   const double layer = 64.0 * 64 + 2.0 * 32 * 64 + 64.0 * 64 + 3.0 * 64 * 176;
   EXPECT_DOUBLE_EQ(t.train_flops_per_token(100), 6 * (2 * layer + 256.0 * 64) + 12.0 * 2 * 100 * 64);
+
+  // LoRA on q and v (rank 4): the frozen weights lose their weight gradient
+  // (4 per weight), the adapters count 6; num_params stays the base's.
+  ModelConfig l = t;
+  l.lora.rank = 4;
+  const double adapters = 2.0 * 4.0 * (64 + 64) + 2.0 * 4.0 * (64 + 32);
+  EXPECT_DOUBLE_EQ(l.train_flops_per_token(100),
+                   4 * (2 * layer + 256.0 * 64) + 6 * adapters + 12.0 * 2 * 100 * 64);
+  EXPECT_EQ(l.num_params(), t.num_params());
 }
 
 std::string validate_message(const ModelConfig& c) {

@@ -11,6 +11,10 @@ For each case (llama_gqa, gpt2):
                                 train/loss_fp32, train/grad_norm (float64 reference),
                                 train/loss_bf16 (torch bf16 autocast, for the tolerance);
                                 __metadata__ holds the optimizer settings.
+  <case>.lora.safetensors       LoRA adapters (registry names) on those weights, the loss
+                                and grad/<adapter> (base frozen); the same with adapter
+                                dropout under dropout/ (and dropout/samples, the rows' sample
+                                indices); __metadata__ rank, alpha, targets, dropout settings.
 stories260k.reference.safetensors: logits of a fixed id sequence and greedy ids from BOS
 (with the top-1/top-2 logit margins), from the llama2.c file in ../shared/data.
 All math is float64 from the float32-rounded weights, so the C++ fp32 error is what is measured.
@@ -165,6 +169,53 @@ def sft_case(name, c, P0, out_dir, seed):
     stfile.write(os.path.join(out_dir, f"{name}.sft.safetensors"), tensors, {})
 
 
+# LoRA: every target of the family, rank 4; random A and B (B != 0, unlike LoRA's
+# init, so every adapter gradient is non-zero).
+LORA = {"llama_gqa": dict(rank=4, alpha=8.0, targets=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                      "gate_proj", "up_proj", "down_proj"]),
+        "gpt2": dict(rank=4, alpha=8.0, targets=["c_attn", "c_proj", "c_fc"])}
+
+
+# Adapter dropout: p, the run's seed and step, and the sample index of each batch row.
+LORA_DROPOUT = dict(p=0.25, seed=5, step=3, samples=[17, 4])
+
+
+def lora_case(name, c, out_dir, seed):
+    """<case>.lora.safetensors: adapters of the case's base weights (same tokens as the
+    reference), the mean loss and the gradients of the adapters only (the base is frozen)."""
+    P0 = init_weights(c, seed)
+    ref_file = stfile.read(os.path.join(out_dir, f"{name}.reference.safetensors"))[0]
+    tokens = torch.from_numpy(ref_file["tokens"].astype(np.int64))
+    targets = torch.from_numpy(ref_file["targets"].astype(np.int64))
+    spec = LORA[name]
+    g = torch.Generator().manual_seed(seed + 7)
+    adapters = {k: (0.1 * torch.randn(shape, generator=g, dtype=torch.float64)).to(torch.float32)
+                .to(torch.float64) for k, shape in ref.lora_shapes(c, spec["rank"],
+                                                                 spec["targets"]).items()}
+    scale = spec["alpha"] / spec["rank"]
+    tensors = {k: f32(v) for k, v in adapters.items()}
+    # Without dropout, then with LORA_DROPOUT's mask (keyed by sample index and position).
+    drop = LORA_DROPOUT
+    samples = list(drop["samples"][:tokens.shape[0]])
+    for prefix, dropout in (("", None), ("dropout/", ref.lora_dropout(
+            drop["p"], drop["seed"], drop["step"], samples, tokens.shape[1]))):
+        P = {k: v.clone() for k, v in P0.items()}
+        P.update({k: v.clone().requires_grad_(True) for k, v in adapters.items()})
+        out = ref.logits(P, c, tokens, lora_scale=scale, dropout=dropout)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, c.vocab_size),
+                                                 targets.reshape(-1))
+        loss.backward()
+        tensors[prefix + "loss"] = np.array([loss.item()])
+        for k in adapters:
+            tensors[prefix + "grad/" + k] = f32(P[k].grad)
+    tensors["dropout/samples"] = np.array(samples, dtype=np.int64)
+    meta = {"rank": str(spec["rank"]), "alpha": repr(spec["alpha"]),
+            "targets": ",".join(spec["targets"]), "dropout": repr(drop["p"]),
+            "dropout_seed": str(drop["seed"]), "dropout_step": str(drop["step"])}
+    stfile.write(os.path.join(out_dir, f"{name}.lora.safetensors"), tensors, meta)
+    print(f"{name} lora: loss {loss.item():.6f}, {len(adapters)} adapter tensors")
+
+
 def load_llama2c(path):
     """llama2.c legacy v0 file -> (Config, params dict in registry names, float64)."""
     with open(path, "rb") as f:
@@ -285,6 +336,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     for seed, (name, c) in enumerate(CASES.items()):
         model_case(name, c, args.out, 1000 + 10 * seed)
+        lora_case(name, c, args.out, 1000 + 10 * seed)
     stories_case(args.stories, args.out)
 
 

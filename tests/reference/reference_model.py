@@ -108,6 +108,84 @@ def param_shapes(c):
     return out
 
 
+def lora(h, P, module, scale, dropout=None):
+    """LoRA's term of `module` (Hu et al. 2021; PEFT's shapes whatever the base's layout):
+    scale * (dropout(h) A^T) B^T with A [r, in] = P[module.lora_A.weight], B [out, r]; 0
+    without one. dropout: None or fn(module, h) -> h with the adapter's mask applied."""
+    a = P.get(module + ".lora_A.weight")
+    if a is None:
+        return 0
+    if dropout is not None:
+        h = dropout(module, h)
+    return scale * F.linear(F.linear(h, a), P[module + ".lora_B.weight"])
+
+
+M64 = (1 << 64) - 1
+
+
+def mix64(x):
+    """meshtrain's util/rng.h SplitMix64 finaliser, on Python ints."""
+    x = (x + 0x9e3779b97f4a7c15) & M64
+    x = ((x ^ (x >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    x = ((x ^ (x >> 27)) * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def stream_key(seed, purpose):
+    h = 0xcbf29ce484222325
+    for c in purpose.encode():
+        h = ((h ^ c) * 0x100000001b3) & M64
+    return mix64(h ^ mix64(seed))
+
+
+def uniform_at(key, index):
+    return (mix64(key ^ mix64(index)) >> 40) * (1.0 / 16777216.0)
+
+
+def lora_dropout(p, seed, step, samples, seq):
+    """meshtrain's adapter dropout (model/block.cpp): element (row, j) of module m's input is
+    kept iff uniform_at(stream_key(seed, "lora_dropout.<step>.<m>"), (samples[b] * seq + t) *
+    in + j) >= p (row = b * seq + t), and scaled by 1 / (1 - p)."""
+    def apply(module, h):
+        B, T, n = h.shape
+        key = stream_key(seed, f"lora_dropout.{step}.{module}")
+        keep = torch.tensor([[[uniform_at(key, (samples[b] * seq + t) * n + j) >= p
+                               for j in range(n)] for t in range(T)] for b in range(B)])
+        return h * keep.to(h.dtype) / (1.0 - p)
+    return apply
+
+
+def lora_shapes(c, rank, targets):
+    """Adapter name -> shape, for the modules named by `targets` (short names)."""
+    out = {}
+    hd = c.head_dim
+    if c.family == "llama":
+        mods = {"q_proj": ("self_attn", c.dim, c.n_heads * hd),
+                "k_proj": ("self_attn", c.dim, c.n_kv_heads * hd),
+                "v_proj": ("self_attn", c.dim, c.n_kv_heads * hd),
+                "o_proj": ("self_attn", c.n_heads * hd, c.dim),
+                "gate_proj": ("mlp", c.dim, c.hidden_dim), "up_proj": ("mlp", c.dim, c.hidden_dim),
+                "down_proj": ("mlp", c.hidden_dim, c.dim)}
+        for i in range(c.n_layers):
+            for t in targets:
+                part, n_in, n_out = mods[t]
+                m = f"model.layers.{i}.{part}.{t}"
+                out[m + ".lora_A.weight"] = (rank, n_in)
+                out[m + ".lora_B.weight"] = (n_out, rank)
+        return out
+    d, h = c.dim, c.hidden_dim
+    for i in range(c.n_layers):
+        p = f"transformer.h.{i}."
+        mods = {"c_attn": [("attn.c_attn", d, 3 * d)],
+                "c_proj": [("attn.c_proj", d, d), ("mlp.c_proj", h, d)],
+                "c_fc": [("mlp.c_fc", d, h)]}
+        for t in targets:
+            for m, n_in, n_out in mods[t]:
+                out[p + m + ".lora_A.weight"] = (rank, n_in)
+                out[p + m + ".lora_B.weight"] = (n_out, rank)
+    return out
+
+
 def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -161,24 +239,28 @@ def causal_attention(q, k, v, positions=None):
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
-def llama_logits(P, c, tokens, rope="interleaved", positions=None):
+def llama_logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.0, dropout=None):
     B, T = tokens.shape
     hd = c.head_dim
     rotate = rope_interleaved if rope == "interleaved" else rope_half
     x = P["model.embed_tokens.weight"][tokens]
     cos, sin = rope_angles(c, torch.arange(T) if positions is None else positions, x.dtype)
+
+    def linear(h, module):
+        return F.linear(h, P[module + ".weight"]) + lora(h, P, module, lora_scale, dropout)
+
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
         h = rms_norm(x, P[p + "input_layernorm.weight"], c.norm_eps)
-        q = F.linear(h, P[p + "self_attn.q_proj.weight"]).view(B, T, c.n_heads, hd)
-        k = F.linear(h, P[p + "self_attn.k_proj.weight"]).view(B, T, c.n_kv_heads, hd)
-        v = F.linear(h, P[p + "self_attn.v_proj.weight"]).view(B, T, c.n_kv_heads, hd)
+        q = linear(h, p + "self_attn.q_proj").view(B, T, c.n_heads, hd)
+        k = linear(h, p + "self_attn.k_proj").view(B, T, c.n_kv_heads, hd)
+        v = linear(h, p + "self_attn.v_proj").view(B, T, c.n_kv_heads, hd)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        x = x + F.linear(causal_attention(q, k, v, positions), P[p + "self_attn.o_proj.weight"])
+        x = x + linear(causal_attention(q, k, v, positions), p + "self_attn.o_proj")
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
-        gate = F.linear(h, P[p + "mlp.gate_proj.weight"])
-        up = F.linear(h, P[p + "mlp.up_proj.weight"])
-        x = x + F.linear(F.silu(gate) * up, P[p + "mlp.down_proj.weight"])
+        gate = linear(h, p + "mlp.gate_proj")
+        up = linear(h, p + "mlp.up_proj")
+        x = x + linear(F.silu(gate) * up, p + "mlp.down_proj")
     x = rms_norm(x, P["model.norm.weight"], c.norm_eps)
     head = P["model.embed_tokens.weight"] if c.tie_embeddings else P["lm_head.weight"]
     return F.linear(x, head)
@@ -189,31 +271,37 @@ def conv1d(x, weight, bias):
     return torch.matmul(x, weight) + bias
 
 
-def gpt2_logits(P, c, tokens, positions=None):
+def gpt2_logits(P, c, tokens, positions=None, lora_scale=0.0, dropout=None):
     B, T = tokens.shape
     hd = c.head_dim
     wpe = P["transformer.wpe.weight"]
     x = P["transformer.wte.weight"][tokens] + (wpe[:T][None] if positions is None else wpe[positions])
+
+    def linear(h, module):
+        return (conv1d(h, P[module + ".weight"], P[module + ".bias"]) +
+                lora(h, P, module, lora_scale, dropout))
+
     for i in range(c.n_layers):
         p = f"transformer.h.{i}."
         h = F.layer_norm(x, (c.dim,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], c.norm_eps)
-        qkv = conv1d(h, P[p + "attn.c_attn.weight"], P[p + "attn.c_attn.bias"])
+        qkv = linear(h, p + "attn.c_attn")
         q, k, v = (t.reshape(B, T, c.n_heads, hd) for t in qkv.split(c.dim, dim=-1))
-        x = x + conv1d(causal_attention(q, k, v, positions), P[p + "attn.c_proj.weight"],
-                       P[p + "attn.c_proj.bias"])
+        x = x + linear(causal_attention(q, k, v, positions), p + "attn.c_proj")
         h = F.layer_norm(x, (c.dim,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], c.norm_eps)
-        h = F.gelu(conv1d(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]), approximate="tanh")
-        x = x + conv1d(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
+        h = F.gelu(linear(h, p + "mlp.c_fc"), approximate="tanh")
+        x = x + linear(h, p + "mlp.c_proj")
     x = F.layer_norm(x, (c.dim,), P["transformer.ln_f.weight"], P["transformer.ln_f.bias"],
                      c.norm_eps)
     return F.linear(x, P["transformer.wte.weight"])
 
 
-def logits(P, c, tokens, rope="interleaved", positions=None):
-    """positions [B, T]: packed records (attention within each, positions restarting at 0)."""
+def logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.0, dropout=None):
+    """positions [B, T]: packed records (attention within each, positions restarting at 0);
+    lora_scale: alpha / rank of the LoRA adapters P holds (none: no term); dropout: on
+    their inputs (lora_dropout)."""
     if c.family == "llama":
-        return llama_logits(P, c, tokens, rope, positions)
-    return gpt2_logits(P, c, tokens, positions)
+        return llama_logits(P, c, tokens, rope, positions, lora_scale, dropout)
+    return gpt2_logits(P, c, tokens, positions, lora_scale, dropout)
 
 
 def mean_loss(P, c, tokens, targets):

@@ -155,5 +155,42 @@ TEST(ZeroMemory, LayoutMatchesTheFormulaUpToPadding) {
   }
 }
 
+// LoRA: per unit and dtype, the adapters' flat and the frozen base's; the
+// frozen one counts in the parameters only, its fused projections adjacent.
+TEST(ZeroLayout, LoraSplitsTrainableFromFrozen) {
+  ModelConfig c = testing::tiny_llama(false);
+  c.lora.rank = 2;
+  c.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  ModelShape s(c);
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    ZeroLayout layout = make_zero_layout(s.specs, s.units, precision, 3);
+    ModelStateBytes states = layout_model_state_bytes(layout, 2);
+    size_t frozen_values = 0, trainable_values = 0, trainable_shard = 0, optimizer = 0;
+    for (const FlatParam& f : layout.flats) {
+      for (const FlatMember& m : f.members) {
+        EXPECT_EQ(s.specs[m.param].trainable, f.trainable) << s.specs[m.param].name;
+        EXPECT_EQ(s.specs[m.param].lora_adapter, f.trainable) << s.specs[m.param].name;
+      }
+      if (f.trainable) {
+        trainable_values += static_cast<size_t>(f.padded) * dtype_size(f.dtype);
+        trainable_shard += static_cast<size_t>(f.shard);
+        optimizer += static_cast<size_t>(f.shard) * (f.dtype == DType::f32 ? 8 : 12);
+      } else {
+        frozen_values += static_cast<size_t>(f.padded) * dtype_size(f.dtype);
+      }
+    }
+    EXPECT_GT(frozen_values, 0u);
+    EXPECT_EQ(states.grads, 4 * trainable_shard);
+    EXPECT_EQ(states.params, frozen_values + trainable_values);
+    EXPECT_EQ(states.optimizer, optimizer);
+    for (size_t i = 0; i + 1 < s.specs.size(); ++i) {
+      const std::string& name = s.specs[i].name;
+      if (!name.ends_with("q_proj.weight") && !name.ends_with("gate_proj.weight")) continue;
+      EXPECT_EQ(layout.param_flat[i], layout.param_flat[i + 1]) << name;
+      EXPECT_EQ(layout.param_offset[i] + s.specs[i].numel(), layout.param_offset[i + 1]) << name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::zero

@@ -1,6 +1,8 @@
 // The transformer block's explicit forward and backward, shared by both
 // families: a family is a choice of norm (RMSNorm / LayerNorm + bias), weight
 // layout (nn.Linear / Conv1D), biases, activation (SwiGLU / GELU) and RoPE.
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "meshtrain/backend/cpu/activation.h"
@@ -8,21 +10,9 @@
 #include "meshtrain/backend/cpu/norm.h"
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/rng.h"
 
 namespace meshtrain {
-
-namespace {
-
-// Registry slots within one block (see params.cpp for the order).
-namespace llama_slot {
-enum : size_t { in_norm, q, k, v, o, post_norm, gate, up, down, count };
-}
-namespace gpt2_slot {
-enum : size_t { ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b,
-                proj_w, proj_b, count };
-}
-
-}  // namespace
 
 Model::Impl::Impl(Model& owner)
     : model(owner), cfg(owner.config_), ctx(owner.ctx_), tp(owner.tp_) {
@@ -32,23 +22,6 @@ Model::Impl::Impl(Model& owner)
   heads = cfg.n_heads / n;
   kv_heads = cfg.n_kv_heads / n;
   hidden = cfg.hidden_dim / n;
-  // Slots by global registry index, then this stage's.
-  size_t end = 0, untied_output = kNoParam;
-  if (cfg.family == Family::llama) {
-    has_rope = true;
-    rope = cpu::make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_frequencies(),
-                                ctx.tracker());
-    end = 1 + layers * llama_slot::count;
-    final_norm = Norm{local(end), kNoParam};
-    if (!cfg.tie_embeddings) untied_output = end + 1;
-  } else {
-    positions = local(1);
-    end = 2 + layers * gpt2_slot::count;
-    final_norm = Norm{local(end), local(end + 1)};
-  }
-  tied = untied_output == kNoParam;
-  embed = local(0);
-  output = tied ? embed : local(untied_output);
   // Units: embed (first stage, or a tied last stage's output layer), this
   // stage's layers, head (last stage).
   unit_of_layer.assign(layers, kNoUnit);
@@ -65,6 +38,25 @@ Model::Impl::Impl(Model& owner)
       unit_of_layer[static_cast<size_t>(layer)] = u;
     }
     layer_of_unit.push_back(layer);
+  }
+  if (cfg.family == Family::llama) {
+    has_rope = true;
+    rope = cpu::make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_frequencies(),
+                                ctx.tracker());
+  } else {
+    positions = local(1);
+  }
+  // The head unit: the final norm (+ bias), then an untied llama's lm_head.
+  const size_t head_first = head_unit != kNoUnit ? model.units_[head_unit].first_param : kNoParam;
+  const bool gpt2 = cfg.family == Family::gpt2;
+  final_norm = head_first == kNoParam ? Norm{}
+                                      : Norm{head_first, gpt2 ? head_first + 1 : kNoParam};
+  tied = cfg.tie_embeddings;
+  embed = local(0);
+  output = tied ? embed : (head_first == kNoParam ? kNoParam : head_first + 1);
+  blocks.resize(layers);
+  for (size_t l = 0; l < layers; ++l) {
+    if (unit_of_layer[l] != kNoUnit) blocks[l] = make_block(static_cast<int64_t>(l));
   }
   // The embedding and the output layer split the vocabulary alike.
   const size_t vocab_param = embed != kNoParam ? embed : output;
@@ -90,7 +82,13 @@ size_t Model::Impl::local(size_t g) const {
 
 const void* Model::Impl::weight(size_t i, DType dt) const {
   const Parameter& p = model.params_[i];
-  if (dt == DType::f32) return p.master.raw();
+  if (dt == DType::f32) {
+    MESHTRAIN_CHECK(p.master.defined(),
+                    "model: frozen parameter '{}' is held only as {} (LoRA in mixed precision); "
+                    "an f32 pass needs a model built in fp32",
+                    p.spec.name, p.compute.defined() ? dtype_name(p.compute.dtype()) : "nothing");
+    return p.master.raw();
+  }
   MESHTRAIN_CHECK(p.compute.defined(), "model: parameter '{}' has no {} compute copy", p.spec.name,
                   dtype_name(dt));
   return p.compute.raw();
@@ -102,31 +100,65 @@ void Model::Impl::ready(size_t i) {
   next_ready = i;
 }
 
-Block Model::Impl::block(int64_t layer) const {
+Block Model::Impl::make_block(int64_t layer) const {
   // This rank's widths (the whole layer at tp 1).
   const int64_t d = cfg.dim, hd = cfg.head_dim(), h = hidden;
   const int64_t qkv_width = (heads + 2 * kv_heads) * hd, q_width = heads * hd;
+  // A layer's parameters are contiguous on every stage that holds it; found
+  // by name, as LoRA adapters (params.cpp) sit after their layer's weights.
+  const ParamUnit& unit = model.units_[unit_of_layer[static_cast<size_t>(layer)]];
+  const std::string prefix = cfg.family == Family::llama
+                                 ? fmt::format("model.layers.{}.", layer)
+                                 : fmt::format("transformer.h.{}.", layer);
+  auto find = [&](const std::string& name) {
+    for (size_t i = unit.first_param; i < unit.end_param; ++i) {
+      if (model.params_[i].spec.name == prefix + name) return i;
+    }
+    return kNoParam;
+  };
+  auto param = [&](const std::string& name) {
+    const size_t i = find(name);
+    MESHTRAIN_CHECK(i != kNoParam, "model: registry has no '{}{}'", prefix, name);
+    return i;
+  };
+  // The adapters of the modules of one GEMM, in output order.
+  auto adapters = [&](Linear& lin, std::initializer_list<const char*> modules) {
+    int64_t out_begin = 0;
+    for (const char* module : modules) {
+      const size_t w = param(std::string(module) + ".weight");
+      const Shape& shape = model.params_[w].spec.shape;
+      const int64_t out = lin.nn_linear ? shape[0] : shape[1];
+      const size_t a = find(std::string(module) + ".lora_A.weight");
+      if (a != kNoParam) {
+        lin.lora.push_back(LoraAdapter{a, param(std::string(module) + ".lora_B.weight"),
+                                       out_begin, out, model.params_[a].spec.split.split()});
+      }
+      out_begin += out;
+    }
+  };
   Block b;
-  const size_t l = static_cast<size_t>(layer);
-  // A layer's parameters are contiguous on every stage that holds it.
   if (cfg.family == Family::llama) {
-    using namespace llama_slot;
-    const size_t base = local(1 + l * count);
-    b.norm1 = Norm{base + in_norm, kNoParam};
-    b.norm2 = Norm{base + post_norm, kNoParam};
-    b.qkv = Linear{base + q, 3, kNoParam, d, qkv_width, true};
-    b.proj = Linear{base + o, 1, kNoParam, q_width, d, true};
-    b.ff_in = Linear{base + gate, 2, kNoParam, d, 2 * h, true};
-    b.ff_out = Linear{base + down, 1, kNoParam, h, d, true};
+    b.norm1 = Norm{param("input_layernorm.weight"), kNoParam};
+    b.norm2 = Norm{param("post_attention_layernorm.weight"), kNoParam};
+    b.qkv = Linear{param("self_attn.q_proj.weight"), 3, kNoParam, d, qkv_width, true, {}};
+    b.proj = Linear{param("self_attn.o_proj.weight"), 1, kNoParam, q_width, d, true, {}};
+    b.ff_in = Linear{param("mlp.gate_proj.weight"), 2, kNoParam, d, 2 * h, true, {}};
+    b.ff_out = Linear{param("mlp.down_proj.weight"), 1, kNoParam, h, d, true, {}};
+    adapters(b.qkv, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"});
+    adapters(b.proj, {"self_attn.o_proj"});
+    adapters(b.ff_in, {"mlp.gate_proj", "mlp.up_proj"});
+    adapters(b.ff_out, {"mlp.down_proj"});
   } else {
-    using namespace gpt2_slot;
-    const size_t base = local(2 + l * count);
-    b.norm1 = Norm{base + ln1_w, base + ln1_b};
-    b.norm2 = Norm{base + ln2_w, base + ln2_b};
-    b.qkv = Linear{base + attn_w, 1, base + attn_b, d, qkv_width, false};
-    b.proj = Linear{base + attn_proj_w, 1, base + attn_proj_b, q_width, d, false};
-    b.ff_in = Linear{base + fc_w, 1, base + fc_b, d, h, false};
-    b.ff_out = Linear{base + proj_w, 1, base + proj_b, h, d, false};
+    b.norm1 = Norm{param("ln_1.weight"), param("ln_1.bias")};
+    b.norm2 = Norm{param("ln_2.weight"), param("ln_2.bias")};
+    b.qkv = Linear{param("attn.c_attn.weight"), 1, param("attn.c_attn.bias"), d, qkv_width, false, {}};
+    b.proj = Linear{param("attn.c_proj.weight"), 1, param("attn.c_proj.bias"), q_width, d, false, {}};
+    b.ff_in = Linear{param("mlp.c_fc.weight"), 1, param("mlp.c_fc.bias"), d, h, false, {}};
+    b.ff_out = Linear{param("mlp.c_proj.weight"), 1, param("mlp.c_proj.bias"), h, d, false, {}};
+    adapters(b.qkv, {"attn.c_attn"});
+    adapters(b.proj, {"attn.c_proj"});
+    adapters(b.ff_in, {"mlp.c_fc"});
+    adapters(b.ff_out, {"mlp.c_proj"});
   }
   return b;
 }
@@ -218,7 +250,7 @@ void Model::Impl::norm_backward(const Norm& norm, const Tensor& x, const Tensor&
   if (norm.layer_norm()) {
     float* dw = norm_grad(norm.weight);
     cpu::layernorm_backward(x.data<float>(), master(norm.weight), mean.data<float>(),
-                            rstd.data<float>(), dy, dx, dw, norm_grad(norm.bias), rows, d);
+                            rstd.data<float>(), dy, dx, dw, norm_grad(norm.bias, 1), rows, d);
     ready(norm.bias);
   } else {
     cpu::rmsnorm_backward(x.data<float>(), master(norm.weight), rstd.data<float>(), dy, dx,
@@ -232,35 +264,184 @@ void Model::Impl::linear_forward(const Linear& lin, DType dt, const void* x, int
   cpu::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
   const float* bias = lin.bias != kNoParam ? master(lin.bias) : nullptr;
   cpu::matmul(ctx, dims, dt, x, weight(lin.weight, dt), DType::f32, y, 1.0f, accumulate, bias);
+  lora_forward(lin, dt, x, rows, y);
+}
+
+void Model::Impl::lora_dropout_mask(const Linear& lin, const LoraAdapter& ad, int64_t rows) {
+  const ParamSpec& a = model.params_[ad.a].spec;
+  const std::string module = a.name.substr(0, a.name.size() - std::string(".lora_A.weight").size());
+  const uint64_t key =
+      stream_key(dropout.seed, fmt::format("lora_dropout.{}.{}", dropout.step, module));
+  // Global feature indices: a row-parallel A holds this rank's input columns.
+  const int64_t in = lin.in, in_global = a.split.global_shape[1];
+  const int64_t j0 = ad.row_parallel ? static_cast<int64_t>(tp.rank()) * in : 0, seq = dropout.seq;
+  const float p = cfg.lora.dropout, keep = 1.0f / (1.0f - p);
+  ensure(ws.lora_mask, {rows, in}, DType::f32, MemCategory::workspace);
+  float* mask = ws.lora_mask.data<float>();
+  const int64_t* samples = dropout.samples.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t token = samples[row / seq] * seq + row % seq;
+    for (int64_t j = 0; j < in; ++j) {
+      const auto index = static_cast<uint64_t>(token * in_global + j0 + j);
+      mask[row * in + j] = uniform_at(key, index) >= p ? keep : 0.0f;
+    }
+  }
+}
+
+const void* Model::Impl::lora_dropped_input(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                            const void* x, int64_t rows) {
+  if (!dropping()) return x;
+  lora_dropout_mask(lin, ad, rows);
+  const int64_t n = rows * lin.in;
+  ensure(ws.lora_x32, {rows, lin.in}, DType::f32, MemCategory::workspace);
+  float* xd = ws.lora_x32.data<float>();
+  convert(dt, x, DType::f32, xd, static_cast<size_t>(n));
+  const float* mask = ws.lora_mask.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) xd[i] *= mask[i];
+  if (dt == DType::f32) return xd;
+  ensure(ws.lora_x, {rows, lin.in}, dt, MemCategory::workspace);
+  ws.lora_x.copy_from(ws.lora_x32);
+  return ws.lora_x.raw();
+}
+
+const void* Model::Impl::lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                            const void* x_in, int64_t rows) {
+  const int64_t r = cfg.lora.rank;
+  const void* x = lora_dropped_input(lin, ad, dt, x_in, rows);
+  ensure(ws.lora_u, {rows, r}, dt, MemCategory::workspace);
+  const cpu::MatmulDims dims{.m = rows, .n = r, .k = lin.in, .trans_b = true};
+  if (!ad.row_parallel) {
+    cpu::matmul(ctx, dims, dt, x, weight(ad.a, dt), dt, ws.lora_u.raw());
+    return ws.lora_u.raw();
+  }
+  // This rank's input columns give a partial x A^T: summed over tp in f32.
+  ensure(ws.lora_u_sum, {rows, r}, DType::f32, MemCategory::workspace);
+  cpu::matmul(ctx, dims, dt, x, weight(ad.a, dt), DType::f32, ws.lora_u_sum.raw());
+  tp_all_reduce_sum(tp, ws.lora_u_sum.data<float>(), rows * r);
+  if (dt == DType::f32) return ws.lora_u_sum.raw();
+  ws.lora_u.copy_from(ws.lora_u_sum);
+  return ws.lora_u.raw();
+}
+
+void Model::Impl::lora_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y) {
+  const int64_t r = cfg.lora.rank;
+  for (const LoraAdapter& ad : lin.lora) {
+    // u = x A^T [rows, r]; y[:, out_begin:] += scale * u B^T.
+    const void* u = lora_input_product(lin, ad, dt, x, rows);
+    // A row-parallel layer's y is a partial sum over tp: the term goes into one rank's.
+    if (ad.row_parallel && tp.rank() != 0) continue;
+    cpu::matmul(ctx, {.m = rows, .n = ad.out, .k = r, .trans_b = true, .ldc = lin.out}, dt, u,
+                weight(ad.b, dt), DType::f32, y + ad.out_begin, cfg.lora.scale(), true);
+  }
+}
+
+void Model::Impl::lora_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows,
+                                      float* dx) {
+  if (lin.lora.empty()) return;
+  const int64_t r = cfg.lora.rank;
+  const size_t esize = dtype_size(dt);
+  ensure(ws.lora_du, {3, rows, r}, DType::f32,  // at most 3 modules per GEMM (q|k|v)
+         MemCategory::workspace);
+  for (size_t i = 0; i < lin.lora.size(); ++i) {
+    const LoraAdapter& ad = lin.lora[i];
+    // du = scale * dY[:, out_begin:] B [rows, r]; dx += du A.
+    float* du = ws.lora_du.data<float>() + static_cast<int64_t>(i) * rows * r;
+    const char* dy_slice = static_cast<const char*>(dy) + static_cast<size_t>(ad.out_begin) * esize;
+    cpu::matmul(ctx, {.m = rows, .n = r, .k = ad.out, .lda = lin.out}, dt, dy_slice,
+                weight(ad.b, dt), DType::f32, du, cfg.lora.scale());
+    if (dx == nullptr) continue;
+    const void* du_c = du;
+    if (dt != DType::f32) {
+      ensure(ws.lora_du_c, {rows, r}, dt, MemCategory::workspace);
+      convert(DType::f32, du, dt, ws.lora_du_c.raw(), static_cast<size_t>(rows * r));
+      du_c = ws.lora_du_c.raw();
+    }
+    if (!dropping()) {
+      cpu::matmul(ctx, {.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32,
+                  dx, 1.0f, true);
+      continue;
+    }
+    // Through the dropout: dx += mask * (du A).
+    ensure(ws.lora_x32, {rows, lin.in}, DType::f32, MemCategory::workspace);
+    float* t = ws.lora_x32.data<float>();
+    cpu::matmul(ctx, {.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32, t);
+    lora_dropout_mask(lin, ad, rows);
+    const float* mask = ws.lora_mask.data<float>();
+    const int64_t n = rows * lin.in;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < n; ++k) dx[k] += mask[k] * t[k];
+  }
+}
+
+void Model::Impl::lora_backward_weight(const Linear& lin, DType dt, const void* dy, const void* x,
+                                       int64_t rows) {
+  const int64_t r = cfg.lora.rank;
+  const size_t esize = dtype_size(dt);
+  // Reverse registry order: the last adapter's B first.
+  for (size_t i = lin.lora.size(); i-- > 0;) {
+    const LoraAdapter& ad = lin.lora[i];
+    float* du = ws.lora_du.data<float>() + static_cast<int64_t>(i) * rows * r;
+    // dB += scale * dY[:, out_begin:]^T u, with u = x A^T again (not kept).
+    const void* u = lora_input_product(lin, ad, dt, x, rows);
+    const char* dy_slice = static_cast<const char*>(dy) + static_cast<size_t>(ad.out_begin) * esize;
+    cpu::matmul(ctx, {.m = ad.out, .n = r, .k = rows, .trans_a = true, .lda = lin.out}, dt,
+                dy_slice, u, DType::f32, grad(ad.b), cfg.lora.scale(), true);
+    ready(ad.b);
+    // dA += du^T x. A column-parallel layer's du is summed over tp first (each
+    // rank's B rows give a partial); a row-parallel one's is whole already (B
+    // replicated, dY over all outputs) and meets this rank's x columns.
+    if (tp.active() && !ad.row_parallel) tp_all_reduce_sum(tp, du, rows * r);
+    const void* du_c = du;
+    if (dt != DType::f32) {
+      ensure(ws.lora_du_c, {rows, r}, dt, MemCategory::workspace);
+      convert(DType::f32, du, dt, ws.lora_du_c.raw(), static_cast<size_t>(rows * r));
+      du_c = ws.lora_du_c.raw();
+    }
+    cpu::matmul(ctx, {.m = r, .n = lin.in, .k = rows, .trans_a = true}, dt, du_c,
+                lora_dropped_input(lin, ad, dt, x, rows), DType::f32, grad(ad.a), 1.0f, true);
+    ready(ad.a);
+  }
 }
 
 void Model::Impl::linear_backward(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
                                   const void* x, int64_t rows, float* dx, float* scratch) {
+  if (dx != nullptr) {
+    linear_backward_input(lin, dt, dy, rows, dx);
+  } else {
+    lora_backward_input(lin, dt, dy, rows, nullptr);
+  }
   linear_backward_weight(lin, dt, dy, dy_f32, x, rows, scratch);
-  if (dx != nullptr) linear_backward_input(lin, dt, dy, rows, dx);
 }
 
 void Model::Impl::linear_backward_weight(const Linear& lin, DType dt, const void* dy,
                                          const float* dy_f32, const void* x, int64_t rows,
                                          float* scratch) {
-  // dW += dY^T · X ([out, in], nn.Linear) or X^T · dY ([in, out], Conv1D).
-  if (lin.nn_linear) {
-    cpu::MatmulDims dims{.m = lin.out, .n = lin.in, .k = rows, .trans_a = true};
-    cpu::matmul(ctx, dims, dt, dy, x, DType::f32, grad(lin.weight), 1.0f, true);
-  } else {
-    cpu::MatmulDims dims{.m = lin.in, .n = lin.out, .k = rows, .trans_a = true};
-    cpu::matmul(ctx, dims, dt, x, dy, DType::f32, grad(lin.weight), 1.0f, true);
+  lora_backward_weight(lin, dt, dy, x, rows);
+  // A frozen weight (LoRA's base) gets no gradient: its GEMM is skipped.
+  if (trains(lin.weight)) {
+    // dW += dY^T · X ([out, in], nn.Linear) or X^T · dY ([in, out], Conv1D).
+    if (lin.nn_linear) {
+      cpu::MatmulDims dims{.m = lin.out, .n = lin.in, .k = rows, .trans_a = true};
+      cpu::matmul(ctx, dims, dt, dy, x, DType::f32, grad(lin.weight), 1.0f, true);
+    } else {
+      cpu::MatmulDims dims{.m = lin.in, .n = lin.out, .k = rows, .trans_a = true};
+      cpu::matmul(ctx, dims, dt, x, dy, DType::f32, grad(lin.weight), 1.0f, true);
+    }
   }
   if (lin.bias != kNoParam) {
-    if (dy_f32 == nullptr) {
-      if (dt == DType::f32) {
-        dy_f32 = static_cast<const float*>(dy);
-      } else {
-        convert(dt, dy, DType::f32, scratch, static_cast<size_t>(rows * lin.out));
-        dy_f32 = scratch;
+    if (trains(lin.bias)) {
+      if (dy_f32 == nullptr) {
+        if (dt == DType::f32) {
+          dy_f32 = static_cast<const float*>(dy);
+        } else {
+          convert(dt, dy, DType::f32, scratch, static_cast<size_t>(rows * lin.out));
+          dy_f32 = scratch;
+        }
       }
+      cpu::bias_backward(dy_f32, grad(lin.bias), rows, lin.out);
     }
-    cpu::bias_backward(dy_f32, grad(lin.bias), rows, lin.out);
     ready(lin.bias);
   }
   for (size_t i = lin.n_weights; i-- > 0;) ready(lin.weight + i);
@@ -271,6 +452,7 @@ void Model::Impl::linear_backward_input(const Linear& lin, DType dt, const void*
   // dX = dY · W ([out, in]) or dY · W^T ([in, out]).
   cpu::MatmulDims dims{.m = rows, .n = lin.in, .k = lin.out, .trans_b = !lin.nn_linear};
   cpu::matmul(ctx, dims, dt, dy, weight(lin.weight, dt), DType::f32, dx);
+  lora_backward_input(lin, dt, dy, rows, dx);
 }
 
 const void* Model::Impl::residual_grad_compute(DType dt, const Tensor& dres, int64_t rows) {
@@ -283,7 +465,7 @@ const void* Model::Impl::residual_grad_compute(DType dt, const Tensor& dres, int
 void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out,
                                 DType dt, int64_t batch, int64_t seq, cpu::KVCacheLayer* cache,
                                 int64_t pos0) {
-  const Block b = block(layer);
+  const Block& b = block(layer);
   const int64_t rows = batch * seq;
   const cpu::AttentionDims dims = attention_dims(batch, seq);
   const MemCategory act = a.category;
@@ -323,7 +505,7 @@ void Model::Impl::mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64
 
 void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt,
                                  int64_t batch, int64_t seq) {
-  const Block b = block(layer);
+  const Block& b = block(layer);
   const int64_t rows = batch * seq, srows = shard_rows(rows), d = cfg.dim, h = hidden;
   const MemCategory wsc = MemCategory::workspace;
   ensure(ws.dx, {rows, d}, DType::f32, wsc);

@@ -3,7 +3,10 @@
 #include <cmath>
 #include <numbers>
 
+#include <algorithm>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "meshtrain/backend/cpu/attention.h"
 #include "meshtrain/model/params.h"
@@ -97,6 +100,34 @@ void ModelConfig::validate() const {
                     n_heads, n_kv_heads);
     MESHTRAIN_CHECK(tie_embeddings, "model.tie_embeddings: gpt2 always ties its output layer");
   }
+  if (lora.rank != 0 || !lora.targets.empty()) {
+    MESHTRAIN_CHECK(lora.rank >= 1, "lora.rank: must be >= 1 (0 or no [lora] section: no LoRA), got {}",
+                    lora.rank);
+    MESHTRAIN_CHECK(std::isfinite(lora.alpha) && lora.alpha > 0, "lora.alpha: must be > 0, got {}",
+                    lora.alpha);
+    MESHTRAIN_CHECK(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout: must be in [0, 1), got {}",
+                    lora.dropout);
+    const std::vector<std::string> known = lora_target_names(family);
+    for (const std::string& t : lora.targets) {
+      MESHTRAIN_CHECK(std::find(known.begin(), known.end(), t) != known.end(),
+                      "lora.targets: \"{}\" is not a {} module; choose from {}", t,
+                      family_name(family), fmt::join(known, ", "));
+    }
+  }
+}
+
+std::vector<std::string> lora_target_names(Family family) {
+  if (family == Family::llama) {
+    return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  }
+  return {"c_attn", "c_proj", "c_fc"};
+}
+
+std::vector<std::string> lora_targets(const LoraConfig& lora, Family family) {
+  if (!lora.enabled()) return {};
+  if (!lora.targets.empty()) return lora.targets;
+  if (family == Family::llama) return {"q_proj", "v_proj"};
+  return {"c_attn"};
 }
 
 std::string_view rope_type_name(RopeType type) {
@@ -136,20 +167,24 @@ std::vector<float> ModelConfig::rope_frequencies() const {
 
 int64_t ModelConfig::num_params() const {
   int64_t total = 0;
-  for (const ParamSpec& spec : build_param_specs(*this)) total += spec.numel();
+  // The base model's (what exports hold); LoRA adapters are not counted.
+  for (const ParamSpec& spec : build_param_specs(*this)) {
+    if (!spec.lora_adapter) total += spec.numel();
+  }
   return total;
 }
 
 double ModelConfig::train_flops_per_token(int64_t seq) const {
-  int64_t matmul_params = 0;
+  // 6 FLOPs per weight (forward, d input, d weight); a frozen weight (LoRA)
+  // has no weight gradient: 4.
+  double matmul_flops = 0;
   for (const ParamSpec& spec : build_param_specs(*this)) {
-    if (spec.matmul_weight) matmul_params += spec.numel();
+    if (spec.matmul_weight) matmul_flops += (spec.trainable ? 6.0 : 4.0) * spec.numel();
   }
   // A tied embedding is a matmul weight already; an untied one is a lookup
   // and lm_head is the output layer.
-  return 6.0 * static_cast<double>(matmul_params) +
-         12.0 * static_cast<double>(n_layers) * static_cast<double>(seq) *
-             static_cast<double>(dim);
+  return matmul_flops + 12.0 * static_cast<double>(n_layers) * static_cast<double>(seq) *
+                            static_cast<double>(dim);
 }
 
 ModelConfig llama_shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,

@@ -72,6 +72,28 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// LoRA (Hu et al. 2021) on the model's linear layers: rank 0 = off. With
+// rank > 0 every base parameter is frozen and each targeted linear W gets
+// trainable adapters A [rank, in] and B [out, rank] (PEFT's shapes):
+// y = W x + (alpha / rank) * B (A dropout(x)). targets are module short
+// names (llama: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj;
+// gpt2: c_attn c_proj c_fc, c_proj meaning both the attention and the MLP
+// one). docs/finetune.md#lora.
+struct LoraConfig {
+  int64_t rank = 0;
+  float alpha = 16.0f;
+  float dropout = 0.0f;
+  std::vector<std::string> targets;  // empty: the family's default
+  bool enabled() const { return rank > 0; }
+  float scale() const { return alpha / static_cast<float>(rank); }
+  bool operator==(const LoraConfig&) const = default;
+};
+// The targets a LoRA config names for `family` (its defaults when empty):
+// llama ["q_proj", "v_proj"], gpt2 ["c_attn"].
+std::vector<std::string> lora_targets(const LoraConfig& lora, Family family);
+// Every target name `family` knows, in registry order.
+std::vector<std::string> lora_target_names(Family family);
+
 struct ModelConfig {
   Family family = Family::llama;
   int64_t dim = 0;
@@ -86,6 +108,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;     // llama only; default: none (unscaled)
   bool tie_embeddings = true;   // output layer shares the token embedding
   float init_std = 0.02f;
+  LoraConfig lora;              // off by default
 
   int64_t head_dim() const { return dim / n_heads; }
   // RoPE's inverse frequencies [head_dim / 2] (theta and scaling), computed in
@@ -96,7 +119,8 @@ struct ModelConfig {
   // Parameter count (tied output counted once).
   int64_t num_params() const;
   // Model FLOPs per token of training (forward + backward): 6 * matmul params
-  // (incl. output layer) + 12 * layers * seq * dim for attention (PaLM convention).
+  // (incl. output layer; 4 for a frozen one: no weight gradient, LoRA's base,
+  // as plan/ counts it) + 12 * layers * seq * dim for attention (PaLM convention).
   double train_flops_per_token(int64_t seq) const;
 };
 

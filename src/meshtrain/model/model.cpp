@@ -22,38 +22,45 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
   check_tensor_parallel_split(config_, tp_.size());
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
   select_stage(specs);
-  int64_t compute_total = 0;
+  // Flat buffers in registry order: master (parameters with an f32 master),
+  // grad (trainable ones), compute (matmul weights in mixed precision, so
+  // q|k|v and gate|up stay adjacent there too).
+  const DType narrow = compute_dtype(precision_);
+  const bool mixed = narrow != DType::f32;
+  int64_t master_total = 0, compute_total = 0;
   for (const ParamSpec& spec : specs) {
     num_params_ += spec.numel();
+    if (spec.trainable) num_trainable_ += spec.numel();
+    if (param_has_master(spec, precision_)) master_total += spec.numel();
     if (spec.matmul_weight) compute_total += spec.numel();
   }
   const bool flat = storage_ == ParamStorage::flat;
   MemoryTracker& tracker = ctx.tracker();
   if (flat) {
-    flat_master_ = Tensor({num_params_}, DType::f32, MemCategory::params, tracker);
-    flat_grad_ = Tensor({num_params_}, DType::f32, MemCategory::grads, tracker);
+    flat_master_ = Tensor({master_total}, DType::f32, MemCategory::params, tracker);
+    flat_grad_ = Tensor({num_trainable_}, DType::f32, MemCategory::grads, tracker);
   }
-  // Only matmul weights get compute copies, packed in registry order (so q|k|v
-  // and gate|up stay adjacent there too).
-  const DType narrow = compute_dtype(precision_);
-  const bool mixed = narrow != DType::f32;
   if (flat && mixed) {
     flat_compute_ = Tensor({compute_total}, narrow, MemCategory::params, tracker);
   }
-  int64_t offset = 0, compute_offset = 0;
+  int64_t offset = 0, master_offset = 0, grad_offset = 0, compute_offset = 0;
   params_.reserve(specs.size());
   for (ParamSpec& spec : specs) {
     Parameter p;
     p.offset = offset;
+    p.grad_offset = spec.trainable ? grad_offset : -1;
+    const bool has_master = param_has_master(spec, precision_);
     if (flat) {
-      p.master = flat_master_.view(offset, spec.shape);
-      p.grad = flat_grad_.view(offset, spec.shape);
+      if (has_master) p.master = flat_master_.view(master_offset, spec.shape);
+      if (spec.trainable) p.grad = flat_grad_.view(grad_offset, spec.shape);
       if (mixed && spec.matmul_weight) {
         p.compute = flat_compute_.view(compute_offset, spec.shape);
         compute_offset += spec.numel();
       }
     }
     offset += spec.numel();
+    if (has_master) master_offset += spec.numel();
+    if (spec.trainable) grad_offset += spec.numel();
     p.spec = std::move(spec);
     params_.push_back(std::move(p));
   }
@@ -118,10 +125,10 @@ void Model::Impl::check_bound(size_t unit, UnitPass pass) const {
                u);
     // The embedding lookup reads a bound f32 master of a bf16 embedding.
     if (dt != DType::f32 && p.master.defined()) check_view(p.master, DType::f32, p, "master", u);
-    if (pass == UnitPass::backward) check_view(p.grad, DType::f32, p, "grad", u);
+    if (pass == UnitPass::backward && p.spec.trainable) check_view(p.grad, DType::f32, p, "grad", u);
   }
   if (layer_of_unit[unit] >= 0) {
-    const Block b = block(layer_of_unit[unit]);
+    const Block& b = block(layer_of_unit[unit]);
     for (const Linear* lin : {&b.qkv, &b.proj, &b.ff_in, &b.ff_out}) {
       check_adjacent(params, *lin, model.precision_);
     }
@@ -191,14 +198,56 @@ Tensor& Model::flat_grad() {
 
 void Model::init_weights(uint64_t seed) {
   require_flat("init_weights");
-  for (Parameter& p : params_) init_parameter(p.spec, seed, p.master.data<float>());
+  std::vector<float> values;
+  for (Parameter& p : params_) {
+    if (p.master.defined()) {
+      init_parameter(p.spec, seed, p.master.data<float>());
+      continue;
+    }
+    values.resize(static_cast<size_t>(p.spec.numel()));  // a frozen compute-only weight
+    init_parameter(p.spec, seed, values.data());
+    convert(DType::f32, values.data(), p.compute.dtype(), p.compute.raw(), values.size());
+  }
   sync_compute_weights();
+}
+
+namespace {
+
+// The value views of state-space elements [offset, offset + count): an f32
+// master, or (a frozen mixed-precision weight) its compute copy, converted.
+// to_model: copy `values` into the model, else out of it.
+void copy_values(std::vector<Parameter>& params, int64_t total, int64_t offset, int64_t count,
+                 float* values, bool to_model) {
+  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= total,
+                  "model: state range [{}, {}) outside {} elements", offset, offset + count,
+                  total);
+  for_each_state_run(params, offset, count, [&](Parameter& p, int64_t at, int64_t n, int64_t pos) {
+    const Tensor& view = p.master.defined() ? p.master : p.compute;
+    char* mine = static_cast<char*>(view.raw()) + static_cast<size_t>(at) * dtype_size(view.dtype());
+    if (to_model) {
+      convert(DType::f32, values + pos, view.dtype(), mine, static_cast<size_t>(n));
+    } else {
+      convert(view.dtype(), mine, DType::f32, values + pos, static_cast<size_t>(n));
+    }
+  });
+}
+
+}  // namespace
+
+void Model::read_values(int64_t offset, int64_t count, float* out) {
+  require_flat("read_values");
+  copy_values(params_, num_params_, offset, count, out, false);
+}
+
+void Model::write_values(int64_t offset, int64_t count, const float* in) {
+  require_flat("write_values");
+  copy_values(params_, num_params_, offset, count, const_cast<float*>(in), true);
 }
 
 void Model::sync_compute_weights() {
   require_flat("sync_compute_weights");
   for (Parameter& p : params_) {
-    if (p.compute.defined()) p.compute.copy_from(p.master);
+    if (p.compute.defined() && p.master.defined()) p.compute.copy_from(p.master);
   }
 }
 
@@ -207,11 +256,35 @@ void Model::zero_grads() {
   flat_grad_.zero();
 }
 
+void Model::set_lora_dropout(uint64_t seed, int64_t step, std::vector<int64_t> samples) {
+  impl_->dropout.seed = seed;
+  impl_->dropout.step = step;
+  impl_->dropout.samples = std::move(samples);
+}
+
+namespace {
+
+// Adapter dropout on for one training pass (model.h set_lora_dropout).
+struct DropoutScope {
+  bool& active;
+  DropoutScope(bool& flag, bool on) : active(flag) { active = on; }
+  ~DropoutScope() { active = false; }
+};
+
+}  // namespace
+
 double Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                                int64_t seq, float grad_scale, const int32_t* positions) {
   require_whole("forward_backward");
   Impl& m = *impl_;
   const Impl::PassPositions pass(m, positions);
+  const bool drop = config_.lora.enabled() && config_.lora.dropout > 0;
+  MESHTRAIN_CHECK(!drop || static_cast<int64_t>(m.dropout.samples.size()) == batch,
+                  "model: lora.dropout needs set_lora_dropout with the sample index of each of "
+                  "the micro-batch's {} rows (got {})",
+                  batch, m.dropout.samples.size());
+  m.dropout.seq = seq;
+  DropoutScope dropping(m.dropout.active, drop);
   const DType dt = compute_dtype(precision_);
   const int64_t rows = batch * seq, d = config_.dim;
   m.check_tokens(targets, rows, true, "target");
@@ -231,7 +304,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   cpu::ClassifierArgs args = m.classifier_args(hn, targets, rows, dt);
   args.grad_scale = grad_scale;
   args.dh = m.ws.dx.data<float>();
-  args.dw = m.grad(m.output);
+  args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;
   trace::Span classifier_span("backward", "classifier");
   const double loss = cpu::fused_classifier(ctx_, args);
   if (!m.tied) m.ready(m.output);

@@ -42,13 +42,16 @@ struct UnitHooks {
 };
 
 // flat: the model owns three flat buffers in registry order (master f32, grad
-// f32, compute bf16 or f16) and every Parameter views them.
+// f32, compute bf16 or f16) and every Parameter views them. Frozen parameters
+// (ParamSpec::trainable false: LoRA's base) have no grad view, and in mixed
+// precision a frozen matmul weight has no master view (its compute copy is its
+// value); the grad buffer holds the trainable parameters at grad_offset.
 // external: no buffers; Parameter::master / compute / grad stay undefined until
 // the owner (ZeRO) binds them to its own memory, at the latest in
 // unit_hooks.before(u, pass) for unit u's parameters:
 //  - the value view of param_compute_dtype(spec, precision): `compute` (bf16 / f16)
 //    for mixed-precision matmul weights, `master` (f32) for everything else; in backward
-//    also `grad` (f32, gradients are ADDED). Shapes as in the spec.
+//    also `grad` (f32, gradients are ADDED; trainable parameters only). Shapes as in the spec.
 //  - q|k|v and gate|up (llama) are one GEMM each: their views must be adjacent
 //    in memory (registry order), value and grad alike.
 //  - the embedding lookup reads `master` of the token embedding if bound, else
@@ -115,6 +118,14 @@ class Model {
   Tensor& flat_master();  // flat storage only
   Tensor& flat_grad();    // flat storage only
   int64_t num_params() const { return num_params_; }  // this rank's (tp slices)
+  // Of those, the trainable ones (the flat grad buffer's size; all without LoRA).
+  int64_t num_trainable() const { return num_trainable_; }
+  // The f32 values of state-space elements [offset, offset + count)
+  // (Parameter::offset; every parameter, frozen ones included: a frozen bf16
+  // weight is read from / rounded into its compute copy). Flat storage only;
+  // after writing call sync_compute_weights.
+  void read_values(int64_t offset, int64_t count, float* out);
+  void write_values(int64_t offset, int64_t count, const float* in);
 
   // Layout-independent initialisation from the seed.
   void init_weights(uint64_t seed);
@@ -134,6 +145,16 @@ class Model {
   // Returns the sum of the token losses.
   double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                           int64_t seq, float grad_scale, const int32_t* positions = nullptr);
+  // LoRA adapter dropout (lora.dropout > 0) in the following forward_backward
+  // calls: element (row, j) of an adapter's input is kept iff
+  // uniform_at(stream_key(seed, "lora_dropout.<step>.<module>"), (samples[b] *
+  // seq + t) * in + j) >= p, row = b * seq + t (then scaled by 1 / (1 - p)), so
+  // the mask depends on the sample and position, never on the layout or the
+  // micro-batch split. samples: each row's sample index (MicroBatch::samples);
+  // forward_backward throws Error when their count is not its batch. Evaluation
+  // passes never drop. Pipeline stage passes refuse lora.dropout > 0.
+  void set_lora_dropout(uint64_t seed, int64_t step, std::vector<int64_t> samples);
+
   // Forward only: sum of token losses (evaluation).
   double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                       const int32_t* positions = nullptr);
@@ -213,7 +234,7 @@ class Model {
   std::vector<size_t> local_index_;
   std::vector<Parameter> params_;
   std::vector<ParamUnit> units_;
-  int64_t num_params_ = 0;
+  int64_t num_params_ = 0, num_trainable_ = 0;
   Tensor flat_master_, flat_grad_, flat_compute_;
   std::unique_ptr<Impl> impl_;
 };

@@ -17,15 +17,29 @@ namespace meshtrain {
 inline constexpr size_t kNoParam = static_cast<size_t>(-1);
 inline constexpr size_t kNoUnit = static_cast<size_t>(-1);
 
+// A LoRA adapter of one module of a Linear: A [rank, in], B [out, rank]
+// (whatever the base's orientation) adding scale * (x A^T) B^T to the
+// Linear's output columns [out_begin, out_begin + out).
+// row_parallel: A is split by input columns over tp (a row-parallel layer:
+// o_proj, down_proj, c_proj), so x A^T is a partial sum over the tp ranks.
+struct LoraAdapter {
+  size_t a = kNoParam, b = kNoParam;
+  int64_t out_begin = 0, out = 0;
+  bool row_parallel = false;
+};
+
 // A linear layer over parameters of the registry. `nn_linear`: weight stored
 // [out, in] (torch nn.Linear, llama); otherwise [in, out] (HF Conv1D, GPT-2).
 // `n_weights` adjacent weight tensors form one GEMM (llama q|k|v, gate|up).
+// `lora`: the adapters of its modules, in output order (registry order too,
+// after the weights and bias).
 struct Linear {
   size_t weight = kNoParam;
   size_t n_weights = 1;
   size_t bias = kNoParam;
   int64_t in = 0, out = 0;
   bool nn_linear = true;
+  std::vector<LoraAdapter> lora;
 };
 
 // A norm: RMSNorm when bias == kNoParam (llama), LayerNorm otherwise (gpt2).
@@ -86,6 +100,15 @@ struct Workspace {
   Tensor dx_shard;       // f32 [N / tp, d]: ws.dx reduce-scattered (sequence parallel)
   Tensor norm_grads;     // f32: one unit's norm gradients before their tp all-reduce
   Tensor column_input;   // dt [N, d]: a norm output all-gathered (sequence parallel)
+  // LoRA.
+  Tensor lora_u;     // dt [N, rank]: x A^T of one adapter
+  Tensor lora_u_sum;  // f32 [N, rank]: a row-parallel adapter's x A^T, summed over tp
+  Tensor lora_du;    // f32 [adapters of a Linear, N, rank]: d(x A^T), kept from d(input) to dW
+  Tensor lora_du_c;  // dt [N, rank]: one of those in the compute dtype
+  Tensor discard;    // f32 [2, d]: where a frozen norm's weight / bias gradient goes
+  Tensor lora_mask;  // f32 [N, in]: an adapter's dropout factors (0 or 1 / (1 - p))
+  Tensor lora_x32;   // f32 [N, in]: its dropped input, or d(input) before the mask
+  Tensor lora_x;     // dt [N, in]: the dropped input in the compute dtype (mixed precision)
 };
 
 struct Model::Impl {
@@ -94,6 +117,7 @@ struct Model::Impl {
   // Parameter access by registry index.
   const float* master(size_t i) const { return model.params_[i].master.data<float>(); }
   float* grad(size_t i) const { return model.params_[i].grad.data<float>(); }
+  bool trains(size_t i) const { return model.params_[i].spec.trainable; }
   // The GEMM operand for dtype dt: the bf16 / f16 compute copy or the f32 master.
   const void* weight(size_t i, DType dt) const;
   // Reports a complete gradient; checks reverse registry order.
@@ -108,7 +132,8 @@ struct Model::Impl {
   // The local registry index of global index g (kNoParam: another stage's).
   size_t local(size_t g) const;
 
-  Block block(int64_t layer) const;
+  const Block& block(int64_t layer) const { return blocks[static_cast<size_t>(layer)]; }
+  Block make_block(int64_t layer) const;  // from the registry, by name
   cpu::AttentionDims attention_dims(int64_t batch, int64_t seq) const;
   const cpu::RopeTable* rope_table() const { return has_rope ? &rope : nullptr; }
   void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const;
@@ -160,7 +185,26 @@ struct Model::Impl {
   // (then the bias gradient converts dy into `scratch`).
   void linear_backward(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
                        const void* x, int64_t rows, float* dx, float* scratch);
+  // LoRA: adds the adapters' terms to y (linear_forward); d(x A^T) of each
+  // adapter into ws.lora_du and (dx != nullptr) its term added to dx; the
+  // adapters' gradients from ws.lora_du (under tp first summed over the tp
+  // ranks: B's rows are split, A is replicated).
+  void lora_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y);
+  // ws.lora_u = x A^T (x [rows, lin.in] in dt), summed over tp for a row-parallel adapter.
+  const void* lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                 const void* x, int64_t rows);
+  // Adapter dropout (model.h set_lora_dropout): whether it applies to this
+  // pass, ws.lora_mask for adapter ad over x [rows, lin.in], and x with it applied.
+  bool dropping() const { return dropout.active; }
+  void lora_dropout_mask(const Linear& lin, const LoraAdapter& ad, int64_t rows);
+  const void* lora_dropped_input(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                 const void* x, int64_t rows);
+  void lora_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows, float* dx);
+  void lora_backward_weight(const Linear& lin, DType dt, const void* dy, const void* x,
+                            int64_t rows);
   // The two halves of linear_backward: weight (and bias) gradients; dx.
+  // linear_backward_input runs first (the adapters' weight gradients need
+  // its ws.lora_du).
   void linear_backward_weight(const Linear& lin, DType dt, const void* dy, const float* dy_f32,
                               const void* x, int64_t rows, float* scratch);
   void linear_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows, float* dx);
@@ -198,7 +242,8 @@ struct Model::Impl {
   // Where norm_backward adds a norm parameter's gradient: the parameter's
   // grad, or (sequence parallel: a partial over this rank's rows) a slot that
   // flush_norm_grads() all-reduces over tp and adds to it.
-  float* norm_grad(size_t param);
+  // A frozen norm parameter's goes to ws.discard (slot 0: weight, 1: bias).
+  float* norm_grad(size_t param, int slot = 0);
   void flush_norm_grads();
   // Token (+ position) embeddings of all rows into out [shard_rows(rows), d].
   void embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq, int64_t pos0, Tensor& out);
@@ -233,6 +278,13 @@ struct Model::Impl {
   std::vector<int64_t> layer_of_unit;    // by unit: its global layer, -1 for embed / head
   bool tied = false;  // the token embedding is the output layer
   Norm final_norm;
+  std::vector<Block> blocks;  // by global layer (default for another stage's)
+  struct LoraDropout {
+    uint64_t seed = 0;
+    int64_t step = 0, seq = 0;
+    std::vector<int64_t> samples;  // the micro-batch rows' sample indices
+    bool active = false;           // inside forward_backward, lora.dropout > 0
+  } dropout;
   size_t next_ready = 0;  // the registry index + 1 the next ready() must report
   RecomputePolicy recompute;
   BlockActs recomputed;  // the one block's tensors its mode does not keep

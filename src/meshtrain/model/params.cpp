@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "meshtrain/util/error.h"
@@ -11,6 +12,10 @@ namespace meshtrain {
 
 DType param_compute_dtype(const ParamSpec& spec, Precision precision) {
   return spec.matmul_weight ? compute_dtype(precision) : DType::f32;
+}
+
+bool param_has_master(const ParamSpec& spec, Precision precision) {
+  return spec.trainable || param_compute_dtype(spec, precision) == DType::f32;
 }
 
 void init_parameter(const ParamSpec& spec, uint64_t seed, float* out) {
@@ -83,6 +88,39 @@ class Registry {
     specs_.back().shape = specs_.back().split.local_shape();
   }
 
+  // LoRA adapters of the linear `module` (short name `target`, e.g.
+  // "q_proj") with `in` inputs and `out` outputs, if lora.targets names it.
+  // Column-parallel layers (tp splits the outputs, in `parts` blocks): B is
+  // split by rows like them, A replicated; row-parallel layers: A split by
+  // its input columns, B replicated. A: normal with PEFT's kaiming-uniform
+  // variance, 1 / (3 in); B: zeros (step 0 is the base model).
+  void adapter(const std::string& module, const char* target, int64_t in, int64_t out,
+               bool column_parallel, int parts = 1) {
+    if (std::find(targets_.begin(), targets_.end(), target) == targets_.end()) return;
+    const int64_t r = config_.lora.rank;
+    ParamSpec a;
+    a.name = module + ".lora_A.weight";
+    a.split = make_split({r, in}, column_parallel ? SplitKind::none : cols, 1);
+    a.init_std = 1.0f / std::sqrt(3.0f * static_cast<float>(in));
+    ParamSpec b;
+    b.name = module + ".lora_B.weight";
+    b.split = make_split({out, r}, column_parallel ? rows : SplitKind::none, parts);
+    b.init = InitKind::zeros;
+    b.init_std = 0.0f;
+    for (ParamSpec* spec : {&a, &b}) {
+      spec->shape = spec->split.local_shape();
+      spec->role = ParamRole::decay;
+      spec->matmul_weight = true;
+      spec->lora_adapter = true;
+      specs_.push_back(std::move(*spec));
+    }
+  }
+  // With LoRA on: every parameter but the adapters frozen.
+  void freeze_base() {
+    if (!config_.lora.enabled()) return;
+    for (ParamSpec& spec : specs_) spec.trainable = spec.lora_adapter;
+  }
+
   std::vector<ParamSpec> take_specs() { return std::move(specs_); }
   std::vector<ParamUnit> take_units() {
     units_.back().end_param = specs_.size();
@@ -113,7 +151,9 @@ class Registry {
     return s;
   }
 
+  static constexpr SplitKind rows = SplitKind::rows, cols = SplitKind::cols;
   const ModelConfig& config_;
+  std::vector<std::string> targets_ = lora_targets(config_.lora, config_.family);
   int tp_rank_ = 0, tp_size_ = 1;
   std::vector<ParamSpec> specs_;
   std::vector<ParamUnit> units_;
@@ -135,11 +175,19 @@ void llama_registry(const ModelConfig& c, Registry& r) {
     r.weight(p + "self_attn.q_proj.weight", {q_width, d}, true, false, rows);
     r.weight(p + "self_attn.k_proj.weight", {kv_width, d}, true, false, rows);
     r.weight(p + "self_attn.v_proj.weight", {kv_width, d}, true, false, rows);
+    // Adapters follow their group, so q|k|v and gate|up stay adjacent.
+    r.adapter(p + "self_attn.q_proj", "q_proj", d, q_width, true);
+    r.adapter(p + "self_attn.k_proj", "k_proj", d, kv_width, true);
+    r.adapter(p + "self_attn.v_proj", "v_proj", d, kv_width, true);
     r.weight(p + "self_attn.o_proj.weight", {d, q_width}, true, true, cols);
+    r.adapter(p + "self_attn.o_proj", "o_proj", q_width, d, false);
     r.norm_weight(p + "post_attention_layernorm.weight", d);
     r.weight(p + "mlp.gate_proj.weight", {c.hidden_dim, d}, true, false, rows);
     r.weight(p + "mlp.up_proj.weight", {c.hidden_dim, d}, true, false, rows);
+    r.adapter(p + "mlp.gate_proj", "gate_proj", d, c.hidden_dim, true);
+    r.adapter(p + "mlp.up_proj", "up_proj", d, c.hidden_dim, true);
     r.weight(p + "mlp.down_proj.weight", {d, c.hidden_dim}, true, true, cols);
+    r.adapter(p + "mlp.down_proj", "down_proj", c.hidden_dim, d, false);
   }
   r.unit("head");
   r.norm_weight("model.norm.weight", d);
@@ -159,14 +207,18 @@ void gpt2_registry(const ModelConfig& c, Registry& r) {
     r.bias(p + "ln_1.bias", d);
     r.weight(p + "attn.c_attn.weight", {d, 3 * d}, true, false, cols, 3);
     r.bias(p + "attn.c_attn.bias", 3 * d, rows, 3);
+    r.adapter(p + "attn.c_attn", "c_attn", d, 3 * d, true, 3);
     r.weight(p + "attn.c_proj.weight", {d, d}, true, true, rows);
     r.bias(p + "attn.c_proj.bias", d);
+    r.adapter(p + "attn.c_proj", "c_proj", d, d, false);
     r.norm_weight(p + "ln_2.weight", d);
     r.bias(p + "ln_2.bias", d);
     r.weight(p + "mlp.c_fc.weight", {d, h}, true, false, cols);
     r.bias(p + "mlp.c_fc.bias", h, rows);
+    r.adapter(p + "mlp.c_fc", "c_fc", d, h, true);
     r.weight(p + "mlp.c_proj.weight", {h, d}, true, true, rows);
     r.bias(p + "mlp.c_proj.bias", d);
+    r.adapter(p + "mlp.c_proj", "c_proj", h, d, false);
   }
   r.unit("head");
   r.norm_weight("transformer.ln_f.weight", d);
@@ -180,6 +232,7 @@ Registry build_registry(const ModelConfig& config, int tp_rank, int tp_size) {
   } else {
     gpt2_registry(config, r);
   }
+  r.freeze_base();
   return r;
 }
 

@@ -6,6 +6,7 @@
 // with external storage (model.h) an owner such as ZeRO binds them instead.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,20 +33,49 @@ struct ParamSpec {
   // Used as a GEMM operand (linear layers, the output layer, a tied embedding):
   // gets a compute copy (bf16 / f16) in mixed precision and counts toward model FLOPs.
   bool matmul_weight = false;
+  // Updated by the optimizer. LoRA (config.h LoraConfig) freezes every base
+  // parameter: it gets no gradient, no optimizer state and (mixed precision,
+  // matmul weights) no f32 master, only its compute copy.
+  bool trainable = true;
+  bool lora_adapter = false;  // a LoRA A or B matrix ("<module>.lora_A.weight")
   int64_t numel() const { return shape_numel(shape); }
 };
 
 // The dtype the model computes with: compute_dtype(precision) for matmul weights in bf16 / fp16
 // precision (read from Parameter::compute), else f32 (read from master).
 DType param_compute_dtype(const ParamSpec& spec, Precision precision);
+// Whether the parameter has an f32 master copy: trainable ones always, frozen
+// ones only when they compute in f32 (a frozen bf16 weight is its bf16 copy).
+bool param_has_master(const ParamSpec& spec, Precision precision);
 
 struct Parameter {
   ParamSpec spec;
-  int64_t offset = 0;  // element offset in the flat buffers (also set in external storage)
+  // Element offset in the state space (every parameter, registry order: the
+  // shard map's local offsets; also set in external storage).
+  int64_t offset = 0;
+  // Trainable parameters: offset in the flat gradient / optimizer buffers,
+  // which hold the trainable parameters only, in registry order (== offset
+  // without frozen parameters). -1 for a frozen parameter.
+  int64_t grad_offset = 0;
   Tensor master;       // f32 view into the flat master buffer
   Tensor grad;         // f32 view into the flat grad buffer
   Tensor compute;      // bf16 / f16 view (mixed precision, matmul weights only); else undefined
 };
+
+// fn(param, first element in it, element count, position in the range) for
+// every parameter of `params` (registry order) overlapping state-space
+// elements [offset, offset + count) (Parameter::offset).
+template <typename Params, typename Fn>
+void for_each_state_run(Params& params, int64_t offset, int64_t count, Fn&& fn) {
+  auto it = std::upper_bound(params.begin(), params.end(), offset,
+                             [](int64_t o, const Parameter& p) { return o < p.offset; });
+  if (it != params.begin()) --it;
+  for (; it != params.end() && it->offset < offset + count; ++it) {
+    const int64_t begin = std::max(offset, it->offset);
+    const int64_t end = std::min(offset + count, it->offset + it->spec.numel());
+    if (begin < end) fn(*it, begin - it->offset, end - begin, begin - offset);
+  }
+}
 
 // A unit: a contiguous registry range the model reads, and completes the
 // gradients of, together: "embed" (token embeddings, + GPT-2 positions),

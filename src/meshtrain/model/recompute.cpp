@@ -83,7 +83,7 @@ void Model::Impl::train_backward_block(int64_t layer, const Tensor& x, BlockActs
       forward_block(layer, x, a, out, dt, batch, seq, nullptr, 0);
     } else {
       // The probabilities come back inside attention_backward (recompute_probs).
-      const Block b = block(layer);
+      const Block& b = block(layer);
       const int64_t rows = batch * seq, srows = shard_rows(rows);
       norm_forward(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, srows, a.category);
       norm_forward(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, srows, a.category);

@@ -134,6 +134,10 @@ void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
                           const float* input, int64_t batch, int64_t seq, float* output,
                           const int32_t* positions) {
   Impl& m = *impl_;
+  MESHTRAIN_CHECK(!config_.lora.enabled() || config_.lora.dropout == 0.0f,
+                  "lora.dropout = {} under pipeline parallelism (parallel.pp > 1) is not "
+                  "implemented yet: use lora.dropout = 0 or parallel.pp = 1",
+                  config_.lora.dropout);
   const ChunkRole role = chunk_role(stage_, chunk);
   const std::pair<int, int64_t> key{chunk, micro_batch};
   MESHTRAIN_CHECK(!m.staged.contains(key),
@@ -228,7 +232,7 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
     cpu::ClassifierArgs args = m.classifier_args(acts.head_input, targets, rows, dt);
     args.grad_scale = grad_scale;
     args.dh = m.ws.dx.data<float>();
-    args.dw = m.grad(m.output);
+    args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;  // frozen (LoRA): none
     loss = cpu::fused_classifier(ctx_, args);
     if (!m.tied) m.ready(m.output);
     m.ws.dres.zero();

@@ -2,6 +2,7 @@
 // inputs, row-parallel outputs, their gradients, vocab-parallel embedding and
 // loss, and sequence parallelism. With tp = 1 each function is the plain
 // single-rank step (same kernels, same numbers).
+#include <algorithm>
 #include <cmath>
 
 #include "meshtrain/backend/cpu/adamw.h"
@@ -43,6 +44,7 @@ void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, 
   ensure(ws.partial, {rows, d}, DType::f32, MemCategory::workspace);
   cpu::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
   cpu::matmul(ctx, dims, dt, in, weight(lin.weight, dt), DType::f32, ws.partial.data<float>());
+  lora_forward(lin, dt, in, rows, ws.partial.data<float>());  // added on tp rank 0 only
   const float* sum = ws.partial.data<float>();
   if (sp) {
     ensure(ws.partial_shard, {srows, d}, DType::f32, MemCategory::workspace);
@@ -115,7 +117,13 @@ const Tensor& Model::Impl::full_residual_grad(int64_t rows) {
   return ws.dres_full;
 }
 
-float* Model::Impl::norm_grad(size_t param) {
+float* Model::Impl::norm_grad(size_t param, int slot_index) {
+  if (!trains(param)) {
+    ensure(ws.discard, {2, cfg.dim}, DType::f32, MemCategory::workspace);
+    float* slot = ws.discard.data<float>() + slot_index * cfg.dim;
+    std::fill(slot, slot + cfg.dim, 0.0f);
+    return slot;
+  }
   if (!sp) return grad(param);
   // A unit has at most two norms with weight and bias (GPT-2 blocks).
   const int64_t d = cfg.dim, capacity = 4 * d;
@@ -176,6 +184,7 @@ void Model::Impl::embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq
 }
 
 void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t seq) {
+  if (!trains(embed)) return;  // frozen (LoRA freezes positions alike)
   const int64_t rows = batch * seq, d = cfg.dim;
   float* dpositions = positions != kNoParam ? grad(positions) : nullptr;
   if (!tp.active()) {
@@ -194,7 +203,7 @@ double tensor_parallel_grad_norm(const Model& model) {
   const TensorParallel& tp = model.tensor_parallel();
   double total = 0.0;
   for (const Parameter& p : model.params()) {
-    if (tp_counts_once(tp, p.spec.split)) total += cpu::sum_squares(p.grad.data<float>(), p.spec.numel());
+    if (p.spec.trainable && tp_counts_once(tp, p.spec.split)) total += cpu::sum_squares(p.grad.data<float>(), p.spec.numel());
   }
   return std::sqrt(tp_sum(tp, total));
 }

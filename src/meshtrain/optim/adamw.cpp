@@ -1,5 +1,6 @@
 #include "meshtrain/optim/adamw.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "meshtrain/backend/cpu/adamw.h"
@@ -33,8 +34,8 @@ cpu::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, fl
 AdamW::AdamW(Model& model, const AdamWConfig& config)
     : model_(model),
       config_(config),
-      exp_avg_({model.num_params()}, DType::f32, MemCategory::optimizer, model.ctx().tracker()),
-      exp_avg_sq_({model.num_params()}, DType::f32, MemCategory::optimizer,
+      exp_avg_({model.num_trainable()}, DType::f32, MemCategory::optimizer, model.ctx().tracker()),
+      exp_avg_sq_({model.num_trainable()}, DType::f32, MemCategory::optimizer,
                   model.ctx().tracker()) {
   check_adamw_config(config);
 }
@@ -45,41 +46,51 @@ void AdamW::step(float lr, float grad_scale) {
   float* v = exp_avg_sq_.data<float>();
   // Per parameter, so weight decay follows the role (never the tensor's index).
   for (Parameter& p : model_.params()) {
+    if (!p.spec.trainable) continue;  // frozen (LoRA's base): never written
     cpu::AdamWHyper hyper = adamw_hyper(config_, p.spec, lr, step_count_, grad_scale);
     cpu::ComputeCopy compute;
     if (p.compute.defined()) compute = cpu::ComputeCopy(p.compute.raw(), p.compute.dtype());
-    cpu::adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(), m + p.offset,
-                      v + p.offset, compute, p.spec.numel());
+    cpu::adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(), m + p.grad_offset,
+                      v + p.grad_offset, compute, p.spec.numel());
   }
 }
 
 namespace {
 
-Tensor& state_tensor(Model& model, Tensor& exp_avg, Tensor& exp_avg_sq, layout::StateKind kind) {
-  switch (kind) {
-    case layout::StateKind::master: return model.flat_master();
-    case layout::StateKind::exp_avg: return exp_avg;
-    case layout::StateKind::exp_avg_sq: return exp_avg_sq;
-  }
-  fail("adamw: unknown state kind");
+// The moments of state-space elements [offset, offset + count): trainable
+// parameters' live at their grad_offset; frozen ones have none (read as 0,
+// writes dropped).
+template <typename Fn>
+void for_each_moment_run(Model& model, int64_t offset, int64_t count, Fn&& fn) {
+  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= model.num_params(),
+                  "adamw: state range [{}, {}) outside {} elements", offset, offset + count,
+                  model.num_params());
+  for_each_state_run(model.params(), offset, count,
+                     [&](const Parameter& p, int64_t at, int64_t n, int64_t pos) {
+                       fn(p.spec.trainable ? p.grad_offset + at : -1, n, pos);
+                     });
 }
 
 }  // namespace
 
 void AdamW::read(layout::StateKind kind, int64_t offset, int64_t count, float* out) {
-  const Tensor& t = state_tensor(model_, exp_avg_, exp_avg_sq_, kind);
-  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= t.numel(),
-                  "adamw: state range [{}, {}) outside {} elements", offset, offset + count,
-                  t.numel());
-  std::memcpy(out, t.data<float>() + offset, static_cast<size_t>(count) * sizeof(float));
+  if (kind == layout::StateKind::master) return model_.read_values(offset, count, out);
+  const float* t = (kind == layout::StateKind::exp_avg ? exp_avg_ : exp_avg_sq_).data<float>();
+  for_each_moment_run(model_, offset, count, [&](int64_t at, int64_t n, int64_t pos) {
+    if (at < 0) {
+      std::fill_n(out + pos, n, 0.0f);
+    } else {
+      std::memcpy(out + pos, t + at, static_cast<size_t>(n) * sizeof(float));
+    }
+  });
 }
 
 void AdamW::write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) {
-  Tensor& t = state_tensor(model_, exp_avg_, exp_avg_sq_, kind);
-  MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= t.numel(),
-                  "adamw: state range [{}, {}) outside {} elements", offset, offset + count,
-                  t.numel());
-  std::memcpy(t.data<float>() + offset, in, static_cast<size_t>(count) * sizeof(float));
+  if (kind == layout::StateKind::master) return model_.write_values(offset, count, in);
+  float* t = (kind == layout::StateKind::exp_avg ? exp_avg_ : exp_avg_sq_).data<float>();
+  for_each_moment_run(model_, offset, count, [&](int64_t at, int64_t n, int64_t pos) {
+    if (at >= 0) std::memcpy(t + at, in + pos, static_cast<size_t>(n) * sizeof(float));
+  });
 }
 
 }  // namespace meshtrain

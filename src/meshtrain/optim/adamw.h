@@ -41,7 +41,7 @@ class AdamW : public layout::StateAccess {
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t step) { step_count_ = step; }
   const AdamWConfig& config() const { return config_; }
-  Tensor& exp_avg() { return exp_avg_; }        // flat, same layout as the model's flat buffers
+  Tensor& exp_avg() { return exp_avg_; }        // flat, the layout of the model's flat grad buffer
   Tensor& exp_avg_sq() { return exp_avg_sq_; }
 
  private:

@@ -11,6 +11,7 @@ double global_grad_norm(const Model& model) {
   // for any thread count.
   double total = 0.0;
   for (const Parameter& p : model.params()) {
+    if (!p.spec.trainable) continue;  // frozen: no gradient
     total += cpu::sum_squares(p.grad.data<float>(), p.spec.numel());
   }
   return std::sqrt(total);

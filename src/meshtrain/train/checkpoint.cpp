@@ -146,7 +146,7 @@ class MasterOnly final : public layout::StateAccess {
   }
   void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override {
     if (kind != layout::StateKind::master) return;
-    std::copy_n(in, count, model_.flat_master().data<float>() + offset);
+    model_.write_values(offset, count, in);
   }
 
  private:

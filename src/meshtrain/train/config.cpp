@@ -83,6 +83,8 @@ constexpr KeySpec kKeys[] = {
     {"guard", "loss_z", Kind::number},        {"guard", "grad_z", Kind::number},
     {"guard", "policy", Kind::string},        {"guard", "rollback_skip_batches", Kind::integer},
     {"guard", "max_rollbacks", Kind::integer},
+    {"lora", "rank", Kind::integer},          {"lora", "alpha", Kind::number},
+    {"lora", "dropout", Kind::number},        {"lora", "targets", Kind::string_list},
     {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
     {"comm", "flight_records", Kind::integer},
 };
@@ -617,6 +619,27 @@ GuardSettings read_guard(const Section& s) {
   return g;
 }
 
+// [lora] into the model config (its registry holds the adapters).
+void read_lora(const Section& s, ModelConfig& m) {
+  LoraConfig& l = m.lora;
+  s.read("rank", l.rank);
+  s.read("alpha", l.alpha);
+  s.read("dropout", l.dropout);
+  s.read("targets", l.targets);
+  check_min<int64_t>("lora.rank", l.rank, 0);
+  if (l.rank == 0) {
+    MESHTRAIN_CHECK(!s.has("alpha") && !s.has("dropout") && !s.has("targets"),
+                    "config: [lora] needs lora.rank >= 1 (0 or no [lora] section: no LoRA)");
+    return;
+  }
+  try {
+    m.validate();
+  } catch (const Error& e) {
+    fail("config: {}", e.what());
+  }
+  l.targets = lora_targets(l, m.family);  // explicit, as saved
+}
+
 // resolve_init_from: a config file's train.init_from gives the model
 // (apply_init_from_model); a checkpoint's saved config (config_from_json)
 // already holds that model in full and does not read the directory again.
@@ -635,6 +658,16 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   c.optim = read_optim(Section(root, "optim"));
   c.data = read_data(Section(root, "data"));
   c.parallel = read_parallel(Section(root, "parallel"));
+  read_lora(Section(root, "lora"), c.model);
+  MESHTRAIN_CHECK(!c.model.lora.enabled() || c.parallel.zero <= 2 || c.parallel.offload == "none",
+                  "config: lora.rank = {} with parallel.zero = 3 and parallel.offload = \"{}\": "
+                  "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
+                  "parallel.offload = \"none\", or parallel.zero <= 2)",
+                  c.model.lora.rank, c.parallel.offload);
+  MESHTRAIN_CHECK(c.model.lora.dropout == 0.0f || c.parallel.pp == 1,
+                  "config: lora.dropout = {} with parallel.pp = {}: adapter dropout under "
+                  "pipeline parallelism is not implemented yet (use lora.dropout = 0)",
+                  c.model.lora.dropout, c.parallel.pp);
   c.ckpt = read_ckpt(Section(root, "ckpt"));
   c.guard = read_guard(Section(root, "guard"));
   c.comm = read_comm(Section(root, "comm"));
@@ -737,14 +770,23 @@ toml::table to_table(const TrainConfig& c) {
   toml::table comm{{"timeout_s", c.comm.timeout_s},
                    {"long_timeout_s", c.comm.long_timeout_s},
                    {"flight_records", c.comm.flight_records}};
-  return toml::table{{"model", std::move(model)},
-                     {"train", std::move(train)},
-                     {"optim", std::move(optim)},
-                     {"data", std::move(data)},
-                     {"parallel", std::move(parallel)},
-                     {"ckpt", std::move(ckpt)},
-                     {"guard", std::move(guard)},
-                     {"comm", std::move(comm)}};
+  toml::table out{{"model", std::move(model)},
+                  {"train", std::move(train)},
+                  {"optim", std::move(optim)},
+                  {"data", std::move(data)},
+                  {"parallel", std::move(parallel)},
+                  {"ckpt", std::move(ckpt)},
+                  {"guard", std::move(guard)},
+                  {"comm", std::move(comm)}};
+  if (m.lora.enabled()) {
+    toml::array targets;
+    for (const std::string& t : lora_targets(m.lora, m.family)) targets.push_back(t);
+    out.insert("lora", toml::table{{"rank", m.lora.rank},
+                                   {"alpha", exact(m.lora.alpha)},
+                                   {"dropout", exact(m.lora.dropout)},
+                                   {"targets", std::move(targets)}});
+  }
+  return out;
 }
 
 // JSON values as TOML nodes (integers stay integers), for config_from_json.

@@ -330,11 +330,12 @@ double zero_reduce_peak(const zero::ZeroLayout& layout, const TrainConfig& confi
   };
   auto alloc = [&](size_t u) {
     if (stage == 1) return;
-    for (size_t i : layout.unit_flats[u]) live += padded(i);
+    for (size_t i : layout.unit_flats[u]) live += layout.flats[i].trainable ? padded(i) : 0;
     most = std::max(most, live);
   };
   auto issue = [&](size_t u) {
     for (size_t i : layout.unit_flats[u]) {
+      if (!layout.flats[i].trainable) continue;  // frozen: no gradients
       while (alive.size() >= limit) {
         live -= alive.front().bytes;
         alive.erase(alive.begin());
@@ -419,9 +420,13 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
 
   // Model state: the flat buffers (Model, AdamW) or ZeRO's padded shards.
   const Precision precision = config.train.precision;
-  double psi = 0, compute_copies = 0;  // elements; bytes of the 16-bit compute copies
+  // elements: all, trainable (LoRA: the adapters), with an f32 master; bytes
+  // of the 16-bit compute copies.
+  double psi = 0, trainable = 0, masters = 0, compute_copies = 0;
   for (const ParamSpec& spec : held.specs) {
     psi += static_cast<double>(spec.numel());
+    if (spec.trainable) trainable += static_cast<double>(spec.numel());
+    if (param_has_master(spec, precision)) masters += static_cast<double>(spec.numel());
     const DType dtype = param_compute_dtype(spec, precision);
     if (dtype != DType::f32) {
       compute_copies += static_cast<double>(spec.numel()) * static_cast<double>(dtype_size(dtype));
@@ -431,9 +436,9 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   double& grads = out.peak[idx(MemCategory::grads)];
   double& optimizer = out.peak[idx(MemCategory::optimizer)];
   if (p.zero == 0) {
-    params = 4 * psi + compute_copies;
-    grads = 4 * psi;
-    optimizer = 8 * psi;
+    params = 4 * masters + compute_copies;
+    grads = 4 * trainable;
+    optimizer = 8 * trainable;
   } else {
     const zero::ZeroLayout layout = zero::make_zero_layout(held.specs, held.units, precision, dp);
     const zero::ModelStateBytes state = zero::layout_model_state_bytes(layout, p.zero);
@@ -447,6 +452,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     for (size_t u = 0; u < layout.unit_flats.size(); ++u) {
       double padded = 0, shard = 0;
       for (size_t i : layout.unit_flats[u]) {
+        if (!layout.flats[i].trainable) continue;
         padded += 4 * static_cast<double>(layout.flats[i].padded);
         shard += 4 * static_cast<double>(layout.flats[i].shard);
       }
@@ -489,6 +495,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
       // together by the update.
       double piece_bytes = 0;
       for (const zero::FlatParam& f : layout.flats) {
+        if (!f.trainable) continue;  // frozen: not in the store
         const double elems = static_cast<double>(std::min(f.shard, piece));
         const bool narrow = f.dtype != DType::f32;
         const double bytes = 4 * (narrow ? 3 : 2) * elems +

@@ -8,22 +8,29 @@ namespace meshtrain {
 
 std::vector<GradBucket> make_grad_buckets(const std::vector<Parameter>& params,
                                           size_t bucket_bytes) {
+  // Over the trainable parameters only (frozen ones have no gradient): their
+  // gradients are contiguous in the flat grad buffer, in registry order.
   std::vector<GradBucket> buckets;
   size_t end = params.size();
+  while (end > 0 && !params[end - 1].spec.trainable) --end;
   while (end > 0) {
     size_t first = end, bytes = 0;
     // At least one parameter per bucket, however small bucket_bytes is.
     do {
       --first;
-      bytes += static_cast<size_t>(params[first].spec.numel()) * sizeof(float);
+      if (params[first].spec.trainable) {
+        bytes += static_cast<size_t>(params[first].spec.numel()) * sizeof(float);
+      }
     } while (first > 0 && bytes < bucket_bytes);
+    while (!params[first].spec.trainable) ++first;
     GradBucket b;
     b.first_param = first;
     b.end_param = end;
-    b.offset = params[first].offset;
-    b.numel = params[end - 1].offset + params[end - 1].spec.numel() - b.offset;
+    b.offset = params[first].grad_offset;
+    b.numel = params[end - 1].grad_offset + params[end - 1].spec.numel() - b.offset;
     buckets.push_back(b);
     end = first;
+    while (end > 0 && !params[end - 1].spec.trainable) --end;
   }
   return buckets;
 }

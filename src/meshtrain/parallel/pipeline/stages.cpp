@@ -51,7 +51,9 @@ double pipeline_grad_norm(const Model& model, Communicator& pp) {
   const std::vector<Parameter>& params = model.params();
   for (size_t i = 0; i < params.size(); ++i) {
     const Parameter& p = params[i];
-    if (model.param_is_duplicate(i) || !tp_counts_once(tp, p.spec.split)) continue;
+    if (!p.spec.trainable || model.param_is_duplicate(i) || !tp_counts_once(tp, p.spec.split)) {
+      continue;
+    }
     total += cpu::sum_squares(p.grad.data<float>(), p.spec.numel());
   }
   total = tp_sum(tp, total);

@@ -39,24 +39,29 @@ ZeroLayout make_zero_layout(const std::vector<ParamSpec>& specs,
                     "zero: unit '{}' [{}, {}) does not continue the registry at {}", unit.name,
                     unit.first_param, unit.end_param, expected_first);
     expected_first = unit.end_param;
-    // The f32 flat, then (mixed precision) the compute dtype's (empty in fp32).
+    // Per dtype (the f32 flat, then in mixed precision the compute dtype's;
+    // empty in fp32) the trainable parameters, then the frozen ones.
     const DType narrow = compute_dtype(precision);
     for (DType dtype : {DType::f32, narrow == DType::f32 ? DType::bf16 : narrow}) {
-      FlatParam flat;
-      flat.unit = u;
-      flat.dtype = dtype;
-      for (size_t i = unit.first_param; i < unit.end_param; ++i) {
-        if (param_compute_dtype(specs[i], precision) != dtype) continue;
-        flat.members.push_back({i, flat.numel, specs[i].numel()});
-        layout.param_flat[i] = layout.flats.size();
-        layout.param_offset[i] = flat.numel;
-        flat.numel += specs[i].numel();
+      for (bool trainable : {true, false}) {
+        FlatParam flat;
+        flat.unit = u;
+        flat.dtype = dtype;
+        flat.trainable = trainable;
+        for (size_t i = unit.first_param; i < unit.end_param; ++i) {
+          if (param_compute_dtype(specs[i], precision) != dtype) continue;
+          if (specs[i].trainable != trainable) continue;
+          flat.members.push_back({i, flat.numel, specs[i].numel()});
+          layout.param_flat[i] = layout.flats.size();
+          layout.param_offset[i] = flat.numel;
+          flat.numel += specs[i].numel();
+        }
+        if (flat.members.empty()) continue;
+        flat.padded = (flat.numel + dp - 1) / dp * dp;
+        flat.shard = flat.padded / dp;
+        layout.unit_flats[u].push_back(layout.flats.size());
+        layout.flats.push_back(std::move(flat));
       }
-      if (flat.members.empty()) continue;
-      flat.padded = (flat.numel + dp - 1) / dp * dp;
-      flat.shard = flat.padded / dp;
-      layout.unit_flats[u].push_back(layout.flats.size());
-      layout.flats.push_back(std::move(flat));
     }
   }
   MESHTRAIN_CHECK(expected_first == specs.size(), "zero: units cover {} of {} parameters",

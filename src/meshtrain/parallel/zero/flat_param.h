@@ -10,6 +10,10 @@
 //   [r * shard, (r + 1) * shard). Padding holds zeros and is never updated.
 // - Flat parameters are ordered by unit, the f32 ("wide") group before the
 //   compute dtype's (bf16 or f16, "narrow") one; every parameter is in exactly one.
+// - Trainable and frozen parameters (ParamSpec::trainable; LoRA's base) are in
+//   separate flat parameters (per unit and dtype: the trainable, then the
+//   frozen). A frozen flat has values only: no gradients, master or optimizer
+//   shard.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +41,7 @@ struct ShardSegment {
 struct FlatParam {
   size_t unit = 0;
   DType dtype = DType::f32;  // the members' compute dtype
+  bool trainable = true;     // the members' ParamSpec::trainable
   std::vector<FlatMember> members;
   int64_t numel = 0, padded = 0, shard = 0;
 

@@ -26,6 +26,7 @@ ModelStateBytes layout_model_state_bytes(const ZeroLayout& layout, int stage) {
     const auto shard = static_cast<size_t>(f.shard), padded = static_cast<size_t>(f.padded);
     const size_t compute = dtype_size(f.dtype);
     b.params += (stage == 3 ? shard : padded) * compute;
+    if (!f.trainable) continue;  // values only
     b.grads += (stage >= 2 ? shard : padded) * 4;
     b.optimizer += shard * (f.dtype == DType::f32 ? 8 : 12);
   }
@@ -36,6 +37,7 @@ size_t layout_offloaded_bytes(const ZeroLayout& layout, int stage) {
   MESHTRAIN_CHECK(stage >= 1 && stage <= 3, "zero: stage {} has no sharded layout", stage);
   size_t bytes = 0;
   for (const FlatParam& f : layout.flats) {
+    if (!f.trainable) continue;  // LoRA's frozen base: no optimizer state (stage <= 2)
     const auto shard = static_cast<size_t>(f.shard);
     const bool wide = f.dtype == DType::f32;
     bytes += stage == 3 ? shard * (12 + (wide ? 0 : dtype_size(f.dtype)))

@@ -73,6 +73,11 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
   std::vector<ParamSpec> specs;
   for (const Parameter& p : model.params()) specs.push_back(p.spec);
   layout_ = make_zero_layout(specs, model.units(), model.precision(), dp.size());
+  for (const FlatParam& fp : layout_.flats) {
+    MESHTRAIN_CHECK(fp.trainable || options.stage <= 2 || options.offload.tier == OffloadTier::none,
+                    "zero: frozen parameters (lora.rank > 0) at stage 3 cannot be offloaded "
+                    "(parallel.offload = \"none\" or parallel.zero <= 2)");
+  }
 
   backwards_.assign(model.units().size(), 0);
   deferred_.assign(model.units().size(), false);
@@ -100,6 +105,7 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
       f.compute_shard = Tensor({fp.shard}, fp.dtype, MemCategory::params, tracker);
       if (fp.dtype == DType::f32) f.master_alias = f.compute_shard;
     }
+    if (!fp.trainable) continue;  // frozen: values only
     if (stage == 1) {
       f.grad_full = Tensor({fp.padded}, DType::f32, MemCategory::grads, tracker);
       bind_grads(i, true);
@@ -342,7 +348,8 @@ void ShardedDataParallel::before(size_t unit, UnitPass pass) {
     } else {
       wait_gather(i);  // the update's all-gather
     }
-    if (pass == UnitPass::backward && stage >= 2 && !f.grad_full.defined()) {
+    if (pass == UnitPass::backward && stage >= 2 && layout_.flats[i].trainable &&
+        !f.grad_full.defined()) {
       f.grad_full = Tensor({layout_.flats[i].padded}, DType::f32, MemCategory::grads,
                            model_.ctx().tracker());
       bind_grads(i, true);
@@ -369,6 +376,7 @@ void ShardedDataParallel::after(size_t unit, UnitPass pass) {
                     model_.units()[unit].name, pipeline);
   }
   for (size_t i : layout_.unit_flats[unit]) {
+    const bool trainable = layout_.flats[i].trainable;  // frozen: released, never reduced
     if (pass == UnitPass::forward) {
       // Backward starts with the head: never free it after forward.
       // Pipelines keep units gathered until their last backward.
@@ -380,11 +388,11 @@ void ShardedDataParallel::after(size_t unit, UnitPass pass) {
     if (pipeline > 0) {
       if (backwards_[unit] < pipeline) continue;
       if (stage == 3) release_params(i);
-      if (!deferred_[unit]) reduce_scatter_grads(i);
+      if (trainable && !deferred_[unit]) reduce_scatter_grads(i);
       continue;
     }
     if (stage == 3) release_params(i);
-    if (stage >= 2 || last_micro_batch_) reduce_scatter_grads(i);
+    if (trainable && (stage >= 2 || last_micro_batch_)) reduce_scatter_grads(i);
   }
 }
 
@@ -453,7 +461,9 @@ void ShardedDataParallel::begin_micro_batch(bool first, bool last) {
   recorded_.clear();
   recording_ = params_in_store_;
   std::fill(backwards_.begin(), backwards_.end(), 0);
-  for (Flat& f : flats_) {
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    Flat& f = flats_[i];
+    if (!layout_.flats[i].trainable) continue;
     if (options_.stage == 1) {
       f.grad_full.zero();
     } else {
@@ -470,7 +480,9 @@ void ShardedDataParallel::finish_gradient_sync() {
                     "zero: unit {} ran {} backwards in a step of {} micro-batches",
                     model_.units()[u].name, backwards_[u], pipeline);
     if (!deferred_[u]) continue;
-    for (size_t i : layout_.unit_flats[u]) reduce_scatter_grads(i);
+    for (size_t i : layout_.unit_flats[u]) {
+      if (layout_.flats[i].trainable) reduce_scatter_grads(i);
+    }
   }
   // Stage 3: a prefetch may have gathered a unit after its last backward.
   for (size_t i = 0; pipeline > 0 && options_.stage == 3 && i < flats_.size(); ++i) {
@@ -492,6 +504,7 @@ float* ShardedDataParallel::grad_shard(size_t flat) {
 std::vector<std::span<float>> ShardedDataParallel::grad_shards() {
   std::vector<std::span<float>> out;
   for (size_t i = 0; i < flats_.size(); ++i) {
+    if (!layout_.flats[i].trainable) continue;
     out.emplace_back(grad_shard(i), static_cast<size_t>(layout_.flats[i].shard));
   }
   return out;
@@ -504,6 +517,7 @@ double ShardedDataParallel::grad_norm(Communicator* stages) {
   const TensorParallel& tp = model_.tensor_parallel();
   const bool per_param = tp.active() || stages != nullptr;
   for (size_t i = 0; i < flats_.size(); ++i) {
+    if (!layout_.flats[i].trainable) continue;
     if (!per_param) {
       sum += cpu::sum_squares(grad_shard(i), layout_.flats[i].shard);
       continue;
@@ -551,6 +565,7 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
   const std::vector<Parameter>& params = model_.params();
   for (size_t i = 0; i < flats_.size(); ++i) {
     Flat& f = flats_[i];
+    if (!layout_.flats[i].trainable) continue;  // frozen: never written
     const float* g = grad_shard(i);
     const DType dtype = layout_.flats[i].dtype;
     const auto esize = static_cast<int64_t>(dtype_size(dtype));
@@ -591,13 +606,14 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
   timing_.offload.ready_at_acquire = now.ready_at_acquire - step_store_stats_.ready_at_acquire;
   timing_.offload.waited_at_acquire = now.waited_at_acquire - step_store_stats_.waited_at_acquire;
   timing_.offload.wait_seconds = now.wait_seconds - step_store_stats_.wait_seconds;
-  if (options_.stage <= 2) all_gather_updated();
+  if (options_.stage <= 2) all_gather_updated(false);
 }
 
-void ShardedDataParallel::all_gather_updated() {
+void ShardedDataParallel::all_gather_updated(bool frozen_too) {
   for (size_t i = 0; i < flats_.size(); ++i) {
     const FlatParam& fp = layout_.flats[i];
     Flat& f = flats_[i];
+    if (!fp.trainable && !frozen_too) continue;
     wait_gather(i);
     std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
     f.gather = dp_.all_gather_async(compute_values(i), f.full.raw(), counts, comm_dtype(fp.dtype));
@@ -621,9 +637,22 @@ void ShardedDataParallel::quiesce() {
 void ShardedDataParallel::read_state(size_t flat, State state, int64_t begin, int64_t end,
                                      float* out) {
   const Flat& f = flats_[flat];
+  const FlatParam& fp = layout_.flats[flat];
   if (state == State::master && f.master_alias.defined()) {
     std::memcpy(out, f.master_alias.data<float>() + begin,
                 static_cast<size_t>(end - begin) * sizeof(float));
+    return;
+  }
+  if (!fp.trainable) {  // frozen: no moments; a 2-byte flat's values are its compute copy
+    const auto n = static_cast<size_t>(end - begin);
+    if (state != State::master) {
+      std::fill(out, out + n, 0.0f);
+      return;
+    }
+    convert(fp.dtype,
+            static_cast<const char*>(compute_values(flat)) +
+                static_cast<size_t>(begin) * dtype_size(fp.dtype),
+            DType::f32, out, n);
     return;
   }
   for (const Piece& p : f.pieces) {
@@ -692,7 +721,7 @@ void ShardedDataParallel::init_weights(uint64_t seed) {
     }
     write_state(i, State::master, 0, layout_.flats[i].shard, values.data());
   }
-  if (options_.stage <= 2) all_gather_updated();
+  if (options_.stage <= 2) all_gather_updated(true);
 }
 
 void ShardedDataParallel::load_full(State state, const float* full) {
@@ -707,7 +736,7 @@ void ShardedDataParallel::load_full(State state, const float* full) {
     }
     write_state(i, state, 0, layout_.flats[i].shard, values.data());
   }
-  if (state == State::master && options_.stage <= 2) all_gather_updated();
+  if (state == State::master && options_.stage <= 2) all_gather_updated(true);
 }
 
 void ShardedDataParallel::gather_full(State state, int root, float* full) {

@@ -184,7 +184,8 @@ class ShardedDataParallel : public layout::StateAccess {
   void finish_oldest_reduce();
   void bind_values(size_t flat);
   void bind_grads(size_t flat, bool bound);
-  void all_gather_updated();  // stages 1/2, after the update or a load
+  // Stages 1/2, after the update (trainable flats) or a load / init (all).
+  void all_gather_updated(bool frozen_too);
   // Waits for a call, adds its time to timing_ (the wait to *exposed), resets it.
   void finish(Work& work, double* exposed);
   float* grad_shard(size_t flat);

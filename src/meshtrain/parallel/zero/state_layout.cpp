@@ -90,7 +90,7 @@ void ShardedDataParallel::write(layout::StateKind kind, int64_t offset, int64_t 
 
 void ShardedDataParallel::finish_load() {
   quiesce();
-  if (options_.stage <= 2) all_gather_updated();
+  if (options_.stage <= 2) all_gather_updated(true);
 }
 
 }  // namespace meshtrain::zero

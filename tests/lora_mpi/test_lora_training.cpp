@@ -1,0 +1,238 @@
+// LoRA training runs (whole Trainer): the frozen base is bit-identical after
+// training, the memory tracker matches train/memory_plan exactly, DDP (dp =
+// world), ZeRO 1/2, tp 2 (± sequence parallel) and pp 2 equal the
+// single-rank run on the same global batch, and a resume continues bit for
+// bit (ZeRO-2 and tp 2 checkpoints also on one rank).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/mesh.h"
+#include "meshtrain/model/model.h"
+#include "meshtrain/train/trainer.h"
+#include "mpi_test.h"
+#include "support/memory_expect.h"
+#include "support/trainer_run.h"
+
+namespace meshtrain {
+namespace {
+
+using testing::mpi_env;
+using testing::run_trainer;
+using LoraRun = testing::TrainerRun;
+
+class LoraTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::shared_scratch_dir(*world_);
+    if (world_->rank() == 0) testing::write_phrase_corpus(dir_, 64);
+    world_->barrier();
+  }
+
+  // Every target: under tp both column-parallel (A replicated, B split) and
+  // row-parallel (A split, x A^T all-reduced) adapters.
+  TrainConfig config(const std::string& out, const std::string& family,
+                     ConfigOverrides extra = {}) const {
+    const std::string model =
+        family == "llama" ? "family = \"llama\"\ndim = 32\nn_layers = 2\nn_heads = 4\n"
+                            "n_kv_heads = 2\nhidden_dim = 64\nvocab_size = 64\nmax_seq_len = 32\n"
+                            "tie_embeddings = false\n"
+                          : "family = \"gpt2\"\ndim = 32\nn_layers = 2\nn_heads = 4\n"
+                            "hidden_dim = 128\nvocab_size = 64\nmax_seq_len = 32\n";
+    const std::string targets = family == "llama"
+                                    ? R"(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                           "up_proj", "down_proj"])"
+                                    : R"(["c_attn", "c_proj", "c_fc"])";
+    return testing::tiny_run_config("[model]\n" + model + R"(
+[train]
+steps = 10
+batch_size = 8
+seq_len = 16
+threads = 1
+grad_clip = 1.0
+eval_interval = 0
+peak_flops = 1e11
+checkpoint_interval = -1
+[optim]
+lr = 1e-2
+warmup_steps = 2
+[lora]
+rank = 4
+alpha = 8
+targets = )" + targets + R"(
+[data]
+tokenizer = "bytes"
+)",
+                                    dir_, out, std::move(extra), "lora.toml");
+  }
+
+  std::string rank_dir(const std::string& name) const {
+    return name + ".rank" + std::to_string(world_->rank());
+  }
+
+  static void expect_close(const LoraRun& run, const LoraRun& ref, const std::string& what) {
+    ASSERT_EQ(run.records.size(), ref.records.size()) << what;
+    for (size_t i = 0; i < ref.records.size(); ++i) {
+      EXPECT_NEAR(run.records[i].loss, ref.records[i].loss, 1e-5 * std::fabs(ref.records[i].loss))
+          << what << ": step " << i + 1;
+    }
+    ASSERT_EQ(run.weights.size(), ref.weights.size()) << what;
+    float worst = 0;
+    for (size_t i = 0; i < ref.weights.size(); ++i) {
+      worst = std::max(worst, std::fabs(run.weights[i] - ref.weights[i]));
+    }
+    EXPECT_LE(worst, 1e-5f) << what << ": largest weight difference";
+  }
+
+  void expect_resumes_on_one_rank(const std::string& name, ConfigOverrides layout,
+                                  DeviceMesh& mesh);
+
+  std::string dir_;
+  MemoryTracker tracker_;
+  std::unique_ptr<MpiCommunicator> world_ = mpi_env().world(tracker_);
+};
+
+TEST_F(LoraTraining, BaseStaysBitIdenticalAdaptersLearnAndMemoryMatchesThePlan) {
+  for (const char* family : {"llama", "gpt2"}) {
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(std::string(family) + " " + precision);
+      const TrainConfig c = config(rank_dir(std::string("single_") + family + precision), family,
+                                   {{"train.precision", precision}});
+      LoraRun run = run_trainer(c, nullptr);
+      EXPECT_LT(run.records.back().loss, run.records.front().loss) << "the adapters learn";
+      testing::expect_memory_matches(run.predicted, run.memory,
+                                     std::string("lora ") + family + " " + precision);
+      // The initial model, for the frozen values (bf16: what the run holds).
+      MemoryTracker tracker;
+      cpu::CpuContext ctx(1, tracker);
+      Model init(c.model, c.train.precision, ctx);
+      init.init_weights(c.train.seed);
+      std::vector<float> initial(static_cast<size_t>(init.num_params()));
+      init.read_values(0, init.num_params(), initial.data());
+      ASSERT_EQ(run.weights.size(), initial.size());
+      int64_t trainable = 0;
+      for (const Parameter& p : init.params()) {
+        const bool same = std::memcmp(run.weights.data() + p.offset, initial.data() + p.offset,
+                                      static_cast<size_t>(p.spec.numel()) * 4) == 0;
+        if (!p.spec.trainable) EXPECT_TRUE(same) << p.spec.name << " (frozen) changed";
+        if (p.spec.trainable) EXPECT_FALSE(same) << p.spec.name << " (adapter) did not train";
+        if (p.spec.trainable) trainable += p.spec.numel();
+      }
+      // Gradients and optimizer state: the adapters only.
+      EXPECT_EQ(run.memory.peak[static_cast<size_t>(MemCategory::grads)],
+                static_cast<size_t>(trainable) * 4);
+      EXPECT_EQ(run.memory.peak[static_cast<size_t>(MemCategory::optimizer)],
+                static_cast<size_t>(trainable) * 8);
+    }
+  }
+}
+
+TEST_F(LoraTraining, DataAndTensorAndPipelineParallelMatchSingleRank) {
+  for (const char* family : {"llama", "gpt2"}) {
+    SCOPED_TRACE(family);
+    LoraRun ref = run_trainer(config(rank_dir(std::string("ref_") + family), family), nullptr);
+    DeviceMesh dp_mesh(*world_, 1, 1);
+    LoraRun ddp = run_trainer(config(std::string("ddp_") + family, family), &dp_mesh);
+    expect_close(ddp, ref, "dp = world (DDP)");
+    testing::expect_memory_matches(ddp.predicted, ddp.memory, std::string("lora ddp ") + family);
+    for (const char* zero : {"1", "2", "3"}) {
+      for (const char* precision : {"fp32", "bf16"}) {
+        const std::string what = std::string("zero ") + zero + " " + precision;
+        const ConfigOverrides extra{{"parallel.zero", zero}, {"train.precision", precision}};
+        LoraRun sharded = run_trainer(
+            config(std::string("zero") + zero + precision + "_" + family, family, extra), &dp_mesh);
+        if (std::string(precision) == "fp32") expect_close(sharded, ref, what);
+        testing::expect_memory_matches(sharded.predicted, sharded.memory,
+                                       "lora " + what + " " + family);
+      }
+    }
+    if (world_->size() != 2) continue;
+    DeviceMesh tp_mesh(*world_, 2, 1);
+    LoraRun tp = run_trainer(config(std::string("tp_") + family, family, {{"parallel.tp", "2"}}),
+                         &tp_mesh);
+    expect_close(tp, ref, "tp 2");
+    testing::expect_memory_matches(tp.predicted, tp.memory, std::string("lora tp 2 ") + family);
+    LoraRun sp = run_trainer(config(std::string("sp_") + family, family,
+                                    {{"parallel.tp", "2"}, {"parallel.sequence_parallel", "true"}}),
+                             &tp_mesh);
+    expect_close(sp, ref, "tp 2, sequence parallel");
+    DeviceMesh pp_mesh(*world_, 1, 2);
+    LoraRun pp = run_trainer(config(std::string("pp_") + family, family,
+                                {{"parallel.pp", "2"}, {"train.micro_batch_size", "2"}}),
+                         &pp_mesh);
+    expect_close(pp, ref, "pp 2");
+  }
+}
+
+// Adapter dropout is keyed by (seed, step, sample, position, feature): DDP,
+// ZeRO-2, tp 2 and another micro-batch split give the single-rank run.
+TEST_F(LoraTraining, DropoutIsLayoutIndependent) {
+  const ConfigOverrides drop{{"lora.dropout", "0.2"}};
+  auto with = [&](ConfigOverrides extra) {
+    extra.insert(extra.end(), drop.begin(), drop.end());
+    return extra;
+  };
+  LoraRun ref = run_trainer(config(rank_dir("drop_ref"), "llama", drop), nullptr);
+  LoraRun plain = run_trainer(config(rank_dir("drop_none"), "llama"), nullptr);
+  EXPECT_NE(ref.records.back().loss, plain.records.back().loss) << "dropout changes the run";
+  LoraRun split = run_trainer(
+      config(rank_dir("drop_split"), "llama", with({{"train.micro_batch_size", "2"}})), nullptr);
+  expect_close(split, ref, "dropout, micro-batches of 2");
+  DeviceMesh dp_mesh(*world_, 1, 1);
+  expect_close(run_trainer(config("drop_ddp", "llama", drop), &dp_mesh), ref, "dropout, DDP");
+  expect_close(run_trainer(config("drop_zero", "llama", with({{"parallel.zero", "2"}})), &dp_mesh),
+               ref, "dropout, ZeRO-2");
+  if (world_->size() != 2) return;
+  DeviceMesh tp_mesh(*world_, 2, 1);
+  expect_close(run_trainer(config("drop_tp", "llama", with({{"parallel.tp", "2"}})), &tp_mesh),
+               ref, "dropout, tp 2");
+}
+
+TEST_F(LoraTraining, ResumeContinuesBitForBit) {
+  DeviceMesh mesh(*world_, 1, 1);
+  LoraRun full = run_trainer(config("full", "llama", {{"train.checkpoint_interval", "5"}}), &mesh);
+  world_->barrier();
+  ASSERT_TRUE(std::filesystem::exists(dir_ + "/full/step_5/manifest.json"));
+  LoraRun rest = run_trainer(config("resumed", "llama"), &mesh, dir_ + "/full/step_5");
+  ASSERT_EQ(rest.records.size(), 5u);
+  for (size_t i = 0; i < rest.records.size(); ++i) {
+    EXPECT_EQ(rest.records[i].loss, full.records[5 + i].loss) << "step " << rest.records[i].step;
+  }
+  ASSERT_EQ(rest.weights.size(), full.weights.size());
+  EXPECT_EQ(std::memcmp(rest.weights.data(), full.weights.data(), full.weights.size() * 4), 0);
+}
+
+// A checkpoint of `layout` (over the whole world) at step 5, resumed on one
+// rank through the shard map, continues the run.
+void LoraTraining::expect_resumes_on_one_rank(const std::string& name, ConfigOverrides layout,
+                                              DeviceMesh& mesh) {
+  layout.push_back({"train.checkpoint_interval", "5"});
+  LoraRun full = run_trainer(config(name, "llama", layout), &mesh);
+  world_->barrier();
+  LoraRun single = run_trainer(config(rank_dir(name + "_resumed"), "llama"), nullptr,
+                               dir_ + "/" + name + "/step_5");
+  ASSERT_EQ(single.records.size(), 5u);
+  for (size_t i = 0; i < single.records.size(); ++i) {
+    EXPECT_NEAR(single.records[i].loss, full.records[5 + i].loss,
+                1e-5 * std::fabs(full.records[5 + i].loss))
+        << name << ": step " << single.records[i].step;
+  }
+  world_->barrier();  // every rank has read the checkpoint
+}
+
+// ZeRO-2 (adapters' states sharded, the frozen base written shard by shard)
+// and tp 2 (adapters' B split by rows or A by columns, the base split as usual).
+TEST_F(LoraTraining, ZeroAndTensorParallelCheckpointsReshardToOneRank) {
+  DeviceMesh dp_mesh(*world_, 1, 1);
+  expect_resumes_on_one_rank("zero2", {{"parallel.zero", "2"}}, dp_mesh);
+  if (world_->size() != 2) return;
+  DeviceMesh tp_mesh(*world_, 2, 1);
+  expect_resumes_on_one_rank("tp2", {{"parallel.tp", "2"}}, tp_mesh);
+}
+
+}  // namespace
+}  // namespace meshtrain
