@@ -46,8 +46,8 @@ for i in range(1, n + 1):
         cells = []
         for c in cats:
             got, want = r["bytes"][c + "_peak"], r["predicted"][c]
-            mark = "" if r["basis"][c] == "exact" else ("b" if r["basis"][c] == "bound" else "e")
+            mark = "" if r["basis"][c] == "exact" else "b"
             cells.append(f"{mib(got):7.2f}/{mib(want):7.2f}{mark:1}")
         print(f"{name:<16} {r['rank']:>4} " + " ".join(f"{c:>17}" for c in cells))
-print("b: a bound (timing-dependent peak), e: an estimate (reused scratch); others exact")
+print("b: a bound (timing-dependent peak); others exact")
 PY

@@ -74,6 +74,14 @@ meshtrain_cli_case(data_token_out_of_vocab 1 "^meshtrain: data file '.*/big_toke
                    ARGS train --config ${good} --data.train ${cli_work}/big_token.bin)
 meshtrain_cli_case(data_glob_no_match 1 "^meshtrain: config: data.train: no file matches"
                    ARGS train --config ${good} --data.train "${cli_work}/none_*.bin")
+# SFT records (docs/data.md): file, line and field; a line that is not JSON is corrupt (4).
+set(sft_fixtures ${CMAKE_CURRENT_SOURCE_DIR}/train/fixtures)
+meshtrain_cli_case(sft_bad_field 1 "^meshtrain: data: .*/sft_bad_field.jsonl:2: field 'response' missing$"
+                   ARGS train --config ${good} --data.format sft-jsonl --data.tokenizer bytes
+                        --data.train ${sft_fixtures}/sft_bad_field.jsonl)
+meshtrain_cli_case(sft_bad_json 4 "^meshtrain: data: .*/sft_bad_json.jsonl:3: not a JSON record"
+                   ARGS train --config ${good} --data.format sft-jsonl --data.tokenizer bytes
+                        --data.train ${sft_fixtures}/sft_bad_json.jsonl)
 # Malformed checkpoints (made by cli.end_to_end).
 meshtrain_cli_case(resume_truncated_safetensors 4 "^meshtrain: .*ckpt_truncated/rank_0.safetensors"
                    FIXTURE cli_trained

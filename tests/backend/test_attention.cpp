@@ -24,27 +24,30 @@ void rotate_ref(double* x, int64_t D, int64_t p) {
   }
 }
 
+// d.positions (packed records): query t sees keys [t - pos, t], rotated by pos.
 std::vector<double> attention_ref(std::vector<double> qkv, const AttentionDims& d, bool rope) {
   const int64_t B = d.batch, T = d.seq, H = d.n_heads, KV = d.n_kv_heads, D = d.head_dim;
   const int64_t W = d.qkv_width(), rep = H / KV;
+  auto pos = [&](int64_t b, int64_t t) -> int64_t { return d.positions ? d.positions[b * T + t] : t; };
   if (rope)
     for (int64_t bt = 0; bt < B * T; ++bt)
-      for (int64_t h = 0; h < H + KV; ++h) rotate_ref(&qkv[bt * W + h * D], D, bt % T);
+      for (int64_t h = 0; h < H + KV; ++h) rotate_ref(&qkv[bt * W + h * D], D, pos(bt / T, bt % T));
   std::vector<double> out(B * T * H * D, 0.0), p(T);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
         const double* q = &qkv[(b * T + t) * W + h * D];
         double mx = -1e300, sum = 0;
-        for (int64_t s = 0; s <= t; ++s) {
+        const int64_t first = t - pos(b, t);
+        for (int64_t s = first; s <= t; ++s) {
           const double* k = &qkv[(b * T + s) * W + (H + h / rep) * D];
           double dot = 0;
           for (int64_t i = 0; i < D; ++i) dot += q[i] * k[i];
           p[s] = dot / std::sqrt(static_cast<double>(D));
           mx = std::max(mx, p[s]);
         }
-        for (int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = first; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        for (int64_t s = first; s <= t; ++s) {
           const double* v = &qkv[(b * T + s) * W + (H + KV + h / rep) * D];
           for (int64_t i = 0; i < D; ++i) out[((b * T + t) * H + h) * D + i] += p[s] / sum * v[i];
         }
@@ -156,6 +159,44 @@ TEST_P(Attention, RecomputedProbabilitiesGiveIdenticalGradients) {
   check_recomputed_probs<float>(GetParam());
   check_recomputed_probs<bf16>(GetParam());
   check_recomputed_probs<f16>(GetParam());
+}
+
+// Packed records: the segment mask (causal AND same record) and per-record
+// RoPE positions against the float64 reference, gradients against its finite
+// differences; a record packed after another gives the outputs it gives alone.
+TEST(PackedAttention, SegmentMaskAndPositionsMatchReference) {
+  // Two rows of 11: records of 4, 5 and 2 tokens; 7 and 4.
+  const std::vector<int32_t> positions = {0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1,
+                                          0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3};
+  for (bool rope : {false, true}) {
+    SCOPED_TRACE(rope);
+    AttentionDims d{2, 11, 4, 2, 8};
+    d.positions = positions.data();
+    const AttnCase c{d, rope};
+    check_attention<float>(c, 300, 1e-5, 1e-6, 1e-4, 1e-5);
+    check_attention<bf16>(c, 310, 2e-2, 1e-2, 3e-2, 2e-2);
+    check_recomputed_probs<float>(c);
+    check_recomputed_probs<bf16>(c);
+  }
+  // The third record of row 0 (tokens 9, 10) alone as a row of 2.
+  AttnSetup packed(AttnCase{AttentionDims{1, 11, 4, 2, 8, positions.data()}, true});
+  const auto qkv = random_floats(packed.n_qkv, 320, -1.5, 1.5);
+  std::vector<float> out(packed.n_out);
+  cpu::AttentionSaved saved;
+  cpu::attention_forward(packed.ctx, packed.d, packed.rope(), DType::f32, qkv.data(), out.data(), saved);
+  const int64_t W = packed.d.qkv_width(), HD = 4 * 8;
+  AttnSetup alone(AttnCase{AttentionDims{1, 2, 4, 2, 8}, true});
+  std::vector<float> alone_qkv(qkv.begin() + 9 * W, qkv.begin() + 11 * W), alone_out(alone.n_out);
+  cpu::AttentionSaved saved_alone;
+  cpu::attention_forward(alone.ctx, alone.d, alone.rope(), DType::f32, alone_qkv.data(),
+                         alone_out.data(), saved_alone);
+  for (int64_t i = 0; i < 2 * HD; ++i) EXPECT_NEAR(out[9 * HD + i], alone_out[i], 1e-6) << i;
+  // Positions that do not restart at 0 or skip are refused.
+  std::vector<int32_t> bad = positions;
+  bad[5] = 3;
+  AttentionDims wrong{2, 11, 4, 2, 8, bad.data()};
+  EXPECT_THROW(cpu::attention_forward(packed.ctx, wrong, nullptr, DType::f32, qkv.data(), out.data(), saved),
+               Error);
 }
 
 TEST_P(Attention, DecodingThroughTheCacheEqualsTheFullForward) {

@@ -168,6 +168,30 @@ TEST_F(LoraTraining, DataAndTensorAndPipelineParallelMatchSingleRank) {
   }
 }
 
+// Adapter dropout is keyed by (seed, step, sample, position, feature): DDP,
+// ZeRO-2, tp 2 and another micro-batch split give the single-rank run.
+TEST_F(LoraTraining, DropoutIsLayoutIndependent) {
+  const ConfigOverrides drop{{"lora.dropout", "0.2"}};
+  auto with = [&](ConfigOverrides extra) {
+    extra.insert(extra.end(), drop.begin(), drop.end());
+    return extra;
+  };
+  LoraRun ref = run_trainer(config(rank_dir("drop_ref"), "llama", drop), nullptr);
+  LoraRun plain = run_trainer(config(rank_dir("drop_none"), "llama"), nullptr);
+  EXPECT_NE(ref.records.back().loss, plain.records.back().loss) << "dropout changes the run";
+  LoraRun split = run_trainer(
+      config(rank_dir("drop_split"), "llama", with({{"train.micro_batch_size", "2"}})), nullptr);
+  expect_close(split, ref, "dropout, micro-batches of 2");
+  DeviceMesh dp_mesh(*world_, 1, 1);
+  expect_close(run_trainer(config("drop_ddp", "llama", drop), &dp_mesh), ref, "dropout, DDP");
+  expect_close(run_trainer(config("drop_zero", "llama", with({{"parallel.zero", "2"}})), &dp_mesh),
+               ref, "dropout, ZeRO-2");
+  if (world_->size() != 2) return;
+  DeviceMesh tp_mesh(*world_, 2, 1);
+  expect_close(run_trainer(config("drop_tp", "llama", with({{"parallel.tp", "2"}})), &tp_mesh),
+               ref, "dropout, tp 2");
+}
+
 TEST_F(LoraTraining, ResumeContinuesBitForBit) {
   DeviceMesh mesh(*world_, 1, 1);
   LoraRun full = run_trainer(config("full", "llama", {{"train.checkpoint_interval", "5"}}), &mesh);

@@ -11,15 +11,24 @@ constexpr double kTol = 1e-5;
 
 class ForwardBackward : public ::testing::TestWithParam<const char*> {};
 
+// A fixture's batch: tokens and targets [batch, seq].
+struct RefBatch {
+  explicit RefBatch(const SafetensorsReader& ref)
+      : batch(ref.info("tokens").shape[0]), seq(ref.info("tokens").shape[1]),
+        tokens(to_i32(ref.read_ints("tokens"))), targets(to_i32(ref.read_ints("targets"))) {}
+  int64_t batch, seq;
+  std::vector<int32_t> tokens, targets;
+};
+
 TEST_P(ForwardBackward, LogitsLossAndEveryGradientMatchFloat64Reference) {
   const std::string name = GetParam();
   FixtureModel f(name, Precision::fp32);
   Model& model = *f.model;
   SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
-  const auto& shape = ref.info("tokens").shape;
-  const int64_t batch = shape[0], seq = shape[1], n = batch * seq;
-  const auto tokens = to_i32(ref.read_ints("tokens"));
-  const auto targets = to_i32(ref.read_ints("targets"));
+  const RefBatch b(ref);
+  const int64_t batch = b.batch, seq = b.seq, n = batch * seq;
+  const std::vector<int32_t>& tokens = b.tokens;
+  const std::vector<int32_t>& targets = b.targets;
 
   Tensor ref_logits = ref.read_tensor("logits", DType::f32, MemCategory::workspace, f.tracker);
   std::vector<float> logits = f.logits(tokens, batch, seq);
@@ -48,6 +57,38 @@ TEST_P(ForwardBackward, LogitsLossAndEveryGradientMatchFloat64Reference) {
   std::printf("%s: logits rel err %.2e, loss rel err %.2e, worst gradient rel err %.2e (%s)\n",
               name.c_str(), logits_err, std::abs(loss - ref_loss_value) / ref_loss_value, worst,
               worst_name.c_str());
+}
+
+// Packed SFT rows (records with positions restarting at 0, attention within
+// each record, prompt and padding targets -1) against PyTorch's float64
+// reference with a block-diagonal causal mask and cross_entropy(ignore_index=-1):
+// the mean over loss tokens and every gradient.
+TEST_P(ForwardBackward, PackedSftRowsMatchFloat64ReferenceWithIgnoreIndex) {
+  const std::string name = GetParam();
+  FixtureModel f(name, Precision::fp32);
+  Model& model = *f.model;
+  SafetensorsReader ref(fixture_path(name + ".sft.safetensors"));
+  const RefBatch b(ref);
+  const int64_t batch = b.batch, seq = b.seq;
+  const std::vector<int32_t>& tokens = b.tokens;
+  const std::vector<int32_t>& targets = b.targets;
+  const auto positions = to_i32(ref.read_ints("positions"));
+  int64_t loss_tokens = 0;
+  for (int32_t t : targets) loss_tokens += t >= 0;
+  ASSERT_GT(loss_tokens, 0);
+  ASSERT_LT(loss_tokens, batch * seq);
+  model.zero_grads();
+  const double loss = model.forward_backward(tokens.data(), targets.data(), batch, seq,
+                                             1.0f / static_cast<float>(loss_tokens),
+                                             positions.data()) /
+                      static_cast<double>(loss_tokens);
+  Tensor ref_loss = ref.read_tensor("loss", DType::f32, MemCategory::workspace, f.tracker);
+  EXPECT_LE(std::abs(loss - ref_loss.data<float>()[0]) / ref_loss.data<float>()[0], kTol);
+  for (const Parameter& p : model.params()) {
+    Tensor g = ref.read_tensor("grad/" + p.spec.name, DType::f32, MemCategory::workspace, f.tracker);
+    EXPECT_LE(rel_error(p.grad.data<float>(), g.data<float>(), g.numel()), kTol)
+        << "gradient of " << p.spec.name;
+  }
 }
 
 // Mixed precision against the same float64 reference: the worst relative error

@@ -1,5 +1,6 @@
-// LoRA on the reference models: the adapters' gradients against the float64
-// PyTorch reference (tests/reference/generate_fixtures.py lora_case), the base
+// LoRA on the reference models: the adapters' gradients (with and without
+// dropout) against the float64 PyTorch reference
+// (tests/reference/generate_fixtures.py lora_case), the base
 // frozen (no gradient, no optimizer state, never written), step 0 equal to the
 // base model, and what a frozen bf16 base holds.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 
 #include "fixtures.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/util/error.h"
 
 namespace meshtrain::parity {
 namespace {
@@ -43,32 +45,65 @@ void load_base_and_adapters(Model& model, const std::string& name,
 
 class Lora : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(Lora, AdapterGradientsMatchFloat64ReferenceAndTheBaseGetsNone) {
-  const std::string name = GetParam();
-  SafetensorsReader lora(fixture_path(name + ".lora.safetensors"));
-  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
+// One case's fp32 LoRA model (dropout p) on the reference's tokens.
+struct LoraCase {
+  std::string name;
+  SafetensorsReader lora, ref;
   MemoryTracker tracker;
-  cpu::CpuContext ctx(0, tracker);
-  Model model(lora_config(name, lora), Precision::fp32, ctx);
-  load_base_and_adapters(model, name, lora);
-  const auto& shape = ref.info("tokens").shape;
-  const int64_t batch = shape[0], seq = shape[1], n = batch * seq;
-  const auto tokens = to_i32(ref.read_ints("tokens"));
-  const auto targets = to_i32(ref.read_ints("targets"));
+  cpu::CpuContext ctx{0, tracker};
+  std::unique_ptr<Model> model;
+  int64_t batch = 0, seq = 0, n = 0;
+  std::vector<int32_t> tokens, targets;
 
-  model.zero_grads();
-  const double loss = model.forward_backward(tokens.data(), targets.data(), batch, seq,
-                                             1.0f / static_cast<float>(n)) /
-                      static_cast<double>(n);
-  Tensor ref_loss = ref.read_tensor("loss", DType::f32, MemCategory::workspace, tracker);
-  Tensor lora_loss = lora.read_tensor("loss", DType::f32, MemCategory::workspace, tracker);
-  EXPECT_LE(std::abs(loss - lora_loss.data<float>()[0]) / lora_loss.data<float>()[0], kTol);
+  LoraCase(const std::string& case_name, float dropout)
+      : name(case_name),
+        lora(fixture_path(case_name + ".lora.safetensors")),
+        ref(fixture_path(case_name + ".reference.safetensors")) {
+    ModelConfig config = lora_config(name, lora);
+    config.lora.dropout = dropout;
+    model = std::make_unique<Model>(config, Precision::fp32, ctx);
+    load_base_and_adapters(*model, name, lora);
+    const auto& shape = ref.info("tokens").shape;
+    batch = shape[0], seq = shape[1], n = batch * seq;
+    tokens = to_i32(ref.read_ints("tokens"));
+    targets = to_i32(ref.read_ints("targets"));
+  }
+  double mean_loss_and_grads() {
+    model->zero_grads();
+    return model->forward_backward(tokens.data(), targets.data(), batch, seq,
+                                   1.0f / static_cast<float>(n)) /
+           static_cast<double>(n);
+  }
+  float stored(const std::string& key) {
+    return lora.read_tensor(key, DType::f32, MemCategory::workspace, tracker).data<float>()[0];
+  }
+  // Every adapter's gradient against prefix + "grad/<name>"; returns the worst error.
+  double check_adapter_grads(const std::string& prefix) {
+    double worst = 0;
+    for (const Parameter& p : model->params()) {
+      if (!p.spec.trainable) continue;
+      Tensor g = lora.read_tensor(prefix + "grad/" + p.spec.name, DType::f32,
+                                  MemCategory::workspace, tracker);
+      EXPECT_EQ(g.shape(), p.spec.shape) << p.spec.name;
+      const double err = rel_error(p.grad.data<float>(), g.data<float>(), g.numel());
+      EXPECT_LE(err, kTol) << prefix << "gradient of " << p.spec.name;
+      worst = std::max(worst, err);
+    }
+    return worst;
+  }
+};
+
+TEST_P(Lora, AdapterGradientsMatchFloat64ReferenceAndTheBaseGetsNone) {
+  LoraCase c(GetParam(), 0.0f);
+  const double loss = c.mean_loss_and_grads();
+  const float base_loss =
+      c.ref.read_tensor("loss", DType::f32, MemCategory::workspace, c.tracker).data<float>()[0];
+  EXPECT_LE(std::abs(loss - c.stored("loss")) / c.stored("loss"), kTol);
   // The adapters matter: the loss differs from the base model's.
-  EXPECT_GT(std::abs(loss - ref_loss.data<float>()[0]), 1e-3);
-
-  double worst = 0;
+  EXPECT_GT(std::abs(loss - base_loss), 1e-3);
+  const double worst = c.check_adapter_grads("");
   int64_t adapters = 0, trainable = 0;
-  for (const Parameter& p : model.params()) {
+  for (const Parameter& p : c.model->params()) {
     EXPECT_EQ(p.spec.trainable, p.spec.lora_adapter) << p.spec.name;
     if (!p.spec.trainable) {
       EXPECT_FALSE(p.grad.defined()) << p.spec.name << ": a frozen parameter has no gradient";
@@ -76,16 +111,36 @@ TEST_P(Lora, AdapterGradientsMatchFloat64ReferenceAndTheBaseGetsNone) {
     }
     ++adapters;
     trainable += p.spec.numel();
-    Tensor g = lora.read_tensor("grad/" + p.spec.name, DType::f32, MemCategory::workspace, tracker);
-    ASSERT_EQ(g.shape(), p.spec.shape) << p.spec.name;
-    const double err = rel_error(p.grad.data<float>(), g.data<float>(), g.numel());
-    EXPECT_LE(err, kTol) << "gradient of " << p.spec.name;
-    worst = std::max(worst, err);
   }
-  EXPECT_EQ(2 * adapters + 1, static_cast<int64_t>(lora.tensors().size()));  // + loss
-  EXPECT_EQ(model.num_trainable(), trainable);
-  std::printf("%s lora: %lld adapter tensors, worst gradient rel err %.2e\n", name.c_str(),
+  // Each adapter: values, gradient, gradient with dropout; + the losses and the samples.
+  EXPECT_EQ(3 * adapters + 3, static_cast<int64_t>(c.lora.tensors().size()));
+  EXPECT_EQ(c.model->num_trainable(), trainable);
+  std::printf("%s lora: %lld adapter tensors, worst gradient rel err %.2e\n", c.name.c_str(),
               static_cast<long long>(adapters), worst);
+}
+
+// With adapter dropout: the reference applies meshtrain's counter-based mask
+// (reference_model.lora_dropout, a port of util/rng.h) to each adapter's input.
+TEST_P(Lora, DropoutGradientsMatchFloat64Reference) {
+  const std::string name = GetParam();
+  SafetensorsReader meta(fixture_path(name + ".lora.safetensors"));
+  LoraCase c(name, std::stof(meta.metadata("dropout")));
+  Model& model = *c.model;
+  EXPECT_THROW(model.forward_backward(c.tokens.data(), c.targets.data(), c.batch, c.seq, 1.0f),
+               Error)
+      << "dropout without the rows' samples";
+  model.set_lora_dropout(std::stoull(meta.metadata("dropout_seed")),
+                         std::stoll(meta.metadata("dropout_step")),
+                         c.lora.read_ints("dropout/samples"));
+  const double loss = c.mean_loss_and_grads();
+  EXPECT_LE(std::abs(loss - c.stored("dropout/loss")) / c.stored("dropout/loss"), kTol);
+  EXPECT_GT(std::abs(loss - c.stored("loss")), 1e-4) << "the mask changes the loss";
+  const double worst = c.check_adapter_grads("dropout/");
+  // Evaluation never drops: the loss is the no-dropout one.
+  const double eval =
+      model.forward_loss(c.tokens.data(), c.targets.data(), c.batch, c.seq) / c.n;
+  EXPECT_LE(std::abs(eval - c.stored("loss")) / c.stored("loss"), kTol);
+  std::printf("%s lora dropout: worst gradient rel err %.2e\n", name.c_str(), worst);
 }
 
 TEST_P(Lora, StepZeroIsTheBaseModelAndTrainingNeverWritesTheBase) {

@@ -96,6 +96,10 @@ TEST_F(MemoryCheck, RunsThatEvaluateAndCheckpointMatchThePrediction) {
        {{"parallel.zero", "3"}, {"parallel.max_inflight_reduces", "5"}}},
       {"dp 2 ZeRO-1, 3 reduces in flight", 1, 1,
        {{"parallel.zero", "1"}, {"parallel.max_inflight_reduces", "3"}}},
+      // DDP's split of the checkpoint writing; the async copy, kept after the
+      // first step's save, next to the second step's evaluation.
+      {"dp 2 DDP, async checkpoint every step", 1, 1,
+       {{"ckpt.async", "true"}, {"train.checkpoint_interval", "1"}}},
       {"dp 2 ZeRO-3 + parameters on disk", 1, 1,
        {{"parallel.zero", "3"}, {"parallel.offload", "disk"}, {"parallel.offload_budget_mb", "0.15"}}},
   };

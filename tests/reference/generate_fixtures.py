@@ -12,8 +12,9 @@ For each case (llama_gqa, gpt2):
                                 train/loss_bf16 (torch bf16 autocast, for the tolerance);
                                 __metadata__ holds the optimizer settings.
   <case>.lora.safetensors       LoRA adapters (registry names) on those weights, the loss
-                                and grad/<adapter> (base frozen); __metadata__ rank, alpha,
-                                targets.
+                                and grad/<adapter> (base frozen); the same with adapter
+                                dropout under dropout/ (and dropout/samples, the rows' sample
+                                indices); __metadata__ rank, alpha, targets, dropout settings.
 stories260k.reference.safetensors: logits of a fixed id sequence and greedy ids from BOS
 (with the top-1/top-2 logit margins), from the llama2.c file in ../shared/data.
 All math is float64 from the float32-rounded weights, so the C++ fp32 error is what is measured.
@@ -133,6 +134,39 @@ def model_case(name, c, out_dir, seed):
     meta = {k: repr(v) for k, v in TRAIN.items()}
     meta["config"] = config_text
     stfile.write(os.path.join(out_dir, f"{name}.reference.safetensors"), tensors, meta)
+    sft_case(name, c, P0, out_dir, seed)
+
+
+def sft_case(name, c, P0, out_dir, seed):
+    """Packed SFT rows: records of (lengths) per row, positions restarting at 0,
+    prompt and padding targets -1 (ignore_index), the loss the mean over the
+    loss tokens. <case>.sft.safetensors: tokens/targets/positions [B, T] I32,
+    loss [1], grad/<name>."""
+    T = SEQ[name]
+    lengths = [[5, 4, T - 9], [7, T - 10, 3]]  # the last record of row 1 is padding
+    g = torch.Generator().manual_seed(seed + 2)
+    tokens = torch.randint(0, c.vocab_size, (BATCH, T), generator=g)
+    targets = torch.randint(0, c.vocab_size, (BATCH, T), generator=g)
+    positions = torch.zeros(BATCH, T, dtype=torch.long)
+    for b, row in enumerate(lengths):
+        at = 0
+        for r, n in enumerate(row):
+            positions[b, at:at + n] = torch.arange(n)
+            targets[b, at:at + 2] = -1  # each record's first two targets: its prompt
+            if b == 1 and r == len(row) - 1:
+                targets[b, at:at + n] = -1  # padding
+            at += n
+    P = leaf_copy(P0, torch.float64)
+    out = ref.logits(P, c, tokens, positions=positions)
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, c.vocab_size), targets.reshape(-1),
+                                             ignore_index=-1)
+    loss.backward()
+    print(f"{name} sft: loss {loss.item():.6f} over {(targets >= 0).sum().item()} loss tokens")
+    tensors = {"tokens": tokens.to(torch.int32).numpy(), "targets": targets.to(torch.int32).numpy(),
+               "positions": positions.to(torch.int32).numpy(), "loss": np.array([loss.item()])}
+    for k, v in P.items():
+        tensors["grad/" + k] = f32(v.grad)
+    stfile.write(os.path.join(out_dir, f"{name}.sft.safetensors"), tensors, {})
 
 
 # LoRA: every target of the family, rank 4; random A and B (B != 0, unlike LoRA's
@@ -140,6 +174,10 @@ def model_case(name, c, out_dir, seed):
 LORA = {"llama_gqa": dict(rank=4, alpha=8.0, targets=["q_proj", "k_proj", "v_proj", "o_proj",
                                                       "gate_proj", "up_proj", "down_proj"]),
         "gpt2": dict(rank=4, alpha=8.0, targets=["c_attn", "c_proj", "c_fc"])}
+
+
+# Adapter dropout: p, the run's seed and step, and the sample index of each batch row.
+LORA_DROPOUT = dict(p=0.25, seed=5, step=3, samples=[17, 4])
 
 
 def lora_case(name, c, out_dir, seed):
@@ -154,18 +192,26 @@ def lora_case(name, c, out_dir, seed):
     adapters = {k: (0.1 * torch.randn(shape, generator=g, dtype=torch.float64)).to(torch.float32)
                 .to(torch.float64) for k, shape in ref.lora_shapes(c, spec["rank"],
                                                                  spec["targets"]).items()}
-    P = {k: v.clone() for k, v in P0.items()}
-    P.update({k: v.clone().requires_grad_(True) for k, v in adapters.items()})
     scale = spec["alpha"] / spec["rank"]
-    out = ref.logits(P, c, tokens, lora_scale=scale)
-    loss = torch.nn.functional.cross_entropy(out.reshape(-1, c.vocab_size), targets.reshape(-1))
-    loss.backward()
     tensors = {k: f32(v) for k, v in adapters.items()}
-    tensors["loss"] = np.array([loss.item()])
-    for k in adapters:
-        tensors["grad/" + k] = f32(P[k].grad)
+    # Without dropout, then with LORA_DROPOUT's mask (keyed by sample index and position).
+    drop = LORA_DROPOUT
+    samples = list(drop["samples"][:tokens.shape[0]])
+    for prefix, dropout in (("", None), ("dropout/", ref.lora_dropout(
+            drop["p"], drop["seed"], drop["step"], samples, tokens.shape[1]))):
+        P = {k: v.clone() for k, v in P0.items()}
+        P.update({k: v.clone().requires_grad_(True) for k, v in adapters.items()})
+        out = ref.logits(P, c, tokens, lora_scale=scale, dropout=dropout)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, c.vocab_size),
+                                                 targets.reshape(-1))
+        loss.backward()
+        tensors[prefix + "loss"] = np.array([loss.item()])
+        for k in adapters:
+            tensors[prefix + "grad/" + k] = f32(P[k].grad)
+    tensors["dropout/samples"] = np.array(samples, dtype=np.int64)
     meta = {"rank": str(spec["rank"]), "alpha": repr(spec["alpha"]),
-            "targets": ",".join(spec["targets"])}
+            "targets": ",".join(spec["targets"]), "dropout": repr(drop["p"]),
+            "dropout_seed": str(drop["seed"]), "dropout_step": str(drop["step"])}
     stfile.write(os.path.join(out_dir, f"{name}.lora.safetensors"), tensors, meta)
     print(f"{name} lora: loss {loss.item():.6f}, {len(adapters)} adapter tensors")
 

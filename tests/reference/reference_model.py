@@ -108,13 +108,51 @@ def param_shapes(c):
     return out
 
 
-def lora(h, P, module, scale):
+def lora(h, P, module, scale, dropout=None):
     """LoRA's term of `module` (Hu et al. 2021; PEFT's shapes whatever the base's layout):
-    scale * (h A^T) B^T with A [r, in] = P[module.lora_A.weight], B [out, r]; 0 without one."""
+    scale * (dropout(h) A^T) B^T with A [r, in] = P[module.lora_A.weight], B [out, r]; 0
+    without one. dropout: None or fn(module, h) -> h with the adapter's mask applied."""
     a = P.get(module + ".lora_A.weight")
     if a is None:
         return 0
+    if dropout is not None:
+        h = dropout(module, h)
     return scale * F.linear(F.linear(h, a), P[module + ".lora_B.weight"])
+
+
+M64 = (1 << 64) - 1
+
+
+def mix64(x):
+    """meshtrain's util/rng.h SplitMix64 finaliser, on Python ints."""
+    x = (x + 0x9e3779b97f4a7c15) & M64
+    x = ((x ^ (x >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    x = ((x ^ (x >> 27)) * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def stream_key(seed, purpose):
+    h = 0xcbf29ce484222325
+    for c in purpose.encode():
+        h = ((h ^ c) * 0x100000001b3) & M64
+    return mix64(h ^ mix64(seed))
+
+
+def uniform_at(key, index):
+    return (mix64(key ^ mix64(index)) >> 40) * (1.0 / 16777216.0)
+
+
+def lora_dropout(p, seed, step, samples, seq):
+    """meshtrain's adapter dropout (model/block.cpp): element (row, j) of module m's input is
+    kept iff uniform_at(stream_key(seed, "lora_dropout.<step>.<m>"), (samples[b] * seq + t) *
+    in + j) >= p (row = b * seq + t), and scaled by 1 / (1 - p)."""
+    def apply(module, h):
+        B, T, n = h.shape
+        key = stream_key(seed, f"lora_dropout.{step}.{module}")
+        keep = torch.tensor([[[uniform_at(key, (samples[b] * seq + t) * n + j) >= p
+                               for j in range(n)] for t in range(T)] for b in range(B)])
+        return h * keep.to(h.dtype) / (1.0 - p)
+    return apply
 
 
 def lora_shapes(c, rank, targets):
@@ -153,16 +191,22 @@ def rms_norm(x, weight, eps):
 
 
 def rope_angles(c, positions, dtype):
+    """positions [T] (every row) or [B, T] (packed records): cos, sin [(B,) T, hd/2]."""
     i = torch.arange(c.head_dim // 2, dtype=torch.float64)
     inv_freq = c.rope_theta ** (-2.0 * i / c.head_dim)
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # [T, hd/2]
+    angles = positions.to(torch.float64)[..., None] * inv_freq
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _per_row(t):
+    """[T, n] or [B, T, n] -> broadcastable over [B, T, H, n]."""
+    return t[None, :, None, :] if t.dim() == 2 else t[:, :, None, :]
 
 
 def rope_interleaved(x, cos, sin):
     """x [B, T, H, hd]: rotates pairs (x[2i], x[2i+1]) by angle pos * theta^(-2i/hd)."""
     x0, x1 = x[..., 0::2], x[..., 1::2]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = _per_row(cos), _per_row(sin)
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
 
 
@@ -170,12 +214,13 @@ def rope_half(x, cos, sin):
     """Hugging Face's rotate_half: pairs (x[i], x[i + hd/2])."""
     half = x.shape[-1] // 2
     x0, x1 = x[..., :half], x[..., half:]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = _per_row(cos), _per_row(sin)
     return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
 
 
-def causal_attention(q, k, v):
-    """q [B, T, H, hd], k/v [B, T, KV, hd] -> [B, T, H*hd]; head h reads kv head h // (H/KV)."""
+def causal_attention(q, k, v, positions=None):
+    """q [B, T, H, hd], k/v [B, T, KV, hd] -> [B, T, H*hd]; head h reads kv head h // (H/KV).
+    positions [B, T] (packed records, restarting at 0): query t sees keys [t - pos, t] only."""
     B, T, H, hd = q.shape
     rep = H // k.shape[2]
     k = k.repeat_interleave(rep, dim=2)
@@ -183,21 +228,26 @@ def causal_attention(q, k, v):
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hd)
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    if positions is not None:
+        t = torch.arange(T)
+        first = t[None, :] - positions  # [B, T]: each query's record start
+        mask = mask[None] | (t[None, None, :] < first[:, :, None])  # [B, T, T]
+        mask = mask[:, None]  # over heads
     scores = scores.masked_fill(mask, float("-inf"))
     out = torch.matmul(torch.softmax(scores.float() if scores.dtype == torch.bfloat16 else scores,
                                      dim=-1).to(v.dtype), v)
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
-def llama_logits(P, c, tokens, rope="interleaved", lora_scale=0.0):
+def llama_logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.0, dropout=None):
     B, T = tokens.shape
     hd = c.head_dim
     rotate = rope_interleaved if rope == "interleaved" else rope_half
     x = P["model.embed_tokens.weight"][tokens]
-    cos, sin = rope_angles(c, torch.arange(T), x.dtype)
+    cos, sin = rope_angles(c, torch.arange(T) if positions is None else positions, x.dtype)
 
     def linear(h, module):
-        return F.linear(h, P[module + ".weight"]) + lora(h, P, module, lora_scale)
+        return F.linear(h, P[module + ".weight"]) + lora(h, P, module, lora_scale, dropout)
 
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
@@ -206,7 +256,7 @@ def llama_logits(P, c, tokens, rope="interleaved", lora_scale=0.0):
         k = linear(h, p + "self_attn.k_proj").view(B, T, c.n_kv_heads, hd)
         v = linear(h, p + "self_attn.v_proj").view(B, T, c.n_kv_heads, hd)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        x = x + linear(causal_attention(q, k, v), p + "self_attn.o_proj")
+        x = x + linear(causal_attention(q, k, v, positions), p + "self_attn.o_proj")
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
         gate = linear(h, p + "mlp.gate_proj")
         up = linear(h, p + "mlp.up_proj")
@@ -221,20 +271,22 @@ def conv1d(x, weight, bias):
     return torch.matmul(x, weight) + bias
 
 
-def gpt2_logits(P, c, tokens, lora_scale=0.0):
+def gpt2_logits(P, c, tokens, positions=None, lora_scale=0.0, dropout=None):
     B, T = tokens.shape
     hd = c.head_dim
-    x = P["transformer.wte.weight"][tokens] + P["transformer.wpe.weight"][:T][None]
+    wpe = P["transformer.wpe.weight"]
+    x = P["transformer.wte.weight"][tokens] + (wpe[:T][None] if positions is None else wpe[positions])
 
     def linear(h, module):
-        return conv1d(h, P[module + ".weight"], P[module + ".bias"]) + lora(h, P, module, lora_scale)
+        return (conv1d(h, P[module + ".weight"], P[module + ".bias"]) +
+                lora(h, P, module, lora_scale, dropout))
 
     for i in range(c.n_layers):
         p = f"transformer.h.{i}."
         h = F.layer_norm(x, (c.dim,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], c.norm_eps)
         qkv = linear(h, p + "attn.c_attn")
         q, k, v = (t.reshape(B, T, c.n_heads, hd) for t in qkv.split(c.dim, dim=-1))
-        x = x + linear(causal_attention(q, k, v), p + "attn.c_proj")
+        x = x + linear(causal_attention(q, k, v, positions), p + "attn.c_proj")
         h = F.layer_norm(x, (c.dim,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], c.norm_eps)
         h = F.gelu(linear(h, p + "mlp.c_fc"), approximate="tanh")
         x = x + linear(h, p + "mlp.c_proj")
@@ -243,11 +295,13 @@ def gpt2_logits(P, c, tokens, lora_scale=0.0):
     return F.linear(x, P["transformer.wte.weight"])
 
 
-def logits(P, c, tokens, rope="interleaved", lora_scale=0.0):
-    """lora_scale: alpha / rank of the LoRA adapters P holds (none: no term)."""
+def logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.0, dropout=None):
+    """positions [B, T]: packed records (attention within each, positions restarting at 0);
+    lora_scale: alpha / rank of the LoRA adapters P holds (none: no term); dropout: on
+    their inputs (lora_dropout)."""
     if c.family == "llama":
-        return llama_logits(P, c, tokens, rope, lora_scale)
-    return gpt2_logits(P, c, tokens, lora_scale)
+        return llama_logits(P, c, tokens, rope, positions, lora_scale, dropout)
+    return gpt2_logits(P, c, tokens, positions, lora_scale, dropout)
 
 
 def mean_loss(P, c, tokens, targets):

@@ -1,9 +1,8 @@
 // A rank's tracker peaks against its prediction (train/memory_plan.h), by
 // the basis of each category: exact to the byte (stricter than the issue's
-// 5%, which would hide a wrong term in a small model), a bound within 5% of
-// the measurement on both sides (a bound the run does not reach is a loose
-// prediction, not a safe one), an estimate within 2x (only workspace is
-// left). Shared by the trainer tests.
+// 5%, which would hide a wrong term in a small model; workspace included), a
+// bound within 5% of the measurement on both sides (a bound the run does not
+// reach is a loose prediction, not a safe one). Shared by the trainer tests.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -44,17 +43,11 @@ inline void expect_memory_matches(const RankMemory& want, const MemorySnapshot& 
         EXPECT_LE(measured, 1.05 * predicted) << where;
         EXPECT_GE(measured, 0.95 * predicted) << where << ", floor " << want.floor[c];
         break;
-      case PredictionBasis::estimate:
-        EXPECT_LE(measured, 2 * predicted) << where;
-        EXPECT_GE(measured, 0.5 * predicted) << where;
-        break;
     }
   }
   // The working total's peak: at most the sum of the category peaks (the
-  // workspace estimate's error allowed for).
-  EXPECT_LE(static_cast<double>(got.peak_total),
-            1.05 * want.total() + 1.0 * want.at(MemCategory::workspace))
-      << what;
+  // bounds' 5% allowed for).
+  EXPECT_LE(static_cast<double>(got.peak_total), 1.05 * want.total()) << what;
 }
 
 }  // namespace meshtrain::testing

@@ -337,7 +337,9 @@ TEST_F(Fp16Run, ResumeRestoresTheScaleAndContinuesTheTraceExactly) {
     EXPECT_EQ(a.loss_scale, b.loss_scale);
     EXPECT_EQ(a.skipped, b.skipped);
     EXPECT_EQ(a.skipped_steps, b.skipped_steps);
-    if (std::isfinite(a.grad_norm)) EXPECT_EQ(a.grad_norm, b.grad_norm);
+    if (std::isfinite(a.grad_norm)) {
+      EXPECT_EQ(a.grad_norm, b.grad_norm);
+    }
     grew = grew || (i > 0 && b.loss_scale > rest.records[i - 1].loss_scale);
   }
   EXPECT_TRUE(grew) << "the window after the checkpoint should include a growth";

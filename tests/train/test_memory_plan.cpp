@@ -95,13 +95,30 @@ TEST_F(MemoryPlanTest, OneRankEqualsTheEngineModel) {
 }
 
 // A whole run's tracker peaks per category against the prediction, for every
-// recompute mode and both families; the run's metrics carry both.
+// recompute mode and both families (Llama in bf16, GPT-2 in fp32, both in fp16
+// on 2 threads: oneDNN sizes its scratchpad by the thread count, fp16 GEMMs
+// stage their operands; and with the start-up FLOP/s probe, whose GEMMs and
+// operands are workspace too); the run's metrics carry both.
 TEST_F(MemoryPlanTest, TrainerPeaksMatchThePrediction) {
-  for (const char* family : {"llama", "gpt2"}) {
+  struct Run {
+    const char* family;
+    const char* precision;  // "" = the family's default
+    const char* threads;
+    bool probe = false;  // train.peak_flops = 0 (one recompute mode)
+  };
+  for (const Run& run : {Run{"llama", "", "1"}, Run{"gpt2", "", "1"}, Run{"llama", "fp16", "2"},
+                         Run{"gpt2", "fp16", "2"}, Run{"llama", "", "1", true}}) {
+    const char* family = run.family;
     for (const char* mode : {"none", "selective", "full"}) {
-      const std::string out = fmt::format("{}_{}", family, mode);
-      const TrainConfig c = config(family, {{"train.recompute", mode},
-                                            {"train.out_dir", dir_ + "/" + out}});
+      if (run.probe && std::string(mode) != "none") continue;
+      const std::string out = fmt::format("{}_{}{}{}_{}", family, run.precision, run.threads,
+                                          run.probe ? "_probe" : "", mode);
+      ConfigOverrides extra = {{"train.recompute", mode},
+                               {"train.out_dir", dir_ + "/" + out},
+                               {"train.threads", run.threads}};
+      if (*run.precision != 0) extra.push_back({"train.precision", run.precision});
+      if (run.probe) extra.push_back({"train.peak_flops", "0"});
+      const TrainConfig c = config(family, extra);
       SCOPED_TRACE(out);
       TrainerOptions options;
       options.console = false;
@@ -120,7 +137,7 @@ TEST_F(MemoryPlanTest, TrainerPeaksMatchThePrediction) {
                 trainer.memory_plan()[0].at(MemCategory::activations));
       EXPECT_EQ(j["bytes"]["activations_peak"].get<double>(),
                 trainer.memory_plan()[0].at(MemCategory::activations));
-      EXPECT_EQ(j["basis"]["workspace"], "estimate");
+      EXPECT_EQ(j["basis"]["workspace"], "exact");
     }
   }
 }

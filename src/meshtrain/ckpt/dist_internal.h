@@ -38,6 +38,7 @@ void write_json_atomic(const std::string& path, const json& value);
 // A tracked workspace buffer of whole floats for file data: min(limit, needed)
 // bytes rounded down to a float, at least one float; Error when limit < 4.
 Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker);
+uint64_t file_buffer_bytes(int64_t limit, uint64_t needed);  // that buffer's size
 
 // Streams the file through `buffer`: exists, size and XXH3-64 as the manifest
 // says; Error "<path>: missing | truncated | corrupt ...".

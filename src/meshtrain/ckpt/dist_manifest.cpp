@@ -174,12 +174,17 @@ void write_json_atomic(const std::string& path, const json& value) {
   write_file_atomic(path, value.dump(1) + "\n");
 }
 
-Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
+uint64_t file_buffer_bytes(int64_t limit, uint64_t needed) {
   MESHTRAIN_CHECK(limit >= 4, "checkpoint buffer of {} bytes: at least 4 bytes are needed", limit);
   uint64_t bytes = std::max<uint64_t>(4, std::min<uint64_t>(limit, needed));
   // Whole 4096-byte units when it can: full buffers then write around the page cache.
   if (bytes >= 4096) bytes -= bytes % 4096;
-  return Tensor({static_cast<int64_t>(bytes / 4)}, DType::f32, MemCategory::workspace, tracker);
+  return bytes / 4 * 4;
+}
+
+Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
+  return Tensor({static_cast<int64_t>(file_buffer_bytes(limit, needed) / 4)}, DType::f32,
+                MemCategory::workspace, tracker);
 }
 
 void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer) {

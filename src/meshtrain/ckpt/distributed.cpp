@@ -155,6 +155,13 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
 
 }  // namespace detail
 
+uint64_t save_workspace_bytes(int64_t owned, int64_t buffer_bytes, bool async) {
+  const auto states = static_cast<uint64_t>(layout::kStateKinds);
+  if (async) return states * static_cast<uint64_t>(std::max<int64_t>(owned, 1)) * 4;
+  if (owned == 0) return 0;
+  return detail::file_buffer_bytes(buffer_bytes, states * static_cast<uint64_t>(owned) * 4);
+}
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -42,6 +42,13 @@
 
 namespace meshtrain::dist_ckpt {
 
+// The workspace a save takes on a rank that writes `owned` elements of each
+// of the three states (its replica-0 pieces): a sync save's file buffer
+// (min(buffer_bytes, its file's data), in whole 4096-byte units from 4 KiB;
+// none when it writes nothing), or an async save's staging copy of the three
+// states, kept for the next save.
+uint64_t save_workspace_bytes(int64_t owned, int64_t buffer_bytes, bool async);
+
 struct SaveOptions {
   int rank = 0, world = 1;
   int64_t buffer_bytes = 64 << 20;   // staging buffer for file data (sync save)

@@ -37,10 +37,18 @@ void read_micro_batch(const SampleSource& source, MicroBatch& out) {
   out.seq_len = seq;
   out.inputs.resize(static_cast<size_t>(out.rows * seq));
   out.targets.resize(out.inputs.size());
+  out.positions.resize(source.has_positions() ? out.inputs.size() : 0);
   for (int64_t row = 0; row < out.rows; ++row) {
-    source.read_sample(out.samples[static_cast<size_t>(row)], out.inputs.data() + row * seq,
-                       out.targets.data() + row * seq);
+    const int64_t sample = out.samples[static_cast<size_t>(row)];
+    source.read_sample(sample, out.inputs.data() + row * seq, out.targets.data() + row * seq);
+    if (source.has_positions()) source.read_positions(sample, out.positions.data() + row * seq);
   }
+}
+
+int64_t count_loss_tokens(const MicroBatch& b) {
+  int64_t n = 0;
+  for (int32_t t : b.targets) n += t >= 0 ? 1 : 0;
+  return n;
 }
 
 DataLoader::DataLoader(const SampleSource& source, const LoaderOptions& options,
@@ -164,6 +172,16 @@ const MicroBatch& DataLoader::next() {
 SamplerPosition DataLoader::position() const {
   std::lock_guard lock(mutex_);
   return consumed_.batch;
+}
+
+int64_t DataLoader::step_loss_tokens() const {
+  const SamplerPosition batch = position();
+  const KeyedPermutation order = order_.order(batch.epoch);
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < options_.global_batch; ++i) {
+    tokens += source_.loss_tokens(static_cast<int64_t>(order(static_cast<uint64_t>(batch.index + i))));
+  }
+  return tokens;
 }
 
 LoaderStats DataLoader::stats() const {

@@ -37,11 +37,18 @@ int64_t rank_share(const LoaderOptions& options);
 struct MicroBatch {
   int64_t rows = 0, seq_len = 0;
   std::vector<int32_t> inputs, targets;  // rows x seq_len, row-major
+  std::vector<int32_t> positions;        // rows x seq_len (SampleSource::has_positions), else empty
   std::vector<int64_t> samples;          // each row's sample index in the source
 };
 
 // Reads the samples listed in out.samples into out's rows (resizing them).
 void read_micro_batch(const SampleSource& source, MicroBatch& out);
+// The batch's record positions for Model passes, or nullptr (one sequence per row).
+inline const int32_t* positions_of(const MicroBatch& b) {
+  return b.positions.empty() ? nullptr : b.positions.data();
+}
+// Targets that count in the loss (>= 0).
+int64_t count_loss_tokens(const MicroBatch& b);
 
 struct LoaderStats {
   int64_t micro_batches = 0;    // handed to the consumer
@@ -67,6 +74,9 @@ class DataLoader {
   // The global position of the first step not completely handed out (what a
   // checkpoint saves between steps).
   SamplerPosition position() const;
+  // Loss tokens (SampleSource::loss_tokens) of that step's whole global batch,
+  // every dp rank's rows: the same on every rank, known before its backward.
+  int64_t step_loss_tokens() const;
   const GlobalOrder& order() const { return order_; }
   LoaderStats stats() const;
 

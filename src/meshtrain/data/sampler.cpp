@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 
+#include <fmt/format.h>
+
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/rng.h"
 
@@ -30,6 +32,11 @@ int64_t TokenDataset::num_tokens() const {
   int64_t n = 0;
   for (const TokenFile& f : files_) n += f.size();
   return n;
+}
+
+std::string TokenDataset::describe() const {
+  return fmt::format("{} tokens, {} samples of {} (+1) tokens", num_tokens(), num_samples(),
+                     seq_len_);
 }
 
 void TokenDataset::read_sample(int64_t index, int32_t* inputs, int32_t* targets) const {

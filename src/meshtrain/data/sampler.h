@@ -22,8 +22,18 @@ class SampleSource {
   virtual ~SampleSource() = default;
   virtual int64_t num_samples() const = 0;
   virtual int64_t seq_len() const = 0;
-  // Writes sample `index` (0 <= index < num_samples) as seq inputs and seq targets.
+  // Writes sample `index` (0 <= index < num_samples) as seq inputs and seq targets
+  // (a negative target is not in the loss: SFT prompts and padding).
   virtual void read_sample(int64_t index, int32_t* inputs, int32_t* targets) const = 0;
+  // Packed records (data/sft.h): samples carry each token's position in its
+  // record (cpu::AttentionDims::positions). false: one sequence per sample.
+  virtual bool has_positions() const { return false; }
+  virtual void read_positions(int64_t /*index*/, int32_t* /*positions*/) const {}
+  // Targets of sample `index` that count in the loss (>= 0): the step's loss
+  // normalisation sums this over the global batch.
+  virtual int64_t loss_tokens(int64_t /*index*/) const { return seq_len(); }
+  // One phrase for the run's start-up line ("4000 tokens, 250 samples of 16 (+1) tokens").
+  virtual std::string describe() const { return std::to_string(num_samples()) + " samples"; }
 };
 
 class TokenDataset final : public SampleSource {
@@ -38,6 +48,7 @@ class TokenDataset final : public SampleSource {
   const std::vector<TokenFile>& files() const { return files_; }
 
   void read_sample(int64_t index, int32_t* inputs, int32_t* targets) const override;
+  std::string describe() const override;
 
  private:
   std::vector<TokenFile> files_;

@@ -10,6 +10,7 @@
 #include "meshtrain/backend/cpu/norm.h"
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/rng.h"
 
 namespace meshtrain {
 
@@ -163,7 +164,7 @@ Block Model::Impl::make_block(int64_t layer) const {
 }
 
 cpu::AttentionDims Model::Impl::attention_dims(int64_t batch, int64_t seq) const {
-  return cpu::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim()};
+  return cpu::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim(), row_positions};
 }
 
 void Model::Impl::ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const {
@@ -266,9 +267,49 @@ void Model::Impl::linear_forward(const Linear& lin, DType dt, const void* x, int
   lora_forward(lin, dt, x, rows, y);
 }
 
-const void* Model::Impl::lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
+void Model::Impl::lora_dropout_mask(const Linear& lin, const LoraAdapter& ad, int64_t rows) {
+  const ParamSpec& a = model.params_[ad.a].spec;
+  const std::string module = a.name.substr(0, a.name.size() - std::string(".lora_A.weight").size());
+  const uint64_t key =
+      stream_key(dropout.seed, fmt::format("lora_dropout.{}.{}", dropout.step, module));
+  // Global feature indices: a row-parallel A holds this rank's input columns.
+  const int64_t in = lin.in, in_global = a.split.global_shape[1];
+  const int64_t j0 = ad.row_parallel ? static_cast<int64_t>(tp.rank()) * in : 0, seq = dropout.seq;
+  const float p = cfg.lora.dropout, keep = 1.0f / (1.0f - p);
+  ensure(ws.lora_mask, {rows, in}, DType::f32, MemCategory::workspace);
+  float* mask = ws.lora_mask.data<float>();
+  const int64_t* samples = dropout.samples.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t token = samples[row / seq] * seq + row % seq;
+    for (int64_t j = 0; j < in; ++j) {
+      const auto index = static_cast<uint64_t>(token * in_global + j0 + j);
+      mask[row * in + j] = uniform_at(key, index) >= p ? keep : 0.0f;
+    }
+  }
+}
+
+const void* Model::Impl::lora_dropped_input(const Linear& lin, const LoraAdapter& ad, DType dt,
                                             const void* x, int64_t rows) {
+  if (!dropping()) return x;
+  lora_dropout_mask(lin, ad, rows);
+  const int64_t n = rows * lin.in;
+  ensure(ws.lora_x32, {rows, lin.in}, DType::f32, MemCategory::workspace);
+  float* xd = ws.lora_x32.data<float>();
+  convert(dt, x, DType::f32, xd, static_cast<size_t>(n));
+  const float* mask = ws.lora_mask.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) xd[i] *= mask[i];
+  if (dt == DType::f32) return xd;
+  ensure(ws.lora_x, {rows, lin.in}, dt, MemCategory::workspace);
+  ws.lora_x.copy_from(ws.lora_x32);
+  return ws.lora_x.raw();
+}
+
+const void* Model::Impl::lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                            const void* x_in, int64_t rows) {
   const int64_t r = cfg.lora.rank;
+  const void* x = lora_dropped_input(lin, ad, dt, x_in, rows);
   ensure(ws.lora_u, {rows, r}, dt, MemCategory::workspace);
   const cpu::MatmulDims dims{.m = rows, .n = r, .k = lin.in, .trans_b = true};
   if (!ad.row_parallel) {
@@ -317,8 +358,20 @@ void Model::Impl::lora_backward_input(const Linear& lin, DType dt, const void* d
       convert(DType::f32, du, dt, ws.lora_du_c.raw(), static_cast<size_t>(rows * r));
       du_c = ws.lora_du_c.raw();
     }
-    cpu::matmul(ctx, {.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32, dx,
-                1.0f, true);
+    if (!dropping()) {
+      cpu::matmul(ctx, {.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32,
+                  dx, 1.0f, true);
+      continue;
+    }
+    // Through the dropout: dx += mask * (du A).
+    ensure(ws.lora_x32, {rows, lin.in}, DType::f32, MemCategory::workspace);
+    float* t = ws.lora_x32.data<float>();
+    cpu::matmul(ctx, {.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32, t);
+    lora_dropout_mask(lin, ad, rows);
+    const float* mask = ws.lora_mask.data<float>();
+    const int64_t n = rows * lin.in;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < n; ++k) dx[k] += mask[k] * t[k];
   }
 }
 
@@ -346,8 +399,8 @@ void Model::Impl::lora_backward_weight(const Linear& lin, DType dt, const void* 
       convert(DType::f32, du, dt, ws.lora_du_c.raw(), static_cast<size_t>(rows * r));
       du_c = ws.lora_du_c.raw();
     }
-    cpu::matmul(ctx, {.m = r, .n = lin.in, .k = rows, .trans_a = true}, dt, du_c, x, DType::f32,
-                grad(ad.a), 1.0f, true);
+    cpu::matmul(ctx, {.m = r, .n = lin.in, .k = rows, .trans_a = true}, dt, du_c,
+                lora_dropped_input(lin, ad, dt, x, rows), DType::f32, grad(ad.a), 1.0f, true);
     ready(ad.a);
   }
 }

@@ -20,9 +20,6 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
     : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp), stage_(stage) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
-  MESHTRAIN_CHECK(config_.lora.dropout == 0.0f,
-                  "lora.dropout = {}: adapter dropout is not implemented yet (use 0)",
-                  config_.lora.dropout);
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
   select_stage(specs);
   // Flat buffers in registry order: master (parameters with an f32 master),
@@ -144,7 +141,8 @@ void Model::Impl::embedding_forward(const int32_t* tokens, int64_t batch, int64_
   const float* wpe = positions != kNoParam ? master(positions) : nullptr;
   const int64_t d = cfg.dim;
   if (table.master.defined()) {
-    cpu::embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0);
+    cpu::embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0,
+                           row_positions);
     return;
   }
   // External storage with a bf16 / f16 embedding bound as `compute` only:
@@ -157,7 +155,7 @@ void Model::Impl::embedding_forward(const int32_t* tokens, int64_t batch, int64_
     convert(dt, rows + static_cast<size_t>(tokens[i]) * row_bytes, DType::f32, o,
             static_cast<size_t>(d));
     if (wpe == nullptr) continue;
-    const float* p = wpe + (pos0 + i % seq) * d;
+    const float* p = wpe + (row_positions ? row_positions[i] : pos0 + i % seq) * d;
     for (int64_t j = 0; j < d; ++j) o[j] = o[j] + p[j];
   }
 }
@@ -258,10 +256,35 @@ void Model::zero_grads() {
   flat_grad_.zero();
 }
 
+void Model::set_lora_dropout(uint64_t seed, int64_t step, std::vector<int64_t> samples) {
+  impl_->dropout.seed = seed;
+  impl_->dropout.step = step;
+  impl_->dropout.samples = std::move(samples);
+}
+
+namespace {
+
+// Adapter dropout on for one training pass (model.h set_lora_dropout).
+struct DropoutScope {
+  bool& active;
+  DropoutScope(bool& flag, bool on) : active(flag) { active = on; }
+  ~DropoutScope() { active = false; }
+};
+
+}  // namespace
+
 double Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                               int64_t seq, float grad_scale) {
+                               int64_t seq, float grad_scale, const int32_t* positions) {
   require_whole("forward_backward");
   Impl& m = *impl_;
+  const Impl::PassPositions pass(m, positions);
+  const bool drop = config_.lora.enabled() && config_.lora.dropout > 0;
+  MESHTRAIN_CHECK(!drop || static_cast<int64_t>(m.dropout.samples.size()) == batch,
+                  "model: lora.dropout needs set_lora_dropout with the sample index of each of "
+                  "the micro-batch's {} rows (got {})",
+                  batch, m.dropout.samples.size());
+  m.dropout.seq = seq;
+  DropoutScope dropping(m.dropout.active, drop);
   const DType dt = compute_dtype(precision_);
   const int64_t rows = batch * seq, d = config_.dim;
   m.check_tokens(targets, rows, true, "target");
@@ -307,9 +330,10 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
 }
 
 double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                           int64_t seq) {
+                           int64_t seq, const int32_t* positions) {
   require_whole("forward_loss");
   Impl& m = *impl_;
+  const Impl::PassPositions pass(m, positions);
   const DType dt = compute_dtype(precision_);
   m.check_tokens(targets, batch * seq, true, "target");
   Activations acts;
@@ -321,9 +345,11 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
   return loss;
 }
 
-void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits) {
+void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits,
+                           const int32_t* positions) {
   require_whole("forward_logits");
   Impl& m = *impl_;
+  const Impl::PassPositions pass(m, positions);
   const DType dt = compute_dtype(precision_);
   Activations acts;
   const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);

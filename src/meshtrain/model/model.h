@@ -104,7 +104,7 @@ class Model {
   // What this rank holds of every global tensor: each parameter's tp slice
   // (its regions) at its flat offset (params()[i].offset), tp-replicated
   // parameters and a tied output layer's stage copy marked as replicas.
-  layout::ShardMap shard_map() const;
+  layout::ShardMap shard_map() const;  // params_shard_map over params()
   // Every parameter's split, in registry order (for gather_tp_flat / scatter_tp_flat).
   std::vector<TensorSplit> param_splits() const;
 
@@ -137,15 +137,31 @@ class Model {
 
   // One micro-batch: tokens/targets [batch * seq]. Gradients are ADDED to the
   // grad buffer, each token's loss weighted by grad_scale (so grad_scale =
-  // 1 / tokens-in-the-optimizer-step gives the mean over the step).
+  // 1 / loss-tokens-in-the-optimizer-step gives the mean over the step). A
+  // negative target is ignored (no loss, no gradient: SFT prompts, padding).
+  // positions (packed records, cpu::AttentionDims::positions): [batch * seq]
+  // each token's position in its record; attention never crosses a record
+  // and positions (RoPE, learned) restart at 0. nullptr: one sequence per row.
   // Returns the sum of the token losses.
   double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                          int64_t seq, float grad_scale);
+                          int64_t seq, float grad_scale, const int32_t* positions = nullptr);
+  // LoRA adapter dropout (lora.dropout > 0) in the following forward_backward
+  // calls: element (row, j) of an adapter's input is kept iff
+  // uniform_at(stream_key(seed, "lora_dropout.<step>.<module>"), (samples[b] *
+  // seq + t) * in + j) >= p, row = b * seq + t (then scaled by 1 / (1 - p)), so
+  // the mask depends on the sample and position, never on the layout or the
+  // micro-batch split. samples: each row's sample index (MicroBatch::samples);
+  // forward_backward throws Error when their count is not its batch. Evaluation
+  // passes never drop. Pipeline stage passes refuse lora.dropout > 0.
+  void set_lora_dropout(uint64_t seed, int64_t step, std::vector<int64_t> samples);
+
   // Forward only: sum of token losses (evaluation).
-  double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+  double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                      const int32_t* positions = nullptr);
   // Forward only: full logits [batch * seq, vocab] f32 (tests, small inputs;
   // under tp the slices are all-gathered, on every rank).
-  void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits);
+  void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits,
+                      const int32_t* positions = nullptr);
 
   // Pipeline stage passes (a model built with StageLayers; also the whole
   // model as one stage). Chunk c of stage_layers().chunks on micro-batch mb:
@@ -154,9 +170,11 @@ class Model {
   // flight. Activations between stages are [stage_rows(batch, seq), dim] f32
   // (this rank's rows under sequence parallelism).
   // stage_forward: the embedding chunk reads `tokens`, others `input`; writes
-  // `output` unless the chunk ends with the head (null there).
+  // `output` unless the chunk ends with the head (null there). `positions`
+  // as in forward_backward (every chunk needs them: its attention); kept with
+  // the pass's activations for its backward.
   void stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens, const float* input,
-                     int64_t batch, int64_t seq, float* output);
+                     int64_t batch, int64_t seq, float* output, const int32_t* positions = nullptr);
   // stage_backward: the head chunk computes the loss of `targets` (returns the
   // sum of token losses; gradients weighted by grad_scale and ADDED), other
   // chunks start from `output_grad`. Writes `input_grad` unless the chunk
@@ -238,6 +256,13 @@ struct StageParams {
 };
 StageParams select_stage_params(const ModelConfig& config, const StageLayers& stage,
                                 std::vector<ParamSpec> specs);
+// The layout of parameters `specs` stored back to back in that order (a
+// stage's, as select_stage_params gives them) on tp rank `tp_rank`: each
+// one's tp slice as regions of its global tensor (split_regions), replica 0
+// where this rank writes it (tp-replicated ones on tp rank 0; the spec at
+// index `duplicate`, a tied output layer's copy on a later stage, never).
+layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_rank,
+                                  size_t duplicate = static_cast<size_t>(-1));
 
 // The whole model's gradient norm under tensor parallelism (flat storage):
 // every global element counted once (tp_counts_once), collective over tp.

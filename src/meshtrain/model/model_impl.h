@@ -76,6 +76,7 @@ struct BlockActs {
 
 struct Activations {
   int64_t batch = 0, seq = 0;
+  std::vector<int32_t> positions;  // packed records (staged passes); empty: one sequence per row
   MemCategory category = MemCategory::activations;
   std::vector<Tensor> residual;  // f32 [N, d]: residual[l] is the input of block l
   std::vector<BlockActs> blocks;
@@ -105,6 +106,9 @@ struct Workspace {
   Tensor lora_du;    // f32 [adapters of a Linear, N, rank]: d(x A^T), kept from d(input) to dW
   Tensor lora_du_c;  // dt [N, rank]: one of those in the compute dtype
   Tensor discard;    // f32 [2, d]: where a frozen norm's weight / bias gradient goes
+  Tensor lora_mask;  // f32 [N, in]: an adapter's dropout factors (0 or 1 / (1 - p))
+  Tensor lora_x32;   // f32 [N, in]: its dropped input, or d(input) before the mask
+  Tensor lora_x;     // dt [N, in]: the dropped input in the compute dtype (mixed precision)
 };
 
 struct Model::Impl {
@@ -189,6 +193,12 @@ struct Model::Impl {
   // ws.lora_u = x A^T (x [rows, lin.in] in dt), summed over tp for a row-parallel adapter.
   const void* lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
                                  const void* x, int64_t rows);
+  // Adapter dropout (model.h set_lora_dropout): whether it applies to this
+  // pass, ws.lora_mask for adapter ad over x [rows, lin.in], and x with it applied.
+  bool dropping() const { return dropout.active; }
+  void lora_dropout_mask(const Linear& lin, const LoraAdapter& ad, int64_t rows);
+  const void* lora_dropped_input(const Linear& lin, const LoraAdapter& ad, DType dt,
+                                 const void* x, int64_t rows);
   void lora_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows, float* dx);
   void lora_backward_weight(const Linear& lin, DType dt, const void* dy, const void* x,
                             int64_t rows);
@@ -243,6 +253,15 @@ struct Model::Impl {
   cpu::ClassifierArgs classifier_args(const void* h, const int32_t* targets, int64_t rows,
                                       DType dt);
 
+  // The running pass's per-token record positions (Model::forward_backward),
+  // or nullptr; set by the public passes through PassPositions.
+  const int32_t* row_positions = nullptr;
+  struct PassPositions {
+    PassPositions(Impl& m, const int32_t* p) : m(m) { m.row_positions = p; }
+    ~PassPositions() { m.row_positions = nullptr; }
+    Impl& m;
+  };
+
   Model& model;
   const ModelConfig& cfg;
   cpu::CpuContext& ctx;
@@ -260,6 +279,12 @@ struct Model::Impl {
   bool tied = false;  // the token embedding is the output layer
   Norm final_norm;
   std::vector<Block> blocks;  // by global layer (default for another stage's)
+  struct LoraDropout {
+    uint64_t seed = 0;
+    int64_t step = 0, seq = 0;
+    std::vector<int64_t> samples;  // the micro-batch rows' sample indices
+    bool active = false;           // inside forward_backward, lora.dropout > 0
+  } dropout;
   size_t next_ready = 0;  // the registry index + 1 the next ready() must report
   RecomputePolicy recompute;
   BlockActs recomputed;  // the one block's tensors its mode does not keep

@@ -4,21 +4,37 @@
 
 namespace meshtrain {
 
-layout::ShardMap Model::shard_map() const {
+layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_rank,
+                                  size_t duplicate) {
   layout::ShardMap map;
-  map.local_numel = num_params_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Parameter& p = params_[i];
+  int64_t offset = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParamSpec& spec = specs[i];
     // Replicated over tp: tp rank 0 writes it; a tied output layer on the
     // last stage: the first stage writes it.
-    int replica = p.spec.split.split() ? 0 : tp_.rank();
-    if (param_is_duplicate(i)) replica = 1;
-    map.tensors.push_back({p.spec.name, p.spec.split.global_shape});
-    for (LocalRegion& r : split_regions(p.spec.split)) {
-      map.pieces.push_back({map.tensors.size() - 1, std::move(r.region), p.offset + r.local_offset,
+    int replica = spec.split.split() ? 0 : tp_rank;
+    if (i == duplicate) replica = 1;
+    map.tensors.push_back({spec.name, spec.split.global_shape});
+    for (LocalRegion& r : split_regions(spec.split)) {
+      map.pieces.push_back({map.tensors.size() - 1, std::move(r.region), offset + r.local_offset,
                             replica});
     }
+    offset += spec.numel();
   }
+  map.local_numel = offset;
+  return map;
+}
+
+layout::ShardMap Model::shard_map() const {
+  // The parameters lie back to back in registry order (params()[i].offset).
+  std::vector<ParamSpec> specs;
+  size_t duplicate = static_cast<size_t>(-1);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    specs.push_back(params_[i].spec);
+    if (param_is_duplicate(i)) duplicate = i;
+  }
+  layout::ShardMap map = params_shard_map(specs, tp_.rank(), duplicate);
+  map.local_numel = num_params_;
   return map;
 }
 

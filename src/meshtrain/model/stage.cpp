@@ -131,8 +131,13 @@ ChunkRole chunk_role(const StageLayers& stage, int chunk) {
 }  // namespace
 
 void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
-                          const float* input, int64_t batch, int64_t seq, float* output) {
+                          const float* input, int64_t batch, int64_t seq, float* output,
+                          const int32_t* positions) {
   Impl& m = *impl_;
+  MESHTRAIN_CHECK(!config_.lora.enabled() || config_.lora.dropout == 0.0f,
+                  "lora.dropout = {} under pipeline parallelism (parallel.pp > 1) is not "
+                  "implemented yet: use lora.dropout = 0 or parallel.pp = 1",
+                  config_.lora.dropout);
   const ChunkRole role = chunk_role(stage_, chunk);
   const std::pair<int, int64_t> key{chunk, micro_batch};
   MESHTRAIN_CHECK(!m.staged.contains(key),
@@ -149,6 +154,8 @@ void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
   Activations& acts = m.staged[key];
   acts.batch = batch;
   acts.seq = seq;
+  if (positions != nullptr) acts.positions.assign(positions, positions + batch * seq);
+  const Impl::PassPositions pass(m, positions);
   acts.residual.resize(static_cast<size_t>(n + 1));
   acts.blocks.resize(static_cast<size_t>(n));
   for (Tensor& r : acts.residual) {
@@ -212,6 +219,7 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
   Activations& acts = found->second;
   const int64_t batch = acts.batch, seq = acts.seq, rows = batch * seq, d = config_.dim;
   const DType dt = compute_dtype(precision_);
+  const Impl::PassPositions pass(m, acts.positions.empty() ? nullptr : acts.positions.data());
   m.ensure(m.ws.dres, {m.shard_rows(rows), d}, DType::f32, MemCategory::workspace);
   // Gradients complete in reverse registry order from the chunk's last unit.
   m.next_ready = units_[role.head ? m.head_unit : m.layer_unit(role.end - 1)].end_param;
@@ -224,7 +232,7 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
     cpu::ClassifierArgs args = m.classifier_args(acts.head_input, targets, rows, dt);
     args.grad_scale = grad_scale;
     args.dh = m.ws.dx.data<float>();
-    args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;
+    args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;  // frozen (LoRA): none
     loss = cpu::fused_classifier(ctx_, args);
     if (!m.tied) m.ready(m.output);
     m.ws.dres.zero();

@@ -177,7 +177,8 @@ void Model::Impl::embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq
   float* o = out.data<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < srows; ++i) {
-    const float* p = wpe + (pos0 + (row0 + i) % seq) * d;
+    const int64_t row = row0 + i;
+    const float* p = wpe + (row_positions ? row_positions[row] : pos0 + row % seq) * d;
     for (int64_t j = 0; j < d; ++j) o[i * d + j] += p[j];
   }
 }
@@ -187,14 +188,15 @@ void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t s
   const int64_t rows = batch * seq, d = cfg.dim;
   float* dpositions = positions != kNoParam ? grad(positions) : nullptr;
   if (!tp.active()) {
-    cpu::embedding_backward(tokens, ws.dres.data<float>(), grad(embed), dpositions, batch, seq, d);
+    cpu::embedding_backward(tokens, ws.dres.data<float>(), grad(embed), dpositions, batch, seq, d,
+                            0, std::numeric_limits<int64_t>::max(), row_positions);
     return;
   }
   // Every rank sees all rows' gradients (replicated, or all-gathered under
   // sequence parallelism), so the position gradients are complete everywhere.
   const Tensor& dres = full_residual_grad(rows);
   cpu::embedding_backward(tokens, dres.data<float>(), grad(embed), dpositions, batch, seq, d,
-                          vocab_begin, vocab_begin + vocab_valid);
+                          vocab_begin, vocab_begin + vocab_valid, row_positions);
 }
 
 double tensor_parallel_grad_norm(const Model& model) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -172,6 +173,40 @@ std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir) {
       make_tokenizer(run.data.tokenizer, checkpoint_gpt2_ranks(dir, run));
   if (tokenizer->vocab_size() > run.model.vocab_size) return nullptr;
   return tokenizer;
+}
+
+ModelConfig model_config_of_dir(const std::string& dir) {
+  MESHTRAIN_CHECK(fs::is_directory(dir), "checkpoint '{}': not a directory", dir);
+  if (is_training_checkpoint(dir)) {
+    TrainConfig config;
+    read_train_state(dir, &config);
+    return config.model;
+  }
+  MESHTRAIN_CHECK(fs::exists(fs::path(dir) / "config.json"),
+                  "checkpoint '{}': neither a training step (manifest.json) nor a Hugging Face "
+                  "directory (config.json)",
+                  dir);
+  return read_hf_config((fs::path(dir) / "config.json").string());
+}
+
+void apply_init_from_model(TrainConfig& config, const std::string& from) {
+  TrainConfig theirs = config;
+  theirs.model = model_config_of_dir(from);
+  theirs.model_preset.clear();
+  const nlohmann::json mine_json = nlohmann::json::parse(config_to_json(config))["model"];
+  const nlohmann::json their_json = nlohmann::json::parse(config_to_json(theirs))["model"];
+  const bool preset = std::find(config.model_keys.begin(), config.model_keys.end(), "preset") !=
+                      config.model_keys.end();
+  for (const auto& [key, value] : mine_json.items()) {
+    const bool set = preset || std::find(config.model_keys.begin(), config.model_keys.end(), key) !=
+                                   config.model_keys.end();
+    if (!set || !their_json.contains(key) || their_json[key] == value) continue;
+    fail("config: model.{} = {} disagrees with train.init_from '{}' ({}); the model comes from "
+         "that directory: remove the key or make it agree",
+         key, value.dump(), from, their_json[key].dump());
+  }
+  config.model = theirs.model;
+  config.model_preset.clear();
 }
 
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,

@@ -64,6 +64,15 @@ std::string checkpoint_gpt2_ranks(const std::string& dir, const TrainConfig& run
 // file cannot be read.
 std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir);
 
+// The model of a directory load_model_dir reads: a training checkpoint's
+// [model] or a Hugging Face config.json.
+ModelConfig model_config_of_dir(const std::string& dir);
+
+// train.init_from (parse_config calls it): config.model becomes the model of
+// `from`; Error naming the key when one the config file set
+// (config.model_keys) disagrees with it.
+void apply_init_from_model(TrainConfig& config, const std::string& from);
+
 // A model from a directory: a training step directory (either format) or a
 // Hugging Face one (config.json + model.safetensors).
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,

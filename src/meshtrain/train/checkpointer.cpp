@@ -23,6 +23,21 @@ int64_t buffer_bytes(const TrainConfig& config) {
   return static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024);
 }
 
+// Passes master values on to `inner`; the moments are dropped.
+class MastersOnly final : public layout::StateAccess {
+ public:
+  explicit MastersOnly(layout::StateAccess& inner) : inner_(inner) {}
+  void read(layout::StateKind kind, int64_t offset, int64_t count, float* out) override {
+    inner_.read(kind, offset, count, out);
+  }
+  void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override {
+    if (kind == layout::StateKind::master) inner_.write(kind, offset, count, in);
+  }
+
+ private:
+  layout::StateAccess& inner_;
+};
+
 }  // namespace
 
 Checkpointer::Checkpointer(const TrainConfig& config, DeviceMesh* mesh, Model& model,
@@ -80,6 +95,31 @@ void Checkpointer::load(const std::string& dir) {
     dist_ckpt::load_checkpoint(dir, map_, dp_.state(), buffer_bytes(config_));
   } else {
     load_legacy(dir);
+  }
+  dp_.finish_load();
+  load_seconds_ = seconds_since(start);
+}
+
+void Checkpointer::load_weights(const std::string& dir, cpu::CpuContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  dp_.quiesce();
+  MastersOnly masters(dp_.state());
+  if (dist_ckpt::is_sharded_checkpoint(dir)) {
+    dist_ckpt::load_checkpoint(dir, map_, masters, buffer_bytes(config_));
+  } else {
+    const std::unique_ptr<Model> whole = load_model_dir(dir, Precision::fp32, ctx);
+    std::vector<float> piece;
+    for (const layout::ShardPiece& p : map_.pieces) {
+      const layout::GlobalTensor& t = map_.tensors[p.tensor];
+      const Parameter& source = whole->param(t.name);
+      MESHTRAIN_CHECK(source.spec.shape == t.shape, "init_from '{}': tensor '{}' is {}, the model's {}",
+                      dir, t.name, shape_str(source.spec.shape), shape_str(t.shape));
+      piece.resize(static_cast<size_t>(p.region.numel()));
+      layout::for_each_global_run(t.shape, p.region, [&](int64_t at, int64_t global, int64_t n) {
+        std::copy_n(source.master.data<float>() + global, n, piece.data() + at);
+      });
+      masters.write(layout::StateKind::master, p.local_offset, p.region.numel(), piece.data());
+    }
   }
   dp_.finish_load();
   load_seconds_ = seconds_since(start);

@@ -37,6 +37,11 @@ class Checkpointer {
   // Every rank: fills this rank's weights and optimizer state from `dir`, a
   // sharded checkpoint of any layout or one of the whole-tensor format.
   void load(const std::string& dir);
+  // Every rank: only this rank's master weights from `dir` (train.init_from):
+  // a sharded checkpoint of any layout (its moments dropped), or a whole model
+  // load_model_dir reads (Hugging Face, whole-tensor checkpoint), built on this
+  // rank and cut to its pieces. The optimizer state is left as it is (fresh).
+  void load_weights(const std::string& dir, cpu::CpuContext& ctx);
   // One state (master weights, a moment) as whole tensors in the flat
   // single-rank layout (registry order of the whole model), on every rank,
   // assembled from the owners' pieces. Collective.

@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/plan/pipeline_split.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/trace_hook.h"
 #include "meshtrain/util/error.h"
 
@@ -51,6 +52,7 @@ constexpr KeySpec kKeys[] = {
     {"train", "straggler_threshold", Kind::number},
     {"train", "memory_check", Kind::string},
     {"train", "trace_steps", Kind::string},
+    {"train", "init_from", Kind::string},
 
     {"optim", "lr", Kind::number},            {"optim", "min_lr", Kind::number},
     {"optim", "warmup_steps", Kind::integer}, {"optim", "decay", Kind::string},
@@ -59,6 +61,8 @@ constexpr KeySpec kKeys[] = {
 
     {"data", "train", Kind::string_list},     {"data", "val", Kind::string_list},
     {"data", "tokenizer", Kind::string},      {"data", "gpt2_ranks", Kind::string},
+    {"data", "format", Kind::string},         {"data", "sft_pack", Kind::boolean},
+    {"data", "sft_overflow", Kind::string},
 
     {"parallel", "tp", Kind::integer},        {"parallel", "pp", Kind::integer},
     {"parallel", "sequence_parallel", Kind::boolean},
@@ -254,7 +258,8 @@ void check_min(std::string_view key, T value, T min) {
   MESHTRAIN_CHECK(value >= min, "config: {} must be >= {}, got {}", key, min, value);
 }
 
-ModelConfig read_model(const Section& s, std::string& preset) {
+// validate = false: train.init_from supplies the model (checked there).
+ModelConfig read_model(const Section& s, std::string& preset, bool validate) {
   ModelConfig m;
   s.read("preset", preset);
   if (!preset.empty()) {
@@ -282,6 +287,7 @@ ModelConfig read_model(const Section& s, std::string& preset) {
   s.read("rope_theta", m.rope_theta);
   s.read("tie_embeddings", m.tie_embeddings);
   s.read("init_std", m.init_std);
+  if (!validate) return m;
   try {
     m.validate();
   } catch (const Error& e) {
@@ -338,6 +344,7 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   s.read("peak_flops", t.peak_flops);
   s.read("checkpoint_interval", t.checkpoint_interval);
   s.read("out_dir", t.out_dir);
+  s.read("init_from", t.init_from);
   std::string recompute(recompute_name(t.recompute));
   s.read("recompute", recompute);
   MESHTRAIN_CHECK(recompute == "none" || recompute == "selective" || recompute == "full",
@@ -443,6 +450,23 @@ DataSettings read_data(const Section& s) {
                   "config: data.tokenizer must be \"gpt2\" or \"bytes\", got \"{}\"", d.tokenizer);
   s.read("gpt2_ranks", d.gpt2_ranks);
   MESHTRAIN_CHECK(!d.gpt2_ranks.empty(), "config: data.gpt2_ranks must not be empty");
+  s.read("format", d.format);
+  MESHTRAIN_CHECK(d.format == "tokens" || d.format == "sft-jsonl",
+                  "config: data.format must be \"tokens\" or \"sft-jsonl\", got \"{}\"", d.format);
+  s.read("sft_pack", d.sft_pack);
+  s.read("sft_overflow", d.sft_overflow);
+  MESHTRAIN_CHECK(d.sft_overflow == "truncate" || d.sft_overflow == "refuse",
+                  "config: data.sft_overflow must be \"truncate\" or \"refuse\", got \"{}\"",
+                  d.sft_overflow);
+  // A setting that would silently do nothing.
+  const DataSettings defaults;
+  for (const auto& [key, set] : {std::pair{"sft_pack", d.sft_pack != defaults.sft_pack},
+                                 std::pair{"sft_overflow", d.sft_overflow != defaults.sft_overflow}}) {
+    MESHTRAIN_CHECK(d.sft() || !set,
+                    "config: data.{} applies to data.format = \"sft-jsonl\" only (this run reads "
+                    "\"{}\")",
+                    key, d.format);
+  }
   return d;
 }
 
@@ -616,10 +640,20 @@ void read_lora(const Section& s, ModelConfig& m) {
   l.targets = lora_targets(l, m.family);  // explicit, as saved
 }
 
-TrainConfig from_table(const toml::table& root) {
+// resolve_init_from: a config file's train.init_from gives the model
+// (apply_init_from_model); a checkpoint's saved config (config_from_json)
+// already holds that model in full and does not read the directory again.
+TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   check_keys_and_types(root);
   TrainConfig c;
-  c.model = read_model(Section(root, "model"), c.model_preset);
+  std::string init_from;
+  Section(root, "train").read("init_from", init_from);
+  const bool from_dir = resolve_init_from && !init_from.empty();
+  c.model = read_model(Section(root, "model"), c.model_preset, !from_dir);
+  if (const toml::node* model = root.get("model"); model != nullptr && model->as_table()) {
+    for (const auto& [key, value] : *model->as_table()) c.model_keys.emplace_back(key.str());
+  }
+  if (from_dir) apply_init_from_model(c, init_from);
   c.train = read_train(Section(root, "train"), c.model);
   c.optim = read_optim(Section(root, "optim"));
   c.data = read_data(Section(root, "data"));
@@ -630,6 +664,10 @@ TrainConfig from_table(const toml::table& root) {
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
                   "parallel.offload = \"none\", or parallel.zero <= 2)",
                   c.model.lora.rank, c.parallel.offload);
+  MESHTRAIN_CHECK(c.model.lora.dropout == 0.0f || c.parallel.pp == 1,
+                  "config: lora.dropout = {} with parallel.pp = {}: adapter dropout under "
+                  "pipeline parallelism is not implemented yet (use lora.dropout = 0)",
+                  c.model.lora.dropout, c.parallel.pp);
   c.ckpt = read_ckpt(Section(root, "ckpt"));
   c.guard = read_guard(Section(root, "guard"));
   c.comm = read_comm(Section(root, "comm"));
@@ -676,6 +714,7 @@ toml::table to_table(const TrainConfig& c) {
       {"straggler_threshold", t.straggler_threshold},
       {"memory_check", t.memory_check},
       {"trace_steps", t.trace_steps},
+      {"init_from", t.init_from},
   };
   const OptimSettings& o = c.optim;
   toml::table optim{
@@ -694,7 +733,10 @@ toml::table to_table(const TrainConfig& c) {
   for (const std::string& path : c.data.val) val_files.push_back(path);
   toml::table data{{"train", std::move(train_files)},
                    {"tokenizer", c.data.tokenizer},
-                   {"gpt2_ranks", c.data.gpt2_ranks}};
+                   {"gpt2_ranks", c.data.gpt2_ranks},
+                   {"format", c.data.format},
+                   {"sft_pack", c.data.sft_pack},
+                   {"sft_overflow", c.data.sft_overflow}};
   if (!c.data.val.empty()) data.insert("val", std::move(val_files));
   const ParallelSettings& p = c.parallel;
   toml::table parallel{{"tp", p.tp},
@@ -801,7 +843,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
          e.description());
   }
   for (const auto& [key, value] : overrides) apply_override(root, key, value);
-  return from_table(root);
+  return from_table(root, true);
 }
 
 TrainConfig load_config(const std::string& path, const ConfigOverrides& overrides) {
@@ -840,7 +882,7 @@ TrainConfig config_from_json(const std::string& json_text) {
   MESHTRAIN_CHECK(json.is_object(), "config: expected a JSON object");
   toml::table root;
   for (const auto& [key, value] : json.items()) insert_json(root, key, value);
-  return from_table(root);
+  return from_table(root, false);
 }
 
 namespace {

@@ -55,6 +55,10 @@ struct TrainSettings {
   std::string memory_check = "error";
   // Timeline trace of steps "A-B" or "N" (docs/trace.md); "" = off.
   std::string trace_steps;
+  // Start from the weights of this directory (a Hugging Face one, a training
+  // checkpoint of any layout; train/checkpoint.h init_model_config) with a
+  // fresh optimizer at step 0; the model comes from it. "" = random init.
+  std::string init_from;
 
   int64_t grad_accum_steps() const { return batch_size / micro_batch_size; }
   int64_t tokens_per_step() const { return batch_size * seq_len; }
@@ -73,6 +77,11 @@ struct DataSettings {
   std::vector<std::string> val;    // the same; empty = no validation
   std::string tokenizer = "gpt2";  // what the token ids mean: "gpt2" or "bytes"
   std::string gpt2_ranks = "data/gpt2.tiktoken";  // the GPT-2 ranks file (tokenizer "gpt2")
+  // "tokens": llm.c token shards; "sft-jsonl": prompt/response or chat records (data/sft.h).
+  std::string format = "tokens";
+  bool sft_pack = true;                  // several records per row, attention kept within each
+  std::string sft_overflow = "truncate";  // a record longer than seq_len: "truncate" | "refuse"
+  bool sft() const { return format == "sft-jsonl"; }
 };
 
 // [parallel]: the device mesh (dp = world size / (tp * pp)) and data-parallel
@@ -138,6 +147,9 @@ struct CommSettings {
 
 struct TrainConfig {
   std::string model_preset;  // empty when every model field is explicit
+  // [model] keys the file (or an override) set: train.init_from checks them
+  // against the directory's model. Not saved.
+  std::vector<std::string> model_keys;
   ModelConfig model;
   TrainSettings train;
   OptimSettings optim;

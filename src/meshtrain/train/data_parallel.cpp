@@ -12,6 +12,25 @@
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
+layout::ShardMap split_replica_writes(const layout::ShardMap& model_map, int64_t dp, int64_t dp_rank) {
+  layout::ShardMap map;
+  map.tensors = model_map.tensors;
+  map.local_numel = model_map.local_numel;
+  for (const layout::ShardPiece& p : model_map.pieces) {
+    const int64_t n = p.region.numel();
+    for (int64_t part = 0; part < dp; ++part) {
+      const int64_t begin = n * part / dp, end = n * (part + 1) / dp;
+      if (begin == end) continue;
+      layout::ShardPiece q = p;
+      q.region = layout::narrow_region(p.region, begin, end);
+      q.local_offset = p.local_offset + begin;
+      if (part != dp_rank || p.replica != 0) q.replica = std::max(p.replica, 1);
+      map.pieces.push_back(std::move(q));
+    }
+  }
+  return map;
+}
+
 namespace {
 
 // Every rank holds the whole (stage / tp slice of the) model and a flat
@@ -72,26 +91,7 @@ class ReplicatedDataParallel final : public DataParallel {
 
   layout::ShardMap shard_map(const layout::ShardMap& model_map) const override {
     if (!ddp_) return model_map;
-    // Every dp rank holds the whole state; each writes 1/dp of every piece
-    // (its part as replica 0, the others as replicas), so the replicas share
-    // the checkpoint's writing instead of dp rank 0 doing all of it.
-    const int64_t dp = ddp_->dp().size(), me = ddp_->dp().rank();
-    layout::ShardMap map;
-    map.tensors = model_map.tensors;
-    map.local_numel = model_map.local_numel;
-    for (const layout::ShardPiece& p : model_map.pieces) {
-      const int64_t n = p.region.numel();
-      for (int64_t part = 0; part < dp; ++part) {
-        const int64_t begin = n * part / dp, end = n * (part + 1) / dp;
-        if (begin == end) continue;
-        layout::ShardPiece q = p;
-        q.region = layout::narrow_region(p.region, begin, end);
-        q.local_offset = p.local_offset + begin;
-        if (part != me || p.replica != 0) q.replica = std::max(p.replica, 1);
-        map.pieces.push_back(std::move(q));
-      }
-    }
-    return map;
+    return split_replica_writes(model_map, ddp_->dp().size(), ddp_->dp().rank());
   }
   layout::StateAccess& state() override { return optimizer_; }
   void finish_load() override { model_.sync_compute_weights(); }

@@ -60,6 +60,11 @@ class DataParallel {
   virtual void finish_load() = 0;
 };
 
+// DDP's narrowing of a model's map for dp rank `dp_rank` of `dp`: every dp
+// rank holds the whole state and writes 1/dp of every piece (its part as
+// replica 0, the others' as replicas).
+layout::ShardMap split_replica_writes(const layout::ShardMap& model_map, int64_t dp, int64_t dp_rank);
+
 // How the model must store its parameters for the data parallelism `config` asks for.
 ParamStorage data_parallel_storage(const TrainConfig& config);
 

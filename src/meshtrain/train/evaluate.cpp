@@ -7,6 +7,7 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/data/sampler.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/data_source.h"
 #include "meshtrain/train/distributed.h"
 #include "meshtrain/util/error.h"
 
@@ -29,9 +30,9 @@ double validation_loss_sum(Model& model, const ValidationSet& val, MicroBatch& s
   double loss = 0;
   for (int64_t k = 0; k < val.num_micro_batches(); ++k) {
     val.read(k, scratch);
-    tokens += scratch.rows * scratch.seq_len;
+    tokens += count_loss_tokens(scratch);
     loss += model.forward_loss(scratch.inputs.data(), scratch.targets.data(), scratch.rows,
-                               scratch.seq_len);
+                               scratch.seq_len, positions_of(scratch));
   }
   return loss;
 }
@@ -42,8 +43,8 @@ EvalResult evaluate_checkpoint(const std::string& dir, const EvalOptions& option
   // A training run's own settings, so its logged val_loss is reproduced.
   Precision precision = Precision::fp32;
   int64_t batches = 8, batch_size = 8, micro = 0, seq = 0;
+  TrainConfig run;  // its data settings (format, tokenizer); token shards for other directories
   if (is_training_checkpoint(dir)) {
-    TrainConfig run;
     read_train_state(dir, &run);
     precision = run.train.precision;
     batches = run.train.eval_batches;
@@ -66,7 +67,10 @@ EvalResult evaluate_checkpoint(const std::string& dir, const EvalOptions& option
                   seq, c.max_seq_len);
 
   const int64_t rank = dp ? dp->rank() : 0, ranks = dp ? dp->size() : 1;
-  const TokenDataset data(options.data, c.vocab_size, seq);
+  run.model = c;
+  run.train.seq_len = seq;
+  const std::unique_ptr<SampleSource> source = open_sample_source(run, options.data, false);
+  const SampleSource& data = *source;
   const ValidationSet val(data, rank_loader_options(batch_size, micro, rank, ranks), batches);
   MicroBatch scratch;
   int64_t tokens = 0;

@@ -6,6 +6,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/backend/cpu/attention.h"
+#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/model/params.h"
 #include "meshtrain/parallel/pipeline/executor.h"
@@ -13,6 +16,7 @@
 #include "meshtrain/parallel/zero/flat_param.h"
 #include "meshtrain/parallel/zero/memory.h"
 #include "meshtrain/parallel/zero/sharded.h"
+#include "meshtrain/train/data_parallel.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/util/error.h"
 
@@ -97,10 +101,19 @@ ChunkBytes chunk_bytes(const LocalShape& s, const RecomputePolicy& policy, int64
   return c;
 }
 
-// The Workspace buffers a block call reuses, the classifier's logits chunk
-// (on the stage with the output layer) and RoPE's tables (plan/memory.cpp
+// RoPE's cos and sin tables (Llama), allocated with the model.
+double rope_table_bytes(const ModelConfig& model) {
+  if (model.family != Family::llama) return 0;
+  return 4 * static_cast<double>(model.max_seq_len * model.head_dim());
+}
+
+int run_threads(const TrainConfig& config) {
+  return config.train.threads > 0 ? config.train.threads : cpu::available_cores();
+}
+
+// The Workspace buffers a block call reuses and RoPE's tables (plan/memory.cpp
 // engine_memory, by this rank's widths).
-double workspace_bytes(const TrainConfig& config, const LocalShape& s, bool head) {
+double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
   const bool bf16 = s.e == 2;
   const double qkv = s.q + 2 * s.kv;
   double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * s.d +
@@ -108,17 +121,130 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s, bool head
   if (config.parallel.tp > 1) {
     w += 4 * s.n * s.d;  // partial (row-parallel sums)
     if (config.parallel.sequence_parallel) {
-      w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d;  // dres_full, shards, column_input
+      // dres_full, shards, column_input; the norm gradients' slots (4 norm params of d).
+      w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d + 4 * 4 * s.d;
     }
   }
-  if (head) {  // the stage that runs the output layer
-    const double chunk = std::min(s.n, 256.0);
-    w += chunk * s.vocab * (4 + (bf16 ? 2 : 0));
+  return w + rope_table_bytes(config.model);
+}
+
+// The context's reused scratch slots (backend/cpu/onednn.h Scratch: each one
+// grown to its largest request, the old buffer freed first, never shrunk), at
+// their size once every call of the step has run: oneDNN's scratchpad and
+// the f16 staging over every GEMM through matmul() (model/block.cpp,
+// model/tensor_parallel.cpp, the classifier of backend/cpu/cross_entropy.cpp),
+// the attention kernels' per-thread buffer, the classifier's logits chunk
+// (and its 16-bit d_logits); and the start-up FLOP/s probe's GEMMs
+// (train.peak_flops = 0). Sizes come from the backend's queries, which build
+// the primitive descriptors matmul() builds, for the run's thread count.
+double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage,
+                          double vocab_rows) {
+  const DType dt = compute_dtype(config.train.precision);
+  const int threads = run_threads(config);
+  const bool llama = config.model.family == Family::llama, tp = config.parallel.tp > 1;
+  const auto n = static_cast<int64_t>(s.n), d = static_cast<int64_t>(s.d);
+  size_t onednn = 0, staging = 0, attention = 0, logits = 0, dlogits = 0;
+  auto gemm = [&](const cpu::MatmulDims& dims, bool accumulate = false, bool bias = false) {
+    const cpu::MatmulWorkspace w =
+        cpu::matmul_workspace(dims, dt, DType::f32, threads, 1.0f, accumulate, bias);
+    onednn = std::max(onednn, w.scratchpad);
+    staging = std::max(staging, w.f16_staging);
+  };
+  if (!stage.chunks.empty() && stage.chunks.front().second > stage.chunks.front().first) {
+    // A block's linear layers (model/block.cpp Block): in -> out; row-parallel
+    // ones (proj, ff_out) add into the residual at tp 1, else write a partial.
+    struct Linear {
+      int64_t in, out;
+      bool row_parallel;
+    };
+    const auto q = static_cast<int64_t>(s.q), qkv = static_cast<int64_t>(s.q + 2 * s.kv);
+    const auto f = static_cast<int64_t>(s.f), ff_in = static_cast<int64_t>(s.ff_in);
+    for (const Linear& l : {Linear{d, qkv, false}, Linear{q, d, true}, Linear{d, ff_in, false},
+                            Linear{f, d, true}}) {
+      const bool adds = l.row_parallel && !tp;
+      gemm({.m = n, .n = l.out, .k = l.in, .trans_b = llama}, adds, !llama && (adds || !l.row_parallel));
+      // Backward: dW += dY^T X (llama) or X^T dY (GPT-2), then dX.
+      gemm({.m = llama ? l.out : l.in, .n = llama ? l.in : l.out, .k = n, .trans_a = true}, true);
+      gemm({.m = n, .n = l.in, .k = l.out, .trans_b = !llama});
+    }
+    const int64_t tp_size = config.parallel.tp;
+    const cpu::AttentionDims dims{static_cast<int64_t>(s.mb), static_cast<int64_t>(s.seq),
+                                  config.model.n_heads / tp_size, config.model.n_kv_heads / tp_size,
+                                  config.model.head_dim()};
+    // Training's forward and backward (selective: the probabilities
+    // recomputed; full keeps them while a block recomputes) and evaluation's
+    // forward, which keeps them.
+    const bool selective = config.train.recompute == Recompute::selective;
+    for (bool backward : {false, true}) {
+      attention = std::max(attention,
+                           cpu::attention_workspace_bytes(dims, dt, selective, backward, threads));
+    }
+    attention = std::max(attention, cpu::attention_workspace_bytes(dims, dt, false, false, threads));
   }
-  if (config.model.family == Family::llama) {
-    w += 4 * static_cast<double>(config.model.max_seq_len * config.model.head_dim());
+  if (config.train.peak_flops <= 0) {
+    const cpu::MatmulWorkspace probe = cpu::peak_probe_workspace(dt, threads).slots;
+    onednn = std::max(onednn, probe.scratchpad);
+    staging = std::max(staging, probe.f16_staging);
   }
-  return w;
+  if (stage.last) {
+    // The fused classifier over all rows, in chunks of up to 256 rows (its
+    // default): the logits, d(h) and d(W) GEMMs of each chunk size.
+    const auto vocab = static_cast<int64_t>(vocab_rows);
+    const int64_t chunk = std::min<int64_t>(n, 256);
+    for (const int64_t rows : {chunk, n % chunk}) {
+      if (rows == 0) continue;
+      gemm({.m = rows, .n = vocab, .k = d, .trans_b = true});
+      gemm({.m = rows, .n = d, .k = vocab});
+      gemm({.m = vocab, .n = d, .k = rows, .trans_a = true}, true);
+    }
+    logits = static_cast<size_t>(chunk * vocab) * 4;
+    if (dt != DType::f32) dlogits = static_cast<size_t>(chunk * vocab) * dtype_size(dt);
+  }
+  return static_cast<double>(onednn + staging + attention + logits + dlogits);
+}
+
+// Evaluation without a pipeline (Model::forward_loss): its activations keep
+// nothing for a backward, so they are workspace while one micro-batch runs:
+// two residuals, one block's tensors (the attention kernel's saved q, k, v
+// and probabilities excepted: those are activations) and the final norm's.
+double evaluation_workspace_bytes(const LocalShape& s) {
+  const double norm = s.e * s.r * s.d + s.stats(s.r);
+  return 2 * 4 * s.r * s.d                      // residuals
+         + 2 * norm + s.e * s.n * s.q           // xn1, xn2; attention output
+         + 4 * s.r * s.d + 4 * s.n * s.ff_in    // mid, ff_pre
+         + s.e * s.n * s.f                      // ff_act
+         + norm;                                // hn
+}
+
+// Elements of each state this rank writes to a checkpoint: the replica-0
+// pieces of its shard map, narrowed as the engine narrows it (Model::shard_map
+// by params_shard_map, then DataParallel::shard_map: ZeRO's shards or DDP's
+// split of the writing).
+int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& held,
+                               const StageLayers& stage, MeshCoord coord, int dp) {
+  const ModelConfig& model = config.model;
+  size_t duplicate = static_cast<size_t>(-1);  // a tied output layer's copy on a later stage
+  std::vector<int64_t> offsets;
+  int64_t offset = 0;
+  for (size_t i = 0; i < held.specs.size(); ++i) {
+    if (!stage.first && model.tie_embeddings &&
+        held.specs[i].split.global_shape == Shape{model.vocab_size, model.dim}) {
+      duplicate = i;
+    }
+    offsets.push_back(offset);
+    offset += held.specs[i].numel();
+  }
+  layout::ShardMap map = params_shard_map(held.specs, coord.tp, duplicate);
+  if (config.parallel.zero > 0) {
+    const zero::ZeroLayout layout =
+        zero::make_zero_layout(held.specs, held.units, config.train.precision, dp);
+    map = zero::narrow_to_shard(layout, offsets, map, coord.dp);
+  } else if (dp > 1) {
+    map = split_replica_writes(map, dp, coord.dp);
+  }
+  int64_t owned = 0;
+  for (const layout::ShardPiece& p : map.pieces) owned += p.replica == 0 ? p.region.numel() : 0;
+  return owned;
 }
 
 int64_t micro_batch_rows(const TrainConfig& config, int dp) {
@@ -247,7 +373,6 @@ std::string_view prediction_basis_name(PredictionBasis basis) {
   switch (basis) {
     case PredictionBasis::exact: return "exact";
     case PredictionBasis::bound: return "bound";
-    case PredictionBasis::estimate: return "estimate";
   }
   return "?";
 }
@@ -471,16 +596,40 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   out.peak[idx(MemCategory::activations)] = activations;
   out.peak[idx(MemCategory::comm)] = comm;
-  out.peak[idx(MemCategory::workspace)] = workspace_bytes(config, s, stage.last);
-  if (config.train.checkpoint_interval >= 0) {
-    // Checkpoints (ckpt/distributed.h): a file buffer of at most ckpt.buffer_mb,
-    // and with ckpt.async a staged copy of the (master, exp_avg, exp_avg_sq)
-    // this rank writes: about 1/dp of its state.
-    const double written = 12 * psi / dp, buffer = config.ckpt.buffer_mb * 1024 * 1024;
-    out.peak[idx(MemCategory::workspace)] +=
-        std::min(buffer, written) + (config.ckpt.async ? written : 0);
+  double vocab_rows = 0;  // the output layer's rows on this rank (tp: its padded slice)
+  for (const ParamSpec& spec : held.specs) {
+    if (spec.split.global_shape == Shape{model.vocab_size, model.dim}) {
+      vocab_rows = static_cast<double>(spec.shape[0]);
+    }
   }
-  out.basis[idx(MemCategory::workspace)] = PredictionBasis::estimate;
+  out.peak[idx(MemCategory::workspace)] =
+      workspace_bytes(config, s) + scratch_slot_bytes(config, s, stage, vocab_rows);
+  // On top of those: evaluation's forward and a checkpoint's buffers
+  // (ckpt/distributed.h: a sync save's file buffer, or an async save's staging
+  // copy of what this rank writes). The trainer evaluates, then saves, at the
+  // end of a step; an async save keeps its copy for the next one, so an
+  // evaluation after a periodic save runs next to it.
+  const TrainSettings& t = config.train;
+  const double eval = evaluates && pp == 1 ? evaluation_workspace_bytes(s) : 0;
+  double save = 0;
+  if (t.checkpoint_interval >= 0) {
+    const int64_t owned = checkpoint_owned_elems(config, held, stage, coord, dp);
+    save = static_cast<double>(dist_ckpt::save_workspace_bytes(
+        owned, static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024), config.ckpt.async));
+  }
+  const bool kept_copy_under_eval = config.ckpt.async && t.checkpoint_interval > 0 &&
+                                    t.checkpoint_interval < t.steps;
+  double& workspace = out.peak[idx(MemCategory::workspace)];
+  workspace += kept_copy_under_eval ? eval + save : std::max(eval, save);
+  if (t.peak_flops <= 0) {
+    // The FLOP/s probe at start (Trainer): the RoPE tables exist, the block
+    // buffers not yet; its operands next to what its GEMMs grow the slots to.
+    const cpu::PeakProbeWorkspace probe =
+        cpu::peak_probe_workspace(compute_dtype(t.precision), run_threads(config));
+    workspace = std::max(workspace, rope_table_bytes(model) + static_cast<double>(probe.operands) +
+                                        static_cast<double>(probe.slots.scratchpad +
+                                                            probe.slots.f16_staging));
+  }
 
   for (size_t c = 0; c < kMemCategories; ++c) {
     if (out.basis[c] != PredictionBasis::bound) out.floor[c] = out.peak[c];

@@ -24,7 +24,6 @@ namespace meshtrain {
 enum class PredictionBasis : uint8_t {
   exact,     // the bytes the engine allocates
   bound,     // an upper bound on a timing-dependent peak (prefetch, async collectives)
-  estimate,  // reused scratch: within about 2x
 };
 std::string_view prediction_basis_name(PredictionBasis basis);
 

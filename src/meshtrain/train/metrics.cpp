@@ -64,6 +64,7 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"lr", r.lr},
                         {"grad_norm", json_number(r.grad_norm)},
                         {"tokens_per_s", r.tokens_per_s},
+                        {"loss_tokens", r.loss_tokens},
                         {"mfu", r.mfu},
                         {"step_ms", r.step_ms},
                         {"data_ms", r.data_ms},

@@ -10,7 +10,8 @@ namespace meshtrain {
 
 struct StepRecord {
   int64_t step = 0;  // 1-based: the step just completed
-  double loss = 0;   // mean token loss over the step's batch
+  double loss = 0;   // mean token loss over the step's batch (its loss tokens)
+  int64_t loss_tokens = 0;  // tokens whose loss counts, whole global batch (SFT: response tokens)
   float lr = 0;
   double grad_norm = 0;  // before clipping (of the unscaled gradients; non-finite when skipped)
   // The update gates (train/update_gate.h): whether the step's update was

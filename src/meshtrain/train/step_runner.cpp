@@ -16,16 +16,18 @@ namespace {
 // Micro-batch after micro-batch through the whole (tp slice of the) model.
 class LocalSteps final : public StepRunner {
  public:
-  LocalSteps(Model& model, int64_t seq) : model_(model), seq_(seq) {}
+  LocalSteps(Model& model, int64_t seq, uint64_t seed) : model_(model), seq_(seq), seed_(seed) {}
   std::string describe() const override { return ""; }
-  double run(DataLoader& loader, DataParallel& dp, float grad_scale, StepRecord&) override {
+  double run(DataLoader& loader, DataParallel& dp, float grad_scale, StepRecord& r) override {
     double loss = 0;
     const int64_t m = loader.micro_batches_per_step();
     for (int64_t a = 0; a < m; ++a) {
       const MicroBatch& batch = loader.next();
       dp.begin_micro_batch(a == 0, a + 1 == m);
+      // LoRA dropout masks keyed by (seed, step, sample, position): layout-independent.
+      if (model_.config().lora.dropout > 0) model_.set_lora_dropout(seed_, r.step, batch.samples);
       loss += model_.forward_backward(batch.inputs.data(), batch.targets.data(), batch.rows, seq_,
-                                      grad_scale);
+                                      grad_scale, positions_of(batch));
     }
     return loss;
   }
@@ -37,6 +39,7 @@ class LocalSteps final : public StepRunner {
  private:
   Model& model_;
   int64_t seq_;
+  uint64_t seed_;
   MicroBatch batch_;
 };
 
@@ -81,7 +84,7 @@ class PipelineSteps final : public StepRunner {
     std::vector<pipeline::MicroBatchRef> refs;
     for (MicroBatch& batch : batches_) {
       batch = loader.next();
-      refs.push_back({batch.inputs.data(), batch.targets.data()});
+      refs.push_back({batch.inputs.data(), batch.targets.data(), positions_of(batch)});
     }
     dp.begin_schedule();
     const double loss = executor_->run(refs, grad_scale);
@@ -112,12 +115,12 @@ class PipelineSteps final : public StepRunner {
     for (int64_t k = 0; k < val.num_micro_batches(); ++k) {
       MicroBatch& b = batches[static_cast<size_t>(k)];
       val.read(k, b);
-      tokens += b.rows * b.seq_len;
+      tokens += count_loss_tokens(b);
       // The stages agreed on one message size: the training micro-batch's.
       MESHTRAIN_CHECK(b.rows == executor_->micro_batch_rows(),
                       "evaluate: validation micro-batch of {} rows; the pipeline runs {}", b.rows,
                       executor_->micro_batch_rows());
-      refs.push_back({b.inputs.data(), b.targets.data()});
+      refs.push_back({b.inputs.data(), b.targets.data(), positions_of(b)});
     }
     return sum_over_ranks(pp_, executor_->evaluate(refs));
   }
@@ -155,7 +158,9 @@ StageLayers stage_of(const TrainConfig& config, const DeviceMesh* mesh, int64_t 
 std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, Model& model,
                                              DeviceMesh* mesh, int64_t micro_batches,
                                              int64_t micro_batch_rows) {
-  if (config.parallel.pp == 1) return std::make_unique<LocalSteps>(model, config.train.seq_len);
+  if (config.parallel.pp == 1) {
+    return std::make_unique<LocalSteps>(model, config.train.seq_len, config.train.seed);
+  }
   return std::make_unique<PipelineSteps>(config, model, *mesh,
                                          pipeline_shape(config, micro_batches), micro_batch_rows);
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/optim/clip.h"
+#include "meshtrain/train/data_source.h"
 #include "meshtrain/train/distributed.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/memory_check.h"
@@ -84,8 +85,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   }
 
   // Data first: a bad file should fail before anything slow happens.
-  train_data_ = std::make_unique<TokenDataset>(expand_train_files(config_.data),
-                                               config_.model.vocab_size, t.seq_len);
+  train_data_ = open_sample_source(config_, expand_train_files(config_.data), true);
   LoaderOptions loader =
       rank_loader_options(t.batch_size, t.micro_batch_size, options_.dp_rank, options_.dp_size);
   loader.seed = t.seed;
@@ -94,8 +94,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   loader.produce_delay_ms = slow_.data_ms;
   loader_options_ = loader;
   if (!config_.data.val.empty()) {
-    val_data_ = std::make_unique<TokenDataset>(expand_val_files(config_.data),
-                                               config_.model.vocab_size, t.seq_len);
+    val_data_ = open_sample_source(config_, expand_val_files(config_.data), false);
     val_set_ = std::make_unique<ValidationSet>(*val_data_, loader, t.eval_batches);
   }
   loader_ = std::make_unique<DataLoader>(*train_data_, loader, resumed.sampler);
@@ -124,6 +123,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   gates_ = make_update_gates(config_, mesh != nullptr ? &mesh->world() : nullptr);
   if (resumed_from_.empty()) {
     dp_->init_weights(t.seed);
+    if (!t.init_from.empty()) checkpointer_->load_weights(t.init_from, *ctx_);
   } else {
     const auto load_start = std::chrono::steady_clock::now();
     checkpointer_->load(resumed_from_);
@@ -288,13 +288,11 @@ void Trainer::print_setup(const LoaderOptions& loader) {
     }
   }
   const GlobalOrder& order = loader_->order();
-  fmt::print("data: {} tokens, {} samples of {} (+1) tokens, {} steps per epoch ({:.2f} epochs)"
-             "{}\n",
-             train_data_->num_tokens(), train_data_->num_samples(), t.seq_len,
+  fmt::print("data: {}, {} steps per epoch ({:.2f} epochs){}\n", train_data_->describe(),
              order.batches_per_epoch(),
              static_cast<double>(t.steps) / static_cast<double>(order.batches_per_epoch()),
-             val_data_ ? fmt::format("; val {} tokens, {} sequences per validation",
-                                     val_data_->num_tokens(), t.eval_batches * t.batch_size)
+             val_data_ ? fmt::format("; val {}, {} sequences per validation",
+                                     val_data_->describe(), t.eval_batches * t.batch_size)
                        : "");
   fmt::print("MFU peak: {} ({})\n", format_flops(peak_flops_), peak_source_);
   if (!resumed_from_.empty()) {
@@ -313,9 +311,15 @@ void Trainer::log_memory(const char* when) {
 StepRecord Trainer::train_step() {
   const TrainSettings& t = config_.train;
   auto start = std::chrono::steady_clock::now();
-  // Each token's loss weighs 1/tokens-per-step: the gradient of the step's
-  // mean (with dp ranks: of this rank's share, averaged over ranks).
-  const float grad_scale = 1.0f / static_cast<float>(t.tokens_per_step() / options_.dp_size);
+  // Each loss token weighs 1/(loss tokens of the whole step): the gradient of
+  // the step's mean over every micro-batch and dp rank (dp ranks' gradients
+  // are averaged, hence the factor dp). The loader counts the global batch,
+  // so every rank knows it before backward without a collective. Token
+  // shards: every token, tokens_per_step.
+  const int64_t loss_tokens = loader_->step_loss_tokens();
+  const double per_rank = static_cast<double>(std::max<int64_t>(1, loss_tokens)) /
+                          static_cast<double>(options_.dp_size);
+  const float grad_scale = 1.0f / static_cast<float>(per_rank);
   const TensorParallel& tp = model_->tensor_parallel();
   const uint64_t tp_bytes = tp.active() ? tp.comm->stats().total().bytes : 0;
   const double data_wait = loader_->stats().wait_seconds;
@@ -336,7 +340,8 @@ StepRecord Trainer::train_step() {
   sync_span.end();
   inject_grad_fault(*dp_, batch, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
-  r.loss = loss_sum / static_cast<double>(t.tokens_per_step());
+  r.loss_tokens = loss_tokens;
+  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, loss_tokens));
   // Each element counted once across tp, stages and shards.
   trace::Span norm_span("step", "grad norm");
   r.grad_norm = dp_->grad_norm(runner_->stages()) / loss_scale;

@@ -137,8 +137,8 @@ class Trainer {
   MemoryTracker tracker_;
   std::vector<RankMemory> memory_plan_;
   std::unique_ptr<cpu::CpuContext> ctx_;
-  std::unique_ptr<TokenDataset> train_data_;
-  std::unique_ptr<TokenDataset> val_data_;  // null without data.val
+  std::unique_ptr<SampleSource> train_data_;  // token shards or SFT records (data.format)
+  std::unique_ptr<SampleSource> val_data_;    // null without data.val
   LoaderOptions loader_options_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<ValidationSet> val_set_;  // null without data.val

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "meshtrain/backend/cpu/matmul.h"
@@ -56,6 +58,17 @@ void check_dims(const AttentionDims& d, const RopeTable* rope, int64_t positions
     MESHTRAIN_CHECK(positions <= rope->max_seq, "attention: position {} beyond the rope table ({})",
                     positions - 1, rope->max_seq);
   }
+  if (d.positions != nullptr) {
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (int64_t t = 0; t < d.seq; ++t) {
+        const int64_t p = d.position(b, t);
+        MESHTRAIN_CHECK(p >= 0 && p <= t && (p == 0 || d.position(b, t - 1) == p - 1),
+                        "attention: position {} of token {} in row {} is not 0 or its "
+                        "predecessor's + 1 (records restart at 0)",
+                        p, t, b);
+      }
+    }
+  }
 }
 
 void ensure(Tensor& t, const Shape& shape, DType dtype, MemoryTracker& tracker) {
@@ -76,15 +89,19 @@ inline void put_head(const float* src, T* dst, const float* cos, const float* si
   simd::store_row(dst, src, D);
 }
 
-// Causal softmax of one row of scores (length n = t + 1 used, T total):
-// probs[0..n) = softmax, probs[n..T) = 0.
+// Causal softmax of one row of scores over keys [first, n) (n = t + 1; first:
+// the record's first token, 0 unpacked), T total: probs[first..n) = softmax,
+// zero elsewhere. scores may alias probs (f32).
 template <typename T>
-inline void softmax_row(float* scores, T* probs, int64_t n, int64_t T_total) {
-  const float mx = simd::max_of(scores, n);
-  const float inv = 1.0f / simd::exp_shift_sum(scores, n, mx);
+inline void softmax_row(float* scores, T* probs, int64_t first, int64_t n, int64_t T_total) {
+  std::memset(static_cast<void*>(probs), 0, static_cast<size_t>(first) * sizeof(T));
+  scores += first;
+  const int64_t len = n - first;
+  const float mx = simd::max_of(scores, len);
+  const float inv = 1.0f / simd::exp_shift_sum(scores, len, mx);
 #pragma omp simd
-  for (int64_t s = 0; s < n; ++s) scores[s] *= inv;
-  simd::store_row(probs, scores, n);
+  for (int64_t s = 0; s < len; ++s) scores[s] *= inv;
+  simd::store_row(probs + first, scores, len);
   std::memset(static_cast<void*>(probs + n), 0, static_cast<size_t>(T_total - n) * sizeof(T));
 }
 
@@ -182,6 +199,37 @@ struct CausalBlocks {
   int64_t seq, size;
 };
 
+// The per-block GEMMs, one function each, for the kernels' ThreadMatmuls and
+// for attention_workspace_bytes. Query block i from key key0 (0 unless packed
+// rows skip masked key blocks): scores (and dP) [rows, key0:end) = q[rows]
+// k[key0:end)^T; out (and dQ) [rows] = P[rows, key0:end) v[key0:end). Key
+// block i: dK[keys] = dS[begin:T, keys]^T q[begin:T] (and dV from P, dO).
+MatmulDims score_dims(const CausalBlocks& blk, int64_t i, int64_t D, int64_t key0 = 0) {
+  return MatmulDims{1, blk.rows(i), blk.end(i) - key0, D, false, true, false, D, D, blk.seq};
+}
+MatmulDims output_dims(const CausalBlocks& blk, int64_t i, int64_t D, int64_t key0 = 0) {
+  return MatmulDims{1, blk.rows(i), D, blk.end(i) - key0, false, false, false, blk.seq, D, D};
+}
+MatmulDims key_grad_dims(const CausalBlocks& blk, int64_t i, int64_t D) {
+  return MatmulDims{1, blk.rows(i), D, blk.seq - blk.begin(i), true, false, false, blk.seq, D, D};
+}
+
+float score_scale(int64_t D) { return 1.0f / std::sqrt(static_cast<float>(D)); }
+
+// One thread's workspace: the pieces in the order the kernels carve them
+// (M = rep * T rows of a group, e = bytes of the compute dtype, pad = the
+// largest GEMM scratchpad of the pass).
+size_t forward_thread_bytes(int64_t M, int64_t T, int64_t D, int64_t e, bool keep_probs, size_t pad) {
+  const bool f32 = e == 4;
+  return Carver::bytes({f32 ? 0 : M * T * 4, keep_probs ? 0 : M * T * e, M * D * e,
+                        static_cast<int64_t>(pad)});
+}
+size_t backward_thread_bytes(int64_t M, int64_t T, int64_t D, int64_t e, bool keep_probs, size_t pad) {
+  const bool f32 = e == 4;
+  return Carver::bytes({M * D * e, M * T * 4, f32 ? 0 : M * T * e, M * D * 4, T * D * 4, T * D * 4,
+                        D * 4, static_cast<int64_t>(pad), keep_probs ? 0 : M * T * e});
+}
+
 // One ThreadMatmul per causal block, dims from make(block index).
 template <typename MakeDims>
 std::vector<ThreadMatmul> per_block(CpuContext& ctx, const CausalBlocks& blocks, DType ab, DType c,
@@ -192,6 +240,67 @@ std::vector<ThreadMatmul> per_block(CpuContext& ctx, const CausalBlocks& blocks,
   return out;
 }
 
+// Packed rows (AttentionDims::positions): for row b and query block i, the
+// first key block any of the block's queries sees. Keys before it are masked
+// for all of them, so the block's GEMMs start there (fully masked blocks are
+// skipped). Without positions every block starts at key block 0.
+class KeySkip {
+ public:
+  KeySkip(const AttentionDims& d, const CausalBlocks& blk) : count_(blk.count()) {
+    if (d.positions == nullptr) return;
+    first_.resize(static_cast<size_t>(d.batch * count_));
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (int64_t i = 0; i < count_; ++i) {
+        int64_t first = blk.begin(i);
+        for (int64_t t = blk.begin(i); t < blk.end(i); ++t) first = std::min(first, t - d.position(b, t));
+        first_[static_cast<size_t>(b * count_ + i)] = first / blk.size;
+      }
+    }
+  }
+  int64_t at(int64_t b, int64_t i) const {
+    return first_.empty() ? 0 : first_[static_cast<size_t>(b * count_ + i)];
+  }
+  // Whether some row's block i starts at key block j.
+  bool used(int64_t i, int64_t j) const {
+    if (first_.empty()) return j == 0;
+    for (size_t k = static_cast<size_t>(i); k < first_.size(); k += static_cast<size_t>(count_))
+      if (first_[k] == j) return true;
+    return false;
+  }
+
+ private:
+  int64_t count_;
+  std::vector<int64_t> first_;  // [batch * count]
+};
+
+// A GEMM per query block i and first key block j (keys [j*size, end(i))),
+// for the pairs a KeySkip uses (j = 0 only without positions: the same
+// GEMMs as per_block). make(i, key0) gives the dims.
+class BlockMatmuls {
+ public:
+  template <typename MakeDims>
+  BlockMatmuls(CpuContext& ctx, const CausalBlocks& blk, const KeySkip& skip, DType ab, DType c,
+               MakeDims make, float alpha = 1.0f)
+      : count_(blk.count()), by_start_(static_cast<size_t>(count_ * count_)) {
+    for (int64_t i = 0; i < count_; ++i)
+      for (int64_t j = 0; j <= i; ++j)
+        if (skip.used(i, j))
+          by_start_[static_cast<size_t>(i * count_ + j)] =
+              std::make_unique<ThreadMatmul>(ctx, make(i, j * blk.size), ab, c, alpha);
+  }
+  ThreadMatmul& at(int64_t i, int64_t j) { return *by_start_[static_cast<size_t>(i * count_ + j)]; }
+  size_t pad() const {
+    size_t pad = 0;
+    for (const auto& m : by_start_)
+      if (m) pad = std::max(pad, m->scratchpad_bytes());
+    return pad;
+  }
+
+ private:
+  int64_t count_;
+  std::vector<std::unique_ptr<ThreadMatmul>> by_start_;  // [i * count + j]
+};
+
 size_t max_pad(std::initializer_list<const std::vector<ThreadMatmul>*> groups) {
   size_t pad = 0;
   for (const auto* g : groups)
@@ -199,31 +308,36 @@ size_t max_pad(std::initializer_list<const std::vector<ThreadMatmul>*> groups) {
   return pad;
 }
 
-// scores[rows, 0:end) = q[rows] k[0:end)^T / sqrt(D), per query block.
-std::vector<ThreadMatmul> score_matmuls(CpuContext& ctx, const CausalBlocks& blk, DType compute,
-                                        int64_t D, int64_t T) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  return per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
-    return MatmulDims{1, blk.rows(i), blk.end(i), D, false, true, false, D, D, T};
-  }, scale);
+// scores[rows, key0:end) = q[rows] k[key0:end)^T / sqrt(D), per query block.
+BlockMatmuls score_matmuls(CpuContext& ctx, const CausalBlocks& blk, const KeySkip& skip,
+                           DType compute, int64_t D) {
+  return BlockMatmuls(ctx, blk, skip, compute, DType::f32,
+                      [&](int64_t i, int64_t key0) { return score_dims(blk, i, D, key0); },
+                      score_scale(D));
 }
 
 // The causal softmax probabilities of one (batch, kv head) group, its rep
 // query heads stacked as rows: probs_g [rep*T, T], zero above the diagonal.
 // q_g [rep*T, D], k_g [T, D]; scores: f32 scratch [rep*T, T] (may alias
-// probs_g in f32). Forward and the recomputation in backward both run this,
-// so recomputed probabilities are bit-identical.
+// probs_g in f32); row_pos: the group's row of AttentionDims::positions or
+// null; b its row (skip). Scores before a block's first key block are not
+// computed (and not read). Forward and the recomputation in backward both
+// run this, so recomputed probabilities are bit-identical.
 template <typename E>
-void group_probs(std::vector<ThreadMatmul>& qk, const CausalBlocks& blk, int tid, const E* q_g,
-                 const E* k_g, int64_t rep, int64_t D, float* scores, E* probs_g, void* pad) {
+void group_probs(BlockMatmuls& qk, const CausalBlocks& blk, const KeySkip& skip, int64_t b,
+                 int tid, const E* q_g, const E* k_g, int64_t rep, int64_t D,
+                 const int32_t* row_pos, float* scores, E* probs_g, void* pad) {
   const int64_t T = blk.seq;
   for (int64_t hh = 0; hh < rep; ++hh) {
     for (int64_t i = 0; i < blk.count(); ++i) {
-      const int64_t r0 = hh * T + blk.begin(i);
-      qk[static_cast<size_t>(i)].run(tid, q_g + r0 * D, k_g, scores + r0 * T, pad);
+      const int64_t r0 = hh * T + blk.begin(i), j = skip.at(b, i), key0 = j * blk.size;
+      qk.at(i, j).run(tid, q_g + r0 * D, k_g + key0 * D, scores + r0 * T + key0, pad);
     }
   }
-  for (int64_t r = 0; r < rep * T; ++r) softmax_row(scores + r * T, probs_g + r * T, r % T + 1, T);
+  for (int64_t r = 0; r < rep * T; ++r) {
+    const int64_t t = r % T, first = row_pos ? t - row_pos[t] : 0;
+    softmax_row(scores + r * T, probs_g + r * T, first, t + 1, T);
+  }
 }
 
 }  // namespace
@@ -260,10 +374,10 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
       std::vector<float> tmp(static_cast<size_t>(D));
 #pragma omp for schedule(static)
       for (int64_t bt = 0; bt < B * T; ++bt) {
-        const int64_t b = bt / T, t = bt % T;
+        const int64_t b = bt / T, t = bt % T, p = dims.position(b, t);
         const float* row = qkv + bt * W;
-        const float* c = rope ? rope->cos.data<float>() + t * half : nullptr;
-        const float* s = rope ? rope->sin.data<float>() + t * half : nullptr;
+        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
         for (int64_t h = 0; h < H; ++h)
           put_head(row + h * D, q + ((b * H + h) * T + t) * D, c, s, D, false, tmp.data());
         for (int64_t j = 0; j < KV; ++j) {
@@ -276,16 +390,15 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
     // 2. Per group: scores = q k^T / sqrt(D), causal softmax, out = P v.
     const int64_t M = rep * T;
     const CausalBlocks blk(T);
-    // scores[rows, 0:end) = q[rows] k[0:end)^T; out[rows] = P[rows, 0:end) v[0:end).
-    auto qk = score_matmuls(ctx, blk, compute, D, T);
-    auto pv = per_block(ctx, blk, compute, compute, [&](int64_t i) {
-      return MatmulDims{1, blk.rows(i), D, blk.end(i), false, false, false, T, D, D};
-    });
-    const auto pad = static_cast<int64_t>(max_pad({&qk, &pv}));
+    const KeySkip skip(dims, blk);
+    // scores[rows, key0:end) = q[rows] k[key0:end)^T; out[rows] = P[rows, key0:end) v[key0:end).
+    BlockMatmuls qk = score_matmuls(ctx, blk, skip, compute, D);
+    BlockMatmuls pv(ctx, blk, skip, compute, compute,
+                    [&](int64_t i, int64_t key0) { return output_dims(blk, i, D, key0); });
+    const auto pad = static_cast<int64_t>(std::max(qk.pad(), pv.pad()));
     const bool f32 = compute == DType::f32;
     // Without kept probabilities each thread's group lives in its scratch.
-    const size_t per_thread = Carver::bytes(
-        {f32 ? 0 : M * T * 4, keep_probs ? 0 : M * T * esize, M * D * esize, pad});
+    const size_t per_thread = forward_thread_bytes(M, T, D, esize, keep_probs, pad);
     char* base = static_cast<char*>(
         ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
     E* o = static_cast<E*>(out);
@@ -298,11 +411,15 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
       E* out_g = mine.take<E>(M * D);
       void* pad_g = mine.take<char>(pad);
       if (f32) scores = reinterpret_cast<float*>(probs_g);
-      group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, scores, probs_g, pad_g);
+      const int64_t row = g / KV;
+      const int32_t* row_pos = dims.positions ? dims.positions + row * T : nullptr;
+      group_probs(qk, blk, skip, row, tid, q + g * M * D, k + g * T * D, rep, D, row_pos, scores,
+                  probs_g, pad_g);
       for (int64_t hh = 0; hh < rep; ++hh) {
         for (int64_t i = 0; i < blk.count(); ++i) {
-          const int64_t r0 = hh * T + blk.begin(i);
-          pv[static_cast<size_t>(i)].run(tid, probs_g + r0 * T, v + g * T * D, out_g + r0 * D, pad_g);
+          const int64_t r0 = hh * T + blk.begin(i), j = skip.at(row, i), key0 = j * blk.size;
+          pv.at(i, j).run(tid, probs_g + r0 * T + key0, v + (g * T + key0) * D, out_g + r0 * D,
+                          pad_g);
         }
       }
       const int64_t b = g / KV, h0 = (g % KV) * rep;
@@ -323,7 +440,7 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
                       (!kept || (saved.probs.defined() && saved.probs.dtype() == compute &&
                                  saved.probs.numel() == B * H * T * T)),
                   "attention_backward: saved tensors do not match dims/compute dtype");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = score_scale(D);
   const int64_t esize = static_cast<int64_t>(dtype_size(compute));
   const int64_t M = rep * T;
 
@@ -334,29 +451,24 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     const E* v = saved.v.data<E>();
     const E* probs = kept ? saved.probs.data<E>() : nullptr;
     const CausalBlocks blk(T);
+    const KeySkip skip(dims, blk);
     // Recomputation: each group's probabilities again, as in the forward.
-    auto qk = kept ? std::vector<ThreadMatmul>{} : score_matmuls(ctx, blk, compute, D, T);
-    // Query block i: dP[rows, 0:end) = dO[rows] v[0:end)^T; dQ[rows] = dS[rows, 0:end) k[0:end).
-    auto dp_mm = per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
-      return MatmulDims{1, blk.rows(i), blk.end(i), D, false, true, false, D, D, T};
-    });
-    auto dq_mm = per_block(ctx, blk, compute, DType::f32, [&](int64_t i) {
-      return MatmulDims{1, blk.rows(i), D, blk.end(i), false, false, false, T, D, D};
-    });
-    // Key block i: dK[keys] = dS[begin:T, keys]^T q[begin:T] (and dV from P, dO), summed
-    // over the group's heads (the first head overwrites, the others accumulate).
-    auto kv_dims = [&](int64_t i) {
-      return MatmulDims{1, blk.rows(i), D, T - blk.begin(i), true, false, false, T, D, D};
-    };
+    std::optional<BlockMatmuls> qk;
+    if (!kept) qk.emplace(score_matmuls(ctx, blk, skip, compute, D));
+    // dP = dO v^T (the scores' shape); dQ = dS k (the output's), from the block's first key block.
+    BlockMatmuls dp_mm(ctx, blk, skip, compute, DType::f32,
+                       [&](int64_t i, int64_t key0) { return score_dims(blk, i, D, key0); });
+    BlockMatmuls dq_mm(ctx, blk, skip, compute, DType::f32,
+                       [&](int64_t i, int64_t key0) { return output_dims(blk, i, D, key0); });
+    // dK and dV sum over the group's heads (the first head overwrites, the others accumulate).
+    auto kv_dims = [&](int64_t i) { return key_grad_dims(blk, i, D); };
     auto dkv_mm = per_block(ctx, blk, compute, DType::f32, kv_dims);
     auto dkv_acc = rep > 1 ? per_block(ctx, blk, compute, DType::f32, kv_dims, 1.0f, true)
                            : std::vector<ThreadMatmul>{};
-    const auto pad = static_cast<int64_t>(max_pad({&dp_mm, &dq_mm, &dkv_mm, &dkv_acc, &qk}));
+    const auto pad = static_cast<int64_t>(std::max({max_pad({&dkv_mm, &dkv_acc}), dp_mm.pad(),
+                                                    dq_mm.pad(), qk ? qk->pad() : size_t{0}}));
     const bool f32 = compute == DType::f32;
-    const int64_t recompute_bytes = kept ? 0 : M * T * esize;
-    const size_t per_thread =
-        Carver::bytes({M * D * esize, M * T * 4, f32 ? 0 : M * T * esize, M * D * 4, T * D * 4,
-                       T * D * 4, D * 4, pad, recompute_bytes});
+    const size_t per_thread = backward_thread_bytes(M, T, D, esize, kept, pad);
     char* base = static_cast<char*>(
         ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
 #pragma omp parallel for schedule(static)
@@ -374,11 +486,13 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       if (f32) ds = reinterpret_cast<E*>(dp);
       const int64_t b = g / KV, j = g % KV, h0 = j * rep;
       const E* probs_g = kept ? probs + g * M * T : nullptr;
+      const int32_t* row_pos = dims.positions ? dims.positions + b * T : nullptr;
       if (!kept) {
         // bf16: the f32 scores use dp's space, which dP overwrites next.
         E* recomputed = mine.take<E>(M * T);
         float* scores = f32 ? reinterpret_cast<float*>(recomputed) : dp;
-        group_probs(qk, blk, tid, q + g * M * D, k + g * T * D, rep, D, scores, recomputed, pad_g);
+        group_probs(*qk, blk, skip, b, tid, q + g * M * D, k + g * T * D, rep, D, row_pos, scores,
+                    recomputed, pad_g);
         probs_g = recomputed;
       }
       // dO for the group's heads, stacked like q.
@@ -387,21 +501,24 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       // dP = dO v^T; dS = P (dP - sum(P dP)) * scale over the causal part.
       for (int64_t hh = 0; hh < rep; ++hh) {
         for (int64_t i = 0; i < blk.count(); ++i) {
-          const int64_t r0 = hh * T + blk.begin(i);
-          dp_mm[static_cast<size_t>(i)].run(tid, dout_g + r0 * D, v + g * T * D, dp + r0 * T, pad_g);
+          const int64_t r0 = hh * T + blk.begin(i), kb = skip.at(b, i), key0 = kb * blk.size;
+          dp_mm.at(i, kb).run(tid, dout_g + r0 * D, v + (g * T + key0) * D, dp + r0 * T + key0,
+                             pad_g);
         }
       }
       for (int64_t r = 0; r < M; ++r) {
-        const int64_t n = r % T + 1;
-        float* dpr = dp + r * T;
-        const E* pr = probs_g + r * T;
+        const int64_t n = r % T + 1, first = row_pos ? r % T - row_pos[r % T] : 0;
+        float* dpr = dp + r * T + first;
+        const E* pr = probs_g + r * T + first;
+        const int64_t len = n - first;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t s = 0; s < n; ++s) dot += simd::load1(pr + s) * dpr[s];
+        for (int64_t s = 0; s < len; ++s) dot += simd::load1(pr + s) * dpr[s];
 #pragma omp simd
-        for (int64_t s = 0; s < n; ++s) dpr[s] = simd::load1(pr + s) * (dpr[s] - dot) * scale;
+        for (int64_t s = 0; s < len; ++s) dpr[s] = simd::load1(pr + s) * (dpr[s] - dot) * scale;
         E* dsr = ds + r * T;
-        if (!f32) simd::store_row(dsr, dpr, n);  // in f32, dS overwrites dP in place
+        if (!f32) simd::store_row(dsr + first, dpr, len);  // in f32, dS overwrites dP in place
+        std::memset(static_cast<void*>(dsr), 0, static_cast<size_t>(first) * esize);
         std::memset(static_cast<void*>(dsr + n), 0, static_cast<size_t>(T - n) * esize);
       }
       // dQ = dS k; dK = dS^T q and dV = P^T dO (these sum over the group's heads).
@@ -409,7 +526,8 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
         for (int64_t i = 0; i < blk.count(); ++i) {
           const auto bi = static_cast<size_t>(i);
           const int64_t r0 = hh * T + blk.begin(i), s0 = blk.begin(i);
-          dq_mm[bi].run(tid, ds + r0 * T, k + g * T * D, dq + r0 * D, pad_g);
+          const int64_t kb = skip.at(b, i), key0 = kb * blk.size;
+          dq_mm.at(i, kb).run(tid, ds + r0 * T + key0, k + (g * T + key0) * D, dq + r0 * D, pad_g);
           ThreadMatmul& kv = hh == 0 ? dkv_mm[bi] : dkv_acc[bi];
           kv.run(tid, ds + r0 * T + s0, q + (g * M + r0) * D, dk + s0 * D, pad_g);
           kv.run(tid, probs_g + r0 * T + s0, dout_g + r0 * D, dv + s0 * D, pad_g);
@@ -417,20 +535,47 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       }
       // Back to [B, T, (H + 2KV) * D], undoing the rotation.
       for (int64_t r = 0; r < M; ++r) {
-        const int64_t t = r % T;
-        const float* c = rope ? rope->cos.data<float>() + t * half : nullptr;
-        const float* s = rope ? rope->sin.data<float>() + t * half : nullptr;
+        const int64_t t = r % T, p = dims.position(b, t);
+        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
         put_head(dq + r * D, dqkv + (b * T + t) * W + (h0 + r / T) * D, c, s, D, true, tmp);
       }
       for (int64_t t = 0; t < T; ++t) {
-        const float* c = rope ? rope->cos.data<float>() + t * half : nullptr;
-        const float* s = rope ? rope->sin.data<float>() + t * half : nullptr;
+        const int64_t p = dims.position(b, t);
+        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
         E* row = dqkv + (b * T + t) * W;
         put_head(dk + t * D, row + (H + j) * D, c, s, D, true, tmp);
         put_head(dv + t * D, row + (H + KV + j) * D, nullptr, nullptr, D, true, tmp);
       }
     }
   });
+}
+
+size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool recompute_probs,
+                                 bool backward, int threads) {
+  check_dims(dims, nullptr, dims.seq);
+  const int64_t T = dims.seq, D = dims.head_dim, M = dims.n_heads / dims.n_kv_heads * T;
+  const auto e = static_cast<int64_t>(dtype_size(compute));
+  const CausalBlocks blk(T);
+  size_t pad = 0;
+  auto take = [&](const MatmulDims& d, DType c, float alpha = 1.0f, bool accumulate = false) {
+    pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, c, threads, alpha, accumulate));
+  };
+  for (int64_t i = 0; i < blk.count(); ++i) {
+    if (!backward || recompute_probs) take(score_dims(blk, i, D), DType::f32, score_scale(D));
+    if (!backward) {
+      take(output_dims(blk, i, D), compute);
+      continue;
+    }
+    take(score_dims(blk, i, D), DType::f32);
+    take(output_dims(blk, i, D), DType::f32);
+    take(key_grad_dims(blk, i, D), DType::f32);
+    if (M > T) take(key_grad_dims(blk, i, D), DType::f32, 1.0f, true);
+  }
+  const size_t per_thread = backward ? backward_thread_bytes(M, T, D, e, !recompute_probs, pad)
+                                     : forward_thread_bytes(M, T, D, e, !recompute_probs, pad);
+  return per_thread * static_cast<size_t>(threads);
 }
 
 void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,

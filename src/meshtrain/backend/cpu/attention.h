@@ -15,7 +15,13 @@ namespace meshtrain::cpu {
 struct AttentionDims {
   int64_t batch = 0, seq = 0;
   int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  // Packed sequences (SFT): [batch * seq] each token's position within its
+  // record, restarting at 0 where a record begins (0 <= positions[t] <= t).
+  // Query t attends keys [t - positions[t], t] only (causal AND same record)
+  // and RoPE rotates by positions[t]. nullptr: one sequence per row (position t).
+  const int32_t* positions = nullptr;
   int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
+  int64_t position(int64_t b, int64_t t) const { return positions ? positions[b * seq + t] : t; }
 };
 
 // cos/sin of position p and pair i: [max_seq, head_dim/2].
@@ -56,6 +62,15 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
 // d_out: [B, T, H*D] f32. d_qkv: [B, T, (H + 2*KV)*D] in `compute` dtype (overwritten).
 void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,
                         DType compute, const AttentionSaved& saved, const float* d_out, void* d_qkv);
+
+// The workspace (bytes; the context's `attention` slot, grown, never shrunk)
+// attention_forward (backward = false) or attention_backward takes with
+// `threads` OpenMP threads: per thread, one (batch, kv head) group's f32
+// scores, its probabilities when they are recomputed, its output (forward) or
+// gradients (backward), and its GEMMs' largest scratchpad; the kernels carve
+// their buffer by the same per-thread layout.
+size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool recompute_probs,
+                                 bool backward, int threads);
 
 // Incremental decoding. The cache holds post-RoPE k and v for positions [0, len).
 struct KVCacheLayer {

@@ -8,7 +8,8 @@
 namespace meshtrain::cpu {
 
 void embedding_forward(const float* table, const float* positions, const int32_t* ids, float* out,
-                       int64_t batch, int64_t seq, int64_t dim, int64_t pos0) {
+                       int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
+                       const int32_t* pos_ids) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < batch * seq; ++i) {
     const float* row = table + static_cast<int64_t>(ids[i]) * dim;
@@ -16,7 +17,7 @@ void embedding_forward(const float* table, const float* positions, const int32_t
     if (positions == nullptr) {
       std::memcpy(o, row, static_cast<size_t>(dim) * sizeof(float));
     } else {
-      const float* p = positions + (pos0 + i % seq) * dim;
+      const float* p = positions + (pos_ids ? pos_ids[i] : pos0 + i % seq) * dim;
 #pragma omp simd
       for (int64_t j = 0; j < dim; ++j) o[j] = row[j] + p[j];
     }
@@ -25,7 +26,7 @@ void embedding_forward(const float* table, const float* positions, const int32_t
 
 void embedding_backward(const int32_t* ids, const float* dout, float* dtable, float* dpositions,
                         int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
-                        int64_t vocab_end) {
+                        int64_t vocab_end, const int32_t* pos_ids) {
   // Threads own disjoint column ranges and walk the tokens in order, so every
   // element is summed in token order whatever the thread count (no races).
   const int64_t tokens = batch * seq;
@@ -46,7 +47,7 @@ void embedding_backward(const int32_t* ids, const float* dout, float* dtable, fl
           for (int64_t j = c0; j < c1; ++j) row[j] += d[j];
         }
         if (dpositions != nullptr) {
-          float* p = dpositions + (i % seq) * dim;
+          float* p = dpositions + (pos_ids ? pos_ids[i] : i % seq) * dim;
 #pragma omp simd
           for (int64_t j = c0; j < c1; ++j) p[j] += d[j];
         }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "meshtrain/backend/cpu/onednn.h"
@@ -25,26 +26,35 @@ memory::data_type onednn_type(DType dtype) {
   }
 }
 
-// Builds the primitive for one key. Transposes are strides on plain
-// memory; a broadcast B has batch dimension 1.
-MatmulEntry create_matmul(CpuContext::Impl& impl, const MatmulKey& key) {
+// The primitive descriptor of one key and its memory descriptors: the one
+// place a matmul is described, for the primitive (create_matmul) and for the
+// workspace query (matmul_workspace). Transposes are strides on plain memory;
+// a broadcast B has batch dimension 1. oneDNN sizes the scratchpad for the
+// OpenMP thread count at this call.
+struct MatmulDescription {
+  memory::desc src, wei, dst, bias;
+  bool bias_post_op = false;  // alpha != 1: the bias is a binary-add post-op
+  dnnl::matmul::primitive_desc pd;
+};
+
+MatmulDescription describe_matmul(const dnnl::engine& engine, const MatmulKey& key) {
   const bool trans_a = key.flags & 1, trans_b = key.flags & 2, broadcast_b = key.flags & 4;
   const bool accumulate = key.flags & 8, has_bias = key.flags & 16;
   const int64_t B = key.batch, M = key.m, N = key.n, K = key.k;
   auto ab = static_cast<memory::data_type>(key.ab);
   auto c = static_cast<memory::data_type>(key.c);
-  memory::desc src, wei, dst, bias;
+  MatmulDescription d;
   if (B == 1) {
-    src = memory::desc({M, K}, ab, trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
-    wei = memory::desc({K, N}, ab, trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
-    dst = memory::desc({M, N}, c, memory::dims{key.ldc, 1});
-    bias = memory::desc({1, N}, memory::data_type::f32, memory::dims{N, 1});
+    d.src = memory::desc({M, K}, ab, trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
+    d.wei = memory::desc({K, N}, ab, trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
+    d.dst = memory::desc({M, N}, c, memory::dims{key.ldc, 1});
+    d.bias = memory::desc({1, N}, memory::data_type::f32, memory::dims{N, 1});
   } else {
-    src = memory::desc({B, M, K}, ab, trans_a ? memory::dims{M * K, 1, M} : memory::dims{M * K, K, 1});
-    wei = memory::desc({broadcast_b ? 1 : B, K, N}, ab,
-                       trans_b ? memory::dims{K * N, 1, K} : memory::dims{K * N, N, 1});
-    dst = memory::desc({B, M, N}, c, memory::dims{M * N, N, 1});
-    bias = memory::desc({1, 1, N}, memory::data_type::f32, memory::dims{N, N, 1});
+    d.src = memory::desc({B, M, K}, ab, trans_a ? memory::dims{M * K, 1, M} : memory::dims{M * K, K, 1});
+    d.wei = memory::desc({broadcast_b ? 1 : B, K, N}, ab,
+                         trans_b ? memory::dims{K * N, 1, K} : memory::dims{K * N, N, 1});
+    d.dst = memory::desc({B, M, N}, c, memory::dims{M * N, N, 1});
+    d.bias = memory::desc({1, 1, N}, memory::data_type::f32, memory::dims{N, N, 1});
   }
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -53,24 +63,72 @@ MatmulEntry create_matmul(CpuContext::Impl& impl, const MatmulKey& key) {
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   // oneDNN scales (A·B + bias) by the output scale; for alpha·A·B + bias the
   // bias becomes a binary-add post-op applied after the scaling.
-  const bool bias_post_op = has_bias && alpha != 1.0f;
+  d.bias_post_op = has_bias && alpha != 1.0f;
   dnnl::post_ops ops;
   if (accumulate) ops.append_sum(1.0f);
-  if (bias_post_op) ops.append_binary(dnnl::algorithm::binary_add, bias);
+  if (d.bias_post_op) ops.append_binary(dnnl::algorithm::binary_add, d.bias);
   attr.set_post_ops(ops);
-  auto desc = has_bias && !bias_post_op ? dnnl::matmul::desc(src, wei, bias, dst)
-                                        : dnnl::matmul::desc(src, wei, dst);
-  dnnl::matmul::primitive_desc pd(desc, attr, impl.engine);
+  auto desc = has_bias && !d.bias_post_op ? dnnl::matmul::desc(d.src, d.wei, d.bias, d.dst)
+                                          : dnnl::matmul::desc(d.src, d.wei, d.dst);
+  d.pd = dnnl::matmul::primitive_desc(desc, attr, engine);
+  return d;
+}
+
+// Builds the primitive for one key.
+MatmulEntry create_matmul(CpuContext::Impl& impl, const MatmulKey& key) {
+  const bool accumulate = key.flags & 8, has_bias = key.flags & 16;
+  const MatmulDescription d = describe_matmul(impl.engine, key);
   MatmulEntry entry;
-  entry.prim = dnnl::matmul(pd);
-  entry.src = memory(src, impl.engine, DNNL_MEMORY_NONE);
-  entry.wei = memory(wei, impl.engine, DNNL_MEMORY_NONE);
-  entry.dst = memory(dst, impl.engine, DNNL_MEMORY_NONE);
-  if (has_bias) entry.bias = memory(bias, impl.engine, DNNL_MEMORY_NONE);
-  entry.bias_arg = bias_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(accumulate ? 1 : 0) | DNNL_ARG_SRC_1)
-                                : DNNL_ARG_BIAS;
-  entry.scratchpad_bytes = pd.scratchpad_desc().get_size();
+  entry.prim = dnnl::matmul(d.pd);
+  entry.src = memory(d.src, impl.engine, DNNL_MEMORY_NONE);
+  entry.wei = memory(d.wei, impl.engine, DNNL_MEMORY_NONE);
+  entry.dst = memory(d.dst, impl.engine, DNNL_MEMORY_NONE);
+  if (has_bias) entry.bias = memory(d.bias, impl.engine, DNNL_MEMORY_NONE);
+  entry.bias_arg = d.bias_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(accumulate ? 1 : 0) | DNNL_ARG_SRC_1)
+                                  : DNNL_ARG_BIAS;
+  entry.scratchpad_bytes = d.pd.scratchpad_desc().get_size();
   return entry;
+}
+
+// Everything that selects the primitive of one call (with the argument checks).
+MatmulKey matmul_key(const MatmulDims& dims, DType ab, DType c_dtype, float alpha, bool accumulate,
+                     bool bias) {
+  MESHTRAIN_CHECK(dims.batch >= 1 && dims.m >= 0 && dims.n >= 0 && dims.k >= 0,
+                  "matmul: bad dims batch={} m={} n={} k={}", dims.batch, dims.m, dims.n, dims.k);
+  MESHTRAIN_CHECK(!accumulate || c_dtype == DType::f32, "matmul: accumulate requires an f32 output");
+  const int64_t dense_a = dims.trans_a ? dims.m : dims.k, dense_b = dims.trans_b ? dims.k : dims.n;
+  MESHTRAIN_CHECK((dims.lda == 0 && dims.ldb == 0 && dims.ldc == 0) ||
+                      (dims.batch == 1 && dims.lda >= 0 && dims.ldb >= 0 && dims.ldc >= 0 &&
+                       (dims.lda == 0 || dims.lda >= dense_a) && (dims.ldb == 0 || dims.ldb >= dense_b) &&
+                       (dims.ldc == 0 || dims.ldc >= dims.n)),
+                  "matmul: bad leading dimensions lda={} ldb={} ldc={} for m={} n={} k={} batch={}",
+                  dims.lda, dims.ldb, dims.ldc, dims.m, dims.n, dims.k, dims.batch);
+  MatmulKey key{};
+  key.batch = dims.batch;
+  key.m = dims.m;
+  key.n = dims.n;
+  key.k = dims.k;
+  key.lda = dims.lda > 0 ? dims.lda : dense_a;
+  key.ldb = dims.ldb > 0 ? dims.ldb : dense_b;
+  key.ldc = dims.ldc > 0 ? dims.ldc : dims.n;
+  std::memcpy(&key.alpha_bits, &alpha, sizeof alpha);
+  key.ab = static_cast<uint8_t>(onednn_type(ab));
+  key.c = static_cast<uint8_t>(onednn_type(c_dtype));
+  key.flags = static_cast<uint8_t>(dims.trans_a | dims.trans_b << 1 |
+                                   (dims.broadcast_b && dims.batch > 1) << 2 | accumulate << 3 |
+                                   bias << 4);
+  return key;
+}
+
+// oneDNN's scratchpad for one call's primitive when it runs with `threads`
+// OpenMP threads (the engine's and the planner's thread counts may differ).
+size_t onednn_scratchpad_bytes(const MatmulKey& key, int threads) {
+  const int before = omp_get_max_threads();
+  if (threads != before) omp_set_num_threads(threads);
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  const size_t bytes = describe_matmul(engine, key).pd.scratchpad_desc().get_size();
+  if (threads != before) omp_set_num_threads(before);
+  return bytes;
 }
 
 size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
@@ -159,30 +217,7 @@ void F16Staging::run(const MatmulDims& dims, DType ab, const void* a, const void
 
 MatmulEntry& find_matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype,
                          float alpha, bool accumulate, bool bias) {
-  MESHTRAIN_CHECK(dims.batch >= 1 && dims.m >= 0 && dims.n >= 0 && dims.k >= 0,
-                  "matmul: bad dims batch={} m={} n={} k={}", dims.batch, dims.m, dims.n, dims.k);
-  MESHTRAIN_CHECK(!accumulate || c_dtype == DType::f32, "matmul: accumulate requires an f32 output");
-  const int64_t dense_a = dims.trans_a ? dims.m : dims.k, dense_b = dims.trans_b ? dims.k : dims.n;
-  MESHTRAIN_CHECK((dims.lda == 0 && dims.ldb == 0 && dims.ldc == 0) ||
-                      (dims.batch == 1 && dims.lda >= 0 && dims.ldb >= 0 && dims.ldc >= 0 &&
-                       (dims.lda == 0 || dims.lda >= dense_a) && (dims.ldb == 0 || dims.ldb >= dense_b) &&
-                       (dims.ldc == 0 || dims.ldc >= dims.n)),
-                  "matmul: bad leading dimensions lda={} ldb={} ldc={} for m={} n={} k={} batch={}",
-                  dims.lda, dims.ldb, dims.ldc, dims.m, dims.n, dims.k, dims.batch);
-  MatmulKey key{};
-  key.batch = dims.batch;
-  key.m = dims.m;
-  key.n = dims.n;
-  key.k = dims.k;
-  key.lda = dims.lda > 0 ? dims.lda : dense_a;
-  key.ldb = dims.ldb > 0 ? dims.ldb : dense_b;
-  key.ldc = dims.ldc > 0 ? dims.ldc : dims.n;
-  std::memcpy(&key.alpha_bits, &alpha, sizeof alpha);
-  key.ab = static_cast<uint8_t>(onednn_type(ab));
-  key.c = static_cast<uint8_t>(onednn_type(c_dtype));
-  key.flags = static_cast<uint8_t>(dims.trans_a | dims.trans_b << 1 |
-                                   (dims.broadcast_b && dims.batch > 1) << 2 | accumulate << 3 |
-                                   bias << 4);
+  const MatmulKey key = matmul_key(dims, ab, c_dtype, alpha, accumulate, bias);
   CpuContext::Impl& impl = ctx.impl();
   auto it = impl.matmuls.find(key);
   if (it == impl.matmuls.end()) it = impl.matmuls.emplace(key, create_matmul(impl, key)).first;
@@ -276,17 +311,78 @@ void ThreadMatmul::run_primitive(int thread, const void* a, const void* b, void*
   stream.wait();
 }
 
-double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds) {
-  // Shapes of a dim-512..1536 transformer layer at 2048 tokens.
-  struct Shape3 {
-    int64_t m, n, k;
-  };
-  const std::vector<Shape3> shapes = {{2048, 1536, 512}, {2048, 512, 1536}, {2048, 1024, 1024}};
-  int64_t max_ab = 0, max_c = 0;
-  for (auto s : shapes) {
+MatmulWorkspace matmul_workspace(const MatmulDims& dims, DType ab, DType c_dtype, int threads,
+                                 float alpha, bool accumulate, bool bias) {
+  MatmulWorkspace w;
+  if (dims.m == 0 || dims.n == 0) return w;  // matmul() returns before any workspace
+  const F16Staging staging = f16_staging(dims, ab, c_dtype);
+  if (staging.active) {
+    w.f16_staging = staging.bytes();
+    w.scratchpad = onednn_scratchpad_bytes(
+        matmul_key(staging.f32_dims, DType::f32, DType::f32, alpha, accumulate, bias), threads);
+  } else {
+    w.scratchpad = onednn_scratchpad_bytes(matmul_key(dims, ab, c_dtype, alpha, accumulate, bias), threads);
+  }
+  return w;
+}
+
+size_t thread_matmul_scratchpad_bytes(const MatmulDims& dims, DType ab, DType c_dtype, int threads,
+                                      float alpha, bool accumulate) {
+  const F16Staging staging = f16_staging(dims, ab, c_dtype);
+  const MatmulKey key = staging.active
+                            ? matmul_key(staging.f32_dims, DType::f32, DType::f32, alpha, accumulate, false)
+                            : matmul_key(dims, ab, c_dtype, alpha, accumulate, false);
+  return thread_pad_bytes(staging, onednn_scratchpad_bytes(key, threads));
+}
+
+size_t thread_pad_bytes(const F16Staging& staging, size_t onednn_bytes) {
+  return staging.bytes() + round64(onednn_bytes);
+}
+
+namespace {
+
+// The peak probe's GEMMs: shapes of a dim-512..1536 transformer layer at 2048
+// tokens, B stored [n, k]; and the elements of its operands and result.
+struct ProbeShape {
+  int64_t m, n, k;
+};
+constexpr ProbeShape kProbeShapes[] = {{2048, 1536, 512}, {2048, 512, 1536}, {2048, 1024, 1024}};
+
+MatmulDims probe_dims(const ProbeShape& s) {
+  MatmulDims dims;
+  dims.m = s.m;
+  dims.n = s.n;
+  dims.k = s.k;
+  dims.trans_b = true;
+  return dims;
+}
+
+void probe_elems(int64_t& max_ab, int64_t& max_c) {
+  max_ab = max_c = 0;
+  for (const ProbeShape& s : kProbeShapes) {
     max_ab = std::max({max_ab, s.m * s.k, s.k * s.n});
     max_c = std::max(max_c, s.m * s.n);
   }
+}
+
+}  // namespace
+
+PeakProbeWorkspace peak_probe_workspace(DType ab, int threads) {
+  int64_t max_ab = 0, max_c = 0;
+  probe_elems(max_ab, max_c);
+  PeakProbeWorkspace w;
+  w.operands = static_cast<size_t>(2 * max_ab) * dtype_size(ab) + static_cast<size_t>(max_c) * 4;
+  for (const ProbeShape& s : kProbeShapes) {
+    const MatmulWorkspace g = matmul_workspace(probe_dims(s), ab, DType::f32, threads);
+    w.slots.scratchpad = std::max(w.slots.scratchpad, g.scratchpad);
+    w.slots.f16_staging = std::max(w.slots.f16_staging, g.f16_staging);
+  }
+  return w;
+}
+
+double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds) {
+  int64_t max_ab = 0, max_c = 0;
+  probe_elems(max_ab, max_c);
   MemoryTracker& tracker = ctx.tracker();
   Tensor a({max_ab}, ab, MemCategory::workspace, tracker);
   Tensor b({max_ab}, ab, MemCategory::workspace, tracker);
@@ -298,14 +394,10 @@ double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds) {
   convert(DType::f32, fill.data(), ab, b.raw(), fill.size());
 
   using Clock = std::chrono::steady_clock;
-  const double per_shape = std::max(seconds, 0.05) / static_cast<double>(shapes.size());
+  const double per_shape = std::max(seconds, 0.05) / static_cast<double>(std::size(kProbeShapes));
   double best = 0.0;
-  for (auto s : shapes) {
-    MatmulDims dims;
-    dims.m = s.m;
-    dims.n = s.n;
-    dims.k = s.k;
-    dims.trans_b = true;
+  for (const ProbeShape& s : kProbeShapes) {
+    const MatmulDims dims = probe_dims(s);
     matmul(ctx, dims, ab, a.raw(), b.raw(), DType::f32, c.raw());  // warm-up (JIT, pages)
     const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
     // Sustained rate over windows of >= 3 GEMMs and >= 30 ms; the best window

@@ -2,6 +2,7 @@
 // f32 copies of the operands here: see F16Staging in onednn.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "meshtrain/backend/cpu/context.h"
@@ -26,8 +27,27 @@ void matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, const void* a, co
             DType c_dtype, void* c, float alpha = 1.0f, bool accumulate = false,
             const float* bias = nullptr);
 
+// The workspace matmul() takes for one call (bytes), from the primitive
+// descriptor matmul() itself creates: oneDNN's scratchpad (the context's
+// `onednn` slot) and, for f16 operands, the f32 staging (`f16_staging` slot).
+// oneDNN sizes its scratchpad by the OpenMP thread count, so `threads` is the
+// count the call runs with (CpuContext::threads()). The slots are grown,
+// never shrunk: a run's slot is the largest of its calls' (docs/plan.md).
+struct MatmulWorkspace {
+  size_t scratchpad = 0, f16_staging = 0;
+};
+MatmulWorkspace matmul_workspace(const MatmulDims& dims, DType ab, DType c_dtype, int threads,
+                                 float alpha = 1.0f, bool accumulate = false, bool bias = false);
+
 // Measures this process's sustained matmul FLOP/s with the given input dtype
 // (square-ish GEMMs of the sizes a transformer uses), for MFU denominators.
 double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds = 1.0);
+// The workspace that probe takes with `threads` threads: its operands and
+// result while it runs, and what its GEMMs leave in the context's slots.
+struct PeakProbeWorkspace {
+  size_t operands = 0;
+  MatmulWorkspace slots;
+};
+PeakProbeWorkspace peak_probe_workspace(DType ab, int threads);
 
 }  // namespace meshtrain::cpu

@@ -95,6 +95,13 @@ struct F16Staging {
            void* space, bool threaded, Gemm gemm) const;
 };
 F16Staging f16_staging(const MatmulDims& dims, DType ab, DType c_dtype);
+// A ThreadMatmul's per-thread scratchpad: the f16 staging, then oneDNN's
+// scratchpad (onednn_bytes) rounded to 64 bytes.
+size_t thread_pad_bytes(const F16Staging& staging, size_t onednn_bytes);
+// ThreadMatmul(dims, ab, c_dtype, alpha, accumulate).scratchpad_bytes() with
+// `threads` OpenMP threads, without a context (the same primitive descriptor).
+size_t thread_matmul_scratchpad_bytes(const MatmulDims& dims, DType ab, DType c_dtype, int threads,
+                                      float alpha = 1.0f, bool accumulate = false);
 
 // The cached primitive for these arguments (created on first use; not thread-safe).
 MatmulEntry& find_matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype,
@@ -108,7 +115,7 @@ class ThreadMatmul {
   ThreadMatmul(CpuContext& ctx, const MatmulDims& dims, DType ab, DType c_dtype, float alpha = 1.0f,
                bool accumulate = false);
   // Bytes of scratchpad each thread must pass to run() (64-byte aligned).
-  size_t scratchpad_bytes() const { return staging_.bytes() + (pad_bytes_ + 63) / 64 * 64; }
+  size_t scratchpad_bytes() const { return thread_pad_bytes(staging_, pad_bytes_); }
   void run(int thread, const void* a, const void* b, void* c, void* pad);
 
  private:

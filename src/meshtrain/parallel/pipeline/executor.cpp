@@ -157,7 +157,7 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
     } else {
       model_.stage_forward(a.chunk, a.micro_batch, mb.tokens,
                            in.defined() ? in.data<float>() : nullptr, batch_, seq_,
-                           out.defined() ? out.data<float>() : nullptr);
+                           out.defined() ? out.data<float>() : nullptr, mb.positions);
       timing_.peak_in_flight = std::max(timing_.peak_in_flight, model_.stage_in_flight());
     }
     timing_.busy_seconds += seconds(t, Clock::now());

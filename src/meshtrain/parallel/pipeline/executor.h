@@ -22,6 +22,7 @@ namespace meshtrain::pipeline {
 struct MicroBatchRef {
   const int32_t* tokens = nullptr;   // [batch * seq]
   const int32_t* targets = nullptr;  // [batch * seq]
+  const int32_t* positions = nullptr;  // [batch * seq] packed records, or nullptr (Model::stage_forward)
 };
 
 // One step on this rank.

@@ -29,7 +29,7 @@ double Executor::evaluate(std::span<const MicroBatchRef> micro_batches) {
       if (vs < last_vs) out = Tensor({message_elems_}, DType::f32, MemCategory::comm, tracker);
       model_.stage_forward(c, mb, micro_batches[i].tokens,
                            in.defined() ? in.data<float>() : nullptr, batch_, seq_,
-                           out.defined() ? out.data<float>() : nullptr);
+                           out.defined() ? out.data<float>() : nullptr, micro_batches[i].positions);
       if (vs == last_vs) {
         loss += model_.stage_loss(c, mb, micro_batches[i].targets);
       } else {

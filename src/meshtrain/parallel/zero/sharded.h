@@ -105,6 +105,13 @@ struct ZeroStepTiming {
   OffloadStats offload;
 };
 
+// ZeRO's narrowing of a model's map (params_shard_map / Model::shard_map,
+// its parameters at `param_offsets`) for dp rank `rank`: each piece cut to the
+// rank's shards; local offsets in the shard space (the flats' shards back to
+// back, in flat order, padding included).
+layout::ShardMap narrow_to_shard(const ZeroLayout& layout, const std::vector<int64_t>& param_offsets,
+                                 const layout::ShardMap& model_map, int rank);
+
 class ShardedDataParallel : public layout::StateAccess {
  public:
   // `model` must use ParamStorage::external; model and dp must outlive this.
@@ -148,7 +155,7 @@ class ShardedDataParallel : public layout::StateAccess {
   // The layout narrowing of ZeRO: the model's map (Model::shard_map) cut to
   // this rank's shards. Local offsets are in the shard space: the flat
   // parameters' shards back to back, in flat order (padding included).
-  layout::ShardMap shard_map(const layout::ShardMap& model_map) const;
+  layout::ShardMap shard_map(const layout::ShardMap& model_map) const;  // narrow_to_shard
   // The shard space of every state (offloaded state streams through the store).
   void read(layout::StateKind kind, int64_t offset, int64_t count, float* out) override;
   void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override;

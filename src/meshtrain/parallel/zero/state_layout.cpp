@@ -6,10 +6,12 @@
 
 namespace meshtrain::zero {
 
-std::vector<int64_t> ShardedDataParallel::shard_bases() const {
+namespace {
+
+std::vector<int64_t> shard_bases_of(const ZeroLayout& layout) {
   std::vector<int64_t> bases;
   int64_t base = 0;
-  for (const FlatParam& fp : layout_.flats) {
+  for (const FlatParam& fp : layout.flats) {
     bases.push_back(base);
     base += fp.shard;
   }
@@ -17,31 +19,40 @@ std::vector<int64_t> ShardedDataParallel::shard_bases() const {
   return bases;
 }
 
-layout::ShardMap ShardedDataParallel::shard_map(const layout::ShardMap& model_map) const {
-  const std::vector<Parameter>& params = model_.params();
-  const std::vector<int64_t> bases = shard_bases();
+}  // namespace
+
+std::vector<int64_t> ShardedDataParallel::shard_bases() const { return shard_bases_of(layout_); }
+
+layout::ShardMap narrow_to_shard(const ZeroLayout& layout, const std::vector<int64_t>& param_offsets,
+                                 const layout::ShardMap& model_map, int rank) {
+  const std::vector<int64_t> bases = shard_bases_of(layout);
   layout::ShardMap map;
   map.tensors = model_map.tensors;
   map.local_numel = bases.back();
   for (const layout::ShardPiece& piece : model_map.pieces) {
     // The parameter whose flat range holds the piece (params are in offset order).
-    auto it = std::upper_bound(params.begin(), params.end(), piece.local_offset,
-                               [](int64_t offset, const Parameter& p) { return offset < p.offset; });
-    MESHTRAIN_CHECK(it != params.begin(), "zero: piece at local offset {} before every parameter",
+    auto it = std::upper_bound(param_offsets.begin(), param_offsets.end(), piece.local_offset);
+    MESHTRAIN_CHECK(it != param_offsets.begin(), "zero: piece at local offset {} before every parameter",
                     piece.local_offset);
-    const auto i = static_cast<size_t>(std::prev(it) - params.begin());
-    const FlatParam& fp = layout_.flats[layout_.param_flat[i]];
+    const auto i = static_cast<size_t>(std::prev(it) - param_offsets.begin());
+    const FlatParam& fp = layout.flats[layout.param_flat[i]];
     // The piece's elements in the flat parameter, cut to this rank's shard.
-    const int64_t first = layout_.param_offset[i] + (piece.local_offset - params[i].offset);
-    const int64_t lo = std::max(first, fp.shard_begin(rank_));
-    const int64_t hi = std::min(first + piece.region.numel(), fp.shard_begin(rank_) + fp.shard);
+    const int64_t first = layout.param_offset[i] + (piece.local_offset - param_offsets[i]);
+    const int64_t lo = std::max(first, fp.shard_begin(rank));
+    const int64_t hi = std::min(first + piece.region.numel(), fp.shard_begin(rank) + fp.shard);
     if (lo >= hi) continue;
     layout::ShardPiece narrowed = piece;
     narrowed.region = layout::narrow_region(piece.region, lo - first, hi - first);
-    narrowed.local_offset = bases[layout_.param_flat[i]] + (lo - fp.shard_begin(rank_));
+    narrowed.local_offset = bases[layout.param_flat[i]] + (lo - fp.shard_begin(rank));
     map.pieces.push_back(std::move(narrowed));
   }
   return map;
+}
+
+layout::ShardMap ShardedDataParallel::shard_map(const layout::ShardMap& model_map) const {
+  std::vector<int64_t> offsets;
+  for (const Parameter& p : model_.params()) offsets.push_back(p.offset);
+  return narrow_to_shard(layout_, offsets, model_map, rank_);
 }
 
 void ShardedDataParallel::access_shard_space(int64_t offset, int64_t count,

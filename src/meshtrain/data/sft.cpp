@@ -1,0 +1,204 @@
+#include "meshtrain/data/sft.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+using nlohmann::json;
+
+const json& string_field(const json& object, const char* field, const std::string& where) {
+  auto it = object.find(field);
+  if (it == object.end()) fail("data: {}: field '{}' missing", where, field);
+  if (!it->is_string()) fail("data: {}: field '{}' must be a string", where, field);
+  return *it;
+}
+
+// Appends `text`'s ids, each with the loss flag.
+void append(SftRecord& r, const Tokenizer& tokenizer, std::string_view text, bool in_loss) {
+  tokenizer.encode_ordinary(text, r.tokens);
+  r.in_loss.resize(r.tokens.size(), in_loss ? 1 : 0);
+}
+
+void append_id(SftRecord& r, int32_t id, bool in_loss) {
+  r.tokens.push_back(id);
+  r.in_loss.push_back(in_loss ? 1 : 0);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "data: cannot open SFT file '{}'", path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  MESHTRAIN_CHECK_AS(ErrorKind::io, !in.bad(), "data: cannot read SFT file '{}'", path);
+  return s.str();
+}
+
+}  // namespace
+
+SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tokenizer,
+                              const std::string& where) {
+  json record;
+  try {
+    record = json::parse(json_line);
+  } catch (const json::exception& e) {
+    fail_as(ErrorKind::corrupt, "data: {}: not a JSON record ({})", where, e.what());
+  }
+  if (!record.is_object()) fail("data: {}: a record must be a JSON object", where);
+  // (role, content) turns.
+  std::vector<std::pair<std::string, std::string>> turns;
+  if (record.contains("messages")) {
+    const json& messages = record["messages"];
+    if (!messages.is_array() || messages.empty())
+      fail("data: {}: field 'messages' must be a non-empty array", where);
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const std::string at = fmt::format("{}: messages[{}]", where, i);
+      if (!messages[i].is_object()) fail("data: {}: must be an object", at);
+      std::string role = string_field(messages[i], "role", at).get<std::string>();
+      if (role != "system" && role != "user" && role != "assistant")
+        fail("data: {}: field 'role' is '{}'; expected system, user or assistant", at, role);
+      turns.emplace_back(std::move(role),
+                         string_field(messages[i], "content", at).get<std::string>());
+    }
+  } else {
+    if (!record.contains("prompt") && !record.contains("response"))
+      fail("data: {}: a record needs 'prompt' and 'response' or 'messages'", where);
+    turns.emplace_back("user", string_field(record, "prompt", where).get<std::string>());
+    turns.emplace_back("assistant", string_field(record, "response", where).get<std::string>());
+  }
+  const bool any_assistant = std::any_of(turns.begin(), turns.end(),
+                                         [](const auto& t) { return t.first == "assistant"; });
+  if (!any_assistant) fail("data: {}: field 'messages' has no assistant turn (nothing to learn)", where);
+
+  const int32_t eot = tokenizer.eot_id();
+  SftRecord r;
+  append_id(r, eot, false);
+  for (const auto& [role, content] : turns) {
+    const bool assistant = role == "assistant";
+    const std::string prefix = role == "system" ? "System: " : assistant ? "Assistant: " : "User: ";
+    append(r, tokenizer, prefix, false);
+    append(r, tokenizer, content, assistant);
+    if (assistant) {
+      append_id(r, eot, true);
+    } else {
+      append(r, tokenizer, "\n", false);
+    }
+  }
+  return r;
+}
+
+SftDataset::SftDataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer,
+                       const SftOptions& options)
+    : seq_len_(options.seq_len), packed_(options.pack) {
+  MESHTRAIN_CHECK(seq_len_ >= 1, "data: train.seq_len must be >= 1, got {}", seq_len_);
+  MESHTRAIN_CHECK(!paths.empty(), "data: no SFT files given");
+  std::vector<SftRecord> records;
+  for (const std::string& path : paths) {
+    const std::string text = read_text(path);
+    size_t begin = 0;
+    for (int64_t line = 1; begin < text.size(); ++line) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      const std::string row = text.substr(begin, end - begin);
+      begin = end + 1;
+      if (row.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+      const std::string where = fmt::format("{}:{}", path, line);
+      SftRecord r = tokenize_sft_record(row, tokenizer, where);
+      const int64_t pairs = static_cast<int64_t>(r.tokens.size()) - 1;
+      if (pairs > seq_len_) {
+        if (!options.truncate) {
+          fail("data: {}: record of {} tokens is longer than train.seq_len + 1 = {} (set "
+               "data.sft_overflow = \"truncate\" to cut it)",
+               where, r.tokens.size(), seq_len_ + 1);
+        }
+        r.tokens.resize(static_cast<size_t>(seq_len_ + 1));
+        r.in_loss.resize(r.tokens.size());
+        ++truncated_;
+      }
+      records.push_back(std::move(r));
+    }
+  }
+  records_ = static_cast<int64_t>(records.size());
+  MESHTRAIN_CHECK(records_ > 0, "data: the SFT files ({}) hold no record", fmt::join(paths, ", "));
+
+  const int32_t pad = tokenizer.eot_id();
+  const int64_t T = seq_len_;
+  int64_t fill = T;  // tokens in the current row; T = no open row
+  auto close_row = [&] {
+    if (fill == T) return;
+    const size_t row0 = inputs_.size() - static_cast<size_t>(T);
+    for (int64_t t = fill; t < T; ++t) {
+      inputs_[row0 + t] = pad;
+      targets_[row0 + t] = -1;
+      if (packed_) positions_[row0 + t] = static_cast<int32_t>(t - fill);
+    }
+    fill = T;
+  };
+  auto open_row = [&] {
+    inputs_.resize(inputs_.size() + static_cast<size_t>(T));
+    targets_.resize(inputs_.size());
+    if (packed_) positions_.resize(inputs_.size());
+    loss_counts_.push_back(0);
+    fill = 0;
+  };
+  const KeyedPermutation order(static_cast<uint64_t>(records_), options.seed);
+  for (int64_t k = 0; k < records_; ++k) {
+    const SftRecord& r =
+        records[static_cast<size_t>(options.shuffle ? static_cast<int64_t>(order(k)) : k)];
+    const int64_t pairs = static_cast<int64_t>(r.tokens.size()) - 1;
+    if (pairs <= 0) continue;
+    if (!packed_ || fill + pairs > T) {
+      close_row();
+      open_row();
+    }
+    const size_t at = inputs_.size() - static_cast<size_t>(T) + static_cast<size_t>(fill);
+    for (int64_t i = 0; i < pairs; ++i) {
+      inputs_[at + i] = r.tokens[static_cast<size_t>(i)];
+      const bool counted = r.in_loss[static_cast<size_t>(i + 1)] != 0;
+      targets_[at + i] = counted ? r.tokens[static_cast<size_t>(i + 1)] : -1;
+      if (packed_) positions_[at + i] = static_cast<int32_t>(i);
+      loss_counts_.back() += counted ? 1 : 0;
+    }
+    fill += pairs;
+  }
+  close_row();
+  for (int64_t c : loss_counts_) total_loss_ += c;
+}
+
+void SftDataset::read_sample(int64_t index, int32_t* inputs, int32_t* targets) const {
+  MESHTRAIN_CHECK(index >= 0 && index < num_samples(), "data: SFT row {} out of range [0, {})",
+                  index, num_samples());
+  const size_t at = static_cast<size_t>(index * seq_len_);
+  std::copy_n(inputs_.begin() + at, seq_len_, inputs);
+  std::copy_n(targets_.begin() + at, seq_len_, targets);
+}
+
+void SftDataset::read_positions(int64_t index, int32_t* positions) const {
+  MESHTRAIN_CHECK(packed_ && index >= 0 && index < num_samples(),
+                  "data: SFT row {} has no positions (unpacked or out of range)", index);
+  std::copy_n(positions_.begin() + static_cast<size_t>(index * seq_len_), seq_len_, positions);
+}
+
+int64_t SftDataset::loss_tokens(int64_t index) const {
+  return loss_counts_[static_cast<size_t>(index)];
+}
+
+std::string SftDataset::describe() const {
+  return fmt::format("{} SFT records ({} truncated) in {} {} rows of {}, {} loss tokens (packing "
+                     "efficiency {:.3f})",
+                     records_, truncated_, num_samples(), packed_ ? "packed" : "unpacked", seq_len_,
+                     total_loss_, packing_efficiency());
+}
+
+double SftDataset::packing_efficiency() const {
+  return static_cast<double>(total_loss_) / static_cast<double>(num_samples() * seq_len_);
+}
+
+}  // namespace meshtrain
