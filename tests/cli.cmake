@@ -144,3 +144,15 @@ add_test(NAME cli.guard_diverged
                  --train.steps 4 --train.checkpoint_interval -1 --train.eval_interval 0
                  --guard.max_skips 2 --train.out_dir ${cli_work}/guard_diverged --overwrite)
 set_tests_properties(cli.guard_diverged PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 60)
+
+# A checkpoint carries its GPT-2 ranks file: moved elsewhere without the original, it still samples and exports.
+add_test(NAME cli.moved_checkpoint_tokenizer
+         COMMAND bash ${cli_dir}/moved_checkpoint.sh ${cli_bin} ${cli_work} ${cli_ranks})
+set_tests_properties(cli.moved_checkpoint_tokenizer PROPERTIES FIXTURES_REQUIRED "cli_inputs;gpt2_ranks"
+                     TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# LoRA checkpoints through ckpt export: refusals (one line) and the merged / base / PEFT exports;
+# a PEFT adapter merged into its base by ckpt import gives PeftModel's logits.
+add_test(NAME cli.lora_export COMMAND bash ${cli_dir}/lora_export.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.lora_export PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
+                     ENVIRONMENT "MESHTRAIN_PYTHON=${MESHTRAIN_PYTHON}")
