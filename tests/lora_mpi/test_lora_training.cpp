@@ -160,11 +160,13 @@ TEST_F(LoraTraining, DataAndTensorAndPipelineParallelMatchSingleRank) {
                                     {{"parallel.tp", "2"}, {"parallel.sequence_parallel", "true"}}),
                              &tp_mesh);
     expect_close(sp, ref, "tp 2, sequence parallel");
+    testing::expect_memory_matches(sp.predicted, sp.memory, std::string("lora sp 2 ") + family);
     DeviceMesh pp_mesh(*world_, 1, 2);
     LoraRun pp = run_trainer(config(std::string("pp_") + family, family,
                                 {{"parallel.pp", "2"}, {"train.micro_batch_size", "2"}}),
                          &pp_mesh);
     expect_close(pp, ref, "pp 2");
+    testing::expect_memory_matches(pp.predicted, pp.memory, std::string("lora pp 2 ") + family);
   }
 }
 
@@ -179,6 +181,11 @@ TEST_F(LoraTraining, DropoutIsLayoutIndependent) {
   LoraRun ref = run_trainer(config(rank_dir("drop_ref"), "llama", drop), nullptr);
   LoraRun plain = run_trainer(config(rank_dir("drop_none"), "llama"), nullptr);
   EXPECT_NE(ref.records.back().loss, plain.records.back().loss) << "dropout changes the run";
+  // The dropout's masks and dropped inputs are workspace the plan predicts.
+  testing::expect_memory_matches(ref.predicted, ref.memory, "lora dropout");
+  LoraRun bf16 = run_trainer(
+      config(rank_dir("drop_bf16"), "llama", with({{"train.precision", "bf16"}})), nullptr);
+  testing::expect_memory_matches(bf16.predicted, bf16.memory, "lora dropout bf16");
   LoraRun split = run_trainer(
       config(rank_dir("drop_split"), "llama", with({{"train.micro_batch_size", "2"}})), nullptr);
   expect_close(split, ref, "dropout, micro-batches of 2");
@@ -188,8 +195,9 @@ TEST_F(LoraTraining, DropoutIsLayoutIndependent) {
                ref, "dropout, ZeRO-2");
   if (world_->size() != 2) return;
   DeviceMesh tp_mesh(*world_, 2, 1);
-  expect_close(run_trainer(config("drop_tp", "llama", with({{"parallel.tp", "2"}})), &tp_mesh),
-               ref, "dropout, tp 2");
+  LoraRun tp = run_trainer(config("drop_tp", "llama", with({{"parallel.tp", "2"}})), &tp_mesh);
+  expect_close(tp, ref, "dropout, tp 2");
+  testing::expect_memory_matches(tp.predicted, tp.memory, "lora dropout tp 2");
 }
 
 TEST_F(LoraTraining, ResumeContinuesBitForBit) {

@@ -107,9 +107,7 @@ Block Model::Impl::make_block(int64_t layer) const {
   // A layer's parameters are contiguous on every stage that holds it; found
   // by name, as LoRA adapters (params.cpp) sit after their layer's weights.
   const ParamUnit& unit = model.units_[unit_of_layer[static_cast<size_t>(layer)]];
-  const std::string prefix = cfg.family == Family::llama
-                                 ? fmt::format("model.layers.{}.", layer)
-                                 : fmt::format("transformer.h.{}.", layer);
+  const std::string prefix = block_param_prefix(cfg.family, layer);
   auto find = [&](const std::string& name) {
     for (size_t i = unit.first_param; i < unit.end_param; ++i) {
       if (model.params_[i].spec.name == prefix + name) return i;
@@ -122,15 +120,15 @@ Block Model::Impl::make_block(int64_t layer) const {
     return i;
   };
   // The adapters of the modules of one GEMM, in output order.
-  auto adapters = [&](Linear& lin, std::initializer_list<const char*> modules) {
+  auto adapters = [&](Linear& lin, const std::vector<std::string>& modules) {
     int64_t out_begin = 0;
-    for (const char* module : modules) {
-      const size_t w = param(std::string(module) + ".weight");
+    for (const std::string& module : modules) {
+      const size_t w = param(module + ".weight");
       const Shape& shape = model.params_[w].spec.shape;
       const int64_t out = lin.nn_linear ? shape[0] : shape[1];
-      const size_t a = find(std::string(module) + ".lora_A.weight");
+      const size_t a = find(module + ".lora_A.weight");
       if (a != kNoParam) {
-        lin.lora.push_back(LoraAdapter{a, param(std::string(module) + ".lora_B.weight"),
+        lin.lora.push_back(LoraAdapter{a, param(module + ".lora_B.weight"),
                                        out_begin, out, model.params_[a].spec.split.split()});
       }
       out_begin += out;
@@ -144,10 +142,6 @@ Block Model::Impl::make_block(int64_t layer) const {
     b.proj = Linear{param("self_attn.o_proj.weight"), 1, kNoParam, q_width, d, true, {}};
     b.ff_in = Linear{param("mlp.gate_proj.weight"), 2, kNoParam, d, 2 * h, true, {}};
     b.ff_out = Linear{param("mlp.down_proj.weight"), 1, kNoParam, h, d, true, {}};
-    adapters(b.qkv, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"});
-    adapters(b.proj, {"self_attn.o_proj"});
-    adapters(b.ff_in, {"mlp.gate_proj", "mlp.up_proj"});
-    adapters(b.ff_out, {"mlp.down_proj"});
   } else {
     b.norm1 = Norm{param("ln_1.weight"), param("ln_1.bias")};
     b.norm2 = Norm{param("ln_2.weight"), param("ln_2.bias")};
@@ -155,11 +149,10 @@ Block Model::Impl::make_block(int64_t layer) const {
     b.proj = Linear{param("attn.c_proj.weight"), 1, param("attn.c_proj.bias"), q_width, d, false, {}};
     b.ff_in = Linear{param("mlp.c_fc.weight"), 1, param("mlp.c_fc.bias"), d, h, false, {}};
     b.ff_out = Linear{param("mlp.c_proj.weight"), 1, param("mlp.c_proj.bias"), h, d, false, {}};
-    adapters(b.qkv, {"attn.c_attn"});
-    adapters(b.proj, {"attn.c_proj"});
-    adapters(b.ff_in, {"mlp.c_fc"});
-    adapters(b.ff_out, {"mlp.c_proj"});
   }
+  const auto modules = block_gemm_modules(cfg.family);
+  Linear* gemms[] = {&b.qkv, &b.proj, &b.ff_in, &b.ff_out};
+  for (size_t g = 0; g < modules.size(); ++g) adapters(*gemms[g], modules[g]);
   return b;
 }
 

@@ -18,6 +18,21 @@ bool param_has_master(const ParamSpec& spec, Precision precision) {
   return spec.trainable || param_compute_dtype(spec, precision) == DType::f32;
 }
 
+std::string block_param_prefix(Family family, int64_t layer) {
+  return family == Family::llama ? fmt::format("model.layers.{}.", layer)
+                                 : fmt::format("transformer.h.{}.", layer);
+}
+
+std::array<std::vector<std::string>, 4> block_gemm_modules(Family family) {
+  if (family == Family::llama) {
+    return {{{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"},
+             {"self_attn.o_proj"},
+             {"mlp.gate_proj", "mlp.up_proj"},
+             {"mlp.down_proj"}}};
+  }
+  return {{{"attn.c_attn"}, {"attn.c_proj"}, {"mlp.c_fc"}, {"mlp.c_proj"}}};
+}
+
 void init_parameter(const ParamSpec& spec, uint64_t seed, float* out) {
   const int64_t n = spec.numel();
   if (spec.split.split() && spec.init == InitKind::normal) {

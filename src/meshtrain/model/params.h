@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -89,6 +90,13 @@ struct ParamUnit {
 // a function of (seed, spec.name, global element index) only, so a tp slice
 // holds exactly its part of the tp = 1 values (padding: zeros).
 void init_parameter(const ParamSpec& spec, uint64_t seed, float* out);
+
+// A block's parameters: layer `layer`'s name prefix ("model.layers.3."), and
+// its four GEMMs (model/block.cpp Block: qkv, proj, ff_in, ff_out), each with
+// the modules it fuses in output order ("self_attn.q_proj"), whose weights
+// (and LoRA adapters) are "<prefix><module>.weight" / ".lora_A.weight".
+std::string block_param_prefix(Family family, int64_t layer);
+std::array<std::vector<std::string>, 4> block_gemm_modules(Family family);
 
 // The registry of a model shape, in flat-buffer order: embeddings, then per
 // layer, then the final norm and (untied llama) lm_head. Llama's q/k/v and

@@ -111,9 +111,56 @@ int run_threads(const TrainConfig& config) {
   return config.train.threads > 0 ? config.train.threads : cpu::available_cores();
 }
 
+// A block's GEMM (model/block.cpp Linear) on this rank, as the engine builds
+// it from the registry: its widths, whether tp splits its inputs (row
+// parallel), whether its weight trains (LoRA's frozen base: no dW GEMM) and
+// its LoRA adapters (the output columns each one's B writes, whether its A
+// is split by input columns under tp).
+struct BlockGemm {
+  int64_t in = 0, out = 0;
+  bool row_parallel = false, trains = true;
+  struct Adapter {
+    int64_t out = 0;
+    bool row_parallel = false;
+  };
+  std::vector<Adapter> lora;
+};
+
+const ParamSpec* find_spec(const StageParams& held, const std::string& name) {
+  for (const ParamSpec& spec : held.specs) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+// The first block of the stage (every block has the same GEMMs); none
+// without blocks.
+std::vector<BlockGemm> block_gemms(const TrainConfig& config, const LocalShape& s,
+                                   const StageParams& held, const StageLayers& stage) {
+  if (stage.chunks.empty() || stage.chunks.front().second <= stage.chunks.front().first) return {};
+  const std::string prefix = block_param_prefix(config.model.family, stage.chunks.front().first);
+  const auto d = static_cast<int64_t>(s.d), q = static_cast<int64_t>(s.q);
+  const auto qkv = static_cast<int64_t>(s.q + 2 * s.kv), f = static_cast<int64_t>(s.f);
+  std::vector<BlockGemm> gemms{{d, qkv, false}, {q, d, true}, {d, static_cast<int64_t>(s.ff_in), false},
+                               {f, d, true}};
+  const auto modules = block_gemm_modules(config.model.family);
+  for (size_t g = 0; g < gemms.size(); ++g) {
+    for (const std::string& module : modules[g]) {
+      const ParamSpec* w = find_spec(held, prefix + module + ".weight");
+      MESHTRAIN_CHECK(w != nullptr, "plan: registry has no '{}{}.weight'", prefix, module);
+      gemms[g].trains = w->trainable;
+      const ParamSpec* a = find_spec(held, prefix + module + ".lora_A.weight");
+      const ParamSpec* b = find_spec(held, prefix + module + ".lora_B.weight");
+      if (a != nullptr && b != nullptr) gemms[g].lora.push_back({b->shape[0], a->split.split()});
+    }
+  }
+  return gemms;
+}
+
 // The Workspace buffers a block call reuses and RoPE's tables (plan/memory.cpp
 // engine_memory, by this rank's widths).
-double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
+double workspace_bytes(const TrainConfig& config, const LocalShape& s,
+                       const std::vector<BlockGemm>& gemms, const StageParams& held) {
   const bool bf16 = s.e == 2;
   const double qkv = s.q + 2 * s.kv;
   double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * s.d +
@@ -121,9 +168,39 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
   if (config.parallel.tp > 1) {
     w += 4 * s.n * s.d;  // partial (row-parallel sums)
     if (config.parallel.sequence_parallel) {
-      // dres_full, shards, column_input; the norm gradients' slots (4 norm params of d).
-      w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d + 4 * 4 * s.d;
+      // dres_full, shards, column_input.
+      w += 4 * s.n * s.d + 2 * 4 * s.r * s.d + s.e * s.n * s.d;
     }
+  }
+  // Norm gradients (model/tensor_parallel.cpp norm_grad): a frozen norm's go
+  // to a discarded [2, d]; trained ones under sequence parallelism to the
+  // slots of their tp all-reduce (4 norm params of d).
+  bool frozen_norm = false, trained_norm = false;
+  for (const ParamSpec& spec : held.specs) {
+    if (spec.name.find("norm") == std::string::npos && spec.name.find("ln_") == std::string::npos) {
+      continue;
+    }
+    (spec.trainable ? trained_norm : frozen_norm) = true;
+  }
+  if (frozen_norm) w += 4 * 2 * s.d;
+  if (trained_norm && config.parallel.tp > 1 && config.parallel.sequence_parallel) w += 4 * 4 * s.d;
+  // LoRA (model/block.cpp lora_*): x A^T (and a row-parallel one's f32 sum),
+  // d(x A^T) of up to 3 adapters and one in the compute dtype; with dropout
+  // the mask, the dropped input in f32 (and the compute dtype) of the widest
+  // adapted input.
+  const double r = static_cast<double>(config.model.lora.rank);
+  double lora_in = 0;
+  bool any = false, row_parallel = false;
+  for (const BlockGemm& g : gemms) {
+    for (const BlockGemm::Adapter& a : g.lora) {
+      any = true;
+      row_parallel = row_parallel || a.row_parallel;
+      lora_in = std::max(lora_in, static_cast<double>(g.in));
+    }
+  }
+  if (any) {
+    w += s.e * s.n * r + (row_parallel ? 4 * s.n * r : 0) + 3 * 4 * s.n * r + (bf16 ? s.e * s.n * r : 0);
+    if (config.model.lora.dropout > 0) w += (8 + (bf16 ? s.e : 0)) * s.n * lora_in;
   }
   return w + rope_table_bytes(config.model);
 }
@@ -138,34 +215,47 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s) {
 // (train.peak_flops = 0). Sizes come from the backend's queries, which build
 // the primitive descriptors matmul() builds, for the run's thread count.
 double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage,
-                          double vocab_rows) {
+                          const std::vector<BlockGemm>& gemms, const ParamSpec* output, int tp_rank) {
   const DType dt = compute_dtype(config.train.precision);
   const int threads = run_threads(config);
   const bool llama = config.model.family == Family::llama, tp = config.parallel.tp > 1;
   const auto n = static_cast<int64_t>(s.n), d = static_cast<int64_t>(s.d);
   size_t onednn = 0, staging = 0, attention = 0, logits = 0, dlogits = 0;
-  auto gemm = [&](const cpu::MatmulDims& dims, bool accumulate = false, bool bias = false) {
+  auto gemm = [&](const cpu::MatmulDims& dims, bool accumulate = false, bool bias = false,
+                  float alpha = 1.0f, DType c = DType::f32) {
     const cpu::MatmulWorkspace w =
-        cpu::matmul_workspace(dims, dt, DType::f32, threads, 1.0f, accumulate, bias);
+        cpu::matmul_workspace(dims, dt, c, threads, alpha, accumulate, bias);
     onednn = std::max(onednn, w.scratchpad);
     staging = std::max(staging, w.f16_staging);
   };
-  if (!stage.chunks.empty() && stage.chunks.front().second > stage.chunks.front().first) {
-    // A block's linear layers (model/block.cpp Block): in -> out; row-parallel
-    // ones (proj, ff_out) add into the residual at tp 1, else write a partial.
-    struct Linear {
-      int64_t in, out;
-      bool row_parallel;
-    };
-    const auto q = static_cast<int64_t>(s.q), qkv = static_cast<int64_t>(s.q + 2 * s.kv);
-    const auto f = static_cast<int64_t>(s.f), ff_in = static_cast<int64_t>(s.ff_in);
-    for (const Linear& l : {Linear{d, qkv, false}, Linear{q, d, true}, Linear{d, ff_in, false},
-                            Linear{f, d, true}}) {
+  if (!gemms.empty()) {
+    // A block's linear layers: row-parallel ones (proj, ff_out) add into the
+    // residual at tp 1, else write a partial.
+    const int64_t r = config.model.lora.rank;
+    const float scale = config.model.lora.scale();
+    const bool dropping = config.model.lora.dropout > 0;
+    for (const BlockGemm& l : gemms) {
       const bool adds = l.row_parallel && !tp;
       gemm({.m = n, .n = l.out, .k = l.in, .trans_b = llama}, adds, !llama && (adds || !l.row_parallel));
-      // Backward: dW += dY^T X (llama) or X^T dY (GPT-2), then dX.
-      gemm({.m = llama ? l.out : l.in, .n = llama ? l.in : l.out, .k = n, .trans_a = true}, true);
+      // Backward: dW += dY^T X (llama) or X^T dY (GPT-2), unless frozen; then dX.
+      if (l.trains) {
+        gemm({.m = llama ? l.out : l.in, .n = llama ? l.in : l.out, .k = n, .trans_a = true}, true);
+      }
       gemm({.m = n, .n = l.in, .k = l.out, .trans_b = !llama});
+      // Each adapter: u = x A^T (a row-parallel A's partial in f32), y +=
+      // scale u B^T (tp rank 0 only for a row-parallel one); backward du =
+      // scale dY B, dx (+)= du A, dB += scale dY^T u, dA += du^T x.
+      for (const BlockGemm::Adapter& a : l.lora) {
+        gemm({.m = n, .n = r, .k = l.in, .trans_b = true}, false, false, 1.0f,
+             a.row_parallel ? DType::f32 : dt);
+        if (!a.row_parallel || tp_rank == 0) {
+          gemm({.m = n, .n = a.out, .k = r, .trans_b = true, .ldc = l.out}, true, false, scale);
+        }
+        gemm({.m = n, .n = r, .k = a.out, .lda = l.out}, false, false, scale);
+        gemm({.m = n, .n = l.in, .k = r}, !dropping);
+        gemm({.m = a.out, .n = r, .k = n, .trans_a = true, .lda = l.out}, true, false, scale);
+        gemm({.m = r, .n = l.in, .k = n, .trans_a = true}, true);
+      }
     }
     const int64_t tp_size = config.parallel.tp;
     const cpu::AttentionDims dims{static_cast<int64_t>(s.mb), static_cast<int64_t>(s.seq),
@@ -188,14 +278,15 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
   }
   if (stage.last) {
     // The fused classifier over all rows, in chunks of up to 256 rows (its
-    // default): the logits, d(h) and d(W) GEMMs of each chunk size.
-    const auto vocab = static_cast<int64_t>(vocab_rows);
+    // default): the logits, d(h) and (unless frozen) d(W) GEMMs of each chunk size.
+    MESHTRAIN_CHECK(output != nullptr, "plan: the last stage holds no output layer");
+    const int64_t vocab = output->shape[0];
     const int64_t chunk = std::min<int64_t>(n, 256);
     for (const int64_t rows : {chunk, n % chunk}) {
       if (rows == 0) continue;
       gemm({.m = rows, .n = vocab, .k = d, .trans_b = true});
       gemm({.m = rows, .n = d, .k = vocab});
-      gemm({.m = vocab, .n = d, .k = rows, .trans_a = true}, true);
+      if (output->trainable) gemm({.m = vocab, .n = d, .k = rows, .trans_a = true}, true);
     }
     logits = static_cast<size_t>(chunk * vocab) * 4;
     if (dt != DType::f32) dlogits = static_cast<size_t>(chunk * vocab) * dtype_size(dt);
@@ -596,14 +687,14 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   out.peak[idx(MemCategory::activations)] = activations;
   out.peak[idx(MemCategory::comm)] = comm;
-  double vocab_rows = 0;  // the output layer's rows on this rank (tp: its padded slice)
+  const ParamSpec* output = nullptr;  // the output layer (tp: this rank's padded rows)
   for (const ParamSpec& spec : held.specs) {
-    if (spec.split.global_shape == Shape{model.vocab_size, model.dim}) {
-      vocab_rows = static_cast<double>(spec.shape[0]);
-    }
+    if (spec.split.global_shape == Shape{model.vocab_size, model.dim}) output = &spec;
   }
+  const std::vector<BlockGemm> gemms = block_gemms(config, s, held, stage);
   out.peak[idx(MemCategory::workspace)] =
-      workspace_bytes(config, s) + scratch_slot_bytes(config, s, stage, vocab_rows);
+      workspace_bytes(config, s, gemms, held) +
+      scratch_slot_bytes(config, s, stage, gemms, output, coord.tp);
   // On top of those: evaluation's forward and a checkpoint's buffers
   // (ckpt/distributed.h: a sync save's file buffer, or an async save's staging
   // copy of what this rank writes). The trainer evaluates, then saves, at the
