@@ -1,8 +1,10 @@
 #include "meshtrain/train/checkpointer.h"
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/util/error.h"
@@ -35,6 +37,29 @@ class MastersOnly final : public layout::StateAccess {
  private:
   layout::StateAccess& inner_;
 };
+
+// `map` without the LoRA adapters: what train.init_from reads (the adapters
+// keep their init, lora_B zero, so step 0 is the directory's model).
+layout::ShardMap base_tensors(const layout::ShardMap& map, const ModelConfig& model) {
+  std::set<std::string> adapters;
+  for (const ParamSpec& spec : build_param_specs(model)) {
+    if (spec.lora_adapter) adapters.insert(spec.name);
+  }
+  layout::ShardMap base;
+  base.local_numel = map.local_numel;
+  std::vector<size_t> index(map.tensors.size(), SIZE_MAX);
+  for (size_t i = 0; i < map.tensors.size(); ++i) {
+    if (adapters.count(map.tensors[i].name) != 0) continue;
+    index[i] = base.tensors.size();
+    base.tensors.push_back(map.tensors[i]);
+  }
+  for (layout::ShardPiece piece : map.pieces) {
+    if (index[piece.tensor] == SIZE_MAX) continue;
+    piece.tensor = index[piece.tensor];
+    base.pieces.push_back(piece);
+  }
+  return base;
+}
 
 }  // namespace
 
@@ -101,13 +126,14 @@ void Checkpointer::load_weights(const std::string& dir, cpu::CpuContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
   dp_.quiesce();
   MastersOnly masters(dp_.state());
+  const layout::ShardMap base = base_tensors(map_, config_.model);
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
-    dist_ckpt::load_checkpoint(dir, map_, masters, buffer_bytes(config_));
+    dist_ckpt::load_checkpoint(dir, base, masters, buffer_bytes(config_));
   } else {
     const std::unique_ptr<Model> whole = load_model_dir(dir, Precision::fp32, ctx);
     std::vector<float> piece;
-    for (const layout::ShardPiece& p : map_.pieces) {
-      const layout::GlobalTensor& t = map_.tensors[p.tensor];
+    for (const layout::ShardPiece& p : base.pieces) {
+      const layout::GlobalTensor& t = base.tensors[p.tensor];
       const Parameter& source = whole->param(t.name);
       MESHTRAIN_CHECK(source.spec.shape == t.shape, "init_from '{}': tensor '{}' is {}, the model's {}",
                       dir, t.name, shape_str(source.spec.shape), shape_str(t.shape));
