@@ -25,6 +25,9 @@ using testing::mpi_env;
 using testing::run_trainer;
 using LoraRun = testing::TrainerRun;
 
+const std::string kHfLlama =
+    std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/fixtures/hf_tiny_llama_theta1e4_gqa_untied";
+
 class LoraTraining : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -34,16 +37,19 @@ class LoraTraining : public ::testing::Test {
   }
 
   // Every target: under tp both column-parallel (A replicated, B split) and
-  // row-parallel (A split, x A^T all-reduced) adapters.
+  // row-parallel (A split, x A^T all-reduced) adapters. family "hf": the
+  // model and its base weights come from the HF llama fixture (train.init_from).
   TrainConfig config(const std::string& out, const std::string& family,
                      ConfigOverrides extra = {}) const {
+    if (family == "hf") extra.insert(extra.begin(), {"train.init_from", kHfLlama});
     const std::string model =
-        family == "llama" ? "family = \"llama\"\ndim = 32\nn_layers = 2\nn_heads = 4\n"
+        family == "hf" ? ""
+        : family == "llama" ? "family = \"llama\"\ndim = 32\nn_layers = 2\nn_heads = 4\n"
                             "n_kv_heads = 2\nhidden_dim = 64\nvocab_size = 64\nmax_seq_len = 32\n"
                             "tie_embeddings = false\n"
                           : "family = \"gpt2\"\ndim = 32\nn_layers = 2\nn_heads = 4\n"
                             "hidden_dim = 128\nvocab_size = 64\nmax_seq_len = 32\n";
-    const std::string targets = family == "llama"
+    const std::string targets = family != "gpt2"
                                     ? R"(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                            "up_proj", "down_proj"])"
                                     : R"(["c_attn", "c_proj", "c_fc"])";
@@ -222,6 +228,21 @@ void LoraTraining::expect_resumes_on_one_rank(const std::string& name, ConfigOve
         << name << ": step " << single.records[i].step;
   }
   world_->barrier();  // every rank has read the checkpoint
+}
+
+// train.init_from the HF fixture into LoRA: every rank reads its pieces of
+// the base (ZeRO-2: the frozen base written shard by shard; tp 2: sliced),
+// the adapters keep their init; the runs equal the single-rank one.
+TEST_F(LoraTraining, InitFromHuggingFaceMatchesSingleRank) {
+  LoraRun ref = run_trainer(config(rank_dir("hf_ref"), "hf"), nullptr);
+  EXPECT_LT(ref.records.back().loss, ref.records.front().loss);
+  DeviceMesh dp_mesh(*world_, 1, 1);
+  expect_close(run_trainer(config("hf_zero2", "hf", {{"parallel.zero", "2"}}), &dp_mesh), ref,
+               "init_from HF, ZeRO-2");
+  if (world_->size() != 2) return;
+  DeviceMesh tp_mesh(*world_, 2, 1);
+  expect_close(run_trainer(config("hf_tp", "hf", {{"parallel.tp", "2"}}), &tp_mesh), ref,
+               "init_from HF, tp 2");
 }
 
 // ZeRO-2 (adapters' states sharded, the frozen base written shard by shard)
