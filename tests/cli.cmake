@@ -144,3 +144,7 @@ add_test(NAME cli.guard_diverged
                  --train.steps 4 --train.checkpoint_interval -1 --train.eval_interval 0
                  --guard.max_skips 2 --train.out_dir ${cli_work}/guard_diverged --overwrite)
 set_tests_properties(cli.guard_diverged PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 60)
+
+# Fine-tuning end to end: HF directory -> SFT records + [lora] via train.init_from -> sample, eval.
+add_test(NAME cli.finetune COMMAND bash ${cli_dir}/finetune.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.finetune PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120)
