@@ -14,10 +14,10 @@
 
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/hf.h"
-#include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/util/error.h"
+#include "support/hf_logits.h"
 #include "support/scratch.h"
 #include "support/sft_run.h"
 #include "support/trainer_run.h"
@@ -34,6 +34,27 @@ constexpr const char* kLora = "[lora]\nrank = 4\nalpha = 8\ntargets = [\"q_proj\
 class Finetune : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = testing::scratch_dir(); }
+
+  // LoRA on the HF fixture's model (train.init_from, no [model]), on a phrase corpus.
+  TrainConfig hf_lora_config(const std::string& out, ConfigOverrides o) const {
+    testing::write_phrase_corpus(dir_.string(), 64);
+    const std::string toml = std::string(kLora) + R"(
+[train]
+steps = 6
+batch_size = 4
+seq_len = 16
+threads = 2
+eval_interval = 0
+peak_flops = 1e11
+checkpoint_interval = -1
+init_from = ")" + kHf + R"("
+[optim]
+lr = 1e-2
+warmup_steps = 0
+[data]
+)";
+    return testing::tiny_run_config(toml, dir_.string(), out, std::move(o), out + ".toml");
+  }
   fs::path dir_;
 };
 
@@ -61,23 +82,7 @@ void expect_base_is(Trainer& trainer, const std::vector<float>& weights,
 // From the HF fixture into LoRA: the base is HF's, the logits at step 0 are
 // transformers' (fp32, 1e-5), the loss falls and the base does not move.
 TEST_F(Finetune, InitFromHuggingFaceIntoLoraStartsAtItsLogits) {
-  testing::write_phrase_corpus(dir_.string(), 64);
-  const std::string toml = std::string(kLora) + R"(
-[train]
-steps = 6
-batch_size = 4
-seq_len = 16
-threads = 2
-eval_interval = 0
-peak_flops = 1e11
-checkpoint_interval = -1
-init_from = ")" + kHf + R"("
-[optim]
-lr = 1e-2
-warmup_steps = 0
-[data]
-)";
-  TrainConfig c = testing::tiny_run_config(toml, dir_.string(), "hf_lora", {}, "hf_lora.toml");
+  TrainConfig c = hf_lora_config("hf_lora", {});
   TrainerOptions options;
   options.console = false;
   Trainer trainer(c, options);
@@ -93,15 +98,7 @@ warmup_steps = 0
   // The LoRA model with those weights gives transformers' logits.
   Model lora(trainer.config().model, Precision::fp32, ctx);
   std::copy(start.begin(), start.end(), lora.flat_master().data<float>());
-  SafetensorsReader ref(kHf + "/logits.safetensors");
-  const int64_t seq = ref.info("logits").shape[0], vocab = 64;
-  std::vector<int32_t> ids(static_cast<size_t>(seq));
-  for (int64_t t = 0; t < seq; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((7 * t + 3) % vocab);
-  Tensor want = ref.read_tensor("logits", DType::f32, MemCategory::workspace, tracker);
-  std::vector<float> logits(static_cast<size_t>(seq * vocab));
-  lora.forward_logits(ids.data(), 1, seq, logits.data());
-  for (int64_t i = 0; i < seq * vocab; ++i)
-    ASSERT_NEAR(logits[i], want.data<float>()[i], 1e-5 * std::max(1.0f, std::abs(want.data<float>()[i])));
+  EXPECT_LE(testing::hf_logits_error(lora, kHf), 1e-5);
 
   const auto records = trainer.run();
   ASSERT_EQ(records.size(), 6u);
@@ -113,21 +110,7 @@ warmup_steps = 0
 // bf16: the frozen matmul weights exist only as their bf16 copies, written
 // through Model::write_values; read back they are HF's values rounded to bf16.
 TEST_F(Finetune, InitFromHuggingFaceIntoBf16LoraRoundsTheFrozenCopies) {
-  testing::write_phrase_corpus(dir_.string(), 64);
-  const std::string toml = std::string(kLora) + R"(
-[train]
-steps = 1
-batch_size = 2
-seq_len = 16
-threads = 2
-precision = "bf16"
-eval_interval = 0
-peak_flops = 1e11
-checkpoint_interval = -1
-init_from = ")" + kHf + R"("
-[data]
-)";
-  TrainConfig c = testing::tiny_run_config(toml, dir_.string(), "hf_bf16", {}, "hf_bf16.toml");
+  TrainConfig c = hf_lora_config("hf_bf16", {{"train.steps", "1"}, {"train.precision", "bf16"}});
   TrainerOptions options;
   options.console = false;
   Trainer trainer(c, options);
