@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fine-tuning path through the CLI: a base model as a Hugging Face
-# directory (a tiny bytes-vocabulary llama trained here and exported: the
+# directory (llama-tiny, bytes vocabulary, trained here and exported: the
 # committed HF fixtures have 64 ids, fewer than the bytes tokenizer's 256),
 # then `meshtrain train` with [data] format = "sft-jsonl", train.init_from =
 # that directory and [lora]; its checkpoint samples and evaluates.
@@ -11,14 +11,7 @@ FIXTURES="$(cd "$(dirname "$0")/../train/fixtures" && pwd)"
 rm -rf "$WORK" && mkdir -p "$WORK"
 cat >"$WORK/base.toml" <<TOML
 [model]
-family = "llama"
-dim = 32
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-hidden_dim = 64
-vocab_size = 256
-max_seq_len = 128
+preset = "llama-tiny"
 [train]
 steps = 2
 batch_size = 4
