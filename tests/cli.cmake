@@ -148,3 +148,15 @@ set_tests_properties(cli.guard_diverged PROPERTIES FIXTURES_REQUIRED cli_inputs 
 # Fine-tuning end to end: HF directory -> SFT records + [lora] via train.init_from -> sample, eval.
 add_test(NAME cli.finetune COMMAND bash ${cli_dir}/finetune.sh ${cli_bin} ${cli_work})
 set_tests_properties(cli.finetune PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120)
+
+# A checkpoint carries its GPT-2 ranks file: moved elsewhere without the original, it still samples and exports.
+add_test(NAME cli.moved_checkpoint_tokenizer
+         COMMAND bash ${cli_dir}/moved_checkpoint.sh ${cli_bin} ${cli_work} ${cli_ranks})
+set_tests_properties(cli.moved_checkpoint_tokenizer PROPERTIES FIXTURES_REQUIRED "cli_inputs;gpt2_ranks"
+                     TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# LoRA checkpoints through ckpt export: refusals (one line) and the merged / base / PEFT exports;
+# a PEFT adapter merged into its base by ckpt import gives PeftModel's logits.
+add_test(NAME cli.lora_export COMMAND bash ${cli_dir}/lora_export.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.lora_export PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
+                     ENVIRONMENT "MESHTRAIN_PYTHON=${MESHTRAIN_PYTHON}")

@@ -45,3 +45,9 @@ add_test(NAME reference_hf_venv
          COMMAND bash ${reference_dir}/hf_venv_check.sh ${MESHTRAIN_HF_VENV}/bin/python
                  $<TARGET_FILE:test_ckpt> $<TARGET_FILE:meshtrain> ${CMAKE_BINARY_DIR}/hf_venv_check ${hf_ranks})
 set_tests_properties(reference_hf_venv PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+
+# LoRA exports of a real LoRA run against transformers + peft (same venv; skipped without it).
+add_test(NAME reference_peft_venv
+         COMMAND bash ${reference_dir}/peft_venv_check.sh ${MESHTRAIN_HF_VENV}/bin/python
+                 $<TARGET_FILE:meshtrain> ${CMAKE_BINARY_DIR}/peft_venv_check)
+set_tests_properties(reference_peft_venv PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)

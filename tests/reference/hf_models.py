@@ -55,17 +55,23 @@ def cases():
     yield "gpt2_f16", GPT2LMHeadModel, gpt2, {"dtype": torch.float16}
 
 
+def random_model(cls, config):
+    """A model with weights larger than the default init, so that RoPE and scaling differences
+    show in the logits."""
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2 if p.dim() > 1 else 0.1)
+    return model
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     for i, (name, cls, config, opts) in enumerate(cases()):
         torch.manual_seed(1000 + i)
-        model = cls(config).eval()
-        # Larger than the default init so that RoPE and scaling differences show in the logits.
-        with torch.no_grad():
-            for p in model.parameters():
-                p.normal_(0.0, 0.2 if p.dim() > 1 else 0.1)
+        model = random_model(cls, config)
         dtype = opts.get("dtype")
         if dtype is not None:
             model = model.to(dtype)  # the stored weights; the logits below use them widened

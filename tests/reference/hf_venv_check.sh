@@ -3,6 +3,8 @@
 # exits 77, a ctest skip, without it):
 #  1. tests/reference/hf_models.py writes tiny models with save_pretrained and
 #     their logits; test_ckpt's HfTransformers tests import them and compare.
+#  1b. tests/reference/peft_models.py writes LoRA adapters with peft; test_ckpt's
+#     LoraExport.PeftFixtures* merges them as peft's merge_and_unload() does.
 #  2. A GPT-2-vocabulary model exported with the GPT-2 tokenizer: AutoTokenizer
 #     loads the export folder and encodes and decodes as meshtrain does.
 # usage: hf_venv_check.sh VENV_PYTHON TEST_CKPT MESHTRAIN WORK GPT2_RANKS
@@ -16,6 +18,13 @@ fi
 rm -rf "$work" && mkdir -p "$work/models"
 "$py" "$here/hf_models.py" --out "$work/models"
 MESHTRAIN_HF_FIXTURES="$work/models" "$test_ckpt" --gtest_filter='HfTransformers.*'
+# 1b. LoRA adapters peft writes: merged by meshtrain as merge_and_unload() does.
+if "$py" -c "import peft" 2>/dev/null; then
+  (cd "$here" && "$py" peft_models.py --out "$work/models")
+  MESHTRAIN_HF_FIXTURES="$work/models" "$test_ckpt" --gtest_filter='LoraExport.PeftFixtures*'
+else
+  echo "SKIP (peft part): no peft in the venv (scripts/setup_hf_venv.sh installs it)"
+fi
 
 if [ ! -f "$ranks" ]; then
   echo "SKIP (tokenizer part): no GPT-2 ranks at $ranks"

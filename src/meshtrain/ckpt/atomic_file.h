@@ -38,5 +38,7 @@ class AtomicFile {
 
 // Whole-file convenience for small text files (config.json).
 void write_file_atomic(const std::string& path, std::string_view text);
+// And the other way: a small file's bytes; Error (io) naming the path when unreadable.
+std::string read_file_text(const std::string& path);
 
 }  // namespace meshtrain

@@ -44,6 +44,10 @@ uint64_t file_buffer_bytes(int64_t limit, uint64_t needed);  // that buffer's si
 // says; Error "<path>: missing | truncated | corrupt ...".
 void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer);
 
+// Copies the small file `path` into `dir` under its file name (fsync'ed,
+// atomic) and returns its manifest entry. Error (io) naming the file.
+ManifestFile carry_file(const std::string& path, const std::string& dir);
+
 // One saved piece, as a done file and the manifest list it.
 struct PieceRecord {
   std::string tensor;
@@ -75,8 +79,10 @@ RankRecord rank_record_from_json(const json& value, const std::string& path);
 
 // The manifest of the ranks' records (tensors in first-seen order, rank by
 // rank), with its own checksum; written fsync'ed and atomically.
+// `carried`: files copied in besides the rank files (SaveOptions::carried_files).
 json manifest_json(int64_t step, const std::string& save_id, const json& layout_json,
-                   const json& meta, const std::vector<RankRecord>& ranks);
+                   const json& meta, const std::vector<RankRecord>& ranks,
+                   const std::vector<ManifestFile>& carried = {});
 void write_manifest(const std::string& dir, const json& manifest);
 
 }  // namespace meshtrain::dist_ckpt::detail

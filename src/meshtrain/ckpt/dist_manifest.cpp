@@ -280,8 +280,22 @@ RankRecord rank_record_from_json(const json& value, const std::string& path) {
   return r;
 }
 
+ManifestFile carry_file(const std::string& path, const std::string& dir) {
+  const std::string bytes = read_file_text(path);
+  ManifestFile file;
+  file.name = fs::path(path).filename().string();
+  MESHTRAIN_CHECK(plain_file_name(file.name) && file.name != kManifestFile &&
+                      !file.name.starts_with("rank_"),
+                  "checkpoint: carried file '{}' would clash with the checkpoint's own files", path);
+  write_file_atomic(join(dir, file.name), bytes);
+  file.bytes = bytes.size();
+  file.xxh3 = XXH3_64bits(bytes.data(), bytes.size());
+  return file;
+}
+
 json manifest_json(int64_t step, const std::string& save_id, const json& layout_json,
-                   const json& meta, const std::vector<RankRecord>& ranks) {
+                   const json& meta, const std::vector<RankRecord>& ranks,
+                   const std::vector<ManifestFile>& carried) {
   std::vector<ManifestTensor> tensors;
   std::map<std::string, size_t> index;
   auto tensor_of = [&](const std::string& name, const Shape& shape, int rank) -> ManifestTensor& {
@@ -301,6 +315,9 @@ json manifest_json(int64_t step, const std::string& save_id, const json& layout_
       tensor_of(p.tensor, p.shape, r.rank).shards.push_back(p.shard);
     if (!r.file.empty())
       files.push_back({{"name", r.file}, {"bytes", r.bytes}, {"xxh3", hex64(r.xxh3)}});
+  }
+  for (const ManifestFile& f : carried) {
+    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh3", hex64(f.xxh3)}});
   }
   // A tensor some rank holds but no rank owns (replica 0) would be lost: refuse.
   check_tensors(tensors, fmt::format("checkpoint step_{}", step));

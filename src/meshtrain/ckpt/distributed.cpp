@@ -393,7 +393,9 @@ std::string save_rank0(const SaveContext& ctx, int64_t step, const layout::Shard
     const std::vector<RankRecord> records = gather_records(ctx, tmp, step, id, std::move(mine));
 
     fault_point("before_manifest", step);
-    write_manifest(tmp, manifest_json(step, id, layout_json, meta, records));
+    std::vector<ManifestFile> carried;
+    for (const std::string& path : ctx.options.carried_files) carried.push_back(carry_file(path, tmp));
+    write_manifest(tmp, manifest_json(step, id, layout_json, meta, records, carried));
     for (int r = 0; r < ctx.options.world; ++r) fs::remove(join(tmp, done_file_name(r)));
     fs::remove(join(tmp, kOpenFile));
     fsync_dir(tmp);

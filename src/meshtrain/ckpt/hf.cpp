@@ -30,24 +30,8 @@ std::string_view torch_dtype_name(DType dtype) {
   return "float32";
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-// Which RoPE rows a parameter has, as (heads, head_dim); heads == 0 when none.
-std::pair<int64_t, int64_t> rope_rows(const ModelConfig& c, const std::string& name) {
-  if (c.family != Family::llama) return {0, 0};
-  if (ends_with(name, ".self_attn.q_proj.weight")) return {c.n_heads, c.head_dim()};
-  if (ends_with(name, ".self_attn.k_proj.weight")) return {c.n_kv_heads, c.head_dim()};
-  return {0, 0};
 }
 
 // Reads config.json fields with errors naming the file and key; `prefix` names
@@ -207,7 +191,7 @@ class HfTensors {
     const std::string& source = source_;
     json root;
     try {
-      root = json::parse(read_text(source));
+      root = json::parse(read_file_text(source));
     } catch (const json::exception& e) {
       fail("{}: not valid JSON: {}", source, e.what());
     }
@@ -275,6 +259,13 @@ bool ignorable_extra(const ModelConfig& c, const std::string& name) {
 }
 
 }  // namespace
+
+std::pair<int64_t, int64_t> rope_rows(const ModelConfig& c, const std::string& name) {
+  if (c.family != Family::llama) return {0, 0};
+  if (ends_with(name, ".self_attn.q_proj.weight")) return {c.n_heads, c.head_dim()};
+  if (ends_with(name, ".self_attn.k_proj.weight")) return {c.n_kv_heads, c.head_dim()};
+  return {0, 0};
+}
 
 void rope_rows_to_hf(const float* src, float* dst, int64_t heads, int64_t head_dim, int64_t cols) {
   const int64_t half = head_dim / 2;
@@ -420,7 +411,7 @@ ModelConfig parse_hf_config(std::string_view json_text, std::string_view source)
 }
 
 ModelConfig read_hf_config(const std::string& path) {
-  return parse_hf_config(read_text(path), path);
+  return parse_hf_config(read_file_text(path), path);
 }
 
 void export_hf(Model& model, const std::string& dir, DType dtype, const Tokenizer* tokenizer) {
@@ -429,6 +420,11 @@ void export_hf(Model& model, const std::string& dir, DType dtype, const Tokenize
 
 void export_hf(const ModelConfig& c, const TensorSource& source, const std::string& dir,
                DType dtype, const Tokenizer* tokenizer) {
+  // Adapters in model.safetensors would be ignored by transformers: a silently different model.
+  MESHTRAIN_CHECK_AS(ErrorKind::config, !c.lora.enabled(),
+                     "{}: the model has LoRA adapters (lora.rank = {}); export it merged "
+                     "(ckpt/lora_export.h merge_lora) or the adapters in PEFT's layout",
+                     dir, c.lora.rank);
   MESHTRAIN_CHECK(tokenizer == nullptr || tokenizer->vocab_size() <= c.vocab_size,
                   "{}: tokenizer '{}' has {} ids, the model only {}", dir, tokenizer->name(),
                   tokenizer->vocab_size(), c.vocab_size);
@@ -472,13 +468,13 @@ std::vector<std::string> copy_hf_tokenizer(const std::string& src, const std::st
   for (const char* name : kFiles) {
     const fs::path from = fs::path(src) / name;
     if (!fs::exists(from)) continue;
-    write_file_atomic((fs::path(dst) / name).string(), read_text(from.string()));
+    write_file_atomic((fs::path(dst) / name).string(), read_file_text(from.string()));
     copied.emplace_back(name);
   }
   const std::string src_config = (fs::path(src) / "config.json").string();
   const std::string dst_config = (fs::path(dst) / "config.json").string();
-  const json from = json::parse(read_text(src_config), nullptr, /*allow_exceptions=*/false);
-  nlohmann::ordered_json to = nlohmann::ordered_json::parse(read_text(dst_config));
+  const json from = json::parse(read_file_text(src_config), nullptr, /*allow_exceptions=*/false);
+  nlohmann::ordered_json to = nlohmann::ordered_json::parse(read_file_text(dst_config));
   if (from.is_object()) {
     for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
       if (from.contains(key)) to[key] = from[key];

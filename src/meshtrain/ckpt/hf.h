@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/ckpt/tokenizer_files.h"
@@ -65,6 +66,10 @@ void load_hf_weights(Model& model, const std::string& dir);
 std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision,
                                  cpu::CpuContext& ctx);
 
+// Which RoPE rows the weight `name` has, as (heads, head_dim): Llama's q_proj
+// and k_proj weights (heads == 0 for every other tensor). A LoRA lora_B of those
+// modules has the same rows (ckpt/lora_export.h).
+std::pair<int64_t, int64_t> rope_rows(const ModelConfig& config, const std::string& name);
 // The q/k row permutation for one [heads * head_dim, cols] weight.
 void rope_rows_to_hf(const float* src, float* dst, int64_t heads, int64_t head_dim, int64_t cols);
 void rope_rows_from_hf(const float* src, float* dst, int64_t heads, int64_t head_dim,

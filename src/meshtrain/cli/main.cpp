@@ -15,6 +15,7 @@
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
 #include "meshtrain/ckpt/llmc.h"
+#include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/cli/args.h"
 #include "meshtrain/cli/launch_command.h"
 #include "meshtrain/cli/plan_command.h"
@@ -84,7 +85,7 @@ std::unique_ptr<Tokenizer> sample_tokenizer(const SampleArgs& args, int64_t voca
       kind = run.data.tokenizer;
       from_run = true;
     }
-    if (ranks.empty()) ranks = run.data.gpt2_ranks;
+    if (ranks.empty()) ranks = checkpoint_gpt2_ranks(args.checkpoint, run);
   }
   if (ranks.empty()) ranks = kDefaultGpt2Ranks;
   const int64_t kind_vocab = kind == "bytes" ? 256 : kind == "gpt2" ? 50257 : 0;
@@ -159,8 +160,40 @@ void run_sample(const SampleArgs& args) {
 struct CkptArgs {
   std::string format, checkpoint, in, out, dtype = "f32";
   std::string tokenizer, gpt2_ranks = kDefaultGpt2Ranks;  // tokenizer files for the export
+  std::string base_model;  // export peft: base_model_name_or_path; import peft: the base directory
+  bool merge_lora = false, base_only = false;  // a LoRA checkpoint to hf / llmc / llama2c
   int threads = 0;
 };
+
+// What a checkpoint with LoRA adapters exports as: the base with the adapters
+// merged in (--merge-lora), the frozen base alone (--base-only), or (peft) the
+// adapters alone; a plain format without either flag is refused, as it would
+// drop or misplace the adapters. `config` and `source` become the model written.
+void select_lora_export(const CkptArgs& args, ModelConfig& config, TensorSource& source) {
+  const bool lora = config.lora.enabled();
+  if (args.format == "peft") {
+    MESHTRAIN_CHECK_AS(ErrorKind::config, lora,
+                       "ckpt export: '{}' has no LoRA adapters (lora.rank = 0): nothing for "
+                       "--format peft", args.checkpoint);
+    MESHTRAIN_CHECK_AS(ErrorKind::config, !args.merge_lora && !args.base_only,
+                       "ckpt export: --format peft writes the adapters alone; --merge-lora and "
+                       "--base-only are for --format hf, llmc or llama2c");
+    return;
+  }
+  if (!lora) {
+    MESHTRAIN_CHECK_AS(ErrorKind::config, !args.merge_lora && !args.base_only,
+                       "ckpt export: '{}' has no LoRA adapters (lora.rank = 0): drop --{}",
+                       args.checkpoint, args.merge_lora ? "merge-lora" : "base-only");
+    return;
+  }
+  MESHTRAIN_CHECK_AS(ErrorKind::config, args.merge_lora || args.base_only,
+                     "ckpt export: '{}' has LoRA adapters (lora.rank = {}): --format {} needs "
+                     "--merge-lora (the base with the adapters merged in) or --base-only (the "
+                     "frozen base); --format peft writes the adapters alone",
+                     args.checkpoint, config.lora.rank, args.format);
+  if (args.merge_lora) source = merge_lora(config, std::move(source));
+  config = without_lora(config);
+}
 
 // The tokenizer an export carries: --tokenizer, else a training run's own; null when neither.
 std::unique_ptr<Tokenizer> export_tokenizer(const CkptArgs& args, const std::string& source) {
@@ -211,7 +244,10 @@ void run_export(const CkptArgs& args) {
     config = model->config();
     source = model_tensors(*model);
   }
-  if (args.format == "hf") {
+  select_lora_export(args, config, source);
+  if (args.format == "peft") {
+    export_peft(config, source, args.out, args.base_model, dtype);
+  } else if (args.format == "hf") {
     export_hf(config, source, args.out, dtype, tokenizer.get());
     if (!tokenizer && !is_training_checkpoint(args.checkpoint)) {
       copy_hf_tokenizer(args.checkpoint, args.out);  // an HF directory's own tokenizer
@@ -224,9 +260,25 @@ void run_export(const CkptArgs& args) {
   fmt::print("exported {} to {} ({})\n", args.checkpoint, args.out, args.format);
 }
 
+// A PEFT adapter merged into its Hugging Face base: a plain HF directory (with the base's tokenizer).
+void run_import_peft(const CkptArgs& args, cpu::CpuContext& ctx) {
+  MESHTRAIN_CHECK_AS(ErrorKind::config, !args.base_model.empty(),
+                     "ckpt import: --format peft needs --base, the Hugging Face directory the "
+                     "adapter was trained on");
+  std::unique_ptr<Model> base = import_hf(args.base_model, Precision::fp32, ctx);
+  const PeftAdapter adapter = read_peft_adapter(args.in, base->config());
+  const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, "");
+  export_hf(base->config(), merge_lora(adapter.config, with_adapter(model_tensors(*base), adapter)),
+            args.out, parse_dtype(args.dtype), tokenizer.get());
+  if (!tokenizer) copy_hf_tokenizer(args.base_model, args.out);
+  fmt::print("imported {} (peft, r = {}) merged into {} to {}\n", args.in, adapter.config.lora.rank,
+             args.base_model, args.out);
+}
+
 void run_import(const CkptArgs& args) {
   MemoryTracker tracker;
   cpu::CpuContext ctx(args.threads, tracker);
+  if (args.format == "peft") return run_import_peft(args, ctx);
   std::unique_ptr<Model> model = args.format == "llama2c" ? import_llama2c(args.in, Precision::fp32, ctx)
                                  : args.format == "llmc"  ? import_llmc(args.in, Precision::fp32, ctx)
                                                           : import_hf(args.in, Precision::fp32, ctx);
@@ -317,12 +369,19 @@ int main_impl(int argc, char** argv) {
   CLI::App* ckpt = app.add_subcommand("ckpt", "Convert weights to and from other formats");
   ckpt->require_subcommand(1);
   CkptArgs export_args, import_args;
-  CLI::App* exp = ckpt->add_subcommand("export", "Write a checkpoint as Hugging Face, llama2.c or llm.c");
+  CLI::App* exp = ckpt->add_subcommand(
+      "export", "Write a checkpoint as Hugging Face, llama2.c or llm.c, or its LoRA adapters as PEFT");
   exp->add_option("--format", export_args.format)->required()
-      ->check(CLI::IsMember({"hf", "llama2c", "llmc"}));
+      ->check(CLI::IsMember({"hf", "llama2c", "llmc", "peft"}));
+  exp->add_flag("--merge-lora", export_args.merge_lora,
+                "LoRA checkpoint: write the base with the adapters merged in (W + alpha/r * B A)");
+  exp->add_flag("--base-only", export_args.base_only,
+                "LoRA checkpoint: write the frozen base model alone (the adapters dropped)");
+  exp->add_option("--base-model", export_args.base_model,
+                  "peft: the base model's name or path (adapter_config.json base_model_name_or_path)");
   exp->add_option("--checkpoint", export_args.checkpoint, "Training step or Hugging Face directory")
       ->required();
-  exp->add_option("--out", export_args.out, "Output directory (hf) or file (llama2c, llmc)")->required();
+  exp->add_option("--out", export_args.out, "Output directory (hf, peft) or file (llama2c, llmc)")->required();
   exp->add_option("--dtype", export_args.dtype, "weight dtype (hf: f32, bf16, f16; llmc: f32, bf16)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
   add_tokenizer_options(*exp, export_args);
@@ -336,10 +395,15 @@ int main_impl(int argc, char** argv) {
       "convert", "Rewrite a whole-tensor checkpoint (model.safetensors + train_state.json) as a sharded one");
   convert->add_option("--in", convert_args.in, "Old-format step directory")->required();
   convert->add_option("--out", convert_args.out, "New step directory")->required();
-  CLI::App* imp = ckpt->add_subcommand("import", "Read llama2.c, llm.c or Hugging Face weights");
+  CLI::App* imp = ckpt->add_subcommand(
+      "import", "Read llama2.c, llm.c or Hugging Face weights, or a PEFT LoRA adapter merged into its base");
   imp->add_option("--format", import_args.format)->required()
-      ->check(CLI::IsMember({"hf", "llama2c", "llmc"}));
-  imp->add_option("--in", import_args.in, "llama2.c or llm.c file, or Hugging Face directory")->required();
+      ->check(CLI::IsMember({"hf", "llama2c", "llmc", "peft"}));
+  imp->add_option("--in", import_args.in,
+                  "llama2.c or llm.c file, or Hugging Face or PEFT adapter directory")->required();
+  imp->add_option("--base", import_args.base_model,
+                  "peft: the Hugging Face directory of the base model (the output is the base with "
+                  "the adapter merged in)");
   imp->add_option("--out", import_args.out, "Output (Hugging Face) directory")->required();
   imp->add_option("--dtype", import_args.dtype, "stored weight dtype")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();

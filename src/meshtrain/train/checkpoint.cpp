@@ -155,11 +155,22 @@ class MasterOnly final : public layout::StateAccess {
 
 }  // namespace
 
+std::vector<std::string> run_tokenizer_files(const DataSettings& data) {
+  if (data.tokenizer != "gpt2" || !fs::is_regular_file(data.gpt2_ranks)) return {};
+  return {data.gpt2_ranks};
+}
+
+std::string checkpoint_gpt2_ranks(const std::string& dir, const TrainConfig& run) {
+  const fs::path carried = fs::path(dir) / fs::path(run.data.gpt2_ranks).filename();
+  return fs::is_regular_file(carried) ? carried.string() : run.data.gpt2_ranks;
+}
+
 std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir) {
   if (!is_training_checkpoint(dir)) return nullptr;
   TrainConfig run;
   read_train_state(dir, &run);
-  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(run.data.tokenizer, run.data.gpt2_ranks);
+  std::unique_ptr<Tokenizer> tokenizer =
+      make_tokenizer(run.data.tokenizer, checkpoint_gpt2_ranks(dir, run));
   if (tokenizer->vocab_size() > run.model.vocab_size) return nullptr;
   return tokenizer;
 }

@@ -49,10 +49,19 @@ bool is_training_checkpoint(const std::string& dir);
 // out_dir, the parallel layout, [ckpt]) are not listed.
 std::vector<std::string> resume_config_changes(const TrainConfig& saved, const TrainConfig& now);
 
-// The training run's tokenizer (data.tokenizer, data.gpt2_ranks: an absolute
-// path since the run recorded it so) for a training checkpoint whose model
-// holds its ids; null for other directories or a run whose vocabulary is
-// smaller than the tokenizer's. Error when the ranks file cannot be read.
+// The files a run's tokenizer needs (data.gpt2_ranks for "gpt2", when it
+// exists), which every checkpoint carries (dist_ckpt::SaveOptions::carried_files).
+std::vector<std::string> run_tokenizer_files(const DataSettings& data);
+// The GPT-2 ranks file of the run that wrote checkpoint `dir`: the copy the
+// checkpoint carries, else the path the run recorded (absolute; checkpoints from
+// before the copy), so a checkpoint moved to another folder or machine still
+// has its tokenizer.
+std::string checkpoint_gpt2_ranks(const std::string& dir, const TrainConfig& run);
+
+// The training run's tokenizer (data.tokenizer, checkpoint_gpt2_ranks) for a
+// training checkpoint whose model holds its ids; null for other directories or
+// a run whose vocabulary is smaller than the tokenizer's. Error when the ranks
+// file cannot be read.
 std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir);
 
 // The model of a directory load_model_dir reads: a training checkpoint's

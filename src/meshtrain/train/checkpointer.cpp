@@ -1,11 +1,13 @@
 #include "meshtrain/train/checkpointer.h"
 
-#include <chrono>
-#include <cstdint>
-#include <filesystem>
-#include <map>
-#include <set>
+#include "meshtrain/train/checkpoint.h"
 
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/trace.h"
@@ -38,27 +40,17 @@ class MastersOnly final : public layout::StateAccess {
   layout::StateAccess& inner_;
 };
 
-// `map` without the LoRA adapters: what train.init_from reads (the adapters
-// keep their init, lora_B zero, so step 0 is the directory's model).
-layout::ShardMap base_tensors(const layout::ShardMap& map, const ModelConfig& model) {
-  std::set<std::string> adapters;
-  for (const ParamSpec& spec : build_param_specs(model)) {
-    if (spec.lora_adapter) adapters.insert(spec.name);
-  }
-  layout::ShardMap base;
-  base.local_numel = map.local_numel;
-  std::vector<size_t> index(map.tensors.size(), SIZE_MAX);
-  for (size_t i = 0; i < map.tensors.size(); ++i) {
-    if (adapters.count(map.tensors[i].name) != 0) continue;
-    index[i] = base.tensors.size();
-    base.tensors.push_back(map.tensors[i]);
-  }
-  for (layout::ShardPiece piece : map.pieces) {
-    if (index[piece.tensor] == SIZE_MAX) continue;
-    piece.tensor = index[piece.tensor];
-    base.pieces.push_back(piece);
-  }
-  return base;
+// The pieces init_from fills: all but the LoRA adapters a base without them
+// (an HF directory, a plain run's checkpoint) lacks; those keep their initial
+// values (lora_B = 0: step 0 is the base model).
+layout::ShardMap pieces_in_source(const layout::ShardMap& map,
+                                  const std::function<bool(const std::string&)>& source_has) {
+  layout::ShardMap out = map;
+  std::erase_if(out.pieces, [&](const layout::ShardPiece& p) {
+    const std::string& name = map.tensors[p.tensor].name;
+    return is_lora_tensor(name) && !source_has(name);
+  });
+  return out;
 }
 
 }  // namespace
@@ -75,6 +67,7 @@ Checkpointer::Checkpointer(const TrainConfig& config, DeviceMesh* mesh, Model& m
   options.async = config.ckpt.async;
   options.keep_last = static_cast<int>(config.ckpt.keep_last);
   options.tracker = &tracker;
+  options.carried_files = run_tokenizer_files(config.data);
   saver_ = std::make_unique<dist_ckpt::CheckpointSaver>(config.train.out_dir, options);
 }
 
@@ -126,14 +119,18 @@ void Checkpointer::load_weights(const std::string& dir, cpu::CpuContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
   dp_.quiesce();
   MastersOnly masters(dp_.state());
-  const layout::ShardMap base = base_tensors(map_, config_.model);
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
-    dist_ckpt::load_checkpoint(dir, base, masters, buffer_bytes(config_));
+    const dist_ckpt::Manifest manifest = dist_ckpt::read_manifest(dir);
+    const layout::ShardMap map = pieces_in_source(
+        map_, [&](const std::string& name) { return manifest.find_tensor(name) != nullptr; });
+    dist_ckpt::load_checkpoint(dir, map, masters, buffer_bytes(config_));
   } else {
     const std::unique_ptr<Model> whole = load_model_dir(dir, Precision::fp32, ctx);
+    const layout::ShardMap map =
+        pieces_in_source(map_, [&](const std::string&) { return whole->config().lora.enabled(); });
     std::vector<float> piece;
-    for (const layout::ShardPiece& p : base.pieces) {
-      const layout::GlobalTensor& t = base.tensors[p.tensor];
+    for (const layout::ShardPiece& p : map.pieces) {
+      const layout::GlobalTensor& t = map.tensors[p.tensor];
       const Parameter& source = whole->param(t.name);
       MESHTRAIN_CHECK(source.spec.shape == t.shape, "init_from '{}': tensor '{}' is {}, the model's {}",
                       dir, t.name, shape_str(source.spec.shape), shape_str(t.shape));
