@@ -145,6 +145,10 @@ add_test(NAME cli.guard_diverged
                  --guard.max_skips 2 --train.out_dir ${cli_work}/guard_diverged --overwrite)
 set_tests_properties(cli.guard_diverged PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 60)
 
+# Fine-tuning end to end: HF directory -> SFT records + [lora] via train.init_from -> sample, eval.
+add_test(NAME cli.finetune COMMAND bash ${cli_dir}/finetune.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.finetune PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120)
+
 # A checkpoint carries its GPT-2 ranks file: moved elsewhere without the original, it still samples and exports.
 add_test(NAME cli.moved_checkpoint_tokenizer
          COMMAND bash ${cli_dir}/moved_checkpoint.sh ${cli_bin} ${cli_work} ${cli_ranks})

@@ -15,6 +15,7 @@
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/safetensors.h"
+#include "support/hf_logits.h"
 
 namespace meshtrain {
 namespace {
@@ -47,24 +48,7 @@ TEST(HfTransformers, ImportedModelsGiveTransformersLogits) {
     MemoryTracker tracker;
     cpu::CpuContext ctx(2, tracker);
     std::unique_ptr<Model> model = import_hf(dir.string(), Precision::fp32, ctx);
-    const ModelConfig& c = model->config();
-    SafetensorsReader ref((dir / "logits.safetensors").string());
-    const StTensorInfo* info = ref.find("logits");
-    ASSERT_NE(info, nullptr);
-    const int64_t seq = info->shape[0];
-    ASSERT_EQ(info->shape[1], c.vocab_size);
-    std::vector<int32_t> ids(static_cast<size_t>(seq));
-    for (int64_t t = 0; t < seq; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((7 * t + 3) % c.vocab_size);
-    Tensor want({seq, c.vocab_size}, DType::f32, MemCategory::workspace, tracker);
-    ref.read("logits", want);
-    Tensor got({seq, c.vocab_size}, DType::f32, MemCategory::workspace, tracker);
-    model->forward_logits(ids.data(), 1, seq, got.data<float>());
-    double worst = 0;
-    for (int64_t i = 0; i < seq * c.vocab_size; ++i) {
-      const double w = want.data<float>()[i], g = got.data<float>()[i];
-      worst = std::max(worst, std::abs(w - g) / std::max(1.0, std::abs(w)));
-    }
-    EXPECT_LE(worst, 1e-5);
+    EXPECT_LE(testing::hf_logits_error(*model, dir.string()), 1e-5);
   }
 }
 

@@ -25,6 +25,9 @@ using testing::mpi_env;
 using testing::run_trainer;
 using LoraRun = testing::TrainerRun;
 
+const std::string kHfLlama =
+    std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/fixtures/hf_tiny_llama_theta1e4_gqa_untied";
+
 class LoraTraining : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -34,16 +37,22 @@ class LoraTraining : public ::testing::Test {
   }
 
   // Every target: under tp both column-parallel (A replicated, B split) and
-  // row-parallel (A split, x A^T all-reduced) adapters.
+  // row-parallel (A split, x A^T all-reduced) adapters. family "hf": the
+  // model and its base weights come from the HF llama fixture (train.init_from);
+  // "hf_base": the same without [lora] (a full fine-tune).
   TrainConfig config(const std::string& out, const std::string& family,
                      ConfigOverrides extra = {}) const {
+    const bool hf = family == "hf" || family == "hf_base";
+    if (hf) extra.insert(extra.begin(), {"train.init_from", kHfLlama});
+    const std::string lora = family == "hf_base" ? "" : "[lora]\nrank = 4\nalpha = 8\ntargets = ";
     const std::string model =
-        family == "llama" ? "family = \"llama\"\ndim = 32\nn_layers = 2\nn_heads = 4\n"
+        hf ? ""
+        : family == "llama" ? "family = \"llama\"\ndim = 32\nn_layers = 2\nn_heads = 4\n"
                             "n_kv_heads = 2\nhidden_dim = 64\nvocab_size = 64\nmax_seq_len = 32\n"
                             "tie_embeddings = false\n"
                           : "family = \"gpt2\"\ndim = 32\nn_layers = 2\nn_heads = 4\n"
                             "hidden_dim = 128\nvocab_size = 64\nmax_seq_len = 32\n";
-    const std::string targets = family == "llama"
+    const std::string targets = family != "gpt2"
                                     ? R"(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                            "up_proj", "down_proj"])"
                                     : R"(["c_attn", "c_proj", "c_fc"])";
@@ -60,10 +69,7 @@ checkpoint_interval = -1
 [optim]
 lr = 1e-2
 warmup_steps = 2
-[lora]
-rank = 4
-alpha = 8
-targets = )" + targets + R"(
+)" + lora + (lora.empty() ? "" : targets) + R"(
 [data]
 tokenizer = "bytes"
 )",
@@ -230,6 +236,36 @@ void LoraTraining::expect_resumes_on_one_rank(const std::string& name, ConfigOve
         << name << ": step " << single.records[i].step;
   }
   world_->barrier();  // every rank has read the checkpoint
+}
+
+// train.init_from the HF fixture into LoRA: every rank reads its pieces of
+// the base (ZeRO-2: the frozen base written shard by shard; tp 2: sliced),
+// the adapters keep their init; the runs equal the single-rank one.
+TEST_F(LoraTraining, InitFromHuggingFaceMatchesSingleRank) {
+  LoraRun ref = run_trainer(config(rank_dir("hf_ref"), "hf"), nullptr);
+  EXPECT_LT(ref.records.back().loss, ref.records.front().loss);
+  DeviceMesh dp_mesh(*world_, 1, 1);
+  expect_close(run_trainer(config("hf_zero2", "hf", {{"parallel.zero", "2"}}), &dp_mesh), ref,
+               "init_from HF, ZeRO-2");
+  if (world_->size() != 2) return;
+  DeviceMesh tp_mesh(*world_, 2, 1);
+  expect_close(run_trainer(config("hf_tp", "hf", {{"parallel.tp", "2"}}), &tp_mesh), ref,
+               "init_from HF, tp 2");
+
+  // init_from a non-LoRA training checkpoint written at tp 2 (sharded by
+  // columns / rows): one rank and ZeRO-2 over dp 2 read its base by region overlap.
+  run_trainer(config("hf_base_tp", "hf_base",
+                     {{"parallel.tp", "2"}, {"train.steps", "2"}, {"train.checkpoint_interval", "2"}}),
+              &tp_mesh);
+  world_->barrier();
+  const ConfigOverrides from_tp{{"train.init_from", dir_ + "/hf_base_tp/step_2"}};
+  LoraRun single = run_trainer(config(rank_dir("tp_ckpt_ref"), "hf", from_tp), nullptr);
+  ConfigOverrides zero2 = from_tp;
+  zero2.push_back({"parallel.zero", "2"});
+  expect_close(run_trainer(config("tp_ckpt_zero2", "hf", zero2), &dp_mesh), single,
+               "init_from a tp 2 checkpoint, ZeRO-2");
+  EXPECT_GT(std::fabs(single.records.front().loss - ref.records.front().loss), 1e-4)
+      << "the checkpoint's base, not HF's";
 }
 
 // ZeRO-2 (adapters' states sharded, the frozen base written shard by shard)

@@ -18,6 +18,7 @@
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/util/error.h"
 #include "data/tokenizer_test_util.h"
+#include "support/hf_logits.h"
 #include "support/scratch.h"
 #include "support/sft_run.h"
 #include "support/trainer_run.h"
@@ -304,15 +305,7 @@ init_from = ")" + hf + R"("
     // Those weights give transformers' logits (the fixture's ids, as test_hf_transformers).
     Model start(trainer.config().model, Precision::fp32, ctx);
     std::copy(weights.begin(), weights.end(), start.flat_master().data<float>());
-    SafetensorsReader ref(hf + "/logits.safetensors");
-    const int64_t seq = ref.info("logits").shape[0], vocab = 64;
-    std::vector<int32_t> ids(static_cast<size_t>(seq));
-    for (int64_t t = 0; t < seq; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((7 * t + 3) % vocab);
-    Tensor logits_want = ref.read_tensor("logits", DType::f32, MemCategory::workspace, tracker);
-    std::vector<float> logits(static_cast<size_t>(seq * vocab));
-    start.forward_logits(ids.data(), 1, seq, logits.data());
-    for (int64_t i = 0; i < seq * vocab; ++i)
-      ASSERT_NEAR(logits[i], logits_want.data<float>()[i], 1e-5 * std::max(1.0f, std::abs(logits_want.data<float>()[i])));
+    EXPECT_LE(testing::hf_logits_error(start, hf), 1e-5);
     const auto records = trainer.run();
     ASSERT_EQ(records.size(), 1u);
     EXPECT_EQ(records[0].step, 1);

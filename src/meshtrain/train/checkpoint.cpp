@@ -193,6 +193,12 @@ void apply_init_from_model(TrainConfig& config, const std::string& from) {
   TrainConfig theirs = config;
   theirs.model = model_config_of_dir(from);
   theirs.model_preset.clear();
+  // The directory gives the base only; the run's own [lora] (read after this) adds adapters.
+  MESHTRAIN_CHECK(!theirs.model.lora.enabled(),
+                  "config: train.init_from '{}' is a LoRA run's checkpoint (its lora.rank = {}): "
+                  "init_from reads a base model; merge its adapters first (meshtrain ckpt export "
+                  "--merge-lora) or continue that run with --resume",
+                  from, theirs.model.lora.rank);
   const nlohmann::json mine_json = nlohmann::json::parse(config_to_json(config))["model"];
   const nlohmann::json their_json = nlohmann::json::parse(config_to_json(theirs))["model"];
   const bool preset = std::find(config.model_keys.begin(), config.model_keys.end(), "preset") !=
