@@ -484,30 +484,40 @@ std::vector<std::string> copy_hf_tokenizer(const std::string& src, const std::st
   return copied;
 }
 
-void load_hf_weights(Model& model, const std::string& dir) {
-  const ModelConfig& c = model.config();
-  const HfTensors files{std::filesystem::path(dir)};
+TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, MemoryTracker& tracker) {
+  auto files = std::make_shared<const HfTensors>(std::filesystem::path(dir));
   std::set<std::string> used;
-  for (Parameter& p : model.params()) {
-    const std::string name = hf_name_in_file(files, c, p.spec.name);
-    const SafetensorsReader* reader = files.find(name);
+  for (const ParamSpec& spec : build_param_specs(config)) {
+    const std::string name = hf_name_in_file(*files, config, spec.name);
+    const SafetensorsReader* reader = files->find(name);
     MESHTRAIN_CHECK(reader != nullptr, "{}: tensor '{}' is missing (model needs {})",
-                    files.source(), p.spec.name, shape_str(p.spec.shape));
+                    files->source(), spec.name, shape_str(spec.shape));
+    const Shape& stored = reader->info(name).shape;
+    MESHTRAIN_CHECK(stored == spec.shape, "{}: tensor '{}' has shape {}, expected {}",
+                    reader->path(), name, shape_str(stored), shape_str(spec.shape));
     used.insert(name);
-    auto [heads, head_dim] = rope_rows(c, p.spec.name);
-    if (heads == 0) {
-      reader->read(name, p.master);
-      continue;
-    }
-    Tensor hf(p.spec.shape, DType::f32, MemCategory::workspace, model.ctx().tracker());
-    reader->read(name, hf);
-    rope_rows_from_hf(hf.data<float>(), p.master.data<float>(), heads, head_dim, p.spec.shape[1]);
   }
-  for (const auto& [name, reader] : files.all()) {
-    MESHTRAIN_CHECK(used.count(name) == 1 || ignorable_extra(c, name),
+  for (const auto& [name, reader] : files->all()) {
+    MESHTRAIN_CHECK(used.count(name) == 1 || ignorable_extra(config, name),
                     "{}: tensor '{}' is not a parameter of this {} model", reader->path(), name,
-                    family_name(c.family));
+                    family_name(config.family));
   }
+  return [files, config, &tracker](const ParamSpec& spec, float* out) {
+    const std::string name = hf_name_in_file(*files, config, spec.name);
+    Tensor hf(spec.shape, DType::f32, MemCategory::workspace, tracker);
+    files->find(name)->read(name, hf);
+    auto [heads, head_dim] = rope_rows(config, spec.name);
+    if (heads == 0) {
+      std::copy_n(hf.data<float>(), hf.numel(), out);
+    } else {
+      rope_rows_from_hf(hf.data<float>(), out, heads, head_dim, spec.shape[1]);
+    }
+  };
+}
+
+void load_hf_weights(Model& model, const std::string& dir) {
+  const TensorSource source = hf_tensors(dir, model.config(), model.ctx().tracker());
+  for (Parameter& p : model.params()) source(p.spec, p.master.data<float>());
   model.sync_compute_weights();
 }
 

@@ -62,6 +62,13 @@ std::vector<std::string> copy_hf_tokenizer(const std::string& src, const std::st
 // also found without the "transformer." prefix (checkpoints of GPT2Model).
 void load_hf_weights(Model& model, const std::string& dir);
 
+// The whole tensors of the HF checkpoint in <dir> for a model of `config`
+// (its registry: every parameter present, extras as load_hf_weights allows —
+// both checked here, naming the tensor), in meshtrain's layout (q/k rows
+// permuted back), read one at a time on demand: loading a model from it holds
+// one tensor's f32 copy (category workspace of `tracker`) beyond the model.
+TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, MemoryTracker& tracker);
+
 // read_hf_config(<dir>/config.json), a new model, load_hf_weights(dir).
 std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision,
                                  cpu::CpuContext& ctx);

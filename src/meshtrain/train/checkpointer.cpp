@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 
+#include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/util/error.h"
@@ -125,18 +126,42 @@ void Checkpointer::load_weights(const std::string& dir, cpu::CpuContext& ctx) {
         map_, [&](const std::string& name) { return manifest.find_tensor(name) != nullptr; });
     dist_ckpt::load_checkpoint(dir, map, masters, buffer_bytes(config_));
   } else {
-    const std::unique_ptr<Model> whole = load_model_dir(dir, Precision::fp32, ctx);
+    // An HF directory streams one tensor at a time; a whole-tensor training
+    // checkpoint (earlier versions) is loaded as a model first.
+    std::unique_ptr<Model> whole;
+    ModelConfig source_config;
+    TensorSource source;
+    if (is_training_checkpoint(dir)) {
+      whole = load_model_dir(dir, Precision::fp32, ctx);
+      source_config = whole->config();
+      source = model_tensors(*whole);
+    } else {
+      source_config = read_hf_config((fs::path(dir) / "config.json").string());
+      source = hf_tensors(dir, source_config, tracker_);
+    }
+    std::map<std::string, ParamSpec> specs;
+    for (ParamSpec& spec : build_param_specs(source_config)) specs.emplace(spec.name, std::move(spec));
     const layout::ShardMap map =
-        pieces_in_source(map_, [&](const std::string&) { return whole->config().lora.enabled(); });
+        pieces_in_source(map_, [&](const std::string& name) { return specs.count(name) == 1; });
     std::vector<float> piece;
+    Tensor tensor;
+    size_t loaded = static_cast<size_t>(-1);
     for (const layout::ShardPiece& p : map.pieces) {
       const layout::GlobalTensor& t = map.tensors[p.tensor];
-      const Parameter& source = whole->param(t.name);
-      MESHTRAIN_CHECK(source.spec.shape == t.shape, "init_from '{}': tensor '{}' is {}, the model's {}",
-                      dir, t.name, shape_str(source.spec.shape), shape_str(t.shape));
+      const auto spec = specs.find(t.name);
+      MESHTRAIN_CHECK(spec != specs.end() && spec->second.shape == t.shape,
+                      "init_from '{}': tensor '{}' {}, the model's is {}", dir, t.name,
+                      spec == specs.end() ? "is missing" : "is " + shape_str(spec->second.shape),
+                      shape_str(t.shape));
+      if (loaded != p.tensor) {
+        tensor = Tensor();
+        tensor = Tensor(t.shape, DType::f32, MemCategory::workspace, tracker_);
+        source(spec->second, tensor.data<float>());
+        loaded = p.tensor;
+      }
       piece.resize(static_cast<size_t>(p.region.numel()));
       layout::for_each_global_run(t.shape, p.region, [&](int64_t at, int64_t global, int64_t n) {
-        std::copy_n(source.master.data<float>() + global, n, piece.data() + at);
+        std::copy_n(tensor.data<float>() + global, n, piece.data() + at);
       });
       masters.write(layout::StateKind::master, p.local_offset, p.region.numel(), piece.data());
     }
