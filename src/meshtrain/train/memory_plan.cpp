@@ -16,6 +16,7 @@
 #include "meshtrain/parallel/zero/flat_param.h"
 #include "meshtrain/parallel/zero/memory.h"
 #include "meshtrain/parallel/zero/sharded.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/data_parallel.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/util/error.h"
@@ -712,6 +713,16 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
                                     t.checkpoint_interval < t.steps;
   double& workspace = out.peak[idx(MemCategory::workspace)];
   workspace += kept_copy_under_eval ? eval + save : std::max(eval, save);
+  if (!t.init_from.empty() && !is_training_checkpoint(t.init_from)) {
+    // init_from an HF directory (Checkpointer::load_weights): one whole tensor
+    // at a time, read by hf_tensors into its f32 copy and permuted into the
+    // loader's, next to the RoPE tables; the block buffers do not exist yet.
+    int64_t largest = 0;
+    for (const ParamSpec& spec : build_param_specs(model)) {
+      if (!spec.lora_adapter) largest = std::max(largest, shape_numel(spec.split.global_shape));
+    }
+    workspace = std::max(workspace, rope_table_bytes(model) + 2.0 * 4.0 * static_cast<double>(largest));
+  }
   if (t.peak_flops <= 0) {
     // The FLOP/s probe at start (Trainer): the RoPE tables exist, the block
     // buffers not yet; its operands next to what its GEMMs grow the slots to.
