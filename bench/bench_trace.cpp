@@ -19,6 +19,15 @@ void BM_SpanOff(benchmark::State& state) {
 }
 BENCHMARK(BM_SpanOff);
 
+// Bounded memory: every 100000 recorded events, drop them (untimed).
+void drop_recorded_every(benchmark::State& state, int64_t& n) {
+  if (++n < 100000) return;
+  state.PauseTiming();
+  trace::take();
+  n = 0;
+  state.ResumeTiming();
+}
+
 void BM_SpanOn(benchmark::State& state) {
   trace::start(trace::Clock::now());
   int64_t layer = 0, n = 0;
@@ -27,12 +36,7 @@ void BM_SpanOn(benchmark::State& state) {
       trace::Span span("forward", "layer", layer++ & 7);
       span.args(R"("micro_batch":{})", 1);
     }
-    if (++n == 100000) {  // bounded memory: drop what was recorded
-      state.PauseTiming();
-      trace::take();
-      n = 0;
-      state.ResumeTiming();
-    }
+    drop_recorded_every(state, n);
   }
   trace::stop();
   trace::take();
@@ -49,12 +53,7 @@ void BM_CommCallOn(benchmark::State& state) {
                    fmt::format(R"("group":"dp[0,1]","seq":{},"bytes":{})", n, 4 << 20));
     trace::complete("comm", "all_reduce", begin, trace::Clock::now(),
                     fmt::format(R"("group":"dp[0,1]","seq":{},"bytes":{})", n, 4 << 20));
-    if (++n == 100000) {
-      state.PauseTiming();
-      trace::take();
-      n = 0;
-      state.ResumeTiming();
-    }
+    drop_recorded_every(state, n);
   }
   trace::stop();
   trace::take();

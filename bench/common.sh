@@ -9,17 +9,10 @@ if [ "$(id -u)" = 0 ]; then MPIRUN+=(--allow-run-as-root); fi
 work=$(mktemp -d)
 if [ -n "${KEEP:-}" ]; then echo "runs in $work" >&2; else trap 'rm -rf "$work"' EXIT; fi
 
-# random_tokens COUNT [VOCAB=50257]: $work/train.bin, COUNT random token ids
+# random_tokens COUNT [VOCAB=50257] [SEED=1]: $work/train.bin, COUNT random token ids
 # below VOCAB (GPT-2's by default) in llm.c's format (throughput only).
 random_tokens() {
-  python3 - "$work/train.bin" "$1" "${2:-50257}" <<'PY'
-import random, struct, sys
-random.seed(1)
-n, vocab = int(sys.argv[2]), int(sys.argv[3])
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(vocab) for _ in range(n))))
-PY
+  python3 tests/support/random_tokens.py "$work/train.bin" "$1" "${2:-50257}" "${3:-1}"
 }
 
 # write_run_config < KEYS: $work/run.toml, llama-60M on $work/train.bin at

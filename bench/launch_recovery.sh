@@ -27,14 +27,7 @@ micro_batch_size = 2
 TOML
 else
   # 3.4M parameters (dim 256, 4 layers, byte vocabulary): ~40 MB of checkpoint.
-  python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(3)
-n = 200000
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(256) for _ in range(n))))
-PY
+  random_tokens 200000 256 3
   cat >"$work/run.toml" <<TOML
 [model]
 family = "llama"

@@ -7,14 +7,7 @@ set -uo pipefail
 source "$(dirname "$0")/../support/cli_common.sh"
 out="$work/kill_during_save"
 rm -rf "$out" && mkdir -p "$out"
-python3 - "$out/train.bin" <<'PY'
-import random, struct, sys
-random.seed(3)
-n = 200000
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(struct.pack(f"<{n}H", *(random.randrange(256) for _ in range(n))))
-PY
+python3 "$(dirname "$0")/../support/random_tokens.py" "$out/train.bin" 200000 256 3
 # ~3.4M parameters: ~40 MB of checkpoint per step, written every step.
 cat >"$out/run.toml" <<TOML
 [model]

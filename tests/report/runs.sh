@@ -6,15 +6,11 @@
 # network off) and the check fails on broken copies of it.
 # usage: runs.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -euo pipefail
-mpirun=()
-while [[ $1 != "--" ]]; do mpirun+=("$1"); shift; done
-shift
-bin=$1 work=$2
+source "$(dirname "$0")/../support/cli_common.sh" "$@"
 here=$(cd "$(dirname "$0")" && pwd)
 out=$work/report
 rm -rf "$out"
 mkdir -p "$out"
-fail() { echo "FAIL: $*"; exit 1; }
 args=(train --config "$work/good.toml" --train.steps 6 --train.checkpoint_interval 3
       --train.eval_interval 3 --train.log_interval 1 --train.threads 1)
 "$bin" "${args[@]}" --train.out_dir "$out/single" >"$out/single.log" 2>&1 || { cat "$out/single.log"; fail "single run"; }

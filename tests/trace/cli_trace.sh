@@ -6,10 +6,7 @@
 # collective of the window on every member with the same seq, the merged file).
 # usage: cli_trace.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR
 set -euo pipefail
-mpirun=()
-while [[ $1 != "--" ]]; do mpirun+=("$1"); shift; done
-shift
-bin=$1 work=$2
+source "$(dirname "$0")/../support/cli_common.sh" "$@"
 here=$(cd "$(dirname "$0")" && pwd)
 out=$work/trace_cli
 rm -rf "$out"
