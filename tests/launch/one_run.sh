@@ -44,7 +44,7 @@ wait_steps "$out/m" 3 60 || { cat "$out/m.log"; fail "the first job never reache
 "${mpirun[@]}" 2 "$bin" $(train_args "$out/m") --resume auto >/dev/null 2>"$out/m2.err"
 rc=$?
 grep "^rank" "$out/m2.err" >"$out/m2.lines"
-refused "$rc" "$out/m2.lines" 2 "another run (meshtrain train on host $host, pid [0-9]+; lock .*owner.lock)"
+refused "$rc" "$out/m2.lines" 2 "another run (meshtrain train on host $host, pid [0-9][0-9]*; lock .*owner.lock)"
 [[ $(cut -d: -f2- "$out/m2.lines" | sort -u | wc -l) == 1 ]] || fail "the ranks' lines differ"
 wait "$first" || { cat "$out/m.log"; fail "the first job did not finish"; }
 "$bin" ckpt inspect --verify "$out/m/step_36" >/dev/null || fail "the first job's checkpoint"
@@ -99,9 +99,15 @@ PY
 for i in 1 2 3 4 5 6; do
   "$bin" $(train_args "$out/k") --resume auto >>"$out/k.log" 2>&1 &
   pid=$!
-  sleep "0.$(( 3 + RANDOM % 7 ))$(( RANDOM % 10 ))"
+  sleep "$(( RANDOM % 3 )).$(( RANDOM % 10 ))$(( RANDOM % 10 ))"
   kill -KILL "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
+  # Whole lines, but for a last one cut by a kill inside its write.
+  python3 -c "
+import json, sys
+lines = open(sys.argv[1]).read().split('\n')[:-1]
+for l in lines: json.loads(l)" "$out/k/metrics.jsonl" 2>/dev/null || [[ ! -s $out/k/metrics.jsonl ]] ||
+    fail "a torn line in the metrics after kill $i"
 done
 "$bin" $(train_args "$out/k") --resume auto >>"$out/k.log" 2>&1 || { tail "$out/k.log"; fail "the run after the kills"; }
 python3 - "$out/k/metrics.jsonl" <<'PY' || fail "metrics after the kills"
