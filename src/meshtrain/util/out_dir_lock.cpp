@@ -38,29 +38,36 @@ std::string no_locks(const std::string& out_dir, const FileLock& lock) {
                      out_dir, lock.path(), std::strerror(lock.error()));
 }
 
+// Takes out_dir/`name` exclusively and writes `holder` into it; refuses
+// (busy, naming `other`) when another holds it; false, with the warning and
+// nothing held, where the file system has no locks.
+bool take_exclusive(const std::string& out_dir, const char* name, const char* holder,
+                    const char* other, FileLock* lock, std::string* warning) {
+  *lock = open_lock(out_dir, name);
+  const FileLock::Result r = lock->try_lock(FileLock::Mode::exclusive);
+  if (r == FileLock::Result::held) refuse(out_dir, *lock, other);
+  if (r == FileLock::Result::unsupported) {
+    *warning = no_locks(out_dir, *lock);
+    *lock = FileLock();
+    return false;
+  }
+  lock->write_holder(holder);
+  return true;
+}
+
 }  // namespace
 
 OutDirLocks lock_out_dir(const std::string& out_dir, bool under_launch, std::string* warning) {
   OutDirLocks locks;
-  if (!under_launch) {
-    locks.owner = open_lock(out_dir, "owner.lock");
-    const FileLock::Result r = locks.owner.try_lock(FileLock::Mode::exclusive);
-    if (r == FileLock::Result::held) refuse(out_dir, locks.owner, "another run");
-    if (r == FileLock::Result::unsupported) {
-      *warning = no_locks(out_dir, locks.owner);
-      return {};
-    }
-    locks.owner.write_holder("meshtrain train");
+  if (!under_launch && !take_exclusive(out_dir, "owner.lock", "meshtrain train", "another run",
+                                       &locks.owner, warning)) {
+    return {};
   }
-  locks.ranks = open_lock(out_dir, "ranks.lock");
-  const FileLock::Result r = locks.ranks.try_lock(FileLock::Mode::exclusive);
-  if (r == FileLock::Result::held) refuse(out_dir, locks.ranks, "ranks of an earlier job");
-  if (r == FileLock::Result::unsupported) {
-    *warning = no_locks(out_dir, locks.ranks);
+  if (!take_exclusive(out_dir, "ranks.lock", "started by meshtrain train",
+                      "ranks of an earlier job", &locks.ranks, warning)) {
     return {};
   }
   // No rank of an earlier job is left; from here this job's ranks share it.
-  locks.ranks.write_holder("started by meshtrain train");
   if (locks.ranks.lock_within(FileLock::Mode::shared, kMomentS) != FileLock::Result::locked) {
     refuse(out_dir, locks.ranks, "another run");
   }
@@ -75,14 +82,8 @@ FileLock join_out_dir(const std::string& out_dir) {
 }
 
 FileLock lock_launch(const std::string& out_dir, std::string* warning) {
-  FileLock owner = open_lock(out_dir, "owner.lock");
-  const FileLock::Result r = owner.try_lock(FileLock::Mode::exclusive);
-  if (r == FileLock::Result::held) refuse(out_dir, owner, "another run");
-  if (r == FileLock::Result::unsupported) {
-    *warning = no_locks(out_dir, owner);
-    return {};
-  }
-  owner.write_holder("meshtrain launch");
+  FileLock owner;
+  take_exclusive(out_dir, "owner.lock", "meshtrain launch", "another run", &owner, warning);
   return owner;
 }
 
