@@ -12,12 +12,13 @@ namespace {
 
 TEST(Policy, EachExitCodeByItsKind) {
   EXPECT_EQ(decide(0).action, Action::done);
-  for (int stop : {1, 2, 5, 8, 126, 127}) EXPECT_EQ(decide(stop).action, Action::stop) << stop;
+  for (int stop : {1, 2, 5, 8, 9, 126, 127}) EXPECT_EQ(decide(stop).action, Action::stop) << stop;
   for (int again : {3, 4, 6, 7, 75, 137, 143, 255}) {
     EXPECT_EQ(decide(again).action, Action::relaunch) << again;
   }
   EXPECT_EQ(decide(1).kind, "config");
   EXPECT_EQ(decide(75).kind, "preempted");
+  EXPECT_EQ(decide(9).kind, "busy");
   EXPECT_TRUE(decide(75).preempted);
   EXPECT_FALSE(decide(6).preempted);
   EXPECT_EQ(decide(137).kind, "signal");

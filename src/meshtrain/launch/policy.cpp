@@ -14,7 +14,8 @@ Decision decide(int code) {
     switch (kind) {
       case ErrorKind::config:
       case ErrorKind::diverged:
-      case ErrorKind::resource: return {Action::stop, name};
+      case ErrorKind::resource:
+      case ErrorKind::busy: return {Action::stop, name};
       case ErrorKind::preempted: return {Action::relaunch, name, true};
       case ErrorKind::io:
       case ErrorKind::corrupt:

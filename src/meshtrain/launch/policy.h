@@ -17,7 +17,7 @@ struct Decision {
 // `code` as a shell reports it: the exit code, or 128 + the signal of a
 // process killed by one (mpirun exits 137 when a rank is killed by SIGKILL).
 //   0                                  done
-//   config 1, usage 2, diverged 5, resource 8,
+//   config 1, usage 2, diverged 5, resource 8, busy 9,
 //   126/127 (the command cannot run)   stop with that code
 //   io 3, corrupt 4, peer 6, timeout 7, preempted 75,
 //   signal deaths (129..159), others   relaunch

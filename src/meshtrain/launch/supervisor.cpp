@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -24,12 +25,17 @@
 
 #include "meshtrain/launch/policy.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/line_log.h"
+#include "meshtrain/util/out_dir_lock.h"
 
 namespace meshtrain::launch {
 namespace {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
+
+// How long a relaunch waits for ranks of the attempt before to let go of out_dir.
+constexpr double kOldRanksWaitS = 60;
 
 // The signal handler's view (a signal handler can reach nothing else): how
 // many SIGTERM/SIGINT arrived, and a pipe that wakes poll().
@@ -225,16 +231,11 @@ std::string read_latest(const std::string& out_dir) {
 
 class LaunchLog {
  public:
-  LaunchLog(const std::string& path, bool console) : path_(path), console_(console) {
-    if (path_.empty()) return;
-    out_.open(path_, std::ios::app);
-    MESHTRAIN_CHECK_AS(ErrorKind::io, out_.good(), "launch: cannot write the log '{}'", path_);
+  LaunchLog(const std::string& path, bool console) : console_(console) {
+    if (!path.empty()) out_ = std::make_unique<LineLog>(path, false, "the launch log");
   }
   void record(const json& entry) {
-    if (path_.empty()) return;
-    out_ << entry.dump() << '\n';
-    out_.flush();
-    MESHTRAIN_CHECK_AS(ErrorKind::io, out_.good(), "launch: cannot write the log '{}'", path_);
+    if (out_) out_->append(entry.dump());
   }
   void say(const std::string& line) {
     if (!console_) return;
@@ -244,8 +245,7 @@ class LaunchLog {
   }
 
  private:
-  std::string path_;
-  std::ofstream out_;
+  std::unique_ptr<LineLog> out_;  // null: no log
   bool console_;
 };
 
@@ -266,6 +266,25 @@ bool wait_unless_signalled(double seconds, const SignalScope& signals, int forwa
     if (fd.revents & POLLIN) signals.drain();
   }
   return g_signals <= forwarded;
+}
+
+// A rank of the last attempt may outlive its leader (on another host, or stuck
+// in I/O): a job started beside it would be refused (busy), so wait for it
+// first. False when a signal came while waiting.
+bool wait_for_old_ranks(const std::string& out_dir, LaunchLog& log, const SignalScope& signals,
+                        int forwarded) {
+  if (out_dir.empty()) return true;
+  std::string holder = wait_out_dir_free(out_dir, 0);
+  if (holder.empty()) return true;
+  log.say(fmt::format("ranks of an earlier attempt still hold {} ({}): waiting up to {:.0f} s "
+                      "before the relaunch",
+                      out_dir, holder, kOldRanksWaitS));
+  const auto until = Clock::now() + std::chrono::seconds(static_cast<int64_t>(kOldRanksWaitS));
+  while (!holder.empty() && Clock::now() < until) {
+    if (!wait_unless_signalled(0.2, signals, forwarded)) return false;
+    holder = wait_out_dir_free(out_dir, 0);
+  }
+  return true;  // still held: the job says so itself (busy), and launch stops
 }
 
 }  // namespace
@@ -305,7 +324,11 @@ int shrunk_dp(int dp, int batch_size) {
 int supervise(const Argv& command, const LaunchOptions& options) {
   MESHTRAIN_CHECK(!command.empty(), "launch: no command given (meshtrain launch [options] -- CMD...)");
   SignalScope signals;
+  // out_dir is this launch's for its life (before its log is opened there).
+  std::string no_locks;
+  FileLock owner = options.out_dir.empty() ? FileLock() : lock_launch(options.out_dir, &no_locks);
   LaunchLog log(options.log_path, options.console);
+  if (!no_locks.empty()) log.say(no_locks);
   const bool trains = !train_positions(command).empty();
   if (!trains) log.say("no `meshtrain train` in the command: a relaunch runs it unchanged");
   const std::vector<std::string> exported = {"MESHTRAIN_LAUNCH_ATTEMPT", "MESHTRAIN_LAUNCH_TIME"};
@@ -381,7 +404,8 @@ int supervise(const Argv& command, const LaunchOptions& options) {
                                                        : "the command has no rank count"));
       }
     }
-    if (!wait_unless_signalled(backoff, signals, forwarded)) {
+    if (!wait_unless_signalled(backoff, signals, forwarded) ||
+        !wait_for_old_ranks(options.out_dir, log, signals, forwarded)) {
       log.record({{"event", "finish"}, {"attempts", attempt}, {"restarts", restarts - 1},
                   {"exit_code", r.code}, {"time", unix_now()}});
       log.say("signalled during the back-off: not relaunching");

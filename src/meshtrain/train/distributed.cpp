@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -40,6 +41,32 @@ void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& m
   MESHTRAIN_CHECK(mesh.layout().tp() == parallel.tp && mesh.layout().pp() == parallel.pp,
                   "parallel: the mesh ({}) does not match parallel.tp = {}, parallel.pp = {}",
                   mesh.layout().describe(), parallel.tp, parallel.pp);
+}
+
+OutDirLocks hold_out_dir(const std::string& out_dir, Communicator* world, bool under_launch) {
+  const bool root = world == nullptr || world->rank() == 0;
+  OutDirLocks locks;
+  int64_t kind = -1;  // rank 0's error kind; -1: out_dir is this job's
+  std::string message, warning;
+  if (root) {
+    try {
+      locks = lock_out_dir(out_dir, under_launch, &warning);
+    } catch (const Error& e) {
+      kind = static_cast<int64_t>(e.kind());
+      message = e.what();
+    } catch (const std::exception& e) {
+      kind = static_cast<int64_t>(ErrorKind::io);
+      message = e.what();
+    }
+  }
+  if (world != nullptr) {
+    world->broadcast(&kind, 1, CommDType::i64, 0);
+    message = broadcast_string(*world, message, 0);
+  }
+  if (kind >= 0) throw Error(message, static_cast<ErrorKind>(kind));
+  if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
+  if (!root) locks.ranks = join_out_dir(out_dir);
+  return locks;
 }
 
 zero::ZeroOptions zero_options(const TrainConfig& config) {

@@ -7,6 +7,7 @@
 #include "meshtrain/parallel/zero/sharded.h"
 #include "meshtrain/tensor/memory_tracker.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/util/out_dir_lock.h"
 
 namespace meshtrain {
 
@@ -17,6 +18,13 @@ void check_same_config_on_all_ranks(const TrainConfig& config, Communicator& wor
 
 // Checks the mesh against the config.
 void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& mesh);
+
+// Takes out_dir for this job (util/out_dir_lock.h): rank 0 locks it and its
+// verdict goes to every rank, so a refusal (Error busy, naming the holder)
+// ends all ranks together with the same line; then every rank joins. Rank 0
+// prints a warning where the file system has no locks. Collective over
+// `world` (null: a single process).
+OutDirLocks hold_out_dir(const std::string& out_dir, Communicator* world, bool under_launch);
 
 // ZeRO's options from [parallel] (the disk tier's directory created).
 zero::ZeroOptions zero_options(const TrainConfig& config);

@@ -14,48 +14,17 @@ nlohmann::json json_number(double value) {
   return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
 }
 
-void drop_partial_line(const std::string& path) {
-  std::error_code ec;
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec || size == 0) return;
-  std::ifstream in(path, std::ios::binary);
-  // Back from the end, a block at a time, to the last newline.
-  uintmax_t end = size, keep = 0;
-  std::string block;
-  while (end > 0) {
-    const uintmax_t begin = end > 65536 ? end - 65536 : 0;
-    block.resize(end - begin);
-    in.seekg(static_cast<std::streamoff>(begin));
-    in.read(block.data(), static_cast<std::streamsize>(block.size()));
-    MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "cannot read metrics file '{}'", path);
-    const size_t nl = block.rfind('\n');
-    if (nl != std::string::npos) {
-      keep = begin + nl + 1;
-      break;
-    }
-    end = begin;
-  }
-  if (keep == size) return;
-  std::filesystem::resize_file(path, keep, ec);
-  MESHTRAIN_CHECK_AS(ErrorKind::io, !ec, "cannot repair metrics file '{}': {}", path, ec.message());
-}
-
 MetricsLog::MetricsLog(std::string path, bool append, const TrainSettings& train, bool console,
                        bool show_comm)
     : path_(std::move(path)),
       train_(train),
       console_(console),
       show_comm_(show_comm),
-      progress_(console ? stdout : nullptr, "auto", "train", "train") {
-  if (append) drop_partial_line(path_);
-  out_.open(path_, append ? std::ios::app : std::ios::trunc);
-  MESHTRAIN_CHECK(out_.good(), "cannot write metrics file '{}'", path_);
-}
+      progress_(console ? stdout : nullptr, "auto", "train", "train"),
+      out_(path_, !append, "metrics file") {}
 
 void MetricsLog::write(const nlohmann::json& record) {
-  out_ << record.dump() << '\n';
-  out_.flush();
-  MESHTRAIN_CHECK(out_.good(), "cannot write metrics file '{}' (disk full?)", path_);
+  out_.append(record.dump());
 }
 
 void MetricsLog::on_step(const StepRecord& r) {

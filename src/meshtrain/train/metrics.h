@@ -1,17 +1,17 @@
 // The run's metrics file (metrics.jsonl on rank 0, metrics.rank<R>.jsonl on
 // the others) and the console, as a step hook: on a terminal a progress bar
 // (steps, tokens/s, loss, ETA) redrawn in place, otherwise a line every
-// log_interval steps. Every write is checked: a
-// failed one (a full disk) ends the run with the file named.
+// log_interval steps. Every record is one whole line in one write (util/line_log.h),
+// checked: a failed one (a full disk) ends the run with the file named.
 #pragma once
 
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/step.h"
+#include "meshtrain/util/line_log.h"
 #include "meshtrain/util/progress.h"
 
 namespace meshtrain {
@@ -32,17 +32,13 @@ class MetricsLog final : public StepHook {
   void draw_progress(const StepRecord& r);
 
   std::string path_;
-  std::ofstream out_;
   const TrainSettings& train_;
   bool console_, show_comm_;
   ProgressBar progress_;
+  LineLog out_;
   int64_t first_step_ = -1;  // this process's first step and when it ended: the ETA's rate
   std::chrono::steady_clock::time_point first_end_{};
 };
-
-// A run killed while writing leaves a partial last line: cut it off, so the
-// run that resumes appends whole records.
-void drop_partial_line(const std::string& path);
 
 // JSON has no NaN; a diverged value is written as null.
 nlohmann::json json_number(double value);

@@ -64,6 +64,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     options_.dp_size = mesh->layout().dp();
     options_.console = options_.console && mesh->rank() == 0;
   }
+  // One run per out_dir: before anything in it is read or written.
+  out_dir_locks_ = hold_out_dir(t.out_dir, mesh != nullptr ? &mesh->world() : nullptr,
+                                options_.launch_attempt > 0);
   resumed_from_ = resolve_resume();
   if (mesh != nullptr) {
     check_same_config_on_all_ranks(config_, mesh->world());

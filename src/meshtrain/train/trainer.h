@@ -23,6 +23,7 @@
 #include "meshtrain/train/step_runner.h"
 #include "meshtrain/train/stragglers.h"
 #include "meshtrain/train/update_gate.h"
+#include "meshtrain/util/out_dir_lock.h"
 
 namespace meshtrain {
 
@@ -134,6 +135,7 @@ class Trainer {
 
   TrainConfig config_;
   TrainerOptions options_;
+  OutDirLocks out_dir_locks_;  // taken first, let go last (after a pending save)
   MemoryTracker tracker_;
   std::vector<RankMemory> memory_plan_;
   std::unique_ptr<cpu::CpuContext> ctx_;

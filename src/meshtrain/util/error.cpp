@@ -16,6 +16,7 @@ constexpr std::array<KindInfo, kErrorKinds> kKinds = {{{"config", 1},
                                                        {"peer", 6},
                                                        {"timeout", 7},
                                                        {"resource", 8},
+                                                       {"busy", 9},
                                                        {"preempted", 75}}};
 
 }  // namespace

@@ -20,6 +20,7 @@ namespace meshtrain {
 //   peer       another rank failed or the job's communication broke: relaunch
 //   timeout    a collective or a peer passed its deadline (the watchdog): relaunch
 //   resource   the run does not fit the machine (memory, disk): change the layout
+//   busy       another live run holds the out_dir: wait for it, or use another
 //   preempted  asked to stop (SIGTERM/SIGINT); a checkpoint was written: resume
 enum class ErrorKind : uint8_t {
   config,
@@ -29,13 +30,14 @@ enum class ErrorKind : uint8_t {
   peer,
   timeout,
   resource,
+  busy,
   preempted
 };
-inline constexpr int kErrorKinds = 8;
+inline constexpr int kErrorKinds = 9;
 
 std::string_view error_kind_name(ErrorKind kind);
 // The process exit code of each kind: config 1 (2 is the CLI's usage error),
-// io 3, corrupt 4, diverged 5, peer 6, timeout 7, resource 8, preempted 75
+// io 3, corrupt 4, diverged 5, peer 6, timeout 7, resource 8, busy 9, preempted 75
 // (EX_TEMPFAIL: "try again": resume from the checkpoint just written).
 int exit_code(ErrorKind kind);
 // The kind an exit code stands for; false for 0, 2 and codes no kind uses.
