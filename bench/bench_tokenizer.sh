@@ -12,7 +12,7 @@ BUILD=${1:-build}
 ROUNDS=${2:-2}
 BIN=$BUILD/bench/bench_tokenizer
 RANKS=${MESHTRAIN_GPT2_RANKS:-data/gpt2.tiktoken}
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$(bash scripts/py_venv.sh "$BUILD/py-venv")}  # tiktoken: the project's venv
 WORK=$BUILD/bench_tokenizer
 [ -x "$BIN" ] || { echo "bench_tokenizer: build it first: cmake --build $BUILD --target bench_tokenizer" >&2; exit 1; }
 bash scripts/get_gpt2_ranks.sh "$RANKS" >/dev/null

@@ -6,29 +6,26 @@
 # (exit 1) or a summary with timings. Needs root, the network this host uses for Debian's
 # packages and PyPI, a few GB of disk and 20-30 minutes on 2 cores.
 #
-# Usage: scripts/check_fresh_machine.sh [--keep] [--reuse-base] [--root DIR]
-#                                        [--cache DIR] [--shared DIR]
+# Usage: scripts/check_fresh_machine.sh [--keep] [--reuse-base] [--root DIR] [--cache DIR]
 #   --keep        leave the root in place afterwards (for debugging; it says where)
 #   --reuse-base  start from the cached tarball of a pristine debootstrap instead of
 #                 running debootstrap again (made by every run; saves a few minutes)
 #   --root DIR    build the root in DIR (must not exist; default: a new dir in /var/tmp)
 #   --cache DIR   where the base tarball is kept (default /var/cache/meshtrain-fresh)
-#   --shared DIR  the project's shared/ folder to lay beside the clone, as CI has it
-#                 (default: ../shared beside this checkout, or beside its origin)
+# The clone stands alone: nothing is laid beside it, as for a user who clones the project.
 # What the host uses to reach the package registries is carried into the root: its
 # Debian sources and apt settings (Acquire::*), its pip configuration and PIP_* variables,
 # proxy variables, and the CA bundle pip trusts, kept at a separate path from the root's
 # own CA store (installing ca-certificates rewrites /etc/ssl/certs).
 set -euo pipefail
 
-KEEP=0 REUSE=0 ROOT="" CACHE=/var/cache/meshtrain-fresh SHARED=""
+KEEP=0 REUSE=0 ROOT="" CACHE=/var/cache/meshtrain-fresh
 while (($#)); do
   case $1 in
     --keep) KEEP=1 ;;
     --reuse-base) REUSE=1 ;;
     --root) ROOT=$2; shift ;;
     --cache) CACHE=$2; shift ;;
-    --shared) SHARED=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "check_fresh_machine: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -43,14 +40,6 @@ COMMIT=$(git -C "$SRC" rev-parse HEAD)
 if [ -n "$(git -C "$SRC" status --porcelain --untracked-files=no)" ]; then
   echo "check_fresh_machine: note: uncommitted changes in $SRC are not tested (HEAD $COMMIT is)" >&2
 fi
-
-# The project's shared/ lies beside the repository on every machine and in CI.
-if [ -z "$SHARED" ]; then
-  for cand in "$SRC/../shared" "$(git -C "$SRC" remote get-url origin 2>/dev/null || true)/../shared"; do
-    case $cand in /*) [ -d "$cand" ] && { SHARED=$(cd "$cand" && pwd); break; } ;; esac
-  done
-fi
-[ -z "$SHARED" ] && echo "check_fresh_machine: note: no shared/ found; tests that read shared/data will fail" >&2
 
 # ---- stages and timings --------------------------------------------------------------
 declare -a STAGE_NAMES=() STAGE_TIMES=() STAGE_RESULTS=()
@@ -235,15 +224,11 @@ configure_root() {
     echo "$key=$val" >>"$ENV_FILE"
     echo "env: $key=$val"
   done < <(env | grep -E '^(PIP_[A-Z_]*|SSL_CERT_FILE|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|GIT_SSL_CAINFO)=')
-  # The clone of the committed HEAD, with shared/ beside it as on every project machine.
+  # The clone of the committed HEAD, alone in its folder.
   mkdir -p "$ROOT/work"
   git clone -q --no-checkout "$SRC" "$ROOT/work/meshtrain"
   git -C "$ROOT/work/meshtrain" checkout -q --detach "$COMMIT"
   echo "cloned $SRC at $COMMIT into /work/meshtrain"
-  if [ -n "$SHARED" ]; then
-    cp -a "$SHARED" "$ROOT/work/shared"
-    echo "copied $SHARED to /work/shared"
-  fi
 }
 stage "configure root + clone" configure_root
 

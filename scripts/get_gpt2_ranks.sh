@@ -2,12 +2,13 @@
 # Fetches GPT-2's BPE merge ranks (tiktoken format) into data/gpt2.tiktoken:
 # PyPI's openai-whisper source distribution carries them as
 # whisper/assets/gpt2.tiktoken. Idempotent: skips when the file has the right hash.
-# Usage: scripts/get_gpt2_ranks.sh [out-file]   (default: data/gpt2.tiktoken)
+# pip is the project's venv's (scripts/py_venv.sh; MESHTRAIN_PY_VENV picks which), as
+# Debian's python has none. Usage: scripts/get_gpt2_ranks.sh [out-file]
+# (default: data/gpt2.tiktoken)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-data/gpt2.tiktoken}
 SHA=306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930
-PY=${PYTHON:-python3}
 
 have_sha() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$SHA" ]; }
 if have_sha "$OUT"; then
@@ -15,6 +16,7 @@ if have_sha "$OUT"; then
   exit 0
 fi
 
+PY=$(bash scripts/py_venv.sh)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$PY" -m pip download -q --no-deps --no-binary :all: openai-whisper -d "$tmp" >&2

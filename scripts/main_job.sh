@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 RANKS=${RANKS:-2}
 # Open MPI refuses to run as root unless told; the scripts run as root in CI.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-bash scripts/setup.sh build
+bash scripts/setup.sh build meshtrain  # the binary only; scripts/test.sh builds the tests
 bash scripts/kjv_text.sh data/kjv/text
 ./build/meshtrain prepare --input data/kjv/text --out data/kjv/gpt2 --tokenizer gpt2 \
   --gpt2-ranks data/gpt2.tiktoken --val-fraction 0.05

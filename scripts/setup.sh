@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Installs every Debian package meshtrain needs (idempotent) and builds it.
-# Usage: scripts/setup.sh [build-dir]   (default: build)
+# Installs every Debian package meshtrain needs (idempotent), makes the project's Python venv
+# (build-dir/py-venv), fetches the GPT-2 ranks and builds the given targets (all without any).
+# Usage: scripts/setup.sh [build-dir [target...]]   (default: build, every target)
+#   e.g. scripts/setup.sh build meshtrain   (the main job: the binary only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
+TARGETS=("${@:2}")
 
 # Why each one is here: docs/setup.md. Check a change with scripts/check_fresh_machine.sh.
 PACKAGES=(
@@ -12,7 +15,7 @@ PACKAGES=(
   libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev libcli11-dev libfmt-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy libopenblas0-openmp
-  python3-pip ca-certificates
+  python3-venv ca-certificates
   bible-kjv bc
   iproute2 munge slurmctld slurmd slurm-client
   chromium fonts-dejavu-core
@@ -31,19 +34,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# tiktoken (the tokenizer tests' reference) from PyPI, for the PATH python3 that runs
-# tests/tokenizer/tiktoken_ref.py. On a fresh Debian machine that is /usr/bin/python3 (which
-# also runs the torch references), where pip needs --break-system-packages; on a developer's
-# machine it may be a pyenv or venv python with its own pip.
-if ! python3 -c "import tiktoken" 2>/dev/null; then
-  if [ "$(command -v python3)" = /usr/bin/python3 ]; then
-    $SUDO python3 -m pip install -q --break-system-packages tiktoken
-  else
-    python3 -m pip install -q tiktoken
-  fi
-fi
+# The PyPI packages (tiktoken, the tokenizer tests' reference; pip for the ranks below) go into
+# a venv under the build folder, made from Debian's /usr/bin/python3: the system Python is
+# never changed.
+export MESHTRAIN_PY_VENV=$BUILD_DIR/py-venv
+bash scripts/py_venv.sh "$MESHTRAIN_PY_VENV" >/dev/null
 # GPT-2 BPE ranks (from PyPI's openai-whisper source distribution), verified by SHA-256.
 bash scripts/get_gpt2_ranks.sh
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+target_args=()
+((${#TARGETS[@]})) && target_args=(--target "${TARGETS[@]}")
+cmake --build "$BUILD_DIR" -j "$(nproc)" "${target_args[@]}"

@@ -7,6 +7,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$root/build/hf-venv}
-python3 -m venv "$venv"
+/usr/bin/python3 -m venv "$venv"  # Debian's, whatever python is first on PATH
 "$venv/bin/pip" install torch transformers safetensors peft
 "$venv/bin/python" -c "import torch, transformers, peft; print('hf venv:', '$venv', 'torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"

@@ -39,6 +39,12 @@ endfunction()
 set(good ${cli_work}/good.toml)
 # Usage errors: exit code 2.
 meshtrain_cli_case(no_subcommand 2 "^meshtrain: .*subcommand" ARGS)
+# An unknown subcommand is named, even with --help (not the main help and exit 0).
+meshtrain_cli_case(unknown_subcommand 2 "^meshtrain: unknown subcommand 'tokenize' \\(one of: train, .*\\)$"
+                   ARGS tokenize --help)
+# (".", not ";", which would split the CMake argument.)
+meshtrain_cli_case(unknown_ckpt_subcommand 2 "^meshtrain: unknown subcommand 'frobnicate' of 'ckpt' \\(one of: export, inspect, convert, import. see --help\\)$"
+                   ARGS ckpt frobnicate --help)
 meshtrain_cli_case(train_without_config 2 "^meshtrain: .*--config" ARGS train)
 meshtrain_cli_case(bad_override_syntax 2 "^meshtrain: train: unexpected argument 'steps'"
                    ARGS train --config ${good} steps 3)
@@ -160,3 +166,8 @@ set_tests_properties(cli.moved_checkpoint_tokenizer PROPERTIES FIXTURES_REQUIRED
 add_test(NAME cli.lora_export COMMAND bash ${cli_dir}/lora_export.sh ${cli_bin} ${cli_work})
 set_tests_properties(cli.lora_export PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
                      ENVIRONMENT "MESHTRAIN_PYTHON=${MESHTRAIN_PYTHON}")
+
+# A model with more ids than its tokenizer (sample marks them) and eval of an SFT checkpoint on
+# JSONL records and on token shards.
+add_test(NAME cli.sft_wide_vocab COMMAND bash ${cli_dir}/sft_wide_vocab.sh ${cli_bin} ${cli_work})
+set_tests_properties(cli.sft_wide_vocab PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120)

@@ -1,15 +1,14 @@
 # PyTorch reference fixtures (tests/reference/) and checks that need Python.
 # reference_fixtures regenerates the fixtures into <build>/fixtures with
-# /usr/bin/python3 (Debian's python3-torch); every test_parity test requires it
-# and reads those files (MESHTRAIN_FIXTURES). Run test_parity by hand to use the
-# committed fixtures in tests/reference/fixtures instead.
-set(MESHTRAIN_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with PyTorch, for the reference tests")
+# MESHTRAIN_PYTHON (/usr/bin/python3, Debian's python3-torch; tests/CMakeLists.txt);
+# every test_parity test requires it and reads those files (MESHTRAIN_FIXTURES). Run
+# test_parity by hand to use the committed fixtures in tests/reference/fixtures instead.
 set(reference_dir ${PROJECT_SOURCE_DIR}/tests/reference)
 set(fixtures_dir ${CMAKE_BINARY_DIR}/fixtures)
 
 add_test(NAME reference_fixtures
          COMMAND ${MESHTRAIN_PYTHON} ${reference_dir}/generate_fixtures.py --out ${fixtures_dir}
-                 --stories ${PROJECT_SOURCE_DIR}/../shared/data/stories260K.bin)
+                 --stories ${PROJECT_SOURCE_DIR}/tests/models/stories260K.bin)
 set_tests_properties(reference_fixtures PROPERTIES FIXTURES_SETUP reference_fixtures TIMEOUT 120)
 
 # The parity tests are discovered at build time, so their names are only known

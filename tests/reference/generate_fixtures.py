@@ -16,7 +16,7 @@ For each case (llama_gqa, gpt2):
                                 dropout under dropout/ (and dropout/samples, the rows' sample
                                 indices); __metadata__ rank, alpha, targets, dropout settings.
 stories260k.reference.safetensors: logits of a fixed id sequence and greedy ids from BOS
-(with the top-1/top-2 logit margins), from the llama2.c file in ../shared/data.
+(with the top-1/top-2 logit margins), from the llama2.c file tests/models/stories260K.bin.
 All math is float64 from the float32-rounded weights, so the C++ fp32 error is what is measured.
 """
 import argparse
@@ -330,7 +330,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(here, "fixtures"))
-    parser.add_argument("--stories", default=os.path.join(here, "../../../shared/data/stories260K.bin"))
+    parser.add_argument("--stories", default=os.path.join(os.path.dirname(here), "models", "stories260K.bin"))
     args = parser.parse_args()
     torch.set_num_threads(1)  # fixed reduction order: bit-identical fixtures run to run
     os.makedirs(args.out, exist_ok=True)

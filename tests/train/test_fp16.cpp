@@ -166,7 +166,7 @@ const std::string& stories_corpus() {
     fs::create_directories(mine);
     MemoryTracker tracker;
     cpu::CpuContext ctx(1, tracker);  // tiny steps: one thread spends nothing on barriers
-    const std::string model_path = std::string(MESHTRAIN_SHARED_DIR) + "/data/stories260K.bin";
+    const std::string model_path = std::string(MESHTRAIN_SOURCE_DIR) + "/tests/models/stories260K.bin";
     auto model = import_llama2c(model_path, Precision::fp32, ctx);
     const int64_t vocab = model->config().vocab_size;
     KVCache cache = model->make_kv_cache(kStories, kLength);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,12 +55,17 @@ struct SampleArgs {
   bool print_ids = false;
 };
 
-// Text output: a byte-level vocabulary escapes control bytes other than newline and tab.
+// Text output: a byte-level vocabulary escapes control bytes other than newline and tab. A
+// model's vocabulary may be larger than its tokenizer's (an HF model with 512 ids fine-tuned on
+// bytes): an id the tokenizer lacks is printed as <|id N|> (docs/interop.md).
 void print_text(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
-  std::string raw = tokenizer.decode(ids), text;
-  if (tokenizer.name() != "bytes") {
-    text = std::move(raw);
-  } else {
+  std::string text;
+  auto append = [&](std::span<const int32_t> known) {
+    std::string raw = tokenizer.decode(known);
+    if (tokenizer.name() != "bytes") {
+      text += raw;
+      return;
+    }
     for (unsigned char c : raw) {
       if (c == '\n' || c == '\t' || (c >= 32 && c != 127)) {
         text.push_back(static_cast<char>(c));
@@ -67,6 +73,13 @@ void print_text(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
         text += fmt::format("\\x{:02x}", c);
       }
     }
+  };
+  size_t start = 0;  // of the current run of ids the tokenizer has
+  for (size_t i = 0; i <= ids.size(); ++i) {
+    if (i < ids.size() && ids[i] >= 0 && ids[i] < tokenizer.vocab_size()) continue;
+    append(std::span(ids).subspan(start, i - start));
+    if (i < ids.size()) text += fmt::format("<|id {}|>", ids[i]);
+    start = i + 1;
   }
   std::fwrite(text.data(), 1, text.size(), stdout);
 }
@@ -289,6 +302,26 @@ void run_import(const CkptArgs& args) {
              model->num_params());
 }
 
+// The subcommand words at the front of the command line must name subcommands: CLI11 would
+// otherwise answer `meshtrain tokenize --help` with the main help and exit 0.
+void check_subcommands(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* level = &app;
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    const std::vector<const CLI::App*> known = level->get_subcommands({});
+    if (known.empty()) return;  // positional arguments from here on
+    const auto found = std::find_if(known.begin(), known.end(),
+                                    [&](const CLI::App* s) { return s->check_name(argv[i]); });
+    if (found == known.end()) {
+      std::vector<std::string> names;
+      for (const CLI::App* s : known) names.push_back(s->get_name());
+      const std::string of = level == &app ? "" : fmt::format(" of '{}'", level->get_name());
+      throw UsageError(fmt::format("unknown subcommand '{}'{} (one of: {}; see --help)", argv[i],
+                                   of, fmt::join(names, ", ")));
+    }
+    level = *found;
+  }
+}
+
 // Errors are single lines: join anything multi-line a library might produce.
 std::string one_line(std::string message) {
   for (char& c : message) {
@@ -344,10 +377,13 @@ int main_impl(int argc, char** argv) {
 
   EvalArgs eval_args;
   CLI::App* eval = app.add_subcommand(
-      "eval", "Loss and perplexity of a checkpoint on token shards (runs under mpirun too)");
+      "eval", "Loss and perplexity of a checkpoint on token shards or an SFT run's JSONL records "
+              "(runs under mpirun too)");
   eval->add_option("--checkpoint", eval_args.checkpoint,
                    "Training step directory or Hugging Face directory")->required();
-  eval->add_option("--data", eval_args.data, "Token files or globs ('data/val_*.bin')")->required();
+  eval->add_option("--data", eval_args.data,
+                   "Token files or globs ('data/val_*.bin'); an SFT run's JSONL records too")
+      ->required();
   eval->add_option("--batches", eval_args.options.batches,
                    "Global batches (default: the run's train.eval_batches, else 8)")
       ->check(CLI::PositiveNumber);
@@ -465,6 +501,7 @@ int main_impl(int argc, char** argv) {
       "plan", "Memory, parallelism layout, time and cost of a training run on GPUs (docs/plan.md)");
   add_plan_options(*plan, plan_args);
 
+  check_subcommands(app, argc, argv);
   try {
     app.parse(argc, argv);
     if (sample->parsed() && sample_args.checkpoint.empty() && sample_args.model_file.empty()) {

@@ -101,6 +101,15 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   return *this;
 }
 
+bool is_token_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  int32_t magic = 0;
+  const bool read = std::fread(&magic, sizeof magic, 1, f) == 1;
+  std::fclose(f);
+  return read && magic == kTokenFileMagic;
+}
+
 void write_token_file(const std::string& path, std::span<const uint16_t> tokens) {
   MESHTRAIN_CHECK(tokens.size() <= 0x7fffffffu, "data file '{}': {} tokens exceed the format's limit",
                   path, tokens.size());

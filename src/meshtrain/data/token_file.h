@@ -37,6 +37,10 @@ class TokenFile {
   int64_t count_ = 0;
 };
 
+// Whether `path` begins with a token file's magic (a cheap sniff: open validates the rest);
+// false for a file that cannot be read.
+bool is_token_file(const std::string& path);
+
 // Writes `tokens` as a token file, atomically (temporary file, then rename).
 void write_token_file(const std::string& path, std::span<const uint16_t> tokens);
 

@@ -6,6 +6,7 @@
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/data/sampler.h"
+#include "meshtrain/data/token_file.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/data_source.h"
 #include "meshtrain/train/distributed.h"
@@ -51,6 +52,10 @@ EvalResult evaluate_checkpoint(const std::string& dir, const EvalOptions& option
     batch_size = run.train.batch_size;
     micro = run.train.micro_batch_size;
     seq = run.train.seq_len;
+    // An SFT run scores token shards too (its val_*.bin in the same token ids).
+    if (run.data.sft() && std::all_of(options.data.begin(), options.data.end(), is_token_file)) {
+      run.data.format = "tokens";
+    }
   }
   if (options.batches > 0) batches = options.batches;
   if (options.batch_size > 0) batch_size = options.batch_size;

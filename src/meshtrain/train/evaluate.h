@@ -26,7 +26,7 @@ double validation_loss_sum(Model& model, const ValidationSet& val, MicroBatch& s
                            int64_t& tokens);
 
 struct EvalOptions {
-  std::vector<std::string> data;  // token files (globs expanded)
+  std::vector<std::string> data;  // token files or SFT records (globs expanded)
   int64_t batches = 0;            // global batches; 0 = the run's train.eval_batches (else 8)
   int64_t batch_size = 0;         // 0 = the run's train.batch_size (else 8)
   int64_t micro_batch_size = 0;   // 0 = the run's train.micro_batch_size (else batch_size)
@@ -42,7 +42,9 @@ struct EvalResult {
 };
 
 // Loss and perplexity of the checkpoint in `dir` (a training step directory of
-// either format, or a Hugging Face one) on `options.data`; defaults come from a
+// either format, or a Hugging Face one) on `options.data`: token shards, or an
+// SFT run's JSONL records (an SFT run's checkpoint reads files that all begin
+// with the token-file header as token shards); defaults come from a
 // training checkpoint's config, so an eval of a step directory reproduces the
 // val_loss that run logged at that step. With `dp` (a communicator over all
 // ranks, or null), each rank scores its share of every batch and the sums are
