@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -43,6 +44,15 @@ uint64_t file_buffer_bytes(int64_t limit, uint64_t needed);  // that buffer's si
 // Streams the file through `buffer`: exists, size and XXH3-64 as the manifest
 // says; Error "<path>: missing | truncated | corrupt ...".
 void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer);
+// The same pass, handing every chunk to on_chunk(file_offset, bytes, count)
+// as it is read and hashed (chunks end at data_start, so the data section's
+// chunks hold whole floats); the mismatch is found after the last chunk.
+// Returns the bytes read.
+using ChunkFn = std::function<void(uint64_t, const char*, uint64_t)>;
+uint64_t stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,
+                     uint64_t data_start, const ChunkFn& on_chunk);
+// Error (corrupt) "<path>: truncated | corrupt: N bytes, the manifest says M".
+void check_file_size(const std::string& path, uint64_t size, uint64_t listed);
 
 // Copies the small file `path` into `dir` under its file name (fsync'ed,
 // atomic) and returns its manifest entry. Error (io) naming the file.
