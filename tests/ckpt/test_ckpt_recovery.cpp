@@ -157,7 +157,8 @@ TEST(dist_ckpt_recovery, VerifiedLoadReadsEachFileOnce) {
     files += f.bytes;
     headers += SafetensorsReader(dir + "/" + f.name).data_start();
   }
-  const ShardMap& single = single_layout(test_tensors(3000)).ranks[0];
+  const Layout one_rank = single_layout(test_tensors(3000));
+  const ShardMap& single = one_rank.ranks[0];
   MemState state(single.local_numel);
   const uint64_t before = bytes_read_so_far();
   const uint64_t counted = dist_ckpt::load_checkpoint(dir, single, state);

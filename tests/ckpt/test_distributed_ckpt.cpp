@@ -137,7 +137,7 @@ TEST(dist_ckpt, LoadErrorsNameTensorAndFile) {
   MemState state(reshaped.ranks[0].local_numel);
   EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, reshaped.ranks[0], state), "model.proj.weight",
                "manifest.json");
-  other[2] = {"model.extra.weight", {9, 3}};
+  other[2] = {"model.extra.weight", {9, 3}, {}};
   const Layout renamed = single_layout(other);
   EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, renamed.ranks[0], state), "model.extra.weight",
                "not in");
@@ -181,10 +181,10 @@ TEST(dist_ckpt, FrozenTensorsHaveNoMomentsInAnyLayout) {
     ASSERT_FALSE(dir.empty()) << layouts[s].name;
     EXPECT_EQ(rank_data_bytes(dir), static_cast<uint64_t>(frozen + 3 * trainable) * 4)
         << layouts[s].name;
-    const dist_ckpt::Manifest m = dist_ckpt::read_manifest(dir);
-    EXPECT_EQ(m.tensors[0].states, layout::StateSet::master_only());
-    EXPECT_EQ(m.tensors[1].states, layout::StateSet{});
-    for (const dist_ckpt::ManifestShard& shard : m.tensors[2].shards) {
+    const dist_ckpt::Manifest saved = dist_ckpt::read_manifest(dir);
+    EXPECT_EQ(saved.tensors[0].states, layout::StateSet::master_only());
+    EXPECT_EQ(saved.tensors[1].states, layout::StateSet{});
+    for (const dist_ckpt::ManifestShard& shard : saved.tensors[2].shards) {
       EXPECT_EQ(shard.state, StateKind::master) << shard.key;
     }
     for (const Layout& dst : layouts) {
@@ -227,8 +227,7 @@ TEST(dist_ckpt, CheckpointsWithoutStatesListLoadIntoFrozenLayouts) {
   rewrite_manifest(dir, [](nlohmann::json& m) {
     for (nlohmann::json& t : m["tensors"]) t.erase("states");
   });
-  const dist_ckpt::Manifest m = dist_ckpt::read_manifest(dir);
-  EXPECT_EQ(m.tensors[0].states, layout::StateSet{});
+  EXPECT_EQ(dist_ckpt::read_manifest(dir).tensors[0].states, layout::StateSet{});
   auto tensors = test_tensors();
   tensors[0].states = layout::StateSet::master_only();
   for (const Layout& dst : {single_layout(tensors), tp_layout(tensors, 2, 1)}) {

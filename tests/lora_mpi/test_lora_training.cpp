@@ -5,6 +5,7 @@
 // bit (ZeRO-2 and tp 2 checkpoints also on one rank); its checkpoints hold no
 // optimizer state for the frozen base, and --resume auto falls back past a
 // corrupt one.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -53,6 +53,9 @@ uint64_t stream_file(const std::string& dir, const ManifestFile& file, const Ten
                      uint64_t data_start, const ChunkFn& on_chunk);
 // Error (corrupt) "<path>: truncated | corrupt: N bytes, the manifest says M".
 void check_file_size(const std::string& path, uint64_t size, uint64_t listed);
+// The file exists at the size the manifest lists (a stat, nothing read);
+// Error (corrupt) "<path>: missing | truncated | corrupt ...".
+void check_file_present(const std::string& dir, const ManifestFile& file);
 
 // Copies the small file `path` into `dir` under its file name (fsync'ed,
 // atomic) and returns its manifest entry. Error (io) naming the file.

@@ -272,6 +272,14 @@ void check_file_size(const std::string& path, uint64_t size, uint64_t listed) {
                      "{}: corrupt: {} bytes, the manifest says {}", path, size, listed);
 }
 
+void check_file_present(const std::string& dir, const ManifestFile& file) {
+  const std::string path = join(dir, file.name);
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, !ec, "{}: missing (listed in the manifest)", path);
+  check_file_size(path, size, file.bytes);
+}
+
 void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer) {
   stream_file(dir, file, buffer, 0, nullptr);
 }

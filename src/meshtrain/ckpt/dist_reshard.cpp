@@ -83,12 +83,15 @@ void intersect(const std::vector<Run>& dst, const std::vector<Run>& src, const M
 // would otherwise exhaust file descriptors).
 class SourceFiles {
  public:
-  SourceFiles(const std::string& dir) : dir_(dir) {}
+  // verify: each file's presence and size checked before its header is read.
+  SourceFiles(const std::string& dir, const Manifest& manifest, bool verify)
+      : dir_(dir), manifest_(manifest), verify_(verify) {}
 
   // The reader of the shard's file; the shard's key checked against the header.
   const SafetensorsReader& reader(const ManifestShard& shard) {
     auto it = open_.find(shard.file);
     if (it == open_.end()) {
+      if (verify_) detail::check_file_present(dir_, *manifest_.find_file(shard.file));
       if (open_.size() >= kMaxOpenFiles) {
         auto oldest = std::min_element(
             open_.begin(), open_.end(),
@@ -124,6 +127,8 @@ class SourceFiles {
     uint64_t last_use = 0;
   };
   const std::string& dir_;
+  const Manifest& manifest_;
+  bool verify_;
   std::map<std::string, Open> open_;
   std::set<const ManifestShard*> checked_;
   uint64_t uses_ = 0;
@@ -230,7 +235,7 @@ uint64_t load_states(const Manifest& manifest, const std::string& dir, const lay
   uint64_t largest = 0;
   for (const ManifestFile& f : manifest.files) largest = std::max(largest, f.bytes);
   const Tensor buffer = detail::file_buffer(buffer_bytes, largest, tracker);
-  SourceFiles files(dir);
+  SourceFiles files(dir, manifest, verify);
   std::map<const ManifestShard*, std::vector<Run>> source_runs;
   struct FileDeliveries {
     uint64_t data_start = 0;

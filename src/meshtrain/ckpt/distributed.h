@@ -159,8 +159,9 @@ void read_global_tensor(const Manifest& manifest, const std::string& dir, const 
 
 // --resume auto's candidates: the checkpoint out_dir/latest names, then the
 // older committed step_* directories, newest first, each with a valid
-// manifest and every file it lists present at its size (content checksums are
-// the load's: load_checkpoint with verify reads each byte once). `notes` says
+// manifest, every rank file it lists present at its size (their checksums are
+// the load's: load_checkpoint with verify reads each byte once) and its small
+// carried files verified. `notes` says
 // what was skipped and why, one line each. nullopt when none passes.
 struct ResumeChoice {
   std::string dir;                     // the newest candidate
