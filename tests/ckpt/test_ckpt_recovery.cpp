@@ -161,7 +161,8 @@ TEST(dist_ckpt_recovery, VerifiedLoadReadsEachFileOnce) {
   const ShardMap& single = one_rank.ranks[0];
   MemState state(single.local_numel);
   const uint64_t before = bytes_read_so_far();
-  const uint64_t counted = dist_ckpt::load_checkpoint(dir, single, state);
+  uint64_t counted = 0;
+  dist_ckpt::load_checkpoint(dir, single, state, 64 << 20, true, nullptr, &counted);
   const uint64_t read = bytes_read_so_far() - before;
   EXPECT_TRUE(matches_step(single, state, 3));
   // Every byte once, the headers once more (parsed, then hashed in the stream).
@@ -171,14 +172,18 @@ TEST(dist_ckpt_recovery, VerifiedLoadReadsEachFileOnce) {
 
   // Rank 1 of the same layout needs its own file only.
   MemState one(l.ranks[1].local_numel);
-  EXPECT_EQ(dist_ckpt::load_checkpoint(dir, l.ranks[1], one),
-            m.find_file("rank_1.safetensors")->bytes +
-                SafetensorsReader(dir + "/rank_1.safetensors").data_start());
+  uint64_t own = 0;
+  dist_ckpt::load_checkpoint(dir, l.ranks[1], one, 64 << 20, true, nullptr, &own);
+  EXPECT_EQ(own, m.find_file("rank_1.safetensors")->bytes +
+                     SafetensorsReader(dir + "/rank_1.safetensors").data_start());
   EXPECT_TRUE(matches_step(l.ranks[1], one, 3));
 
   flip_byte(dir + "/rank_1.safetensors", m.find_file("rank_1.safetensors")->bytes / 2);
   MemState damaged(single.local_numel);
-  EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, single, damaged), "rank_1.safetensors", "corrupt");
+  uint64_t failed = 0;
+  EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, single, damaged, 64 << 20, true, nullptr, &failed),
+               "rank_1.safetensors", "corrupt");
+  EXPECT_EQ(failed, files + headers) << "a failed load counts what it read";
   MemState other(l.ranks[0].local_numel);
   dist_ckpt::load_checkpoint(dir, l.ranks[0], other);  // rank 0's file is whole
   EXPECT_TRUE(matches_step(l.ranks[0], other, 3));

@@ -47,10 +47,10 @@ void verify_file(const std::string& dir, const ManifestFile& file, const Tensor&
 // The same pass, handing every chunk to on_chunk(file_offset, bytes, count)
 // as it is read and hashed (chunks end at data_start, so the data section's
 // chunks hold whole floats); the mismatch is found after the last chunk.
-// Returns the bytes read.
+// Adds the bytes read to *bytes_read as it goes (when given).
 using ChunkFn = std::function<void(uint64_t, const char*, uint64_t)>;
-uint64_t stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,
-                     uint64_t data_start, const ChunkFn& on_chunk);
+void stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,
+                 uint64_t data_start, const ChunkFn& on_chunk, uint64_t* bytes_read = nullptr);
 // Error (corrupt) "<path>: truncated | corrupt: N bytes, the manifest says M".
 void check_file_size(const std::string& path, uint64_t size, uint64_t listed);
 // The file exists at the size the manifest lists (a stat, nothing read);

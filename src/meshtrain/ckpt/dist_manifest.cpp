@@ -218,8 +218,8 @@ Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
                 MemCategory::workspace, tracker);
 }
 
-uint64_t stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,
-                     uint64_t data_start, const ChunkFn& on_chunk) {
+void stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,
+                 uint64_t data_start, const ChunkFn& on_chunk, uint64_t* bytes_read) {
   const std::string path = join(dir, file.name);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   MESHTRAIN_CHECK_AS(ErrorKind::corrupt, fd >= 0 || errno != ENOENT,
@@ -253,6 +253,7 @@ uint64_t stream_file(const std::string& dir, const ManifestFile& file, const Ten
       MESHTRAIN_CHECK_AS(ErrorKind::corrupt, n > 0, "{}: truncated while reading at byte {}",
                          path, at);
       at += static_cast<uint64_t>(n);
+      if (bytes_read != nullptr) *bytes_read += static_cast<uint64_t>(n);
     }
     XXH3_64bits_update(state, buf, end - done);
     if (on_chunk) on_chunk(done, buf, end - done);
@@ -262,7 +263,6 @@ uint64_t stream_file(const std::string& dir, const ManifestFile& file, const Ten
   MESHTRAIN_CHECK_AS(ErrorKind::corrupt, got == file.xxh3,
                      "{}: corrupt: XXH3-64 {}, the manifest says {}", path, hex64(got),
                      hex64(file.xxh3));
-  return size;
 }
 
 void check_file_size(const std::string& path, uint64_t size, uint64_t listed) {

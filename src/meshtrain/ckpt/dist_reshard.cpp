@@ -84,8 +84,8 @@ void intersect(const std::vector<Run>& dst, const std::vector<Run>& src, const M
 class SourceFiles {
  public:
   // verify: each file's presence and size checked before its header is read.
-  SourceFiles(const std::string& dir, const Manifest& manifest, bool verify)
-      : dir_(dir), manifest_(manifest), verify_(verify) {}
+  SourceFiles(const std::string& dir, const Manifest& manifest, bool verify, uint64_t& bytes_read)
+      : bytes_read(bytes_read), dir_(dir), manifest_(manifest), verify_(verify) {}
 
   // The reader of the shard's file; the shard's key checked against the header.
   const SafetensorsReader& reader(const ManifestShard& shard) {
@@ -118,7 +118,7 @@ class SourceFiles {
     return r;
   }
 
-  uint64_t bytes_read = 0;  // headers and data
+  uint64_t& bytes_read;  // headers and data
 
  private:
   static constexpr size_t kMaxOpenFiles = 64;
@@ -204,15 +204,15 @@ struct Delivery {
 
 // Reads the whole file once, hashing it, and writes the deliveries from the
 // chunks as they pass; Error (corrupt) after the last chunk on a mismatch.
-uint64_t stream_deliveries(const std::string& dir, const ManifestFile& file, uint64_t data_start,
-                           std::vector<Delivery>& deliveries, const Tensor& buffer,
-                           layout::StateAccess& state) {
+void stream_deliveries(const std::string& dir, const ManifestFile& file, uint64_t data_start,
+                       std::vector<Delivery>& deliveries, const Tensor& buffer,
+                       layout::StateAccess& state, uint64_t& bytes_read) {
   std::sort(deliveries.begin(), deliveries.end(),
             [](const Delivery& a, const Delivery& b) { return a.byte < b.byte; });
   auto end_of = [](const Delivery& d) { return d.byte + static_cast<uint64_t>(d.count) * 4; };
   size_t next = 0;  // deliveries before it are complete
-  return detail::stream_file(dir, file, buffer, data_start,
-                             [&](uint64_t at, const char* bytes, uint64_t n) {
+  detail::stream_file(dir, file, buffer, data_start,
+                      [&](uint64_t at, const char* bytes, uint64_t n) {
     for (size_t j = next; j < deliveries.size() && deliveries[j].byte < at + n; ++j) {
       const Delivery& d = deliveries[j];
       const uint64_t begin = std::max(d.byte, at), end = std::min(end_of(d), at + n);
@@ -222,12 +222,12 @@ uint64_t stream_deliveries(const std::string& dir, const ManifestFile& file, uin
                   reinterpret_cast<const float*>(bytes + (begin - at)));
     }
     while (next < deliveries.size() && end_of(deliveries[next]) <= at + n) ++next;
-  });
+  }, &bytes_read);
 }
 
-uint64_t load_states(const Manifest& manifest, const std::string& dir, const layout::ShardMap& map,
-                     layout::StateAccess& state, std::span<const StateKind> kinds,
-                     int64_t buffer_bytes, bool verify, MemoryTracker& tracker) {
+void load_states(const Manifest& manifest, const std::string& dir, const layout::ShardMap& map,
+                 layout::StateAccess& state, std::span<const StateKind> kinds,
+                 int64_t buffer_bytes, bool verify, MemoryTracker& tracker, uint64_t& bytes_read) {
   map.validate();
   const std::string manifest_path = join(dir, kManifestFile);
   std::map<std::string, const ManifestTensor*> by_name;
@@ -235,7 +235,7 @@ uint64_t load_states(const Manifest& manifest, const std::string& dir, const lay
   uint64_t largest = 0;
   for (const ManifestFile& f : manifest.files) largest = std::max(largest, f.bytes);
   const Tensor buffer = detail::file_buffer(buffer_bytes, largest, tracker);
-  SourceFiles files(dir, manifest, verify);
+  SourceFiles files(dir, manifest, verify, bytes_read);
   std::map<const ManifestShard*, std::vector<Run>> source_runs;
   struct FileDeliveries {
     uint64_t data_start = 0;
@@ -283,10 +283,9 @@ uint64_t load_states(const Manifest& manifest, const std::string& dir, const lay
   // Each file this rank needs read once, start to end: checksummed as its
   // bytes go into the state.
   for (auto& [name, file] : deliveries) {
-    files.bytes_read += stream_deliveries(dir, *manifest.find_file(name), file.data_start,
-                                          file.list, buffer, state);
+    stream_deliveries(dir, *manifest.find_file(name), file.data_start, file.list, buffer, state,
+                      bytes_read);
   }
-  return files.bytes_read;
 }
 
 constexpr StateKind kAllStates[] = {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq};
@@ -311,13 +310,14 @@ class GlobalOut : public layout::StateAccess {
 
 }  // namespace
 
-uint64_t load_checkpoint(const std::string& dir, const layout::ShardMap& map,
-                         layout::StateAccess& state, int64_t buffer_bytes, bool verify,
-                         MemoryTracker* tracker) {
+void load_checkpoint(const std::string& dir, const layout::ShardMap& map,
+                     layout::StateAccess& state, int64_t buffer_bytes, bool verify,
+                     MemoryTracker* tracker, uint64_t* bytes_read) {
   const Manifest manifest = read_manifest(dir);
   MemoryTracker own;
-  return load_states(manifest, dir, map, state, kAllStates, buffer_bytes, verify,
-              tracker != nullptr ? *tracker : own);
+  uint64_t local = 0;
+  load_states(manifest, dir, map, state, kAllStates, buffer_bytes, verify,
+              tracker != nullptr ? *tracker : own, bytes_read != nullptr ? *bytes_read : local);
 }
 
 void read_global_tensor(const Manifest& manifest, const std::string& dir, const std::string& name,
@@ -334,7 +334,8 @@ void read_global_tensor(const Manifest& manifest, const std::string& dir, const 
   GlobalOut access(kind, out);
   MemoryTracker tracker;
   const StateKind kinds[] = {kind};
-  load_states(manifest, dir, map, access, kinds, kGlobalReadBuffer, false, tracker);
+  uint64_t bytes_read = 0;
+  load_states(manifest, dir, map, access, kinds, kGlobalReadBuffer, false, tracker, bytes_read);
 }
 
 }  // namespace meshtrain::dist_ckpt

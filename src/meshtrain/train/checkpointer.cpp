@@ -95,7 +95,8 @@ void Checkpointer::load(const std::string& dir) {
   dp_.quiesce();
   load_bytes_ = 0;
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
-    load_bytes_ = dist_ckpt::load_checkpoint(dir, map_, dp_.state(), buffer_bytes(config_));
+    dist_ckpt::load_checkpoint(dir, map_, dp_.state(), buffer_bytes(config_), true, nullptr,
+                               &load_bytes_);
   } else {
     load_legacy(dir);
   }
