@@ -84,8 +84,8 @@ void intersect(const std::vector<Run>& dst, const std::vector<Run>& src, const M
 class SourceFiles {
  public:
   // verify: each file's presence and size checked before its header is read.
-  SourceFiles(const std::string& dir, const Manifest& manifest, bool verify, uint64_t& bytes_read)
-      : bytes_read(bytes_read), dir_(dir), manifest_(manifest), verify_(verify) {}
+  SourceFiles(const std::string& dir, const Manifest& manifest, bool verify, uint64_t& counter)
+      : bytes_read(counter), dir_(dir), manifest_(manifest), verify_(verify) {}
 
   // The reader of the shard's file; the shard's key checked against the header.
   const SafetensorsReader& reader(const ManifestShard& shard) {

@@ -92,6 +92,12 @@ void Checkpointer::wait() {
 
 void Checkpointer::load(const std::string& dir) {
   const auto start = std::chrono::steady_clock::now();
+  load_files(dir);
+  dp_.finish_load();
+  load_seconds_ = seconds_since(start);
+}
+
+void Checkpointer::load_files(const std::string& dir) {
   dp_.quiesce();
   load_bytes_ = 0;
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
@@ -100,8 +106,6 @@ void Checkpointer::load(const std::string& dir) {
   } else {
     load_legacy(dir);
   }
-  dp_.finish_load();
-  load_seconds_ = seconds_since(start);
 }
 
 std::string Checkpointer::load_newest(const std::vector<std::string>& candidates,
@@ -117,7 +121,7 @@ std::string Checkpointer::load_newest(const std::vector<std::string>& candidates
     std::string error;
     ErrorKind kind = ErrorKind::config;
     try {
-      load(dir);
+      load_files(dir);  // finish_load (collective under ZeRO) once every rank has loaded
     } catch (const Error& e) {
       kind = e.kind();
       outcome = kind == ErrorKind::corrupt || kind == ErrorKind::io ? 1 : 2;
@@ -131,6 +135,7 @@ std::string Checkpointer::load_newest(const std::vector<std::string>& candidates
       world->all_reduce(&first, 1, CommDType::f64, ReduceOp::max);
     }
     if (worst == 0) {
+      dp_.finish_load();
       load_bytes_ = bytes;
       load_seconds_ = seconds_since(start);
       return dir;

@@ -64,6 +64,8 @@ class Checkpointer {
 
  private:
   nlohmann::json layout_json() const;
+  // load() without DataParallel::finish_load (a collective under ZeRO).
+  void load_files(const std::string& dir);
   void load_legacy(const std::string& dir);
 
   const TrainConfig& config_;
