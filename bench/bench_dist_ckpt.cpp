@@ -43,7 +43,7 @@ class VecState : public layout::StateAccess {
 
 std::vector<layout::GlobalTensor> tensors() {
   std::vector<layout::GlobalTensor> out;
-  for (int t = 0; t < kTensors; ++t) out.push_back({fmt::format("w{}", t), {kRows, kCols}});
+  for (int t = 0; t < kTensors; ++t) out.push_back({fmt::format("w{}", t), {kRows, kCols}, {}});
   return out;
 }
 

@@ -15,6 +15,7 @@
 
 #include "dist_layouts.h"
 #include "meshtrain/ckpt/distributed.h"
+#include "meshtrain/ckpt/safetensors.h"
 #include "util.h"
 
 namespace meshtrain {
@@ -99,13 +100,25 @@ TEST(dist_ckpt_recovery, ResumeSkipsToTheNewestValidCheckpoint) {
   EXPECT_EQ(choice->dir, out + "/step_3");
   EXPECT_TRUE(choice->notes.empty());
 
+  EXPECT_EQ(choice->fallbacks, (std::vector<std::string>{out + "/step_2", out + "/step_1"}));
+
+  // A flipped byte is the load's to find (it reads every byte once); a
+  // truncated or missing file is seen here.
   flip_byte(out + "/step_3/rank_1.safetensors", 100);
   choice = dist_ckpt::find_resume_checkpoint(out);
   ASSERT_TRUE(choice.has_value());
+  EXPECT_EQ(choice->dir, out + "/step_3");
+  const std::string rank1 = out + "/step_3/rank_1.safetensors";
+  std::string bytes = read_file(rank1);
+  bytes.pop_back();
+  write_file(rank1, bytes);
+  choice = dist_ckpt::find_resume_checkpoint(out);
+  ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->dir, out + "/step_2");
+  EXPECT_EQ(choice->fallbacks, std::vector<std::string>{out + "/step_1"});
   ASSERT_EQ(choice->notes.size(), 1u);
   EXPECT_NE(choice->notes[0].find("latest names step_3"), std::string::npos) << choice->notes[0];
-  EXPECT_NE(choice->notes[0].find("rank_1.safetensors: corrupt"), std::string::npos)
+  EXPECT_NE(choice->notes[0].find("rank_1.safetensors: truncated"), std::string::npos)
       << choice->notes[0];
 
   // No latest (killed before it was written): the newest committed one that verifies.
@@ -114,6 +127,7 @@ TEST(dist_ckpt_recovery, ResumeSkipsToTheNewestValidCheckpoint) {
   choice = dist_ckpt::find_resume_checkpoint(out);
   ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->dir, out + "/step_1");
+  EXPECT_TRUE(choice->fallbacks.empty());
   EXPECT_EQ(choice->notes.size(), 2u);
 
   write_file(out + "/latest", "step_7\n");  // names a directory that is gone
@@ -121,6 +135,58 @@ TEST(dist_ckpt_recovery, ResumeSkipsToTheNewestValidCheckpoint) {
   ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->dir, out + "/step_1");
   EXPECT_NE(choice->notes[0].find("latest names step_7"), std::string::npos) << choice->notes[0];
+}
+
+// Bytes this process has read through read()/pread() (page cache hits included).
+uint64_t bytes_read_so_far() {
+  const std::string io = read_file("/proc/self/io");
+  const size_t at = io.find("rchar: ");
+  EXPECT_NE(at, std::string::npos) << io;
+  return std::stoull(io.substr(at + 7));
+}
+
+// A verified load reads each file it needs once, checksumming the bytes as
+// they go into the state; a flipped byte is found at the end of its file.
+TEST(dist_ckpt_recovery, VerifiedLoadReadsEachFileOnce) {
+  const std::string out = scratch_dir();
+  const Layout l = zero_layout(single_layout(test_tensors(3000)), 2);  // ~2 MB per rank file
+  const std::string dir = save_all(out, 3, l);
+  const dist_ckpt::Manifest m = dist_ckpt::read_manifest(dir);
+  uint64_t files = 0, headers = 0;
+  for (const dist_ckpt::ManifestFile& f : m.files) {
+    files += f.bytes;
+    headers += SafetensorsReader(dir + "/" + f.name).data_start();
+  }
+  const Layout one_rank = single_layout(test_tensors(3000));
+  const ShardMap& single = one_rank.ranks[0];
+  MemState state(single.local_numel);
+  const uint64_t before = bytes_read_so_far();
+  uint64_t counted = 0;
+  dist_ckpt::load_checkpoint(dir, single, state, 64 << 20, true, nullptr, &counted);
+  const uint64_t read = bytes_read_so_far() - before;
+  EXPECT_TRUE(matches_step(single, state, 3));
+  // Every byte once, the headers once more (parsed, then hashed in the stream).
+  EXPECT_EQ(counted, files + headers);
+  EXPECT_GE(read, files);
+  EXPECT_LE(read, files + headers + (64 << 10)) << "the manifest and little else besides";
+
+  // Rank 1 of the same layout needs its own file only.
+  MemState one(l.ranks[1].local_numel);
+  uint64_t own = 0;
+  dist_ckpt::load_checkpoint(dir, l.ranks[1], one, 64 << 20, true, nullptr, &own);
+  EXPECT_EQ(own, m.find_file("rank_1.safetensors")->bytes +
+                     SafetensorsReader(dir + "/rank_1.safetensors").data_start());
+  EXPECT_TRUE(matches_step(l.ranks[1], one, 3));
+
+  flip_byte(dir + "/rank_1.safetensors", m.find_file("rank_1.safetensors")->bytes / 2);
+  MemState damaged(single.local_numel);
+  uint64_t failed = 0;
+  EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, single, damaged, 64 << 20, true, nullptr, &failed),
+               "rank_1.safetensors", "corrupt");
+  EXPECT_EQ(failed, files + headers) << "a failed load counts what it read";
+  MemState other(l.ranks[0].local_numel);
+  dist_ckpt::load_checkpoint(dir, l.ranks[0], other);  // rank 0's file is whole
+  EXPECT_TRUE(matches_step(l.ranks[0], other, 3));
 }
 
 // ---------------------------------------------------------------- crashes

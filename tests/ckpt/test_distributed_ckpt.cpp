@@ -49,9 +49,9 @@ TEST(dist_ckpt, EveryLayoutLoadsIntoEveryOther) {
 
 TEST(dist_ckpt, FusedViewsLoadIntoPlainLayouts) {
   // c_attn [5, 12] as [5, 3, 4] and its bias [12] as [3, 4], cut over tp 2 in their views.
-  const std::vector<layout::GlobalTensor> tensors = {{"h.0.attn.c_attn.weight", {5, 12}},
-                                                     {"h.0.attn.c_attn.bias", {12}},
-                                                     {"h.0.ln_1.weight", {5}}};
+  const std::vector<layout::GlobalTensor> tensors = {{"h.0.attn.c_attn.weight", {5, 12}, {}},
+                                                     {"h.0.attn.c_attn.bias", {12}, {}},
+                                                     {"h.0.ln_1.weight", {5}, {}}};
   const Layout fused = fused_tp_layout(tensors, 2);
   EXPECT_EQ(fused.ranks[1].pieces[0].region.view, (Shape{5, 3, 4}));
   const std::string root = scratch_dir();
@@ -137,7 +137,7 @@ TEST(dist_ckpt, LoadErrorsNameTensorAndFile) {
   MemState state(reshaped.ranks[0].local_numel);
   EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, reshaped.ranks[0], state), "model.proj.weight",
                "manifest.json");
-  other[2] = {"model.extra.weight", {9, 3}};
+  other[2] = {"model.extra.weight", {9, 3}, {}};
   const Layout renamed = single_layout(other);
   EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, renamed.ranks[0], state), "model.extra.weight",
                "not in");
@@ -151,6 +151,94 @@ void rewrite_manifest(const std::string& dir, const std::function<void(nlohmann:
   const std::string text = m.dump();
   m["manifest_xxh3"] = fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
   testing::write_file(dir + "/manifest.json", m.dump(1));
+}
+
+// The data bytes of dir's rank files (their tensors' elements, headers left out).
+uint64_t rank_data_bytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    SafetensorsReader reader(e.path().string());
+    for (const StTensorInfo& t : reader.tensors()) bytes += static_cast<uint64_t>(t.numel()) * 4;
+  }
+  return bytes;
+}
+
+// A frozen tensor (LoRA's base) has master weights only: no moments are
+// saved, loaded or assembled for it, in any layout, sync or async.
+TEST(dist_ckpt, FrozenTensorsHaveNoMomentsInAnyLayout) {
+  auto tensors = test_tensors(5);
+  tensors[0].states = layout::StateSet::master_only();
+  tensors[2].states = layout::StateSet::master_only();
+  const int64_t frozen = shape_numel(tensors[0].shape) + shape_numel(tensors[2].shape);
+  const int64_t trainable = shape_numel(tensors[1].shape);
+  const std::string root = scratch_dir();
+  const std::vector<Layout> layouts = all_layouts(tensors);
+  for (size_t s = 0; s < layouts.size(); ++s) {
+    dist_ckpt::SaveOptions options;
+    options.async = s % 2 == 1;
+    const std::string dir = save_all(root + "/" + std::to_string(s), 3, layouts[s], options);
+    ASSERT_FALSE(dir.empty()) << layouts[s].name;
+    EXPECT_EQ(rank_data_bytes(dir), static_cast<uint64_t>(frozen + 3 * trainable) * 4)
+        << layouts[s].name;
+    const dist_ckpt::Manifest saved = dist_ckpt::read_manifest(dir);
+    EXPECT_EQ(saved.tensors[0].states, layout::StateSet::master_only());
+    EXPECT_EQ(saved.tensors[1].states, layout::StateSet{});
+    for (const dist_ckpt::ManifestShard& shard : saved.tensors[2].shards) {
+      EXPECT_EQ(shard.state, StateKind::master) << shard.key;
+    }
+    for (const Layout& dst : layouts) {
+      for (const ShardMap& map : dst.ranks) {
+        MemState state(map.local_numel);
+        dist_ckpt::load_checkpoint(dir, map, state);
+        EXPECT_TRUE(matches_step(map, state, 3)) << layouts[s].name << " -> " << dst.name;
+        // The frozen tensors' moments were never written (still NaN).
+        for (const layout::ShardPiece& p : map.pieces) {
+          if (p.tensor == 1) continue;
+          EXPECT_TRUE(std::isnan(state.data[1][static_cast<size_t>(p.local_offset)]));
+        }
+      }
+    }
+  }
+  const std::string dir = root + "/0/step_3";
+  std::vector<float> got(static_cast<size_t>(shape_numel(tensors[0].shape)));
+  const dist_ckpt::Manifest m = dist_ckpt::read_manifest(dir);
+  EXPECT_ERROR(dist_ckpt::read_global_tensor(m, dir, tensors[0].name, StateKind::exp_avg,
+                                             got.data()),
+               "model.embed.weight", "saved frozen");
+  // A layout where the tensor trains needs its moments: refused by name.
+  const Layout trains = single_layout(test_tensors(5));
+  MemState state(trains.ranks[0].local_numel);
+  EXPECT_ERROR(dist_ckpt::load_checkpoint(dir, trains.ranks[0], state), "model.embed.weight",
+               "saved frozen");
+  const std::string text = dist_ckpt::describe_checkpoint(dir, true);
+  EXPECT_NE(text.find("model.embed.weight [35, 5] F32, master; 1 shards"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("model.norm.weight [65] F32, master, exp_avg, exp_avg_sq; 3 shards"),
+            std::string::npos)
+      << text;
+}
+
+// Checkpoints written before states were listed hold (zero) moments for every
+// tensor and no "states" field: they load, the frozen tensors' moments unread.
+TEST(dist_ckpt, CheckpointsWithoutStatesListLoadIntoFrozenLayouts) {
+  const std::string out = scratch_dir();
+  const std::string dir = save_all(out, 2, zero_layout(single_layout(test_tensors()), 2));
+  rewrite_manifest(dir, [](nlohmann::json& m) {
+    for (nlohmann::json& t : m["tensors"]) t.erase("states");
+  });
+  EXPECT_EQ(dist_ckpt::read_manifest(dir).tensors[0].states, layout::StateSet{});
+  auto tensors = test_tensors();
+  tensors[0].states = layout::StateSet::master_only();
+  for (const Layout& dst : {single_layout(tensors), tp_layout(tensors, 2, 1)}) {
+    for (const ShardMap& map : dst.ranks) {
+      MemState state(map.local_numel);
+      dist_ckpt::load_checkpoint(dir, map, state);
+      EXPECT_TRUE(matches_step(map, state, 2)) << dst.name;
+    }
+  }
+  rewrite_manifest(dir, [](nlohmann::json& m) { m["tensors"][1]["states"] = {"exp_avg"}; });
+  EXPECT_ERROR(dist_ckpt::read_manifest(dir), "manifest.json", "lacks 'master'");
 }
 
 TEST(dist_ckpt, ShardsMustTileEveryRegionExactly) {

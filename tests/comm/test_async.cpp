@@ -126,5 +126,32 @@ TEST(CommTrace, KeepsTheMostRecentCallsAndCountsAll) {
   EXPECT_EQ(trace.stats().total().calls, 0u);
 }
 
+// A call queued 5 ms behind another and busy 1 ms, waited for from its
+// submission: the wait (6 ms) exceeds its busy time, never its time in flight.
+TEST(CommTimeline, ExposedIsPartOfTheTimeInFlight) {
+  using std::chrono::milliseconds;
+  const CommClock::time_point t0 = CommClock::now();
+  CallRecord queued;
+  queued.submitted = t0;
+  queued.started = t0 + milliseconds(5);
+  queued.finished = t0 + milliseconds(6);
+  CommTimeline timeline;
+  timeline.add(queued, t0, t0 + milliseconds(7));  // woken 1 ms after it finished
+  EXPECT_NEAR(timeline.in_flight_seconds(), 6e-3, 1e-9);
+  EXPECT_NEAR(timeline.exposed_seconds(), 6e-3, 1e-9);
+  EXPECT_GT(timeline.exposed_seconds(), queued.busy_seconds());
+
+  // A second call overlapping the first, finished before anyone waited: in
+  // flight is the union of the two, exposed unchanged.
+  CallRecord early;
+  early.submitted = t0 + milliseconds(2);
+  early.started = t0 + milliseconds(6);
+  early.finished = t0 + milliseconds(9);
+  timeline.add(early, t0 + milliseconds(10), t0 + milliseconds(10));
+  EXPECT_NEAR(timeline.in_flight_seconds(), 9e-3, 1e-9);
+  EXPECT_NEAR(timeline.exposed_seconds(), 6e-3, 1e-9);
+  EXPECT_LE(timeline.exposed_seconds(), timeline.in_flight_seconds());
+}
+
 }  // namespace
 }  // namespace meshtrain

@@ -52,7 +52,7 @@ TEST(Region, RunsOfABoxAndAFlatRange) {
 
 TEST(Region, NarrowAndValidate) {
   layout::ShardMap map;
-  map.tensors.push_back({"w", {3, 5}});
+  map.tensors.push_back({"w", {3, 5}, {}});
   map.local_numel = 15;
   map.pieces.push_back({0, layout::narrow_region(layout::whole_region({3, 5}), 4, 11), 4, 0});
   map.validate();

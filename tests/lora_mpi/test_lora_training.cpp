@@ -2,17 +2,27 @@
 // training, the memory tracker matches train/memory_plan exactly, DDP (dp =
 // world), ZeRO 1/2, tp 2 (± sequence parallel) and pp 2 equal the
 // single-rank run on the same global batch, and a resume continues bit for
-// bit (ZeRO-2 and tp 2 checkpoints also on one rank).
+// bit (ZeRO-2 and tp 2 checkpoints also on one rank); its checkpoints hold no
+// optimizer state for the frozen base, and --resume auto falls back past a
+// corrupt one.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "meshtrain/ckpt/distributed.h"
+#include "meshtrain/ckpt/lora_export.h"
+#include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/model/model.h"
+#include "meshtrain/train/distributed.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/memory_expect.h"
@@ -276,6 +286,147 @@ TEST_F(LoraTraining, ZeroAndTensorParallelCheckpointsReshardToOneRank) {
   if (world_->size() != 2) return;
   DeviceMesh tp_mesh(*world_, 2, 1);
   expect_resumes_on_one_rank("tp2", {{"parallel.tp", "2"}}, tp_mesh);
+}
+
+// The three states of a run, whole, in the single-rank layout.
+struct GatheredState {
+  std::vector<float> states[layout::kStateKinds];
+  bool operator==(const GatheredState& o) const {
+    for (size_t k = 0; k < layout::kStateKinds; ++k) {
+      if (states[k].size() != o.states[k].size() ||
+          std::memcmp(states[k].data(), o.states[k].data(), states[k].size() * 4) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+GatheredState run_and_gather(const TrainConfig& c, DeviceMesh* mesh, const std::string& resume) {
+  TrainerOptions options;
+  options.console = false;
+  options.mesh = mesh;
+  options.resume_dir = resume;
+  Trainer trainer(c, options);
+  trainer.run();
+  GatheredState out;
+  for (size_t k = 0; k < layout::kStateKinds; ++k) {
+    out.states[k] = trainer.gather_state(static_cast<layout::StateKind>(k));
+  }
+  return out;
+}
+
+// A LoRA checkpoint holds the frozen base's master weights and nothing else
+// of it: its moments are neither stored (the manifest lists master only) nor
+// needed; one rank and another layout load the state back bit for bit.
+TEST_F(LoraTraining, CheckpointHoldsNoOptimizerStateForTheFrozenBase) {
+  DeviceMesh mesh(*world_, 1, 1);
+  const ConfigOverrides at5{{"train.steps", "5"}, {"train.checkpoint_interval", "5"},
+                            {"parallel.zero", "1"}};
+  const GatheredState saved = run_and_gather(config("frozen", "llama", at5), &mesh, "");
+  world_->barrier();
+  const std::string dir = dir_ + "/frozen/step_5";
+  const dist_ckpt::Manifest m = dist_ckpt::read_manifest(dir);
+  int64_t base = 0, adapters = 0;
+  for (const dist_ckpt::ManifestTensor& t : m.tensors) {
+    const bool lora = is_lora_tensor(t.name);
+    (lora ? adapters : base) += shape_numel(t.shape);
+    EXPECT_EQ(t.states, lora ? layout::StateSet{} : layout::StateSet::master_only()) << t.name;
+  }
+  ASSERT_TRUE(base > 0 && adapters > 0);
+  uint64_t data = 0;
+  for (const dist_ckpt::ManifestFile& f : m.files) {
+    if (!f.name.starts_with("rank_")) continue;
+    SafetensorsReader reader(dir + "/" + f.name);
+    data += f.bytes - reader.data_start();
+  }
+  EXPECT_EQ(data, static_cast<uint64_t>(base + 3 * adapters) * 4) << "no moments of the base";
+  for (size_t k = 1; k < layout::kStateKinds; ++k) {  // the adapters' moments are there
+    EXPECT_TRUE(std::any_of(saved.states[k].begin(), saved.states[k].end(),
+                            [](float v) { return v != 0.0f; }));
+  }
+
+  // Resumed with no steps left: the state is the checkpoint's, bit for bit.
+  const ConfigOverrides none{{"train.steps", "5"}};
+  EXPECT_TRUE(run_and_gather(config(rank_dir("frozen_single"), "llama", none), nullptr, dir) ==
+              saved)
+      << "one rank";
+  ConfigOverrides zero2 = none;
+  zero2.push_back({"parallel.zero", "2"});
+  EXPECT_TRUE(run_and_gather(config("frozen_zero2", "llama", zero2), &mesh, dir) == saved)
+      << "ZeRO-2";
+  if (world_->size() == 2) {
+    DeviceMesh tp_mesh(*world_, 2, 1);
+    ConfigOverrides tp = none;
+    tp.push_back({"parallel.tp", "2"});
+    EXPECT_TRUE(run_and_gather(config("frozen_tp", "llama", tp), &tp_mesh, dir) == saved)
+        << "tp 2";
+  }
+  world_->barrier();
+}
+
+// This rank's resume event in its metrics file.
+nlohmann::json resume_event(const std::string& out_dir, int rank) {
+  std::ifstream in(out_dir + "/" + metrics_file_name(rank));
+  nlohmann::json found;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.value("event", "") == "resume") found = record;
+  }
+  return found;
+}
+
+// --resume auto past a checkpoint with one rank's file corrupt: the load finds
+// it (checksums over the bytes as they are read, each byte once), every rank
+// falls back to the older checkpoint and the run continues bit for bit.
+TEST_F(LoraTraining, ResumeAutoFallsBackPastACorruptCheckpoint) {
+  DeviceMesh mesh(*world_, 1, 1);
+  const ConfigOverrides every2{{"train.checkpoint_interval", "2"}, {"parallel.zero", "1"},
+                               {"train.steps", "6"}};
+  LoraRun full = run_trainer(config("fallback_full", "llama", every2), &mesh);
+  ConfigOverrides four = every2;
+  four.push_back({"train.steps", "4"});
+  run_trainer(config("fallback", "llama", four), &mesh);
+  world_->barrier();
+  const std::string out = dir_ + "/fallback";
+  const std::string damaged =
+      out + "/step_4/" + fmt::format("rank_{}.safetensors", world_->size() - 1);
+  const auto file_bytes = [&](const std::string& step) {
+    const std::string path = out + "/" + step + "/" + fmt::format("rank_{}.safetensors", world_->rank());
+    return std::filesystem::file_size(path) + SafetensorsReader(path).data_start();
+  };
+  const uint64_t expected = file_bytes("step_4") + file_bytes("step_2");
+  world_->barrier();
+  if (world_->rank() == 0) {
+    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(std::filesystem::file_size(damaged) / 2));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(damaged) / 2));
+    f.write(&c, 1);
+  }
+  world_->barrier();
+
+  TrainerOptions options;
+  options.console = false;
+  options.mesh = &mesh;
+  options.resume_dir = "auto";
+  std::vector<StepRecord> records;
+  {
+    Trainer trainer(config("fallback", "llama", every2), options);
+    EXPECT_EQ(trainer.resumed_from(), out + "/step_2");
+    records = trainer.run();
+  }
+  ASSERT_EQ(records.size(), 4u);
+  for (size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(records[i].loss, full.records[2 + i].loss) << "step " << records[i].step;
+  }
+  const nlohmann::json event = resume_event(out, world_->rank());
+  ASSERT_TRUE(event.is_object());
+  EXPECT_EQ(event["from"], out + "/step_2");
+  EXPECT_EQ(event["load_bytes"].get<uint64_t>(), expected) << "each file read once";
+  world_->barrier();
 }
 
 }  // namespace

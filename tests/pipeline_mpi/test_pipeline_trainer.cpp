@@ -163,6 +163,27 @@ TEST_F(PipelineTrainer, CheckpointFromStagesResumesOnOneRank) {
   }
 }
 
+// pp 2 x dp 2: on every rank and step the exposed communication (what the
+// step waited for its gradient collectives) is part of the communication
+// (their time in flight), both measured on one clock; DDP and ZeRO.
+TEST_F(PipelineTrainer, ExposedCommunicationIsPartOfCommunication) {
+  if (world_->size() != 4) GTEST_SKIP() << "pp 2 x dp 2 needs 4 ranks";
+  DeviceMesh mesh(*world_, 1, 2);
+  for (const char* zero : {"0", "1", "3"}) {
+    SCOPED_TRACE(fmt::format("pp 2 dp 2 zero {}", zero));
+    const Run r = run(config(fmt::format("exposed_zero{}", zero),
+                             {{"train.steps", "8"}, {"parallel.pp", "2"}, {"parallel.zero", zero},
+                              {"train.micro_batch_size", "2"}}),
+                      &mesh);
+    for (const StepRecord& step : r.records) {
+      EXPECT_GT(step.comm_ms, 0.0) << "step " << step.step;
+      EXPECT_GE(step.exposed_comm_ms, 0.0) << "step " << step.step;
+      EXPECT_LE(step.exposed_comm_ms, step.comm_ms) << "rank " << world_->rank() << " step "
+                                                    << step.step;
+    }
+  }
+}
+
 // pp 2 x dp 2 with ZeRO 1, 2 and 3 (gradients reduced once per unit after its
 // last backward, the tied embedding summed over the stages first) equals the
 // single-rank run; the checkpoint (stages and shards gathered) resumes on one rank.

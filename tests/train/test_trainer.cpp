@@ -383,6 +383,28 @@ TEST_F(TrainerTest, ResumeAutoTakesLatestOrTheNewestThatVerifies) {
   EXPECT_EQ(rest[1].loss, full[5].loss);
 }
 
+// Every checkpoint corrupt (found while loading, after the state was partly
+// overwritten): a fresh start, bit for bit the fresh run, the old files gone.
+TEST_F(TrainerTest, ResumeAutoWithEveryCheckpointCorruptStartsFresh) {
+  auto full = run(config("bad", {{"train.checkpoint_interval", "2"}, {"train.steps", "4"}}));
+  for (const char* step : {"step_2", "step_4"}) {
+    const fs::path file = dir_ / "bad" / step / "rank_0.safetensors";
+    std::string bytes = testing::read_file(file.string());
+    bytes[bytes.size() / 2] ^= 0x10;
+    testing::write_file(file.string(), bytes);
+  }
+  TrainerOptions options;
+  options.console = false;
+  options.resume_dir = "auto";
+  Trainer t(config("bad", {{"train.steps", "4"}}), options);
+  EXPECT_EQ(t.resumed_from(), "");
+  EXPECT_EQ(t.step(), 0);
+  EXPECT_FALSE(fs::exists(dir_ / "bad/step_4"));
+  const std::vector<StepRecord> again = t.run();
+  ASSERT_EQ(again.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(again[i].loss, full[i].loss) << i;
+}
+
 TEST_F(TrainerTest, LoadsTheWholeTensorFormatOfEarlierVersions) {
   // A step directory of the earlier format, converted back from a sharded one
   // is not possible; write it from a run's gathered state instead.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -43,6 +44,18 @@ uint64_t file_buffer_bytes(int64_t limit, uint64_t needed);  // that buffer's si
 // Streams the file through `buffer`: exists, size and XXH3-64 as the manifest
 // says; Error "<path>: missing | truncated | corrupt ...".
 void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer);
+// The same pass, handing every chunk to on_chunk(file_offset, bytes, count)
+// as it is read and hashed (chunks end at data_start, so the data section's
+// chunks hold whole floats); the mismatch is found after the last chunk.
+// Adds the bytes read to *bytes_read as it goes (when given).
+using ChunkFn = std::function<void(uint64_t, const char*, uint64_t)>;
+void stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,
+                 uint64_t data_start, const ChunkFn& on_chunk, uint64_t* bytes_read = nullptr);
+// Error (corrupt) "<path>: truncated | corrupt: N bytes, the manifest says M".
+void check_file_size(const std::string& path, uint64_t size, uint64_t listed);
+// The file exists at the size the manifest lists (a stat, nothing read);
+// Error (corrupt) "<path>: missing | truncated | corrupt ...".
+void check_file_present(const std::string& dir, const ManifestFile& file);
 
 // Copies the small file `path` into `dir` under its file name (fsync'ed,
 // atomic) and returns its manifest entry. Error (io) naming the file.

@@ -94,7 +94,7 @@ void convert_legacy_checkpoint(const std::string& legacy_dir, const std::string&
     }
     map.pieces.push_back(
         layout::ShardPiece{map.tensors.size(), layout::whole_region(t.shape), map.local_numel, 0});
-    map.tensors.push_back(layout::GlobalTensor{t.name, t.shape});
+    map.tensors.push_back(layout::GlobalTensor{t.name, t.shape, {}});
     map.local_numel += t.numel();
   }
   for (size_t k = 1; k < files.size(); ++k) {

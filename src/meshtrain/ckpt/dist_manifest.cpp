@@ -99,6 +99,34 @@ ManifestShard shard_from_json(const Fields& f, const json& v, const std::string&
   return s;
 }
 
+json states_json(layout::StateSet states) {
+  json out = json::array();
+  for (size_t k = 0; k < layout::kStateKinds; ++k) {
+    const auto kind = static_cast<StateKind>(k);
+    if (states.has(kind)) out.push_back(layout::state_kind_name(kind));
+  }
+  return out;
+}
+
+// A tensor's "states" list; absent (checkpoints written before the list
+// existed, every tensor with all three): all three.
+layout::StateSet states_from_json(const Fields& f, const json& v, const std::string& where) {
+  if (!v.is_object() || !v.contains("states")) return layout::StateSet{};
+  const json& list = f.array(v, where, "states");
+  layout::StateSet states{0};
+  for (const json& name : list) {
+    MESHTRAIN_CHECK(name.is_string(), "{}: {}: field 'states' must hold state names", f.path,
+                    where);
+    const StateKind kind = parse_state(name.get<std::string>(), f.path + ": " + where);
+    MESHTRAIN_CHECK(!states.has(kind), "{}: {}: state '{}' is listed twice", f.path, where,
+                    layout::state_kind_name(kind));
+    states.bits |= static_cast<uint8_t>(1u << static_cast<int>(kind));
+  }
+  MESHTRAIN_CHECK(states.has(StateKind::master), "{}: {}: field 'states' lacks 'master'", f.path,
+                  where);
+  return states;
+}
+
 uint64_t checksum_of(const json& manifest_without_checksum) {
   const std::string text = manifest_without_checksum.dump();
   return XXH3_64bits(text.data(), text.size());
@@ -115,7 +143,7 @@ void check_tensors(const std::vector<ManifestTensor>& tensors, const std::string
   layout::ShardMap map;
   for (const ManifestTensor& t : tensors) {
     const size_t index = map.tensors.size();
-    map.tensors.push_back(layout::GlobalTensor{t.name, t.shape});
+    map.tensors.push_back(layout::GlobalTensor{t.name, t.shape, t.states});
     for (const ManifestShard& s : t.shards) {
       map.pieces.push_back(layout::ShardPiece{index, s.region, 0, 0});
       map.local_numel = std::max(map.local_numel, s.region.box_numel());
@@ -130,10 +158,13 @@ void check_tensors(const std::vector<ManifestTensor>& tensors, const std::string
     int64_t held[layout::kStateKinds] = {};
     for (const ManifestShard& s : t.shards) held[static_cast<size_t>(s.state)] += s.region.numel();
     for (size_t k = 0; k < layout::kStateKinds; ++k) {
-      MESHTRAIN_CHECK(held[k] == shape_numel(t.shape),
-                      "{}: tensor '{}' {}: the shards hold {} elements, the tensor has {}", path,
-                      t.name, layout::state_kind_name(static_cast<StateKind>(k)), held[k],
-                      shape_numel(t.shape));
+      const auto kind = static_cast<StateKind>(k);
+      const int64_t want = t.states.has(kind) ? shape_numel(t.shape) : 0;
+      MESHTRAIN_CHECK(held[k] == want,
+                      "{}: tensor '{}' {}: the shards hold {} elements, {}", path, t.name,
+                      layout::state_kind_name(kind), held[k],
+                      want > 0 ? fmt::format("the tensor has {}", want)
+                               : fmt::format("its states are {}", layout::state_set_str(t.states)));
     }
   }
 }
@@ -187,7 +218,8 @@ Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
                 MemCategory::workspace, tracker);
 }
 
-void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer) {
+void stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,
+                 uint64_t data_start, const ChunkFn& on_chunk, uint64_t* bytes_read) {
   const std::string path = join(dir, file.name);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   MESHTRAIN_CHECK_AS(ErrorKind::corrupt, fd >= 0 || errno != ENOENT,
@@ -200,11 +232,8 @@ void verify_file(const std::string& dir, const ManifestFile& file, const Tensor&
   struct stat st {};
   MESHTRAIN_CHECK_AS(ErrorKind::io, ::fstat(fd, &st) == 0, "{}: cannot stat: {}", path,
                      std::strerror(errno));
-  const auto size = static_cast<uint64_t>(st.st_size);
-  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, size >= file.bytes,
-                     "{}: truncated: {} bytes, the manifest says {}", path, size, file.bytes);
-  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, size == file.bytes,
-                     "{}: corrupt: {} bytes, the manifest says {}", path, size, file.bytes);
+  check_file_size(path, static_cast<uint64_t>(st.st_size), file.bytes);
+  const uint64_t size = file.bytes;
   XXH3_state_t* state = XXH3_createState();
   MESHTRAIN_CHECK(state != nullptr, "{}: cannot start a checksum", path);
   struct Freer {
@@ -212,21 +241,47 @@ void verify_file(const std::string& dir, const ManifestFile& file, const Tensor&
     ~Freer() { XXH3_freeState(s); }
   } freer{state};
   XXH3_64bits_reset(state);
-  uint64_t done = 0;
-  while (done < size) {
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(buffer.bytes(), size - done));
-    const ssize_t n = ::pread(fd, buffer.raw(), want, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    MESHTRAIN_CHECK_AS(ErrorKind::io, n >= 0, "{}: read failed: {}", path, std::strerror(errno));
-    MESHTRAIN_CHECK_AS(ErrorKind::corrupt, n > 0, "{}: truncated while reading at byte {}", path,
-                       done);
-    XXH3_64bits_update(state, buffer.raw(), static_cast<size_t>(n));
-    done += static_cast<uint64_t>(n);
+  char* const buf = static_cast<char*>(buffer.raw());
+  for (uint64_t done = 0; done < size;) {
+    // Chunks never straddle data_start: from there on they hold whole floats.
+    const uint64_t limit = done < data_start ? std::min(data_start, size) : size;
+    const uint64_t end = std::min<uint64_t>(limit, done + buffer.bytes());
+    for (uint64_t at = done; at < end;) {
+      const ssize_t n = ::pread(fd, buf + (at - done), end - at, static_cast<off_t>(at));
+      if (n < 0 && errno == EINTR) continue;
+      MESHTRAIN_CHECK_AS(ErrorKind::io, n >= 0, "{}: read failed: {}", path, std::strerror(errno));
+      MESHTRAIN_CHECK_AS(ErrorKind::corrupt, n > 0, "{}: truncated while reading at byte {}",
+                         path, at);
+      at += static_cast<uint64_t>(n);
+      if (bytes_read != nullptr) *bytes_read += static_cast<uint64_t>(n);
+    }
+    XXH3_64bits_update(state, buf, end - done);
+    if (on_chunk) on_chunk(done, buf, end - done);
+    done = end;
   }
   const uint64_t got = XXH3_64bits_digest(state);
   MESHTRAIN_CHECK_AS(ErrorKind::corrupt, got == file.xxh3,
                      "{}: corrupt: XXH3-64 {}, the manifest says {}", path, hex64(got),
                      hex64(file.xxh3));
+}
+
+void check_file_size(const std::string& path, uint64_t size, uint64_t listed) {
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, size >= listed,
+                     "{}: truncated: {} bytes, the manifest says {}", path, size, listed);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, size == listed,
+                     "{}: corrupt: {} bytes, the manifest says {}", path, size, listed);
+}
+
+void check_file_present(const std::string& dir, const ManifestFile& file) {
+  const std::string path = join(dir, file.name);
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, !ec, "{}: missing (listed in the manifest)", path);
+  check_file_size(path, size, file.bytes);
+}
+
+void verify_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer) {
+  stream_file(dir, file, buffer, 0, nullptr);
 }
 
 json rank_record_json(const RankRecord& record, int64_t step, const std::string& save_id) {
@@ -239,7 +294,7 @@ json rank_record_json(const RankRecord& record, int64_t step, const std::string&
   }
   json held = json::array();
   for (const layout::GlobalTensor& t : record.held)
-    held.push_back({{"name", t.name}, {"shape", t.shape}});
+    held.push_back({{"name", t.name}, {"shape", t.shape}, {"states", states_json(t.states)}});
   return {{"format", std::string(kFormat) + "-done"},
           {"step", step},
           {"save_id", save_id},
@@ -265,8 +320,9 @@ RankRecord rank_record_from_json(const json& value, const std::string& path) {
   const json& held = f.array(value, "done file", "held");
   for (size_t i = 0; i < held.size(); ++i) {
     const std::string where = fmt::format("held[{}]", i);
-    r.held.push_back(
-        layout::GlobalTensor{f.string(held[i], where, "name"), f.ints(held[i], where, "shape")});
+    r.held.push_back(layout::GlobalTensor{f.string(held[i], where, "name"),
+                                          f.ints(held[i], where, "shape"),
+                                          states_from_json(f, held[i], where)});
   }
   const json& pieces = f.array(value, "done file", "pieces");
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -300,7 +356,7 @@ json manifest_json(int64_t step, const std::string& save_id, const json& layout_
   std::map<std::string, size_t> index;
   auto tensor_of = [&](const std::string& name, const Shape& shape, int rank) -> ManifestTensor& {
     auto [it, added] = index.emplace(name, tensors.size());
-    if (added) tensors.push_back(ManifestTensor{name, shape, "F32", {}});
+    if (added) tensors.push_back(ManifestTensor{name, shape, "F32", {}, {}});
     ManifestTensor& t = tensors[it->second];
     MESHTRAIN_CHECK(t.shape == shape,
                     "checkpoint step_{}: tensor '{}' has shape {} on rank {}, {} "
@@ -309,8 +365,16 @@ json manifest_json(int64_t step, const std::string& save_id, const json& layout_
     return t;
   };
   json files = json::array();
+  std::set<std::string> seen;
   for (const RankRecord& r : ranks) {
-    for (const layout::GlobalTensor& t : r.held) tensor_of(t.name, t.shape, r.rank);
+    for (const layout::GlobalTensor& held : r.held) {
+      ManifestTensor& t = tensor_of(held.name, held.shape, r.rank);
+      MESHTRAIN_CHECK(seen.insert(held.name).second || t.states == held.states,
+                      "checkpoint step_{}: tensor '{}' has states {} on rank {}, {} on a lower rank",
+                      step, held.name, layout::state_set_str(held.states), r.rank,
+                      layout::state_set_str(t.states));
+      t.states = held.states;
+    }
     for (const PieceRecord& p : r.pieces)
       tensor_of(p.tensor, p.shape, r.rank).shards.push_back(p.shard);
     if (!r.file.empty())
@@ -325,8 +389,11 @@ json manifest_json(int64_t step, const std::string& save_id, const json& layout_
   for (const ManifestTensor& t : tensors) {
     json shards = json::array();
     for (const ManifestShard& s : t.shards) shards.push_back(shard_json(s));
-    tensor_list.push_back(
-        {{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"shards", std::move(shards)}});
+    tensor_list.push_back({{"name", t.name},
+                           {"shape", t.shape},
+                           {"dtype", t.dtype},
+                           {"states", states_json(t.states)},
+                           {"shards", std::move(shards)}});
   }
   json manifest = {{"format", kFormat},
                    {"version", kVersion},
@@ -413,6 +480,7 @@ Manifest read_manifest(const std::string& dir) {
     MESHTRAIN_CHECK(names.insert(t.name).second, "{}: tensor '{}' is listed twice", path, t.name);
     t.shape = f.ints(tensors[i], where, "shape");
     t.dtype = f.string(tensors[i], where, "dtype");
+    t.states = detail::states_from_json(f, tensors[i], where);
     MESHTRAIN_CHECK(t.dtype == "F32", "{}: {}: dtype '{}' is not supported (expected F32)", path,
                     where, t.dtype);
     const json& shards = f.array(tensors[i], where, "shards");
@@ -470,8 +538,8 @@ std::string describe_checkpoint(const std::string& dir, bool verify, int* failed
   }
   out += fmt::format("tensors ({}):\n", m.tensors.size());
   for (const ManifestTensor& t : m.tensors) {
-    out += fmt::format("  {} {} {}, {} shards\n", t.name, shape_str(t.shape), t.dtype,
-                       t.shards.size());
+    out += fmt::format("  {} {} {}, {}; {} shards\n", t.name, shape_str(t.shape), t.dtype,
+                       layout::state_set_str(t.states), t.shards.size());
     for (const ManifestShard& s : t.shards) {
       out += fmt::format("    {} {} '{}' {}offset {} extent {} flat [{}, {})\n",
                          layout::state_kind_name(s.state), s.file, s.key,

@@ -78,21 +78,20 @@ void intersect(const std::vector<Run>& dst, const std::vector<Run>& src, const M
   }
 }
 
-// The files one load reads from, opened (header validated) and verified once
-// each. At most kMaxOpenFiles stay open (a checkpoint of thousands of ranks
-// loaded into one would otherwise exhaust file descriptors).
+// The files one load reads from, opened (header validated). At most
+// kMaxOpenFiles stay open (a checkpoint of thousands of ranks loaded into one
+// would otherwise exhaust file descriptors).
 class SourceFiles {
  public:
-  SourceFiles(const std::string& dir, const Manifest& manifest, bool verify, const Tensor& buffer)
-      : dir_(dir), manifest_(manifest), verify_(verify), buffer_(buffer) {}
+  // verify: each file's presence and size checked before its header is read.
+  SourceFiles(const std::string& dir, const Manifest& manifest, bool verify, uint64_t& counter)
+      : bytes_read(counter), dir_(dir), manifest_(manifest), verify_(verify) {}
 
   // The reader of the shard's file; the shard's key checked against the header.
   const SafetensorsReader& reader(const ManifestShard& shard) {
     auto it = open_.find(shard.file);
     if (it == open_.end()) {
-      if (verify_ && verified_.insert(shard.file).second) {
-        detail::verify_file(dir_, *manifest_.find_file(shard.file), buffer_);
-      }
+      if (verify_) detail::check_file_present(dir_, *manifest_.find_file(shard.file));
       if (open_.size() >= kMaxOpenFiles) {
         auto oldest = std::min_element(
             open_.begin(), open_.end(),
@@ -103,17 +102,23 @@ class SourceFiles {
                .emplace(shard.file,
                         Open{std::make_unique<SafetensorsReader>(join(dir_, shard.file)), 0})
                .first;
+      bytes_read += it->second.reader->data_start();
     }
     it->second.last_use = ++uses_;
     const SafetensorsReader& r = *it->second.reader;
     if (checked_.insert(&shard).second) {
       const StTensorInfo& info = r.info(shard.key);
-      MESHTRAIN_CHECK(info.dtype == StDType::F32 && info.shape == Shape{shard.region.numel()},
-                      "{}: tensor '{}' is {} {}, the manifest says F32 [{}]", r.path(), shard.key,
-                      st_dtype_name(info.dtype), shape_str(info.shape), shard.region.numel());
+      // 4-aligned: a verified load's chunks of the data section hold whole floats.
+      MESHTRAIN_CHECK(info.dtype == StDType::F32 && info.shape == Shape{shard.region.numel()} &&
+                          info.begin % 4 == 0,
+                      "{}: tensor '{}' is {} {} at byte {}, the manifest says F32 [{}]", r.path(),
+                      shard.key, st_dtype_name(info.dtype), shape_str(info.shape), info.begin,
+                      shard.region.numel());
     }
     return r;
   }
+
+  uint64_t& bytes_read;  // headers and data
 
  private:
   static constexpr size_t kMaxOpenFiles = 64;
@@ -124,9 +129,7 @@ class SourceFiles {
   const std::string& dir_;
   const Manifest& manifest_;
   bool verify_;
-  const Tensor& buffer_;
   std::map<std::string, Open> open_;
-  std::set<std::string> verified_;
   std::set<const ManifestShard*> checked_;
   uint64_t uses_ = 0;
 };
@@ -183,6 +186,7 @@ void read_copies(std::vector<Copy>& copies, const layout::ShardPiece& piece, Sta
       end = next_end;
     }
     files.reader(*split[i].shard).read_data(begin, buf, static_cast<size_t>(end - begin));
+    files.bytes_read += end - begin;
     for (size_t k = i; k < j; ++k) {
       state.write(kind, piece.local_offset + split[k].dst, split[k].count,
                   buf + (split[k].byte - begin) / 4);
@@ -191,9 +195,39 @@ void read_copies(std::vector<Copy>& copies, const layout::ShardPiece& piece, Sta
   }
 }
 
+// A verified load's writes: elements of one piece's state, from a file offset.
+struct Delivery {
+  StateKind kind;
+  int64_t local_offset, count;
+  uint64_t byte;  // in the file
+};
+
+// Reads the whole file once, hashing it, and writes the deliveries from the
+// chunks as they pass; Error (corrupt) after the last chunk on a mismatch.
+void stream_deliveries(const std::string& dir, const ManifestFile& file, uint64_t data_start,
+                       std::vector<Delivery>& deliveries, const Tensor& buffer,
+                       layout::StateAccess& state, uint64_t& bytes_read) {
+  std::sort(deliveries.begin(), deliveries.end(),
+            [](const Delivery& a, const Delivery& b) { return a.byte < b.byte; });
+  auto end_of = [](const Delivery& d) { return d.byte + static_cast<uint64_t>(d.count) * 4; };
+  size_t next = 0;  // deliveries before it are complete
+  detail::stream_file(dir, file, buffer, data_start,
+                      [&](uint64_t at, const char* bytes, uint64_t n) {
+    for (size_t j = next; j < deliveries.size() && deliveries[j].byte < at + n; ++j) {
+      const Delivery& d = deliveries[j];
+      const uint64_t begin = std::max(d.byte, at), end = std::min(end_of(d), at + n);
+      if (begin >= end) continue;
+      state.write(d.kind, d.local_offset + static_cast<int64_t>((begin - d.byte) / 4),
+                  static_cast<int64_t>((end - begin) / 4),
+                  reinterpret_cast<const float*>(bytes + (begin - at)));
+    }
+    while (next < deliveries.size() && end_of(deliveries[next]) <= at + n) ++next;
+  }, &bytes_read);
+}
+
 void load_states(const Manifest& manifest, const std::string& dir, const layout::ShardMap& map,
-                 layout::StateAccess& state, std::span<const StateKind> kinds, int64_t buffer_bytes,
-                 bool verify, MemoryTracker& tracker) {
+                 layout::StateAccess& state, std::span<const StateKind> kinds,
+                 int64_t buffer_bytes, bool verify, MemoryTracker& tracker, uint64_t& bytes_read) {
   map.validate();
   const std::string manifest_path = join(dir, kManifestFile);
   std::map<std::string, const ManifestTensor*> by_name;
@@ -201,8 +235,13 @@ void load_states(const Manifest& manifest, const std::string& dir, const layout:
   uint64_t largest = 0;
   for (const ManifestFile& f : manifest.files) largest = std::max(largest, f.bytes);
   const Tensor buffer = detail::file_buffer(buffer_bytes, largest, tracker);
-  SourceFiles files(dir, manifest, verify, buffer);
+  SourceFiles files(dir, manifest, verify, bytes_read);
   std::map<const ManifestShard*, std::vector<Run>> source_runs;
+  struct FileDeliveries {
+    uint64_t data_start = 0;
+    std::vector<Delivery> list;
+  };
+  std::map<std::string, FileDeliveries> deliveries;  // verify: per file
   std::vector<Copy> copies;
   for (const layout::ShardPiece& piece : map.pieces) {
     const layout::GlobalTensor& t = map.tensors[piece.tensor];
@@ -214,6 +253,11 @@ void load_states(const Manifest& manifest, const std::string& dir, const layout:
                     t.name, shape_str(saved.shape), manifest_path, shape_str(t.shape));
     const std::vector<Run> dst_runs = runs_of(t.shape, piece.region);
     for (StateKind kind : kinds) {
+      if (!t.states.has(kind)) continue;  // frozen: no moments to fill
+      MESHTRAIN_CHECK(saved.states.has(kind),
+                      "tensor '{}': this layout has its {}, {} holds only {} (saved frozen)",
+                      t.name, layout::state_kind_name(kind), manifest_path,
+                      layout::state_set_str(saved.states));
       copies.clear();
       for (const ManifestShard& shard : saved.shards) {
         if (shard.state != kind || !boxes_overlap(shard.region, piece.region)) continue;
@@ -222,8 +266,25 @@ void load_states(const Manifest& manifest, const std::string& dir, const layout:
         intersect(dst_runs, runs->second, &shard, copies);
       }
       check_tiling(copies, piece.region.numel(), t.name, kind, piece.region, manifest_path);
-      read_copies(copies, piece, kind, files, buffer, state);
+      if (!verify) {
+        read_copies(copies, piece, kind, files, buffer, state);
+        continue;
+      }
+      for (const Copy& c : copies) {
+        const SafetensorsReader& r = files.reader(*c.shard);
+        FileDeliveries& file = deliveries[c.shard->file];
+        file.data_start = r.data_start();
+        file.list.push_back(Delivery{
+            kind, piece.local_offset + c.dst, c.count,
+            r.data_start() + r.info(c.shard->key).begin + static_cast<uint64_t>(c.src) * 4});
+      }
     }
+  }
+  // Each file this rank needs read once, start to end: checksummed as its
+  // bytes go into the state.
+  for (auto& [name, file] : deliveries) {
+    stream_deliveries(dir, *manifest.find_file(name), file.data_start, file.list, buffer, state,
+                      bytes_read);
   }
 }
 
@@ -251,25 +312,30 @@ class GlobalOut : public layout::StateAccess {
 
 void load_checkpoint(const std::string& dir, const layout::ShardMap& map,
                      layout::StateAccess& state, int64_t buffer_bytes, bool verify,
-                     MemoryTracker* tracker) {
+                     MemoryTracker* tracker, uint64_t* bytes_read) {
   const Manifest manifest = read_manifest(dir);
   MemoryTracker own;
+  uint64_t local = 0;
   load_states(manifest, dir, map, state, kAllStates, buffer_bytes, verify,
-              tracker != nullptr ? *tracker : own);
+              tracker != nullptr ? *tracker : own, bytes_read != nullptr ? *bytes_read : local);
 }
 
 void read_global_tensor(const Manifest& manifest, const std::string& dir, const std::string& name,
                         layout::StateKind kind, float* out) {
   const ManifestTensor* t = manifest.find_tensor(name);
   MESHTRAIN_CHECK(t != nullptr, "tensor '{}': not in {}", name, join(dir, kManifestFile));
+  MESHTRAIN_CHECK(t->states.has(kind), "tensor '{}': {} holds only its {} (saved frozen), no {}",
+                  name, join(dir, kManifestFile), layout::state_set_str(t->states),
+                  layout::state_kind_name(kind));
   layout::ShardMap map;
-  map.tensors.push_back(layout::GlobalTensor{t->name, t->shape});
+  map.tensors.push_back(layout::GlobalTensor{t->name, t->shape, t->states});
   map.pieces.push_back(layout::ShardPiece{0, layout::whole_region(t->shape), 0, 0});
   map.local_numel = shape_numel(t->shape);
   GlobalOut access(kind, out);
   MemoryTracker tracker;
   const StateKind kinds[] = {kind};
-  load_states(manifest, dir, map, access, kinds, kGlobalReadBuffer, false, tracker);
+  uint64_t bytes_read = 0;
+  load_states(manifest, dir, map, access, kinds, kGlobalReadBuffer, false, tracker, bytes_read);
 }
 
 }  // namespace meshtrain::dist_ckpt

@@ -81,6 +81,7 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
     const auto kind = static_cast<StateKind>(k);
     for (size_t i = 0; i < owned.size(); ++i) {
       const layout::GlobalTensor& t = map.tensors[owned[i]->tensor];
+      if (!t.states.has(kind)) continue;  // a frozen tensor's moments: none
       PieceRecord piece{t.name, t.shape, {}};
       piece.shard = ManifestShard{
           record.file, fmt::format("{}/{}#{}", layout::state_kind_name(kind), t.name, ordinal[i]),
@@ -127,6 +128,7 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
     // Pieces packed into the buffer back to back: one write per full half.
     for (size_t k = 0; k < layout::kStateKinds; ++k) {
       for (const ShardPiece* p : owned) {
+        if (!map.tensors[p->tensor].states.has(static_cast<StateKind>(k))) continue;
         for (int64_t begin = 0; begin < p->region.numel();) {
           const int64_t n = std::min(p->region.numel() - begin, capacity - filled);
           state.read(static_cast<StateKind>(k), p->local_offset + begin, n, half[side] + filled);
@@ -155,11 +157,10 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
 
 }  // namespace detail
 
-uint64_t save_workspace_bytes(int64_t owned, int64_t buffer_bytes, bool async) {
-  const auto states = static_cast<uint64_t>(layout::kStateKinds);
-  if (async) return states * static_cast<uint64_t>(std::max<int64_t>(owned, 1)) * 4;
-  if (owned == 0) return 0;
-  return detail::file_buffer_bytes(buffer_bytes, states * static_cast<uint64_t>(owned) * 4);
+uint64_t save_workspace_bytes(int64_t owned_states, int64_t buffer_bytes, bool async) {
+  if (async) return static_cast<uint64_t>(std::max<int64_t>(owned_states, 1)) * 4;
+  if (owned_states == 0) return 0;
+  return detail::file_buffer_bytes(buffer_bytes, static_cast<uint64_t>(owned_states) * 4);
 }
 
 namespace {
@@ -296,25 +297,53 @@ void apply_retention(const std::string& out_dir, int keep) {
   }
 }
 
-// A StateAccess over the async save's staging copy: state k's owned elements
-// at [k * numel, (k + 1) * numel), pieces back to back.
+// A StateAccess over the async save's staging copy, which is the rank file's
+// data section: state by state, the owned pieces that have the state in map
+// order. `packed` places the owned pieces back to back (local offsets 0..n);
+// each state's segments map those offsets into the copy.
 class StagedState : public layout::StateAccess {
  public:
-  explicit StagedState(Tensor staging) : staging_(std::move(staging)) {}
+  StagedState(const layout::ShardMap& packed, Tensor staging) : staging_(std::move(staging)) {
+    int64_t at = 0;
+    for (size_t k = 0; k < layout::kStateKinds; ++k) {
+      for (const ShardPiece& p : packed.pieces) {
+        if (p.replica != 0 || !packed.tensors[p.tensor].states.has(static_cast<StateKind>(k))) {
+          continue;
+        }
+        segments_[k].push_back({p.local_offset, p.region.numel(), at});
+        at += p.region.numel();
+      }
+    }
+    MESHTRAIN_CHECK(at <= staging_.numel(), "internal: staging copy of {} floats for {}",
+                    staging_.numel(), at);
+  }
   void read(StateKind kind, int64_t local_offset, int64_t count, float* out) override {
-    const float* src = staging_.data<float>() + static_cast<int64_t>(kind) * numel() + local_offset;
+    const float* src = data(kind, local_offset, count);
     std::copy(src, src + count, out);
   }
   void write(StateKind, int64_t, int64_t, const float*) override {
     fail("internal: the staged copy of a checkpoint is read-only");
   }
-  float* data(StateKind kind) {
-    return staging_.data<float>() + static_cast<int64_t>(kind) * numel();
+  const float* file_data() const { return staging_.data<float>(); }
+  // Where elements [local_offset, +count) of `kind` (within one owned piece) are staged.
+  float* data(StateKind kind, int64_t local_offset, int64_t count) {
+    const std::vector<Segment>& segs = segments_[static_cast<size_t>(kind)];
+    auto it = std::upper_bound(segs.begin(), segs.end(), local_offset,
+                               [](int64_t v, const Segment& s) { return v < s.local_offset; });
+    MESHTRAIN_CHECK(it != segs.begin() && local_offset + count <= std::prev(it)->local_offset +
+                                                                     std::prev(it)->count,
+                    "internal: staged {} [{}, {}) outside the owned pieces",
+                    layout::state_kind_name(kind), local_offset, local_offset + count);
+    --it;
+    return staging_.data<float>() + it->at + (local_offset - it->local_offset);
   }
-  int64_t numel() const { return staging_.numel() / static_cast<int64_t>(layout::kStateKinds); }
 
  private:
+  struct Segment {
+    int64_t local_offset, count, at;
+  };
   Tensor staging_;
+  std::vector<Segment> segments_[layout::kStateKinds];
 };
 
 struct SaveContext {
@@ -530,19 +559,19 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
     job->packed.pieces.push_back(q);
   }
   job->packed.local_numel = owned;
-  const int64_t staged = static_cast<int64_t>(layout::kStateKinds) * std::max<int64_t>(owned, 1);
+  const int64_t staged = std::max<int64_t>(map.owned_state_numel(), 1);
   if (staging_.numel() != staged) {
     staging_ = Tensor();
     staging_ = Tensor({staged}, DType::f32, MemCategory::workspace, *options_.tracker);
   }
-  job->staged = std::make_unique<StagedState>(staging_);
+  job->staged = std::make_unique<StagedState>(job->packed, staging_);
   for (size_t k = 0; k < layout::kStateKinds; ++k) {
     const auto kind = static_cast<StateKind>(k);
     for (size_t i = 0; i < map.pieces.size(); ++i) {
       const layout::ShardPiece& p = map.pieces[i];
-      if (p.replica != 0) continue;
+      if (p.replica != 0 || !map.tensors[p.tensor].states.has(kind)) continue;
       state.read(kind, p.local_offset, p.region.numel(),
-                 job->staged->data(kind) + job->packed.pieces[i].local_offset);
+                 job->staged->data(kind, job->packed.pieces[i].local_offset, p.region.numel()));
     }
   }
   job->layout_json = layout_json;
@@ -552,8 +581,7 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
   raw->thread = std::thread([this, raw, step] {
     trace::set_thread_name("checkpoint writer");
     try {
-      const SaveContext context{out_dir_, options_, *options_.tracker,
-                                raw->staged->data(StateKind::master)};
+      const SaveContext context{out_dir_, options_, *options_.tracker, raw->staged->file_data()};
       run_save(context, step, raw->packed, *raw->staged, raw->layout_json, raw->meta);
     } catch (...) {
       raw->error = std::current_exception();
@@ -565,7 +593,7 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
 
 std::optional<ResumeChoice> find_resume_checkpoint(const std::string& out_dir) {
   ResumeChoice choice;
-  auto verifies = [&](const std::string& name) {
+  auto usable = [&](const std::string& name) {
     const std::string dir = join(out_dir, name);
     if (!is_sharded_checkpoint(dir)) {
       choice.notes.push_back(fmt::format("{}: skipped: no {} ({})", name, kManifestFile,
@@ -575,37 +603,44 @@ std::optional<ResumeChoice> find_resume_checkpoint(const std::string& out_dir) {
       return false;
     }
     try {
-      verify_checkpoint(dir);
+      MemoryTracker tracker;
+      for (const ManifestFile& f : read_manifest(dir).files) {
+        if (f.name.starts_with("rank_")) {
+          check_file_present(dir, f);
+        } else {  // a small carried file, which no load reads
+          verify_file(dir, f, file_buffer(1 << 20, f.bytes, tracker));
+        }
+      }
       return true;
     } catch (const Error& e) {
       choice.notes.push_back(fmt::format("{}: skipped: {}", name, e.what()));
       return false;
     }
   };
+  std::vector<std::string> found;
   int64_t below = INT64_MAX;  // only checkpoints older than the one `latest` names
   const std::string latest = read_latest(out_dir);
   std::smatch m;
   if (!latest.empty()) {
     if (std::regex_match(latest, m, kStepDir)) {
-      if (verifies(latest)) {
-        choice.dir = join(out_dir, latest);
-        return choice;
-      }
       below = std::stoll(m[1].str());
-      choice.notes.back() = fmt::format("latest names {}", choice.notes.back());
+      if (usable(latest)) {
+        found.push_back(join(out_dir, latest));
+      } else {
+        choice.notes.back() = fmt::format("latest names {}", choice.notes.back());
+      }
     } else {
       choice.notes.push_back(fmt::format("latest: '{}' is not a step directory name", latest));
     }
   }
   const auto steps = committed_steps(out_dir);
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    if (it->first >= below) continue;
-    if (verifies(it->second)) {
-      choice.dir = join(out_dir, it->second);
-      return choice;
-    }
+    if (it->first < below && usable(it->second)) found.push_back(join(out_dir, it->second));
   }
-  return std::nullopt;
+  if (found.empty()) return std::nullopt;
+  choice.dir = found.front();
+  choice.fallbacks.assign(found.begin() + 1, found.end());
+  return choice;
 }
 
 }  // namespace meshtrain::dist_ckpt

@@ -3,12 +3,15 @@
 //
 // A checkpoint is a directory <out_dir>/step_<N>/ holding
 //   rank_<r>.safetensors  for each rank that owns anything: per StateKind and
-//                         per replica-0 piece of the rank's ShardMap, a 1-D
-//                         f32 tensor "<state>/<tensor name>#<k>" (k counts
-//                         the rank's pieces of that tensor), in region order;
+//                         per replica-0 piece of the rank's ShardMap whose
+//                         tensor has that state (GlobalTensor::states: a
+//                         frozen tensor has no moments), a 1-D f32 tensor
+//                         "<state>/<tensor name>#<k>" (k counts the rank's
+//                         pieces of that tensor), in region order;
 //   manifest.json         written last: format, version, the caller's layout
 //                         and meta objects (opaque here), every global
-//                         tensor with its shards (file, key, state, region),
+//                         tensor with its states and shards (file, key,
+//                         state, region),
 //                         every file's size and XXH3-64, and a checksum of
 //                         the manifest itself.
 // <out_dir>/latest names the newest committed step directory.
@@ -25,8 +28,8 @@
 //
 // Memory: a sync save or a load holds at most `buffer_bytes` of file data
 // (tracked as MemCategory::workspace), however large the state; an async save
-// holds a staging copy of the rank's owned state (all three states) instead,
-// and keeps it for the next save.
+// holds a staging copy of the rank's owned state (every state its tensors
+// have) instead, and keeps it for the next save.
 #pragma once
 
 #include <cstdint>
@@ -42,12 +45,12 @@
 
 namespace meshtrain::dist_ckpt {
 
-// The workspace a save takes on a rank that writes `owned` elements of each
-// of the three states (its replica-0 pieces): a sync save's file buffer
-// (min(buffer_bytes, its file's data), in whole 4096-byte units from 4 KiB;
-// none when it writes nothing), or an async save's staging copy of the three
-// states, kept for the next save.
-uint64_t save_workspace_bytes(int64_t owned, int64_t buffer_bytes, bool async);
+// The workspace a save takes on a rank that writes `owned_states` elements
+// (ShardMap::owned_state_numel: its replica-0 pieces times the states their
+// tensors have): a sync save's file buffer (min(buffer_bytes, its file's
+// data), in whole 4096-byte units from 4 KiB; none when it writes nothing), or
+// an async save's staging copy of them, kept for the next save.
+uint64_t save_workspace_bytes(int64_t owned_states, int64_t buffer_bytes, bool async);
 
 struct SaveOptions {
   int rank = 0, world = 1;
@@ -102,6 +105,7 @@ struct ManifestTensor {
   Shape shape;
   std::string dtype = "F32";
   std::vector<ManifestShard> shards;  // all states
+  layout::StateSet states;            // those it has shards of (frozen: master only)
 };
 
 struct ManifestFile {
@@ -136,24 +140,34 @@ bool is_sharded_checkpoint(const std::string& dir);  // has manifest.json
 void verify_checkpoint(const std::string& dir, int64_t buffer_bytes = 64 << 20,
                        MemoryTracker* tracker = nullptr);
 
-// Fills every piece of `map` (replica 0 or not) from the overlapping shards of
-// whatever layout wrote `dir`; verifies the checksum of each file it reads from
-// (once per file per call) unless verify is false. Error naming tensor and
-// file when a region is not covered, a shape differs, or a file is corrupt.
+// Fills every piece of `map` (replica 0 or not), each state its tensor has,
+// from the overlapping shards of whatever layout wrote `dir`. With verify,
+// each file it needs is read once, start to end, its XXH3-64 computed over
+// the bytes as they go into `state`; a mismatch is an Error (corrupt) naming
+// the file after the file's last byte, with `state` partly overwritten: the
+// caller loads another checkpoint or reinitialises. Without verify, only the
+// needed bytes are read. Error naming tensor and file when a region is not
+// covered or a shape differs. `bytes_read` (when given) gets the bytes read
+// from rank files added as they are read, a failed load's too.
 void load_checkpoint(const std::string& dir, const layout::ShardMap& map,
                      layout::StateAccess& state, int64_t buffer_bytes = 64 << 20,
-                     bool verify = true, MemoryTracker* tracker = nullptr);
+                     bool verify = true, MemoryTracker* tracker = nullptr,
+                     uint64_t* bytes_read = nullptr);
 
 // One whole global tensor of one state (numel of its shape f32 at `out`),
 // assembled from the shards. Memory: that tensor plus a small buffer.
 void read_global_tensor(const Manifest& manifest, const std::string& dir, const std::string& name,
                         layout::StateKind kind, float* out);
 
-// --resume auto: the checkpoint out_dir/latest names if it verifies, else the
-// newest older step_* that verifies. `notes` says what was skipped and why,
-// one line each. nullopt when none.
+// --resume auto's candidates: the checkpoint out_dir/latest names, then the
+// older committed step_* directories, newest first, each with a valid
+// manifest, every rank file it lists present at its size (their checksums are
+// the load's: load_checkpoint with verify reads each byte once) and its small
+// carried files verified. `notes` says
+// what was skipped and why, one line each. nullopt when none passes.
 struct ResumeChoice {
-  std::string dir;
+  std::string dir;                     // the newest candidate
+  std::vector<std::string> fallbacks;  // the older ones, newest first
   std::vector<std::string> notes;
 };
 std::optional<ResumeChoice> find_resume_checkpoint(const std::string& out_dir);

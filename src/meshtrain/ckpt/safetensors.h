@@ -66,6 +66,8 @@ class SafetensorsReader {
   // Raw bytes [offset, offset + bytes) of the data section (offsets as in
   // StTensorInfo), for readers that take parts of a tensor.
   void read_data(uint64_t offset, void* dst, size_t bytes) const;
+  // The file offset of the data section (8 + the header's length).
+  uint64_t data_start() const { return data_start_; }
 
  private:
   void read_bytes(uint64_t file_offset, void* dst, size_t bytes) const;

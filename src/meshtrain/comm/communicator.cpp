@@ -1,5 +1,7 @@
 #include "meshtrain/comm/communicator.h"
 
+#include <algorithm>
+
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -62,6 +64,27 @@ std::string_view comm_op_name(CommOp op) {
     case CommOp::barrier: return "barrier";
   }
   return "?";
+}
+
+void CommTimeline::add(const CallRecord& call, CommClock::time_point wait_began,
+                       CommClock::time_point wait_ended) {
+  spans_.emplace_back(call.submitted, call.finished);
+  const CommClock::time_point begin = std::max(wait_began, call.submitted);
+  const CommClock::time_point end = std::min(wait_ended, call.finished);
+  if (begin < end) exposed_ += std::chrono::duration<double>(end - begin).count();
+}
+
+double CommTimeline::in_flight_seconds() const {
+  auto spans = spans_;
+  std::sort(spans.begin(), spans.end());
+  double total = 0;
+  CommClock::time_point covered{};  // the union so far ends here
+  for (const auto& [begin, end] : spans) {
+    const CommClock::time_point from = std::max(begin, covered);
+    if (from < end) total += std::chrono::duration<double>(end - from).count();
+    covered = std::max(covered, end);
+  }
+  return total;
 }
 
 OpStats CommStats::total() const {

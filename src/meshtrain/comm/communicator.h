@@ -73,6 +73,26 @@ struct CallRecord {
   double busy_seconds() const { return std::chrono::duration<double>(finished - started).count(); }
 };
 
+// A step's collectives timed on one clock (CommClock), so that exposed <=
+// in flight always holds: in flight is the wall time during which at least one
+// of them was submitted and not yet finished (queueing behind other calls on
+// the communication thread included); exposed is the part of it the caller
+// spent inside wait() for them (each call's [submitted, finished] cut to its
+// wait; waits are sequential on the caller's thread, so they never overlap).
+class CommTimeline {
+ public:
+  // `call` (completed), waited for from wait_began to wait_ended; a call
+  // nobody waited for passes the same instant twice.
+  void add(const CallRecord& call, CommClock::time_point wait_began,
+           CommClock::time_point wait_ended);
+  double in_flight_seconds() const;
+  double exposed_seconds() const { return exposed_; }
+
+ private:
+  std::vector<std::pair<CommClock::time_point, CommClock::time_point>> spans_;
+  double exposed_ = 0;
+};
+
 struct OpStats {
   uint64_t calls = 0;
   uint64_t bytes = 0;

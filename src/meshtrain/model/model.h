@@ -260,7 +260,8 @@ StageParams select_stage_params(const ModelConfig& config, const StageLayers& st
 // stage's, as select_stage_params gives them) on tp rank `tp_rank`: each
 // one's tp slice as regions of its global tensor (split_regions), replica 0
 // where this rank writes it (tp-replicated ones on tp rank 0; the spec at
-// index `duplicate`, a tied output layer's copy on a later stage, never).
+// index `duplicate`, a tied output layer's copy on a later stage, never); a
+// frozen parameter has master weights only (no moments).
 layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_rank,
                                   size_t duplicate = static_cast<size_t>(-1));
 

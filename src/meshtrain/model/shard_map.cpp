@@ -14,7 +14,9 @@ layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_ra
     // last stage: the first stage writes it.
     int replica = spec.split.split() ? 0 : tp_rank;
     if (i == duplicate) replica = 1;
-    map.tensors.push_back({spec.name, spec.split.global_shape});
+    // A frozen parameter (LoRA's base) has no optimizer state to save.
+    map.tensors.push_back({spec.name, spec.split.global_shape,
+                           spec.trainable ? layout::StateSet{} : layout::StateSet::master_only()});
     for (LocalRegion& r : split_regions(spec.split)) {
       map.pieces.push_back({map.tensors.size() - 1, std::move(r.region), offset + r.local_offset,
                             replica});

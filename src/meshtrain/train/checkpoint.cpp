@@ -145,7 +145,8 @@ class MasterOnly final : public layout::StateAccess {
     fail("load: the model holds no optimizer state to read");
   }
   void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override {
-    if (kind != layout::StateKind::master) return;
+    MESHTRAIN_CHECK(kind == layout::StateKind::master, "load: the model holds no {}",
+                    layout::state_kind_name(kind));
     model_.write_values(offset, count, in);
   }
 
@@ -225,7 +226,7 @@ std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precisio
     auto model = std::make_unique<Model>(config.model, precision, ctx);
     if (dist_ckpt::is_sharded_checkpoint(dir)) {
       MasterOnly master(*model);
-      dist_ckpt::load_checkpoint(dir, model->shard_map(), master,
+      dist_ckpt::load_checkpoint(dir, layout::master_weights_only(model->shard_map()), master,
                                  static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024));
       model->sync_compute_weights();
     } else {

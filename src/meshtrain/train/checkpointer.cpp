@@ -10,6 +10,7 @@
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/train/distributed.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/trace.h"
 
@@ -25,21 +26,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 int64_t buffer_bytes(const TrainConfig& config) {
   return static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024);
 }
-
-// Passes master values on to `inner`; the moments are dropped.
-class MastersOnly final : public layout::StateAccess {
- public:
-  explicit MastersOnly(layout::StateAccess& inner) : inner_(inner) {}
-  void read(layout::StateKind kind, int64_t offset, int64_t count, float* out) override {
-    inner_.read(kind, offset, count, out);
-  }
-  void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override {
-    if (kind == layout::StateKind::master) inner_.write(kind, offset, count, in);
-  }
-
- private:
-  layout::StateAccess& inner_;
-};
 
 // The pieces init_from fills: all but the LoRA adapters a base without them
 // (an HF directory, a plain run's checkpoint) lacks; those keep their initial
@@ -106,24 +92,92 @@ void Checkpointer::wait() {
 
 void Checkpointer::load(const std::string& dir) {
   const auto start = std::chrono::steady_clock::now();
+  load_files(dir);
+  dp_.finish_load();
+  load_seconds_ = seconds_since(start);
+}
+
+void Checkpointer::load_files(const std::string& dir) {
   dp_.quiesce();
+  load_bytes_ = 0;
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
-    dist_ckpt::load_checkpoint(dir, map_, dp_.state(), buffer_bytes(config_));
+    dist_ckpt::load_checkpoint(dir, map_, dp_.state(), buffer_bytes(config_), true, nullptr,
+                               &load_bytes_);
   } else {
     load_legacy(dir);
   }
-  dp_.finish_load();
+}
+
+std::string Checkpointer::load_newest(const std::vector<std::string>& candidates,
+                                      std::vector<std::string>& skipped) {
+  const auto start = std::chrono::steady_clock::now();
+  Communicator* world = mesh_ != nullptr ? &mesh_->world() : nullptr;
+  const int rank = world != nullptr ? world->rank() : 0;
+  const int size = world != nullptr ? world->size() : 1;
+  uint64_t bytes = 0;
+  for (const std::string& dir : candidates) {
+    // 0: loaded; 1: a corrupt or unreadable file (try the next); 2: any other error.
+    int outcome = 0;
+    std::string error;
+    ErrorKind kind = ErrorKind::config;
+    try {
+      load_files(dir);  // finish_load (collective under ZeRO) once every rank has loaded
+    } catch (const Error& e) {
+      kind = e.kind();
+      outcome = kind == ErrorKind::corrupt || kind == ErrorKind::io ? 1 : 2;
+      error = e.what();
+    }
+    bytes += load_bytes_;
+    // Every rank learns the worst outcome and the first failing rank's error.
+    double worst = outcome, first = outcome > 0 ? size - rank : 0;
+    if (world != nullptr) {
+      world->all_reduce(&worst, 1, CommDType::f64, ReduceOp::max);
+      world->all_reduce(&first, 1, CommDType::f64, ReduceOp::max);
+    }
+    if (worst == 0) {
+      dp_.finish_load();
+      load_bytes_ = bytes;
+      load_seconds_ = seconds_since(start);
+      return dir;
+    }
+    const int failed = size - static_cast<int>(first);
+    if (world != nullptr) error = broadcast_string(*world, error, failed);
+    MESHTRAIN_CHECK(worst == 1 || outcome == 2, "{}: rank {} could not load it: {}", dir, failed,
+                    error);
+    if (outcome == 2) throw Error(error, kind);
+    skipped.push_back(fmt::format("{}: skipped: rank {}: {}", fs::path(dir).filename().string(),
+                                  failed, error));
+  }
+  load_bytes_ = bytes;
   load_seconds_ = seconds_since(start);
+  return "";
+}
+
+void Checkpointer::reset_optimizer_state() {
+  dp_.quiesce();
+  const std::vector<float> zeros(size_t{1} << 16, 0.0f);
+  const auto chunk = static_cast<int64_t>(zeros.size());
+  for (const layout::ShardPiece& p : map_.pieces) {
+    const layout::GlobalTensor& t = map_.tensors[p.tensor];
+    for (layout::StateKind kind : {layout::StateKind::exp_avg, layout::StateKind::exp_avg_sq}) {
+      if (!t.states.has(kind)) continue;
+      for (int64_t at = 0; at < p.region.numel(); at += chunk) {
+        dp_.state().write(kind, p.local_offset + at, std::min(chunk, p.region.numel() - at),
+                          zeros.data());
+      }
+    }
+  }
 }
 
 void Checkpointer::load_weights(const std::string& dir, cpu::CpuContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
   dp_.quiesce();
-  MastersOnly masters(dp_.state());
+  layout::StateAccess& masters = dp_.state();
+  const layout::ShardMap weights = layout::master_weights_only(map_);
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
     const dist_ckpt::Manifest manifest = dist_ckpt::read_manifest(dir);
     const layout::ShardMap map = pieces_in_source(
-        map_, [&](const std::string& name) { return manifest.find_tensor(name) != nullptr; });
+        weights, [&](const std::string& name) { return manifest.find_tensor(name) != nullptr; });
     dist_ckpt::load_checkpoint(dir, map, masters, buffer_bytes(config_));
   } else {
     // An HF directory streams one tensor at a time; a whole-tensor training
@@ -142,7 +196,7 @@ void Checkpointer::load_weights(const std::string& dir, cpu::CpuContext& ctx) {
     std::map<std::string, ParamSpec> specs;
     for (ParamSpec& spec : build_param_specs(source_config)) specs.emplace(spec.name, std::move(spec));
     const layout::ShardMap map =
-        pieces_in_source(map_, [&](const std::string& name) { return specs.count(name) == 1; });
+        pieces_in_source(weights, [&](const std::string& name) { return specs.count(name) == 1; });
     std::vector<float> piece;
     Tensor tensor;
     size_t loaded = static_cast<size_t>(-1);
@@ -186,6 +240,7 @@ void Checkpointer::load_legacy(const std::string& dir) {
     size_t loaded = static_cast<size_t>(-1);
     for (const layout::ShardPiece& p : map_.pieces) {
       const layout::GlobalTensor& t = map_.tensors[p.tensor];
+      if (!t.states.has(kind)) continue;  // frozen: its zero moments are not state
       if (loaded != p.tensor) {
         whole = Tensor();
         whole = Tensor(t.shape, DType::f32, MemCategory::workspace, tracker_);
@@ -213,8 +268,8 @@ std::vector<float> Checkpointer::gather(layout::StateKind kind) {
   }
   std::vector<float> full(static_cast<size_t>(total), 0.0f), piece;
   for (const layout::ShardPiece& p : map_.pieces) {
-    if (p.replica != 0) continue;
     const layout::GlobalTensor& t = map_.tensors[p.tensor];
+    if (p.replica != 0 || !t.states.has(kind)) continue;  // a frozen tensor's moments: zeros
     piece.resize(static_cast<size_t>(p.region.numel()));
     dp_.state().read(kind, p.local_offset, p.region.numel(), piece.data());
     const int64_t base = offsets.at(t.name);

@@ -35,8 +35,23 @@ class Checkpointer {
   // Waits for a pending asynchronous save (every rank; then it is committed).
   void wait();
   // Every rank: fills this rank's weights and optimizer state from `dir`, a
-  // sharded checkpoint of any layout or one of the whole-tensor format.
+  // sharded checkpoint of any layout or one of the whole-tensor format; each
+  // file's checksum is computed as it is read (Error kind corrupt on a
+  // mismatch, the state then partly overwritten).
   void load(const std::string& dir);
+  // Collective: loads the first of `candidates` (newest first) that every
+  // rank reads without a corrupt or unreadable file, every rank agreeing;
+  // `skipped` gets one line per candidate passed over (the first failing
+  // rank's error). Returns its directory, or "" when none loads: the state
+  // is then partly overwritten and must be reinitialised (reset_state). Other
+  // errors end every rank.
+  std::string load_newest(const std::vector<std::string>& candidates,
+                          std::vector<std::string>& skipped);
+  // Zeroes the optimizer state (after a load that failed; init_weights then
+  // writes the master weights).
+  void reset_optimizer_state();
+  // Bytes the last load read from checkpoint files (all its attempts).
+  uint64_t last_load_bytes() const { return load_bytes_; }
   // Every rank: only this rank's master weights from `dir` (train.init_from):
   // a sharded checkpoint of any layout (its moments dropped), or a whole model
   // load_model_dir reads (Hugging Face, whole-tensor checkpoint), built on this
@@ -49,6 +64,8 @@ class Checkpointer {
 
  private:
   nlohmann::json layout_json() const;
+  // load() without DataParallel::finish_load (a collective under ZeRO).
+  void load_files(const std::string& dir);
   void load_legacy(const std::string& dir);
 
   const TrainConfig& config_;
@@ -59,6 +76,7 @@ class Checkpointer {
   layout::ShardMap map_;
   std::unique_ptr<dist_ckpt::CheckpointSaver> saver_;
   double save_seconds_ = 0, load_seconds_ = 0;
+  uint64_t load_bytes_ = 0;
 };
 
 }  // namespace meshtrain

@@ -308,8 +308,8 @@ double evaluation_workspace_bytes(const LocalShape& s) {
          + norm;                                // hn
 }
 
-// Elements of each state this rank writes to a checkpoint: the replica-0
-// pieces of its shard map, narrowed as the engine narrows it (Model::shard_map
+// Elements this rank writes to a checkpoint, over the states each tensor has
+// (a frozen one: master only): the replica-0 pieces of its shard map, narrowed as the engine narrows it (Model::shard_map
 // by params_shard_map, then DataParallel::shard_map: ZeRO's shards or DDP's
 // split of the writing).
 int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& held,
@@ -334,9 +334,7 @@ int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& hel
   } else if (dp > 1) {
     map = split_replica_writes(map, dp, coord.dp);
   }
-  int64_t owned = 0;
-  for (const layout::ShardPiece& p : map.pieces) owned += p.replica == 0 ? p.region.numel() : 0;
-  return owned;
+  return map.owned_state_numel();
 }
 
 int64_t micro_batch_rows(const TrainConfig& config, int dp) {

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
+
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/train/data_source.h"
@@ -67,25 +69,15 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   // One run per out_dir: before anything in it is read or written.
   out_dir_locks_ = hold_out_dir(t.out_dir, mesh != nullptr ? &mesh->world() : nullptr,
                                 options_.launch_attempt > 0);
-  resumed_from_ = resolve_resume();
+  const std::vector<std::string> resume_candidates = resolve_resume();
+  resumed_from_ = resume_candidates.empty() ? "" : resume_candidates.front();
   if (mesh != nullptr) {
     check_same_config_on_all_ranks(config_, mesh->world());
     check_parallel_layout(config_.parallel, *mesh);
   }
   TrainState resumed;
   double load_ms = 0;
-  if (!resumed_from_.empty()) {
-    TrainConfig saved;
-    resumed = read_train_state(resumed_from_, &saved);
-    MESHTRAIN_CHECK(same_model(saved.model, config_.model),
-                    "resume: the model in '{}' differs from the configured [model]",
-                    resumed_from_);
-    const std::vector<std::string> changes = resume_config_changes(saved, config_);
-    MESHTRAIN_CHECK(changes.empty() || options_.allow_config_change,
-                    "resume: '{}' was trained with other settings that break exact continuation "
-                    "({}); pass --allow-config-change to resume anyway",
-                    resumed_from_, fmt::join(changes, "; "));
-  }
+  if (!resumed_from_.empty()) resumed = read_resume_state(resumed_from_);
 
   // Data first: a bad file should fail before anything slow happens.
   train_data_ = open_sample_source(config_, expand_train_files(config_.data), true);
@@ -124,13 +116,37 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);
   gates_ = make_update_gates(config_, mesh != nullptr ? &mesh->world() : nullptr);
+  if (!resumed_from_.empty() && options_.resume_dir == "auto") {
+    // Checksums are computed while loading: a corrupt file falls back to the
+    // next candidate (every rank agreeing), none left to a fresh start.
+    std::vector<std::string> skipped;
+    const std::string loaded = checkpointer_->load_newest(resume_candidates, skipped);
+    if (options_.console) {
+      for (const std::string& note : skipped) fmt::print("resume: {}\n", note);
+      if (!skipped.empty()) {
+        fmt::print("resume auto: {}\n", loaded.empty() ? "no checkpoint loads, starting fresh"
+                                                        : "falling back to " + loaded);
+      }
+    }
+    if (loaded != resumed_from_) {
+      resumed_from_ = loaded;
+      resumed = loaded.empty() ? TrainState{} : read_resume_state(loaded);
+      loader_.reset();  // joins its prefetch thread before the new one starts
+      loader_ = std::make_unique<DataLoader>(*train_data_, loader, resumed.sampler);
+    }
+    if (loaded.empty()) {
+      options_.overwrite = true;
+      prepare_out_dir();
+      checkpointer_->reset_optimizer_state();
+    }
+  } else if (!resumed_from_.empty()) {
+    checkpointer_->load(resumed_from_);
+  }
   if (resumed_from_.empty()) {
     dp_->init_weights(t.seed);
     if (!t.init_from.empty()) checkpointer_->load_weights(t.init_from, *ctx_);
   } else {
-    const auto load_start = std::chrono::steady_clock::now();
-    checkpointer_->load(resumed_from_);
-    load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
+    load_ms = checkpointer_->last_load_seconds() * 1e3;
     dp_->set_step_count(resumed.optimizer_step);
     gates_->load_state(resumed.update_gates, resumed_from_);
     step_ = resumed.step;
@@ -162,7 +178,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     // Each restart shows in the metrics: where from, and what it cost (the
     // steps between this checkpoint and the failure are redone).
     nlohmann::json event{{"event", "resume"}, {"from", resumed_from_}, {"step", step_},
-                         {"load_ms", load_ms},
+                         {"load_ms", load_ms}, {"load_bytes", checkpointer_->last_load_bytes()},
                          {"setup_ms", std::chrono::duration<double, std::milli>(
                                           std::chrono::steady_clock::now() - constructed)
                                           .count()}};
@@ -180,35 +196,52 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
 // A pending asynchronous save finishes in the checkpointer's destructor.
 Trainer::~Trainer() = default;
 
-std::string Trainer::resolve_resume() {
-  std::string dir = options_.resume_dir;
-  if (dir == "auto") {
-    const std::string chosen = newest_checkpoint(true);
-    if (options_.console) {
-      fmt::print("resume auto: {}\n", chosen.empty() ? "no valid checkpoint, starting fresh"
-                                                     : "from " + chosen);
-    }
-    if (chosen.empty()) options_.overwrite = true;  // nothing to continue: a fresh run
-    dir = chosen;
+std::vector<std::string> Trainer::resolve_resume() {
+  if (options_.resume_dir != "auto") {
+    if (options_.resume_dir.empty()) return {};
+    return {options_.resume_dir};
   }
-  return dir;
+  const std::vector<std::string> chosen = checkpoint_candidates(true);
+  if (options_.console) {
+    fmt::print("resume auto: {}\n", chosen.empty() ? "no valid checkpoint, starting fresh"
+                                                   : "from " + chosen.front());
+  }
+  if (chosen.empty()) options_.overwrite = true;  // nothing to continue: a fresh run
+  return chosen;
 }
 
-std::string Trainer::newest_checkpoint(bool report) {
-  // Rank 0 chooses (verifying checksums); every rank takes its choice.
-  std::string chosen;
+std::vector<std::string> Trainer::checkpoint_candidates(bool report) {
+  // Rank 0 lists them; every rank takes its list.
+  std::string listed;
   if (options_.mesh == nullptr || options_.mesh->rank() == 0) {
     std::optional<dist_ckpt::ResumeChoice> choice =
         dist_ckpt::find_resume_checkpoint(config_.train.out_dir);
     if (choice) {
-      chosen = choice->dir;
+      listed = choice->dir;
+      for (const std::string& dir : choice->fallbacks) listed += "\n" + dir;
       if (report && options_.console) {
         for (const std::string& note : choice->notes) fmt::print("resume: {}\n", note);
       }
     }
   }
-  if (options_.mesh != nullptr) chosen = broadcast_string(options_.mesh->world(), chosen, 0);
-  return chosen;
+  if (options_.mesh != nullptr) listed = broadcast_string(options_.mesh->world(), listed, 0);
+  std::vector<std::string> out;
+  std::istringstream lines(listed);
+  for (std::string line; std::getline(lines, line);) out.push_back(line);
+  return out;
+}
+
+TrainState Trainer::read_resume_state(const std::string& dir) const {
+  TrainConfig saved;
+  TrainState state = read_train_state(dir, &saved);
+  MESHTRAIN_CHECK(same_model(saved.model, config_.model),
+                  "resume: the model in '{}' differs from the configured [model]", dir);
+  const std::vector<std::string> changes = resume_config_changes(saved, config_);
+  MESHTRAIN_CHECK(changes.empty() || options_.allow_config_change,
+                  "resume: '{}' was trained with other settings that break exact continuation "
+                  "({}); pass --allow-config-change to resume anyway",
+                  dir, fmt::join(changes, "; "));
+  return state;
 }
 
 int64_t Trainer::next_batch_number() const {
@@ -218,8 +251,11 @@ int64_t Trainer::next_batch_number() const {
 
 void Trainer::roll_back(const RollbackRequest& request, StepRecord& r) {
   checkpointer_->wait();  // a checkpoint being written is the newest good one
-  std::string dir = newest_checkpoint(false);
-  if (dir.empty()) dir = resumed_from_;  // nothing saved yet in out_dir: where this run began
+  std::vector<std::string> candidates = checkpoint_candidates(false);
+  // Nothing saved yet in out_dir: where this run began.
+  if (candidates.empty() && !resumed_from_.empty()) candidates.push_back(resumed_from_);
+  std::vector<std::string> skipped;
+  const std::string dir = candidates.empty() ? "" : checkpointer_->load_newest(candidates, skipped);
   MESHTRAIN_CHECK_AS(ErrorKind::diverged, !dir.empty(),
                      "step {}: {}; no checkpoint in '{}' to roll back to (train.checkpoint_interval "
                      "saves them): training diverged",
@@ -228,8 +264,6 @@ void Trainer::roll_back(const RollbackRequest& request, StepRecord& r) {
   SamplerPosition data = loader_->position();
   for (int64_t i = 0; i < request.skip_batches; ++i) data = loader_->order().next_batch(data);
   const TrainState saved = read_train_state(dir);
-  dp_->quiesce();  // ZeRO 3: nothing gathered while the shards are overwritten
-  checkpointer_->load(dir);
   dp_->set_step_count(saved.optimizer_step);
   gates_->load_state(saved.update_gates, dir);
   step_ = saved.step;

@@ -111,12 +111,15 @@ class Trainer {
   const std::vector<RankMemory>& memory_plan() const { return memory_plan_; }
 
  private:
-  // Resolves options_.resume_dir ("auto": the newest valid checkpoint,
-  // agreed by every rank). Collective.
-  std::string resolve_resume();
-  // out_dir's newest checkpoint that verifies, chosen by rank 0 (its notes
-  // printed when `report`), the same on every rank; empty when none. Collective.
-  std::string newest_checkpoint(bool report);
+  // Resolves options_.resume_dir: the directory, or for "auto" out_dir's
+  // checkpoints to try, newest first (agreed by every rank). Collective.
+  std::vector<std::string> resolve_resume();
+  // out_dir's checkpoints with a valid manifest and whole files, newest first,
+  // listed by rank 0 (its notes printed when `report`), the same on every
+  // rank; their checksums are the load's. Collective.
+  std::vector<std::string> checkpoint_candidates(bool report);
+  // The train state of `dir`, checked against this run's model and settings.
+  TrainState read_resume_state(const std::string& dir) const;
   // What a gate's rollback request makes the trainer do, at step record.step
   // (after its batch was read): reload the newest committed checkpoint
   // (weights, optimizer state, step, the gates' state) and continue the data

@@ -99,17 +99,19 @@ void DistributedDataParallel::finish_gradient_sync() {
   timing_ = DdpSyncTiming{};
   timing_.backward_end = CommClock::now();
   while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
+  CommTimeline timeline;
   for (Work& w : pending_) {
+    const CommClock::time_point began = CommClock::now();
     w.wait();
     CallRecord r = w.record();
-    timing_.comm_seconds += r.busy_seconds();
+    timeline.add(r, began, CommClock::now());
     timing_.calls.push_back(r);
   }
   pending_.clear();
   syncing_ = false;
   timing_.sync_end = CommClock::now();
-  timing_.exposed_seconds =
-      std::chrono::duration<double>(timing_.sync_end - timing_.backward_end).count();
+  timing_.comm_seconds = timeline.in_flight_seconds();
+  timing_.exposed_seconds = timeline.exposed_seconds();
 }
 
 }  // namespace meshtrain

@@ -44,8 +44,10 @@ std::vector<size_t> bucket_first_units(const std::vector<GradBucket>& buckets,
 struct DdpSyncTiming {
   CommClock::time_point backward_end;  // the last micro-batch's backward returned
   CommClock::time_point sync_end;      // every bucket averaged
-  double comm_seconds = 0;             // sum of the buckets' all-reduce busy times
-  double exposed_seconds = 0;          // backward_end .. sync_end: what compute waited
+  // CommTimeline over the buckets' all-reduces: wall time in flight, and the
+  // part of it finish_gradient_sync waited for (never more).
+  double comm_seconds = 0;
+  double exposed_seconds = 0;
   std::vector<CallRecord> calls;       // the buckets' all-reduces, in issue order
 };
 

@@ -30,10 +30,20 @@ int64_t ShardMap::owned_numel() const {
   return n;
 }
 
+int64_t ShardMap::owned_state_numel() const {
+  int64_t n = 0;
+  for (const ShardPiece& p : pieces) {
+    if (p.replica == 0) n += p.region.numel() * static_cast<int64_t>(tensors[p.tensor].states.size());
+  }
+  return n;
+}
+
 void ShardMap::validate() const {
   for (const ShardPiece& p : pieces) {
     MESHTRAIN_CHECK(p.tensor < tensors.size(), "shard map: piece of unknown tensor {}", p.tensor);
     const GlobalTensor& t = tensors[p.tensor];
+    MESHTRAIN_CHECK(t.states.has(StateKind::master) && (t.states.bits & ~7) == 0,
+                    "shard map: '{}': states must include master weights", t.name);
     const Region& r = p.region;
     const Shape& shape = region_shape(t.shape, r);
     MESHTRAIN_CHECK(shape_numel(shape) == shape_numel(t.shape),
@@ -54,6 +64,11 @@ void ShardMap::validate() const {
                     "shard map: '{}': local range [{}, {}) outside the {} local elements", t.name,
                     p.local_offset, p.local_offset + r.numel(), local_numel);
   }
+}
+
+ShardMap master_weights_only(ShardMap map) {
+  for (GlobalTensor& t : map.tensors) t.states = StateSet::master_only();
+  return map;
 }
 
 void for_each_global_run(const Shape& tensor_shape, const Region& region,
@@ -106,6 +121,15 @@ const char* state_kind_name(StateKind kind) {
     case StateKind::exp_avg_sq: return "exp_avg_sq";
   }
   return "?";
+}
+
+std::string state_set_str(StateSet states) {
+  std::string out;
+  for (size_t k = 0; k < kStateKinds; ++k) {
+    if (!states.has(static_cast<StateKind>(k))) continue;
+    out += (out.empty() ? "" : ", ") + std::string(state_kind_name(static_cast<StateKind>(k)));
+  }
+  return out;
 }
 
 }  // namespace meshtrain::layout

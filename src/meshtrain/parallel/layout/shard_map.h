@@ -23,7 +23,10 @@
 //   replicas (DDP copies, tp-replicated norms, the tied output layer on the
 //   last pipeline stage) hold the same values and are not written.
 // - The optimizer states (AdamW's exp_avg, exp_avg_sq) and the f32 master
-//   weights share one map: they have the same layout on every rank.
+//   weights share one map: they have the same layout on every rank. Which
+//   states a tensor has is part of the map (GlobalTensor::states): a frozen
+//   parameter (LoRA's base) has master weights only, so nobody saves, loads
+//   or gathers moments it does not have.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +38,23 @@
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::layout {
+
+// The states a checkpoint holds, all in one ShardMap's layout.
+enum class StateKind : uint8_t { master, exp_avg, exp_avg_sq };
+inline constexpr size_t kStateKinds = 3;
+const char* state_kind_name(StateKind kind);  // "master", "exp_avg", "exp_avg_sq"
+
+// A set of StateKinds (bit 1 << kind).
+struct StateSet {
+  uint8_t bits = 0b111;  // all three: a trainable parameter
+  bool has(StateKind kind) const { return (bits >> static_cast<int>(kind)) & 1; }
+  size_t size() const { return static_cast<size_t>(has(StateKind::master)) +
+                               has(StateKind::exp_avg) + has(StateKind::exp_avg_sq); }
+  static StateSet master_only() { return StateSet{1}; }
+  bool operator==(const StateSet&) const = default;
+};
+// "master, exp_avg, exp_avg_sq" (those held, in kind order).
+std::string state_set_str(StateSet states);
 
 struct Region {
   // The shape the box refers to: empty = the tensor's global shape, else a
@@ -56,6 +76,7 @@ Region whole_region(const Shape& shape);
 struct GlobalTensor {
   std::string name;  // the registry name, e.g. "model.layers.3.self_attn.q_proj.weight"
   Shape shape;       // global shape (as Hugging Face stores the tensor)
+  StateSet states;   // what is held for it: all three, or master only (frozen)
 };
 
 struct ShardPiece {
@@ -72,10 +93,16 @@ struct ShardMap {
 
   // Elements held with replica == 0.
   int64_t owned_numel() const;
+  // Of those, summed over the states each tensor has: what a save writes.
+  int64_t owned_state_numel() const;
   // Throws Error unless every piece satisfies the invariants above (inside its
   // tensor, non-empty, inside [0, local_numel)).
   void validate() const;
 };
+
+// The same map with master weights only for every tensor: what loading
+// weights alone (init_from, exports, evaluation) reads and fills.
+ShardMap master_weights_only(ShardMap map);
 
 // Contiguous runs of a region in the global tensor (of shape `shape`; the
 // region's view if it has one), in region order:
@@ -85,11 +112,6 @@ void for_each_global_run(const Shape& shape, const Region& region,
 
 // A region's sub-range [begin, end) of its elements, as a region.
 Region narrow_region(const Region& region, int64_t begin, int64_t end);
-
-// The states a checkpoint holds, all in one ShardMap's layout.
-enum class StateKind : uint8_t { master, exp_avg, exp_avg_sq };
-inline constexpr size_t kStateKinds = 3;
-const char* state_kind_name(StateKind kind);  // "master", "exp_avg", "exp_avg_sq"
 
 // Reads and writes this rank's local state space (f32), element ranges
 // [local_offset, local_offset + count) of a ShardMap. Implemented by whoever

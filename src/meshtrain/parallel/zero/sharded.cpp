@@ -16,8 +16,6 @@ namespace {
 
 constexpr size_t kNone = static_cast<size_t>(-1);
 
-double seconds(CommClock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 }  // namespace
 
 struct ShardedDataParallel::Piece {
@@ -237,12 +235,12 @@ void ShardedDataParallel::bind_grads(size_t flat, bool bound) {
   }
 }
 
-void ShardedDataParallel::finish(Work& work, double* exposed) {
+void ShardedDataParallel::finish(Work& work) {
   const CommClock::time_point start = CommClock::now();
   work.wait();
-  if (exposed != nullptr) *exposed += seconds(CommClock::now() - start);
-  const CallRecord r = work.record();
-  timing_.comm_seconds += r.busy_seconds();
+  timing_.timeline.add(work.record(), start, CommClock::now());
+  timing_.comm_seconds = timing_.timeline.in_flight_seconds();
+  timing_.exposed_seconds = timing_.timeline.exposed_seconds();
   work = Work();
 }
 
@@ -271,7 +269,7 @@ void ShardedDataParallel::wait_gather(size_t flat) {
   Flat& f = flats_[flat];
   if (!f.gather_pending) return;
   trace::Span span("zero", "gather wait", static_cast<int64_t>(flat));
-  finish(f.gather, &timing_.exposed_seconds);
+  finish(f.gather);
   f.gather_pending = false;
 }
 
@@ -431,7 +429,7 @@ void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
 void ShardedDataParallel::finish_oldest_reduce() {
   // In issue order: an accumulation adds after the shard's first write.
   Reduce& r = reduces_.front();
-  finish(r.work, &timing_.exposed_seconds);
+  finish(r.work);
   const FlatParam& fp = layout_.flats[r.flat];
   Flat& f = flats_[r.flat];
   const float* src = r.recv.data<float>();

@@ -93,8 +93,11 @@ struct GatherEvent {
 
 // The last step's communication.
 struct ZeroStepTiming {
-  double comm_seconds = 0;     // busy time of the collectives that completed in the step
-  double exposed_seconds = 0;  // what the training thread waited for them
+  // CommTimeline over the collectives that completed in the step: wall time
+  // in flight, and the part of it the training thread waited for (never more).
+  CommTimeline timeline;
+  double comm_seconds = 0;
+  double exposed_seconds = 0;
   // Bytes of the collectives issued in the step (as CallRecord counts them:
   // reduce_scatter its input, all_gather its output), stages 1/2 including the
   // update's all-gather (waited for in the next forward).
@@ -186,8 +189,8 @@ class ShardedDataParallel : public layout::StateAccess {
   void bind_grads(size_t flat, bool bound);
   // Stages 1/2, after the update (trainable flats) or a load / init (all).
   void all_gather_updated(bool frozen_too);
-  // Waits for a call, adds its time to timing_ (the wait to *exposed), resets it.
-  void finish(Work& work, double* exposed);
+  // Waits for a call, adds it to timing_'s timeline, resets it.
+  void finish(Work& work);
   float* grad_shard(size_t flat);
   void* compute_values(size_t flat);  // this rank's shard of the compute values
   // A state's [shard] values (master writes also update the compute values).
