@@ -185,3 +185,47 @@ put("llmc_tokenizer", "v1", llmc_tok(toks[:16], 0, version=1))
 put("config_overrides", "common", "train.steps=20\noptim.lr=1e-3\nmodel.dim=32\ndata.tokenizer=bytes\n")
 put("config_overrides", "parallel", "parallel.tp=2\nparallel.pp=2\nparallel.zero=1\ntrain.precision=bf16\n")
 put("config_overrides", "lora", "lora.rank=4\nlora.targets=[\"q_proj\"]\ncomm.timeout_s=5\n")
+
+# train_state: a whole-tensor checkpoint's train_state.json; its config is
+# configs/llama-tiny-bytes.toml as JSON (config_to_json's shape: TOML's tables).
+import tomllib
+
+with open(os.path.join(os.path.dirname(ROOT), "..", "configs", "llama-tiny-bytes.toml"), "rb") as f:
+    config = tomllib.load(f)
+state = {"format": "meshtrain-train-state", "version": 1, "step": 10, "optimizer_step": 9,
+         "sampler": {"epoch": 0, "index": 640}, "seed": 1337, "config": config,
+         "update_gates": {"loss_scale": 65536.0, "skipped": 1}}
+put("train_state", "llama_tiny", json.dumps(state, indent=1))
+put("train_state", "no_gates", json.dumps({k: v for k, v in state.items() if k != "update_gates"}))
+
+
+# manifest: a one-rank checkpoint of a [2, 3] and a [4] tensor, the first split in two
+# row blocks (the harness recomputes manifest_xxh3).
+def shards(shape, blocks):
+    out = []
+    for state_kind in ["master", "exp_avg", "exp_avg_sq"]:
+        flat = 0
+        for offset, extent in blocks:
+            n = 1
+            for e in extent:
+                n *= e
+            out.append({"file": "rank_0.safetensors", "key": f"{state_kind}.{flat}", "state": state_kind,
+                        "offset": offset, "extent": extent, "flat_begin": 0, "flat_end": n})
+            flat += n
+    return out
+
+
+manifest = {"format": "meshtrain-dist-ckpt", "version": 1, "step": 10, "world": 1, "save_id": "seed",
+            "layout": {"dp": 1, "tp": 1, "pp": 1, "zero": 0}, "meta": state,
+            "files": [{"name": "rank_0.safetensors", "bytes": 240, "xxh3": "0123456789abcdef"},
+                      {"name": "gpt2.tiktoken", "bytes": 10, "xxh3": "fedcba9876543210"}],
+            "tensors": [{"name": "w", "shape": [2, 3], "dtype": "F32",
+                         "shards": shards([2, 3], [([0, 0], [1, 3]), ([1, 0], [1, 3])])},
+                        {"name": "b", "shape": [4], "dtype": "F32", "shards": shards([4], [([0], [4])])}],
+            "manifest_xxh3": "0000000000000000"}
+put("manifest", "one_rank", json.dumps(manifest, indent=1))
+view = json.loads(json.dumps(manifest))
+for s in view["tensors"][0]["shards"]:
+    s["view"] = [6]
+    s["offset"], s["extent"] = ([0], [3]) if s["offset"] == [0, 0] else ([3], [3])
+put("manifest", "view", json.dumps(view))

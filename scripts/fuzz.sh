@@ -46,7 +46,7 @@ for h in "${harnesses[@]}"; do
   [ -d fuzz/regressions/$h ] && inputs+=(fuzz/regressions/$h)
   before=$(ls "$findings" | wc -l)
   TIMEFORMAT='%U %S'
-  cpu=$( { time "./$build/fuzz_$h" "${flags[@]}" -artifact_prefix="$findings/" "$corpus" "${inputs[@]}" \
+  cpu=$( { time "./$build/fuzz/fuzz_$h" "${flags[@]}" -artifact_prefix="$findings/" "$corpus" "${inputs[@]}" \
             >"$log" 2>&1 || true; } 2>&1 )
   cpu_s=$(awk '{printf "%.0f", $1 + $2}' <<<"$cpu")
   execs=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
