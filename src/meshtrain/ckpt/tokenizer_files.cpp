@@ -248,6 +248,14 @@ std::vector<std::string> read_llmc_tokenizer(const std::string& path, int32_t* e
   MESHTRAIN_CHECK(header[1] == 1 || header[1] == 2, "{}: version {} is not 1 or 2", path,
                   header[1]);
   if (eot != nullptr) *eot = header[1] == 2 ? static_cast<int32_t>(header[3]) : 50256;
+  // Each token takes 2 bytes at least: a count the file cannot hold is refused
+  // before the vector is allocated for it.
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, !ec, "{}: cannot open: {}", path, ec.message());
+  MESHTRAIN_CHECK(header[2] <= (bytes - sizeof(header)) / 2,
+                  "{}: {} bytes cannot hold {} tokens (2 bytes each at least)", path, bytes,
+                  header[2]);
   std::vector<std::string> tokens(header[2]);
   for (uint32_t id = 0; id < header[2]; ++id) {
     uint8_t len = 0;
