@@ -2,7 +2,7 @@
 // meshtrain::Error (docs/errors.md): run_reader swallows that and lets anything
 // else escape, so libFuzzer (or standalone_main) reports it as a finding.
 // Readers that take a path read files written into a scratch folder of this
-// process (/dev/shm when present), removed at exit.
+// process (in $MESHTRAIN_FUZZ_SCRATCH, else /dev/shm when present), removed at exit.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +21,13 @@ namespace meshtrain::fuzz {
 class ScratchDir {
  public:
   ScratchDir() {
+    // scripts/fuzz.sh names a folder it removes afterwards: a crash skips this
+    // destructor.
+    const char* given = std::getenv("MESHTRAIN_FUZZ_SCRATCH");
     const std::filesystem::path shm = "/dev/shm";
-    const std::filesystem::path base =
-        std::filesystem::is_directory(shm) ? shm : std::filesystem::temp_directory_path();
+    const std::filesystem::path base = given != nullptr                 ? given
+                                       : std::filesystem::is_directory(shm) ? shm
+                                                                           : std::filesystem::temp_directory_path();
     path_ = (base / ("meshtrain_fuzz_" + std::to_string(::getpid()))).string();
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);

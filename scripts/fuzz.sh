@@ -45,9 +45,12 @@ for h in "${harnesses[@]}"; do
   inputs=(fuzz/corpus/$h)
   [ -d fuzz/regressions/$h ] && inputs+=(fuzz/regressions/$h)
   before=$(ls "$findings" | wc -l)
+  # The harness's scratch files, removed even when it crashed.
+  scratch=$(mktemp -d "$( [ -d /dev/shm ] && echo /dev/shm || echo /tmp )/meshtrain_fuzz.XXXXXX")
   TIMEFORMAT='%U %S'
-  cpu=$( { time "./$build/fuzz/fuzz_$h" "${flags[@]}" -artifact_prefix="$findings/" "$corpus" "${inputs[@]}" \
-            >"$log" 2>&1 || true; } 2>&1 )
+  cpu=$( { time MESHTRAIN_FUZZ_SCRATCH=$scratch "./$build/fuzz/fuzz_$h" "${flags[@]}" \
+             -artifact_prefix="$findings/" "$corpus" "${inputs[@]}" >"$log" 2>&1 || true; } 2>&1 )
+  rm -rf "$scratch"
   cpu_s=$(awk '{printf "%.0f", $1 + $2}' <<<"$cpu")
   execs=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
