@@ -1,27 +1,15 @@
 // A sharded Hugging Face directory's model.safetensors.index.json (ckpt/hf.h)
 // over two fixed shards of a tiny Llama, then every tensor read through it.
+#include <algorithm>
 #include <vector>
 
 #include "fuzz_support.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/model/params.h"
+#include "model_support.h"
 
 namespace {
-
-meshtrain::ModelConfig tiny_llama() {
-  meshtrain::ModelConfig c;
-  c.family = meshtrain::Family::llama;
-  c.dim = 8;
-  c.n_layers = 1;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.hidden_dim = 16;
-  c.vocab_size = 16;
-  c.max_seq_len = 8;
-  c.tie_embeddings = false;
-  return c;
-}
 
 // The model's tensors, the first half in shard 1, the rest in shard 2 (zeros).
 std::string write_shards(const meshtrain::ModelConfig& config) {
@@ -45,7 +33,7 @@ std::string write_shards(const meshtrain::ModelConfig& config) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;
-  static const ModelConfig config = tiny_llama();
+  static const ModelConfig config = fuzz::tiny_llama(1, false);
   static const std::string dir = write_shards(config);
   fuzz::write_file(dir + "/model.safetensors.index.json", fuzz::as_text(data, size));
   fuzz::run_reader([&] {

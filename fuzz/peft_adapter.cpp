@@ -1,25 +1,14 @@
 // A PEFT adapter's adapter_config.json (ckpt/lora_export.h) for a tiny Llama,
 // beside the adapter_model.safetensors export_peft writes for rank 2 on q/v.
+#include <algorithm>
 #include <vector>
 
 #include "fuzz_support.h"
 #include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/model/params.h"
+#include "model_support.h"
 
 namespace {
-
-meshtrain::ModelConfig tiny_llama() {
-  meshtrain::ModelConfig c;
-  c.family = meshtrain::Family::llama;
-  c.dim = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.hidden_dim = 16;
-  c.vocab_size = 16;
-  c.max_seq_len = 8;
-  return c;
-}
 
 std::string write_adapter(const meshtrain::ModelConfig& base) {
   using namespace meshtrain;
@@ -36,7 +25,7 @@ std::string write_adapter(const meshtrain::ModelConfig& base) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;
-  static const ModelConfig base = tiny_llama();
+  static const ModelConfig base = fuzz::tiny_llama(2, true);
   static const std::string dir = write_adapter(base);
   fuzz::write_file(dir + "/adapter_config.json", fuzz::as_text(data, size));
   fuzz::run_reader([&] { read_peft_adapter(dir, base); });
