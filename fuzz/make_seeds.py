@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """Hand-made seed inputs for the harnesses (fuzz/corpus/<harness>/seed_*):
 small valid files in each reader's format, written from the format's
-description (the headers in src/meshtrain), plus a few edge cases. Seeds made
-by the project's own writers (checkpoints, exports) sit beside them, named for
-their origin (docs/fuzzing.md). Run from the repository root; deterministic."""
+description (the headers in src/meshtrain), plus a few edge cases
+(docs/fuzzing.md). Deterministic: `python3 fuzz/make_seeds.py`."""
 import base64
 import json
 import os
