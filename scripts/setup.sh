@@ -19,6 +19,7 @@ PACKAGES=(
   bible-kjv bc
   iproute2 munge slurmctld slurmd slurm-client
   chromium fonts-dejavu-core
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 # One dpkg-query for all of them: this runs on every test and main-job run.

@@ -48,6 +48,18 @@ struct Fields {
     MESHTRAIN_CHECK(v.is_string(), "{}: {}: field '{}' must be a string", path, where, key);
     return v.get<std::string>();
   }
+  // ints() whose product (a shape's or a box's element count) fits in int64:
+  // the layout code multiplies them unchecked.
+  std::vector<int64_t> dims(const json& object, const std::string& where, const char* key) const {
+    std::vector<int64_t> out = ints(object, where, key);
+    int64_t n = 1;
+    for (int64_t d : out) {
+      MESHTRAIN_CHECK(!__builtin_mul_overflow(n, d, &n),
+                      "{}: {}: field '{}' {} has more elements than int64 holds", path, where, key,
+                      shape_str(out));
+    }
+    return out;
+  }
   std::vector<int64_t> ints(const json& object, const std::string& where, const char* key) const {
     const json& v = at(object, where, key);
     std::vector<int64_t> out;
@@ -92,8 +104,13 @@ ManifestShard shard_from_json(const Fields& f, const json& v, const std::string&
   s.key = f.string(v, where, "key");
   s.state = parse_state(f.string(v, where, "state"), f.path + ": " + where);
   s.region.offset = f.ints(v, where, "offset");
-  s.region.extent = f.ints(v, where, "extent");
-  if (v.is_object() && v.contains("view")) s.region.view = f.ints(v, where, "view");
+  s.region.extent = f.dims(v, where, "extent");
+  if (v.is_object() && v.contains("view")) s.region.view = f.dims(v, where, "view");
+  for (size_t d = 0; d < std::min(s.region.offset.size(), s.region.extent.size()); ++d) {
+    int64_t end = 0;
+    MESHTRAIN_CHECK(!__builtin_add_overflow(s.region.offset[d], s.region.extent[d], &end),
+                    "{}: {}: offset + extent of dimension {} overflows int64", f.path, where, d);
+  }
   s.region.flat_begin = f.integer(v, where, "flat_begin");
   s.region.flat_end = f.integer(v, where, "flat_end");
   return s;
@@ -478,7 +495,7 @@ Manifest read_manifest(const std::string& dir) {
     t.name = f.string(tensors[i], fmt::format("tensors[{}]", i), "name");
     const std::string where = fmt::format("tensor '{}'", t.name);
     MESHTRAIN_CHECK(names.insert(t.name).second, "{}: tensor '{}' is listed twice", path, t.name);
-    t.shape = f.ints(tensors[i], where, "shape");
+    t.shape = f.dims(tensors[i], where, "shape");
     t.dtype = f.string(tensors[i], where, "dtype");
     t.states = detail::states_from_json(f, tensors[i], where);
     MESHTRAIN_CHECK(t.dtype == "F32", "{}: {}: dtype '{}' is not supported (expected F32)", path,

@@ -69,6 +69,15 @@ ModelConfig read_llama2c_config(const std::string& path) {
   MESHTRAIN_CHECK(h[6] > 0 && h[6] <= (1 << 24), "{}: header max_seq_len = {} is out of range",
                   path, h[6]);
 
+  // The layers' matrices alone (q and o at least, and the FFN's three) must fit
+  // in the file: checked in double before validate() and num_params() build a
+  // registry of every layer (2^20 layers in a tiny file took seconds).
+  const double matrix_bytes = 4.0 * h[2] * (2.0 * h[0] * h[0] + 3.0 * h[0] * h[1]);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt,
+                     matrix_bytes <= static_cast<double>(file_size - kHeaderBytes),
+                     "{}: file is {} bytes, too short for its header's {} layers of dim {} "
+                     "(hidden {}): truncated or not a llama2.c v0 checkpoint",
+                     path, file_size, h[2], h[0], h[1]);
   ModelConfig c;
   c.family = Family::llama;
   c.dim = h[0];

@@ -84,6 +84,16 @@ LlmcHeader read_llmc_header(const std::string& path) {
   }
   MESHTRAIN_CHECK(h[7] >= h[3], "{}: header padded_vocab_size {} is below vocab_size {}", path,
                   h[7], h[3]);
+  // The matrices alone (12 C^2 per layer, the embeddings) must fit in the file:
+  // checked in double before num_params() builds a registry of every layer and
+  // sums it in int64 (2^24 layers of 2^24 channels took seconds and overflowed).
+  const double matrix_bytes =
+      4.0 * (12.0 * h[4] * h[6] * h[6] + (static_cast<double>(h[7]) + h[2]) * h[6]);
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, matrix_bytes / (h[1] == kLlmcVersionBf16 ? 2 : 1) <=
+                                             static_cast<double>(file_size - kHeaderBytes),
+                     "{}: file is {} bytes, too short for its header's {} layers of {} channels "
+                     "(vocab {}): truncated or not an llm.c GPT-2 checkpoint",
+                     path, file_size, h[4], h[6], h[7]);
   LlmcHeader header;
   header.version = h[1];
   header.padded_vocab = h[7];

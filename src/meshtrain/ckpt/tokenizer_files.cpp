@@ -190,6 +190,12 @@ std::vector<Llama2cToken> read_llama2c_tokenizer(const std::string& path, int64_
   int32_t max_len = 0;
   in.read(reinterpret_cast<char*>(&max_len), sizeof(max_len));
   MESHTRAIN_CHECK(in.good() && max_len >= 0, "{}: cannot read max_token_length", path);
+  // Sizes are checked against the file before anything is allocated for them.
+  std::error_code ec;
+  int64_t left = static_cast<int64_t>(std::filesystem::file_size(path, ec)) - 4;
+  MESHTRAIN_CHECK_AS(ErrorKind::io, !ec, "{}: cannot open: {}", path, ec.message());
+  MESHTRAIN_CHECK(vocab_size >= 0 && vocab_size <= left / 8, "{}: {} bytes cannot hold {} tokens (8 bytes each at least)",
+                  path, left + 4, vocab_size);
   std::vector<Llama2cToken> tokens(static_cast<size_t>(vocab_size));
   for (int64_t id = 0; id < vocab_size; ++id) {
     Llama2cToken& tok = tokens[static_cast<size_t>(id)];
@@ -197,8 +203,11 @@ std::vector<Llama2cToken> read_llama2c_tokenizer(const std::string& path, int64_
     in.read(reinterpret_cast<char*>(&tok.score), sizeof(tok.score));
     in.read(reinterpret_cast<char*>(&len), sizeof(len));
     MESHTRAIN_CHECK(in.good(), "{}: ends before token {} of {}", path, id, vocab_size);
+    left -= 8;
     MESHTRAIN_CHECK(len >= 0 && len <= max_len, "{}: token {} has length {} (max_token_length {})",
                     path, id, len, max_len);
+    MESHTRAIN_CHECK(len <= left, "{}: ends inside token {}", path, id);
+    left -= len;
     tok.bytes.resize(static_cast<size_t>(len));
     in.read(tok.bytes.data(), len);
     MESHTRAIN_CHECK(in.good(), "{}: ends inside token {}", path, id);
@@ -239,6 +248,14 @@ std::vector<std::string> read_llmc_tokenizer(const std::string& path, int32_t* e
   MESHTRAIN_CHECK(header[1] == 1 || header[1] == 2, "{}: version {} is not 1 or 2", path,
                   header[1]);
   if (eot != nullptr) *eot = header[1] == 2 ? static_cast<int32_t>(header[3]) : 50256;
+  // Each token takes 2 bytes at least: a count the file cannot hold is refused
+  // before the vector is allocated for it.
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  MESHTRAIN_CHECK_AS(ErrorKind::io, !ec, "{}: cannot open: {}", path, ec.message());
+  MESHTRAIN_CHECK(header[2] <= (bytes - sizeof(header)) / 2,
+                  "{}: {} bytes cannot hold {} tokens (2 bytes each at least)", path, bytes,
+                  header[2]);
   std::vector<std::string> tokens(header[2]);
   for (uint32_t id = 0; id < header[2]; ++id) {
     uint8_t len = 0;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -37,6 +38,22 @@ CallState parse_state(const std::string& name, const std::string& source) {
 }
 
 bool is_p2p(const std::string& op) { return op == "send" || op == "recv" || op == "send_recv"; }
+
+// An integer field in T's range, else Error (corrupt). nlohmann's get<int>()
+// casts a float unchecked: undefined behaviour past int's range.
+template <typename T>
+T whole(const json& v, const char* key, const std::string& source) {
+  using limits = std::numeric_limits<T>;
+  const bool fits =
+      v.is_number_unsigned()  ? v.get<uint64_t>() <= static_cast<uint64_t>(limits::max())
+      : v.is_number_integer() ? v.get<int64_t>() >= static_cast<int64_t>(limits::min()) &&
+                                    (v.get<int64_t>() < 0 ||
+                                     static_cast<uint64_t>(v.get<int64_t>()) <= static_cast<uint64_t>(limits::max()))
+                              : false;
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, fits, "{}: field '{}' = {} is not an integer in range",
+                     source, key, v.dump());
+  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
+}
 
 std::string join(const std::vector<int>& ranks) {
   std::string s;
@@ -104,30 +121,34 @@ RankFlight parse_flight_dump(const std::string& text, const std::string& source)
     MESHTRAIN_CHECK_AS(ErrorKind::corrupt,
                        doc.value("format", std::string()) == "meshtrain flight record 1",
                        "{}: not a meshtrain flight record", source);
-    f.rank = doc.at("rank").get<int>();
-    f.world_size = doc.at("world_size").get<int>();
+    f.rank = whole<int>(doc.at("rank"), "rank", source);
+    f.world_size = whole<int>(doc.at("world_size"), "world_size", source);
     f.job = doc.at("job").get<std::string>();
     f.reason = doc.at("reason").get<std::string>();
     f.host = doc.value("host", std::string());
-    f.pid = doc.value("pid", 0);
+    f.pid = doc.contains("pid") ? whole<int>(doc.at("pid"), "pid", source) : 0;
     f.marker_age_s = doc.value("marker_age_s", 0.0);
     for (const json& c : doc.at("comms")) {
-      f.comms.push_back({c.at("name").get<std::string>(), c.at("members").get<std::vector<int>>(),
-                         c.at("rank").get<int>()});
-      f.progress.push_back(
-          {c.at("issued").get<uint64_t>(), c.at("first_unfinished").get<uint64_t>()});
+      std::vector<int> members;
+      MESHTRAIN_CHECK_AS(ErrorKind::corrupt, c.at("members").is_array(),
+                         "{}: field 'members' is not an array", source);
+      for (const json& m : c.at("members")) members.push_back(whole<int>(m, "members", source));
+      f.comms.push_back({c.at("name").get<std::string>(), std::move(members),
+                         whole<int>(c.at("rank"), "rank", source)});
+      f.progress.push_back({whole<uint64_t>(c.at("issued"), "issued", source),
+                            whole<uint64_t>(c.at("first_unfinished"), "first_unfinished", source)});
     }
     for (const json& c : doc.at("calls")) {
       DumpedCall d;
-      d.comm = c.at("comm").get<int>();
+      d.comm = whole<int>(c.at("comm"), "comm", source);
       MESHTRAIN_CHECK_AS(ErrorKind::corrupt,
                          d.comm >= 0 && d.comm < static_cast<int>(f.comms.size()),
                          "{}: a call names communicator {} of {}", source, d.comm, f.comms.size());
-      d.seq = c.at("seq").get<uint64_t>();
+      d.seq = whole<uint64_t>(c.at("seq"), "seq", source);
       d.op = c.at("op").get<std::string>();
       d.dtype = c.at("dtype").get<std::string>();
-      d.bytes = c.at("bytes").get<uint64_t>();
-      d.peer = c.at("peer").get<int>();
+      d.bytes = whole<uint64_t>(c.at("bytes"), "bytes", source);
+      d.peer = whole<int>(c.at("peer"), "peer", source);
       d.state = parse_state(c.at("state").get<std::string>(), source);
       d.submitted_ago_s = c.at("submitted_ago_s").get<double>();
       d.started_ago_s = c.at("started_ago_s").get<double>();
