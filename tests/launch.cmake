@@ -9,4 +9,6 @@ foreach(t policy kill_rank preempt cleanup shrink)
   add_test(NAME launch.${t}
            COMMAND bash ${launch_dir}/${t}.sh ${launch_mpirun} -- $<TARGET_FILE:meshtrain> ${launch_work})
   set_tests_properties(launch.${t} PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 180 PROCESSORS 2)
+  meshtrain_label_tests(threads launch.${t})
 endforeach()
+meshtrain_label_targets(threads meshtrain)
