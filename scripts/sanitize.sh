@@ -37,8 +37,9 @@ export TSAN_OPTIONS="$common:suppressions=$supp/tsan.supp:second_deadlock_stack=
 export OMPI_MCA_mca_base_component_disable_dlclose=1
 if [[ $mode == thread ]]; then
   # libgomp is not built with ThreadSanitizer: its barriers are invisible to it, so every
-  # OpenMP loop would be reported as a race. One OpenMP thread: the project's own threads
-  # (communication, prefetch, checkpoint writer, watchdog, read-ahead) still all run.
-  export OMP_NUM_THREADS=1
+  # OpenMP loop would be reported as a race. One OpenMP thread (the limit caps the
+  # omp_set_num_threads of CpuContext too); the project's own threads (communication,
+  # prefetch, checkpoint writer, watchdog, read-ahead, prepare's workers) all still run.
+  export OMP_NUM_THREADS=1 OMP_THREAD_LIMIT=1
 fi
 ctest --test-dir "$dir" --output-on-failure -j 2 --timeout 1800 ${label:+-L "^$label\$"} "$@"
