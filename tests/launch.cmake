@@ -9,6 +9,7 @@ foreach(t policy kill_rank preempt cleanup shrink one_run)
   add_test(NAME launch.${t}
            COMMAND bash ${launch_dir}/${t}.sh ${launch_mpirun} -- $<TARGET_FILE:meshtrain> ${launch_work})
   set_tests_properties(launch.${t} PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 180 PROCESSORS 2)
+  meshtrain_label_tests(threads launch.${t})
 endforeach()
 # A file system without locks, simulated by an LD_PRELOAD shim (every flock fails with ENOLCK).
 add_library(no_flock MODULE ${CMAKE_CURRENT_SOURCE_DIR}/support/no_flock.cpp)
@@ -16,3 +17,4 @@ add_test(NAME launch.no_locks
          COMMAND bash ${launch_dir}/no_locks.sh $<TARGET_FILE:no_flock> ${launch_mpirun} --
                  $<TARGET_FILE:meshtrain> ${launch_work})
 set_tests_properties(launch.no_locks PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120)
+meshtrain_label_targets(threads meshtrain)

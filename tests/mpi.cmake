@@ -35,6 +35,8 @@ add_test(NAME comm.singleton COMMAND test_comm ${comm_filter})
 set_tests_properties(comm.singleton PROPERTIES TIMEOUT 60)
 meshtrain_mpi_test(comm.np2 test_comm 2 ARGS ${comm_filter})
 meshtrain_mpi_test(comm.np4 test_comm 4 ARGS ${comm_filter})
+meshtrain_label_tests(threads comm.singleton comm.np2 comm.np4)
+meshtrain_label_targets(threads test_comm)
 
 file(GLOB ddp_test_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ddp/test_*.cpp)
 meshtrain_mpi_program(test_ddp DEPS meshtrain_train
@@ -42,6 +44,9 @@ meshtrain_mpi_program(test_ddp DEPS meshtrain_train
 meshtrain_mpi_test(ddp.np1 test_ddp 1)
 meshtrain_mpi_test(ddp.np2 test_ddp 2)
 meshtrain_mpi_test(ddp.np4 test_ddp 4 TIMEOUT 180)
+# The trainer's threads (communication, prefetch, checkpoint writer) across ranks.
+meshtrain_label_tests(threads ddp.np2)
+meshtrain_label_targets(threads test_ddp)
 
 # Failures end the whole job within seconds, with the failing rank's line.
 set(expect_failure ${CMAKE_CURRENT_SOURCE_DIR}/ddp/expect_failure.sh)

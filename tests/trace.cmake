@@ -6,3 +6,4 @@ add_test(NAME trace.cli_traces
                  $<TARGET_FILE:meshtrain> ${CMAKE_CURRENT_BINARY_DIR}/cli_work)
 set_tests_properties(trace.cli_traces PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 180
                      PROCESSORS 4)
+meshtrain_label_tests(threads trace.cli_traces)

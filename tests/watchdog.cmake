@@ -9,7 +9,8 @@ function(meshtrain_stall_test mode np signal)
   set(name watchdog.${signal}_${mode}_np${np})
   add_test(NAME ${name}
            COMMAND bash ${stall_sh} ${mpi_run} -- $<TARGET_FILE:meshtrain> ${stall_work} ${np} ${mode} ${signal})
-  set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120 PROCESSORS ${np})
+  set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120 PROCESSORS ${np}
+                       LABELS threads)
 endfunction()
 foreach(mode ddp zero3 pipeline)
   foreach(np 2 4)

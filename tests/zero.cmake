@@ -13,3 +13,6 @@ add_test(NAME zero.cli_train_np2
                  $<TARGET_FILE:meshtrain> ${CMAKE_CURRENT_BINARY_DIR}/cli_work)
 set_tests_properties(zero.cli_train_np2 PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 120
                      PROCESSORS 2)
+# ZeRO's offload read-ahead thread beside the communication thread.
+meshtrain_label_tests(threads zero.np2 zero.cli_train_np2)
+meshtrain_label_targets(threads test_zero_mpi)
