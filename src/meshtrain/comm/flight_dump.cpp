@@ -40,7 +40,10 @@ bool is_p2p(const std::string& op) { return op == "send" || op == "recv" || op =
 
 std::string join(const std::vector<int>& ranks) {
   std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  for (int r : ranks) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(r);
+  }
   return s.empty() ? "none" : s;
 }
 
