@@ -37,6 +37,7 @@ struct Buffer {
       case CommDType::f64: return load<double>(p);
       case CommDType::i32: return load<int32_t>(p);
       case CommDType::i64: return static_cast<double>(load<int64_t>(p));
+      case CommDType::f16: return f16_to_float(load<f16>(p));
     }
     return 0;
   }
@@ -48,6 +49,7 @@ struct Buffer {
       case CommDType::f64: store(p, x); break;
       case CommDType::i32: store(p, static_cast<int32_t>(x * 4)); break;
       case CommDType::i64: store(p, static_cast<int64_t>(x * 4) << 33); break;
+      case CommDType::f16: store(p, float_to_f16(static_cast<float>(x))); break;
     }
   }
   template <typename T>

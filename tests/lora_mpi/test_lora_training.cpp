@@ -134,8 +134,12 @@ TEST_F(LoraTraining, BaseStaysBitIdenticalAdaptersLearnAndMemoryMatchesThePlan) 
       for (const Parameter& p : init.params()) {
         const bool same = std::memcmp(run.weights.data() + p.offset, initial.data() + p.offset,
                                       static_cast<size_t>(p.spec.numel()) * 4) == 0;
-        if (!p.spec.trainable) EXPECT_TRUE(same) << p.spec.name << " (frozen) changed";
-        if (p.spec.trainable) EXPECT_FALSE(same) << p.spec.name << " (adapter) did not train";
+        if (!p.spec.trainable) {
+          EXPECT_TRUE(same) << p.spec.name << " (frozen) changed";
+        }
+        if (p.spec.trainable) {
+          EXPECT_FALSE(same) << p.spec.name << " (adapter) did not train";
+        }
         if (p.spec.trainable) trainable += p.spec.numel();
       }
       // Gradients and optimizer state: the adapters only.

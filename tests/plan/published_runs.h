@@ -30,8 +30,8 @@ struct PublishedRun {
   std::string gpu;
   int64_t gpus = 0, tp = 1, cp = 1, pp = 1, dp = 1, seq = 2048, global_batch = 0;
   int zero = 0;
-  std::optional<Recompute> recompute;
-  std::optional<int64_t> micro_batch;
+  std::optional<Recompute> recompute = std::nullopt;
+  std::optional<int64_t> micro_batch = std::nullopt;
   Attention attention = Attention::flash;  // Megatron 2021/2022 predate FlashAttention
   bool sequence_parallel = true;           // when tp > 1; Megatron 2021 predates it
   Metric metric = Metric::hardware_tflops;

@@ -76,7 +76,9 @@ TEST(Published, ThroughputWithinTenPercentWithTheLayoutFixed) {
     EXPECT_LT(std::fabs(p.error), r.tolerance) << r.name << ": " << describe(p.best.layout);
     // Llama 3 trained 405B without activation checkpointing at 8K (section
     // 3.3.2): the planner must not need full recomputation there.
-    if (!r.recompute) EXPECT_NE(p.best.layout.recompute, Recompute::full) << r.name;
+    if (!r.recompute) {
+      EXPECT_NE(p.best.layout.recompute, Recompute::full) << r.name;
+    }
   }
 }
 

@@ -140,7 +140,9 @@ TEST_F(StabilityMesh, TrainingContinuesAfterTheSkip) {
   ASSERT_EQ(hit.records.size(), 5u);
   for (size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(hit.records[i].skipped, i == 2) << "step " << i + 1;
-    if (i != 2) EXPECT_TRUE(std::isfinite(hit.records[i].grad_norm)) << "step " << i + 1;
+    if (i != 2) {
+      EXPECT_TRUE(std::isfinite(hit.records[i].grad_norm)) << "step " << i + 1;
+    }
   }
   EXPECT_LT(hit.records[4].loss, hit.records[0].loss);
 }

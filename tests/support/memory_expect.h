@@ -5,6 +5,7 @@
 // reach is a loose prediction, not a safe one). Shared by the trainer tests.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -21,8 +22,8 @@ inline void expect_memory_matches(const RankMemory& want, const MemorySnapshot& 
   if (std::getenv("MESHTRAIN_MEMORY_TABLE") != nullptr) {  // measured / predicted, for docs
     std::string line = "[memory] " + what + " rank " + std::to_string(want.rank);
     for (size_t c = 0; c < kMemCategories; ++c) {
-      line += " " + std::string(mem_category_name(static_cast<MemCategory>(c))) + " " +
-              std::to_string(got.peak[c]) + "/" + std::to_string(static_cast<size_t>(want.peak[c]));
+      line += fmt::format(" {} {}/{}", mem_category_name(static_cast<MemCategory>(c)), got.peak[c],
+                          static_cast<size_t>(want.peak[c]));
     }
     std::printf("%s total %zu/%zu\n", line.c_str(), got.peak_total,
                 static_cast<size_t>(want.total()));

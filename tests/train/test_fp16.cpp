@@ -241,7 +241,9 @@ TEST_F(Fp16Run, ScaleStartingAt2To24FallsThenTheLossTracksBf16) {
     EXPECT_EQ(r[i].skipped_steps, static_cast<int64_t>(skipped));
     EXPECT_EQ(std::isfinite(r[i].grad_norm), !r[i].skipped);
     // Each skip halves the scale; nothing grows it (growth needs 2000 clean steps).
-    if (i + 1 < r.size()) EXPECT_EQ(r[i + 1].loss_scale, r[i].loss_scale * (r[i].skipped ? 0.5 : 1.0));
+    if (i + 1 < r.size()) {
+      EXPECT_EQ(r[i + 1].loss_scale, r[i].loss_scale * (r[i].skipped ? 0.5 : 1.0));
+    }
   }
   // As the gradients grow in training an occasional later overflow halves it again.
   EXPECT_LE(skipped, 10u);

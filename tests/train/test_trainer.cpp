@@ -426,7 +426,7 @@ TEST_F(TrainerTest, LoadsTheWholeTensorFormatOfEarlierVersions) {
       writer.write((legacy / files[k]).string());
     }
     std::ofstream(legacy / "train_state.json")
-        << train_state_json(TrainState{4, 4, t.sampler_position(), 1337}, t.config()).dump();
+        << train_state_json(TrainState{4, 4, t.sampler_position(), 1337, nullptr}, t.config()).dump();
   }
   auto rest = run(config("from_legacy"), legacy.string());
   ASSERT_EQ(rest.size(), 4u);

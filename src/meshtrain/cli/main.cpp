@@ -247,9 +247,9 @@ void run_export(const CkptArgs& args) {
     TrainConfig run;
     read_train_state(args.checkpoint, &run);
     config = run.model;
-    source = [&](const ParamSpec& spec, float* out) {
+    source = [&](const ParamSpec& spec, float* dst) {
       dist_ckpt::read_global_tensor(manifest, args.checkpoint, spec.name,
-                                    layout::StateKind::master, out);
+                                    layout::StateKind::master, dst);
     };
   } else {
     ctx = std::make_unique<cpu::CpuContext>(args.threads, tracker);

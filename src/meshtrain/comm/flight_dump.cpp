@@ -57,7 +57,10 @@ T whole(const json& v, const char* key, const std::string& source) {
 
 std::string join(const std::vector<int>& ranks) {
   std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  for (int r : ranks) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(r);
+  }
   return s.empty() ? "none" : s;
 }
 

@@ -257,7 +257,7 @@ struct Model::Impl {
   // or nullptr; set by the public passes through PassPositions.
   const int32_t* row_positions = nullptr;
   struct PassPositions {
-    PassPositions(Impl& m, const int32_t* p) : m(m) { m.row_positions = p; }
+    PassPositions(Impl& impl, const int32_t* p) : m(impl) { m.row_positions = p; }
     ~PassPositions() { m.row_positions = nullptr; }
     Impl& m;
   };

@@ -16,7 +16,6 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   const TransformerCounts& n = ctx.counts;
   const StateBytes sb = state_bytes(j.precision, j.optimizer);
   const double psi = e.params_per_rank;
-  const double mb = static_cast<double>(e.microbatches);
   const double e_bytes = j.precision == Precision::bf16 ? 2 : 4;
   std::string o = fmt::format("explain: {} on {} x {}\n\n", describe(l), e.gpus, c.gpu.name);
 

@@ -37,19 +37,26 @@ inline bf16 float_to_bf16(float f) {
   return bf16{static_cast<uint16_t>(u >> 16)};
 }
 
-// IEEE half precision storage, converted through the compiler's _Float16.
+// IEEE half precision storage, converted through the compiler's half type:
+// _Float16 (g++ 12 on any x86-64; clang 14 only with AVX512-FP16), else
+// clang's storage-only __fp16, which rounds the same way (nearest even).
 struct f16 {
   uint16_t bits;
 };
+#if defined(__FLT16_MAX__)
+using native_half = _Float16;
+#else
+using native_half = __fp16;
+#endif
 
 inline float f16_to_float(f16 value) {
-  _Float16 h;
+  native_half h;
   std::memcpy(&h, &value.bits, sizeof h);
   return static_cast<float>(h);
 }
 
 inline f16 float_to_f16(float f) {
-  auto h = static_cast<_Float16>(f);
+  auto h = static_cast<native_half>(f);
   f16 out;
   std::memcpy(&out.bits, &h, sizeof h);
   return out;

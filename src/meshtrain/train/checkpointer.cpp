@@ -44,7 +44,7 @@ layout::ShardMap pieces_in_source(const layout::ShardMap& map,
 
 Checkpointer::Checkpointer(const TrainConfig& config, DeviceMesh* mesh, Model& model,
                            DataParallel& dp, MemoryTracker& tracker)
-    : config_(config), mesh_(mesh), model_(model), dp_(dp), tracker_(tracker),
+    : config_(config), mesh_(mesh), dp_(dp), tracker_(tracker),
       map_(dp.shard_map(model.shard_map())) {
   map_.validate();
   dist_ckpt::SaveOptions options;

@@ -70,7 +70,6 @@ class Checkpointer {
 
   const TrainConfig& config_;
   DeviceMesh* mesh_;
-  Model& model_;
   DataParallel& dp_;
   MemoryTracker& tracker_;
   layout::ShardMap map_;

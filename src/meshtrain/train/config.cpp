@@ -780,7 +780,7 @@ toml::table to_table(const TrainConfig& c) {
                   {"comm", std::move(comm)}};
   if (m.lora.enabled()) {
     toml::array targets;
-    for (const std::string& t : lora_targets(m.lora, m.family)) targets.push_back(t);
+    for (const std::string& target : lora_targets(m.lora, m.family)) targets.push_back(target);
     out.insert("lora", toml::table{{"rank", m.lora.rank},
                                    {"alpha", exact(m.lora.alpha)},
                                    {"dropout", exact(m.lora.dropout)},

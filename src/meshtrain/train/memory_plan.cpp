@@ -142,8 +142,10 @@ std::vector<BlockGemm> block_gemms(const TrainConfig& config, const LocalShape& 
   const std::string prefix = block_param_prefix(config.model.family, stage.chunks.front().first);
   const auto d = static_cast<int64_t>(s.d), q = static_cast<int64_t>(s.q);
   const auto qkv = static_cast<int64_t>(s.q + 2 * s.kv), f = static_cast<int64_t>(s.f);
-  std::vector<BlockGemm> gemms{{d, qkv, false}, {q, d, true}, {d, static_cast<int64_t>(s.ff_in), false},
-                               {f, d, true}};
+  std::vector<BlockGemm> gemms{{d, qkv, false, true, {}},
+                               {q, d, true, true, {}},
+                               {d, static_cast<int64_t>(s.ff_in), false, true, {}},
+                               {f, d, true, true, {}}};
   const auto modules = block_gemm_modules(config.model.family);
   for (size_t g = 0; g < gemms.size(); ++g) {
     for (const std::string& module : modules[g]) {
@@ -510,11 +512,10 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
 
   // Model state: the flat buffers (Model, AdamW) or ZeRO's padded shards.
   const Precision precision = config.train.precision;
-  // elements: all, trainable (LoRA: the adapters), with an f32 master; bytes
-  // of the 16-bit compute copies.
-  double psi = 0, trainable = 0, masters = 0, compute_copies = 0;
+  // elements: trainable (LoRA: the adapters), with an f32 master; bytes of
+  // the 16-bit compute copies.
+  double trainable = 0, masters = 0, compute_copies = 0;
   for (const ParamSpec& spec : held.specs) {
-    psi += static_cast<double>(spec.numel());
     if (spec.trainable) trainable += static_cast<double>(spec.numel());
     if (param_has_master(spec, precision)) masters += static_cast<double>(spec.numel());
     const DType dtype = param_compute_dtype(spec, precision);

@@ -171,7 +171,7 @@ std::string StabilityGuard::skip_reason(int64_t code) const {
 int64_t StabilityGuard::vote(const StepCheck& check) {
   loss_z_ = grad_z_ = 0;
   const bool finite = std::isfinite(check.loss) && std::isfinite(check.grad_norm);
-  if (!finite) return judge_non_finite_ ? kNonFinite : 0;  // fp16: the loss scaler's
+  if (!finite) return judge_non_finite_ ? int64_t{kNonFinite} : 0;  // fp16: the loss scaler's
   if (static_cast<int64_t>(losses_.size()) < settings_.min_steps) return 0;
   if (settings_.loss_z > 0) loss_z_ = z_score(losses_, check.loss);
   if (settings_.grad_z > 0) grad_z_ = z_score(norms_, check.grad_norm);
