@@ -37,11 +37,9 @@ export TSAN_OPTIONS="$common:suppressions=$supp/tsan.supp:second_deadlock_stack=
 export OMPI_MCA_mca_base_component_disable_dlclose=1
 if [[ $mode == thread ]]; then
   # libgomp is not built with ThreadSanitizer: its barriers are invisible to it, so every
-  # OpenMP loop would be reported as a race. One OpenMP thread (the limit caps the
-  # omp_set_num_threads of CpuContext too); the project's own threads (communication,
-  # prefetch, checkpoint writer, watchdog, read-ahead, prepare's workers) all still run.
-  # Known cost: oneDNN's matmul splits work by the count asked for and skips half of it under
-  # the limit, so numeric tests fail in this mode (docs/setup.md, open).
+  # OpenMP loop would be reported as a race. One OpenMP thread (CpuContext clamps its count to
+  # the limit); the project's own threads (communication, prefetch, checkpoint writer,
+  # watchdog, read-ahead, prepare's workers) all still run.
   export OMP_NUM_THREADS=1 OMP_THREAD_LIMIT=1
 fi
 ctest --test-dir "$dir" --output-on-failure -j 2 --timeout 1800 ${label:+-L "^$label\$"} "$@"

@@ -3,6 +3,8 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <algorithm>
+
 #include "meshtrain/backend/cpu/onednn.h"
 
 namespace meshtrain::cpu {
@@ -29,8 +31,11 @@ void* CpuContext::Impl::scratch(Scratch slot, size_t bytes) {
 }
 
 CpuContext::CpuContext(int threads, MemoryTracker& tracker)
-    : threads_(threads > 0 ? threads : available_cores()), tracker_(&tracker) {
-  // oneDNN (OpenMP build) and our kernels both follow the OpenMP thread count.
+    : threads_(std::min(threads > 0 ? threads : available_cores(), omp_get_thread_limit())),
+      tracker_(&tracker) {
+  // oneDNN (OpenMP build) and our kernels both follow the OpenMP thread count. Above
+  // OMP_THREAD_LIMIT a team gets fewer threads than oneDNN splits the work for, and part of
+  // a GEMM would never be computed: hence the clamp.
   omp_set_num_threads(threads_);
   impl_ = std::make_unique<Impl>(tracker);
 }
