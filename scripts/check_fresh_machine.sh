@@ -2,7 +2,7 @@
 # Proves that the README's two commands work on a fresh Debian 12 machine: makes a
 # minimal Debian 12 root (debootstrap --variant=minbase bookworm), clones the committed
 # HEAD of this checkout into it, and runs there, in a chroot as root, `apt-get update`,
-# `bash scripts/test.sh` and `bash scripts/main_job.sh`. Prints the stage that failed
+# `bash scripts/main_job.sh` and `bash scripts/test.sh`. Prints the stage that failed
 # (exit 1) or a summary with timings. Needs root, the network this host uses for Debian's
 # packages and PyPI, a few GB of disk and 20-30 minutes on 2 cores.
 #
@@ -254,8 +254,10 @@ in_root() {  # in_root COMMAND: runs a bash command in the root, in the clone, w
 }
 
 stage "apt-get update" in_root "apt-get update"
-stage "README: bash scripts/test.sh" in_root "bash scripts/test.sh"
+# The main job first: its stage is a new user's way to a trained model (packages, the build of
+# meshtrain alone, the data, training, sampling) on a machine that has nothing yet.
 stage "README: bash scripts/main_job.sh" in_root "bash scripts/main_job.sh"
+stage "README: bash scripts/test.sh" in_root "bash scripts/test.sh"
 # setup.sh runs on every CI and main-job run: once everything is there it must be quick.
 stage "setup.sh again (idempotent)" in_root "bash scripts/setup.sh build >/dev/null"
 
