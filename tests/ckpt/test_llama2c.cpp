@@ -65,7 +65,7 @@ TEST_F(Llama2c, TruncatedOrPaddedFileIsAnError) {
 TEST_F(Llama2c, BadHeadersAreErrors) {
   const std::string path = dir + "/h.bin";
   auto write_header = [&](std::array<int32_t, 7> h) {
-    write_file(path, std::string(reinterpret_cast<const char*>(h.data()), 28) + std::string(64, '\0'));
+    write_file(path, std::string(reinterpret_cast<const char*>(h.data()), 28) + std::string(1 << 20, '\0'));
   };
   write_header({-64, 172, 5, 8, 4, 512, 512});
   EXPECT_ERROR(read_llama2c_config(path), "h.bin", "header dim = -64 is out of range");

@@ -31,7 +31,14 @@ TEST_F(TokenizerFiles, Llama2cTokenizerBinGivesEveryIdBack) {
   EXPECT_ERROR(write_llama2c_tokenizer(bytes, 100, dir + "/small.bin"), "small.bin",
                "smaller than tokenizer 'bytes'");
   testing::write_file(dir + "/short.bin", std::string(12, '\0'));
-  EXPECT_ERROR(read_llama2c_tokenizer(dir + "/short.bin", 5), "short.bin", "ends before token");
+  EXPECT_ERROR(read_llama2c_tokenizer(dir + "/short.bin", 5), "short.bin", "cannot hold 5 tokens");
+  // Room for five tokens by count, but the first claims 100 bytes (max_token_length 100).
+  std::string cut(44, '\0');
+  const int32_t length = 100;
+  cut.replace(0, 4, reinterpret_cast<const char*>(&length), 4);
+  cut.replace(8, 4, reinterpret_cast<const char*>(&length), 4);
+  testing::write_file(dir + "/cut.bin", cut);
+  EXPECT_ERROR(read_llama2c_tokenizer(dir + "/cut.bin", 5), "cut.bin", "ends inside token 0");
 }
 
 TEST_F(TokenizerFiles, LlmcTokenizerBinGivesEveryIdBack) {
