@@ -5,7 +5,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # A dp 2 run of llama-tiny, a checkpoint every 3 steps.
 train_args() {  # OUT_DIR [more overrides]
   local out=$1; shift
-  echo train --config "$work/good.toml" --train.steps 36 --train.checkpoint_interval 3 \
+  echo train --config "$work/good.toml" --train.steps "${steps:-36}" --train.checkpoint_interval 3 \
     --train.eval_interval 0 --train.log_interval 6 --train.threads 1 --train.out_dir "$out" "$@"
 }
 # The rank processes of a run (their command line starts with the binary).
