@@ -120,6 +120,32 @@ TEST(OutDirLock, ARankOfAnEarlierJobKeepsOutDir) {
   fs::remove_all(dir);
 }
 
+// A rank of the job before, still unwinding (another Trainer in the same
+// processes: a test's second job in one out_dir): rank 0 waits a moment.
+TEST(OutDirLock, ARankStillUnwindingGetsAMoment) {
+  const fs::path dir = fresh_dir("out_dir_unwind");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t rank = ::fork();
+  if (rank == 0) {
+    ::close(ready[0]);
+    FileLock held = join_out_dir(dir.string());
+    const char byte = 1;
+    [[maybe_unused]] ssize_t n = ::write(ready[1], &byte, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  std::string warning;
+  EXPECT_NO_THROW(lock_out_dir(dir.string(), false, &warning));
+  int status = 0;
+  ::waitpid(rank, &status, 0);
+  fs::remove_all(dir);
+}
+
 // Two processes appending at once: whole lines, never interleaved.
 TEST(LineLog, ConcurrentWritersNeverInterleave) {
   const fs::path dir = fresh_dir("line_log");

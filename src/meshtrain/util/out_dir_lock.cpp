@@ -38,13 +38,14 @@ std::string no_locks(const std::string& out_dir, const FileLock& lock) {
                      out_dir, lock.path(), std::strerror(lock.error()));
 }
 
-// Takes out_dir/`name` exclusively and writes `holder` into it; refuses
-// (busy, naming `other`) when another holds it; false, with the warning and
-// nothing held, where the file system has no locks.
+// Takes out_dir/`name` exclusively, waiting up to `wait_s` for another holder
+// to let go, and writes `holder` into it; refuses (busy, naming `other`) when
+// another still holds it; false, with the warning and nothing held, where the
+// file system has no locks.
 bool take_exclusive(const std::string& out_dir, const char* name, const char* holder,
-                    const char* other, FileLock* lock, std::string* warning) {
+                    const char* other, double wait_s, FileLock* lock, std::string* warning) {
   *lock = open_lock(out_dir, name);
-  const FileLock::Result r = lock->try_lock(FileLock::Mode::exclusive);
+  const FileLock::Result r = lock->lock_within(FileLock::Mode::exclusive, wait_s);
   if (r == FileLock::Result::held) refuse(out_dir, *lock, other);
   if (r == FileLock::Result::unsupported) {
     *warning = no_locks(out_dir, *lock);
@@ -60,11 +61,13 @@ bool take_exclusive(const std::string& out_dir, const char* name, const char* ho
 OutDirLocks lock_out_dir(const std::string& out_dir, bool under_launch, std::string* warning) {
   OutDirLocks locks;
   if (!under_launch && !take_exclusive(out_dir, "owner.lock", "meshtrain train", "another run",
-                                       &locks.owner, warning)) {
+                                       0, &locks.owner, warning)) {
     return {};
   }
+  // The ranks of a job that has just ended in this out_dir may still be
+  // unwinding (another Trainer in the same processes, a slow exit): a moment.
   if (!take_exclusive(out_dir, "ranks.lock", "started by meshtrain train",
-                      "ranks of an earlier job", &locks.ranks, warning)) {
+                      "ranks of an earlier job", kMomentS, &locks.ranks, warning)) {
     return {};
   }
   // No rank of an earlier job is left; from here this job's ranks share it.
@@ -83,7 +86,7 @@ FileLock join_out_dir(const std::string& out_dir) {
 
 FileLock lock_launch(const std::string& out_dir, std::string* warning) {
   FileLock owner;
-  take_exclusive(out_dir, "owner.lock", "meshtrain launch", "another run", &owner, warning);
+  take_exclusive(out_dir, "owner.lock", "meshtrain launch", "another run", 0, &owner, warning);
   return owner;
 }
 

@@ -3,9 +3,10 @@
 //   owner.lock  exclusive, for its life, by `meshtrain launch`, or by the rank 0
 //               of a job that launch did not start: two of them never share out_dir;
 //   ranks.lock  shared, by every rank of the job, for its life. A rank 0 takes it
-//               exclusively once before that: if it cannot, a rank of an earlier
-//               job still runs (a relaunch while an old rank drains), and the
-//               job is refused.
+//               exclusively once before that: if it cannot within 5 s, a rank of
+//               an earlier job still runs (a relaunch while an old rank drains),
+//               and the job is refused. (The 5 s let the ranks of a job that
+//               has just ended there finish unwinding.)
 // A refusal is an Error of kind busy naming out_dir and the holder's host and
 // pid. On a file system without locks (flock fails with ENOLCK, EOPNOTSUPP or
 // ENOSYS) nothing is held and the caller gets a warning instead.
