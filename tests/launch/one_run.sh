@@ -63,9 +63,10 @@ refused $? "$out/l3.err" 1 "another run (meshtrain launch on host $host, pid $la
 wait "$launch" || { cat "$out/l.log"; fail "the launched run did not finish"; }
 (( $(grep -c '"event": *"start"' "$out/l/launch.jsonl") == 1 )) || fail "the refused launch started a job"
 
-# 4. A drain: a process holding ranks.lock as a rank does (flock(1), shared).
+# 4. A drain: a process holding ranks.lock as a rank does (flock(1), shared),
+# longer than the 5 s a rank 0 gives an earlier job's ranks to finish.
 mkdir -p "$out/d"
-flock -s "$out/d/ranks.lock" sleep 3 &
+flock -s "$out/d/ranks.lock" sleep 7 &
 drain=$!
 sleep 0.3
 "$bin" $(train_args "$out/d") >/dev/null 2>"$out/d.err"
