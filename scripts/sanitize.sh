@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the project under a sanitizer, in a folder of its own, and runs the tests under it.
 #   scripts/sanitize.sh MODE [ctest args...]     (docs/setup.md#sanitizers)
-# MODE: address   AddressSanitizer + LeakSanitizer, whole suite        -> build-asan/
-#       undefined UndefinedBehaviorSanitizer, whole suite              -> build-ubsan/
+# MODE: address   AddressSanitizer + LeakSanitizer + UBSan, whole suite -> build-asan/
+#       undefined UndefinedBehaviorSanitizer alone, whole suite        -> build-ubsan/
 #       thread    ThreadSanitizer, the tests labelled `threads`        -> build-tsan/
 #       unit      AddressSanitizer + UBSan, the tests labelled `unit`  -> build-unit-san/
 #                 (the single-process GoogleTest executables: the CI subset)
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 case $mode in
-  address) sanitize=address dir=build-asan target=all label= ;;
+  address) sanitize=address,undefined dir=build-asan target=all label= ;;
   undefined) sanitize=undefined dir=build-ubsan target=all label= ;;
   thread) sanitize=thread dir=build-tsan target=tests_threads label=threads ;;
   unit) sanitize=address,undefined dir=build-unit-san target=tests_unit label=unit ;;
