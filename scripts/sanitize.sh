@@ -22,19 +22,24 @@ shift
 
 # Needs scripts/setup.sh's packages (run it once); builds nothing of the plain build/.
 # -O1 keeps the tests' run time bearable; -g and frame pointers give whole stacks.
+# Every executable gets scripts/sanitize/keep_loaded.c: libraries stay loaded, so reports name them.
+mkdir -p "$dir"
+cc -c -fPIC -O1 scripts/sanitize/keep_loaded.c -o "$dir/keep_loaded.o"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" -DMESHTRAIN_SANITIZE="$sanitize" >/dev/null
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" -DMESHTRAIN_SANITIZE="$sanitize" \
+  -DCMAKE_EXE_LINKER_FLAGS="$PWD/$dir/keep_loaded.o -Wl,--export-dynamic-symbol=dlclose" >/dev/null
 ninja -C "$dir" -j "${MESHTRAIN_JOBS:-2}" "$target"
 
 supp=$PWD/scripts/sanitize
-symbolizer=$(command -v llvm-symbolizer || true)  # else the runtime's own (function names + lines)
+symbolizer=$(command -v llvm-symbolizer || command -v llvm-symbolizer-14 || true)  # else the runtime's own
 common="halt_on_error=1:print_suppressions=0${symbolizer:+:external_symbolizer_path=$symbolizer}"
 export ASAN_OPTIONS="$common:detect_leaks=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1"
 export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="$common:print_stacktrace=1"
 export TSAN_OPTIONS="$common:suppressions=$supp/tsan.supp:second_deadlock_stack=1"
-# Open MPI unloads its plugins at MPI_Finalize; kept loaded, their frames in a report have names.
-export OMPI_MCA_mca_base_component_disable_dlclose=1
+# Open MPI unloads its plugins at MPI_Finalize; kept loaded, their frames in a report have names
+# (keep_loaded.o does the same for the components it unloads at MPI_Init).
+export OMPI_MCA_mca_base_component_disable_dlclose=1 PMIX_MCA_mca_base_component_disable_dlclose=1
 if [[ $mode == thread ]]; then
   # libgomp is not built with ThreadSanitizer: its barriers are invisible to it, so every
   # OpenMP loop would be reported as a race. One OpenMP thread (CpuContext clamps its count to

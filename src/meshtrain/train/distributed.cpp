@@ -119,10 +119,9 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
   comm.broadcast(&size, 1, CommDType::i64, root);
   // Bytes travel as 32-bit words.
   std::vector<int32_t> words(static_cast<size_t>((size + 3) / 4), 0);
+  if (words.empty()) return {};  // (memcpy from or to an empty vector's null data is undefined)
   if (comm.rank() == root) std::memcpy(words.data(), text.data(), text.size());
-  if (!words.empty()) {
-    comm.broadcast(words.data(), static_cast<int64_t>(words.size()), CommDType::i32, root);
-  }
+  comm.broadcast(words.data(), static_cast<int64_t>(words.size()), CommDType::i32, root);
   return std::string(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(size));
 }
 
