@@ -10,7 +10,7 @@ set_tests_properties(cli.make_inputs PROPERTIES FIXTURES_SETUP cli_inputs)
 
 add_test(NAME cli.end_to_end COMMAND bash ${cli_dir}/e2e.sh ${cli_bin} ${cli_work})
 set_tests_properties(cli.end_to_end PROPERTIES FIXTURES_REQUIRED cli_inputs
-                     FIXTURES_SETUP cli_trained TIMEOUT 300)
+                     FIXTURES_SETUP cli_trained TIMEOUT 300 RESOURCE_LOCK cli_work_run)
 
 # fp16 (dynamic loss scaling) through train, resume, eval, sample and HF export.
 add_test(NAME cli.fp16 COMMAND bash ${cli_dir}/fp16.sh ${cli_bin} ${cli_work})
@@ -33,7 +33,10 @@ function(meshtrain_cli_case name rc regex)
     set(C_FIXTURE cli_inputs)
   endif()
   add_test(NAME cli.${name} COMMAND bash ${cli_dir}/run_case.sh ${rc} ${regex} -- ${cli_bin} ${C_ARGS})
-  set_tests_properties(cli.${name} PROPERTIES FIXTURES_REQUIRED ${C_FIXTURE} TIMEOUT 60)
+  # The cases that train share good.toml's out_dir, which one run at a time may hold: never
+  # two at once (under ctest -j a second one was refused as busy, exit 9).
+  set_tests_properties(cli.${name} PROPERTIES FIXTURES_REQUIRED ${C_FIXTURE} TIMEOUT 60
+                       RESOURCE_LOCK cli_work_run)
 endfunction()
 
 set(good ${cli_work}/good.toml)
