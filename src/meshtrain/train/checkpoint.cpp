@@ -176,8 +176,22 @@ std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir) {
   return tokenizer;
 }
 
+namespace {
+
+// A checkpoint path must name a directory. The error_code form: a path the
+// system refuses (a name past NAME_MAX, found by fuzz_config_overrides through
+// train.init_from) is this error, not a std::filesystem exception.
+void check_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  const bool is_dir = fs::is_directory(dir, ec);
+  MESHTRAIN_CHECK(is_dir, "checkpoint '{}': not a directory{}", dir,
+                  ec ? fmt::format(" ({})", ec.message()) : "");
+}
+
+}  // namespace
+
 ModelConfig model_config_of_dir(const std::string& dir) {
-  MESHTRAIN_CHECK(fs::is_directory(dir), "checkpoint '{}': not a directory", dir);
+  check_checkpoint_dir(dir);
   if (is_training_checkpoint(dir)) {
     TrainConfig config;
     read_train_state(dir, &config);
@@ -219,7 +233,7 @@ void apply_init_from_model(TrainConfig& config, const std::string& from) {
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
                                       cpu::CpuContext& ctx) {
   fs::path root(dir);
-  MESHTRAIN_CHECK(fs::is_directory(root), "checkpoint '{}': not a directory", dir);
+  check_checkpoint_dir(dir);
   if (is_training_checkpoint(dir)) {
     TrainConfig config;
     read_train_state(dir, &config);
