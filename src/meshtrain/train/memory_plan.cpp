@@ -109,7 +109,7 @@ double rope_table_bytes(const ModelConfig& model) {
 }
 
 int run_threads(const TrainConfig& config) {
-  return config.train.threads > 0 ? config.train.threads : cpu::available_cores();
+  return cpu::context_threads(config.train.threads);
 }
 
 // A block's GEMM (model/block.cpp Linear) on this rank, as the engine builds

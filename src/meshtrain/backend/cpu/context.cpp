@@ -17,6 +17,10 @@ int available_cores() {
   return n > 0 ? n : 1;
 }
 
+int context_threads(int requested) {
+  return std::min(requested > 0 ? requested : available_cores(), omp_get_thread_limit());
+}
+
 CpuContext::Impl::Impl(MemoryTracker& tracker)
     : engine(dnnl::engine::kind::cpu, 0), stream(engine), tracker_(tracker) {}
 
@@ -31,7 +35,7 @@ void* CpuContext::Impl::scratch(Scratch slot, size_t bytes) {
 }
 
 CpuContext::CpuContext(int threads, MemoryTracker& tracker)
-    : threads_(std::min(threads > 0 ? threads : available_cores(), omp_get_thread_limit())),
+    : threads_(context_threads(threads)),
       tracker_(&tracker) {
   // oneDNN (OpenMP build) and our kernels both follow the OpenMP thread count. Above
   // OMP_THREAD_LIMIT a team gets fewer threads than oneDNN splits the work for, and part of

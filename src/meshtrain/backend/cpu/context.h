@@ -11,6 +11,9 @@ namespace meshtrain::cpu {
 
 // Cores this process may run on (sched_getaffinity), at least 1.
 int available_cores();
+// The threads a CpuContext asked for `requested` runs with (<= 0: available_cores()),
+// at most OMP_THREAD_LIMIT: what the memory plan sizes the thread-dependent workspace by.
+int context_threads(int requested);
 
 class CpuContext {
  public:
