@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "meshtrain/util/error.h"
@@ -64,14 +65,30 @@ inline std::string_view as_text(const uint8_t* data, size_t size) {
   return {reinterpret_cast<const char*>(data), size};
 }
 
+// The lowest descriptor number free now. A descriptor left open takes the
+// lowest free number, so a reader that leaks one moves this.
+inline int lowest_free_fd() {
+  const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) std::abort();  // out of descriptors: an earlier leak, or the harness's own fault
+  ::close(fd);
+  return fd;
+}
+
 // Runs `read`; meshtrain::Error is the documented outcome of bad input. With
 // MESHTRAIN_FUZZ_VERBOSE set the error is printed (to see how far a seed gets).
+// A reader must give back every file descriptor it opened, whichever way it
+// ends: one left open is a finding here, not 20,000 inputs later.
 template <typename Read>
 void run_reader(Read&& read) {
+  const int free_before = lowest_free_fd();
   try {
     read();
   } catch (const meshtrain::Error& e) {
     if (std::getenv("MESHTRAIN_FUZZ_VERBOSE")) std::fprintf(stderr, "error: %s\n", e.what());
+  }
+  if (const int free_after = lowest_free_fd(); free_after != free_before) {
+    std::fprintf(stderr, "finding: the reader left file descriptor %d open\n", free_before);
+    std::abort();
   }
 }
 

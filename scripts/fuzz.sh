@@ -44,7 +44,6 @@ for h in "${harnesses[@]}"; do
   mkdir -p "$corpus" "$findings" "$(dirname "$log")"
   inputs=(fuzz/corpus/$h)
   [ -d fuzz/regressions/$h ] && inputs+=(fuzz/regressions/$h)
-  before=$(ls "$findings" | wc -l)
   # The harness's scratch files, removed even when it crashed.
   scratch=$(mktemp -d "$( [ -d /dev/shm ] && echo /dev/shm || echo /tmp )/meshtrain_fuzz.XXXXXX")
   TIMEFORMAT='%U %S'
@@ -54,7 +53,9 @@ for h in "${harnesses[@]}"; do
   cpu_s=$(awk '{printf "%.0f", $1 + $2}' <<<"$cpu")
   execs=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
-  found=$(( $(ls "$findings" | wc -l) - before ))
+  # Counted from the log, not the folder: the same input found again keeps its name, and a
+  # finding that exhausts file descriptors cannot write its input at all.
+  found=$(grep -c '^SUMMARY: ' "$log" || true)
   [ "$found" -eq 0 ] || status=1
   printf '%-18s %10s %8s %10s %9s\n' "$h" "${execs:-?}" "${cov:-?}" "$cpu_s" "$found"
 done

@@ -16,6 +16,7 @@
 #include "meshtrain/ckpt/atomic_file.h"
 #include "meshtrain/ckpt/dist_internal.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/unique_fd.h"
 
 namespace meshtrain::dist_ckpt {
 namespace detail {
@@ -238,14 +239,11 @@ Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
 void stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,
                  uint64_t data_start, const ChunkFn& on_chunk, uint64_t* bytes_read) {
   const std::string path = join(dir, file.name);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const UniqueFd file_fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const int fd = file_fd.get();
   MESHTRAIN_CHECK_AS(ErrorKind::corrupt, fd >= 0 || errno != ENOENT,
                      "{}: missing (listed in the manifest)", path);
   MESHTRAIN_CHECK_AS(ErrorKind::io, fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
   struct stat st {};
   MESHTRAIN_CHECK_AS(ErrorKind::io, ::fstat(fd, &st) == 0, "{}: cannot stat: {}", path,
                      std::strerror(errno));

@@ -149,10 +149,10 @@ StDType to_st_dtype(DType dtype) {
 // ---------------------------------------------------------------- reader
 
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  MESHTRAIN_CHECK_AS(ErrorKind::io, fd_ >= 0, "{}: cannot open: {}", path_, std::strerror(errno));
+  fd_ = UniqueFd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, fd_.valid(), "{}: cannot open: {}", path_, std::strerror(errno));
   struct stat st {};
-  MESHTRAIN_CHECK_AS(ErrorKind::io, ::fstat(fd_, &st) == 0, "{}: cannot stat: {}", path_,
+  MESHTRAIN_CHECK_AS(ErrorKind::io, ::fstat(fd_.get(), &st) == 0, "{}: cannot stat: {}", path_,
                      std::strerror(errno));
   const auto file_size = static_cast<uint64_t>(st.st_size);
   MESHTRAIN_CHECK(file_size >= 8,
@@ -274,14 +274,10 @@ SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) 
                   data_size, covered);
 }
 
-SafetensorsReader::~SafetensorsReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 void SafetensorsReader::read_bytes(uint64_t file_offset, void* dst, size_t bytes) const {
   char* p = static_cast<char*>(dst);
   while (bytes > 0) {
-    ssize_t n = ::pread(fd_, p, bytes, static_cast<off_t>(file_offset));
+    ssize_t n = ::pread(fd_.get(), p, bytes, static_cast<off_t>(file_offset));
     if (n < 0 && errno == EINTR) continue;
     MESHTRAIN_CHECK_AS(ErrorKind::io, n >= 0, "{}: read failed: {}", path_, std::strerror(errno));
     MESHTRAIN_CHECK(n > 0, "{}: unexpected end of file at byte {}", path_, file_offset);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "meshtrain/tensor/tensor.h"
+#include "meshtrain/util/unique_fd.h"
 
 namespace meshtrain {
 
@@ -41,7 +42,6 @@ class SafetensorsReader {
  public:
   // Opens and validates the whole header; throws Error on any problem.
   explicit SafetensorsReader(std::string path);
-  ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
@@ -73,7 +73,7 @@ class SafetensorsReader {
   void read_bytes(uint64_t file_offset, void* dst, size_t bytes) const;
 
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
   uint64_t data_start_ = 0;  // 8 + header length
   std::vector<StTensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> index_;

@@ -22,6 +22,7 @@
 
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/unique_fd.h"
 #include "meshtrain/util/progress.h"
 #include "meshtrain/util/rng.h"
 
@@ -35,23 +36,19 @@ using Clock = std::chrono::steady_clock;
 class MappedText {
  public:
   explicit MappedText(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    MESHTRAIN_CHECK(fd >= 0, "prepare: cannot open '{}': {}", path, std::strerror(errno));
+    const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    MESHTRAIN_CHECK(fd.valid(), "prepare: cannot open '{}': {}", path, std::strerror(errno));
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      fail("prepare: '{}' is not a regular file", path);
-    }
+    MESHTRAIN_CHECK(::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode),
+                    "prepare: '{}' is not a regular file", path);
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {
-      map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
       if (map_ == MAP_FAILED) {
         map_ = nullptr;
-        ::close(fd);
         fail("prepare: cannot map '{}': {}", path, std::strerror(errno));
       }
     }
-    ::close(fd);
   }
   ~MappedText() {
     if (map_ != nullptr) ::munmap(map_, size_);

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/unique_fd.h"
 
 namespace meshtrain {
 
@@ -20,22 +21,18 @@ static_assert(std::endian::native == std::endian::little,
               "token files are little-endian; a big-endian host needs byte swaps here");
 
 TokenFile::TokenFile(std::string path, int64_t vocab_size) : path_(std::move(path)) {
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  MESHTRAIN_CHECK(fd >= 0, "data file '{}': cannot open: {}", path_, std::strerror(errno));
+  UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  MESHTRAIN_CHECK(fd.valid(), "data file '{}': cannot open: {}", path_, std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("data file '{}': not a regular file", path_);
-  }
+  MESHTRAIN_CHECK(::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode),
+                  "data file '{}': not a regular file", path_);
   auto file_bytes = static_cast<int64_t>(st.st_size);
-  if (file_bytes < kTokenFileHeaderBytes) {
-    ::close(fd);
-    fail("data file '{}': truncated: {} bytes, shorter than the {}-byte header", path_, file_bytes,
-         kTokenFileHeaderBytes);
-  }
+  MESHTRAIN_CHECK(file_bytes >= kTokenFileHeaderBytes,
+                  "data file '{}': truncated: {} bytes, shorter than the {}-byte header", path_,
+                  file_bytes, kTokenFileHeaderBytes);
   map_bytes_ = static_cast<size_t>(file_bytes);
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  fd.reset();  // the mapping keeps the file
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
     fail_as(ErrorKind::io, "data file '{}': mmap failed: {}", path_, std::strerror(errno));
