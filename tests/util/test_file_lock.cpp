@@ -176,6 +176,34 @@ TEST(LineLog, ConcurrentWritersNeverInterleave) {
   fs::remove_all(dir);
 }
 
+// A writer that opens the log (and so looks for a partial last line to cut)
+// while another is halfway through a long record: the file has grown by only
+// part of that record, which must not be taken for a torn line.
+TEST(LineLog, OpeningBesideALiveWriterCutsNothing) {
+  const fs::path dir = fresh_dir("line_open");
+  const std::string path = (dir / "log.jsonl").string();
+  const std::string record(1 << 20, 'r');  // 256 pages: a long window mid-write
+  constexpr int kRecords = 150;
+  LineLog{path, true, "log"};
+  const pid_t child = ::fork();
+  if (child == 0) {
+    for (;;) LineLog{path, false, "log"};  // open, cut what looks partial, close
+  }
+  {
+    LineLog log(path, false, "log");
+    for (int i = 0; i < kRecords; ++i) log.append(record);
+  }
+  kill_and_reap(child);
+  std::ifstream in(path);
+  int whole = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line == record) ++whole;
+    else ADD_FAILURE() << "a torn line of " << line.size() << " bytes";
+  }
+  EXPECT_EQ(whole, kRecords);
+  fs::remove_all(dir);
+}
+
 // A writer killed at random moments, again and again, each next writer
 // appending to what it left: only whole lines in the end.
 TEST(LineLog, KilledWritersLeaveWholeLines) {

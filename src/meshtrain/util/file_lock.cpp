@@ -40,7 +40,16 @@ FileLock& FileLock::operator=(FileLock&& other) noexcept {
 }
 
 FileLock::Result FileLock::try_lock(Mode mode) {
-  const int op = (mode == Mode::exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB;
+  return apply((mode == Mode::exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB);
+}
+
+FileLock::Result FileLock::lock(Mode mode) { return apply(mode == Mode::exclusive ? LOCK_EX : LOCK_SH); }
+
+void FileLock::unlock() {
+  if (fd_ >= 0) ::flock(fd_, LOCK_UN);  // fails only for a bad descriptor
+}
+
+FileLock::Result FileLock::apply(int op) {
   int rc;
   do {
     rc = ::flock(fd_, op);

@@ -31,6 +31,10 @@ class FileLock {
   Result try_lock(Mode mode);
   // try_lock every 20 ms until it does not answer `held` or `seconds` pass.
   Result lock_within(Mode mode, double seconds);
+  // Waits for the lock as long as it takes: `locked` or `unsupported`.
+  Result lock(Mode mode);
+  // Lets go of the lock this object holds, if any (the file stays open).
+  void unlock();
   // "<who> on host H, pid P" into the file, after locking it, so that a
   // refused taker can name the holder. Best effort: a failed write (a full
   // disk) is ignored.
@@ -41,6 +45,8 @@ class FileLock {
   const std::string& path() const { return path_; }
 
  private:
+  Result apply(int op);  // flock(2) with `op`, retried on EINTR
+
   std::string path_;
   int fd_ = -1;
   int error_ = 0;

@@ -3,19 +3,26 @@
 // never interleave and a process killed between writes leaves whole lines. A
 // kill during the write itself can still cut the last line (Linux checks for
 // a fatal signal between pages): readers skip a partial last line, and the
-// next writer cuts it off when it opens the file.
+// next writer cuts it off when it opens the file. That cut must not take a
+// line another live writer is halfway through (the file grows a page at a
+// time during a write): each write holds a shared flock(2) on the file, the
+// cut an exclusive one. Where the file system has no locks, the cut goes ahead
+// without (docs/launch.md: then nothing keeps a second run out either).
 #pragma once
 
 #include <string>
+
+#include "meshtrain/util/file_lock.h"
+#include "meshtrain/util/unique_fd.h"
 
 namespace meshtrain {
 
 class LineLog {
  public:
   // `what` names the file in errors ("metrics file"): an io Error
-  // "cannot write <what> '<path>': <reason>". truncate: start the file empty.
+  // "cannot write <what> '<path>': <reason>". truncate: start the file empty;
+  // else a partial last line is cut off first.
   LineLog(std::string path, bool truncate, std::string what);
-  ~LineLog();
   LineLog(const LineLog&) = delete;
   LineLog& operator=(const LineLog&) = delete;
 
@@ -24,10 +31,8 @@ class LineLog {
 
  private:
   std::string path_, what_;
-  int fd_ = -1;
+  UniqueFd fd_;
+  FileLock lock_;
 };
-
-// Cuts a partial last line (a writer killed mid-write) off `path`, if any.
-void drop_partial_line(const std::string& path);
 
 }  // namespace meshtrain
