@@ -150,7 +150,8 @@ StDType to_st_dtype(DType dtype) {
 
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
   fd_ = UniqueFd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-  MESHTRAIN_CHECK_AS(ErrorKind::io, fd_.valid(), "{}: cannot open: {}", path_, std::strerror(errno));
+  MESHTRAIN_CHECK_AS(ErrorKind::io, fd_.valid(), "{}: cannot open: {}", path_,
+                     std::strerror(errno));
   struct stat st {};
   MESHTRAIN_CHECK_AS(ErrorKind::io, ::fstat(fd_.get(), &st) == 0, "{}: cannot stat: {}", path_,
                      std::strerror(errno));

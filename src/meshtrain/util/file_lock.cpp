@@ -43,7 +43,9 @@ FileLock::Result FileLock::try_lock(Mode mode) {
   return apply((mode == Mode::exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB);
 }
 
-FileLock::Result FileLock::lock(Mode mode) { return apply(mode == Mode::exclusive ? LOCK_EX : LOCK_SH); }
+FileLock::Result FileLock::lock(Mode mode) {
+  return apply(mode == Mode::exclusive ? LOCK_EX : LOCK_SH);
+}
 
 void FileLock::unlock() {
   if (fd_ >= 0) ::flock(fd_, LOCK_UN);  // fails only for a bad descriptor

@@ -46,8 +46,8 @@ void drop_partial_line(const std::string& path) {
 
 LineLog::LineLog(std::string path, bool truncate, std::string what)
     : path_(std::move(path)), what_(std::move(what)) {
-  fd_ = UniqueFd(::open(path_.c_str(),
-                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644));
+  const int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0);
+  fd_ = UniqueFd(::open(path_.c_str(), flags, 0644));
   MESHTRAIN_CHECK_AS(ErrorKind::io, fd_.valid(), "cannot write {} '{}': {}", what_, path_,
                      std::strerror(errno));
   lock_ = FileLock(path_);
