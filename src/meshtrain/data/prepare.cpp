@@ -22,9 +22,9 @@
 
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/util/error.h"
-#include "meshtrain/util/unique_fd.h"
 #include "meshtrain/util/progress.h"
 #include "meshtrain/util/rng.h"
+#include "meshtrain/util/unique_fd.h"
 
 namespace meshtrain {
 namespace {
