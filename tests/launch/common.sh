@@ -21,6 +21,33 @@ wait_steps() {  # OUT N TIMEOUT
   done
   return 1
 }
+# PID and every process below it.
+descendants() {  # PID
+  echo "$1"
+  local c
+  for c in $(pgrep -P "$1"); do descendants "$c"; done
+}
+# Waits for the background job PID (its exit status), at most TIMEOUT s. Past
+# that, a hang: prints each process of the job with its kernel wait channel and,
+# where gdb is installed, every thread's backtrace, then kills the job and fails.
+wait_job() {  # PID TIMEOUT WHAT LOG
+  local deadline=$((SECONDS + $2))
+  while kill -0 "$1" 2>/dev/null && (( SECONDS < deadline )); do sleep 0.05; done
+  kill -0 "$1" 2>/dev/null || { wait "$1"; return; }
+  local pids p
+  pids=$(descendants "$1")
+  echo "$3: still running after $2 s; its processes:"
+  ps -o pid,ppid,stat,etime,wchan:24,args -p "$(echo $pids | tr ' ' ,)" | cut -c1-220
+  if command -v gdb >/dev/null; then
+    for p in $pids; do
+      echo "--- backtraces of $p"
+      timeout 30 gdb -q -batch -p "$p" -ex "thread apply all bt 25" 2>/dev/null | grep -E "^(Thread|#)" | cut -c1-200 | head -80
+    done
+  fi
+  echo "--- the end of $4"; tail -20 "$4"
+  kill -KILL $pids 2>/dev/null
+  fail "$3 hung"
+}
 # The final checkpoints of two runs hold the same tensors, bit for bit.
 same_checkpoint() { python3 "$here/same_checkpoint.py" "$1" "$2"; }
 # A fresh $out and the uninterrupted run of RANKS ranks in $out/plain (more overrides after).

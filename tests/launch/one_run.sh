@@ -20,7 +20,10 @@ echo "seed $seed"
 # The first runs of 1-3 are long enough that a second one starts while they train (a quiet
 # machine ran 36 steps before a second mpirun job had started).
 long=120
+# A collective that hangs ends the job with a named timeout well inside the test's limit.
+deadlines="--comm.timeout_s 20 --comm.long_timeout_s 60"
 
+# (A command that should be refused at once but hangs ends after 60 s: exit 124.)
 # Expects exit 9 and the refusal on every line of stderr FILE (N lines).
 refused() {  # RC ERR_FILE LINES WHO
   (( $1 == 9 )) || { cat "$2"; fail "exit $1, not 9 (busy)"; }
@@ -34,33 +37,33 @@ refused() {  # RC ERR_FILE LINES WHO
 "$bin" $(steps=$long train_args "$out/a") >"$out/a.log" 2>&1 &
 first=$!
 wait_steps "$out/a" 3 60 || { cat "$out/a.log"; fail "the first run never reached step 3"; }
-"$bin" $(steps=$long train_args "$out/a") --resume auto >/dev/null 2>"$out/a2.err"
+timeout -k 5 60 "$bin" $(steps=$long train_args "$out/a") --resume auto >/dev/null 2>"$out/a2.err"
 refused $? "$out/a2.err" 1 "another run (meshtrain train on host $host, pid $first; lock .*owner.lock)"
-wait "$first" || { cat "$out/a.log"; fail "the first run did not finish"; }
+wait_job "$first" 90 "the first run" "$out/a.log" || { cat "$out/a.log"; fail "the first run did not finish"; }
 same_checkpoint "$out/plain/step_36" "$out/a/step_36" || fail "the first run was disturbed"
 grep -q '"event": *"resume"' "$out/a/metrics.jsonl" && fail "a resume event in the first run's metrics"
 
 # 2. Two ranks, twice.
-"${mpirun[@]}" 2 "$bin" $(steps=$long train_args "$out/m") >"$out/m.log" 2>&1 &
+"${mpirun[@]}" 2 "$bin" $(steps=$long train_args "$out/m" $deadlines) >"$out/m.log" 2>&1 &
 first=$!
 wait_steps "$out/m" 3 60 || { cat "$out/m.log"; fail "the first job never reached step 3"; }
-"${mpirun[@]}" 2 "$bin" $(steps=$long train_args "$out/m") --resume auto >/dev/null 2>"$out/m2.err"
+timeout -k 5 60 "${mpirun[@]}" 2 "$bin" $(steps=$long train_args "$out/m") --resume auto >/dev/null 2>"$out/m2.err"
 rc=$?
 grep "^rank" "$out/m2.err" >"$out/m2.lines"
 refused "$rc" "$out/m2.lines" 2 "another run (meshtrain train on host $host, pid [0-9][0-9]*; lock .*owner.lock)"
 [[ $(cut -d: -f2- "$out/m2.lines" | sort -u | wc -l) == 1 ]] || fail "the ranks' lines differ"
-wait "$first" || { cat "$out/m.log"; fail "the first job did not finish"; }
+wait_job "$first" 90 "the first job" "$out/m.log" || { cat "$out/m.log"; fail "the first job did not finish"; }
 "$bin" ckpt inspect --verify "$out/m/step_36" >/dev/null || fail "the first job's checkpoint"
 
 # 3. A launched run: a second launch and a plain train are refused.
-"$bin" launch --backoff 0 -- "${mpirun[@]}" 2 "$bin" $(steps=$long train_args "$out/l") >"$out/l.log" 2>&1 &
+"$bin" launch --backoff 0 -- "${mpirun[@]}" 2 "$bin" $(steps=$long train_args "$out/l" $deadlines) >"$out/l.log" 2>&1 &
 launch=$!
 wait_steps "$out/l" 3 60 || { cat "$out/l.log"; fail "the launched job never reached step 3"; }
-"$bin" launch --backoff 0 -- "${mpirun[@]}" 2 "$bin" $(steps=$long train_args "$out/l") >/dev/null 2>"$out/l2.err"
+timeout -k 5 60 "$bin" launch --backoff 0 -- "${mpirun[@]}" 2 "$bin" $(steps=$long train_args "$out/l") >/dev/null 2>"$out/l2.err"
 refused $? "$out/l2.err" 1 "another run (meshtrain launch on host $host, pid $launch; lock .*owner.lock)"
-"$bin" $(steps=$long train_args "$out/l") --resume auto >/dev/null 2>"$out/l3.err"
+timeout -k 5 60 "$bin" $(steps=$long train_args "$out/l") --resume auto >/dev/null 2>"$out/l3.err"
 refused $? "$out/l3.err" 1 "another run (meshtrain launch on host $host, pid $launch;"
-wait "$launch" || { cat "$out/l.log"; fail "the launched run did not finish"; }
+wait_job "$launch" 90 "the launched run" "$out/l.log" || { cat "$out/l.log"; fail "the launched run did not finish"; }
 (( $(grep -c '"event": *"start"' "$out/l/launch.jsonl") == 1 )) || fail "the refused launch started a job"
 
 # 4. A drain: a process holding ranks.lock as a rank does (flock(1), shared),
