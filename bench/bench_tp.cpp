@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/comm/mpi.h"
 #include "meshtrain/model/model.h"
@@ -50,7 +51,7 @@ int run(MpiEnvironment& env, int argc, char** argv) {
   ModelConfig config = model_preset(preset);
   config.max_seq_len = std::max(config.max_seq_len, seq);
   const Precision precision = parse_precision(precision_name);
-  cpu::CpuContext ctx(threads, tracker);
+  cpu::CpuBackend ctx(threads, tracker);
   TensorParallel tp{&mesh.tp(), sp};
   Model model(config, precision, ctx, ParamStorage::flat, tp);
   model.init_weights(1);

@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
 
   Precision precision = parse_precision(precision_name);
   MemoryTracker tracker;
-  cpu::CpuContext ctx(threads, tracker);
-  if (peak <= 0) peak = cpu::measure_matmul_peak_flops(ctx, compute_dtype(precision), 2.0);
+  cpu::CpuBackend ctx(threads, tracker);
+  if (peak <= 0) peak = ctx.measure_matmul_peak_flops(compute_dtype(precision), 2.0);
   Model model(config, precision, ctx);
   const RecomputePolicy recompute{parse_recompute(recompute_name), recompute_layers};
   model.set_recompute(recompute);

@@ -2,7 +2,7 @@
 // is costly to make per input) and a tiny Llama shape.
 #pragma once
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/tensor/memory_tracker.h"
 
@@ -23,9 +23,9 @@ inline ModelConfig tiny_llama(int64_t layers, bool tied) {
   return c;
 }
 
-inline cpu::CpuContext& cpu_context() {
+inline cpu::CpuBackend& cpu_context() {
   static MemoryTracker tracker;
-  static cpu::CpuContext ctx(1, tracker);
+  static cpu::CpuBackend ctx(1, tracker);
   return ctx;
 }
 

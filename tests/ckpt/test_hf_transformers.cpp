@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "support/hf_logits.h"
@@ -46,7 +46,7 @@ TEST(HfTransformers, ImportedModelsGiveTransformersLogits) {
   for (const fs::path& dir : dirs) {
     SCOPED_TRACE(dir.string());
     MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
+    cpu::CpuBackend ctx(2, tracker);
     std::unique_ptr<Model> model = import_hf(dir.string(), Precision::fp32, ctx);
     EXPECT_LE(testing::hf_logits_error(*model, dir.string()), 1e-5);
   }

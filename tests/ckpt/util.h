@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/util/error.h"
 #include "support/scratch.h"
 #include "support/tiny_models.h"
@@ -41,7 +41,7 @@ inline std::string error_of(const std::function<void()>& fn) {
 class CkptTest : public ::testing::Test {
  protected:
   MemoryTracker tracker;
-  cpu::CpuContext ctx{1, tracker};
+  cpu::CpuBackend ctx{1, tracker};
   std::string dir = testing::scratch_dir();
 };
 

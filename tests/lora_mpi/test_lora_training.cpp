@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/ckpt/safetensors.h"
@@ -125,7 +126,7 @@ TEST_F(LoraTraining, BaseStaysBitIdenticalAdaptersLearnAndMemoryMatchesThePlan) 
                                      std::string("lora ") + family + " " + precision);
       // The initial model, for the frozen values (bf16: what the run holds).
       MemoryTracker tracker;
-      cpu::CpuContext ctx(1, tracker);
+      cpu::CpuBackend ctx(1, tracker);
       Model init(c.model, c.train.precision, ctx);
       init.init_weights(c.train.seed);
       std::vector<float> initial(static_cast<size_t>(init.num_params()));

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/util/error.h"
 #include "support/tiny_models.h"
@@ -123,7 +123,7 @@ TEST(ModelPasses, ChangingBatchShapeLeavesNoStaleState) {
   for (const ModelConfig& c : configs()) {
     SCOPED_TRACE(family_name(c.family));
     MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
+    cpu::CpuBackend ctx(2, tracker);
     auto tokens = testing::random_ids(14, 32, c.vocab_size), targets = testing::random_ids(15, 32, c.vocab_size);
     Model used(c, Precision::bf16, ctx), fresh(c, Precision::bf16, ctx);
     used.init_weights(4);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "support/tiny_models.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
@@ -48,7 +49,7 @@ void reference_step(const Model& model, Reference& ref, const AdamWConfig& cfg, 
 
 void run_against_reference(Precision precision) {
   MemoryTracker tracker;
-  cpu::CpuContext ctx(2, tracker);
+  cpu::CpuBackend ctx(2, tracker);
   Model model(tiny_llama(), precision, ctx);
   model.init_weights(7);
   AdamWConfig cfg;
@@ -98,7 +99,7 @@ TEST(AdamW, MatchesFloat64ReferenceBf16) { run_against_reference(Precision::bf16
 
 TEST(AdamW, WeightDecayOnlyForDecayRole) {
   MemoryTracker tracker;
-  cpu::CpuContext ctx(1, tracker);
+  cpu::CpuBackend ctx(1, tracker);
   Model model(tiny_llama(), Precision::fp32, ctx);
   model.init_weights(3);
   std::vector<float> before(model.flat_master().data<float>(),
@@ -167,7 +168,7 @@ TEST(Clip, FactorAndNorm) {
   EXPECT_EQ(clip_factor(std::nan(""), 1.0f), 1.0f);
 
   MemoryTracker tracker;
-  cpu::CpuContext ctx(2, tracker);
+  cpu::CpuBackend ctx(2, tracker);
   Model model(tiny_llama(), Precision::fp32, ctx);
   fill_grads(model, 9);
   const float* g = model.flat_grad().data<float>();

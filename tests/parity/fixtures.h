@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/ckpt/weights.h"
@@ -55,7 +55,7 @@ inline std::vector<int32_t> to_i32(const std::vector<int64_t>& v) {
 // The case's model (config from the weights file's metadata) with its initial weights.
 struct FixtureModel {
   MemoryTracker tracker;
-  cpu::CpuContext ctx{0, tracker};
+  cpu::CpuBackend ctx{0, tracker};
   std::unique_ptr<Model> model;
 
   FixtureModel(const std::string& case_name, Precision precision) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "fixtures.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/util/error.h"
 
@@ -50,7 +51,7 @@ struct LoraCase {
   std::string name;
   SafetensorsReader lora, ref;
   MemoryTracker tracker;
-  cpu::CpuContext ctx{0, tracker};
+  cpu::CpuBackend ctx{0, tracker};
   std::unique_ptr<Model> model;
   int64_t batch = 0, seq = 0, n = 0;
   std::vector<int32_t> tokens, targets;
@@ -155,7 +156,7 @@ TEST_P(Lora, StepZeroIsTheBaseModelAndTrainingNeverWritesTheBase) {
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(std::string(precision_name(precision)));
     MemoryTracker tracker;
-    cpu::CpuContext ctx(0, tracker);
+    cpu::CpuBackend ctx(0, tracker);
     ModelConfig base_config = config;
     base_config.lora = {};
     Model base(base_config, precision, ctx);

@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "fixtures.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/llama2c.h"
 
 namespace meshtrain::parity {
@@ -81,7 +82,7 @@ TEST(Llama2cRoundTrip, ExportThenImportGivesIdenticalWeightsAndLogits) {
 
 TEST(Llama2cRoundTrip, Stories260KReexportsByteForByteOutsideRopeTables) {
   MemoryTracker tracker;
-  cpu::CpuContext ctx(0, tracker);
+  cpu::CpuBackend ctx(0, tracker);
   auto model = import_llama2c(stories_path(), Precision::fp32, ctx);
   const std::string path = scratch_dir() + "/stories.bin";
   export_llama2c(*model, path);

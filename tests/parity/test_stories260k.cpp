@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "fixtures.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/llama2c.h"
 
 namespace meshtrain::parity {
@@ -14,7 +15,7 @@ namespace {
 
 TEST(Stories260K, LogitsMatchReference) {
   MemoryTracker tracker;
-  cpu::CpuContext ctx(0, tracker);
+  cpu::CpuBackend ctx(0, tracker);
   auto model = import_llama2c(stories_path(), Precision::fp32, ctx);
   SafetensorsReader ref(fixture_path("stories260k.reference.safetensors"));
   const auto tokens = to_i32(ref.read_ints("tokens"));
@@ -36,7 +37,7 @@ TEST(Stories260K, LogitsMatchReference) {
 
 TEST(Stories260K, GreedyDecodingFromBosMatchesReference) {
   MemoryTracker tracker;
-  cpu::CpuContext ctx(0, tracker);
+  cpu::CpuBackend ctx(0, tracker);
   auto model = import_llama2c(stories_path(), Precision::fp32, ctx);
   SafetensorsReader ref(fixture_path("stories260k.reference.safetensors"));
   const auto expected = ref.read_ints("greedy");

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/parallel/pipeline/executor.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/util/error.h"
@@ -19,7 +20,7 @@ using testing::CpuModel;
 
 struct Stages {
   MemoryTracker tracker;
-  cpu::CpuContext ctx{1, tracker};
+  cpu::CpuBackend ctx{1, tracker};
   std::vector<std::unique_ptr<Model>> models;
 };
 
@@ -157,7 +158,7 @@ TEST(Stage, SchedulesMatchTheSingleModel) {
 TEST(Stage, HoldsOnlyItsParametersUnderGlobalNames) {
   const ModelConfig c = layers(testing::tiny_gpt2(), 4);
   MemoryTracker tracker;
-  cpu::CpuContext ctx(1, tracker);
+  cpu::CpuBackend ctx(1, tracker);
   Model last(c, Precision::fp32, ctx, ParamStorage::flat, {}, StageLayers{{{2, 4}}, false, true});
   std::vector<std::string> units;
   for (const ParamUnit& u : last.units()) units.push_back(u.name);

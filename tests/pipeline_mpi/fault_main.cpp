@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/comm/abort.h"
 #include "meshtrain/parallel/pipeline/executor.h"
 #include "meshtrain/util/error.h"
@@ -17,7 +18,7 @@ int main() {
   RankFailureHandler failure(env, tracker);
   std::unique_ptr<MpiCommunicator> world = env.world(tracker);
   // Declared outside the try: they must outlive the failure report.
-  cpu::CpuContext ctx(1, tracker);
+  cpu::CpuBackend ctx(1, tracker);
   std::unique_ptr<Model> model;
   std::unique_ptr<pipeline::Executor> executor;
   try {

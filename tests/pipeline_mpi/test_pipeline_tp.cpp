@@ -8,6 +8,7 @@
 #include <cmath>
 #include <memory>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/parallel/ddp/ddp.h"
 #include "meshtrain/parallel/pipeline/executor.h"
@@ -33,7 +34,7 @@ TEST(PipelineTensorParallel, StagesWithTpSlicesMatchTheSingleModel) {
       SCOPED_TRACE(fmt::format("tied {} sequence parallel {} dp {}", tied, sp, dp));
       ModelConfig c = testing::tiny_llama(tied);
       c.n_layers = 3;
-      cpu::CpuContext ctx(1, tracker);
+      cpu::CpuBackend ctx(1, tracker);
       Model stage(c, Precision::fp32, ctx, ParamStorage::flat, TensorParallel{&mesh.tp(), sp},
                   stage_layers(c.n_layers, shape, mesh.coord().pp, {}));
       stage.init_weights(5);

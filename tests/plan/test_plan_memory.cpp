@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/util/error.h"
@@ -186,7 +186,7 @@ void expect_engine_matches(const ModelConfig& config, Precision precision, int64
   SCOPED_TRACE(std::string(recompute_name(recompute.mode)) + " " +
                std::to_string(recompute.layers));
   MemoryTracker tracker;
-  cpu::CpuContext ctx(1, tracker);
+  cpu::CpuBackend ctx(1, tracker);
   Model model(config, precision, ctx);
   model.set_recompute(recompute);
   model.init_weights(7);

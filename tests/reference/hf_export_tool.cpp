@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/ckpt/weights.h"
@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   }
   try {
     MemoryTracker tracker;
-    cpu::CpuContext ctx(0, tracker);
+    cpu::CpuBackend ctx(0, tracker);
     SafetensorsReader weights(argv[1]);
     Model model(parse_hf_config(weights.metadata("config"), argv[1]), Precision::fp32, ctx);
     load_model_weights(model, weights);

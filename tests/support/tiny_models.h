@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/util/rng.h"
 
@@ -67,7 +67,7 @@ struct CpuModel {
   CpuModel(const ModelConfig& config, Precision precision, int threads = 2)
       : ctx(threads, tracker), model(config, precision, ctx) {}
   MemoryTracker tracker;
-  cpu::CpuContext ctx;
+  cpu::CpuBackend ctx;
   Model model;
 };
 

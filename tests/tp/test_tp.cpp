@@ -7,6 +7,7 @@
 
 #include <array>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/util/error.h"
 #include "tp_run.h"
@@ -251,7 +252,7 @@ TEST_F(Tp, ExportAfterTpTrainingLoadsIntoTpOne) {
     }
     world_->barrier();
     MemoryTracker tracker;
-    cpu::CpuContext ctx(1, tracker);
+    cpu::CpuBackend ctx(1, tracker);
     std::unique_ptr<Model> loaded = import_hf(dir, Precision::fp32, ctx);
     const double loss = loaded->forward_loss(in.data(), tg.data(), spec.global_rows, spec.seq);
     testing::expect_rel(tp_loss, loss, 1e-5, "loss of the exported model");
@@ -280,7 +281,7 @@ TEST_F(Tp, InvalidSplitsFailOnEveryRank) {
     DeviceMesh mesh(*world_, tp, 1);
     TensorParallel ctx_tp{&mesh.tp(), false};
     MemoryTracker tracker;
-    cpu::CpuContext ctx(1, tracker);
+    cpu::CpuBackend ctx(1, tracker);
     std::string message;
     try {
       Model model(c.config, Precision::fp32, ctx, ParamStorage::flat, ctx_tp);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
@@ -223,7 +224,7 @@ struct TpTrainer {
   MemoryTracker tracker;
   DeviceMesh mesh;
   TensorParallel tp;
-  cpu::CpuContext ctx;
+  cpu::CpuBackend ctx;
   Model model;
   std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<DistributedDataParallel> ddp;

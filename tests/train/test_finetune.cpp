@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/trainer.h"
@@ -88,7 +88,7 @@ TEST_F(Finetune, InitFromHuggingFaceIntoLoraStartsAtItsLogits) {
   Trainer trainer(c, options);
   ASSERT_TRUE(trainer.config().model.lora.enabled());
   MemoryTracker tracker;
-  cpu::CpuContext ctx(2, tracker);
+  cpu::CpuBackend ctx(2, tracker);
   const std::unique_ptr<Model> hf = import_hf(kHf, Precision::fp32, ctx);
   const std::vector<float> start = trainer.gather_weights();
   const std::vector<float> hf_weights(hf->flat_master().data<float>(),
@@ -115,7 +115,7 @@ TEST_F(Finetune, InitFromHuggingFaceIntoBf16LoraRoundsTheFrozenCopies) {
   options.console = false;
   Trainer trainer(c, options);
   MemoryTracker tracker;
-  cpu::CpuContext ctx(2, tracker);
+  cpu::CpuBackend ctx(2, tracker);
   const std::unique_ptr<Model> hf = import_hf(kHf, Precision::fp32, ctx);
   const std::vector<float> start = trainer.gather_weights();
   int64_t at = 0;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/backend/registry.h"
 #include "meshtrain/ckpt/llama2c.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/train/checkpoint.h"
@@ -165,9 +166,10 @@ const std::string& stories_corpus() {
     const fs::path mine = d.string() + "." + std::to_string(::getpid());
     fs::create_directories(mine);
     MemoryTracker tracker;
-    cpu::CpuContext ctx(1, tracker);  // tiny steps: one thread spends nothing on barriers
+    // Tiny steps: one thread spends nothing on barriers.
+    const std::unique_ptr<Backend> backend = make_backend(kHostBackend, 1, tracker);
     const std::string model_path = std::string(MESHTRAIN_SOURCE_DIR) + "/tests/models/stories260K.bin";
-    auto model = import_llama2c(model_path, Precision::fp32, ctx);
+    auto model = import_llama2c(model_path, Precision::fp32, *backend);
     const int64_t vocab = model->config().vocab_size;
     KVCache cache = model->make_kv_cache(kStories, kLength);
     std::vector<int32_t> current(kStories, 1);  // BOS

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/data/sft.h"
@@ -297,7 +297,7 @@ init_from = ")" + hf + R"("
     EXPECT_EQ(trainer.config().model.vocab_size, 64);
     const std::vector<float> weights = trainer.gather_weights();
     MemoryTracker tracker;
-    cpu::CpuContext ctx(2, tracker);
+    cpu::CpuBackend ctx(2, tracker);
     const std::unique_ptr<Model> want = import_hf(hf, Precision::fp32, ctx);
     ASSERT_EQ(weights.size(), static_cast<size_t>(want->num_params()));
     EXPECT_EQ(0, std::memcmp(weights.data(), want->flat_master().data<float>(),

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/evaluate.h"
@@ -245,7 +246,7 @@ TEST_F(TrainerTest, ResumeRejectsADifferentModelOrBrokenState) {
 TEST_F(TrainerTest, GenerationIsDeterministic) {
   run(config("gen", {{"train.steps", "2"}}));
   MemoryTracker tracker;
-  cpu::CpuContext ctx(2, tracker);
+  cpu::CpuBackend ctx(2, tracker);
   auto model = load_model_dir((dir_ / "gen/step_2").string(), Precision::fp32, ctx);
   SampleOptions greedy;
   greedy.temperature = 0;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
@@ -89,7 +90,7 @@ struct ZeroModel {
     return out;
   }
   MemoryTracker tracker;
-  cpu::CpuContext ctx;
+  cpu::CpuBackend ctx;
   Model model;
   std::array<size_t, kMemCategories> baseline{};
   std::unique_ptr<zero::ShardedDataParallel> zero;

@@ -516,15 +516,15 @@ TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, Memor
 }
 
 void load_hf_weights(Model& model, const std::string& dir) {
-  const TensorSource source = hf_tensors(dir, model.config(), model.ctx().tracker());
+  const TensorSource source = hf_tensors(dir, model.config(), model.backend().tracker());
   for (Parameter& p : model.params()) source(p.spec, p.master.data<float>());
   model.sync_compute_weights();
 }
 
 std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision,
-                                 cpu::CpuContext& ctx) {
+                                 Backend& backend) {
   ModelConfig config = read_hf_config((std::filesystem::path(dir) / "config.json").string());
-  auto model = std::make_unique<Model>(config, precision, ctx);
+  auto model = std::make_unique<Model>(config, precision, backend);
   load_hf_weights(*model, dir);
   return model;
 }

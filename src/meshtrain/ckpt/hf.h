@@ -71,7 +71,7 @@ TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, Memor
 
 // read_hf_config(<dir>/config.json), a new model, load_hf_weights(dir).
 std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision,
-                                 cpu::CpuContext& ctx);
+                                 Backend& backend);
 
 // Which RoPE rows the weight `name` has, as (heads, head_dim): Llama's q_proj
 // and k_proj weights (heads == 0 for every other tensor). A LoRA lora_B of those

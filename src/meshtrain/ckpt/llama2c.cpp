@@ -134,8 +134,8 @@ void load_llama2c_weights(Model& model, const std::string& path) {
 }
 
 std::unique_ptr<Model> import_llama2c(const std::string& path, Precision precision,
-                                      cpu::CpuContext& ctx) {
-  auto model = std::make_unique<Model>(read_llama2c_config(path), precision, ctx);
+                                      Backend& backend) {
+  auto model = std::make_unique<Model>(read_llama2c_config(path), precision, backend);
   load_llama2c_weights(*model, path);
   return model;
 }

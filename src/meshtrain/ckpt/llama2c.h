@@ -23,7 +23,7 @@ ModelConfig read_llama2c_config(const std::string& path);
 // Loads the weights into a model of the file's shape (read_llama2c_config's).
 void load_llama2c_weights(Model& model, const std::string& path);
 std::unique_ptr<Model> import_llama2c(const std::string& path, Precision precision,
-                                      cpu::CpuContext& ctx);
+                                      Backend& backend);
 // Writes a Llama model (norm eps 1e-5, theta 10000, no RoPE scaling, else
 // Error) atomically; with the run's `tokenizer`, also tokenizer.bin (llama2.c's
 // format, ckpt/tokenizer_files.h) beside it, which llama2.c's run reads by default.

@@ -118,10 +118,10 @@ LlmcHeader read_llmc_header(const std::string& path) {
 }
 
 std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
-                                   cpu::CpuContext& ctx) {
+                                   Backend& backend) {
   const LlmcHeader header = read_llmc_header(path);
   const ModelConfig& c = header.config;
-  auto model = std::make_unique<Model>(c, precision, ctx);
+  auto model = std::make_unique<Model>(c, precision, backend);
   const DType dtype = file_dtype(header.version);
   std::ifstream in(path, std::ios::binary);
   MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/registry.h"
 #include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/llama2c.h"
@@ -19,6 +19,7 @@
 #include "meshtrain/ckpt/lora_export.h"
 #include "meshtrain/cli/args.h"
 #include "meshtrain/cli/launch_command.h"
+#include "meshtrain/cli/ops_command.h"
 #include "meshtrain/cli/plan_command.h"
 #include "meshtrain/cli/ranks.h"
 #include "meshtrain/comm/flight_dump.h"
@@ -116,11 +117,11 @@ std::unique_ptr<Tokenizer> sample_tokenizer(const SampleArgs& args, int64_t voca
 
 void run_sample(const SampleArgs& args) {
   MemoryTracker tracker;
-  cpu::CpuContext ctx(args.threads, tracker);
+  const std::unique_ptr<Backend> backend = make_backend(kHostBackend, args.threads, tracker);
   Precision precision = parse_precision(args.precision);
   std::unique_ptr<Model> model = args.checkpoint.empty()
-                                     ? import_llama2c(args.model_file, precision, ctx)
-                                     : load_model_dir(args.checkpoint, precision, ctx);
+                                     ? import_llama2c(args.model_file, precision, *backend)
+                                     : load_model_dir(args.checkpoint, precision, *backend);
   std::unique_ptr<Tokenizer> tokenizer = sample_tokenizer(args, model->config().vocab_size);
   std::vector<int32_t> prompt;
   bool default_prompt = false;
@@ -236,7 +237,7 @@ void run_export(const CkptArgs& args) {
   // A sharded checkpoint is read tensor by tensor (memory stays at one tensor);
   // anything else through a model in memory.
   MemoryTracker tracker;
-  std::unique_ptr<cpu::CpuContext> ctx;
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   ModelConfig config;
   TensorSource source;
@@ -252,8 +253,8 @@ void run_export(const CkptArgs& args) {
                                     layout::StateKind::master, dst);
     };
   } else {
-    ctx = std::make_unique<cpu::CpuContext>(args.threads, tracker);
-    model = load_model_dir(args.checkpoint, Precision::fp32, *ctx);
+    backend = make_backend(kHostBackend, args.threads, tracker);
+    model = load_model_dir(args.checkpoint, Precision::fp32, *backend);
     config = model->config();
     source = model_tensors(*model);
   }
@@ -274,11 +275,11 @@ void run_export(const CkptArgs& args) {
 }
 
 // A PEFT adapter merged into its Hugging Face base: a plain HF directory (with the base's tokenizer).
-void run_import_peft(const CkptArgs& args, cpu::CpuContext& ctx) {
+void run_import_peft(const CkptArgs& args, Backend& backend) {
   MESHTRAIN_CHECK_AS(ErrorKind::config, !args.base_model.empty(),
                      "ckpt import: --format peft needs --base, the Hugging Face directory the "
                      "adapter was trained on");
-  std::unique_ptr<Model> base = import_hf(args.base_model, Precision::fp32, ctx);
+  std::unique_ptr<Model> base = import_hf(args.base_model, Precision::fp32, backend);
   const PeftAdapter adapter = read_peft_adapter(args.in, base->config());
   const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, "");
   export_hf(base->config(), merge_lora(adapter.config, with_adapter(model_tensors(*base), adapter)),
@@ -290,11 +291,12 @@ void run_import_peft(const CkptArgs& args, cpu::CpuContext& ctx) {
 
 void run_import(const CkptArgs& args) {
   MemoryTracker tracker;
-  cpu::CpuContext ctx(args.threads, tracker);
-  if (args.format == "peft") return run_import_peft(args, ctx);
-  std::unique_ptr<Model> model = args.format == "llama2c" ? import_llama2c(args.in, Precision::fp32, ctx)
-                                 : args.format == "llmc"  ? import_llmc(args.in, Precision::fp32, ctx)
-                                                          : import_hf(args.in, Precision::fp32, ctx);
+  const std::unique_ptr<Backend> backend = make_backend(kHostBackend, args.threads, tracker);
+  if (args.format == "peft") return run_import_peft(args, *backend);
+  std::unique_ptr<Model> model =
+      args.format == "llama2c" ? import_llama2c(args.in, Precision::fp32, *backend)
+      : args.format == "llmc"  ? import_llmc(args.in, Precision::fp32, *backend)
+                               : import_hf(args.in, Precision::fp32, *backend);
   const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, "");
   export_hf(*model, args.out, parse_dtype(args.dtype), tokenizer.get());
   if (!tokenizer && args.format == "hf") copy_hf_tokenizer(args.in, args.out);
@@ -501,6 +503,9 @@ int main_impl(int argc, char** argv) {
       "plan", "Memory, parallelism layout, time and cost of a training run on GPUs (docs/plan.md)");
   add_plan_options(*plan, plan_args);
 
+  OpsArgs ops_args;
+  const OpsCommands ops = add_ops_commands(app, ops_args);
+
   check_subcommands(app, argc, argv);
   try {
     app.parse(argc, argv);
@@ -522,6 +527,10 @@ int main_impl(int argc, char** argv) {
     return run_launch(launch_args);
   } else if (plan->parsed()) {
     return run_plan(plan_args);
+  } else if (ops.test->parsed()) {
+    return run_ops_test(ops_args);
+  } else if (ops.perf->parsed()) {
+    return run_ops_perf(ops_args);
   } else if (eval->parsed()) {
     if (eval_args.logits_ids.empty() != eval_args.logits_out.empty()) {
       throw UsageError("eval: --logits-ids and --logits-out go together");

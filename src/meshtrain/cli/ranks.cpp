@@ -11,7 +11,7 @@
 #include <ctime>
 #include <memory>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/util/cores.h"
 #include "meshtrain/comm/abort.h"
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/comm/mesh.h"
@@ -102,7 +102,7 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
     auto deadlines = std::make_unique<CommDeadlines>(job.env.flight(), config.comm);
     const bool multi = job.env.world_size() > 1;
     if (multi && config.train.threads == 0) {
-      config.train.threads = default_threads_per_rank(job.env.local_size(), cpu::available_cores());
+      config.train.threads = default_threads_per_rank(job.env.local_size(), available_cores());
     }
     mesh = std::make_unique<DeviceMesh>(*job.world, config.parallel.tp, config.parallel.pp);
     TrainerOptions options = base;
@@ -133,7 +133,7 @@ int run_eval_ranks(const EvalArgs& args) {
     options.data = expand_train_files(files);
     const bool multi = job.env.world_size() > 1;
     if (multi && options.threads == 0) {
-      options.threads = default_threads_per_rank(job.env.local_size(), cpu::available_cores());
+      options.threads = default_threads_per_rank(job.env.local_size(), available_cores());
     }
     const EvalResult r = evaluate_checkpoint(args.checkpoint, options, multi ? job.world.get() : nullptr);
     if (job.world->rank() == 0) {

@@ -26,7 +26,7 @@ class SampleSource {
   // (a negative target is not in the loss: SFT prompts and padding).
   virtual void read_sample(int64_t index, int32_t* inputs, int32_t* targets) const = 0;
   // Packed records (data/sft.h): samples carry each token's position in its
-  // record (cpu::AttentionDims::positions). false: one sequence per sample.
+  // record (ops::AttentionDims::positions). false: one sequence per sample.
   virtual bool has_positions() const { return false; }
   virtual void read_positions(int64_t /*index*/, int32_t* /*positions*/) const {}
   // Targets of sample `index` that count in the loss (>= 0): the step's loss

@@ -5,9 +5,7 @@
 
 #include <algorithm>
 
-#include "meshtrain/backend/cpu/activation.h"
-#include "meshtrain/backend/cpu/matmul.h"
-#include "meshtrain/backend/cpu/norm.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/rng.h"
@@ -15,7 +13,7 @@
 namespace meshtrain {
 
 Model::Impl::Impl(Model& owner)
-    : model(owner), cfg(owner.config_), ctx(owner.ctx_), tp(owner.tp_) {
+    : model(owner), cfg(owner.config_), backend(owner.backend_), tp(owner.tp_) {
   const size_t layers = static_cast<size_t>(cfg.n_layers);
   const int64_t n = tp.size();
   sp = tp.active() && tp.sequence_parallel;
@@ -41,8 +39,7 @@ Model::Impl::Impl(Model& owner)
   }
   if (cfg.family == Family::llama) {
     has_rope = true;
-    rope = cpu::make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_frequencies(),
-                                ctx.tracker());
+    rope = backend.make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_frequencies());
   } else {
     positions = local(1);
   }
@@ -156,14 +153,14 @@ Block Model::Impl::make_block(int64_t layer) const {
   return b;
 }
 
-cpu::AttentionDims Model::Impl::attention_dims(int64_t batch, int64_t seq) const {
-  return cpu::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim(), row_positions};
+ops::AttentionDims Model::Impl::attention_dims(int64_t batch, int64_t seq) const {
+  return ops::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim(), row_positions};
 }
 
 void Model::Impl::ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const {
   if (!t.defined() || t.shape() != shape || t.dtype() != dtype) {
     t = Tensor();  // free first, so the peak does not count both
-    t = Tensor(shape, dtype, category, ctx.tracker());
+    t = backend.allocate(shape, dtype, category);
   }
 }
 
@@ -209,7 +206,7 @@ const Tensor& Model::Impl::forward_trunk(Activations& acts, const int32_t* token
     const Tensor& x = acts.residual[keep_all ? l : l % 2];
     Tensor& out = acts.residual[keep_all ? l + 1 : (l + 1) % 2];
     BlockActs& a = acts.blocks[keep_all ? l : 0];
-    cpu::KVCacheLayer* layer_cache = cache ? &cache->layers[l] : nullptr;
+    ops::KVCacheLayer* layer_cache = cache ? &cache->layers[l] : nullptr;
     const int64_t layer = static_cast<int64_t>(l);
     before(layer_unit(layer), UnitPass::forward);
     if (keep_all) {
@@ -229,10 +226,10 @@ void Model::Impl::norm_forward(const Norm& norm, const Tensor& x, DType dt, Tens
   ensure(rstd, {rows}, DType::f32, category);
   if (norm.layer_norm()) {
     ensure(mean, {rows}, DType::f32, category);
-    cpu::layernorm_forward(x.data<float>(), master(norm.weight), master(norm.bias), dt, y.raw(),
+    backend.layernorm_forward(x.data<float>(), master(norm.weight), master(norm.bias), dt, y.raw(),
                            mean.data<float>(), rstd.data<float>(), rows, d, cfg.norm_eps);
   } else {
-    cpu::rmsnorm_forward(x.data<float>(), master(norm.weight), dt, y.raw(), rstd.data<float>(),
+    backend.rmsnorm_forward(x.data<float>(), master(norm.weight), dt, y.raw(), rstd.data<float>(),
                          rows, d, cfg.norm_eps);
   }
 }
@@ -242,11 +239,11 @@ void Model::Impl::norm_backward(const Norm& norm, const Tensor& x, const Tensor&
   const int64_t d = cfg.dim;
   if (norm.layer_norm()) {
     float* dw = norm_grad(norm.weight);
-    cpu::layernorm_backward(x.data<float>(), master(norm.weight), mean.data<float>(),
+    backend.layernorm_backward(x.data<float>(), master(norm.weight), mean.data<float>(),
                             rstd.data<float>(), dy, dx, dw, norm_grad(norm.bias, 1), rows, d);
     ready(norm.bias);
   } else {
-    cpu::rmsnorm_backward(x.data<float>(), master(norm.weight), rstd.data<float>(), dy, dx,
+    backend.rmsnorm_backward(x.data<float>(), master(norm.weight), rstd.data<float>(), dy, dx,
                           norm_grad(norm.weight), rows, d);
   }
   ready(norm.weight);
@@ -254,9 +251,9 @@ void Model::Impl::norm_backward(const Norm& norm, const Tensor& x, const Tensor&
 
 void Model::Impl::linear_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y,
                                  bool accumulate) {
-  cpu::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
+  ops::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
   const float* bias = lin.bias != kNoParam ? master(lin.bias) : nullptr;
-  cpu::matmul(ctx, dims, dt, x, weight(lin.weight, dt), DType::f32, y, 1.0f, accumulate, bias);
+  backend.matmul(dims, dt, x, weight(lin.weight, dt), DType::f32, y, 1.0f, accumulate, bias);
   lora_forward(lin, dt, x, rows, y);
 }
 
@@ -304,14 +301,14 @@ const void* Model::Impl::lora_input_product(const Linear& lin, const LoraAdapter
   const int64_t r = cfg.lora.rank;
   const void* x = lora_dropped_input(lin, ad, dt, x_in, rows);
   ensure(ws.lora_u, {rows, r}, dt, MemCategory::workspace);
-  const cpu::MatmulDims dims{.m = rows, .n = r, .k = lin.in, .trans_b = true};
+  const ops::MatmulDims dims{.m = rows, .n = r, .k = lin.in, .trans_b = true};
   if (!ad.row_parallel) {
-    cpu::matmul(ctx, dims, dt, x, weight(ad.a, dt), dt, ws.lora_u.raw());
+    backend.matmul(dims, dt, x, weight(ad.a, dt), dt, ws.lora_u.raw());
     return ws.lora_u.raw();
   }
   // This rank's input columns give a partial x A^T: summed over tp in f32.
   ensure(ws.lora_u_sum, {rows, r}, DType::f32, MemCategory::workspace);
-  cpu::matmul(ctx, dims, dt, x, weight(ad.a, dt), DType::f32, ws.lora_u_sum.raw());
+  backend.matmul(dims, dt, x, weight(ad.a, dt), DType::f32, ws.lora_u_sum.raw());
   tp_all_reduce_sum(tp, ws.lora_u_sum.data<float>(), rows * r);
   if (dt == DType::f32) return ws.lora_u_sum.raw();
   ws.lora_u.copy_from(ws.lora_u_sum);
@@ -325,7 +322,7 @@ void Model::Impl::lora_forward(const Linear& lin, DType dt, const void* x, int64
     const void* u = lora_input_product(lin, ad, dt, x, rows);
     // A row-parallel layer's y is a partial sum over tp: the term goes into one rank's.
     if (ad.row_parallel && tp.rank() != 0) continue;
-    cpu::matmul(ctx, {.m = rows, .n = ad.out, .k = r, .trans_b = true, .ldc = lin.out}, dt, u,
+    backend.matmul({.m = rows, .n = ad.out, .k = r, .trans_b = true, .ldc = lin.out}, dt, u,
                 weight(ad.b, dt), DType::f32, y + ad.out_begin, cfg.lora.scale(), true);
   }
 }
@@ -342,7 +339,7 @@ void Model::Impl::lora_backward_input(const Linear& lin, DType dt, const void* d
     // du = scale * dY[:, out_begin:] B [rows, r]; dx += du A.
     float* du = ws.lora_du.data<float>() + static_cast<int64_t>(i) * rows * r;
     const char* dy_slice = static_cast<const char*>(dy) + static_cast<size_t>(ad.out_begin) * esize;
-    cpu::matmul(ctx, {.m = rows, .n = r, .k = ad.out, .lda = lin.out}, dt, dy_slice,
+    backend.matmul({.m = rows, .n = r, .k = ad.out, .lda = lin.out}, dt, dy_slice,
                 weight(ad.b, dt), DType::f32, du, cfg.lora.scale());
     if (dx == nullptr) continue;
     const void* du_c = du;
@@ -352,14 +349,14 @@ void Model::Impl::lora_backward_input(const Linear& lin, DType dt, const void* d
       du_c = ws.lora_du_c.raw();
     }
     if (!dropping()) {
-      cpu::matmul(ctx, {.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32,
+      backend.matmul({.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32,
                   dx, 1.0f, true);
       continue;
     }
     // Through the dropout: dx += mask * (du A).
     ensure(ws.lora_x32, {rows, lin.in}, DType::f32, MemCategory::workspace);
     float* t = ws.lora_x32.data<float>();
-    cpu::matmul(ctx, {.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32, t);
+    backend.matmul({.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32, t);
     lora_dropout_mask(lin, ad, rows);
     const float* mask = ws.lora_mask.data<float>();
     const int64_t n = rows * lin.in;
@@ -379,7 +376,7 @@ void Model::Impl::lora_backward_weight(const Linear& lin, DType dt, const void* 
     // dB += scale * dY[:, out_begin:]^T u, with u = x A^T again (not kept).
     const void* u = lora_input_product(lin, ad, dt, x, rows);
     const char* dy_slice = static_cast<const char*>(dy) + static_cast<size_t>(ad.out_begin) * esize;
-    cpu::matmul(ctx, {.m = ad.out, .n = r, .k = rows, .trans_a = true, .lda = lin.out}, dt,
+    backend.matmul({.m = ad.out, .n = r, .k = rows, .trans_a = true, .lda = lin.out}, dt,
                 dy_slice, u, DType::f32, grad(ad.b), cfg.lora.scale(), true);
     ready(ad.b);
     // dA += du^T x. A column-parallel layer's du is summed over tp first (each
@@ -392,7 +389,7 @@ void Model::Impl::lora_backward_weight(const Linear& lin, DType dt, const void* 
       convert(DType::f32, du, dt, ws.lora_du_c.raw(), static_cast<size_t>(rows * r));
       du_c = ws.lora_du_c.raw();
     }
-    cpu::matmul(ctx, {.m = r, .n = lin.in, .k = rows, .trans_a = true}, dt, du_c,
+    backend.matmul({.m = r, .n = lin.in, .k = rows, .trans_a = true}, dt, du_c,
                 lora_dropped_input(lin, ad, dt, x, rows), DType::f32, grad(ad.a), 1.0f, true);
     ready(ad.a);
   }
@@ -416,11 +413,11 @@ void Model::Impl::linear_backward_weight(const Linear& lin, DType dt, const void
   if (trains(lin.weight)) {
     // dW += dY^T · X ([out, in], nn.Linear) or X^T · dY ([in, out], Conv1D).
     if (lin.nn_linear) {
-      cpu::MatmulDims dims{.m = lin.out, .n = lin.in, .k = rows, .trans_a = true};
-      cpu::matmul(ctx, dims, dt, dy, x, DType::f32, grad(lin.weight), 1.0f, true);
+      ops::MatmulDims dims{.m = lin.out, .n = lin.in, .k = rows, .trans_a = true};
+      backend.matmul(dims, dt, dy, x, DType::f32, grad(lin.weight), 1.0f, true);
     } else {
-      cpu::MatmulDims dims{.m = lin.in, .n = lin.out, .k = rows, .trans_a = true};
-      cpu::matmul(ctx, dims, dt, x, dy, DType::f32, grad(lin.weight), 1.0f, true);
+      ops::MatmulDims dims{.m = lin.in, .n = lin.out, .k = rows, .trans_a = true};
+      backend.matmul(dims, dt, x, dy, DType::f32, grad(lin.weight), 1.0f, true);
     }
   }
   if (lin.bias != kNoParam) {
@@ -433,7 +430,7 @@ void Model::Impl::linear_backward_weight(const Linear& lin, DType dt, const void
           dy_f32 = scratch;
         }
       }
-      cpu::bias_backward(dy_f32, grad(lin.bias), rows, lin.out);
+      backend.bias_backward(dy_f32, grad(lin.bias), rows, lin.out);
     }
     ready(lin.bias);
   }
@@ -443,8 +440,8 @@ void Model::Impl::linear_backward_weight(const Linear& lin, DType dt, const void
 void Model::Impl::linear_backward_input(const Linear& lin, DType dt, const void* dy, int64_t rows,
                                         float* dx) {
   // dX = dY · W ([out, in]) or dY · W^T ([in, out]).
-  cpu::MatmulDims dims{.m = rows, .n = lin.in, .k = lin.out, .trans_b = !lin.nn_linear};
-  cpu::matmul(ctx, dims, dt, dy, weight(lin.weight, dt), DType::f32, dx);
+  ops::MatmulDims dims{.m = rows, .n = lin.in, .k = lin.out, .trans_b = !lin.nn_linear};
+  backend.matmul(dims, dt, dy, weight(lin.weight, dt), DType::f32, dx);
   lora_backward_input(lin, dt, dy, rows, dx);
 }
 
@@ -456,11 +453,11 @@ const void* Model::Impl::residual_grad_compute(DType dt, const Tensor& dres, int
 }
 
 void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out,
-                                DType dt, int64_t batch, int64_t seq, cpu::KVCacheLayer* cache,
+                                DType dt, int64_t batch, int64_t seq, ops::KVCacheLayer* cache,
                                 int64_t pos0) {
   const Block& b = block(layer);
   const int64_t rows = batch * seq;
-  const cpu::AttentionDims dims = attention_dims(batch, seq);
+  const ops::AttentionDims dims = attention_dims(batch, seq);
   const MemCategory act = a.category;
 
   // Attention sub-block: mid = x + proj(attention(qkv(norm1(x)))).
@@ -470,10 +467,10 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   ensure(a.att, {rows, b.proj.in}, dt, act);
   if (cache != nullptr) {
     MESHTRAIN_CHECK(dt == DType::f32, "model: decoding runs in f32");
-    cpu::attention_decode(ctx, dims, rope_table(), ws.qkv.data<float>(), pos0, *cache,
+    backend.attention_decode(dims, rope_table(), ws.qkv.data<float>(), pos0, *cache,
                           a.att.data<float>());
   } else {
-    cpu::attention_forward(ctx, dims, rope_table(), dt, ws.qkv.data<float>(), a.att.raw(), a.attn);
+    backend.attention_forward(dims, rope_table(), dt, ws.qkv.data<float>(), a.att.raw(), a.attn);
   }
   ensure(a.mid, x.shape(), DType::f32, act);
   row_parallel_add(b.proj, dt, a.att.raw(), rows, x, a.mid);
@@ -490,9 +487,9 @@ void Model::Impl::mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64
                                  MemCategory category) {
   ensure(act, {rows, hidden}, dt, category);
   if (cfg.family == Family::llama) {
-    cpu::swiglu_forward(pre.data<float>(), dt, act.raw(), rows, hidden);
+    backend.swiglu_forward(pre.data<float>(), dt, act.raw(), rows, hidden);
   } else {
-    cpu::gelu_forward(pre.data<float>(), dt, act.raw(), rows * hidden);
+    backend.gelu_forward(pre.data<float>(), dt, act.raw(), rows * hidden);
   }
 }
 
@@ -514,9 +511,9 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   const void* dres_c = residual_grad_compute(dt, *dy, rows);
   linear_backward(b.ff_out, dt, dres_c, dy->data<float>(), a.ff_act.raw(), rows, dff, nullptr);
   if (cfg.family == Family::llama) {
-    cpu::swiglu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows, h);
+    backend.swiglu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows, h);
   } else {
-    cpu::gelu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * h);
+    backend.gelu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * h);
   }
   const float* dxn = column_parallel_backward(b.ff_in, dt, ws.dff_c.raw(), a.xn2, rows, dff);
   norm_backward(b.norm2, a.mid, a.mean2, a.rstd2, dxn, dres, srows);  // dres += d(norm2 input)
@@ -525,7 +522,7 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   dy = &full_residual_grad(rows);
   dres_c = residual_grad_compute(dt, *dy, rows);
   linear_backward(b.proj, dt, dres_c, dy->data<float>(), a.att.raw(), rows, dx, nullptr);
-  cpu::attention_backward(ctx, attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
+  backend.attention_backward(attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
                           ws.dqkv.raw());
   dxn = column_parallel_backward(b.qkv, dt, ws.dqkv.raw(), a.xn1, rows, dff);
   norm_backward(b.norm1, x, a.mean1, a.rstd1, dxn, dres, srows);

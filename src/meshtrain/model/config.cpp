@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "meshtrain/backend/cpu/attention.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/model/params.h"
 #include "meshtrain/util/error.h"
 
@@ -140,7 +140,7 @@ std::string_view rope_type_name(RopeType type) {
 }
 
 std::vector<float> ModelConfig::rope_frequencies() const {
-  std::vector<float> freq = cpu::rope_inv_freq(head_dim(), rope_theta);
+  std::vector<float> freq = ops::rope_inv_freq(head_dim(), rope_theta);
   const RopeScaling& r = rope_scaling;
   if (r.type == RopeType::linear) {
     for (float& f : freq) f /= r.factor;

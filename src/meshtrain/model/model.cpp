@@ -6,18 +6,16 @@
 
 #include <algorithm>
 
-#include "meshtrain/backend/cpu/cross_entropy.h"
-#include "meshtrain/backend/cpu/embedding.h"
-#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 
-Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx,
+Model::Model(const ModelConfig& config, Precision precision, Backend& backend,
              ParamStorage storage, const TensorParallel& tp, const StageLayers& stage)
-    : config_(config), precision_(precision), ctx_(ctx), storage_(storage), tp_(tp), stage_(stage) {
+    : config_(config), precision_(precision), backend_(backend), storage_(storage), tp_(tp), stage_(stage) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
@@ -35,13 +33,12 @@ Model::Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ct
     if (spec.matmul_weight) compute_total += spec.numel();
   }
   const bool flat = storage_ == ParamStorage::flat;
-  MemoryTracker& tracker = ctx.tracker();
   if (flat) {
-    flat_master_ = Tensor({master_total}, DType::f32, MemCategory::params, tracker);
-    flat_grad_ = Tensor({num_trainable_}, DType::f32, MemCategory::grads, tracker);
+    flat_master_ = backend.allocate({master_total}, DType::f32, MemCategory::params);
+    flat_grad_ = backend.allocate({num_trainable_}, DType::f32, MemCategory::grads);
   }
   if (flat && mixed) {
-    flat_compute_ = Tensor({compute_total}, narrow, MemCategory::params, tracker);
+    flat_compute_ = backend.allocate({compute_total}, narrow, MemCategory::params);
   }
   int64_t offset = 0, master_offset = 0, grad_offset = 0, compute_offset = 0;
   params_.reserve(specs.size());
@@ -141,8 +138,8 @@ void Model::Impl::embedding_forward(const int32_t* tokens, int64_t batch, int64_
   const float* wpe = positions != kNoParam ? master(positions) : nullptr;
   const int64_t d = cfg.dim;
   if (table.master.defined()) {
-    cpu::embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0,
-                           row_positions);
+    backend.embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0,
+                              row_positions);
     return;
   }
   // External storage with a bf16 / f16 embedding bound as `compute` only:
@@ -301,12 +298,12 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   if (m.tied) m.before(m.embed_unit, UnitPass::backward);
   m.ensure(m.ws.dx, {rows, d}, DType::f32, MemCategory::workspace);
   m.ensure(m.ws.dres, {m.shard_rows(rows), d}, DType::f32, MemCategory::workspace);
-  cpu::ClassifierArgs args = m.classifier_args(hn, targets, rows, dt);
+  ops::ClassifierArgs args = m.classifier_args(hn, targets, rows, dt);
   args.grad_scale = grad_scale;
   args.dh = m.ws.dx.data<float>();
   args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;
   trace::Span classifier_span("backward", "classifier");
-  const double loss = cpu::fused_classifier(ctx_, args);
+  const double loss = backend_.fused_classifier(args);
   if (!m.tied) m.ready(m.output);
   m.ws.dres.zero();
   m.norm_backward(m.final_norm, last, m.train.mean_f, m.train.rstd_f, m.reduce_input_grad(rows),
@@ -340,7 +337,7 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
   const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);
   double loss = 0;
   m.head_forward(acts, last, dt, [&] {
-    loss = cpu::fused_classifier(ctx_, m.classifier_args(acts.head_input, targets, batch * seq, dt));
+    loss = backend_.fused_classifier(m.classifier_args(acts.head_input, targets, batch * seq, dt));
   });
   return loss;
 }
@@ -356,16 +353,16 @@ void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, fl
   m.head_forward(acts, last, dt, [&] {
     const int64_t rows = batch * seq;
     if (!tp_.active()) {
-      cpu::MatmulDims dims{.m = rows, .n = config_.vocab_size, .k = config_.dim, .trans_b = true};
-      cpu::matmul(ctx_, dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, logits);
+      ops::MatmulDims dims{.m = rows, .n = config_.vocab_size, .k = config_.dim, .trans_b = true};
+      backend_.matmul(dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, logits);
       return;
     }
     // This rank's vocabulary columns, then every rank's slices into place.
     const int64_t vl = m.vocab_rows, n = tp_.size();
-    Tensor local({n, rows, vl}, DType::f32, MemCategory::workspace, ctx_.tracker());
+    Tensor local = backend_.allocate({n, rows, vl}, DType::f32, MemCategory::workspace);
     float* mine = local.data<float>() + tp_.rank() * rows * vl;
-    cpu::MatmulDims dims{.m = rows, .n = vl, .k = config_.dim, .trans_b = true};
-    cpu::matmul(ctx_, dims, dt, acts.head_input, m.weight(m.output, dt), DType::f32, mine);
+    ops::MatmulDims dims{.m = rows, .n = vl, .k = config_.dim, .trans_b = true};
+    backend_.matmul(dims, dt, acts.head_input, m.weight(m.output, dt), DType::f32, mine);
     tp_all_gather_rows(tp_, local.raw(), rows, vl, DType::f32);
     const TensorSplit& split = params_[m.output].spec.split;
     for (int r = 0; r < n; ++r) {
@@ -388,9 +385,9 @@ KVCache Model::make_kv_cache(int64_t batch, int64_t max_seq) {
   cache.max_seq = max_seq;
   const Shape shape{batch, config_.n_kv_heads, max_seq, config_.head_dim()};
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    cpu::KVCacheLayer layer;
-    layer.k = Tensor(shape, DType::f32, MemCategory::activations, ctx_.tracker());
-    layer.v = Tensor(shape, DType::f32, MemCategory::activations, ctx_.tracker());
+    ops::KVCacheLayer layer;
+    layer.k = backend_.allocate(shape, DType::f32, MemCategory::activations);
+    layer.v = backend_.allocate(shape, DType::f32, MemCategory::activations);
     cache.layers.push_back(std::move(layer));
   }
   return cache;
@@ -418,12 +415,12 @@ void Model::decode(const int32_t* tokens, int64_t batch, int64_t n_new, KVCache&
   const Tensor& residual = m.forward_trunk(acts, tokens, batch, n_new, DType::f32, false, &cache);
   m.head_forward(acts, residual, DType::f32, [&] {
     // Logits of each sequence's last position only.
-    Tensor last({batch, d}, DType::f32, MemCategory::workspace, ctx_.tracker());
+    Tensor last = backend_.allocate({batch, d}, DType::f32, MemCategory::workspace);
     for (int64_t b = 0; b < batch; ++b) {
       last.view(b * d, {d}).copy_from(acts.hn.view((b * n_new + n_new - 1) * d, {d}));
     }
-    cpu::MatmulDims dims{.m = batch, .n = config_.vocab_size, .k = d, .trans_b = true};
-    cpu::matmul(ctx_, dims, DType::f32, last.raw(), m.master(m.output), DType::f32, last_logits);
+    ops::MatmulDims dims{.m = batch, .n = config_.vocab_size, .k = d, .trans_b = true};
+    backend_.matmul(dims, DType::f32, last.raw(), m.master(m.output), DType::f32, last_logits);
   });
   cache.length += n_new;
 }

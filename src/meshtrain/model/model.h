@@ -8,8 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "meshtrain/backend/cpu/attention.h"
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/params.h"
 #include "meshtrain/parallel/tensor/tensor_parallel.h"
@@ -19,7 +18,7 @@ namespace meshtrain {
 // Per-sequence state for incremental decoding.
 struct KVCache {
   int64_t batch = 0, max_seq = 0, length = 0;
-  std::vector<cpu::KVCacheLayer> layers;
+  std::vector<ops::KVCacheLayer> layers;
 };
 
 enum class UnitPass { forward, backward };
@@ -89,7 +88,7 @@ struct StageLayers {
 // sequence parallelism batch * seq too. decode needs tp = 1.
 class Model {
  public:
-  Model(const ModelConfig& config, Precision precision, cpu::CpuContext& ctx,
+  Model(const ModelConfig& config, Precision precision, Backend& backend,
         ParamStorage storage = ParamStorage::flat, const TensorParallel& tp = {},
         const StageLayers& stage = {});
   ~Model();
@@ -98,7 +97,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
-  cpu::CpuContext& ctx() { return ctx_; }
+  Backend& backend() const { return backend_; }
   ParamStorage storage() const { return storage_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
   // What this rank holds of every global tensor: each parameter's tp slice
@@ -139,7 +138,7 @@ class Model {
   // grad buffer, each token's loss weighted by grad_scale (so grad_scale =
   // 1 / loss-tokens-in-the-optimizer-step gives the mean over the step). A
   // negative target is ignored (no loss, no gradient: SFT prompts, padding).
-  // positions (packed records, cpu::AttentionDims::positions): [batch * seq]
+  // positions (packed records, ops::AttentionDims::positions): [batch * seq]
   // each token's position in its record; attention never crosses a record
   // and positions (RoPE, learned) restart at 0. nullptr: one sequence per row.
   // Returns the sum of the token losses.
@@ -225,7 +224,7 @@ class Model {
   void select_stage(std::vector<ParamSpec>& specs);
   ModelConfig config_;
   Precision precision_;
-  cpu::CpuContext& ctx_;
+  Backend& backend_;
   ParamStorage storage_;
   TensorParallel tp_;
   StageLayers stage_;

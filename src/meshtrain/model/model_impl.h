@@ -8,8 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "meshtrain/backend/cpu/attention.h"
-#include "meshtrain/backend/cpu/cross_entropy.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model.h"
 
 namespace meshtrain {
@@ -66,7 +65,7 @@ struct BlockActs {
   // Norm outputs and stats cover this rank's residual rows (N / tp under
   // sequence parallelism: all-gathered again in backward).
   Tensor xn1, mean1, rstd1;  // norm1 output [N, d] dt; stats [N] f32 (mean: LayerNorm only)
-  cpu::AttentionSaved attn;  // q, k, v, probs (allocated by the kernel)
+  ops::AttentionSaved attn;  // q, k, v, probs (allocated by the kernel)
   Tensor att;                // attention output [N, H*D] dt
   Tensor mid;                // residual after attention [N, d] f32
   Tensor xn2, mean2, rstd2;  // norm2 output and stats
@@ -134,8 +133,8 @@ struct Model::Impl {
 
   const Block& block(int64_t layer) const { return blocks[static_cast<size_t>(layer)]; }
   Block make_block(int64_t layer) const;  // from the registry, by name
-  cpu::AttentionDims attention_dims(int64_t batch, int64_t seq) const;
-  const cpu::RopeTable* rope_table() const { return has_rope ? &rope : nullptr; }
+  ops::AttentionDims attention_dims(int64_t batch, int64_t seq) const;
+  const ops::RopeTable* rope_table() const { return has_rope ? &rope : nullptr; }
   void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const;
   void check_tokens(const int32_t* ids, int64_t n, bool allow_negative, const char* what) const;
 
@@ -155,7 +154,7 @@ struct Model::Impl {
   void head_forward(Activations& acts, const Tensor& last, DType dt, Classifier&& classifier);
   // cache != nullptr: incremental decoding at positions [pos0, pos0 + seq) (f32 only).
   void forward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out, DType dt,
-                     int64_t batch, int64_t seq, cpu::KVCacheLayer* cache, int64_t pos0);
+                     int64_t batch, int64_t seq, ops::KVCacheLayer* cache, int64_t pos0);
   // Workspace dres holds d(out) on entry and d(x) on return.
   void backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt, int64_t batch,
                       int64_t seq);
@@ -250,7 +249,7 @@ struct Model::Impl {
   // The embeddings' gradients from ws.dres.
   void embed_backward(const int32_t* tokens, int64_t batch, int64_t seq);
   // The fused classifier's arguments over h [rows, d] (vocab slice and reductions).
-  cpu::ClassifierArgs classifier_args(const void* h, const int32_t* targets, int64_t rows,
+  ops::ClassifierArgs classifier_args(const void* h, const int32_t* targets, int64_t rows,
                                       DType dt);
 
   // The running pass's per-token record positions (Model::forward_backward),
@@ -264,14 +263,14 @@ struct Model::Impl {
 
   Model& model;
   const ModelConfig& cfg;
-  cpu::CpuContext& ctx;
+  Backend& backend;
   const TensorParallel& tp;
   bool sp = false;                           // sequence parallel (and tp > 1)
   int64_t heads = 0, kv_heads = 0, hidden = 0;  // this rank's
   int64_t vocab_rows = 0, vocab_begin = 0, vocab_valid = 0;  // its vocabulary slice
   std::vector<std::pair<size_t, int64_t>> pending_norm_grads;  // (param, offset in ws.norm_grads)
   bool has_rope = false;
-  cpu::RopeTable rope;
+  ops::RopeTable rope;
   size_t embed = 0, positions = kNoParam, output = 0;
   size_t embed_unit = 0, head_unit = 0;  // kNoUnit on stages without them
   std::vector<size_t> unit_of_layer;     // by global layer

@@ -3,7 +3,7 @@
 // that micro-batch's backward (parallel/pipeline drives them).
 #include <fmt/format.h>
 
-#include "meshtrain/backend/cpu/cross_entropy.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
 
@@ -199,8 +199,8 @@ double Model::stage_loss(int chunk, int64_t micro_batch, const int32_t* targets)
   m.check_tokens(targets, rows, true, "target");
   m.before(m.head_unit, UnitPass::forward);
   if (m.tied) m.before(m.embed_unit, UnitPass::forward);
-  const double loss = cpu::fused_classifier(
-      ctx_, m.classifier_args(acts.head_input, targets, rows, compute_dtype(precision_)));
+  const double loss = backend_.fused_classifier(
+      m.classifier_args(acts.head_input, targets, rows, compute_dtype(precision_)));
   if (m.tied) m.after(m.embed_unit, UnitPass::forward);
   m.after(m.head_unit, UnitPass::forward);
   m.staged.erase(found);
@@ -229,11 +229,11 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
     m.ensure(m.ws.dx, {rows, d}, DType::f32, MemCategory::workspace);
     m.before(m.head_unit, UnitPass::backward);
     if (m.tied) m.before(m.embed_unit, UnitPass::backward);
-    cpu::ClassifierArgs args = m.classifier_args(acts.head_input, targets, rows, dt);
+    ops::ClassifierArgs args = m.classifier_args(acts.head_input, targets, rows, dt);
     args.grad_scale = grad_scale;
     args.dh = m.ws.dx.data<float>();
     args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;  // frozen (LoRA): none
-    loss = cpu::fused_classifier(ctx_, args);
+    loss = backend_.fused_classifier(args);
     if (!m.tied) m.ready(m.output);
     m.ws.dres.zero();
     m.norm_backward(m.final_norm, acts.residual.back(), acts.mean_f, acts.rstd_f,

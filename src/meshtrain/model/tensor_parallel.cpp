@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "meshtrain/backend/cpu/adamw.h"
-#include "meshtrain/backend/cpu/embedding.h"
-#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/parallel/tensor/vocab_parallel.h"
 #include "meshtrain/util/error.h"
@@ -42,8 +40,8 @@ void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, 
   // bias (replicated) is added once, after the reduction.
   const int64_t d = cfg.dim, srows = shard_rows(rows);
   ensure(ws.partial, {rows, d}, DType::f32, MemCategory::workspace);
-  cpu::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
-  cpu::matmul(ctx, dims, dt, in, weight(lin.weight, dt), DType::f32, ws.partial.data<float>());
+  ops::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
+  backend.matmul(dims, dt, in, weight(lin.weight, dt), DType::f32, ws.partial.data<float>());
   lora_forward(lin, dt, in, rows, ws.partial.data<float>());  // added on tp rank 0 only
   const float* sum = ws.partial.data<float>();
   if (sp) {
@@ -188,14 +186,14 @@ void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t s
   const int64_t rows = batch * seq, d = cfg.dim;
   float* dpositions = positions != kNoParam ? grad(positions) : nullptr;
   if (!tp.active()) {
-    cpu::embedding_backward(tokens, ws.dres.data<float>(), grad(embed), dpositions, batch, seq, d,
+    backend.embedding_backward(tokens, ws.dres.data<float>(), grad(embed), dpositions, batch, seq, d,
                             0, std::numeric_limits<int64_t>::max(), row_positions);
     return;
   }
   // Every rank sees all rows' gradients (replicated, or all-gathered under
   // sequence parallelism), so the position gradients are complete everywhere.
   const Tensor& dres = full_residual_grad(rows);
-  cpu::embedding_backward(tokens, dres.data<float>(), grad(embed), dpositions, batch, seq, d,
+  backend.embedding_backward(tokens, dres.data<float>(), grad(embed), dpositions, batch, seq, d,
                           vocab_begin, vocab_begin + vocab_valid, row_positions);
 }
 
@@ -203,14 +201,16 @@ double tensor_parallel_grad_norm(const Model& model) {
   const TensorParallel& tp = model.tensor_parallel();
   double total = 0.0;
   for (const Parameter& p : model.params()) {
-    if (p.spec.trainable && tp_counts_once(tp, p.spec.split)) total += cpu::sum_squares(p.grad.data<float>(), p.spec.numel());
+    if (p.spec.trainable && tp_counts_once(tp, p.spec.split)) {
+      total += model.backend().sum_squares(p.grad.data<float>(), p.spec.numel());
+    }
   }
   return std::sqrt(tp_sum(tp, total));
 }
 
-cpu::ClassifierArgs Model::Impl::classifier_args(const void* h, const int32_t* targets,
+ops::ClassifierArgs Model::Impl::classifier_args(const void* h, const int32_t* targets,
                                                  int64_t rows, DType dt) {
-  cpu::ClassifierArgs args;
+  ops::ClassifierArgs args;
   args.rows = rows;
   args.dim = cfg.dim;
   args.vocab = vocab_rows;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -18,9 +18,9 @@ void check_adamw_config(const AdamWConfig& config) {
                   config.weight_decay);
 }
 
-cpu::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, float lr,
+ops::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, float lr,
                             int64_t step, float grad_scale) {
-  cpu::AdamWHyper hyper;
+  ops::AdamWHyper hyper;
   hyper.lr = lr;
   hyper.beta1 = config.beta1;
   hyper.beta2 = config.beta2;
@@ -34,9 +34,9 @@ cpu::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, fl
 AdamW::AdamW(Model& model, const AdamWConfig& config)
     : model_(model),
       config_(config),
-      exp_avg_({model.num_trainable()}, DType::f32, MemCategory::optimizer, model.ctx().tracker()),
+      exp_avg_({model.num_trainable()}, DType::f32, MemCategory::optimizer, model.backend().tracker()),
       exp_avg_sq_({model.num_trainable()}, DType::f32, MemCategory::optimizer,
-                  model.ctx().tracker()) {
+                  model.backend().tracker()) {
   check_adamw_config(config);
 }
 
@@ -47,11 +47,11 @@ void AdamW::step(float lr, float grad_scale) {
   // Per parameter, so weight decay follows the role (never the tensor's index).
   for (Parameter& p : model_.params()) {
     if (!p.spec.trainable) continue;  // frozen (LoRA's base): never written
-    cpu::AdamWHyper hyper = adamw_hyper(config_, p.spec, lr, step_count_, grad_scale);
-    cpu::ComputeCopy compute;
-    if (p.compute.defined()) compute = cpu::ComputeCopy(p.compute.raw(), p.compute.dtype());
-    cpu::adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(), m + p.grad_offset,
-                      v + p.grad_offset, compute, p.spec.numel());
+    ops::AdamWHyper hyper = adamw_hyper(config_, p.spec, lr, step_count_, grad_scale);
+    ops::ComputeCopy compute;
+    if (p.compute.defined()) compute = ops::ComputeCopy(p.compute.raw(), p.compute.dtype());
+    model_.backend().adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(),
+                                  m + p.grad_offset, v + p.grad_offset, compute, p.spec.numel());
   }
 }
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/parallel/layout/shard_map.h"
 
@@ -22,7 +22,7 @@ struct AdamWConfig {
 // Throws Error naming the first invalid optim.* field.
 void check_adamw_config(const AdamWConfig& config);
 // The kernel's hyperparameters for one parameter: weight decay by its role.
-cpu::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, float lr,
+ops::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, float lr,
                             int64_t step, float grad_scale);
 
 // As a StateAccess: the local state space is the model's flat layout (master

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/backend/backend.h"
 
 namespace meshtrain {
 
@@ -12,7 +12,7 @@ double global_grad_norm(const Model& model) {
   double total = 0.0;
   for (const Parameter& p : model.params()) {
     if (!p.spec.trainable) continue;  // frozen: no gradient
-    total += cpu::sum_squares(p.grad.data<float>(), p.spec.numel());
+    total += model.backend().sum_squares(p.grad.data<float>(), p.spec.numel());
   }
   return std::sqrt(total);
 }

@@ -18,26 +18,52 @@ int64_t shape_numel(const Shape& shape) {
 
 std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-Storage::Storage(size_t bytes, MemCategory category, MemoryTracker& tracker)
-    : bytes_(bytes), category_(category), tracker_(&tracker) {
-  // Large buffers page-aligned (direct I/O takes them as they are).
-  const size_t kAlign = bytes >= (size_t{1} << 20) ? 4096 : 64;
-  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  data_ = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
-  if (data_ == nullptr) throw std::bad_alloc();
-  std::memset(data_, 0, rounded);
+std::string Device::str() const {
+  if (kind == DeviceKind::cpu) return "cpu";
+  return fmt::format("cuda:{}", index);
+}
+
+namespace {
+
+class HostAllocator final : public Allocator {
+ public:
+  Device device() const override { return {}; }
+  void* allocate(size_t bytes) const override {
+    // Large buffers page-aligned (direct I/O takes them as they are).
+    const size_t align = bytes >= (size_t{1} << 20) ? 4096 : 64;
+    const size_t rounded = bytes == 0 ? align : (bytes + align - 1) / align * align;
+    void* data = std::aligned_alloc(align, rounded);
+    if (data == nullptr) throw std::bad_alloc();
+    std::memset(data, 0, rounded);
+    return data;
+  }
+  void release(void* data, size_t) const override { std::free(data); }
+};
+
+}  // namespace
+
+const Allocator& host_allocator() {
+  static const HostAllocator allocator;
+  return allocator;
+}
+
+Storage::Storage(size_t bytes, MemCategory category, MemoryTracker& tracker,
+                 const Allocator& allocator)
+    : bytes_(bytes), category_(category), tracker_(&tracker), allocator_(&allocator) {
+  data_ = allocator_->allocate(bytes);
   tracker_->on_alloc(category_, bytes_);
 }
 
 Storage::~Storage() {
-  std::free(data_);
+  allocator_->release(data_, bytes_);
   tracker_->on_free(category_, bytes_);
 }
 
-Tensor::Tensor(Shape shape, DType dtype, MemCategory category, MemoryTracker& tracker)
+Tensor::Tensor(Shape shape, DType dtype, MemCategory category, MemoryTracker& tracker,
+               const Allocator& allocator)
     : shape_(std::move(shape)), numel_(shape_numel(shape_)), dtype_(dtype) {
   MESHTRAIN_CHECK(numel_ >= 0, "negative tensor shape {}", shape_str(shape_));
-  storage_ = std::make_shared<Storage>(bytes(), category, tracker);
+  storage_ = std::make_shared<Storage>(bytes(), category, tracker, allocator);
 }
 
 Tensor Tensor::view(int64_t element_offset, Shape shape) const {

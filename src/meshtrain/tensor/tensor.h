@@ -1,6 +1,7 @@
-// A dense, row-major host tensor. Storage is 64-byte aligned, counted by a
-// MemoryTracker under one category, and shared between a tensor and its views
-// (a view keeps the storage alive; it is not counted twice).
+// A dense, row-major tensor on one device. Storage comes from that device's
+// Allocator (host memory, 64-byte aligned, unless a backend passes its own),
+// is counted by a MemoryTracker under one category, and is shared between a
+// tensor and its views (a view keeps the storage alive; it is not counted twice).
 #pragma once
 
 #include <cstdint>
@@ -19,10 +20,33 @@ using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 
-// Aligned, tracked bytes. Zero-filled on creation.
+enum class DeviceKind : uint8_t { cpu, cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;
+  bool is_host() const { return kind == DeviceKind::cpu; }
+  bool operator==(const Device&) const = default;
+  std::string str() const;  // "cpu", "cuda:1"
+};
+
+// Where a device's bytes come from. allocate returns zero-filled memory or
+// throws std::bad_alloc; release gets back what allocate returned.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  virtual void* allocate(size_t bytes) const = 0;
+  virtual void release(void* data, size_t bytes) const = 0;
+};
+// Host memory: 64-byte aligned, 4096 from 1 MiB (direct I/O takes it as it is).
+const Allocator& host_allocator();
+
+// Tracked bytes of one device. Zero-filled on creation.
 class Storage {
  public:
-  Storage(size_t bytes, MemCategory category, MemoryTracker& tracker);
+  Storage(size_t bytes, MemCategory category, MemoryTracker& tracker,
+          const Allocator& allocator = host_allocator());
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -30,19 +54,22 @@ class Storage {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
+  Device device() const { return allocator_->device(); }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_;
   MemoryTracker* tracker_;
+  const Allocator* allocator_;
 };
 
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates a zero-filled tensor.
-  Tensor(Shape shape, DType dtype, MemCategory category, MemoryTracker& tracker);
+  // Allocates a zero-filled tensor (in host memory unless `allocator` says otherwise).
+  Tensor(Shape shape, DType dtype, MemCategory category, MemoryTracker& tracker,
+         const Allocator& allocator = host_allocator());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -51,6 +78,7 @@ class Tensor {
   int64_t numel() const { return numel_; }
   DType dtype() const { return dtype_; }
   size_t bytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  Device device() const { return storage_ ? storage_->device() : Device{}; }
 
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_bytes_; }
   template <typename T>
@@ -63,6 +91,7 @@ class Tensor {
   // Same elements, another shape with the same numel.
   Tensor reshape(Shape shape) const { return view(0, std::move(shape)); }
 
+  // Host tensors only (a device's tensors go through its Backend).
   void zero();
   // Copies all elements from `other` (same numel), converting dtype if needed.
   void copy_from(const Tensor& other);

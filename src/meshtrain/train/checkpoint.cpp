@@ -231,13 +231,13 @@ void apply_init_from_model(TrainConfig& config, const std::string& from) {
 }
 
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
-                                      cpu::CpuContext& ctx) {
+                                      Backend& backend) {
   fs::path root(dir);
   check_checkpoint_dir(dir);
   if (is_training_checkpoint(dir)) {
     TrainConfig config;
     read_train_state(dir, &config);
-    auto model = std::make_unique<Model>(config.model, precision, ctx);
+    auto model = std::make_unique<Model>(config.model, precision, backend);
     if (dist_ckpt::is_sharded_checkpoint(dir)) {
       MasterOnly master(*model);
       dist_ckpt::load_checkpoint(dir, layout::master_weights_only(model->shard_map()), master,
@@ -252,7 +252,7 @@ std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precisio
                   "checkpoint '{}': neither a training step (manifest.json) nor a Hugging Face "
                   "directory (config.json)",
                   dir);
-  return import_hf(dir, precision, ctx);
+  return import_hf(dir, precision, backend);
 }
 
 }  // namespace meshtrain

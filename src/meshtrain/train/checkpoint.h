@@ -76,6 +76,6 @@ void apply_init_from_model(TrainConfig& config, const std::string& from);
 // A model from a directory: a training step directory (either format) or a
 // Hugging Face one (config.json + model.safetensors).
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
-                                      cpu::CpuContext& ctx);
+                                      Backend& backend);
 
 }  // namespace meshtrain

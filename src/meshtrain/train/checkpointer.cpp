@@ -169,7 +169,7 @@ void Checkpointer::reset_optimizer_state() {
   }
 }
 
-void Checkpointer::load_weights(const std::string& dir, cpu::CpuContext& ctx) {
+void Checkpointer::load_weights(const std::string& dir, Backend& backend) {
   const auto start = std::chrono::steady_clock::now();
   dp_.quiesce();
   layout::StateAccess& masters = dp_.state();
@@ -186,7 +186,7 @@ void Checkpointer::load_weights(const std::string& dir, cpu::CpuContext& ctx) {
     ModelConfig source_config;
     TensorSource source;
     if (is_training_checkpoint(dir)) {
-      whole = load_model_dir(dir, Precision::fp32, ctx);
+      whole = load_model_dir(dir, Precision::fp32, backend);
       source_config = whole->config();
       source = model_tensors(*whole);
     } else {

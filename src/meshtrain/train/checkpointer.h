@@ -56,7 +56,7 @@ class Checkpointer {
   // a sharded checkpoint of any layout (its moments dropped), or a whole model
   // load_model_dir reads (Hugging Face, whole-tensor checkpoint), built on this
   // rank and cut to its pieces. The optimizer state is left as it is (fresh).
-  void load_weights(const std::string& dir, cpu::CpuContext& ctx);
+  void load_weights(const std::string& dir, Backend& backend);
   // One state (master weights, a moment) as whole tensors in the flat
   // single-rank layout (registry order of the whole model), on every rank,
   // assembled from the owners' pieces. Collective.

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <toml++/toml.h>
 
+#include "meshtrain/backend/registry.h"
 #include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/trace_hook.h"
@@ -40,7 +41,7 @@ constexpr KeySpec kKeys[] = {
     {"train", "steps", Kind::integer},        {"train", "batch_size", Kind::integer},
     {"train", "batch_tokens", Kind::integer},
     {"train", "micro_batch_size", Kind::integer}, {"train", "seq_len", Kind::integer},
-    {"train", "threads", Kind::integer},      {"train", "grad_clip", Kind::number},
+    {"train", "device", Kind::string},       {"train", "threads", Kind::integer},      {"train", "grad_clip", Kind::number},
     {"train", "eval_interval", Kind::integer}, {"train", "eval_batches", Kind::integer},
     {"train", "log_interval", Kind::integer}, {"train", "peak_flops", Kind::number},
     {"train", "checkpoint_interval", Kind::integer}, {"train", "out_dir", Kind::string},
@@ -336,6 +337,7 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   s.read("batch_tokens", t.batch_tokens);
   s.read("micro_batch_size", t.micro_batch_size);
   s.read("seq_len", t.seq_len);
+  s.read("device", t.device);
   s.read("threads", t.threads);
   s.read("grad_clip", t.grad_clip);
   s.read("eval_interval", t.eval_interval);
@@ -383,6 +385,7 @@ TrainSettings read_train(const Section& s, const ModelConfig& model) {
   MESHTRAIN_CHECK(t.seq_len <= model.max_seq_len,
                   "config: train.seq_len ({}) must be <= model.max_seq_len ({})", t.seq_len,
                   model.max_seq_len);
+  backend_kind(t.device);  // names train.device when it is not a backend of this build
   check_min("train.threads", t.threads, 0);
   MESHTRAIN_CHECK(std::isfinite(t.grad_clip) && t.grad_clip >= 0,
                   "config: train.grad_clip must be >= 0 (0 = off), got {}", t.grad_clip);
@@ -697,6 +700,7 @@ toml::table to_table(const TrainConfig& c) {
       {"batch_tokens", t.batch_tokens},
       {"micro_batch_size", t.micro_batch_size},
       {"seq_len", t.seq_len},
+      {"device", t.device},
       {"threads", t.threads},
       {"grad_clip", exact(t.grad_clip)},
       {"eval_interval", t.eval_interval},

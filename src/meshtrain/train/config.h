@@ -32,6 +32,7 @@ struct TrainSettings {
   int64_t batch_tokens = 0;      // the global batch in tokens instead (0 = use batch_size)
   int64_t micro_batch_size = 0;  // sequences per forward/backward; 0 = batch_size
   int64_t seq_len = 256;
+  std::string device = "cpu";    // the backend that runs the model (backend/registry.h)
   int threads = 0;               // 0 = the cores available to the process
   float grad_clip = 1.0f;        // 0 = no clipping
   int64_t eval_interval = 100;   // steps; 0 = never (except never at all without data.val)

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/registry.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/data/sampler.h"
 #include "meshtrain/data/token_file.h"
@@ -64,8 +64,8 @@ EvalResult evaluate_checkpoint(const std::string& dir, const EvalOptions& option
   if (micro <= 0) micro = batch_size;
 
   MemoryTracker tracker;
-  cpu::CpuContext ctx(options.threads, tracker);
-  std::unique_ptr<Model> model = load_model_dir(dir, precision, ctx);
+  const std::unique_ptr<Backend> backend = make_backend(kHostBackend, options.threads, tracker);
+  std::unique_ptr<Model> model = load_model_dir(dir, precision, *backend);
   const ModelConfig& c = model->config();
   if (seq <= 0) seq = c.max_seq_len;
   MESHTRAIN_CHECK(seq <= c.max_seq_len, "eval: seq_len {} is beyond the model's max_seq_len {}",
@@ -99,8 +99,8 @@ void write_logits(const std::string& dir, const std::vector<int32_t>& ids,
   MESHTRAIN_CHECK(!ids.empty(), "eval: --logits-ids needs at least one id");
   MESHTRAIN_CHECK(!out_path.empty(), "eval: --logits-ids needs --logits-out");
   MemoryTracker tracker;
-  cpu::CpuContext ctx(threads, tracker);
-  std::unique_ptr<Model> model = load_model_dir(dir, Precision::fp32, ctx);
+  const std::unique_ptr<Backend> backend = make_backend(kHostBackend, threads, tracker);
+  std::unique_ptr<Model> model = load_model_dir(dir, Precision::fp32, *backend);
   const ModelConfig& c = model->config();
   const auto n = static_cast<int64_t>(ids.size());
   MESHTRAIN_CHECK(n <= c.max_seq_len, "eval: {} logits ids are more than max_seq_len {}", n,

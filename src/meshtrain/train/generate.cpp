@@ -59,7 +59,7 @@ std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt,
                   "sample: the prompt ({} ids) + max_new_tokens ({}) exceed the model's context, "
                   "max_seq_len {}", prompt_len, options.max_new_tokens, config.max_seq_len);
   KVCache cache = model.make_kv_cache(1, config.max_seq_len);
-  Tensor logits({config.vocab_size}, DType::f32, MemCategory::workspace, model.ctx().tracker());
+  Tensor logits({config.vocab_size}, DType::f32, MemCategory::workspace, model.backend().tracker());
   model.decode(prompt.data(), 1, prompt_len, cache, logits.data<float>());
   std::vector<int32_t> text = prompt, out;
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {

@@ -6,8 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "meshtrain/backend/cpu/attention.h"
-#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/registry.h"
 #include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/model/params.h"
@@ -109,7 +108,7 @@ double rope_table_bytes(const ModelConfig& model) {
 }
 
 int run_threads(const TrainConfig& config) {
-  return cpu::context_threads(config.train.threads);
+  return backend_kind(config.train.device).threads(config.train.threads);
 }
 
 // A block's GEMM (model/block.cpp Linear) on this rank, as the engine builds
@@ -208,26 +207,27 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
   return w + rope_table_bytes(config.model);
 }
 
-// The context's reused scratch slots (backend/cpu/onednn.h Scratch: each one
+// The backend's reused scratch slots (the CPU backend's Scratch: each one
 // grown to its largest request, the old buffer freed first, never shrunk), at
 // their size once every call of the step has run: oneDNN's scratchpad and
 // the f16 staging over every GEMM through matmul() (model/block.cpp,
-// model/tensor_parallel.cpp, the classifier of backend/cpu/cross_entropy.cpp),
+// model/tensor_parallel.cpp, the fused classifier),
 // the attention kernels' per-thread buffer, the classifier's logits chunk
 // (and its 16-bit d_logits); and the start-up FLOP/s probe's GEMMs
-// (train.peak_flops = 0). Sizes come from the backend's queries, which build
+// (train.peak_flops = 0). Sizes come from the backend kind's queries, which build
 // the primitive descriptors matmul() builds, for the run's thread count.
 double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage,
                           const std::vector<BlockGemm>& gemms, const ParamSpec* output, int tp_rank) {
   const DType dt = compute_dtype(config.train.precision);
+  const BackendKind& kind = backend_kind(config.train.device);
   const int threads = run_threads(config);
   const bool llama = config.model.family == Family::llama, tp = config.parallel.tp > 1;
   const auto n = static_cast<int64_t>(s.n), d = static_cast<int64_t>(s.d);
   size_t onednn = 0, staging = 0, attention = 0, logits = 0, dlogits = 0;
-  auto gemm = [&](const cpu::MatmulDims& dims, bool accumulate = false, bool bias = false,
+  auto gemm = [&](const ops::MatmulDims& dims, bool accumulate = false, bool bias = false,
                   float alpha = 1.0f, DType c = DType::f32) {
-    const cpu::MatmulWorkspace w =
-        cpu::matmul_workspace(dims, dt, c, threads, alpha, accumulate, bias);
+    const ops::MatmulWorkspace w =
+        kind.matmul_workspace(dims, dt, c, threads, alpha, accumulate, bias);
     onednn = std::max(onednn, w.scratchpad);
     staging = std::max(staging, w.f16_staging);
   };
@@ -261,7 +261,7 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
       }
     }
     const int64_t tp_size = config.parallel.tp;
-    const cpu::AttentionDims dims{static_cast<int64_t>(s.mb), static_cast<int64_t>(s.seq),
+    const ops::AttentionDims dims{static_cast<int64_t>(s.mb), static_cast<int64_t>(s.seq),
                                   config.model.n_heads / tp_size, config.model.n_kv_heads / tp_size,
                                   config.model.head_dim()};
     // Training's forward and backward (selective: the probabilities
@@ -270,12 +270,12 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
     const bool selective = config.train.recompute == Recompute::selective;
     for (bool backward : {false, true}) {
       attention = std::max(attention,
-                           cpu::attention_workspace_bytes(dims, dt, selective, backward, threads));
+                           kind.attention_workspace_bytes(dims, dt, selective, backward, threads));
     }
-    attention = std::max(attention, cpu::attention_workspace_bytes(dims, dt, false, false, threads));
+    attention = std::max(attention, kind.attention_workspace_bytes(dims, dt, false, false, threads));
   }
   if (config.train.peak_flops <= 0) {
-    const cpu::MatmulWorkspace probe = cpu::peak_probe_workspace(dt, threads).slots;
+    const ops::MatmulWorkspace probe = kind.peak_probe_workspace(dt, threads).slots;
     onednn = std::max(onednn, probe.scratchpad);
     staging = std::max(staging, probe.f16_staging);
   }
@@ -676,7 +676,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   if (evaluates && pp == 1) {
     // Evaluation's forward (keep nothing: scratch is workspace) next to the
     // training set, which stays allocated, except the attention kernel's saved
-    // q, k, v and probabilities (backend/cpu/attention.cpp), counted as
+    // q, k, v and probabilities (ops::AttentionSaved), counted as
     // activations: one block's, of one micro-batch.
     activations += s.e * s.n * (s.q + 2 * s.kv) + s.e * s.mb * s.heads * s.seq * s.seq;
   } else if (evaluates) {
@@ -725,8 +725,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   if (t.peak_flops <= 0) {
     // The FLOP/s probe at start (Trainer): the RoPE tables exist, the block
     // buffers not yet; its operands next to what its GEMMs grow the slots to.
-    const cpu::PeakProbeWorkspace probe =
-        cpu::peak_probe_workspace(compute_dtype(t.precision), run_threads(config));
+    const ops::PeakProbeWorkspace probe =
+        backend_kind(t.device).peak_probe_workspace(compute_dtype(t.precision), run_threads(config));
     workspace = std::max(workspace, rope_table_bytes(model) + static_cast<double>(probe.operands) +
                                         static_cast<double>(probe.slots.scratchpad +
                                                             probe.slots.f16_staging));

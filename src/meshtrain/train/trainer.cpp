@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/registry.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/train/data_source.h"
 #include "meshtrain/train/distributed.h"
@@ -100,7 +100,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     memory_plan_ = predict_run_memory(config_, mesh != nullptr ? mesh->size() : 1);
     check_memory_before_allocating(config_, memory_plan_, mesh, options_.console);
   }
-  ctx_ = std::make_unique<cpu::CpuContext>(t.threads, tracker_);
+  backend_ = make_backend(t.device, t.threads, tracker_);
 
   // The parallel modes, composed: the stage and tp slice the model holds, the
   // data parallelism that owns its gradients and optimizer state, the runner
@@ -108,7 +108,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   const int64_t micro_batches = loader_->micro_batches_per_step();
   TensorParallel tp;
   if (mesh != nullptr) tp = TensorParallel{&mesh->tp(), config_.parallel.sequence_parallel};
-  model_ = std::make_unique<Model>(config_.model, t.precision, *ctx_,
+  model_ = std::make_unique<Model>(config_.model, t.precision, *backend_,
                                    data_parallel_storage(config_), tp,
                                    stage_of(config_, mesh, micro_batches));
   model_->set_recompute({t.recompute, t.recompute_layers});
@@ -144,7 +144,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   }
   if (resumed_from_.empty()) {
     dp_->init_weights(t.seed);
-    if (!t.init_from.empty()) checkpointer_->load_weights(t.init_from, *ctx_);
+    if (!t.init_from.empty()) checkpointer_->load_weights(t.init_from, *backend_);
   } else {
     load_ms = checkpointer_->last_load_seconds() * 1e3;
     dp_->set_step_count(resumed.optimizer_step);
@@ -169,9 +169,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     peak_source_ = "from train.peak_flops";
   } else {
     DType dtype = compute_dtype(t.precision);
-    peak_flops_ = cpu::measure_matmul_peak_flops(*ctx_, dtype);
+    peak_flops_ = backend_->measure_matmul_peak_flops(dtype);
     peak_source_ = fmt::format("measured: {} oneDNN matmul, {} threads", dtype_name(dtype),
-                               ctx_->threads());
+                               backend_->threads());
   }
   if (options_.console) print_setup(loader);
   if (!resumed_from_.empty()) {
@@ -313,10 +313,10 @@ void Trainer::print_setup(const LoaderOptions& loader) {
                  ? fmt::format("dp rank {} of {}: ", options_.dp_rank, options_.dp_size)
                  : "",
              loader_->micro_batches_per_step(), loader.micro_batch, precision_name(t.precision),
-             ctx_->threads());
+             backend_->threads());
   if (options_.mesh != nullptr) {
     fmt::print("parallel: {} ({} threads per rank); {}\n", options_.mesh->layout().describe(),
-               ctx_->threads(), dp_->describe());
+               backend_->threads(), dp_->describe());
     fmt::print("{}", runner_->describe());
     const TensorParallel& tp = model_->tensor_parallel();
     if (tp.active()) {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/model/model.h"
@@ -141,7 +141,7 @@ class Trainer {
   OutDirLocks out_dir_locks_;  // taken first, let go last (after a pending save)
   MemoryTracker tracker_;
   std::vector<RankMemory> memory_plan_;
-  std::unique_ptr<cpu::CpuContext> ctx_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<SampleSource> train_data_;  // token shards or SFT records (data.format)
   std::unique_ptr<SampleSource> val_data_;    // null without data.val
   LoaderOptions loader_options_;

@@ -107,16 +107,6 @@ inline void softmax_row(float* scores, T* probs, int64_t first, int64_t n, int64
 
 }  // namespace
 
-std::vector<float> rope_inv_freq(int64_t head_dim, float theta) {
-  MESHTRAIN_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim {} must be even", head_dim);
-  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    inv_freq[i] =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-  }
-  return inv_freq;
-}
-
 RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, float theta, MemoryTracker& tracker) {
   return make_rope_table(head_dim, max_seq, rope_inv_freq(head_dim, theta), tracker);
 }

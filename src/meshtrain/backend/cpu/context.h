@@ -6,11 +6,11 @@
 #include <memory>
 
 #include "meshtrain/tensor/memory_tracker.h"
+#include "meshtrain/util/cores.h"
 
 namespace meshtrain::cpu {
 
-// Cores this process may run on (sched_getaffinity), at least 1.
-int available_cores();
+using meshtrain::available_cores;
 // The threads a CpuContext asked for `requested` runs with (<= 0: available_cores()),
 // at most OMP_THREAD_LIMIT: what the memory plan sizes the thread-dependent workspace by.
 int context_threads(int requested);

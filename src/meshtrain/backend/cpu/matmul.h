@@ -6,19 +6,12 @@
 #include <cstdint>
 
 #include "meshtrain/backend/cpu/context.h"
+#include "meshtrain/backend/ops.h"
 #include "meshtrain/tensor/dtype.h"
 
 namespace meshtrain::cpu {
 
-struct MatmulDims {
-  int64_t batch = 1;
-  int64_t m = 0, n = 0, k = 0;
-  bool trans_a = false;      // A stored [k, m] instead of [m, k]
-  bool trans_b = false;      // B stored [n, k] instead of [k, n] (nn.Linear weights)
-  bool broadcast_b = false;  // one B shared by every batch
-  // Leading dimensions (elements between rows as stored); 0 = dense. batch 1 only.
-  int64_t lda = 0, ldb = 0, ldc = 0;
-};
+using ops::MatmulDims;
 
 // C[b] = alpha * op(A[b]) · op(B[b]) (+ bias[n]) (+ C[b] when accumulate).
 // A and B have dtype `ab` (f32, bf16 or f16); C has dtype `c_dtype` (f32, bf16 or f16;
@@ -33,21 +26,16 @@ void matmul(CpuContext& ctx, const MatmulDims& dims, DType ab, const void* a, co
 // oneDNN sizes its scratchpad by the OpenMP thread count, so `threads` is the
 // count the call runs with (CpuContext::threads()). The slots are grown,
 // never shrunk: a run's slot is the largest of its calls' (docs/plan.md).
-struct MatmulWorkspace {
-  size_t scratchpad = 0, f16_staging = 0;
-};
+using ops::MatmulWorkspace;
 MatmulWorkspace matmul_workspace(const MatmulDims& dims, DType ab, DType c_dtype, int threads,
                                  float alpha = 1.0f, bool accumulate = false, bool bias = false);
 
 // Measures this process's sustained matmul FLOP/s with the given input dtype
-// (square-ish GEMMs of the sizes a transformer uses), for MFU denominators.
+// (square-ish GEMMs of the sizes a transformer uses), for MFU denominators:
+// rounds of seconds / 2 until two in a row agree within 3% (at most 4).
 double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds = 1.0);
-// The workspace that probe takes with `threads` threads: its operands and
-// result while it runs, and what its GEMMs leave in the context's slots.
-struct PeakProbeWorkspace {
-  size_t operands = 0;
-  MatmulWorkspace slots;
-};
+// The workspace that probe takes with `threads` threads.
+using ops::PeakProbeWorkspace;
 PeakProbeWorkspace peak_probe_workspace(DType ab, int threads);
 
 }  // namespace meshtrain::cpu

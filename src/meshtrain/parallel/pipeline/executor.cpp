@@ -83,7 +83,7 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
                   shape_.micro_batches);
   timing_ = StepTiming{};
   const auto start = Clock::now();
-  MemoryTracker& tracker = model_.ctx().tracker();
+  MemoryTracker& tracker = model_.backend().tracker();
   using Key = std::tuple<bool, int, int>;  // (grad, chunk, micro-batch)
   std::map<Key, Tensor> received, outgoing;
   std::vector<Work> works(actions_.size());  // by send_recv action

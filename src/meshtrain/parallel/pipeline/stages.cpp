@@ -2,7 +2,7 @@
 // evaluation, the gradient norm over stages, the whole model gathered.
 #include <cmath>
 
-#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/parallel/pipeline/executor.h"
 #include "meshtrain/util/error.h"
 
@@ -10,7 +10,7 @@ namespace meshtrain::pipeline {
 
 double Executor::evaluate(std::span<const MicroBatchRef> micro_batches) {
   const int p = shape_.stages, rank = pp_.rank(), last_vs = shape_.total_stages() - 1;
-  MemoryTracker& tracker = model_.ctx().tracker();
+  MemoryTracker& tracker = model_.backend().tracker();
   const int tag_base = 2 * shape_.total_stages() * shape_.micro_batches;  // past the step's tags
   double loss = 0;
   std::vector<Work> sends;
@@ -54,7 +54,7 @@ double pipeline_grad_norm(const Model& model, Communicator& pp) {
     if (!p.spec.trainable || model.param_is_duplicate(i) || !tp_counts_once(tp, p.spec.split)) {
       continue;
     }
-    total += cpu::sum_squares(p.grad.data<float>(), p.spec.numel());
+    total += model.backend().sum_squares(p.grad.data<float>(), p.spec.numel());
   }
   total = tp_sum(tp, total);
   pp.all_reduce(&total, 1, CommDType::f64, ReduceOp::sum);

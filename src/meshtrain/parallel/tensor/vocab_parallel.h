@@ -1,6 +1,6 @@
 // Vocab-parallel token embedding: a rank holds table rows [begin, end) of the
 // vocabulary; tokens outside give zero rows, so the sum over the tp ranks is
-// the full lookup. (The loss side is cpu::fused_classifier's vocab slice.)
+// the full lookup. (The loss side is Backend::fused_classifier's vocab slice.)
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,6 @@ namespace meshtrain {
 // table: [end - begin (+ padding), dim] in `dtype` (f32 or bf16).
 void vocab_embedding_forward(const void* table, DType dtype, int64_t begin, int64_t end,
                              const int32_t* ids, int64_t rows, int64_t dim, float* out);
-// The backward is cpu::embedding_backward with the slice's [begin, end).
+// The backward is Backend::embedding_backward with the slice's [begin, end).
 
 }  // namespace meshtrain

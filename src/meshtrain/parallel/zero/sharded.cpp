@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/trace.h"
 
@@ -86,7 +86,7 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
     for (size_t u = 0; u < deferred_.size(); ++u) deferred_[u] = model.units()[u].name == "embed";
   }
 
-  MemoryTracker& tracker = model.ctx().tracker();
+  MemoryTracker& tracker = model.backend().tracker();
   const int stage = options.stage;
   params_in_store_ = stage == 3 && options.offload.tier != OffloadTier::none;
   std::vector<OffloadChunkSpec> chunks;
@@ -248,7 +248,7 @@ void ShardedDataParallel::gather_async(size_t flat) {
   trace::Span span("zero", "gather issue", static_cast<int64_t>(flat));
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
-  f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.ctx().tracker());
+  f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.backend().tracker());
   std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
   const void* send = nullptr;
   if (params_in_store_) {
@@ -349,7 +349,7 @@ void ShardedDataParallel::before(size_t unit, UnitPass pass) {
     if (pass == UnitPass::backward && stage >= 2 && layout_.flats[i].trainable &&
         !f.grad_full.defined()) {
       f.grad_full = Tensor({layout_.flats[i].padded}, DType::f32, MemCategory::grads,
-                           model_.ctx().tracker());
+                           model_.backend().tracker());
       bind_grads(i, true);
     }
   }
@@ -397,7 +397,7 @@ void ShardedDataParallel::after(size_t unit, UnitPass pass) {
 void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
-  MemoryTracker& tracker = model_.ctx().tracker();
+  MemoryTracker& tracker = model_.backend().tracker();
   // The limiter: the oldest call's buffers go before this one's receive shard comes.
   while (static_cast<int64_t>(reduces_.size()) >= options_.max_inflight_reduces) {
     finish_oldest_reduce();
@@ -517,7 +517,7 @@ double ShardedDataParallel::grad_norm(Communicator* stages) {
   for (size_t i = 0; i < flats_.size(); ++i) {
     if (!layout_.flats[i].trainable) continue;
     if (!per_param) {
-      sum += cpu::sum_squares(grad_shard(i), layout_.flats[i].shard);
+      sum += model_.backend().sum_squares(grad_shard(i), layout_.flats[i].shard);
       continue;
     }
     // Parameters replicated over tp count on tp rank 0 only; a stage's tied
@@ -525,7 +525,7 @@ double ShardedDataParallel::grad_norm(Communicator* stages) {
     for (const ShardSegment& s : flats_[i].segments) {
       if (model_.param_is_duplicate(s.param)) continue;
       if (!tp_counts_once(tp, model_.params()[s.param].spec.split)) continue;
-      sum += cpu::sum_squares(grad_shard(i) + s.shard_offset, s.numel);
+      sum += model_.backend().sum_squares(grad_shard(i) + s.shard_offset, s.numel);
     }
   }
   dp_.all_reduce(&sum, 1, CommDType::f64, ReduceOp::sum);
@@ -585,9 +585,9 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
                             ? static_cast<char*>(stored_compute.raw()) + k * esize
                         : resident_compute != nullptr ? resident_compute + lo * esize
                                                       : nullptr;
-        cpu::adamw_update(adamw_hyper(adamw_, params[s.param].spec, lr, step_count_, grad_scale),
-                          w, g + lo, m.data<float>() + k, v.data<float>() + k,
-                          cpu::ComputeCopy(compute, dtype), hi - lo);
+        model_.backend().adamw_update(
+            adamw_hyper(adamw_, params[s.param].spec, lr, step_count_, grad_scale), w, g + lo,
+            m.data<float>() + k, v.data<float>() + k, ops::ComputeCopy(compute, dtype), hi - lo);
       }
       // Our handles go first: the store may free a buffer once released.
       m = v = master = stored_compute = Tensor();
@@ -740,7 +740,7 @@ void ShardedDataParallel::load_full(State state, const float* full) {
 void ShardedDataParallel::gather_full(State state, int root, float* full) {
   quiesce();
   MESHTRAIN_CHECK(rank_ != root || full != nullptr, "zero: gather_full without a buffer on root");
-  MemoryTracker& tracker = model_.ctx().tracker();
+  MemoryTracker& tracker = model_.backend().tracker();
   const std::vector<Parameter>& params = model_.params();
   for (size_t i = 0; i < flats_.size(); ++i) {
     const FlatParam& fp = layout_.flats[i];

@@ -1,0 +1,143 @@
+// A Backend: one device of one kind (the CPU cores of a process; a GPU), its
+// execution state, the memory it allocates (every byte reported to the
+// MemoryTracker) and the operations the engine runs there. Model, optimizer
+// and parallel code call these and nothing device-specific; a new device is a
+// new folder under backend/ that implements this class, registers itself in
+// registry.cpp and passes `meshtrain ops test --backend NAME`
+// (docs/ARCHITECTURE.md#how-to-add-a-backend).
+//
+// Contract: operations run in issue order on the backend's stream; pointers
+// are the backend's device memory (Tensor::device() says whose); results are
+// deterministic for given inputs and thread count; an operation that ADDS into
+// an output says so. Host code reads or writes device memory only through
+// copy_to_host / copy_from_host (after synchronize() where the device runs
+// asynchronously).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+
+#include "meshtrain/backend/ops.h"
+#include "meshtrain/tensor/memory_tracker.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual const char* name() const = 0;  // "cpu", "cuda": what train.device names
+  virtual Device device() const = 0;
+  virtual std::string device_name() const = 0;  // the hardware: "AMD EPYC 9R14", a GPU's name
+  virtual int threads() const = 0;       // host threads the kernels run with
+  MemoryTracker& tracker() const { return *tracker_; }
+
+  // ---- memory
+  // A zero-filled tensor on this backend's device, counted under `category`.
+  virtual Tensor allocate(Shape shape, DType dtype, MemCategory category) = 0;
+  virtual void copy_to_host(const Tensor& src, void* dst) = 0;    // src.bytes() bytes
+  virtual void copy_from_host(const void* src, const Tensor& dst) = 0;
+  virtual void synchronize() = 0;  // every issued operation has finished
+
+  // ---- matmul: C[b] = alpha * op(A[b]) · op(B[b]) (+ bias[n]) (+ C[b] when
+  // accumulate). A and B have dtype `ab` (f32, bf16 or f16); C has `c_dtype`
+  // (accumulate requires f32); f32 accumulation. bias is f32 or nullptr.
+  virtual void matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
+                      DType c_dtype, void* c, float alpha = 1.0f, bool accumulate = false,
+                      const float* bias = nullptr) = 0;
+  // This device's sustained matmul FLOP/s with input dtype `ab` (MFU denominators).
+  virtual double measure_matmul_peak_flops(DType ab, double seconds = 1.0) = 0;
+  // This device's sustained bandwidth copying `bytes` to another buffer (bytes
+  // read + written per second): the roofline of a memory-bound op moving as
+  // much (a working set in cache copies faster than one in DRAM).
+  virtual double measure_copy_bandwidth(size_t bytes, double seconds) = 0;
+
+  // ---- norms, row-wise over the last dimension. Inputs are the f32 residual
+  // stream; outputs in `out_dtype` (what the next matmul reads). Backward ADDS
+  // into dx (the residual branch's gradient may be there) and into dw / db.
+  // y = x / sqrt(mean(x^2) + eps) * w; saves rstd[rows].
+  virtual void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y,
+                               float* rstd, int64_t rows, int64_t dim, float eps) = 0;
+  virtual void rmsnorm_backward(const float* x, const float* w, const float* rstd,
+                                const float* dy, float* dx, float* dw, int64_t rows,
+                                int64_t dim) = 0;
+  // y = (x - mean) * rstd * w + b; saves mean[rows], rstd[rows].
+  virtual void layernorm_forward(const float* x, const float* w, const float* b, DType out_dtype,
+                                 void* y, float* mean, float* rstd, int64_t rows, int64_t dim,
+                                 float eps) = 0;
+  virtual void layernorm_backward(const float* x, const float* w, const float* mean,
+                                  const float* rstd, const float* dy, float* dx, float* dw,
+                                  float* db, int64_t rows, int64_t dim) = 0;
+
+  // ---- feed-forward activations (f32 inputs, outputs in the compute dtype)
+  // gate_up [rows, 2*hidden] = [gate | up]; out = silu(gate) * up.
+  virtual void swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows,
+                              int64_t hidden) = 0;
+  // d_gate_up [rows, 2*hidden] in grad_dtype, overwritten.
+  virtual void swiglu_backward(const float* gate_up, const float* d_out, DType grad_dtype,
+                               void* d_gate_up, int64_t rows, int64_t hidden) = 0;
+  // GELU, tanh approximation (GPT-2's); dx (grad_dtype) overwritten.
+  virtual void gelu_forward(const float* x, DType out_dtype, void* y, int64_t n) = 0;
+  virtual void gelu_backward(const float* x, const float* dy, DType grad_dtype, void* dx,
+                             int64_t n) = 0;
+  virtual void add_inplace(float* x, const float* y, int64_t n) = 0;  // x += y
+  // dbias[j] += sum_r dy[r, j], in a fixed order.
+  virtual void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) = 0;
+
+  // ---- RoPE and attention
+  // angle(p, i) = p * inv_freq[i] in float, for p < max_seq.
+  virtual ops::RopeTable make_rope_table(int64_t head_dim, int64_t max_seq,
+                                         std::span<const float> inv_freq) = 0;
+  // qkv: [B, T, (H + 2*KV)*D] f32, rows [q heads | k heads | v heads]. out:
+  // [B, T, H*D] in `compute`. rope == nullptr: no rotation (GPT-2).
+  virtual void attention_forward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                 DType compute, const float* qkv, void* out,
+                                 ops::AttentionSaved& saved) = 0;
+  // d_out: [B, T, H*D] f32. d_qkv: [B, T, (H + 2*KV)*D] in `compute`, overwritten.
+  virtual void attention_backward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                  DType compute, const ops::AttentionSaved& saved,
+                                  const float* d_out, void* d_qkv) = 0;
+  // qkv: [B, T_new, qkv_width] f32 for positions [pos0, pos0 + T_new); appends
+  // to the cache, attends over [0, pos0 + t]; out: [B, T_new, H*D] f32.
+  virtual void attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                const float* qkv, int64_t pos0, ops::KVCacheLayer& cache,
+                                float* out) = 0;
+
+  // ---- embeddings
+  // out[b*T + t] = table[ids[b*T + t]] (+ positions[pos0 + t]; at pos_ids[b*T + t] when given).
+  virtual void embedding_forward(const float* table, const float* positions, const int32_t* ids,
+                                 float* out, int64_t batch, int64_t seq, int64_t dim,
+                                 int64_t pos0 = 0, const int32_t* pos_ids = nullptr) = 0;
+  // dtable[ids[i] - vocab_begin] += dout[i] for ids in [vocab_begin, vocab_end);
+  // dpositions[t] += sum_b dout[b, t] (when not nullptr). Deterministic.
+  virtual void embedding_backward(const int32_t* ids, const float* dout, float* dtable,
+                                  float* dpositions, int64_t batch, int64_t seq, int64_t dim,
+                                  int64_t vocab_begin = 0,
+                                  int64_t vocab_end = std::numeric_limits<int64_t>::max(),
+                                  const int32_t* pos_ids = nullptr) = 0;
+
+  // ---- the output layer fused with cross-entropy: the sum over rows of
+  // -log softmax(h · W^T)[target], and its backward when dh / dw are given.
+  virtual double fused_classifier(const ops::ClassifierArgs& args) = 0;
+
+  // ---- optimizer
+  // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), m and v from grad * grad_scale;
+  // with a compute copy, also writes the updated parameter there.
+  virtual void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,
+                            float* m, float* v, ops::ComputeCopy compute, int64_t n) = 0;
+  // sum of x[i]^2 in double, the same bits for a given n whatever the thread count.
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+
+ protected:
+  explicit Backend(MemoryTracker& tracker) : tracker_(&tracker) {}
+
+ private:
+  MemoryTracker* tracker_;
+};
+
+}  // namespace meshtrain

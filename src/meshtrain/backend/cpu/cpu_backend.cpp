@@ -1,0 +1,157 @@
+#include "meshtrain/backend/cpu/cpu_backend.h"
+
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "meshtrain/backend/cpu/activation.h"
+#include "meshtrain/backend/cpu/adamw.h"
+#include "meshtrain/backend/cpu/attention.h"
+#include "meshtrain/backend/cpu/bandwidth.h"
+#include "meshtrain/backend/cpu/cross_entropy.h"
+#include "meshtrain/backend/cpu/embedding.h"
+#include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/cpu/norm.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::cpu {
+
+CpuBackend::CpuBackend(int threads, MemoryTracker& tracker)
+    : Backend(tracker), ctx_(threads, tracker) {}
+
+std::string CpuBackend::device_name() const {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      return line.substr(line.find(':') + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+Tensor CpuBackend::allocate(Shape shape, DType dtype, MemCategory category) {
+  return Tensor(std::move(shape), dtype, category, tracker());
+}
+
+void CpuBackend::copy_to_host(const Tensor& src, void* dst) {
+  MESHTRAIN_CHECK(src.device().is_host(), "cpu backend: copy_to_host of a {} tensor",
+                  src.device().str());
+  std::memcpy(dst, src.raw(), src.bytes());
+}
+
+void CpuBackend::copy_from_host(const void* src, const Tensor& dst) {
+  MESHTRAIN_CHECK(dst.device().is_host(), "cpu backend: copy_from_host into a {} tensor",
+                  dst.device().str());
+  std::memcpy(dst.raw(), src, dst.bytes());
+}
+
+void CpuBackend::matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
+                        DType c_dtype, void* c, float alpha, bool accumulate, const float* bias) {
+  cpu::matmul(ctx_, dims, ab, a, b, c_dtype, c, alpha, accumulate, bias);
+}
+
+double CpuBackend::measure_matmul_peak_flops(DType ab, double seconds) {
+  return cpu::measure_matmul_peak_flops(ctx_, ab, seconds);
+}
+
+double CpuBackend::measure_copy_bandwidth(size_t bytes, double seconds) {
+  return cpu::measure_copy_bandwidth(ctx_, bytes, seconds);
+}
+
+void CpuBackend::rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y,
+                                 float* rstd, int64_t rows, int64_t dim, float eps) {
+  cpu::rmsnorm_forward(x, w, out_dtype, y, rstd, rows, dim, eps);
+}
+
+void CpuBackend::rmsnorm_backward(const float* x, const float* w, const float* rstd,
+                                  const float* dy, float* dx, float* dw, int64_t rows,
+                                  int64_t dim) {
+  cpu::rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, dim);
+}
+
+void CpuBackend::layernorm_forward(const float* x, const float* w, const float* b,
+                                   DType out_dtype, void* y, float* mean, float* rstd,
+                                   int64_t rows, int64_t dim, float eps) {
+  cpu::layernorm_forward(x, w, b, out_dtype, y, mean, rstd, rows, dim, eps);
+}
+
+void CpuBackend::layernorm_backward(const float* x, const float* w, const float* mean,
+                                    const float* rstd, const float* dy, float* dx, float* dw,
+                                    float* db, int64_t rows, int64_t dim) {
+  cpu::layernorm_backward(x, w, mean, rstd, dy, dx, dw, db, rows, dim);
+}
+
+void CpuBackend::swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows,
+                                int64_t hidden) {
+  cpu::swiglu_forward(gate_up, out_dtype, out, rows, hidden);
+}
+
+void CpuBackend::swiglu_backward(const float* gate_up, const float* d_out, DType grad_dtype,
+                                 void* d_gate_up, int64_t rows, int64_t hidden) {
+  cpu::swiglu_backward(gate_up, d_out, grad_dtype, d_gate_up, rows, hidden);
+}
+
+void CpuBackend::gelu_forward(const float* x, DType out_dtype, void* y, int64_t n) {
+  cpu::gelu_forward(x, out_dtype, y, n);
+}
+
+void CpuBackend::gelu_backward(const float* x, const float* dy, DType grad_dtype, void* dx,
+                               int64_t n) {
+  cpu::gelu_backward(x, dy, grad_dtype, dx, n);
+}
+
+void CpuBackend::add_inplace(float* x, const float* y, int64_t n) { cpu::add_inplace(x, y, n); }
+
+void CpuBackend::bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) {
+  cpu::bias_backward(dy, dbias, rows, n);
+}
+
+ops::RopeTable CpuBackend::make_rope_table(int64_t head_dim, int64_t max_seq,
+                                           std::span<const float> inv_freq) {
+  return cpu::make_rope_table(head_dim, max_seq, inv_freq, tracker());
+}
+
+void CpuBackend::attention_forward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                   DType compute, const float* qkv, void* out,
+                                   ops::AttentionSaved& saved) {
+  cpu::attention_forward(ctx_, dims, rope, compute, qkv, out, saved);
+}
+
+void CpuBackend::attention_backward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                    DType compute, const ops::AttentionSaved& saved,
+                                    const float* d_out, void* d_qkv) {
+  cpu::attention_backward(ctx_, dims, rope, compute, saved, d_out, d_qkv);
+}
+
+void CpuBackend::attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                  const float* qkv, int64_t pos0, ops::KVCacheLayer& cache,
+                                  float* out) {
+  cpu::attention_decode(ctx_, dims, rope, qkv, pos0, cache, out);
+}
+
+void CpuBackend::embedding_forward(const float* table, const float* positions,
+                                   const int32_t* ids, float* out, int64_t batch, int64_t seq,
+                                   int64_t dim, int64_t pos0, const int32_t* pos_ids) {
+  cpu::embedding_forward(table, positions, ids, out, batch, seq, dim, pos0, pos_ids);
+}
+
+void CpuBackend::embedding_backward(const int32_t* ids, const float* dout, float* dtable,
+                                    float* dpositions, int64_t batch, int64_t seq, int64_t dim,
+                                    int64_t vocab_begin, int64_t vocab_end,
+                                    const int32_t* pos_ids) {
+  cpu::embedding_backward(ids, dout, dtable, dpositions, batch, seq, dim, vocab_begin, vocab_end,
+                          pos_ids);
+}
+
+double CpuBackend::fused_classifier(const ops::ClassifierArgs& args) {
+  return cpu::fused_classifier(ctx_, args);
+}
+
+void CpuBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,
+                              float* m, float* v, ops::ComputeCopy compute, int64_t n) {
+  cpu::adamw_update(hyper, param, grad, m, v, compute, n);
+}
+
+double CpuBackend::sum_squares(const float* x, int64_t n) { return cpu::sum_squares(x, n); }
+
+}  // namespace meshtrain::cpu

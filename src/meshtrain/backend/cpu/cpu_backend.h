@@ -1,0 +1,80 @@
+// The CPU backend: the process's cores through OpenMP and oneDNN (the kernels
+// in this folder), host memory, one CpuContext.
+#pragma once
+
+#include "meshtrain/backend/backend.h"
+#include "meshtrain/backend/cpu/context.h"
+
+namespace meshtrain::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  // threads <= 0: the cores available to the process (context_threads).
+  CpuBackend(int threads, MemoryTracker& tracker);
+
+  const char* name() const override { return "cpu"; }
+  Device device() const override { return {}; }
+  std::string device_name() const override;  // /proc/cpuinfo's model name
+  int threads() const override { return ctx_.threads(); }
+  CpuContext& context() { return ctx_; }
+
+  Tensor allocate(Shape shape, DType dtype, MemCategory category) override;
+  void copy_to_host(const Tensor& src, void* dst) override;
+  void copy_from_host(const void* src, const Tensor& dst) override;
+  void synchronize() override {}  // every kernel returns when it is done
+
+  void matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b, DType c_dtype,
+              void* c, float alpha, bool accumulate, const float* bias) override;
+  double measure_matmul_peak_flops(DType ab, double seconds) override;
+  double measure_copy_bandwidth(size_t bytes, double seconds) override;
+
+  void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y, float* rstd,
+                       int64_t rows, int64_t dim, float eps) override;
+  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy,
+                        float* dx, float* dw, int64_t rows, int64_t dim) override;
+  void layernorm_forward(const float* x, const float* w, const float* b, DType out_dtype, void* y,
+                         float* mean, float* rstd, int64_t rows, int64_t dim, float eps) override;
+  void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd,
+                          const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                          int64_t dim) override;
+
+  void swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows,
+                      int64_t hidden) override;
+  void swiglu_backward(const float* gate_up, const float* d_out, DType grad_dtype,
+                       void* d_gate_up, int64_t rows, int64_t hidden) override;
+  void gelu_forward(const float* x, DType out_dtype, void* y, int64_t n) override;
+  void gelu_backward(const float* x, const float* dy, DType grad_dtype, void* dx,
+                     int64_t n) override;
+  void add_inplace(float* x, const float* y, int64_t n) override;
+  void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) override;
+
+  ops::RopeTable make_rope_table(int64_t head_dim, int64_t max_seq,
+                                 std::span<const float> inv_freq) override;
+  void attention_forward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                         DType compute, const float* qkv, void* out,
+                         ops::AttentionSaved& saved) override;
+  void attention_backward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                          DType compute, const ops::AttentionSaved& saved, const float* d_out,
+                          void* d_qkv) override;
+  void attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                        const float* qkv, int64_t pos0, ops::KVCacheLayer& cache,
+                        float* out) override;
+
+  void embedding_forward(const float* table, const float* positions, const int32_t* ids,
+                         float* out, int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
+                         const int32_t* pos_ids) override;
+  void embedding_backward(const int32_t* ids, const float* dout, float* dtable, float* dpositions,
+                          int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
+                          int64_t vocab_end, const int32_t* pos_ids) override;
+
+  double fused_classifier(const ops::ClassifierArgs& args) override;
+
+  void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad, float* m,
+                    float* v, ops::ComputeCopy compute, int64_t n) override;
+  double sum_squares(const float* x, int64_t n) override;
+
+ private:
+  CpuContext ctx_;
+};
+
+}  // namespace meshtrain::cpu

@@ -1,0 +1,124 @@
+// The ops layer's argument types: the shapes, dtypes and options of every
+// operation the model, the optimizer and the parallel modes ask a Backend for
+// (backend.h). Plain data, no device code: a backend folder implements the
+// operations over these, and `meshtrain ops test` holds each implementation to
+// the float64 reference (docs/ARCHITECTURE.md#how-to-add-a-backend).
+// Pointers in these structs are device pointers of the backend that runs the op.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "meshtrain/tensor/dtype.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::ops {
+
+// C[b] = alpha * op(A[b]) · op(B[b]) (+ bias[n]) (+ C[b] when accumulating).
+struct MatmulDims {
+  int64_t batch = 1;
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false;      // A stored [k, m] instead of [m, k]
+  bool trans_b = false;      // B stored [n, k] instead of [k, n] (nn.Linear weights)
+  bool broadcast_b = false;  // one B shared by every batch
+  // Leading dimensions (elements between rows as stored); 0 = dense. batch 1 only.
+  int64_t lda = 0, ldb = 0, ldc = 0;
+};
+
+// The workspace one matmul takes beyond its operands (bytes): the library's
+// scratchpad and, where a dtype is staged through f32, the staging copies.
+struct MatmulWorkspace {
+  size_t scratchpad = 0, f16_staging = 0;
+};
+
+// The workspace the start-up matmul peak probe takes: its operands and result
+// while it runs, and what its GEMMs leave in the backend's workspace slots.
+struct PeakProbeWorkspace {
+  size_t operands = 0;
+  MatmulWorkspace slots;
+};
+
+// Causal multi-head attention with grouped-query heads.
+struct AttentionDims {
+  int64_t batch = 0, seq = 0;
+  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  // Packed sequences (SFT): [batch * seq] each token's position within its
+  // record, restarting at 0 where a record begins (0 <= positions[t] <= t).
+  // Query t attends keys [t - positions[t], t] only (causal AND same record)
+  // and RoPE rotates by positions[t]. nullptr: one sequence per row (position t).
+  const int32_t* positions = nullptr;
+  int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
+  int64_t position(int64_t b, int64_t t) const { return positions ? positions[b * seq + t] : t; }
+};
+
+// RoPE over interleaved pairs (x[2i], x[2i+1]), as in Meta's Llama and
+// llama2.c: cos/sin of position p and pair i, [max_seq, head_dim/2].
+struct RopeTable {
+  Tensor cos, sin;
+  int64_t head_dim = 0, max_seq = 0;
+};
+
+// Unscaled inverse frequencies theta^(-2i/head_dim), i < head_dim / 2, in float
+// in the order of Meta's precompute_freqs_cis, so angles match PyTorch's.
+std::vector<float> rope_inv_freq(int64_t head_dim, float theta);
+
+// What attention's backward needs, allocated by attention_forward (category
+// activations), reused across calls when shapes and dtype match.
+// recompute_probs (selective activation checkpointing): forward does not keep
+// probs; backward recomputes each (batch, kv head) group's probabilities from
+// q and k with the forward's kernels, so the gradients are bit-identical.
+struct AttentionSaved {
+  Tensor q, k, v;  // post-RoPE, compute dtype: q [B, H, T, D], k and v [B, KV, T, D]
+  Tensor probs;    // softmax probabilities [B, H, T, T], compute dtype, zero above the diagonal
+  bool recompute_probs = false;
+};
+
+// Incremental decoding: post-RoPE k and v for positions [0, len).
+struct KVCacheLayer {
+  Tensor k, v;  // [B, KV, max_seq, D] f32
+};
+
+// The output layer fused with softmax cross-entropy and its backward: logits
+// h · W^T a chunk of rows at a time, never a [tokens x vocab] buffer.
+struct ClassifierArgs {
+  int64_t rows = 0, dim = 0, vocab = 0;
+  DType compute = DType::f32;   // dtype of h and w
+  const void* h = nullptr;      // [rows, dim]
+  const void* w = nullptr;      // [vocab, dim] (the embedding layout)
+  const int32_t* targets = nullptr;  // [rows]; a negative target is ignored (no loss, no grad)
+  float grad_scale = 0.0f;      // d(total loss)/d(row loss), e.g. 1/(tokens in the step)
+  float* dh = nullptr;          // [rows, dim] f32, overwritten; nullptr = no backward
+  float* dw = nullptr;          // [vocab, dim] f32, accumulated; nullptr = no backward
+  float* row_losses = nullptr;  // optional [rows]
+  int64_t chunk_rows = 0;       // rows per logits chunk; 0 = the backend's default
+  // Vocab parallel: w holds rows [vocab_offset, vocab_offset + vocab) of a
+  // vocab_total-row output layer, of which the first vocab_valid are real (the
+  // rest is padding: excluded from the softmax, zero gradient). reduce_max and
+  // reduce_sum combine per-row values in place over the ranks holding the
+  // other slices, so full-vocabulary logits never exist on one rank. dh is
+  // then this slice's partial sum. Defaults: one rank, the whole vocabulary.
+  int64_t vocab_offset = 0, vocab_valid = -1, vocab_total = 0;
+  std::function<void(float* values, int64_t n)> reduce_max = nullptr, reduce_sum = nullptr;
+};
+
+// AdamW (decoupled weight decay, bias correction); all state f32.
+struct AdamWHyper {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  int64_t step = 1;        // 1-based, for bias correction
+  float grad_scale = 1.0f; // multiplies the gradient first (clipping)
+};
+
+// Where the update also writes the parameter in the compute dtype: bf16 or
+// f16 compute copies in mixed precision, none (nullptr) in fp32.
+struct ComputeCopy {
+  ComputeCopy(std::nullptr_t = nullptr) {}
+  ComputeCopy(bf16* p) : data(p), dtype(DType::bf16) {}
+  ComputeCopy(f16* p) : data(p), dtype(DType::f16) {}
+  ComputeCopy(void* p, DType d) : data(d == DType::f32 ? nullptr : p), dtype(d) {}
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+};
+
+}  // namespace meshtrain::ops

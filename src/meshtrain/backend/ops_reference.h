@@ -1,0 +1,61 @@
+// Float64 reference implementations of the ops layer, for `meshtrain ops
+// test`: plain loops over host vectors, written to be checked against the
+// formulas, never fast. Inputs are what a kernel reads (already rounded to its
+// dtype by the caller); outputs are exact up to float64. An op that ADDS into
+// an output in the Backend contract adds here too.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "meshtrain/backend/ops.h"
+
+namespace meshtrain::ops::reference {
+
+using Vec = std::vector<double>;
+
+// C = alpha * op(A) · op(B) (+ bias) (+ C when accumulate), dense per batch
+// unless dims give leading dimensions; c holds the whole output span.
+void matmul(const MatmulDims& dims, std::span<const double> a, std::span<const double> b,
+            Vec& c, double alpha, bool accumulate, const double* bias);
+
+void rmsnorm_forward(const Vec& x, const Vec& w, Vec& y, Vec& rstd, int64_t rows, int64_t dim,
+                     double eps);
+void rmsnorm_backward(const Vec& x, const Vec& w, const Vec& dy, Vec& dx, Vec& dw, int64_t rows,
+                      int64_t dim, double eps);
+void layernorm_forward(const Vec& x, const Vec& w, const Vec& b, Vec& y, Vec& mean, Vec& rstd,
+                       int64_t rows, int64_t dim, double eps);
+void layernorm_backward(const Vec& x, const Vec& w, const Vec& dy, Vec& dx, Vec& dw, Vec& db,
+                        int64_t rows, int64_t dim, double eps);
+
+void swiglu_forward(const Vec& gate_up, Vec& out, int64_t rows, int64_t hidden);
+void swiglu_backward(const Vec& gate_up, const Vec& d_out, Vec& d_gate_up, int64_t rows,
+                     int64_t hidden);
+void gelu_forward(const Vec& x, Vec& y);
+void gelu_backward(const Vec& x, const Vec& dy, Vec& dx);
+
+// Attention over qkv [B, T, (H + 2 KV) D] with RoPE by `inv_freq` (empty: none)
+// at each token's position (dims.positions, else t + pos0), causal within a
+// record. out [B, T, H D]; the backward gives d_qkv for d_out.
+void attention_forward(const AttentionDims& dims, std::span<const float> inv_freq,
+                       const Vec& qkv, Vec& out, int64_t pos0 = 0);
+void attention_backward(const AttentionDims& dims, std::span<const float> inv_freq,
+                        const Vec& qkv, const Vec& d_out, Vec& d_qkv);
+
+void embedding_forward(const Vec& table, const Vec* positions, std::span<const int32_t> ids,
+                       Vec& out, int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
+                       const int32_t* pos_ids);
+void embedding_backward(std::span<const int32_t> ids, const Vec& dout, Vec& dtable,
+                        Vec* dpositions, int64_t batch, int64_t seq, int64_t dim,
+                        int64_t vocab_begin, int64_t vocab_end, const int32_t* pos_ids);
+
+// Returns the summed loss; dh (overwritten) and dw (added) when not null;
+// the last vocab - valid rows of w are padding.
+double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> targets,
+                        int64_t rows, int64_t dim, int64_t vocab, int64_t valid,
+                        double grad_scale, Vec* dh, Vec* dw, Vec* row_losses);
+
+void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, Vec& v);
+
+}  // namespace meshtrain::ops::reference

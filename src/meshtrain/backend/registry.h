@@ -1,0 +1,46 @@
+// The backends this build knows, by the name train.device and `ops test
+// --backend` take: how to make one, and what the memory plan asks a kind of
+// backend before any exists (its thread count, its kernels' workspace).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/backend/backend.h"
+
+namespace meshtrain {
+
+struct BackendKind {
+  const char* name;
+  // Why this build cannot make one ("" when it can): not compiled in, no
+  // device. Only an available kind's functions below are set.
+  std::string (*unavailable)() = nullptr;
+  std::unique_ptr<Backend> (*make)(int threads, MemoryTracker& tracker) = nullptr;
+  // The host threads a backend asked for `requested` (<= 0: every core) runs with.
+  int (*threads)(int requested) = nullptr;
+  // The workspace one matmul takes with `threads` threads.
+  ops::MatmulWorkspace (*matmul_workspace)(const ops::MatmulDims& dims, DType ab, DType c_dtype,
+                                           int threads, float alpha, bool accumulate,
+                                           bool bias) = nullptr;
+  // attention_forward's (backward = false) or attention_backward's workspace.
+  size_t (*attention_workspace_bytes)(const ops::AttentionDims& dims, DType compute,
+                                      bool recompute_probs, bool backward,
+                                      int threads) = nullptr;
+  // The start-up matmul peak probe's.
+  ops::PeakProbeWorkspace (*peak_probe_workspace)(DType ab, int threads) = nullptr;
+};
+
+// The backend of the host-side commands (sample, eval, import, export).
+inline constexpr const char* kHostBackend = "cpu";
+
+// Every backend name, built or not ("cpu", "cuda").
+std::vector<std::string> backend_names();
+// The kind called `name`: a config error naming train.device for an unknown
+// one, a resource error saying why for one this build or machine cannot make.
+const BackendKind& backend_kind(const std::string& name);
+// A backend of kind `name` with `threads` host threads (errors as backend_kind's).
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads,
+                                      MemoryTracker& tracker);
+
+}  // namespace meshtrain

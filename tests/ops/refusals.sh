@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `meshtrain ops test` refusals: a backend this build does not have is one line
+# and exit 8 (resource); an unknown backend, exit 1 naming it; an --op that
+# matches nothing, exit 1. usage: refusals.sh MESHTRAIN
+set -uo pipefail
+bin=$1
+fail() { echo "FAIL: $*"; exit 1; }
+expect() {  # EXIT PATTERN ARGS...
+  local want=$1 pattern=$2; shift 2
+  local err rc
+  err=$("$bin" ops test "$@" 2>&1 >/dev/null); rc=$?
+  echo "ops test $*: exit $rc: $err"
+  (( rc == want )) || fail "exit $rc, not $want"
+  (( $(printf '%s\n' "$err" | wc -l) == 1 )) || fail "not one line on stderr"
+  [[ $err =~ $pattern ]] || fail "stderr does not match '$pattern'"
+}
+expect 8 "backend 'cuda' is not available: this build has no CUDA backend" --backend cuda
+expect 1 "backend 'tpu' \(train.device, --backend\) is not one of: cpu, cuda" --backend tpu
+expect 1 "no op matches --op 'no_such_op'" --op no_such_op
+"$bin" ops test --list | grep -qx attention_backward || fail "--list lacks attention_backward"
+echo "ops refusals: PASS"
