@@ -194,14 +194,27 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     const Tensor& w = t({s.vocab, d}, dt);
     const Tensor& dh = t({rows, d}, DType::f32);
     const double flops = 3 * 2.0 * static_cast<double>(rows * s.vocab * d);  // logits, dh, dw
-    cases.push_back({"fused_classifier", fmt::format("{} {} fwd+bwd", shape, name), flops, 0, dt,
-                     [&be, &h, &w, &dh, &dtable, dev_ids, rows, s, dt] {
+    // The loss alone (evaluation: the logits GEMM and the softmax passes).
+    cases.push_back({"fused_classifier", fmt::format("{} {} fwd", shape, name), flops / 3, 0, dt,
+                     [&be, &h, &w, dev_ids, rows, s, dt] {
                        ops::ClassifierArgs a;
                        a.rows = rows, a.dim = s.dim, a.vocab = s.vocab, a.compute = dt;
-                       a.h = h.raw(), a.w = w.raw(), a.targets = dev_ids, a.grad_scale = 1.0f / static_cast<float>(rows);
-                       a.dh = dh.data<float>(), a.dw = dtable.data<float>();
+                       a.h = h.raw(), a.w = w.raw(), a.targets = dev_ids;
                        be.fused_classifier(a);
                      }});
+    // The backend's default chunk of rows, then larger ones (the dw GEMM's k).
+    for (int64_t chunk : {int64_t{0}, int64_t{512}, int64_t{1024}}) {
+      cases.push_back({"fused_classifier",
+                       fmt::format("{} {} fwd+bwd{}", shape, name, chunk ? fmt::format(" chunk={}", chunk) : ""),
+                       flops, 0, dt, [&be, &h, &w, &dh, &dtable, dev_ids, rows, s, dt, chunk] {
+                         ops::ClassifierArgs a;
+                         a.rows = rows, a.dim = s.dim, a.vocab = s.vocab, a.compute = dt;
+                         a.h = h.raw(), a.w = w.raw(), a.targets = dev_ids;
+                         a.grad_scale = 1.0f / static_cast<float>(rows);
+                         a.dh = dh.data<float>(), a.dw = dtable.data<float>(), a.chunk_rows = chunk;
+                         be.fused_classifier(a);
+                       }});
+    }
   }
   // The optimizer over a 16M-parameter buffer.
   {

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "meshtrain/ckpt/atomic_file.h"
 #include "meshtrain/ckpt/safetensors.h"
@@ -517,7 +518,12 @@ TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, Memor
 
 void load_hf_weights(Model& model, const std::string& dir) {
   const TensorSource source = hf_tensors(dir, model.config(), model.backend().tracker());
-  for (Parameter& p : model.params()) source(p.spec, p.master.data<float>());
+  std::vector<float> host;
+  for (Parameter& p : model.params()) {
+    host.resize(static_cast<size_t>(p.spec.numel()));
+    source(p.spec, host.data());
+    model.copy_master_from_host(p, host.data());
+  }
   model.sync_compute_weights();
 }
 

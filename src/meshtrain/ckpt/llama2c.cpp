@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "meshtrain/ckpt/atomic_file.h"
 #include "meshtrain/ckpt/tokenizer_files.h"
@@ -122,12 +123,15 @@ void load_llama2c_weights(Model& model, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   in.seekg(kHeaderBytes);
+  std::vector<float> host;
   for_each_in_file_order(
       file_config,
       [&](const std::string& name) {
         Parameter& p = model.param(name);
-        in.read(p.master.data<char>(), static_cast<std::streamsize>(p.master.bytes()));
+        host.resize(static_cast<size_t>(p.master.numel()));
+        in.read(reinterpret_cast<char*>(host.data()), static_cast<std::streamsize>(p.master.bytes()));
         MESHTRAIN_CHECK(in.good(), "{}: unexpected end of file in tensor '{}'", path, name);
+        model.copy_master_from_host(p, host.data());
       },
       [&] { in.seekg(4 * rope_table_floats(file_config), std::ios::cur); });
   model.sync_compute_weights();

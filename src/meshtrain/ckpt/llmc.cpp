@@ -127,14 +127,15 @@ std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
   MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
   in.seekg(kHeaderBytes);
   std::vector<char> raw;
-  std::vector<float> values;
+  std::vector<float> values, host;
   for (const FileTensor& t : file_order(c)) {
     Parameter& p = model->param(t.name);
     const auto n = static_cast<size_t>(p.master.numel());
     raw.resize(n * dtype_size(dtype));
     in.read(raw.data(), static_cast<std::streamsize>(raw.size()));
     MESHTRAIN_CHECK(in.good(), "{}: unexpected end of file in tensor '{}'", path, t.name);
-    float* dst = p.master.data<float>();
+    host.resize(n);
+    float* dst = host.data();
     if (!t.transposed) {
       convert(dtype, raw.data(), DType::f32, dst, n);
     } else {
@@ -142,6 +143,7 @@ std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
       convert(dtype, raw.data(), DType::f32, values.data(), n);
       transpose(values.data(), dst, p.spec.shape[1], p.spec.shape[0]);  // [out, in] -> [in, out]
     }
+    model->copy_master_from_host(p, dst);
     if (t.name == "transformer.wte.weight") {  // skip the padding rows
       in.seekg((header.padded_vocab - c.vocab_size) * c.dim *
                    static_cast<int64_t>(dtype_size(dtype)),

@@ -38,8 +38,7 @@ void load_model_weights(Model& model, const std::string& path) {
 
 TensorSource model_tensors(const Model& model) {
   return [&model](const ParamSpec& spec, float* out) {
-    const Tensor& t = model.param(spec.name).master;
-    std::copy_n(t.data<float>(), t.numel(), out);
+    model.copy_master_to_host(model.param(spec.name), out);
   };
 }
 

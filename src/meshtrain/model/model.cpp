@@ -241,6 +241,15 @@ void Model::write_values(int64_t offset, int64_t count, const float* in) {
   copy_values(params_, num_params_, offset, count, const_cast<float*>(in), true);
 }
 
+void Model::copy_master_to_host(const Parameter& p, float* dst) const {
+  backend_.synchronize();
+  backend_.copy_to_host(p.master, dst);
+}
+
+void Model::copy_master_from_host(Parameter& p, const float* src) {
+  backend_.copy_from_host(src, p.master);
+}
+
 void Model::sync_compute_weights() {
   require_flat("sync_compute_weights");
   for (Parameter& p : params_) {

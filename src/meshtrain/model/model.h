@@ -125,6 +125,11 @@ class Model {
   // after writing call sync_compute_weights.
   void read_values(int64_t offset, int64_t count, float* out);
   void write_values(int64_t offset, int64_t count, const float* in);
+  // The f32 master weights of `p` to / from host memory (p.spec.numel()
+  // floats) through the backend: how importers and exporters reach the
+  // weights, whatever device holds them. After writing, sync_compute_weights.
+  void copy_master_to_host(const Parameter& p, float* dst) const;
+  void copy_master_from_host(Parameter& p, const float* src);
 
   // Layout-independent initialisation from the seed.
   void init_weights(uint64_t seed);
