@@ -90,6 +90,29 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
                                  DType::f32, dw.raw(), 1.0f, true);
                      }});
   }
+  // The fused classifier's GEMMs on one chunk of 256 rows: logits, dh, dw (accumulated).
+  {
+    const int64_t n = 256, v = s.vocab;
+    const Tensor& h = t({n, d}, dt);
+    const Tensor& w = t({v, d}, dt);
+    const Tensor& logits = t({n, v}, DType::f32);
+    const Tensor& dl = t({n, v}, dt);
+    const Tensor& dh = t({n, d}, DType::f32);
+    const Tensor& dw = t({v, d}, DType::f32);
+    const double flops = 2.0 * static_cast<double>(n * v * d);
+    const std::string shape = fmt::format("classifier chunk {}x{}x{} {}", n, v, d, name);
+    cases.push_back({"matmul", shape + " logits", flops, 0, dt, [&be, &h, &w, &logits, n, v, d, dt] {
+                       be.matmul({.m = n, .n = v, .k = d, .trans_b = true}, dt, h.raw(), w.raw(), DType::f32,
+                                 logits.raw());
+                     }});
+    cases.push_back({"matmul", shape + " dh", flops, 0, dt, [&be, &dl, &w, &dh, n, v, d, dt] {
+                       be.matmul({.m = n, .n = d, .k = v}, dt, dl.raw(), w.raw(), DType::f32, dh.raw());
+                     }});
+    cases.push_back({"matmul", shape + " dw", flops, 0, dt, [&be, &dl, &h, &dw, n, v, d, dt] {
+                       be.matmul({.m = v, .n = d, .k = n, .trans_a = true}, dt, dl.raw(), h.raw(), DType::f32,
+                                 dw.raw(), 1.0f, true);
+                     }});
+  }
   // Attention: causal, half of the T x T scores.
   {
     const Tensor& in = t({rows, qkv}, DType::f32);
