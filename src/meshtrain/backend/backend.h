@@ -34,13 +34,13 @@ class Backend {
   virtual const char* name() const = 0;  // "cpu", "cuda": what train.device names
   virtual Device device() const = 0;
   virtual std::string device_name() const = 0;  // the hardware: "AMD EPYC 9R14", a GPU's name
-  virtual int threads() const = 0;       // host threads the kernels run with
+  virtual int threads() const = 0;              // host threads the kernels run with
   MemoryTracker& tracker() const { return *tracker_; }
 
   // ---- memory
   // A zero-filled tensor on this backend's device, counted under `category`.
   virtual Tensor allocate(Shape shape, DType dtype, MemCategory category) = 0;
-  virtual void copy_to_host(const Tensor& src, void* dst) = 0;    // src.bytes() bytes
+  virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src.bytes() bytes
   virtual void copy_from_host(const void* src, const Tensor& dst) = 0;
   virtual void synchronize() = 0;  // every issued operation has finished
 
@@ -63,9 +63,8 @@ class Backend {
   // y = x / sqrt(mean(x^2) + eps) * w; saves rstd[rows].
   virtual void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y,
                                float* rstd, int64_t rows, int64_t dim, float eps) = 0;
-  virtual void rmsnorm_backward(const float* x, const float* w, const float* rstd,
-                                const float* dy, float* dx, float* dw, int64_t rows,
-                                int64_t dim) = 0;
+  virtual void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy,
+                                float* dx, float* dw, int64_t rows, int64_t dim) = 0;
   // y = (x - mean) * rstd * w + b; saves mean[rows], rstd[rows].
   virtual void layernorm_forward(const float* x, const float* w, const float* b, DType out_dtype,
                                  void* y, float* mean, float* rstd, int64_t rows, int64_t dim,
@@ -128,8 +127,8 @@ class Backend {
   // ---- optimizer
   // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), m and v from grad * grad_scale;
   // with a compute copy, also writes the updated parameter there.
-  virtual void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,
-                            float* m, float* v, ops::ComputeCopy compute, int64_t n) = 0;
+  virtual void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad, float* m,
+                            float* v, ops::ComputeCopy compute, int64_t n) = 0;
   // sum of x[i]^2 in double, the same bits for a given n whatever the thread count.
   virtual double sum_squares(const float* x, int64_t n) = 0;
 

@@ -60,7 +60,8 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
   const std::string name(dtype_name(dt));
   const double esize = static_cast<double>(dtype_size(dt));
   auto t = [&](Shape shape, DType dtype) -> const Tensor& {
-    keep.push_back(random_tensor(be, std::move(shape), dtype, static_cast<uint32_t>(keep.size() + 1)));
+    keep.push_back(
+        random_tensor(be, std::move(shape), dtype, static_cast<uint32_t>(keep.size() + 1)));
     return keep.back();
   };
   // The block's GEMMs: forward, input gradient, weight gradient.
@@ -77,17 +78,19 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     const Tensor& dx = t({rows, g.in}, DType::f32);
     const Tensor& dw = t({g.out, g.in}, DType::f32);
     const double flops = 2.0 * static_cast<double>(rows * g.out * g.in);
-    const std::string shape = fmt::format("{} [{}x{}]x[{}x{}]^T {}", g.what, rows, g.in, g.out, g.in, name);
+    const std::string shape =
+        fmt::format("{} [{}x{}]x[{}x{}]^T {}", g.what, rows, g.in, g.out, g.in, name);
     cases.push_back({"matmul", shape + " fwd", flops, 0, dt, [&be, &x, &w, &y, rows, g, dt] {
-                       be.matmul({.m = rows, .n = g.out, .k = g.in, .trans_b = true}, dt, x.raw(), w.raw(),
-                                 DType::f32, y.raw());
+                       be.matmul({.m = rows, .n = g.out, .k = g.in, .trans_b = true}, dt, x.raw(),
+                                 w.raw(), DType::f32, y.raw());
                      }});
     cases.push_back({"matmul", shape + " dgrad", flops, 0, dt, [&be, &dy, &w, &dx, rows, g, dt] {
-                       be.matmul({.m = rows, .n = g.in, .k = g.out}, dt, dy.raw(), w.raw(), DType::f32, dx.raw());
+                       be.matmul({.m = rows, .n = g.in, .k = g.out}, dt, dy.raw(), w.raw(),
+                                 DType::f32, dx.raw());
                      }});
     cases.push_back({"matmul", shape + " wgrad", flops, 0, dt, [&be, &dy, &x, &dw, rows, g, dt] {
-                       be.matmul({.m = g.out, .n = g.in, .k = rows, .trans_a = true}, dt, dy.raw(), x.raw(),
-                                 DType::f32, dw.raw(), 1.0f, true);
+                       be.matmul({.m = g.out, .n = g.in, .k = rows, .trans_a = true}, dt, dy.raw(),
+                                 x.raw(), DType::f32, dw.raw(), 1.0f, true);
                      }});
   }
   // The fused classifier's GEMMs on one chunk of 256 rows: logits, dh, dw (accumulated).
@@ -101,16 +104,18 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     const Tensor& dw = t({v, d}, DType::f32);
     const double flops = 2.0 * static_cast<double>(n * v * d);
     const std::string shape = fmt::format("classifier chunk {}x{}x{} {}", n, v, d, name);
-    cases.push_back({"matmul", shape + " logits", flops, 0, dt, [&be, &h, &w, &logits, n, v, d, dt] {
-                       be.matmul({.m = n, .n = v, .k = d, .trans_b = true}, dt, h.raw(), w.raw(), DType::f32,
-                                 logits.raw());
-                     }});
+    cases.push_back(
+        {"matmul", shape + " logits", flops, 0, dt, [&be, &h, &w, &logits, n, v, d, dt] {
+           be.matmul({.m = n, .n = v, .k = d, .trans_b = true}, dt, h.raw(), w.raw(), DType::f32,
+                     logits.raw());
+         }});
     cases.push_back({"matmul", shape + " dh", flops, 0, dt, [&be, &dl, &w, &dh, n, v, d, dt] {
-                       be.matmul({.m = n, .n = d, .k = v}, dt, dl.raw(), w.raw(), DType::f32, dh.raw());
+                       be.matmul({.m = n, .n = d, .k = v}, dt, dl.raw(), w.raw(), DType::f32,
+                                 dh.raw());
                      }});
     cases.push_back({"matmul", shape + " dw", flops, 0, dt, [&be, &dl, &h, &dw, n, v, d, dt] {
-                       be.matmul({.m = v, .n = d, .k = n, .trans_a = true}, dt, dl.raw(), h.raw(), DType::f32,
-                                 dw.raw(), 1.0f, true);
+                       be.matmul({.m = v, .n = d, .k = n, .trans_a = true}, dt, dl.raw(), h.raw(),
+                                 DType::f32, dw.raw(), 1.0f, true);
                      }});
   }
   // Attention: causal, half of the T x T scores.
@@ -119,19 +124,24 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     const Tensor& out = t({rows, d}, dt);
     const Tensor& dout = t({rows, d}, DType::f32);
     const Tensor& dqkv = t({rows, qkv}, dt);
-    auto rope = std::make_shared<ops::RopeTable>(be.make_rope_table(hd, s.seq, ops::rope_inv_freq(hd, 10000.0f)));
+    auto rope = std::make_shared<ops::RopeTable>(
+        be.make_rope_table(hd, s.seq, ops::rope_inv_freq(hd, 10000.0f)));
     auto saved = std::make_shared<ops::AttentionSaved>();
     state.push_back(rope);
     state.push_back(saved);
     const ops::AttentionDims dims{s.batch, s.seq, s.heads, s.kv_heads, hd, nullptr};
-    const double fwd = 2.0 * static_cast<double>(s.batch * s.heads * s.seq * s.seq * hd);  // 2 GEMMs x half
-    const std::string shape = fmt::format("b={} t={} h={} kv={} d={} {}", s.batch, s.seq, s.heads, s.kv_heads, hd, name);
-    cases.push_back({"attention_forward", shape, fwd, 0, dt, [&be, dims, rope, saved, &in, &out, dt] {
-                       be.attention_forward(dims, rope.get(), dt, in.data<float>(), out.raw(), *saved);
-                     }});
-    cases.push_back({"attention_backward", shape, 2 * fwd, 0, dt, [&be, dims, rope, saved, &dout, &dqkv, dt] {
-                       be.attention_backward(dims, rope.get(), dt, *saved, dout.data<float>(), dqkv.raw());
-                     }});
+    const double fwd =
+        2.0 * static_cast<double>(s.batch * s.heads * s.seq * s.seq * hd);  // 2 GEMMs x half
+    const std::string shape =
+        fmt::format("b={} t={} h={} kv={} d={} {}", s.batch, s.seq, s.heads, s.kv_heads, hd, name);
+    cases.push_back(
+        {"attention_forward", shape, fwd, 0, dt, [&be, dims, rope, saved, &in, &out, dt] {
+           be.attention_forward(dims, rope.get(), dt, in.data<float>(), out.raw(), *saved);
+         }});
+    cases.push_back(
+        {"attention_backward", shape, 2 * fwd, 0, dt, [&be, dims, rope, saved, &dout, &dqkv, dt] {
+           be.attention_backward(dims, rope.get(), dt, *saved, dout.data<float>(), dqkv.raw());
+         }});
   }
   // Norms and activations (memory-bound).
   {
@@ -147,26 +157,31 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     const std::string shape = fmt::format("rows={} dim={} {}", rows, d, name);
     float* mean = stats.data<float>();
     float* rstd = stats.data<float>() + rows;
-    cases.push_back({"rmsnorm_forward", shape, 0, n * (4 + esize), dt, [&be, &x, &w, &y, rstd, rows, d, dt] {
-                       be.rmsnorm_forward(x.data<float>(), w.data<float>(), dt, y.raw(), rstd, rows, d, 1e-5f);
-                     }});
-    cases.push_back({"rmsnorm_backward", "rows=" + std::to_string(rows) + " dim=" + std::to_string(d), 0, n * 16, dt,
+    cases.push_back(
+        {"rmsnorm_forward", shape, 0, n * (4 + esize), dt, [&be, &x, &w, &y, rstd, rows, d, dt] {
+           be.rmsnorm_forward(x.data<float>(), w.data<float>(), dt, y.raw(), rstd, rows, d, 1e-5f);
+         }});
+    cases.push_back({"rmsnorm_backward",
+                     "rows=" + std::to_string(rows) + " dim=" + std::to_string(d), 0, n * 16, dt,
                      [&be, &x, &w, &dy, &dx, &dw, rstd, rows, d] {
-                       be.rmsnorm_backward(x.data<float>(), w.data<float>(), rstd, dy.data<float>(), dx.data<float>(),
-                                           dw.data<float>(), rows, d);
+                       be.rmsnorm_backward(x.data<float>(), w.data<float>(), rstd, dy.data<float>(),
+                                           dx.data<float>(), dw.data<float>(), rows, d);
                      }});
-    cases.push_back({"layernorm_forward", shape, 0, n * (4 + esize), dt, [&be, &x, &w, &b, &y, mean, rstd, rows, d, dt] {
-                       be.layernorm_forward(x.data<float>(), w.data<float>(), b.data<float>(), dt, y.raw(), mean, rstd,
-                                            rows, d, 1e-5f);
+    cases.push_back({"layernorm_forward", shape, 0, n * (4 + esize), dt,
+                     [&be, &x, &w, &b, &y, mean, rstd, rows, d, dt] {
+                       be.layernorm_forward(x.data<float>(), w.data<float>(), b.data<float>(), dt,
+                                            y.raw(), mean, rstd, rows, d, 1e-5f);
                      }});
-    cases.push_back({"layernorm_backward", "rows=" + std::to_string(rows) + " dim=" + std::to_string(d), 0, n * 16, dt,
-                     [&be, &x, &w, &dy, &dx, &dw, mean, rstd, rows, d] {
-                       be.layernorm_backward(x.data<float>(), w.data<float>(), mean, rstd, dy.data<float>(),
-                                             dx.data<float>(), dw.data<float>(), dw.data<float>() + d, rows, d);
-                     }});
-    cases.push_back({"add_inplace", "n=" + std::to_string(rows * d), 0, n * 12, dt, [&be, &dx, &dy, rows, d] {
-                       be.add_inplace(dx.data<float>(), dy.data<float>(), rows * d);
-                     }});
+    cases.push_back(
+        {"layernorm_backward", "rows=" + std::to_string(rows) + " dim=" + std::to_string(d), 0,
+         n * 16, dt, [&be, &x, &w, &dy, &dx, &dw, mean, rstd, rows, d] {
+           be.layernorm_backward(x.data<float>(), w.data<float>(), mean, rstd, dy.data<float>(),
+                                 dx.data<float>(), dw.data<float>(), dw.data<float>() + d, rows, d);
+         }});
+    cases.push_back(
+        {"add_inplace", "n=" + std::to_string(rows * d), 0, n * 12, dt, [&be, &dx, &dy, rows, d] {
+           be.add_inplace(dx.data<float>(), dy.data<float>(), rows * d);
+         }});
   }
   {
     const int64_t h = s.hidden;
@@ -176,19 +191,26 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     const Tensor& dact = t({rows, h}, DType::f32);
     const Tensor& dgu = t({rows, 2 * h}, dt);
     const std::string shape = fmt::format("rows={} hidden={} {}", rows, h, name);
-    cases.push_back({"swiglu_forward", shape, 0, n * (8 + esize), dt, [&be, &gu, &act, rows, h, dt] {
-                       be.swiglu_forward(gu.data<float>(), dt, act.raw(), rows, h);
-                     }});
-    cases.push_back({"swiglu_backward", shape, 0, n * (12 + 2 * esize), dt, [&be, &gu, &dact, &dgu, rows, h, dt] {
-                       be.swiglu_backward(gu.data<float>(), dact.data<float>(), dt, dgu.raw(), rows, h);
+    cases.push_back(
+        {"swiglu_forward", shape, 0, n * (8 + esize), dt, [&be, &gu, &act, rows, h, dt] {
+           be.swiglu_forward(gu.data<float>(), dt, act.raw(), rows, h);
+         }});
+    cases.push_back({"swiglu_backward", shape, 0, n * (12 + 2 * esize), dt,
+                     [&be, &gu, &dact, &dgu, rows, h, dt] {
+                       be.swiglu_backward(gu.data<float>(), dact.data<float>(), dt, dgu.raw(), rows,
+                                          h);
                      }});
     cases.push_back({"gelu_forward", fmt::format("n={} {}", rows * h, name), 0, n * (4 + esize), dt,
-                     [&be, &gu, &act, rows, h, dt] { be.gelu_forward(gu.data<float>(), dt, act.raw(), rows * h); }});
-    cases.push_back({"gelu_backward", fmt::format("n={} {}", rows * h, name), 0, n * (8 + esize), dt,
-                     [&be, &gu, &dact, &dgu, rows, h, dt] {
-                       be.gelu_backward(gu.data<float>(), dact.data<float>(), dt, dgu.raw(), rows * h);
+                     [&be, &gu, &act, rows, h, dt] {
+                       be.gelu_forward(gu.data<float>(), dt, act.raw(), rows * h);
                      }});
-    cases.push_back({"bias_backward", fmt::format("rows={} n={}", rows, h), 0, n * 4, dt, [&be, &dact, &gu, rows, h] {
+    cases.push_back({"gelu_backward", fmt::format("n={} {}", rows * h, name), 0, n * (8 + esize),
+                     dt, [&be, &gu, &dact, &dgu, rows, h, dt] {
+                       be.gelu_backward(gu.data<float>(), dact.data<float>(), dt, dgu.raw(),
+                                        rows * h);
+                     }});
+    cases.push_back({"bias_backward", fmt::format("rows={} n={}", rows, h), 0, n * 4, dt,
+                     [&be, &dact, &gu, rows, h] {
                        be.bias_backward(dact.data<float>(), gu.data<float>(), rows, h);
                      }});
   }
@@ -200,18 +222,20 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     Tensor ids_host({rows}, DType::f32, MemCategory::workspace, be.tracker());  // 4-byte ids
     auto* ids = reinterpret_cast<int32_t*>(ids_host.data<float>());
     std::mt19937 gen(7);
-    for (int64_t i = 0; i < rows; ++i) ids[i] = static_cast<int32_t>(gen() % static_cast<uint32_t>(s.vocab));
+    for (int64_t i = 0; i < rows; ++i)
+      ids[i] = static_cast<int32_t>(gen() % static_cast<uint32_t>(s.vocab));
     const Tensor& ids_dev = t({rows}, DType::f32);
     be.copy_from_host(ids_host.raw(), ids_dev);
     const auto* dev_ids = reinterpret_cast<const int32_t*>(ids_dev.raw());
     const double n = static_cast<double>(rows * d);
     const std::string shape = fmt::format("vocab={} rows={} dim={}", s.vocab, rows, d);
     cases.push_back({"embedding_forward", shape, 0, n * 8, dt, [&be, &table, &out, dev_ids, s] {
-                       be.embedding_forward(table.data<float>(), nullptr, dev_ids, out.data<float>(), s.batch, s.seq, s.dim);
+                       be.embedding_forward(table.data<float>(), nullptr, dev_ids,
+                                            out.data<float>(), s.batch, s.seq, s.dim);
                      }});
     cases.push_back({"embedding_backward", shape, 0, n * 12, dt, [&be, &out, &dtable, dev_ids, s] {
-                       be.embedding_backward(dev_ids, out.data<float>(), dtable.data<float>(), nullptr, s.batch, s.seq,
-                                             s.dim);
+                       be.embedding_backward(dev_ids, out.data<float>(), dtable.data<float>(),
+                                             nullptr, s.batch, s.seq, s.dim);
                      }});
     const Tensor& h = t({rows, d}, dt);
     const Tensor& w = t({s.vocab, d}, dt);
@@ -228,7 +252,8 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     // The backend's default chunk of rows, then larger ones (the dw GEMM's k).
     for (int64_t chunk : {int64_t{0}, int64_t{512}, int64_t{1024}}) {
       cases.push_back({"fused_classifier",
-                       fmt::format("{} {} fwd+bwd{}", shape, name, chunk ? fmt::format(" chunk={}", chunk) : ""),
+                       fmt::format("{} {} fwd+bwd{}", shape, name,
+                                   chunk ? fmt::format(" chunk={}", chunk) : ""),
                        flops, 0, dt, [&be, &h, &w, &dh, &dtable, dev_ids, rows, s, dt, chunk] {
                          ops::ClassifierArgs a;
                          a.rows = rows, a.dim = s.dim, a.vocab = s.vocab, a.compute = dt;
@@ -252,8 +277,8 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     const double bytes = static_cast<double>(n) * (28 + (dt == DType::f32 ? 0 : esize));
     cases.push_back({"adamw_update", fmt::format("n={} compute={}", n, name), 0, bytes, dt,
                      [&be, &p, &g, &m, &v, &copy, hyper, n, dt] {
-                       be.adamw_update(hyper, p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
-                                       ops::ComputeCopy(copy.raw(), dt), n);
+                       be.adamw_update(hyper, p.data<float>(), g.data<float>(), m.data<float>(),
+                                       v.data<float>(), ops::ComputeCopy(copy.raw(), dt), n);
                      }});
     cases.push_back({"sum_squares", fmt::format("n={}", n), 0, static_cast<double>(n) * 4, dt,
                      [&be, &g, n] { be.sum_squares(g.data<float>(), n); }});
@@ -262,7 +287,8 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
 
 }  // namespace
 
-std::vector<OpsPerfRow> run_ops_perf(Backend& backend, const OpsPerfOptions& options, std::FILE* out) {
+std::vector<OpsPerfRow> run_ops_perf(Backend& backend, const OpsPerfOptions& options,
+                                     std::FILE* out) {
   std::map<DType, double> peak;
   for (DType dt : {DType::f32, DType::bf16}) peak[dt] = backend.measure_matmul_peak_flops(dt, 1.0);
   // A memory-bound op's roofline: a copy moving as many bytes (half read, half
@@ -273,7 +299,9 @@ std::vector<OpsPerfRow> run_ops_perf(Backend& backend, const OpsPerfOptions& opt
     if (fresh) it->second = backend.measure_copy_bandwidth(static_cast<size_t>(bytes / 2), 0.2);
     return it->second;
   };
-  std::fprintf(out, "peaks: matmul f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s; copy bandwidth %.1f GB/s (256 MiB moved)\n",
+  std::fprintf(out,
+               "peaks: matmul f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s; copy bandwidth %.1f GB/s (256 "
+               "MiB moved)\n",
                peak[DType::f32] / 1e9, peak[DType::bf16] / 1e9, copy_rate(256.0 * (1 << 20)) / 1e9);
   std::fprintf(out, "%-20s %-52s %10s %12s %9s\n", "op", "shape", "ms", "rate", "roofline");
   const std::regex filter(options.op_regex);
@@ -285,14 +313,15 @@ std::vector<OpsPerfRow> run_ops_perf(Backend& backend, const OpsPerfOptions& opt
     add_cases(backend, options.shape, dt, cases, keep, state);
     for (const PerfCase& c : cases) {
       if (!options.op_regex.empty() && !std::regex_search(c.op, filter)) continue;
-      if (dt != DType::f32 && c.params.find("bf16") == std::string::npos) continue;  // dtype-free: once
+      if (dt != DType::f32 && c.params.find("bf16") == std::string::npos)
+        continue;  // dtype-free: once
       OpsPerfRow r{c.op, c.params};
       r.ms = median_ms(backend, c.call, options.seconds);
       r.flops = c.flops > 0;
       r.rate = (r.flops ? c.flops : c.bytes) / (r.ms * 1e-3) / 1e9;
       r.roofline = r.rate * 1e9 / (r.flops ? peak[c.dtype] : copy_rate(c.bytes));
-      std::fprintf(out, "%-20s %-52s %10.3f %7.1f %-4s %8.0f%%\n", r.op.c_str(), r.params.c_str(), r.ms, r.rate,
-                   r.flops ? "GF/s" : "GB/s", 100 * r.roofline);
+      std::fprintf(out, "%-20s %-52s %10.3f %7.1f %-4s %8.0f%%\n", r.op.c_str(), r.params.c_str(),
+                   r.ms, r.rate, r.flops ? "GF/s" : "GB/s", 100 * r.roofline);
       std::fflush(out);
       rows.push_back(r);
     }

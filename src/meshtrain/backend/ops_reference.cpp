@@ -21,7 +21,8 @@ double rope_angle(std::span<const float> inv_freq, int64_t p, int64_t i) {
 void rotate(double* x, int64_t D, int64_t p, std::span<const float> inv_freq, bool inverse) {
   if (inv_freq.empty()) return;
   for (int64_t i = 0; i < D / 2; ++i) {
-    const double a = rope_angle(inv_freq, p, i), c = std::cos(a), s = (inverse ? -1 : 1) * std::sin(a);
+    const double a = rope_angle(inv_freq, p, i), c = std::cos(a),
+                 s = (inverse ? -1 : 1) * std::sin(a);
     const double x0 = x[2 * i], x1 = x[2 * i + 1];
     x[2 * i] = x0 * c - x1 * s;
     x[2 * i + 1] = x0 * s + x1 * c;
@@ -31,15 +32,22 @@ void rotate(double* x, int64_t D, int64_t p, std::span<const float> inv_freq, bo
 // Per (batch, head): the rotated q, k, v rows and the keys each query sees.
 struct AttentionRows {
   int64_t B, T, H, KV, D, W;
-  Vec q, k, v;  // [B, T, H|KV, D]
+  Vec q, k, v;                 // [B, T, H|KV, D]
   std::vector<int64_t> first;  // [B * T]: the first key of each query
   double scale;
 
   AttentionRows(const AttentionDims& d, std::span<const float> inv_freq, const Vec& qkv,
                 int64_t pos0)
-      : B(d.batch), T(d.seq), H(d.n_heads), KV(d.n_kv_heads), D(d.head_dim), W(d.qkv_width()),
-        q(static_cast<size_t>(B * T * H * D)), k(static_cast<size_t>(B * T * KV * D)),
-        v(k.size()), first(static_cast<size_t>(B * T)),
+      : B(d.batch),
+        T(d.seq),
+        H(d.n_heads),
+        KV(d.n_kv_heads),
+        D(d.head_dim),
+        W(d.qkv_width()),
+        q(static_cast<size_t>(B * T * H * D)),
+        k(static_cast<size_t>(B * T * KV * D)),
+        v(k.size()),
+        first(static_cast<size_t>(B * T)),
         scale(1.0 / std::sqrt(static_cast<double>(D))) {
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < T; ++t) {
@@ -61,9 +69,15 @@ struct AttentionRows {
       }
     }
   }
-  const double* qr(int64_t b, int64_t t, int64_t h) const { return &q[static_cast<size_t>(((b * T + t) * H + h) * D)]; }
-  const double* kr(int64_t b, int64_t s, int64_t h) const { return &k[static_cast<size_t>(((b * T + s) * KV + h) * D)]; }
-  const double* vr(int64_t b, int64_t s, int64_t h) const { return &v[static_cast<size_t>(((b * T + s) * KV + h) * D)]; }
+  const double* qr(int64_t b, int64_t t, int64_t h) const {
+    return &q[static_cast<size_t>(((b * T + t) * H + h) * D)];
+  }
+  const double* kr(int64_t b, int64_t s, int64_t h) const {
+    return &k[static_cast<size_t>(((b * T + s) * KV + h) * D)];
+  }
+  const double* vr(int64_t b, int64_t s, int64_t h) const {
+    return &v[static_cast<size_t>(((b * T + s) * KV + h) * D)];
+  }
 
   // Softmax probabilities of query (b, t, h) over keys [first, t].
   Vec probs(int64_t b, int64_t t, int64_t h) const {
@@ -117,7 +131,8 @@ void rmsnorm_forward(const Vec& x, const Vec& w, Vec& y, Vec& rstd, int64_t rows
     for (int64_t i = 0; i < dim; ++i) ss += xr[i] * xr[i];
     const double rs = 1.0 / std::sqrt(ss / static_cast<double>(dim) + eps);
     rstd[static_cast<size_t>(r)] = rs;
-    for (int64_t i = 0; i < dim; ++i) y[static_cast<size_t>(r * dim + i)] = xr[i] * rs * w[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < dim; ++i)
+      y[static_cast<size_t>(r * dim + i)] = xr[i] * rs * w[static_cast<size_t>(i)];
   }
 }
 
@@ -192,7 +207,8 @@ void swiglu_backward(const Vec& gate_up, const Vec& d_out, Vec& d_gate_up, int64
                      int64_t hidden) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < hidden; ++j) {
-      const size_t gi = static_cast<size_t>(r * 2 * hidden + j), ui = gi + static_cast<size_t>(hidden);
+      const size_t gi = static_cast<size_t>(r * 2 * hidden + j),
+                   ui = gi + static_cast<size_t>(hidden);
       const double g = gate_up[gi], u = gate_up[ui], d = d_out[static_cast<size_t>(r * hidden + j)];
       const double s = sigmoid(g);
       d_gate_up[gi] = d * u * s * (1.0 + g * (1.0 - s));
@@ -211,13 +227,14 @@ void gelu_forward(const Vec& x, Vec& y) {
 void gelu_backward(const Vec& x, const Vec& dy, Vec& dx) {
   for (size_t i = 0; i < x.size(); ++i) {
     const double v = x[i], t = std::tanh(kGeluC0 * (v + kGeluC1 * v * v * v));
-    const double grad = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * kGeluC0 * (1.0 + 3.0 * kGeluC1 * v * v);
+    const double grad =
+        0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * kGeluC0 * (1.0 + 3.0 * kGeluC1 * v * v);
     dx[i] = dy[i] * grad;
   }
 }
 
-void attention_forward(const AttentionDims& dims, std::span<const float> inv_freq,
-                       const Vec& qkv, Vec& out, int64_t pos0) {
+void attention_forward(const AttentionDims& dims, std::span<const float> inv_freq, const Vec& qkv,
+                       Vec& out, int64_t pos0) {
   const AttentionRows a(dims, inv_freq, qkv, pos0);
   for (int64_t b = 0; b < a.B; ++b) {
     for (int64_t t = 0; t < a.T; ++t) {
@@ -227,15 +244,16 @@ void attention_forward(const AttentionDims& dims, std::span<const float> inv_fre
         double* o = &out[static_cast<size_t>(((b * a.T + t) * a.H + h) * a.D)];
         std::fill(o, o + a.D, 0.0);
         for (int64_t s = s0; s <= t; ++s) {
-          for (int64_t i = 0; i < a.D; ++i) o[i] += p[static_cast<size_t>(s - s0)] * a.vr(b, s, kvh)[i];
+          for (int64_t i = 0; i < a.D; ++i)
+            o[i] += p[static_cast<size_t>(s - s0)] * a.vr(b, s, kvh)[i];
         }
       }
     }
   }
 }
 
-void attention_backward(const AttentionDims& dims, std::span<const float> inv_freq,
-                        const Vec& qkv, const Vec& d_out, Vec& d_qkv) {
+void attention_backward(const AttentionDims& dims, std::span<const float> inv_freq, const Vec& qkv,
+                        const Vec& d_out, Vec& d_qkv) {
   const AttentionRows a(dims, inv_freq, qkv, 0);
   Vec dq(a.q.size(), 0.0), dk(a.k.size(), 0.0), dv(a.v.size(), 0.0);
   for (int64_t b = 0; b < a.B; ++b) {
@@ -277,7 +295,8 @@ void attention_backward(const AttentionDims& dims, std::span<const float> inv_fr
         rotate(row + h * a.D, a.D, pos, inv_freq, true);
       }
       for (int64_t h = 0; h < a.KV; ++h) {
-        std::copy_n(&dk[static_cast<size_t>(((b * a.T + t) * a.KV + h) * a.D)], a.D, row + (a.H + h) * a.D);
+        std::copy_n(&dk[static_cast<size_t>(((b * a.T + t) * a.KV + h) * a.D)], a.D,
+                    row + (a.H + h) * a.D);
         rotate(row + (a.H + h) * a.D, a.D, pos, inv_freq, true);
         std::copy_n(&dv[static_cast<size_t>(((b * a.T + t) * a.KV + h) * a.D)], a.D,
                     row + (a.H + a.KV + h) * a.D);
@@ -294,28 +313,30 @@ void embedding_forward(const Vec& table, const Vec* positions, std::span<const i
     const int64_t p = pos_ids ? pos_ids[r] : pos0 + r % seq;
     for (int64_t i = 0; i < dim; ++i) {
       out[static_cast<size_t>(r * dim + i)] =
-          table[static_cast<size_t>(id * dim + i)] + (positions ? (*positions)[static_cast<size_t>(p * dim + i)] : 0.0);
+          table[static_cast<size_t>(id * dim + i)] +
+          (positions ? (*positions)[static_cast<size_t>(p * dim + i)] : 0.0);
     }
   }
 }
 
-void embedding_backward(std::span<const int32_t> ids, const Vec& dout, Vec& dtable,
-                        Vec* dpositions, int64_t batch, int64_t seq, int64_t dim,
-                        int64_t vocab_begin, int64_t vocab_end, const int32_t* pos_ids) {
+void embedding_backward(std::span<const int32_t> ids, const Vec& dout, Vec& dtable, Vec* dpositions,
+                        int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
+                        int64_t vocab_end, const int32_t* pos_ids) {
   for (int64_t r = 0; r < batch * seq; ++r) {
     const int64_t id = ids[static_cast<size_t>(r)];
     const int64_t p = pos_ids ? pos_ids[r] : r % seq;
     for (int64_t i = 0; i < dim; ++i) {
       const double g = dout[static_cast<size_t>(r * dim + i)];
-      if (id >= vocab_begin && id < vocab_end) dtable[static_cast<size_t>((id - vocab_begin) * dim + i)] += g;
+      if (id >= vocab_begin && id < vocab_end)
+        dtable[static_cast<size_t>((id - vocab_begin) * dim + i)] += g;
       if (dpositions) (*dpositions)[static_cast<size_t>(p * dim + i)] += g;
     }
   }
 }
 
-double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> targets,
-                        int64_t rows, int64_t dim, int64_t vocab, int64_t valid,
-                        double grad_scale, Vec* dh, Vec* dw, Vec* row_losses) {
+double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> targets, int64_t rows,
+                        int64_t dim, int64_t vocab, int64_t valid, double grad_scale, Vec* dh,
+                        Vec* dw, Vec* row_losses) {
   double total = 0;
   Vec logits(static_cast<size_t>(vocab));
   for (int64_t r = 0; r < rows; ++r) {
@@ -323,7 +344,8 @@ double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> tar
     double mx = -1e300, sum = 0;
     for (int64_t v = 0; v < valid; ++v) {
       double z = 0;
-      for (int64_t i = 0; i < dim; ++i) z += h[static_cast<size_t>(r * dim + i)] * w[static_cast<size_t>(v * dim + i)];
+      for (int64_t i = 0; i < dim; ++i)
+        z += h[static_cast<size_t>(r * dim + i)] * w[static_cast<size_t>(v * dim + i)];
       logits[static_cast<size_t>(v)] = z;
       mx = std::max(mx, z);
     }
@@ -335,7 +357,8 @@ double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> tar
     if (dh) std::fill_n(dh->begin() + r * dim, dim, 0.0);
     if (target < 0) continue;
     for (int64_t v = 0; v < valid; ++v) {
-      const double g = grad_scale * (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == target ? 1.0 : 0.0));
+      const double g =
+          grad_scale * (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == target ? 1.0 : 0.0));
       for (int64_t i = 0; i < dim; ++i) {
         if (dh) (*dh)[static_cast<size_t>(r * dim + i)] += g * w[static_cast<size_t>(v * dim + i)];
         if (dw) (*dw)[static_cast<size_t>(v * dim + i)] += g * h[static_cast<size_t>(r * dim + i)];

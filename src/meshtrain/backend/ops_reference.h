@@ -17,8 +17,8 @@ using Vec = std::vector<double>;
 
 // C = alpha * op(A) · op(B) (+ bias) (+ C when accumulate), dense per batch
 // unless dims give leading dimensions; c holds the whole output span.
-void matmul(const MatmulDims& dims, std::span<const double> a, std::span<const double> b,
-            Vec& c, double alpha, bool accumulate, const double* bias);
+void matmul(const MatmulDims& dims, std::span<const double> a, std::span<const double> b, Vec& c,
+            double alpha, bool accumulate, const double* bias);
 
 void rmsnorm_forward(const Vec& x, const Vec& w, Vec& y, Vec& rstd, int64_t rows, int64_t dim,
                      double eps);
@@ -38,23 +38,23 @@ void gelu_backward(const Vec& x, const Vec& dy, Vec& dx);
 // Attention over qkv [B, T, (H + 2 KV) D] with RoPE by `inv_freq` (empty: none)
 // at each token's position (dims.positions, else t + pos0), causal within a
 // record. out [B, T, H D]; the backward gives d_qkv for d_out.
-void attention_forward(const AttentionDims& dims, std::span<const float> inv_freq,
-                       const Vec& qkv, Vec& out, int64_t pos0 = 0);
-void attention_backward(const AttentionDims& dims, std::span<const float> inv_freq,
-                        const Vec& qkv, const Vec& d_out, Vec& d_qkv);
+void attention_forward(const AttentionDims& dims, std::span<const float> inv_freq, const Vec& qkv,
+                       Vec& out, int64_t pos0 = 0);
+void attention_backward(const AttentionDims& dims, std::span<const float> inv_freq, const Vec& qkv,
+                        const Vec& d_out, Vec& d_qkv);
 
 void embedding_forward(const Vec& table, const Vec* positions, std::span<const int32_t> ids,
                        Vec& out, int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
                        const int32_t* pos_ids);
-void embedding_backward(std::span<const int32_t> ids, const Vec& dout, Vec& dtable,
-                        Vec* dpositions, int64_t batch, int64_t seq, int64_t dim,
-                        int64_t vocab_begin, int64_t vocab_end, const int32_t* pos_ids);
+void embedding_backward(std::span<const int32_t> ids, const Vec& dout, Vec& dtable, Vec* dpositions,
+                        int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
+                        int64_t vocab_end, const int32_t* pos_ids);
 
 // Returns the summed loss; dh (overwritten) and dw (added) when not null;
 // the last vocab - valid rows of w are padding.
-double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> targets,
-                        int64_t rows, int64_t dim, int64_t vocab, int64_t valid,
-                        double grad_scale, Vec* dh, Vec* dw, Vec* row_losses);
+double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> targets, int64_t rows,
+                        int64_t dim, int64_t vocab, int64_t valid, double grad_scale, Vec* dh,
+                        Vec* dw, Vec* row_losses);
 
 void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, Vec& v);
 

@@ -27,9 +27,12 @@ enum class Elem : uint8_t { f32, bf16, f16, i32 };
 
 Elem elem(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return Elem::bf16;
-    case DType::f16: return Elem::f16;
-    default: return Elem::f32;
+    case DType::bf16:
+      return Elem::bf16;
+    case DType::f16:
+      return Elem::f16;
+    default:
+      return Elem::f32;
   }
 }
 
@@ -37,19 +40,51 @@ size_t elem_size(Elem e) { return e == Elem::bf16 || e == Elem::f16 ? 2 : 4; }
 
 double read_value(Elem e, const char* p) {
   switch (e) {
-    case Elem::bf16: { bf16 v; std::memcpy(&v, p, 2); return bf16_to_float(v); }
-    case Elem::f16: { f16 v; std::memcpy(&v, p, 2); return f16_to_float(v); }
-    case Elem::i32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    default: { float v; std::memcpy(&v, p, 4); return v; }
+    case Elem::bf16: {
+      bf16 v;
+      std::memcpy(&v, p, 2);
+      return bf16_to_float(v);
+    }
+    case Elem::f16: {
+      f16 v;
+      std::memcpy(&v, p, 2);
+      return f16_to_float(v);
+    }
+    case Elem::i32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    default: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
   }
 }
 
 void write_value(Elem e, double x, char* p) {
   switch (e) {
-    case Elem::bf16: { const bf16 v = float_to_bf16(static_cast<float>(x)); std::memcpy(p, &v, 2); return; }
-    case Elem::f16: { const f16 v = float_to_f16(static_cast<float>(x)); std::memcpy(p, &v, 2); return; }
-    case Elem::i32: { const auto v = static_cast<int32_t>(x); std::memcpy(p, &v, 4); return; }
-    default: { const auto v = static_cast<float>(x); std::memcpy(p, &v, 4); return; }
+    case Elem::bf16: {
+      const bf16 v = float_to_bf16(static_cast<float>(x));
+      std::memcpy(p, &v, 2);
+      return;
+    }
+    case Elem::f16: {
+      const f16 v = float_to_f16(static_cast<float>(x));
+      std::memcpy(p, &v, 2);
+      return;
+    }
+    case Elem::i32: {
+      const auto v = static_cast<int32_t>(x);
+      std::memcpy(p, &v, 4);
+      return;
+    }
+    default: {
+      const auto v = static_cast<float>(x);
+      std::memcpy(p, &v, 4);
+      return;
+    }
   }
 }
 
@@ -81,7 +116,9 @@ class Probe {
     std::string name;
     void* data() const { return static_cast<char*>(tensor.raw()) + kGuardBytes; }
     template <typename T>
-    T* as() const { return static_cast<T*>(data()); }
+    T* as() const {
+      return static_cast<T*>(data());
+    }
   };
 
   explicit Probe(Backend& backend) : backend_(backend) {}
@@ -98,9 +135,11 @@ class Probe {
   Buffer upload_as(const std::string& name, Elem e, const Vec& values) {
     const size_t esize = elem_size(e), bytes = values.size() * esize;
     std::vector<char> host(bytes + 2 * kGuardBytes, static_cast<char>(kGuard));
-    for (size_t i = 0; i < values.size(); ++i) write_value(e, values[i], &host[kGuardBytes + i * esize]);
+    for (size_t i = 0; i < values.size(); ++i)
+      write_value(e, values[i], &host[kGuardBytes + i * esize]);
     // Raw bytes: a tensor of 2-byte elements (every size here is even).
-    Buffer b{backend_.allocate({static_cast<int64_t>(host.size() / 2)}, DType::bf16, MemCategory::workspace),
+    Buffer b{backend_.allocate({static_cast<int64_t>(host.size() / 2)}, DType::bf16,
+                               MemCategory::workspace),
              e, static_cast<int64_t>(values.size()), name};
     backend_.copy_from_host(host.data(), b.tensor);
     return b;
@@ -113,16 +152,16 @@ class Probe {
     const size_t end = kGuardBytes + static_cast<size_t>(b.n) * elem_size(b.elem);
     for (size_t i = 0; i < host.size(); ++i) {
       if ((i < kGuardBytes || i >= end) && host[i] != kGuard) {
-        problems_.push_back(fmt::format("{}: wrote {} byte {} past its {}", b.name,
-                                        i < kGuardBytes ? "before" : "after",
-                                        i < kGuardBytes ? kGuardBytes - i : i - end + 1,
-                                        i < kGuardBytes ? "start" : "end"));
+        problems_.push_back(fmt::format(
+            "{}: wrote {} byte {} past its {}", b.name, i < kGuardBytes ? "before" : "after",
+            i < kGuardBytes ? kGuardBytes - i : i - end + 1, i < kGuardBytes ? "start" : "end"));
         break;
       }
     }
     Vec out(static_cast<size_t>(b.n));
     for (size_t i = 0; i < out.size(); ++i) {
-      out[i] = read_value(b.elem, reinterpret_cast<const char*>(&host[kGuardBytes + i * elem_size(b.elem)]));
+      out[i] = read_value(
+          b.elem, reinterpret_cast<const char*>(&host[kGuardBytes + i * elem_size(b.elem)]));
     }
     return out;
   }
@@ -143,9 +182,12 @@ struct OpCase {
 
 double max_nmse(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return 1e-4;
-    case DType::f16: return 1e-5;
-    default: return 1e-9;
+    case DType::bf16:
+      return 1e-4;
+    case DType::f16:
+      return 1e-5;
+    default:
+      return 1e-9;
   }
 }
 
@@ -205,8 +247,13 @@ void add_matmul_cases(std::vector<OpCase>& cases, Random& rng) {
       std::vector<DType> outputs{DType::f32};
       if (ab != DType::f32 && !s.acc) outputs.push_back(ab);
       for (DType c : outputs) {
-        ops::MatmulDims d{.batch = s.batch, .m = s.m, .n = s.n, .k = s.k, .trans_a = s.ta,
-                          .trans_b = s.tb, .broadcast_b = s.bcast};
+        ops::MatmulDims d{.batch = s.batch,
+                          .m = s.m,
+                          .n = s.n,
+                          .k = s.k,
+                          .trans_a = s.ta,
+                          .trans_b = s.tb,
+                          .broadcast_b = s.bcast};
         if (s.strided) {  // rows of a wider matrix: A's and C's leading dimensions
           d.lda = s.k + 3;
           d.ldc = s.n + 5;
@@ -215,9 +262,11 @@ void add_matmul_cases(std::vector<OpCase>& cases, Random& rng) {
         const int64_t b_len = (s.bcast ? 1 : s.batch) * s.k * s.n;
         const int64_t c_len = s.strided ? (s.m - 1) * d.ldc + s.n : s.batch * s.m * s.n;
         const Vec a = rounded(rng.uniform(a_len), ab), b = rounded(rng.uniform(b_len), ab);
-        const Vec bias = rounded(rng.uniform(s.n), DType::f32), c0 = rounded(rng.uniform(c_len), DType::f32);
-        std::string params = fmt::format("b={} m={} n={} k={} {}{} ab={} c={}", s.batch, s.m, s.n, s.k,
-                                         s.ta ? "t" : "n", s.tb ? "t" : "n", dtype_name(ab), dtype_name(c));
+        const Vec bias = rounded(rng.uniform(s.n), DType::f32),
+                  c0 = rounded(rng.uniform(c_len), DType::f32);
+        std::string params =
+            fmt::format("b={} m={} n={} k={} {}{} ab={} c={}", s.batch, s.m, s.n, s.k,
+                        s.ta ? "t" : "n", s.tb ? "t" : "n", dtype_name(ab), dtype_name(c));
         if (s.bias) params += " bias";
         if (s.acc) params += fmt::format(" acc alpha={}", s.alpha);
         if (s.bcast) params += " broadcast_b";
@@ -251,35 +300,40 @@ void add_norm_cases(std::vector<OpCase>& cases, Random& rng) {
   const double eps = 1e-5;
   for (auto [rows, dim] : shapes) {
     const Vec x = rounded(rng.uniform(rows * dim, -2, 2), DType::f32);
-    const Vec w = rounded(rng.uniform(dim, 0.5, 1.5), DType::f32), b = rounded(rng.uniform(dim), DType::f32);
+    const Vec w = rounded(rng.uniform(dim, 0.5, 1.5), DType::f32),
+              b = rounded(rng.uniform(dim), DType::f32);
     const Vec dy = rounded(rng.uniform(rows * dim), DType::f32);
-    const Vec dx0 = rounded(rng.uniform(rows * dim), DType::f32), dw0 = rounded(rng.uniform(dim), DType::f32);
+    const Vec dx0 = rounded(rng.uniform(rows * dim), DType::f32),
+              dw0 = rounded(rng.uniform(dim), DType::f32);
     const Vec db0 = rounded(rng.uniform(dim), DType::f32);
     for (DType out : {DType::f32, DType::bf16, DType::f16}) {
       const std::string params = fmt::format("rows={} dim={} out={}", rows, dim, dtype_name(out));
-      cases.push_back(OpCase{
-          "rmsnorm_forward", params, max_nmse(out),
-          [=](Probe& p) {
-            auto X = p.upload("x", DType::f32, x), W = p.upload("w", DType::f32, w);
-            auto Y = p.upload("y", out, Vec(x.size())), R = p.upload("rstd", DType::f32, Vec(static_cast<size_t>(rows)));
-            p.backend().rmsnorm_forward(X.as<float>(), W.as<float>(), out, Y.data(), R.as<float>(), rows, dim,
-                                        static_cast<float>(eps));
-            return Outputs{{"y", p.download(Y)}, {"rstd", p.download(R)}};
-          },
-          [=] {
-            Vec y(x.size()), r(static_cast<size_t>(rows));
-            ref::rmsnorm_forward(x, w, y, r, rows, dim, eps);
-            return Outputs{{"y", y}, {"rstd", r}};
-          }});
+      cases.push_back(
+          OpCase{"rmsnorm_forward", params, max_nmse(out),
+                 [=](Probe& p) {
+                   auto X = p.upload("x", DType::f32, x), W = p.upload("w", DType::f32, w);
+                   auto Y = p.upload("y", out, Vec(x.size())),
+                        R = p.upload("rstd", DType::f32, Vec(static_cast<size_t>(rows)));
+                   p.backend().rmsnorm_forward(X.as<float>(), W.as<float>(), out, Y.data(),
+                                               R.as<float>(), rows, dim, static_cast<float>(eps));
+                   return Outputs{{"y", p.download(Y)}, {"rstd", p.download(R)}};
+                 },
+                 [=] {
+                   Vec y(x.size()), r(static_cast<size_t>(rows));
+                   ref::rmsnorm_forward(x, w, y, r, rows, dim, eps);
+                   return Outputs{{"y", y}, {"rstd", r}};
+                 }});
       cases.push_back(OpCase{
           "layernorm_forward", params, max_nmse(out),
           [=](Probe& p) {
-            auto X = p.upload("x", DType::f32, x), W = p.upload("w", DType::f32, w), Bb = p.upload("b", DType::f32, b);
+            auto X = p.upload("x", DType::f32, x), W = p.upload("w", DType::f32, w),
+                 Bb = p.upload("b", DType::f32, b);
             auto Y = p.upload("y", out, Vec(x.size()));
             auto M = p.upload("mean", DType::f32, Vec(static_cast<size_t>(rows)));
             auto R = p.upload("rstd", DType::f32, Vec(static_cast<size_t>(rows)));
-            p.backend().layernorm_forward(X.as<float>(), W.as<float>(), Bb.as<float>(), out, Y.data(),
-                                          M.as<float>(), R.as<float>(), rows, dim, static_cast<float>(eps));
+            p.backend().layernorm_forward(X.as<float>(), W.as<float>(), Bb.as<float>(), out,
+                                          Y.data(), M.as<float>(), R.as<float>(), rows, dim,
+                                          static_cast<float>(eps));
             return Outputs{{"y", p.download(Y)}, {"mean", p.download(M)}, {"rstd", p.download(R)}};
           },
           [=] {
@@ -301,8 +355,8 @@ void add_norm_cases(std::vector<OpCase>& cases, Random& rng) {
             auto X = p.upload("x", DType::f32, x), W = p.upload("w", DType::f32, w);
             auto R = p.upload("rstd", DType::f32, rms_rstd), DY = p.upload("dy", DType::f32, dy);
             auto DX = p.upload("dx", DType::f32, dx0), DW = p.upload("dw", DType::f32, dw0);
-            p.backend().rmsnorm_backward(X.as<float>(), W.as<float>(), R.as<float>(), DY.as<float>(),
-                                         DX.as<float>(), DW.as<float>(), rows, dim);
+            p.backend().rmsnorm_backward(X.as<float>(), W.as<float>(), R.as<float>(),
+                                         DY.as<float>(), DX.as<float>(), DW.as<float>(), rows, dim);
             return Outputs{{"dx", p.download(DX)}, {"dw", p.download(DW)}};
           },
           [=] {
@@ -314,12 +368,13 @@ void add_norm_cases(std::vector<OpCase>& cases, Random& rng) {
           "layernorm_backward", bparams, max_nmse(DType::f32),
           [=](Probe& p) {
             auto X = p.upload("x", DType::f32, x), W = p.upload("w", DType::f32, w);
-            auto M = p.upload("mean", DType::f32, ln_mean), R = p.upload("rstd", DType::f32, ln_rstd);
+            auto M = p.upload("mean", DType::f32, ln_mean),
+                 R = p.upload("rstd", DType::f32, ln_rstd);
             auto DY = p.upload("dy", DType::f32, dy), DX = p.upload("dx", DType::f32, dx0);
             auto DW = p.upload("dw", DType::f32, dw0), DB = p.upload("db", DType::f32, db0);
-            p.backend().layernorm_backward(X.as<float>(), W.as<float>(), M.as<float>(), R.as<float>(),
-                                           DY.as<float>(), DX.as<float>(), DW.as<float>(), DB.as<float>(),
-                                           rows, dim);
+            p.backend().layernorm_backward(X.as<float>(), W.as<float>(), M.as<float>(),
+                                           R.as<float>(), DY.as<float>(), DX.as<float>(),
+                                           DW.as<float>(), DB.as<float>(), rows, dim);
             return Outputs{{"dx", p.download(DX)}, {"dw", p.download(DW)}, {"db", p.download(DB)}};
           },
           [=] {
@@ -340,18 +395,19 @@ void add_elementwise_cases(std::vector<OpCase>& cases, Random& rng) {
     const Vec x = rounded(rng.uniform(n, -4, 4), DType::f32);
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       const std::string params = fmt::format("rows={} hidden={} {}", rows, hidden, dtype_name(dt));
-      cases.push_back(OpCase{
-          "swiglu_forward", params, max_nmse(dt),
-          [=](Probe& p) {
-            auto G = p.upload("gate_up", DType::f32, gu), O = p.upload("out", dt, Vec(static_cast<size_t>(n)));
-            p.backend().swiglu_forward(G.as<float>(), dt, O.data(), rows, hidden);
-            return Outputs{{"out", p.download(O)}};
-          },
-          [=] {
-            Vec o(static_cast<size_t>(n));
-            ref::swiglu_forward(gu, o, rows, hidden);
-            return Outputs{{"out", o}};
-          }});
+      cases.push_back(OpCase{"swiglu_forward", params, max_nmse(dt),
+                             [=](Probe& p) {
+                               auto G = p.upload("gate_up", DType::f32, gu),
+                                    O = p.upload("out", dt, Vec(static_cast<size_t>(n)));
+                               p.backend().swiglu_forward(G.as<float>(), dt, O.data(), rows,
+                                                          hidden);
+                               return Outputs{{"out", p.download(O)}};
+                             },
+                             [=] {
+                               Vec o(static_cast<size_t>(n));
+                               ref::swiglu_forward(gu, o, rows, hidden);
+                               return Outputs{{"out", o}};
+                             }});
       cases.push_back(OpCase{
           "swiglu_backward", params, max_nmse(dt),
           [=](Probe& p) {
@@ -366,46 +422,47 @@ void add_elementwise_cases(std::vector<OpCase>& cases, Random& rng) {
             return Outputs{{"d_gate_up", dg}};
           }});
       const std::string gparams = fmt::format("n={} {}", n, dtype_name(dt));
-      cases.push_back(OpCase{
-          "gelu_forward", gparams, max_nmse(dt),
-          [=](Probe& p) {
-            auto X = p.upload("x", DType::f32, x), Y = p.upload("y", dt, Vec(x.size()));
-            p.backend().gelu_forward(X.as<float>(), dt, Y.data(), n);
-            return Outputs{{"y", p.download(Y)}};
-          },
-          [=] {
-            Vec y(x.size());
-            ref::gelu_forward(x, y);
-            return Outputs{{"y", y}};
-          }});
-      cases.push_back(OpCase{
-          "gelu_backward", gparams, max_nmse(dt),
-          [=](Probe& p) {
-            auto X = p.upload("x", DType::f32, x), DY = p.upload("dy", DType::f32, dout);
-            auto DX = p.upload("dx", dt, Vec(x.size()));
-            p.backend().gelu_backward(X.as<float>(), DY.as<float>(), dt, DX.data(), n);
-            return Outputs{{"dx", p.download(DX)}};
-          },
-          [=] {
-            Vec dx(x.size());
-            ref::gelu_backward(x, dout, dx);
-            return Outputs{{"dx", dx}};
-          }});
+      cases.push_back(OpCase{"gelu_forward", gparams, max_nmse(dt),
+                             [=](Probe& p) {
+                               auto X = p.upload("x", DType::f32, x),
+                                    Y = p.upload("y", dt, Vec(x.size()));
+                               p.backend().gelu_forward(X.as<float>(), dt, Y.data(), n);
+                               return Outputs{{"y", p.download(Y)}};
+                             },
+                             [=] {
+                               Vec y(x.size());
+                               ref::gelu_forward(x, y);
+                               return Outputs{{"y", y}};
+                             }});
+      cases.push_back(
+          OpCase{"gelu_backward", gparams, max_nmse(dt),
+                 [=](Probe& p) {
+                   auto X = p.upload("x", DType::f32, x), DY = p.upload("dy", DType::f32, dout);
+                   auto DX = p.upload("dx", dt, Vec(x.size()));
+                   p.backend().gelu_backward(X.as<float>(), DY.as<float>(), dt, DX.data(), n);
+                   return Outputs{{"dx", p.download(DX)}};
+                 },
+                 [=] {
+                   Vec dx(x.size());
+                   ref::gelu_backward(x, dout, dx);
+                   return Outputs{{"dx", dx}};
+                 }});
     }
     const std::string params = fmt::format("rows={} n={}", rows, hidden);
-    const Vec x0 = rounded(rng.uniform(n), DType::f32), bias0 = rounded(rng.uniform(hidden), DType::f32);
-    cases.push_back(OpCase{
-        "add_inplace", fmt::format("n={}", n), max_nmse(DType::f32),
-        [=](Probe& p) {
-          auto X = p.upload("x", DType::f32, x0), Y = p.upload("y", DType::f32, dout);
-          p.backend().add_inplace(X.as<float>(), Y.as<float>(), n);
-          return Outputs{{"x", p.download(X)}};
-        },
-        [=] {
-          Vec out = x0;
-          for (size_t i = 0; i < out.size(); ++i) out[i] += dout[i];
-          return Outputs{{"x", out}};
-        }});
+    const Vec x0 = rounded(rng.uniform(n), DType::f32),
+              bias0 = rounded(rng.uniform(hidden), DType::f32);
+    cases.push_back(OpCase{"add_inplace", fmt::format("n={}", n), max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto X = p.upload("x", DType::f32, x0),
+                                  Y = p.upload("y", DType::f32, dout);
+                             p.backend().add_inplace(X.as<float>(), Y.as<float>(), n);
+                             return Outputs{{"x", p.download(X)}};
+                           },
+                           [=] {
+                             Vec out = x0;
+                             for (size_t i = 0; i < out.size(); ++i) out[i] += dout[i];
+                             return Outputs{{"x", out}};
+                           }});
     cases.push_back(OpCase{
         "bias_backward", params, max_nmse(DType::f32),
         [=](Probe& p) {
@@ -416,7 +473,8 @@ void add_elementwise_cases(std::vector<OpCase>& cases, Random& rng) {
         [=] {
           Vec db = bias0;
           for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t j = 0; j < hidden; ++j) db[static_cast<size_t>(j)] += dout[static_cast<size_t>(r * hidden + j)];
+            for (int64_t j = 0; j < hidden; ++j)
+              db[static_cast<size_t>(j)] += dout[static_cast<size_t>(r * hidden + j)];
           }
           return Outputs{{"dbias", db}};
         }});
@@ -443,8 +501,8 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
     const auto inv_freq = std::make_shared<std::vector<float>>(
         s.rope ? ops::rope_inv_freq(s.dim, 10000.0f) : std::vector<float>());
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
-      std::string params = fmt::format("b={} t={} h={} kv={} d={} {}", s.batch, s.seq, s.heads, s.kv,
-                                       s.dim, dtype_name(dt));
+      std::string params = fmt::format("b={} t={} h={} kv={} d={} {}", s.batch, s.seq, s.heads,
+                                       s.kv, s.dim, dtype_name(dt));
       if (!s.rope) params += " no-rope";
       if (s.packed) params += " packed";
       if (s.recompute) params += " recompute";
@@ -459,11 +517,13 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
         auto O = p.upload("out", dt, Vec(dout.size()));
         ops::AttentionSaved saved;
         saved.recompute_probs = s.recompute;
-        p.backend().attention_forward(dims, s.rope ? &table : nullptr, dt, QKV.as<float>(), O.data(), saved);
+        p.backend().attention_forward(dims, s.rope ? &table : nullptr, dt, QKV.as<float>(),
+                                      O.data(), saved);
         if (!backward) return Outputs{{"out", p.download(O)}};
         auto DO = p.upload("d_out", DType::f32, dout);
         auto DQKV = p.upload("d_qkv", dt, Vec(qkv.size()));
-        p.backend().attention_backward(dims, s.rope ? &table : nullptr, dt, saved, DO.as<float>(), DQKV.data());
+        p.backend().attention_backward(dims, s.rope ? &table : nullptr, dt, saved, DO.as<float>(),
+                                       DQKV.data());
         return Outputs{{"d_qkv", p.download(DQKV)}};
       };
       auto reference = [=](bool backward) {
@@ -481,9 +541,11 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
       // Probabilities and q, k, v held in 16 bits: looser than one rounding.
       const double tol = dt == DType::f32 ? 1e-9 : max_nmse(dt) * 4;
       cases.push_back(OpCase{"attention_forward", params, tol,
-                             [=](Probe& p) { return run(p, false); }, [=] { return reference(false); }});
+                             [=](Probe& p) { return run(p, false); },
+                             [=] { return reference(false); }});
       cases.push_back(OpCase{"attention_backward", params, tol,
-                             [=](Probe& p) { return run(p, true); }, [=] { return reference(true); }});
+                             [=](Probe& p) { return run(p, true); },
+                             [=] { return reference(true); }});
     }
   }
   // Decoding: a prompt, then new tokens against the cache.
@@ -503,26 +565,32 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
     auto part = [=](const Vec& v, int64_t t0, int64_t n, int64_t width) {
       Vec out;
       for (int64_t b = 0; b < s.batch; ++b) {
-        out.insert(out.end(), v.begin() + (b * total + t0) * width, v.begin() + (b * total + t0 + n) * width);
+        out.insert(out.end(), v.begin() + (b * total + t0) * width,
+                   v.begin() + (b * total + t0 + n) * width);
       }
       return out;
     };
-    const std::string params = fmt::format("b={} prompt={} new={} h={} kv={} d={}{}", s.batch, s.prompt,
-                                           s.fresh, s.heads, s.kv, s.dim, s.rope ? "" : " no-rope");
+    const std::string params =
+        fmt::format("b={} prompt={} new={} h={} kv={} d={}{}", s.batch, s.prompt, s.fresh, s.heads,
+                    s.kv, s.dim, s.rope ? "" : " no-rope");
     cases.push_back(OpCase{
         "attention_decode", params, max_nmse(DType::f32),
         [=](Probe& p) {
           ops::RopeTable table;
           if (s.rope) table = p.backend().make_rope_table(s.dim, total, *inv_freq);
           ops::KVCacheLayer cache;
-          cache.k = p.backend().allocate({s.batch, s.kv, total, s.dim}, DType::f32, MemCategory::activations);
-          cache.v = p.backend().allocate({s.batch, s.kv, total, s.dim}, DType::f32, MemCategory::activations);
+          cache.k = p.backend().allocate({s.batch, s.kv, total, s.dim}, DType::f32,
+                                         MemCategory::activations);
+          cache.v = p.backend().allocate({s.batch, s.kv, total, s.dim}, DType::f32,
+                                         MemCategory::activations);
           Outputs outs;
           for (auto [t0, n] : {std::pair{int64_t{0}, s.prompt}, std::pair{s.prompt, s.fresh}}) {
             ops::AttentionDims dims{s.batch, n, s.heads, s.kv, s.dim, nullptr};
             auto Q = p.upload("qkv", DType::f32, part(qkv, t0, n, W));
-            auto O = p.upload("out", DType::f32, Vec(static_cast<size_t>(s.batch * n * s.heads * s.dim)));
-            p.backend().attention_decode(dims, s.rope ? &table : nullptr, Q.as<float>(), t0, cache, O.as<float>());
+            auto O = p.upload("out", DType::f32,
+                              Vec(static_cast<size_t>(s.batch * n * s.heads * s.dim)));
+            p.backend().attention_decode(dims, s.rope ? &table : nullptr, Q.as<float>(), t0, cache,
+                                         O.as<float>());
             outs.emplace_back(t0 == 0 ? "out(prompt)" : "out(new)", p.download(O));
           }
           return outs;
@@ -543,17 +611,21 @@ void add_embedding_cases(std::vector<OpCase>& cases, Random& rng) {
     bool positions, pos_ids;
     int64_t vocab_begin, vocab_end;
   };
-  for (const Shape& s : {Shape{1, 1, 1, 1, 0, false, false, 0, 1}, Shape{50, 3, 7, 13, 0, false, false, 0, 50},
-                         Shape{37, 2, 9, 16, 4, true, false, 10, 30}, Shape{300, 2, 33, 64, 0, true, true, 0, 300}}) {
+  for (const Shape& s :
+       {Shape{1, 1, 1, 1, 0, false, false, 0, 1}, Shape{50, 3, 7, 13, 0, false, false, 0, 50},
+        Shape{37, 2, 9, 16, 4, true, false, 10, 30},
+        Shape{300, 2, 33, 64, 0, true, true, 0, 300}}) {
     const int64_t max_pos = s.pos0 + s.seq;
     const Vec table = rounded(rng.uniform(s.vocab * s.dim), DType::f32);
     const Vec pos = rounded(rng.uniform(max_pos * s.dim), DType::f32);
-    const auto ids = std::make_shared<std::vector<int32_t>>(rng.ints(s.batch * s.seq, 0, static_cast<int32_t>(s.vocab - 1)));
+    const auto ids = std::make_shared<std::vector<int32_t>>(
+        rng.ints(s.batch * s.seq, 0, static_cast<int32_t>(s.vocab - 1)));
     const auto pos_ids = std::make_shared<std::vector<int32_t>>(
         s.pos_ids ? packed_positions(rng, s.batch, s.seq) : std::vector<int32_t>());
     const Vec dout = rounded(rng.uniform(s.batch * s.seq * s.dim), DType::f32);
     const int64_t slice = s.vocab_end - s.vocab_begin;
-    const Vec dtable0 = rounded(rng.uniform(slice * s.dim), DType::f32), dpos0 = rounded(rng.uniform(max_pos * s.dim), DType::f32);
+    const Vec dtable0 = rounded(rng.uniform(slice * s.dim), DType::f32),
+              dpos0 = rounded(rng.uniform(max_pos * s.dim), DType::f32);
     std::string params = fmt::format("vocab={} b={} t={} d={}", s.vocab, s.batch, s.seq, s.dim);
     if (s.positions) params += fmt::format(" positions pos0={}", s.pos0);
     if (s.pos_ids) params += " packed";
@@ -563,15 +635,15 @@ void add_embedding_cases(std::vector<OpCase>& cases, Random& rng) {
           auto T = p.upload("table", DType::f32, table), P = p.upload("positions", DType::f32, pos);
           auto I = p.upload_ids("ids", *ids), PI = p.upload_ids("pos_ids", *pos_ids);
           auto O = p.upload("out", DType::f32, Vec(dout.size()));
-          p.backend().embedding_forward(T.as<float>(), s.positions ? P.as<float>() : nullptr, I.as<int32_t>(),
-                                        O.as<float>(), s.batch, s.seq, s.dim, s.pos0,
-                                        s.pos_ids ? PI.as<int32_t>() : nullptr);
+          p.backend().embedding_forward(T.as<float>(), s.positions ? P.as<float>() : nullptr,
+                                        I.as<int32_t>(), O.as<float>(), s.batch, s.seq, s.dim,
+                                        s.pos0, s.pos_ids ? PI.as<int32_t>() : nullptr);
           return Outputs{{"out", p.download(O)}};
         },
         [=] {
           Vec out(dout.size());
-          ref::embedding_forward(table, s.positions ? &pos : nullptr, *ids, out, s.batch, s.seq, s.dim, s.pos0,
-                                 s.pos_ids ? pos_ids->data() : nullptr);
+          ref::embedding_forward(table, s.positions ? &pos : nullptr, *ids, out, s.batch, s.seq,
+                                 s.dim, s.pos0, s.pos_ids ? pos_ids->data() : nullptr);
           return Outputs{{"out", out}};
         }});
     cases.push_back(OpCase{
@@ -579,17 +651,20 @@ void add_embedding_cases(std::vector<OpCase>& cases, Random& rng) {
         max_nmse(DType::f32),
         [=](Probe& p) {
           auto I = p.upload_ids("ids", *ids), PI = p.upload_ids("pos_ids", *pos_ids);
-          auto DO = p.upload("dout", DType::f32, dout), DT = p.upload("dtable", DType::f32, dtable0);
+          auto DO = p.upload("dout", DType::f32, dout),
+               DT = p.upload("dtable", DType::f32, dtable0);
           auto DP = p.upload("dpositions", DType::f32, dpos0);
           p.backend().embedding_backward(I.as<int32_t>(), DO.as<float>(), DT.as<float>(),
-                                         s.positions ? DP.as<float>() : nullptr, s.batch, s.seq, s.dim,
-                                         s.vocab_begin, s.vocab_end, s.pos_ids ? PI.as<int32_t>() : nullptr);
+                                         s.positions ? DP.as<float>() : nullptr, s.batch, s.seq,
+                                         s.dim, s.vocab_begin, s.vocab_end,
+                                         s.pos_ids ? PI.as<int32_t>() : nullptr);
           return Outputs{{"dtable", p.download(DT)}, {"dpositions", p.download(DP)}};
         },
         [=] {
           Vec dt = dtable0, dp = dpos0;
-          ref::embedding_backward(*ids, dout, dt, s.positions ? &dp : nullptr, s.batch, s.seq, s.dim,
-                                  s.vocab_begin, s.vocab_end, s.pos_ids ? pos_ids->data() : nullptr);
+          ref::embedding_backward(*ids, dout, dt, s.positions ? &dp : nullptr, s.batch, s.seq,
+                                  s.dim, s.vocab_begin, s.vocab_end,
+                                  s.pos_ids ? pos_ids->data() : nullptr);
           return Outputs{{"dtable", dt}, {"dpositions", dp}};
         }});
   }
@@ -601,44 +676,53 @@ void add_classifier_cases(std::vector<OpCase>& cases, Random& rng) {
   };
   for (const Shape& s : {Shape{1, 1, 2, 2, 0}, Shape{7, 16, 50, 50, 3}, Shape{33, 24, 97, 90, 0},
                          Shape{64, 32, 300, 300, 16}}) {
-    const auto targets = std::make_shared<std::vector<int32_t>>(rng.ints(s.rows, -1, static_cast<int32_t>(s.valid - 1)));
+    const auto targets = std::make_shared<std::vector<int32_t>>(
+        rng.ints(s.rows, -1, static_cast<int32_t>(s.valid - 1)));
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
-      const Vec h = rounded(rng.uniform(s.rows * s.dim, -2, 2), dt), w = rounded(rng.uniform(s.vocab * s.dim), dt);
+      const Vec h = rounded(rng.uniform(s.rows * s.dim, -2, 2), dt),
+                w = rounded(rng.uniform(s.vocab * s.dim), dt);
       const Vec dw0 = rounded(rng.uniform(s.vocab * s.dim), DType::f32);
       const double scale = 1.0 / static_cast<double>(s.rows);
-      std::string params = fmt::format("rows={} dim={} vocab={} {}", s.rows, s.dim, s.vocab, dtype_name(dt));
+      std::string params =
+          fmt::format("rows={} dim={} vocab={} {}", s.rows, s.dim, s.vocab, dtype_name(dt));
       if (s.valid < s.vocab) params += fmt::format(" padding={}", s.vocab - s.valid);
       if (s.chunk) params += fmt::format(" chunk={}", s.chunk);
-      cases.push_back(OpCase{
-          "fused_classifier", params, max_nmse(dt),
-          [=](Probe& p) {
-            auto H = p.upload("h", dt, h), Wt = p.upload("w", dt, w), T = p.upload_ids("targets", *targets);
-            auto DH = p.upload("dh", DType::f32, Vec(h.size())), DW = p.upload("dw", DType::f32, dw0);
-            auto L = p.upload("row_losses", DType::f32, Vec(static_cast<size_t>(s.rows)));
-            ops::ClassifierArgs a;
-            a.rows = s.rows, a.dim = s.dim, a.vocab = s.vocab, a.compute = dt;
-            a.h = H.data(), a.w = Wt.data(), a.targets = T.as<int32_t>();
-            a.grad_scale = static_cast<float>(scale);
-            a.dh = DH.as<float>(), a.dw = DW.as<float>(), a.row_losses = L.as<float>();
-            a.chunk_rows = s.chunk, a.vocab_valid = s.valid;
-            const double loss = p.backend().fused_classifier(a);
-            return Outputs{{"loss", {loss}}, {"row_losses", p.download(L)}, {"dh", p.download(DH)},
-                           {"dw", p.download(DW)}};
-          },
-          [=] {
-            Vec dh(h.size()), dw = dw0, losses(static_cast<size_t>(s.rows));
-            const double loss = ref::fused_classifier(h, w, *targets, s.rows, s.dim, s.vocab, s.valid, scale,
-                                                      &dh, &dw, &losses);
-            return Outputs{{"loss", {loss}}, {"row_losses", losses}, {"dh", dh}, {"dw", dw}};
-          }});
+      cases.push_back(
+          OpCase{"fused_classifier", params, max_nmse(dt),
+                 [=](Probe& p) {
+                   auto H = p.upload("h", dt, h), Wt = p.upload("w", dt, w),
+                        T = p.upload_ids("targets", *targets);
+                   auto DH = p.upload("dh", DType::f32, Vec(h.size())),
+                        DW = p.upload("dw", DType::f32, dw0);
+                   auto L = p.upload("row_losses", DType::f32, Vec(static_cast<size_t>(s.rows)));
+                   ops::ClassifierArgs a;
+                   a.rows = s.rows, a.dim = s.dim, a.vocab = s.vocab, a.compute = dt;
+                   a.h = H.data(), a.w = Wt.data(), a.targets = T.as<int32_t>();
+                   a.grad_scale = static_cast<float>(scale);
+                   a.dh = DH.as<float>(), a.dw = DW.as<float>(), a.row_losses = L.as<float>();
+                   a.chunk_rows = s.chunk, a.vocab_valid = s.valid;
+                   const double loss = p.backend().fused_classifier(a);
+                   return Outputs{{"loss", {loss}},
+                                  {"row_losses", p.download(L)},
+                                  {"dh", p.download(DH)},
+                                  {"dw", p.download(DW)}};
+                 },
+                 [=] {
+                   Vec dh(h.size()), dw = dw0, losses(static_cast<size_t>(s.rows));
+                   const double loss = ref::fused_classifier(h, w, *targets, s.rows, s.dim, s.vocab,
+                                                             s.valid, scale, &dh, &dw, &losses);
+                   return Outputs{{"loss", {loss}}, {"row_losses", losses}, {"dh", dh}, {"dw", dw}};
+                 }});
     }
   }
 }
 
 void add_optimizer_cases(std::vector<OpCase>& cases, Random& rng) {
   for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{10007}}) {
-    const Vec param = rounded(rng.uniform(n), DType::f32), grad = rounded(rng.uniform(n, -0.1, 0.1), DType::f32);
-    const Vec m = rounded(rng.uniform(n, -0.01, 0.01), DType::f32), v = rounded(rng.uniform(n, 0, 1e-4), DType::f32);
+    const Vec param = rounded(rng.uniform(n), DType::f32),
+              grad = rounded(rng.uniform(n, -0.1, 0.1), DType::f32);
+    const Vec m = rounded(rng.uniform(n, -0.01, 0.01), DType::f32),
+              v = rounded(rng.uniform(n, 0, 1e-4), DType::f32);
     ops::AdamWHyper hyper;
     hyper.lr = 3e-3f, hyper.weight_decay = 0.1f, hyper.step = 7, hyper.grad_scale = 0.5f;
     for (DType copy : {DType::f32, DType::bf16, DType::f16}) {
@@ -649,8 +733,8 @@ void add_optimizer_cases(std::vector<OpCase>& cases, Random& rng) {
             auto P = p.upload("param", DType::f32, param), G = p.upload("grad", DType::f32, grad);
             auto M = p.upload("m", DType::f32, m), V = p.upload("v", DType::f32, v);
             auto C = p.upload("compute", copy, Vec(static_cast<size_t>(n)));
-            p.backend().adamw_update(hyper, P.as<float>(), G.as<float>(), M.as<float>(), V.as<float>(),
-                                     ops::ComputeCopy(C.data(), copy), n);
+            p.backend().adamw_update(hyper, P.as<float>(), G.as<float>(), M.as<float>(),
+                                     V.as<float>(), ops::ComputeCopy(C.data(), copy), n);
             Outputs out{{"param", p.download(P)}, {"m", p.download(M)}, {"v", p.download(V)}};
             if (copy != DType::f32) out.emplace_back("compute", p.download(C));
             return out;
@@ -663,17 +747,16 @@ void add_optimizer_cases(std::vector<OpCase>& cases, Random& rng) {
             return out;
           }});
     }
-    cases.push_back(OpCase{
-        "sum_squares", fmt::format("n={}", n), max_nmse(DType::f32),
-        [=](Probe& p) {
-          auto X = p.upload("x", DType::f32, grad);
-          return Outputs{{"sum", {p.backend().sum_squares(X.as<float>(), n)}}};
-        },
-        [=] {
-          double s = 0;
-          for (double x : grad) s += x * x;
-          return Outputs{{"sum", {s}}};
-        }});
+    cases.push_back(OpCase{"sum_squares", fmt::format("n={}", n), max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto X = p.upload("x", DType::f32, grad);
+                             return Outputs{{"sum", {p.backend().sum_squares(X.as<float>(), n)}}};
+                           },
+                           [=] {
+                             double s = 0;
+                             for (double x : grad) s += x * x;
+                             return Outputs{{"sum", {s}}};
+                           }});
   }
 }
 
@@ -692,8 +775,11 @@ std::vector<OpCase> all_cases(uint32_t seed) {
   for (const OpCase& c : cases) {
     if (std::find(order.begin(), order.end(), c.op) == order.end()) order.push_back(c.op);
   }
-  auto rank = [&](const OpCase& c) { return std::find(order.begin(), order.end(), c.op) - order.begin(); };
-  std::stable_sort(cases.begin(), cases.end(), [&](const OpCase& a, const OpCase& b) { return rank(a) < rank(b); });
+  auto rank = [&](const OpCase& c) {
+    return std::find(order.begin(), order.end(), c.op) - order.begin();
+  };
+  std::stable_sort(cases.begin(), cases.end(),
+                   [&](const OpCase& a, const OpCase& b) { return rank(a) < rank(b); });
   return cases;
 }
 
@@ -764,14 +850,16 @@ OpsTestResult run_ops_test(Backend& backend, Backend* reference, const OpsTestOp
       worst = std::max(worst, cmp.nmse);
       if (!cmp.finite) problems.push_back(got[i].first + ": not finite where the reference is");
       if (!(cmp.nmse <= c.max_nmse)) {
-        problems.push_back(fmt::format("{}: nmse {:.2e} > {:.0e}", got[i].first, cmp.nmse, c.max_nmse));
+        problems.push_back(
+            fmt::format("{}: nmse {:.2e} > {:.0e}", got[i].first, cmp.nmse, c.max_nmse));
       }
     }
     const bool ok = problems.empty();
     if (ok) {
       ++result.passed, ++op_passed;
     } else {
-      result.failures.push_back(fmt::format("{} [{}]: {}", c.op, c.params, fmt::join(problems, "; ")));
+      result.failures.push_back(
+          fmt::format("{} [{}]: {}", c.op, c.params, fmt::join(problems, "; ")));
     }
     if (options.verbose || !ok) {
       std::fprintf(out, "%-20s %-58s nmse %.2e  %s\n", c.op.c_str(), c.params.c_str(), worst,

@@ -41,8 +41,8 @@ const BackendKind& backend_kind(const std::string& name) {
   for (const BackendKind& k : kKinds) {
     if (name != k.name) continue;
     const std::string why = k.unavailable();
-    MESHTRAIN_CHECK_AS(ErrorKind::resource, why.empty(), "backend '{}' is not available: {}",
-                       name, why);
+    MESHTRAIN_CHECK_AS(ErrorKind::resource, why.empty(), "backend '{}' is not available: {}", name,
+                       why);
     return k;
   }
   fail("backend '{}' (train.device, --backend) is not one of: {}", name,

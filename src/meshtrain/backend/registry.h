@@ -25,8 +25,7 @@ struct BackendKind {
                                            bool bias) = nullptr;
   // attention_forward's (backward = false) or attention_backward's workspace.
   size_t (*attention_workspace_bytes)(const ops::AttentionDims& dims, DType compute,
-                                      bool recompute_probs, bool backward,
-                                      int threads) = nullptr;
+                                      bool recompute_probs, bool backward, int threads) = nullptr;
   // The start-up matmul peak probe's.
   ops::PeakProbeWorkspace (*peak_probe_workspace)(DType ab, int threads) = nullptr;
 };
@@ -40,7 +39,6 @@ std::vector<std::string> backend_names();
 // one, a resource error saying why for one this build or machine cannot make.
 const BackendKind& backend_kind(const std::string& name);
 // A backend of kind `name` with `threads` host threads (errors as backend_kind's).
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads,
-                                      MemoryTracker& tracker);
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads, MemoryTracker& tracker);
 
 }  // namespace meshtrain

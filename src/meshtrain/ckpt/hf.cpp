@@ -527,8 +527,7 @@ void load_hf_weights(Model& model, const std::string& dir) {
   model.sync_compute_weights();
 }
 
-std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision,
-                                 Backend& backend) {
+std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision, Backend& backend) {
   ModelConfig config = read_hf_config((std::filesystem::path(dir) / "config.json").string());
   auto model = std::make_unique<Model>(config, precision, backend);
   load_hf_weights(*model, dir);

@@ -70,8 +70,7 @@ void load_hf_weights(Model& model, const std::string& dir);
 TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, MemoryTracker& tracker);
 
 // read_hf_config(<dir>/config.json), a new model, load_hf_weights(dir).
-std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision,
-                                 Backend& backend);
+std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision, Backend& backend);
 
 // Which RoPE rows the weight `name` has, as (heads, head_dim): Llama's q_proj
 // and k_proj weights (heads == 0 for every other tensor). A LoRA lora_B of those

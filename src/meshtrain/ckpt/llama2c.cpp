@@ -129,7 +129,8 @@ void load_llama2c_weights(Model& model, const std::string& path) {
       [&](const std::string& name) {
         Parameter& p = model.param(name);
         host.resize(static_cast<size_t>(p.master.numel()));
-        in.read(reinterpret_cast<char*>(host.data()), static_cast<std::streamsize>(p.master.bytes()));
+        in.read(reinterpret_cast<char*>(host.data()),
+                static_cast<std::streamsize>(p.master.bytes()));
         MESHTRAIN_CHECK(in.good(), "{}: unexpected end of file in tensor '{}'", path, name);
         model.copy_master_from_host(p, host.data());
       },

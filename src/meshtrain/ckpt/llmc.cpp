@@ -117,8 +117,7 @@ LlmcHeader read_llmc_header(const std::string& path) {
   return header;
 }
 
-std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
-                                   Backend& backend) {
+std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision, Backend& backend) {
   const LlmcHeader header = read_llmc_header(path);
   const ModelConfig& c = header.config;
   auto model = std::make_unique<Model>(c, precision, backend);

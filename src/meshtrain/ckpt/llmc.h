@@ -33,8 +33,7 @@ struct LlmcHeader {
 // Reads and checks the header and that the file size is exactly what it implies.
 LlmcHeader read_llmc_header(const std::string& path);
 // A GPT-2 model of the file's shape with its weights (bf16 files widen to f32).
-std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision,
-                                   Backend& backend);
+std::unique_ptr<Model> import_llmc(const std::string& path, Precision precision, Backend& backend);
 // Writes a GPT-2 model atomically: version 3 (f32) or 5 (bf16) by `dtype`, the
 // vocabulary padded to a multiple of 128 with zero rows; with the run's
 // `tokenizer`, also gpt2_tokenizer.bin (llm.c's format, ckpt/tokenizer_files.h)

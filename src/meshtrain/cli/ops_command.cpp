@@ -12,14 +12,18 @@
 namespace meshtrain {
 
 OpsCommands add_ops_commands(CLI::App& app, OpsArgs& args) {
-  CLI::App* ops = app.add_subcommand("ops", "The backend's operations: test them (docs/ARCHITECTURE.md#how-to-add-a-backend)");
+  CLI::App* ops = app.add_subcommand(
+      "ops", "The backend's operations: test them (docs/ARCHITECTURE.md#how-to-add-a-backend)");
   ops->require_subcommand(1);
-  CLI::App* test = ops->add_subcommand(
-      "test", "Every op of the ops layer on random inputs against float64 (cpu) or the cpu backend (others)");
-  CLI::App* perf = ops->add_subcommand(
-      "perf", "Every op timed at a training step's shapes: ms, GFLOP/s or GB/s, fraction of the measured roofline");
+  CLI::App* test = ops->add_subcommand("test",
+                                       "Every op of the ops layer on random inputs against float64 "
+                                       "(cpu) or the cpu backend (others)");
+  CLI::App* perf = ops->add_subcommand("perf",
+                                       "Every op timed at a training step's shapes: ms, GFLOP/s or "
+                                       "GB/s, fraction of the measured roofline");
   for (CLI::App* c : {test, perf}) {
-    c->add_option("--backend", args.backend, fmt::format("Backend: {} (default cpu)", fmt::join(backend_names(), ", ")));
+    c->add_option("--backend", args.backend,
+                  fmt::format("Backend: {} (default cpu)", fmt::join(backend_names(), ", ")));
     c->add_option("--op", args.op, "Only the ops whose name matches this regex");
     c->add_option("--threads", args.threads, "Host threads (default: every core)");
   }
@@ -27,7 +31,8 @@ OpsCommands add_ops_commands(CLI::App& app, OpsArgs& args) {
   test->add_flag("--verbose,-v", args.verbose, "One line per case, not only per op and failure");
   test->add_flag("--list", args.list, "Print the ops the suite covers and exit");
   OpsPerfShape& s = args.shape;
-  perf->add_option("--seconds", args.seconds, "Timed seconds per case (default 0.3; at least 3 calls)");
+  perf->add_option("--seconds", args.seconds,
+                   "Timed seconds per case (default 0.3; at least 3 calls)");
   perf->add_option("--batch", s.batch, "Sequences per step (default 8)");
   perf->add_option("--seq", s.seq, "Sequence length (default 256)");
   perf->add_option("--dim", s.dim, "Model width (default 512)");
@@ -41,8 +46,8 @@ OpsCommands add_ops_commands(CLI::App& app, OpsArgs& args) {
 int run_ops_perf(const OpsArgs& args) {
   MemoryTracker tracker;
   const std::unique_ptr<Backend> backend = make_backend(args.backend, args.threads, tracker);
-  fmt::print("ops perf: backend {} ({}: {}, {} threads)\n", backend->name(), backend->device().str(),
-             backend->device_name(), backend->threads());
+  fmt::print("ops perf: backend {} ({}: {}, {} threads)\n", backend->name(),
+             backend->device().str(), backend->device_name(), backend->threads());
   std::fflush(stdout);
   OpsPerfOptions options;
   options.op_regex = args.op;
@@ -61,7 +66,8 @@ int run_ops_test(const OpsArgs& args) {
   const std::unique_ptr<Backend> backend = make_backend(args.backend, args.threads, tracker);
   // Another backend is held to the CPU backend's results, the CPU one to float64.
   std::unique_ptr<Backend> reference;
-  if (args.backend != kHostBackend) reference = make_backend(kHostBackend, args.threads, reference_tracker);
+  if (args.backend != kHostBackend)
+    reference = make_backend(kHostBackend, args.threads, reference_tracker);
   fmt::print("ops test: backend {} ({}: {}, {} threads) against {}\n", backend->name(),
              backend->device().str(), backend->device_name(), backend->threads(),
              reference ? "the cpu backend" : "float64");
@@ -83,8 +89,8 @@ int run_ops_test(const OpsArgs& args) {
   std::set<std::string> ops;
   for (const std::string& f : result.failures) ops.insert(f.substr(0, f.find(' ')));
   std::fflush(stdout);
-  std::fprintf(stderr, "meshtrain: ops test: %zu of %d cases failed, in %s\n", result.failures.size(),
-               total, fmt::format("{}", fmt::join(ops, ", ")).c_str());
+  std::fprintf(stderr, "meshtrain: ops test: %zu of %d cases failed, in %s\n",
+               result.failures.size(), total, fmt::format("{}", fmt::join(ops, ", ")).c_str());
   return 1;
 }
 

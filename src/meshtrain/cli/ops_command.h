@@ -21,8 +21,8 @@ struct OpsArgs {
   unsigned seed = 1;
   bool verbose = false;
   bool list = false;
-  double seconds = 0.3;     // perf: per case
-  OpsPerfShape shape;       // perf
+  double seconds = 0.3;  // perf: per case
+  OpsPerfShape shape;    // perf
 };
 
 struct OpsCommands {

@@ -227,10 +227,10 @@ void Model::Impl::norm_forward(const Norm& norm, const Tensor& x, DType dt, Tens
   if (norm.layer_norm()) {
     ensure(mean, {rows}, DType::f32, category);
     backend.layernorm_forward(x.data<float>(), master(norm.weight), master(norm.bias), dt, y.raw(),
-                           mean.data<float>(), rstd.data<float>(), rows, d, cfg.norm_eps);
+                              mean.data<float>(), rstd.data<float>(), rows, d, cfg.norm_eps);
   } else {
     backend.rmsnorm_forward(x.data<float>(), master(norm.weight), dt, y.raw(), rstd.data<float>(),
-                         rows, d, cfg.norm_eps);
+                            rows, d, cfg.norm_eps);
   }
 }
 
@@ -240,11 +240,11 @@ void Model::Impl::norm_backward(const Norm& norm, const Tensor& x, const Tensor&
   if (norm.layer_norm()) {
     float* dw = norm_grad(norm.weight);
     backend.layernorm_backward(x.data<float>(), master(norm.weight), mean.data<float>(),
-                            rstd.data<float>(), dy, dx, dw, norm_grad(norm.bias, 1), rows, d);
+                               rstd.data<float>(), dy, dx, dw, norm_grad(norm.bias, 1), rows, d);
     ready(norm.bias);
   } else {
     backend.rmsnorm_backward(x.data<float>(), master(norm.weight), rstd.data<float>(), dy, dx,
-                          norm_grad(norm.weight), rows, d);
+                             norm_grad(norm.weight), rows, d);
   }
   ready(norm.weight);
 }
@@ -323,7 +323,7 @@ void Model::Impl::lora_forward(const Linear& lin, DType dt, const void* x, int64
     // A row-parallel layer's y is a partial sum over tp: the term goes into one rank's.
     if (ad.row_parallel && tp.rank() != 0) continue;
     backend.matmul({.m = rows, .n = ad.out, .k = r, .trans_b = true, .ldc = lin.out}, dt, u,
-                weight(ad.b, dt), DType::f32, y + ad.out_begin, cfg.lora.scale(), true);
+                   weight(ad.b, dt), DType::f32, y + ad.out_begin, cfg.lora.scale(), true);
   }
 }
 
@@ -339,8 +339,8 @@ void Model::Impl::lora_backward_input(const Linear& lin, DType dt, const void* d
     // du = scale * dY[:, out_begin:] B [rows, r]; dx += du A.
     float* du = ws.lora_du.data<float>() + static_cast<int64_t>(i) * rows * r;
     const char* dy_slice = static_cast<const char*>(dy) + static_cast<size_t>(ad.out_begin) * esize;
-    backend.matmul({.m = rows, .n = r, .k = ad.out, .lda = lin.out}, dt, dy_slice,
-                weight(ad.b, dt), DType::f32, du, cfg.lora.scale());
+    backend.matmul({.m = rows, .n = r, .k = ad.out, .lda = lin.out}, dt, dy_slice, weight(ad.b, dt),
+                   DType::f32, du, cfg.lora.scale());
     if (dx == nullptr) continue;
     const void* du_c = du;
     if (dt != DType::f32) {
@@ -349,8 +349,8 @@ void Model::Impl::lora_backward_input(const Linear& lin, DType dt, const void* d
       du_c = ws.lora_du_c.raw();
     }
     if (!dropping()) {
-      backend.matmul({.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32,
-                  dx, 1.0f, true);
+      backend.matmul({.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32, dx,
+                     1.0f, true);
       continue;
     }
     // Through the dropout: dx += mask * (du A).
@@ -376,8 +376,8 @@ void Model::Impl::lora_backward_weight(const Linear& lin, DType dt, const void* 
     // dB += scale * dY[:, out_begin:]^T u, with u = x A^T again (not kept).
     const void* u = lora_input_product(lin, ad, dt, x, rows);
     const char* dy_slice = static_cast<const char*>(dy) + static_cast<size_t>(ad.out_begin) * esize;
-    backend.matmul({.m = ad.out, .n = r, .k = rows, .trans_a = true, .lda = lin.out}, dt,
-                dy_slice, u, DType::f32, grad(ad.b), cfg.lora.scale(), true);
+    backend.matmul({.m = ad.out, .n = r, .k = rows, .trans_a = true, .lda = lin.out}, dt, dy_slice,
+                   u, DType::f32, grad(ad.b), cfg.lora.scale(), true);
     ready(ad.b);
     // dA += du^T x. A column-parallel layer's du is summed over tp first (each
     // rank's B rows give a partial); a row-parallel one's is whole already (B
@@ -390,7 +390,7 @@ void Model::Impl::lora_backward_weight(const Linear& lin, DType dt, const void* 
       du_c = ws.lora_du_c.raw();
     }
     backend.matmul({.m = r, .n = lin.in, .k = rows, .trans_a = true}, dt, du_c,
-                lora_dropped_input(lin, ad, dt, x, rows), DType::f32, grad(ad.a), 1.0f, true);
+                   lora_dropped_input(lin, ad, dt, x, rows), DType::f32, grad(ad.a), 1.0f, true);
     ready(ad.a);
   }
 }
@@ -452,8 +452,8 @@ const void* Model::Impl::residual_grad_compute(DType dt, const Tensor& dres, int
   return ws.dres_c.raw();
 }
 
-void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out,
-                                DType dt, int64_t batch, int64_t seq, ops::KVCacheLayer* cache,
+void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out, DType dt,
+                                int64_t batch, int64_t seq, ops::KVCacheLayer* cache,
                                 int64_t pos0) {
   const Block& b = block(layer);
   const int64_t rows = batch * seq;
@@ -468,7 +468,7 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   if (cache != nullptr) {
     MESHTRAIN_CHECK(dt == DType::f32, "model: decoding runs in f32");
     backend.attention_decode(dims, rope_table(), ws.qkv.data<float>(), pos0, *cache,
-                          a.att.data<float>());
+                             a.att.data<float>());
   } else {
     backend.attention_forward(dims, rope_table(), dt, ws.qkv.data<float>(), a.att.raw(), a.attn);
   }
@@ -523,7 +523,7 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   dres_c = residual_grad_compute(dt, *dy, rows);
   linear_backward(b.proj, dt, dres_c, dy->data<float>(), a.att.raw(), rows, dx, nullptr);
   backend.attention_backward(attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
-                          ws.dqkv.raw());
+                             ws.dqkv.raw());
   dxn = column_parallel_backward(b.qkv, dt, ws.dqkv.raw(), a.xn1, rows, dff);
   norm_backward(b.norm1, x, a.mean1, a.rstd1, dxn, dres, srows);
   flush_norm_grads();

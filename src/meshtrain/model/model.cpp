@@ -13,9 +13,14 @@
 
 namespace meshtrain {
 
-Model::Model(const ModelConfig& config, Precision precision, Backend& backend,
-             ParamStorage storage, const TensorParallel& tp, const StageLayers& stage)
-    : config_(config), precision_(precision), backend_(backend), storage_(storage), tp_(tp), stage_(stage) {
+Model::Model(const ModelConfig& config, Precision precision, Backend& backend, ParamStorage storage,
+             const TensorParallel& tp, const StageLayers& stage)
+    : config_(config),
+      precision_(precision),
+      backend_(backend),
+      storage_(storage),
+      tp_(tp),
+      stage_(stage) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
   std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());

@@ -186,15 +186,15 @@ void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t s
   const int64_t rows = batch * seq, d = cfg.dim;
   float* dpositions = positions != kNoParam ? grad(positions) : nullptr;
   if (!tp.active()) {
-    backend.embedding_backward(tokens, ws.dres.data<float>(), grad(embed), dpositions, batch, seq, d,
-                            0, std::numeric_limits<int64_t>::max(), row_positions);
+    backend.embedding_backward(tokens, ws.dres.data<float>(), grad(embed), dpositions, batch, seq,
+                               d, 0, std::numeric_limits<int64_t>::max(), row_positions);
     return;
   }
   // Every rank sees all rows' gradients (replicated, or all-gathered under
   // sequence parallelism), so the position gradients are complete everywhere.
   const Tensor& dres = full_residual_grad(rows);
   backend.embedding_backward(tokens, dres.data<float>(), grad(embed), dpositions, batch, seq, d,
-                          vocab_begin, vocab_begin + vocab_valid, row_positions);
+                             vocab_begin, vocab_begin + vocab_valid, row_positions);
 }
 
 double tensor_parallel_grad_norm(const Model& model) {

@@ -272,7 +272,8 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
       attention = std::max(attention,
                            kind.attention_workspace_bytes(dims, dt, selective, backward, threads));
     }
-    attention = std::max(attention, kind.attention_workspace_bytes(dims, dt, false, false, threads));
+    attention =
+        std::max(attention, kind.attention_workspace_bytes(dims, dt, false, false, threads));
   }
   if (config.train.peak_flops <= 0) {
     const ops::MatmulWorkspace probe = kind.peak_probe_workspace(dt, threads).slots;
@@ -725,8 +726,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   if (t.peak_flops <= 0) {
     // The FLOP/s probe at start (Trainer): the RoPE tables exist, the block
     // buffers not yet; its operands next to what its GEMMs grow the slots to.
-    const ops::PeakProbeWorkspace probe =
-        backend_kind(t.device).peak_probe_workspace(compute_dtype(t.precision), run_threads(config));
+    const ops::PeakProbeWorkspace probe = backend_kind(t.device).peak_probe_workspace(
+        compute_dtype(t.precision), run_threads(config));
     workspace = std::max(workspace, rope_table_bytes(model) + static_cast<double>(probe.operands) +
                                         static_cast<double>(probe.slots.scratchpad +
                                                             probe.slots.f16_staging));

@@ -15,8 +15,8 @@ namespace meshtrain::cpu {
 
 using ops::AttentionDims;
 
-using ops::RopeTable;
 using ops::rope_inv_freq;
+using ops::RopeTable;
 RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, float theta, MemoryTracker& tracker);
 // The table for given inverse frequencies [head_dim / 2] (a scaled RoPE):
 // angle(p, i) = p * inv_freq[i] in float.

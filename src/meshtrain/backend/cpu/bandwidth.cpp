@@ -18,8 +18,8 @@ double measure_copy_bandwidth(CpuContext& ctx, size_t bytes, double seconds) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int t = 0; t < threads; ++t) {
       const int64_t begin = kBytes * t / threads, end = kBytes * (t + 1) / threads;
-      std::memcpy(static_cast<char*>(dst.raw()) + begin, static_cast<const char*>(src.raw()) + begin,
-                  static_cast<size_t>(end - begin));
+      std::memcpy(static_cast<char*>(dst.raw()) + begin,
+                  static_cast<const char*>(src.raw()) + begin, static_cast<size_t>(end - begin));
     }
   };
   copy();

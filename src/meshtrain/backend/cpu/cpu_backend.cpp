@@ -69,9 +69,9 @@ void CpuBackend::rmsnorm_backward(const float* x, const float* w, const float* r
   cpu::rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, dim);
 }
 
-void CpuBackend::layernorm_forward(const float* x, const float* w, const float* b,
-                                   DType out_dtype, void* y, float* mean, float* rstd,
-                                   int64_t rows, int64_t dim, float eps) {
+void CpuBackend::layernorm_forward(const float* x, const float* w, const float* b, DType out_dtype,
+                                   void* y, float* mean, float* rstd, int64_t rows, int64_t dim,
+                                   float eps) {
   cpu::layernorm_forward(x, w, b, out_dtype, y, mean, rstd, rows, dim, eps);
 }
 
@@ -129,9 +129,9 @@ void CpuBackend::attention_decode(const ops::AttentionDims& dims, const ops::Rop
   cpu::attention_decode(ctx_, dims, rope, qkv, pos0, cache, out);
 }
 
-void CpuBackend::embedding_forward(const float* table, const float* positions,
-                                   const int32_t* ids, float* out, int64_t batch, int64_t seq,
-                                   int64_t dim, int64_t pos0, const int32_t* pos_ids) {
+void CpuBackend::embedding_forward(const float* table, const float* positions, const int32_t* ids,
+                                   float* out, int64_t batch, int64_t seq, int64_t dim,
+                                   int64_t pos0, const int32_t* pos_ids) {
   cpu::embedding_forward(table, positions, ids, out, batch, seq, dim, pos0, pos_ids);
 }
 

@@ -40,8 +40,8 @@ class CpuBackend final : public Backend {
 
   void swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows,
                       int64_t hidden) override;
-  void swiglu_backward(const float* gate_up, const float* d_out, DType grad_dtype,
-                       void* d_gate_up, int64_t rows, int64_t hidden) override;
+  void swiglu_backward(const float* gate_up, const float* d_out, DType grad_dtype, void* d_gate_up,
+                       int64_t rows, int64_t hidden) override;
   void gelu_forward(const float* x, DType out_dtype, void* y, int64_t n) override;
   void gelu_backward(const float* x, const float* dy, DType grad_dtype, void* dx,
                      int64_t n) override;
@@ -50,18 +50,17 @@ class CpuBackend final : public Backend {
 
   ops::RopeTable make_rope_table(int64_t head_dim, int64_t max_seq,
                                  std::span<const float> inv_freq) override;
-  void attention_forward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
-                         DType compute, const float* qkv, void* out,
-                         ops::AttentionSaved& saved) override;
-  void attention_backward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
-                          DType compute, const ops::AttentionSaved& saved, const float* d_out,
+  void attention_forward(const ops::AttentionDims& dims, const ops::RopeTable* rope, DType compute,
+                         const float* qkv, void* out, ops::AttentionSaved& saved) override;
+  void attention_backward(const ops::AttentionDims& dims, const ops::RopeTable* rope, DType compute,
+                          const ops::AttentionSaved& saved, const float* d_out,
                           void* d_qkv) override;
   void attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,
                         const float* qkv, int64_t pos0, ops::KVCacheLayer& cache,
                         float* out) override;
 
-  void embedding_forward(const float* table, const float* positions, const int32_t* ids,
-                         float* out, int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
+  void embedding_forward(const float* table, const float* positions, const int32_t* ids, float* out,
+                         int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
                          const int32_t* pos_ids) override;
   void embedding_backward(const int32_t* ids, const float* dout, float* dtable, float* dpositions,
                           int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,

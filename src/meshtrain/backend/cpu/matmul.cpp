@@ -429,7 +429,8 @@ double measure_matmul_peak_flops(CpuContext& ctx, DType ab, double seconds) {
       } while (elapsed < per_shape);
     }
     best = std::max(best, round_best);
-    if (round > 0 && std::abs(round_best - previous) <= 0.03 * std::max(round_best, previous)) break;
+    if (round > 0 && std::abs(round_best - previous) <= 0.03 * std::max(round_best, previous))
+      break;
     previous = round_best;
   }
   return best;
