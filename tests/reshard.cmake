@@ -10,3 +10,9 @@ add_test(NAME ckpt.kill_rank_during_save
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_mpi/kill_during_save.sh ${mpi_run} --
                  $<TARGET_FILE:meshtrain> ${CMAKE_CURRENT_BINARY_DIR}/ckpt_work)
 set_tests_properties(ckpt.kill_rank_during_save PROPERTIES TIMEOUT 300 PROCESSORS 2)
+# Rank 0 commits (and renames the save's directory) before rank 1 has synced it.
+add_test(NAME ckpt.commit_before_sync
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_mpi/commit_before_sync.sh ${mpi_run} --
+                 $<TARGET_FILE:meshtrain> ${CMAKE_CURRENT_BINARY_DIR}/ckpt_work)
+set_tests_properties(ckpt.commit_before_sync PROPERTIES TIMEOUT 120 PROCESSORS 2)
+meshtrain_label_tests(threads ckpt.commit_before_sync)

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -37,10 +38,20 @@ using layout::StateKind;
 void fault_point(const char* point, int64_t step) {
   const char* want = std::getenv("MESHTRAIN_CKPT_FAULT");
   if (want == nullptr) return;
-  const std::string spec(want);
+  // POINT[@STEP][:pause=SECONDS]: SIGKILL there, or a pause (a slow rank).
+  std::string spec(want);
+  double pause_s = -1;
+  if (const size_t colon = spec.find(":pause="); colon != spec.npos) {
+    pause_s = std::atof(spec.c_str() + colon + 7);
+    spec.resize(colon);
+  }
   const size_t at = spec.find('@');
   if (spec.substr(0, at) != point) return;
   if (at != spec.npos && spec.substr(at + 1) != std::to_string(step)) return;
+  if (pause_s >= 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
+    return;
+  }
   ::kill(::getpid(), SIGKILL);
 }
 
@@ -364,7 +375,8 @@ RankRecord write_and_mark(const SaveContext& ctx, const std::string& tmp, int64_
   fault_point("after_file", step);
   write_json_atomic(join(tmp, done_file_name(ctx.options.rank)),
                     rank_record_json(record, step, id));
-  fsync_dir(tmp);
+  fault_point("after_done", step);
+  fsync_dir(tmp);  // rank 0 may have committed and renamed tmp by now (save_other)
   return record;
 }
 
@@ -467,6 +479,9 @@ std::string save_other(const SaveContext& ctx, int64_t step, const layout::Shard
     try {
       write_and_mark(ctx, tmp, step, *id, map, state);
     } catch (const std::exception&) {
+      // Our done file was in, and rank 0 committed and renamed tmp before our
+      // sync of it: the save is done (waiting for open.json here hung the rank).
+      if (save_id_in(join(final_dir, kManifestFile)) == id) return final_dir;
       if (save_id_in(open_path) == id) throw;
       continue;  // rank 0 replaced the directory under us: write again
     }
