@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Training throughput, meshtrain vs PyTorch, side by side in one run (A B A B).
+# Training throughput, meshtrain vs PyTorch, side by side in one run (A B C D A B C D).
 # Same Llama shape (default: dim 512, 8 layers, 8 heads, SwiGLU 1536, GPT-2
-# vocab, seq 256, batch 8), AdamW, same threads. Prints a table of tokens/s,
-# MFU against meshtrain's measured oneDNN matmul peak, and the ratio per pair.
+# vocab, seq 256, batch 8), AdamW, same threads. The peers: Debian's PyTorch 1.13
+# eager, and PyTorch 2.x from PyPI eager and under torch.compile when its venv is
+# there (scripts/setup_hf_venv.sh: build/hf-venv, or TORCH2_PYTHON=path/to/python);
+# without it those two say SKIPPED. Prints tokens/s, MFU against meshtrain's
+# measured oneDNN matmul peak, and meshtrain's ratio to each peer.
 # usage: bench/train_vs_torch.sh [rounds=2] [threads=2] [extra model args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,29 +19,40 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
   export OPENBLAS_CORETYPE=SkylakeX
 fi
 /usr/bin/python3 -c "import ctypes; l = ctypes.CDLL('libblas.so.3'); l.openblas_get_corename.restype = ctypes.c_char_p; print('pytorch fp32 BLAS: OpenBLAS', l.openblas_get_corename().decode())" >&2 || true
+TORCH2=${TORCH2_PYTHON:-build/hf-venv/bin/python}
+peers=("/usr/bin/python3 bench/torch_train.py")
+if "$TORCH2" -c "import torch; assert int(torch.__version__.split('.')[0]) >= 2" 2>/dev/null; then
+  peers+=("$TORCH2 bench/torch_train.py" "$TORCH2 bench/torch_train.py --compile")
+  echo "pytorch 2.x: $("$TORCH2" -c 'import torch; print(torch.__version__)') ($TORCH2)" >&2
+else
+  echo "SKIPPED: the PyTorch 2.x peers (eager, torch.compile): no $TORCH2 (scripts/setup_hf_venv.sh)" >&2
+fi
 out=$(mktemp)
 lscpu | grep "Model name" >&2
 for precision in fp32 bf16; do
   for ((r = 1; r <= ROUNDS; r++)); do
     "$BIN" --precision "$precision" --threads "$THREADS" "$@" >>"$out"
-    /usr/bin/python3 bench/torch_train.py --precision "$precision" --threads "$THREADS" "$@" >>"$out"
+    for peer in "${peers[@]}"; do
+      $peer --precision "$precision" --threads "$THREADS" "$@" >>"$out"
+    done
   done
 done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'precision':9} {'round':5} {'meshtrain tok/s':>15} {'pytorch tok/s':>13} {'ratio':>6} {'meshtrain MFU':>13} {'pytorch MFU':>11}")
+print(f"{'precision':9} {'side':24} {'median tok/s':>12} {'MFU':>6} {'meshtrain / side':>16}  per round")
 for precision in ("fp32", "bf16"):
     ms = [r for r in rows if r["precision"] == precision and r["side"] == "meshtrain"]
-    pt = [r for r in rows if r["precision"] == precision and r["side"] == "pytorch"]
-    ratios = []
-    for i, (m, p) in enumerate(zip(ms, pt), 1):
-        ratio = m["tokens_per_s"] / p["tokens_per_s"]
-        ratios.append(ratio)
-        print(f"{precision:9} {i:5} {m['tokens_per_s']:15.0f} {p['tokens_per_s']:13.0f} {ratio:6.2f} "
-              f"{m['mfu']:13.1%} {m['mfu'] / ratio:11.1%}")
-    print(f"{precision:9} median ratio {statistics.median(ratios):.2f}  "
-          f"(peak {ms[0]['peak_gflops']:.0f} GFLOP/s, threads {ms[0]['threads']}, "
+    m_med = statistics.median(r["tokens_per_s"] for r in ms)
+    for side in dict.fromkeys(r["side"] for r in rows if r["precision"] == precision):
+        rs = [r for r in rows if r["precision"] == precision and r["side"] == side]
+        med = statistics.median(r["tokens_per_s"] for r in rs)
+        # Same tokens and FLOPs per step on both sides: a peer's MFU is meshtrain's over the ratio.
+        ratios = [m["tokens_per_s"] / r["tokens_per_s"] for m, r in zip(ms, rs)]
+        mfu = statistics.median(m["mfu"] for m in ms) * med / m_med
+        print(f"{precision:9} {side:24} {med:12.0f} {mfu:6.1%} {statistics.median(ratios):16.2f}  "
+              + " ".join(f"{x:.2f}" for x in ratios))
+    print(f"{precision:9} (peak {ms[0]['peak_gflops']:.0f} GFLOP/s, threads {ms[0]['threads']}, "
           f"meshtrain peak memory {ms[0]['peak_memory_mib']:.0f} MiB)")
 PY
 rm -f "$out"
