@@ -225,7 +225,8 @@ void BM_EmbeddingBackward(benchmark::State& state) {
   std::vector<int32_t> ids(kTokens);
   for (int64_t i = 0; i < kTokens; ++i) ids[i] = static_cast<int32_t>((i * 7919) % kVocab);
   for (auto _ : state)
-    cpu::embedding_backward(ids.data(), dout.data<float>(), dtable.data<float>(), nullptr, kBatch, kSeq, kDim);
+    cpu::embedding_backward({.batch = kBatch, .seq = kSeq, .dim = kDim}, ids.data(),
+                            dout.data<float>(), dtable.data<float>(), nullptr);
 }
 BENCHMARK(BM_EmbeddingBackward)->Unit(benchmark::kMicrosecond)->UseRealTime();
 

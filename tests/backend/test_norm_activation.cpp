@@ -179,7 +179,8 @@ TEST(Embedding, ForwardWithPositionsAndGradientCheck) {
   auto pos = random_floats((pos0 + T) * D, 61);
   std::vector<int32_t> ids = {3, 36, 0, 3, 17, 3, 5, 36, 9, 0};
   std::vector<float> out(B * T * D);
-  cpu::embedding_forward(table.data(), pos.data(), ids.data(), out.data(), B, T, D, pos0);
+  cpu::embedding_forward({.batch = B, .seq = T, .dim = D, .pos0 = pos0}, table.data(), DType::f32,
+                         pos.data(), ids.data(), out.data());
   auto ref = [&](const std::vector<double>& tab, const std::vector<double>& ps, int64_t p0 = 0) {
     std::vector<double> o(B * T * D);
     for (int64_t i = 0; i < B * T; ++i)
@@ -190,10 +191,12 @@ TEST(Embedding, ForwardWithPositionsAndGradientCheck) {
 
   // Gradient check, positions starting at 0 (the backward pass's convention).
   std::vector<float> out0(B * T * D);
-  cpu::embedding_forward(table.data(), pos.data(), ids.data(), out0.data(), B, T, D);
+  cpu::embedding_forward({.batch = B, .seq = T, .dim = D}, table.data(), DType::f32, pos.data(),
+                         ids.data(), out0.data());
   auto dout = random_floats(B * T * D, 62);
   std::vector<float> dtab(V * D, 0.0f), dpos((pos0 + T) * D, 0.0f);
-  cpu::embedding_backward(ids.data(), dout.data(), dtab.data(), dpos.data(), B, T, D);
+  cpu::embedding_backward({.batch = B, .seq = T, .dim = D}, ids.data(), dout.data(), dtab.data(),
+                          dpos.data());
   auto gt = finite_difference([&](const auto& v) { return weighted_sum(ref(v, to_double(pos)), dout); },
                               to_double(table));
   auto gp = finite_difference([&](const auto& v) { return weighted_sum(ref(to_double(table), v), dout); },
@@ -210,11 +213,13 @@ TEST(Embedding, BackwardIsBitIdenticalAcrossThreadCounts) {
   std::vector<float> t1(V * D, 0.0f), t2(V * D, 0.0f), p1(T * D, 0.0f), p2(T * D, 0.0f);
   {
     ScopedThreads one(1);
-    cpu::embedding_backward(ids.data(), dout.data(), t1.data(), p1.data(), B, T, D);
+    cpu::embedding_backward({.batch = B, .seq = T, .dim = D}, ids.data(), dout.data(), t1.data(),
+                            p1.data());
   }
   {
     ScopedThreads two(2);
-    cpu::embedding_backward(ids.data(), dout.data(), t2.data(), p2.data(), B, T, D);
+    cpu::embedding_backward({.batch = B, .seq = T, .dim = D}, ids.data(), dout.data(), t2.data(),
+                            p2.data());
   }
   EXPECT_EQ(std::memcmp(t1.data(), t2.data(), t1.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)), 0);

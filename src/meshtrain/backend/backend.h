@@ -108,17 +108,16 @@ class Backend {
                                 float* out) = 0;
 
   // ---- embeddings
-  // out[b*T + t] = table[ids[b*T + t]] (+ positions[pos0 + t]; at pos_ids[b*T + t] when given).
-  virtual void embedding_forward(const float* table, const float* positions, const int32_t* ids,
-                                 float* out, int64_t batch, int64_t seq, int64_t dim,
-                                 int64_t pos0 = 0, const int32_t* pos_ids = nullptr) = 0;
-  // dtable[ids[i] - vocab_begin] += dout[i] for ids in [vocab_begin, vocab_end);
-  // dpositions[t] += sum_b dout[b, t] (when not nullptr). Deterministic.
-  virtual void embedding_backward(const int32_t* ids, const float* dout, float* dtable,
-                                  float* dpositions, int64_t batch, int64_t seq, int64_t dim,
-                                  int64_t vocab_begin = 0,
-                                  int64_t vocab_end = std::numeric_limits<int64_t>::max(),
-                                  const int32_t* pos_ids = nullptr) = 0;
+  // out[i] = table[ids[i] - vocab_begin] as f32 (zero outside the slice)
+  // + positions[dims.position(i)] when positions is not nullptr. The table is
+  // f32, bf16 or f16.
+  virtual void embedding_forward(const ops::EmbeddingDims& dims, const void* table,
+                                 DType table_dtype, const float* positions, const int32_t* ids,
+                                 float* out) = 0;
+  // dtable[ids[i] - vocab_begin] += dout[i] for ids in the slice;
+  // dpositions[dims.position(i)] += dout[i] (when not nullptr). Deterministic.
+  virtual void embedding_backward(const ops::EmbeddingDims& dims, const int32_t* ids,
+                                  const float* dout, float* dtable, float* dpositions) = 0;
 
   // ---- the output layer fused with cross-entropy: the sum over rows of
   // -log softmax(h · W^T)[target], and its backward when dh / dw are given.

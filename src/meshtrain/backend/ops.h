@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "meshtrain/tensor/dtype.h"
@@ -51,6 +52,19 @@ struct AttentionDims {
   const int32_t* positions = nullptr;
   int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
   int64_t position(int64_t b, int64_t t) const { return positions ? positions[b * seq + t] : t; }
+};
+
+// Token embeddings, learned positions optional. ids [batch * seq]; the table
+// holds the vocabulary slice [vocab_begin, vocab_end) (a tensor-parallel rank
+// holds one): ids outside it read zero rows and send no gradient. Token i's
+// position row is pos0 + i % seq, or pos_ids[i] when given (packed records).
+struct EmbeddingDims {
+  int64_t batch = 0, seq = 0, dim = 0;
+  int64_t pos0 = 0;
+  const int32_t* pos_ids = nullptr;
+  int64_t vocab_begin = 0, vocab_end = std::numeric_limits<int64_t>::max();
+  int64_t position(int64_t i) const { return pos_ids ? pos_ids[i] : pos0 + i % seq; }
+  bool holds(int64_t id) const { return id >= vocab_begin && id < vocab_end; }
 };
 
 // RoPE over interleaved pairs (x[2i], x[2i+1]), as in Meta's Llama and

@@ -230,12 +230,14 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     const double n = static_cast<double>(rows * d);
     const std::string shape = fmt::format("vocab={} rows={} dim={}", s.vocab, rows, d);
     cases.push_back({"embedding_forward", shape, 0, n * 8, dt, [&be, &table, &out, dev_ids, s] {
-                       be.embedding_forward(table.data<float>(), nullptr, dev_ids,
-                                            out.data<float>(), s.batch, s.seq, s.dim);
+                       be.embedding_forward({.batch = s.batch, .seq = s.seq, .dim = s.dim},
+                                            table.raw(), DType::f32, nullptr, dev_ids,
+                                            out.data<float>());
                      }});
     cases.push_back({"embedding_backward", shape, 0, n * 12, dt, [&be, &out, &dtable, dev_ids, s] {
-                       be.embedding_backward(dev_ids, out.data<float>(), dtable.data<float>(),
-                                             nullptr, s.batch, s.seq, s.dim);
+                       be.embedding_backward({.batch = s.batch, .seq = s.seq, .dim = s.dim},
+                                             dev_ids, out.data<float>(), dtable.data<float>(),
+                                             nullptr);
                      }});
     const Tensor& h = t({rows, d}, dt);
     const Tensor& w = t({s.vocab, d}, dt);

@@ -305,30 +305,28 @@ void attention_backward(const AttentionDims& dims, std::span<const float> inv_fr
   }
 }
 
-void embedding_forward(const Vec& table, const Vec* positions, std::span<const int32_t> ids,
-                       Vec& out, int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
-                       const int32_t* pos_ids) {
-  for (int64_t r = 0; r < batch * seq; ++r) {
-    const int64_t id = ids[static_cast<size_t>(r)];
-    const int64_t p = pos_ids ? pos_ids[r] : pos0 + r % seq;
+void embedding_forward(const EmbeddingDims& dims, const Vec& table, const Vec* positions,
+                       std::span<const int32_t> ids, Vec& out) {
+  const int64_t dim = dims.dim;
+  for (int64_t r = 0; r < dims.batch * dims.seq; ++r) {
+    const int64_t id = ids[static_cast<size_t>(r)], p = dims.position(r);
     for (int64_t i = 0; i < dim; ++i) {
+      const double row =
+          dims.holds(id) ? table[static_cast<size_t>((id - dims.vocab_begin) * dim + i)] : 0.0;
       out[static_cast<size_t>(r * dim + i)] =
-          table[static_cast<size_t>(id * dim + i)] +
-          (positions ? (*positions)[static_cast<size_t>(p * dim + i)] : 0.0);
+          row + (positions ? (*positions)[static_cast<size_t>(p * dim + i)] : 0.0);
     }
   }
 }
 
-void embedding_backward(std::span<const int32_t> ids, const Vec& dout, Vec& dtable, Vec* dpositions,
-                        int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
-                        int64_t vocab_end, const int32_t* pos_ids) {
-  for (int64_t r = 0; r < batch * seq; ++r) {
-    const int64_t id = ids[static_cast<size_t>(r)];
-    const int64_t p = pos_ids ? pos_ids[r] : r % seq;
+void embedding_backward(const EmbeddingDims& dims, std::span<const int32_t> ids, const Vec& dout,
+                        Vec& dtable, Vec* dpositions) {
+  const int64_t dim = dims.dim;
+  for (int64_t r = 0; r < dims.batch * dims.seq; ++r) {
+    const int64_t id = ids[static_cast<size_t>(r)], p = dims.position(r);
     for (int64_t i = 0; i < dim; ++i) {
       const double g = dout[static_cast<size_t>(r * dim + i)];
-      if (id >= vocab_begin && id < vocab_end)
-        dtable[static_cast<size_t>((id - vocab_begin) * dim + i)] += g;
+      if (dims.holds(id)) dtable[static_cast<size_t>((id - dims.vocab_begin) * dim + i)] += g;
       if (dpositions) (*dpositions)[static_cast<size_t>(p * dim + i)] += g;
     }
   }

@@ -43,12 +43,10 @@ void attention_forward(const AttentionDims& dims, std::span<const float> inv_fre
 void attention_backward(const AttentionDims& dims, std::span<const float> inv_freq, const Vec& qkv,
                         const Vec& d_out, Vec& d_qkv);
 
-void embedding_forward(const Vec& table, const Vec* positions, std::span<const int32_t> ids,
-                       Vec& out, int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
-                       const int32_t* pos_ids);
-void embedding_backward(std::span<const int32_t> ids, const Vec& dout, Vec& dtable, Vec* dpositions,
-                        int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
-                        int64_t vocab_end, const int32_t* pos_ids);
+void embedding_forward(const EmbeddingDims& dims, const Vec& table, const Vec* positions,
+                       std::span<const int32_t> ids, Vec& out);
+void embedding_backward(const EmbeddingDims& dims, std::span<const int32_t> ids, const Vec& dout,
+                        Vec& dtable, Vec* dpositions);
 
 // Returns the summed loss; dh (overwritten) and dw (added) when not null;
 // the last vocab - valid rows of w are padding.

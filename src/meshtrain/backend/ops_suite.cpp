@@ -119,6 +119,10 @@ class Probe {
     T* as() const {
       return static_cast<T*>(data());
     }
+    // The n elements between the guards, as a tensor (ids read as 4-byte f32).
+    Tensor view() const {
+      return tensor.view(static_cast<int64_t>(kGuardBytes / elem_size(elem)), {n});
+    }
   };
 
   explicit Probe(Backend& backend) : backend_(backend) {}
@@ -137,8 +141,9 @@ class Probe {
     std::vector<char> host(bytes + 2 * kGuardBytes, static_cast<char>(kGuard));
     for (size_t i = 0; i < values.size(); ++i)
       write_value(e, values[i], &host[kGuardBytes + i * esize]);
-    // Raw bytes: a tensor of 2-byte elements (every size here is even).
-    Buffer b{backend_.allocate({static_cast<int64_t>(host.size() / 2)}, DType::bf16,
+    // Guards and elements in one tensor of the elements' size.
+    const DType storage = e == Elem::bf16 ? DType::bf16 : e == Elem::f16 ? DType::f16 : DType::f32;
+    Buffer b{backend_.allocate({static_cast<int64_t>(host.size() / esize)}, storage,
                                MemCategory::workspace),
              e, static_cast<int64_t>(values.size()), name};
     backend_.copy_from_host(host.data(), b.tensor);
@@ -463,6 +468,30 @@ void add_elementwise_cases(std::vector<OpCase>& cases, Random& rng) {
                              for (size_t i = 0; i < out.size(); ++i) out[i] += dout[i];
                              return Outputs{{"x", out}};
                            }});
+    // The allocator's moves: copy within the device, converting between every
+    // pair of dtypes (the reference rounds once, to the destination), and zero.
+    for (DType from : {DType::f32, DType::bf16, DType::f16}) {
+      for (DType to : {DType::f32, DType::bf16, DType::f16}) {
+        const Vec src = rounded(x0, from);
+        cases.push_back(OpCase{"copy",
+                               fmt::format("n={} {}->{}", n, dtype_name(from), dtype_name(to)),
+                               max_nmse(DType::f32),
+                               [=](Probe& p) {
+                                 auto S = p.upload("src", from, src);
+                                 auto D = p.upload("dst", to, Vec(src.size()));
+                                 D.view().copy_from(S.view());
+                                 return Outputs{{"dst", p.download(D)}};
+                               },
+                               [=] { return Outputs{{"dst", rounded(src, to)}}; }});
+      }
+    }
+    cases.push_back(OpCase{"zero", fmt::format("n={}", n), max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto X = p.upload("x", DType::bf16, x0);
+                             X.view().zero();
+                             return Outputs{{"x", p.download(X)}};
+                           },
+                           [=] { return Outputs{{"x", Vec(x0.size())}}; }});
     cases.push_back(OpCase{
         "bias_backward", params, max_nmse(DType::f32),
         [=](Probe& p) {
@@ -609,62 +638,68 @@ void add_embedding_cases(std::vector<OpCase>& cases, Random& rng) {
   struct Shape {
     int64_t vocab, batch, seq, dim, pos0;
     bool positions, pos_ids;
-    int64_t vocab_begin, vocab_end;
+    int64_t vocab_begin, vocab_end;  // the table's slice (a tensor-parallel rank's)
+    DType table_dtype;               // the forward's table (a frozen bf16 / f16 embedding)
   };
-  for (const Shape& s :
-       {Shape{1, 1, 1, 1, 0, false, false, 0, 1}, Shape{50, 3, 7, 13, 0, false, false, 0, 50},
-        Shape{37, 2, 9, 16, 4, true, false, 10, 30},
-        Shape{300, 2, 33, 64, 0, true, true, 0, 300}}) {
-    const int64_t max_pos = s.pos0 + s.seq;
-    const Vec table = rounded(rng.uniform(s.vocab * s.dim), DType::f32);
+  for (const Shape& s : {Shape{1, 1, 1, 1, 0, false, false, 0, 1, DType::f32},
+                         Shape{50, 3, 7, 13, 0, false, false, 0, 50, DType::bf16},
+                         Shape{37, 2, 9, 16, 4, true, false, 10, 30, DType::f32},
+                         Shape{64, 2, 8, 16, 0, true, false, 16, 48, DType::bf16},
+                         Shape{300, 2, 33, 64, 0, true, true, 0, 300, DType::f16}}) {
+    const int64_t max_pos = s.pos0 + s.seq, slice = s.vocab_end - s.vocab_begin;
+    const Vec table = rounded(rng.uniform(slice * s.dim), s.table_dtype);
     const Vec pos = rounded(rng.uniform(max_pos * s.dim), DType::f32);
     const auto ids = std::make_shared<std::vector<int32_t>>(
         rng.ints(s.batch * s.seq, 0, static_cast<int32_t>(s.vocab - 1)));
     const auto pos_ids = std::make_shared<std::vector<int32_t>>(
         s.pos_ids ? packed_positions(rng, s.batch, s.seq) : std::vector<int32_t>());
     const Vec dout = rounded(rng.uniform(s.batch * s.seq * s.dim), DType::f32);
-    const int64_t slice = s.vocab_end - s.vocab_begin;
     const Vec dtable0 = rounded(rng.uniform(slice * s.dim), DType::f32),
               dpos0 = rounded(rng.uniform(max_pos * s.dim), DType::f32);
-    std::string params = fmt::format("vocab={} b={} t={} d={}", s.vocab, s.batch, s.seq, s.dim);
+    // The dims, with the positions of packed records where the caller keeps them.
+    auto dims = [s](const int32_t* packed) {
+      return ops::EmbeddingDims{.batch = s.batch, .seq = s.seq, .dim = s.dim, .pos0 = s.pos0,
+                                .pos_ids = s.pos_ids ? packed : nullptr,
+                                .vocab_begin = s.vocab_begin, .vocab_end = s.vocab_end};
+    };
+    std::string params = fmt::format("vocab={} b={} t={} d={} slice=[{},{})", s.vocab, s.batch,
+                                     s.seq, s.dim, s.vocab_begin, s.vocab_end);
     if (s.positions) params += fmt::format(" positions pos0={}", s.pos0);
     if (s.pos_ids) params += " packed";
     cases.push_back(OpCase{
-        "embedding_forward", params, max_nmse(DType::f32),
+        "embedding_forward", params + fmt::format(" table {}", dtype_name(s.table_dtype)),
+        max_nmse(DType::f32),
         [=](Probe& p) {
-          auto T = p.upload("table", DType::f32, table), P = p.upload("positions", DType::f32, pos);
+          auto T = p.upload("table", s.table_dtype, table),
+               P = p.upload("positions", DType::f32, pos);
           auto I = p.upload_ids("ids", *ids), PI = p.upload_ids("pos_ids", *pos_ids);
           auto O = p.upload("out", DType::f32, Vec(dout.size()));
-          p.backend().embedding_forward(T.as<float>(), s.positions ? P.as<float>() : nullptr,
-                                        I.as<int32_t>(), O.as<float>(), s.batch, s.seq, s.dim,
-                                        s.pos0, s.pos_ids ? PI.as<int32_t>() : nullptr);
+          p.backend().embedding_forward(dims(PI.as<int32_t>()), T.data(), s.table_dtype,
+                                        s.positions ? P.as<float>() : nullptr, I.as<int32_t>(),
+                                        O.as<float>());
           return Outputs{{"out", p.download(O)}};
         },
         [=] {
           Vec out(dout.size());
-          ref::embedding_forward(table, s.positions ? &pos : nullptr, *ids, out, s.batch, s.seq,
-                                 s.dim, s.pos0, s.pos_ids ? pos_ids->data() : nullptr);
+          ref::embedding_forward(dims(pos_ids->data()), table, s.positions ? &pos : nullptr, *ids,
+                                 out);
           return Outputs{{"out", out}};
         }});
     cases.push_back(OpCase{
-        "embedding_backward", params + fmt::format(" slice=[{},{})", s.vocab_begin, s.vocab_end),
-        max_nmse(DType::f32),
+        "embedding_backward", params, max_nmse(DType::f32),
         [=](Probe& p) {
           auto I = p.upload_ids("ids", *ids), PI = p.upload_ids("pos_ids", *pos_ids);
           auto DO = p.upload("dout", DType::f32, dout),
                DT = p.upload("dtable", DType::f32, dtable0);
           auto DP = p.upload("dpositions", DType::f32, dpos0);
-          p.backend().embedding_backward(I.as<int32_t>(), DO.as<float>(), DT.as<float>(),
-                                         s.positions ? DP.as<float>() : nullptr, s.batch, s.seq,
-                                         s.dim, s.vocab_begin, s.vocab_end,
-                                         s.pos_ids ? PI.as<int32_t>() : nullptr);
+          p.backend().embedding_backward(dims(PI.as<int32_t>()), I.as<int32_t>(), DO.as<float>(),
+                                         DT.as<float>(), s.positions ? DP.as<float>() : nullptr);
           return Outputs{{"dtable", p.download(DT)}, {"dpositions", p.download(DP)}};
         },
         [=] {
           Vec dt = dtable0, dp = dpos0;
-          ref::embedding_backward(*ids, dout, dt, s.positions ? &dp : nullptr, s.batch, s.seq,
-                                  s.dim, s.vocab_begin, s.vocab_end,
-                                  s.pos_ids ? pos_ids->data() : nullptr);
+          ref::embedding_backward(dims(pos_ids->data()), *ids, dout, dt,
+                                  s.positions ? &dp : nullptr);
           return Outputs{{"dtable", dt}, {"dpositions", dp}};
         }});
   }

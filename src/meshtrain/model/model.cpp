@@ -137,31 +137,6 @@ void Model::Impl::check_bound(size_t unit, UnitPass pass) const {
   }
 }
 
-void Model::Impl::embedding_forward(const int32_t* tokens, int64_t batch, int64_t seq,
-                                    int64_t pos0, float* out) const {
-  const Parameter& table = model.params_[embed];
-  const float* wpe = positions != kNoParam ? master(positions) : nullptr;
-  const int64_t d = cfg.dim;
-  if (table.master.defined()) {
-    backend.embedding_forward(table.master.data<float>(), wpe, tokens, out, batch, seq, d, pos0,
-                              row_positions);
-    return;
-  }
-  // External storage with a bf16 / f16 embedding bound as `compute` only:
-  // the kernel's sum on the rows converted to f32.
-  const DType dt = table.compute.dtype();
-  const char* rows = static_cast<const char*>(table.compute.raw());
-  const size_t row_bytes = static_cast<size_t>(d) * dtype_size(dt);
-  for (int64_t i = 0; i < batch * seq; ++i) {
-    float* o = out + i * d;
-    convert(dt, rows + static_cast<size_t>(tokens[i]) * row_bytes, DType::f32, o,
-            static_cast<size_t>(d));
-    if (wpe == nullptr) continue;
-    const float* p = wpe + (row_positions ? row_positions[i] : pos0 + i % seq) * d;
-    for (int64_t j = 0; j < d; ++j) o[j] = o[j] + p[j];
-  }
-}
-
 const Parameter& Model::param(const std::string& name) const {
   for (const Parameter& p : params_) {
     if (p.spec.name == name) return p;

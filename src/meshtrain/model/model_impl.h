@@ -145,9 +145,9 @@ struct Model::Impl {
   // caller advances cache->length).
   const Tensor& forward_trunk(Activations& acts, const int32_t* tokens, int64_t batch, int64_t seq,
                               DType dt, bool keep_all, KVCache* cache = nullptr);
-  // out[rows, d] = token embeddings (+ positions from pos0).
-  void embedding_forward(const int32_t* tokens, int64_t batch, int64_t seq, int64_t pos0,
-                         float* out) const;
+  // The embedding's lookup over this rank's vocabulary slice (all of it
+  // without tp), positions from pos0 or row_positions.
+  ops::EmbeddingDims embedding_dims(int64_t batch, int64_t seq, int64_t pos0) const;
   // Final norm of `last` into acts.hn, then `classifier` (reads the output
   // layer), within the inference head hooks.
   template <typename Classifier>

@@ -7,7 +7,6 @@
 
 #include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model_impl.h"
-#include "meshtrain/parallel/tensor/vocab_parallel.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -118,9 +117,8 @@ const Tensor& Model::Impl::full_residual_grad(int64_t rows) {
 float* Model::Impl::norm_grad(size_t param, int slot_index) {
   if (!trains(param)) {
     ensure(ws.discard, {2, cfg.dim}, DType::f32, MemCategory::workspace);
-    float* slot = ws.discard.data<float>() + slot_index * cfg.dim;
-    std::fill(slot, slot + cfg.dim, 0.0f);
-    return slot;
+    ws.discard.view(slot_index * cfg.dim, {cfg.dim}).zero();
+    return ws.discard.data<float>() + slot_index * cfg.dim;
   }
   if (!sp) return grad(param);
   // A unit has at most two norms with weight and bias (GPT-2 blocks).
@@ -128,10 +126,9 @@ float* Model::Impl::norm_grad(size_t param, int slot_index) {
   ensure(ws.norm_grads, {capacity}, DType::f32, MemCategory::workspace);
   const int64_t offset = pending_norm_grads.empty() ? 0 : pending_norm_grads.back().second + d;
   MESHTRAIN_CHECK(offset + d <= capacity, "model: more norm gradients in one unit than expected");
-  float* slot = ws.norm_grads.data<float>() + offset;
-  std::fill(slot, slot + d, 0.0f);
+  ws.norm_grads.view(offset, {d}).zero();
   pending_norm_grads.emplace_back(param, offset);
-  return slot;
+  return ws.norm_grads.data<float>() + offset;
 }
 
 void Model::Impl::flush_norm_grads() {
@@ -146,55 +143,55 @@ void Model::Impl::flush_norm_grads() {
   pending_norm_grads.clear();
 }
 
+ops::EmbeddingDims Model::Impl::embedding_dims(int64_t batch, int64_t seq, int64_t pos0) const {
+  ops::EmbeddingDims dims{
+      .batch = batch, .seq = seq, .dim = cfg.dim, .pos0 = pos0, .pos_ids = row_positions};
+  if (tp.active()) dims.vocab_begin = vocab_begin, dims.vocab_end = vocab_begin + vocab_valid;
+  return dims;
+}
+
 void Model::Impl::embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq, int64_t pos0,
                                Tensor& out) {
+  const Parameter& table = model.params_[embed];
+  // A frozen bf16 / f16 embedding (external storage) may be bound as its compute copy only.
+  const Tensor& table_rows = table.master.defined() ? table.master : table.compute;
+  const float* wpe = positions != kNoParam ? master(positions) : nullptr;
+  const ops::EmbeddingDims dims = embedding_dims(batch, seq, pos0);
   if (!tp.active()) {
-    embedding_forward(tokens, batch, seq, pos0, out.data<float>());
+    backend.embedding_forward(dims, table_rows.raw(), table_rows.dtype(), wpe, tokens, out.data<float>());
     return;
   }
   // Rows of this rank's vocabulary slice (zeros elsewhere), summed over tp.
-  const int64_t rows = batch * seq, srows = shard_rows(rows), d = cfg.dim;
-  const Parameter& table = model.params_[embed];
-  const bool f32 = table.master.defined();
+  const int64_t n = batch * seq, srows = shard_rows(n), d = cfg.dim;
   float* lookup = out.data<float>();
   if (sp) {
-    ensure(ws.partial, {rows, d}, DType::f32, MemCategory::workspace);
+    ensure(ws.partial, {n, d}, DType::f32, MemCategory::workspace);
     lookup = ws.partial.data<float>();
   }
-  vocab_embedding_forward(f32 ? table.master.raw() : table.compute.raw(),
-                          f32 ? DType::f32 : table.compute.dtype(), vocab_begin,
-                          vocab_begin + vocab_valid, tokens, rows, d, lookup);
+  backend.embedding_forward(dims, table_rows.raw(), table_rows.dtype(), nullptr, tokens, lookup);
   if (sp) {
     tp_reduce_scatter_rows(tp, lookup, out.data<float>(), srows, d);
   } else {
-    tp_all_reduce_sum(tp, lookup, rows * d);
+    tp_all_reduce_sum(tp, lookup, n * d);
   }
-  if (positions == kNoParam) return;
-  const float* wpe = master(positions);
+  if (wpe == nullptr) return;
   const int64_t row0 = sp ? tp.rank() * srows : 0;
   float* o = out.data<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < srows; ++i) {
-    const int64_t row = row0 + i;
-    const float* p = wpe + (row_positions ? row_positions[row] : pos0 + row % seq) * d;
+    const float* p = wpe + dims.position(row0 + i) * d;
     for (int64_t j = 0; j < d; ++j) o[i * d + j] += p[j];
   }
 }
 
 void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t seq) {
   if (!trains(embed)) return;  // frozen (LoRA freezes positions alike)
-  const int64_t rows = batch * seq, d = cfg.dim;
   float* dpositions = positions != kNoParam ? grad(positions) : nullptr;
-  if (!tp.active()) {
-    backend.embedding_backward(tokens, ws.dres.data<float>(), grad(embed), dpositions, batch, seq,
-                               d, 0, std::numeric_limits<int64_t>::max(), row_positions);
-    return;
-  }
-  // Every rank sees all rows' gradients (replicated, or all-gathered under
-  // sequence parallelism), so the position gradients are complete everywhere.
-  const Tensor& dres = full_residual_grad(rows);
-  backend.embedding_backward(tokens, dres.data<float>(), grad(embed), dpositions, batch, seq, d,
-                             vocab_begin, vocab_begin + vocab_valid, row_positions);
+  // Under tp every rank sees all rows' gradients (replicated, or all-gathered
+  // under sequence parallelism), so the position gradients are complete everywhere.
+  const Tensor& dres = tp.active() ? full_residual_grad(batch * seq) : ws.dres;
+  backend.embedding_backward(embedding_dims(batch, seq, 0), tokens, dres.data<float>(),
+                             grad(embed), dpositions);
 }
 
 double tensor_parallel_grad_norm(const Model& model) {

@@ -38,6 +38,10 @@ class HostAllocator final : public Allocator {
     return data;
   }
   void release(void* data, size_t) const override { std::free(data); }
+  void fill_zero(void* data, size_t bytes) const override { std::memset(data, 0, bytes); }
+  void copy(DType from, const void* src, DType to, void* dst, size_t n) const override {
+    convert(from, src, to, dst, n);
+  }
 };
 
 }  // namespace
@@ -79,12 +83,17 @@ Tensor Tensor::view(int64_t element_offset, Shape shape) const {
   return out;
 }
 
-void Tensor::zero() { std::memset(raw(), 0, bytes()); }
+void Tensor::zero() { storage_->allocator().fill_zero(raw(), bytes()); }
 
 void Tensor::copy_from(const Tensor& other) {
   MESHTRAIN_CHECK(other.numel() == numel_, "copy of {} into {}: element counts differ",
                   shape_str(other.shape()), shape_str(shape_));
-  convert(other.dtype(), other.raw(), dtype_, raw(), static_cast<size_t>(numel_));
+  MESHTRAIN_CHECK(other.device() == device(),
+                  "copy of a {} tensor into a {} tensor: move it through the backend's "
+                  "copy_to_host / copy_from_host",
+                  other.device().str(), device().str());
+  storage_->allocator().copy(other.dtype(), other.raw(), dtype_, raw(),
+                             static_cast<size_t>(numel_));
 }
 
 }  // namespace meshtrain

@@ -30,14 +30,23 @@ struct Device {
   std::string str() const;  // "cpu", "cuda:1"
 };
 
-// Where a device's bytes come from. allocate returns zero-filled memory or
-// throws std::bad_alloc; release gets back what allocate returned.
+// Where a device's bytes come from, and the moves inside that device's memory
+// (ggml-backend's buffer interface in small): a tensor is zeroed and copied by
+// its own allocator, so Tensor::zero and Tensor::copy_from work on any device;
+// moves between host and device go through the Backend. allocate returns
+// zero-filled memory or throws std::bad_alloc; release gets back what
+// allocate returned.
 class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual Device device() const = 0;
   virtual void* allocate(size_t bytes) const = 0;
   virtual void release(void* data, size_t bytes) const = 0;
+  // Sets `bytes` bytes at `data` (this device's) to zero.
+  virtual void fill_zero(void* data, size_t bytes) const = 0;
+  // Copies n elements from src to dst (both this device's), converting when
+  // the dtypes differ (round to nearest even, as `convert`).
+  virtual void copy(DType from, const void* src, DType to, void* dst, size_t n) const = 0;
 };
 // Host memory: 64-byte aligned, 4096 from 1 MiB (direct I/O takes it as it is).
 const Allocator& host_allocator();
@@ -55,6 +64,7 @@ class Storage {
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
   Device device() const { return allocator_->device(); }
+  const Allocator& allocator() const { return *allocator_; }
 
  private:
   void* data_ = nullptr;
@@ -91,9 +101,10 @@ class Tensor {
   // Same elements, another shape with the same numel.
   Tensor reshape(Shape shape) const { return view(0, std::move(shape)); }
 
-  // Host tensors only (a device's tensors go through its Backend).
+  // On the tensor's own device, through its allocator.
   void zero();
-  // Copies all elements from `other` (same numel), converting dtype if needed.
+  // Copies all elements from `other` (same numel, same device), converting
+  // dtype if needed.
   void copy_from(const Tensor& other);
 
  private:

@@ -129,18 +129,15 @@ void CpuBackend::attention_decode(const ops::AttentionDims& dims, const ops::Rop
   cpu::attention_decode(ctx_, dims, rope, qkv, pos0, cache, out);
 }
 
-void CpuBackend::embedding_forward(const float* table, const float* positions, const int32_t* ids,
-                                   float* out, int64_t batch, int64_t seq, int64_t dim,
-                                   int64_t pos0, const int32_t* pos_ids) {
-  cpu::embedding_forward(table, positions, ids, out, batch, seq, dim, pos0, pos_ids);
+void CpuBackend::embedding_forward(const ops::EmbeddingDims& dims, const void* table,
+                                   DType table_dtype, const float* positions, const int32_t* ids,
+                                   float* out) {
+  cpu::embedding_forward(dims, table, table_dtype, positions, ids, out);
 }
 
-void CpuBackend::embedding_backward(const int32_t* ids, const float* dout, float* dtable,
-                                    float* dpositions, int64_t batch, int64_t seq, int64_t dim,
-                                    int64_t vocab_begin, int64_t vocab_end,
-                                    const int32_t* pos_ids) {
-  cpu::embedding_backward(ids, dout, dtable, dpositions, batch, seq, dim, vocab_begin, vocab_end,
-                          pos_ids);
+void CpuBackend::embedding_backward(const ops::EmbeddingDims& dims, const int32_t* ids,
+                                    const float* dout, float* dtable, float* dpositions) {
+  cpu::embedding_backward(dims, ids, dout, dtable, dpositions);
 }
 
 double CpuBackend::fused_classifier(const ops::ClassifierArgs& args) {

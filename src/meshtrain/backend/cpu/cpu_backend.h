@@ -59,12 +59,10 @@ class CpuBackend final : public Backend {
                         const float* qkv, int64_t pos0, ops::KVCacheLayer& cache,
                         float* out) override;
 
-  void embedding_forward(const float* table, const float* positions, const int32_t* ids, float* out,
-                         int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
-                         const int32_t* pos_ids) override;
-  void embedding_backward(const int32_t* ids, const float* dout, float* dtable, float* dpositions,
-                          int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
-                          int64_t vocab_end, const int32_t* pos_ids) override;
+  void embedding_forward(const ops::EmbeddingDims& dims, const void* table, DType table_dtype,
+                         const float* positions, const int32_t* ids, float* out) override;
+  void embedding_backward(const ops::EmbeddingDims& dims, const int32_t* ids, const float* dout,
+                          float* dtable, float* dpositions) override;
 
   double fused_classifier(const ops::ClassifierArgs& args) override;
 

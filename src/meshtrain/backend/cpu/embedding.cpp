@@ -7,29 +7,33 @@
 
 namespace meshtrain::cpu {
 
-void embedding_forward(const float* table, const float* positions, const int32_t* ids, float* out,
-                       int64_t batch, int64_t seq, int64_t dim, int64_t pos0,
-                       const int32_t* pos_ids) {
+void embedding_forward(const EmbeddingDims& dims, const void* table, DType table_dtype,
+                       const float* positions, const int32_t* ids, float* out) {
+  const int64_t dim = dims.dim;
+  const size_t row_bytes = static_cast<size_t>(dim) * dtype_size(table_dtype);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < batch * seq; ++i) {
-    const float* row = table + static_cast<int64_t>(ids[i]) * dim;
+  for (int64_t i = 0; i < dims.batch * dims.seq; ++i) {
     float* o = out + i * dim;
-    if (positions == nullptr) {
-      std::memcpy(o, row, static_cast<size_t>(dim) * sizeof(float));
+    if (dims.holds(ids[i])) {
+      const char* row = static_cast<const char*>(table) +
+                        static_cast<size_t>(ids[i] - dims.vocab_begin) * row_bytes;
+      convert(table_dtype, row, DType::f32, o, static_cast<size_t>(dim));
     } else {
-      const float* p = positions + (pos_ids ? pos_ids[i] : pos0 + i % seq) * dim;
-#pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) o[j] = row[j] + p[j];
+      std::memset(o, 0, static_cast<size_t>(dim) * sizeof(float));
     }
+    if (positions == nullptr) continue;
+    const float* p = positions + dims.position(i) * dim;
+#pragma omp simd
+    for (int64_t j = 0; j < dim; ++j) o[j] += p[j];
   }
 }
 
-void embedding_backward(const int32_t* ids, const float* dout, float* dtable, float* dpositions,
-                        int64_t batch, int64_t seq, int64_t dim, int64_t vocab_begin,
-                        int64_t vocab_end, const int32_t* pos_ids) {
+void embedding_backward(const EmbeddingDims& dims, const int32_t* ids, const float* dout,
+                        float* dtable, float* dpositions) {
+  const int64_t dim = dims.dim;
   // Threads own disjoint column ranges and walk the tokens in order, so every
   // element is summed in token order whatever the thread count (no races).
-  const int64_t tokens = batch * seq;
+  const int64_t tokens = dims.batch * dims.seq;
 #pragma omp parallel
   {
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -40,14 +44,13 @@ void embedding_backward(const int32_t* ids, const float* dout, float* dtable, fl
     if (c0 < c1) {
       for (int64_t i = 0; i < tokens; ++i) {
         const float* d = dout + i * dim;
-        const int64_t id = ids[i];
-        if (id >= vocab_begin && id < vocab_end) {
-          float* row = dtable + (id - vocab_begin) * dim;
+        if (dims.holds(ids[i])) {
+          float* row = dtable + (ids[i] - dims.vocab_begin) * dim;
 #pragma omp simd
           for (int64_t j = c0; j < c1; ++j) row[j] += d[j];
         }
         if (dpositions != nullptr) {
-          float* p = dpositions + (pos_ids ? pos_ids[i] : i % seq) * dim;
+          float* p = dpositions + dims.position(i) * dim;
 #pragma omp simd
           for (int64_t j = c0; j < c1; ++j) p[j] += d[j];
         }
