@@ -99,6 +99,22 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def matmul_peak(precision, seconds=1.0, n=2048):
+    """This PyTorch's own GEMM peak (GFLOP/s): square n x n matmuls in the step's
+    dtype, the best of rounds of seconds/4 (the peer's MFU denominator)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    best = 0.0
+    for _ in range(4):
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 4:
+            a @ b
+            calls += 1
+        best = max(best, 2.0 * n ** 3 * calls / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
@@ -117,6 +133,7 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    peak = matmul_peak(a.precision)
     model = Llama(a)
     for name, param in model.named_parameters():
         if param.dim() == 2:  # GPT-2 style init, as meshtrain's
@@ -142,6 +159,7 @@ def main():
     timed = sorted(times[warmup:])
     median = timed[len(timed) // 2]
     print(json.dumps({"side": side, "precision": a.precision, "threads": torch.get_num_threads(),
+                      "peak_gflops": round(peak, 1),
                       "warmup_ms": [round(t, 1) for t in times[:warmup]],
                       "step_ms": [round(t, 1) for t in times[warmup:]], "median_ms": round(median, 1),
                       "tokens_per_s": round(a.batch * a.seq / median * 1000, 1), "loss": loss.item()}))

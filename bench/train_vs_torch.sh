@@ -40,19 +40,24 @@ done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'precision':9} {'side':24} {'median tok/s':>12} {'MFU':>6} {'meshtrain / side':>16}  per round")
+print(f"{'precision':9} {'side':24} {'median tok/s':>12} {'MFU':>6} {'own peak':>8} {'MFU own':>7} "
+      f"{'meshtrain / side':>16}  per round")
 for precision in ("fp32", "bf16"):
     ms = [r for r in rows if r["precision"] == precision and r["side"] == "meshtrain"]
     m_med = statistics.median(r["tokens_per_s"] for r in ms)
     for side in dict.fromkeys(r["side"] for r in rows if r["precision"] == precision):
         rs = [r for r in rows if r["precision"] == precision and r["side"] == side]
         med = statistics.median(r["tokens_per_s"] for r in rs)
-        # Same tokens and FLOPs per step on both sides: a peer's MFU is meshtrain's over the ratio.
+        # Same tokens and FLOPs per step on both sides: a peer's MFU against meshtrain's
+        # peak is meshtrain's over the ratio; against the peer's own GEMM peak, scaled by both.
         ratios = [m["tokens_per_s"] / r["tokens_per_s"] for m, r in zip(ms, rs)]
         mfu = statistics.median(m["mfu"] for m in ms) * med / m_med
-        print(f"{precision:9} {side:24} {med:12.0f} {mfu:6.1%} {statistics.median(ratios):16.2f}  "
-              + " ".join(f"{x:.2f}" for x in ratios))
-    print(f"{precision:9} (peak {ms[0]['peak_gflops']:.0f} GFLOP/s, threads {ms[0]['threads']}, "
+        peak = statistics.median(r["peak_gflops"] for r in rs)
+        own = mfu * ms[0]["peak_gflops"] / peak
+        print(f"{precision:9} {side:24} {med:12.0f} {mfu:6.1%} {peak:8.0f} {own:7.1%} "
+              f"{statistics.median(ratios):16.2f}  " + " ".join(f"{x:.2f}" for x in ratios))
+    print(f"{precision:9} (MFU against meshtrain's measured peak {ms[0]['peak_gflops']:.0f} GFLOP/s; "
+          f"'own peak': each side's GEMM peak, GFLOP/s; threads {ms[0]['threads']}, "
           f"meshtrain peak memory {ms[0]['peak_memory_mib']:.0f} MiB)")
 PY
 rm -f "$out"
