@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "meshtrain/tensor/tensor.h"
 #include "meshtrain/util/error.h"
@@ -58,6 +59,46 @@ TEST(Tensor, CopyConvertsDtypes) {
   c.copy_from(b);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(c.data<float>()[i], a.data<float>()[i]);
   EXPECT_THROW(parse_dtype("f64"), Error);
+}
+
+// A device whose memory is host memory underneath, counting the moves it is asked for.
+class CountingDevice final : public Allocator {
+ public:
+  Device device() const override { return {DeviceKind::cuda, 0}; }
+  void* allocate(size_t bytes) const override { return host_allocator().allocate(bytes); }
+  void release(void* data, size_t bytes) const override { host_allocator().release(data, bytes); }
+  void fill_zero(void* data, size_t bytes) const override {
+    ++zeroes;
+    host_allocator().fill_zero(data, bytes);
+  }
+  void copy(DType from, const void* src, DType to, void* dst, size_t n) const override {
+    ++copies;
+    host_allocator().copy(from, src, to, dst, n);
+  }
+  mutable int zeroes = 0, copies = 0;
+};
+
+TEST(Tensor, ZeroAndCopyGoThroughTheTensorsDevice) {
+  MemoryTracker tracker;
+  CountingDevice device;
+  Tensor a({4}, DType::f32, MemCategory::workspace, tracker, device);
+  Tensor b({4}, DType::bf16, MemCategory::workspace, tracker, device);
+  EXPECT_EQ(a.device().str(), "cuda:0");
+  a.view(1, {2}).zero();
+  b.copy_from(a);
+  EXPECT_EQ(device.zeroes, 1);
+  EXPECT_EQ(device.copies, 1);
+  // Between devices only the backend moves bytes (copy_to_host / copy_from_host).
+  Tensor host({4}, DType::f32, MemCategory::workspace, tracker);
+  try {
+    host.copy_from(a);
+    FAIL() << "a copy from cuda:0 into cpu was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("copy of a cuda:0 tensor into a cpu tensor"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(device.copies, 1);
 }
 
 }  // namespace

@@ -158,7 +158,8 @@ void Model::Impl::embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq
   const float* wpe = positions != kNoParam ? master(positions) : nullptr;
   const ops::EmbeddingDims dims = embedding_dims(batch, seq, pos0);
   if (!tp.active()) {
-    backend.embedding_forward(dims, table_rows.raw(), table_rows.dtype(), wpe, tokens, out.data<float>());
+    backend.embedding_forward(dims, table_rows.raw(), table_rows.dtype(), wpe, tokens,
+                              out.data<float>());
     return;
   }
   // Rows of this rank's vocabulary slice (zeros elsewhere), summed over tp.
