@@ -138,9 +138,9 @@ def main():
     for name, param in model.named_parameters():
         if param.dim() == 2:  # GPT-2 style init, as meshtrain's
             nn.init.normal_(param, std=0.02)
-    major = int(torch.__version__.split(".")[0])
+    version = tuple(int(x) for x in torch.__version__.split(".")[:2])
     # The fused CPU AdamW arrived in 2.4; 1.13 has the per-tensor loop only.
-    fused = {"fused": True} if (major, int(torch.__version__.split(".")[1])) >= (2, 4) else {}
+    fused = {"fused": True} if version >= (2, 4) else {}
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **fused)
     step_model = torch.compile(model) if a.compile else model
     side = f"pytorch {torch.__version__.split('+')[0]} {'compile' if a.compile else 'eager'}"
