@@ -34,6 +34,13 @@ struct MatmulWorkspace {
   size_t scratchpad = 0, f16_staging = 0;
 };
 
+// The workspace the fused classifier takes over `rows` rows: its GEMMs' (as
+// MatmulWorkspace) and its own buffers (logits chunk, 16-bit d_logits, d(W)^T).
+struct ClassifierWorkspace {
+  MatmulWorkspace gemms;
+  size_t buffers = 0;
+};
+
 // The workspace the start-up matmul peak probe takes: its operands and result
 // while it runs, and what its GEMMs leave in the backend's workspace slots.
 struct PeakProbeWorkspace {

@@ -5,6 +5,7 @@
 #include "meshtrain/backend/cpu/attention.h"
 #include "meshtrain/backend/cpu/context.h"
 #include "meshtrain/backend/cpu/cpu_backend.h"
+#include "meshtrain/backend/cpu/cross_entropy.h"
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/util/error.h"
 
@@ -21,6 +22,7 @@ const BackendKind kKinds[] = {
         .threads = cpu::context_threads,
         .matmul_workspace = cpu::matmul_workspace,
         .attention_workspace_bytes = cpu::attention_workspace_bytes,
+        .classifier_workspace = cpu::classifier_workspace,
         .peak_probe_workspace = cpu::peak_probe_workspace,
     },
     {

@@ -212,8 +212,8 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
 // their size once every call of the step has run: oneDNN's scratchpad and
 // the f16 staging over every GEMM through matmul() (model/block.cpp,
 // model/tensor_parallel.cpp, the fused classifier),
-// the attention kernels' per-thread buffer, the classifier's logits chunk
-// (and its 16-bit d_logits); and the start-up FLOP/s probe's GEMMs
+// the attention kernels' per-thread buffer, the classifier's buffers (its
+// logits chunk, 16-bit d_logits and d(W)^T); and the start-up FLOP/s probe's GEMMs
 // (train.peak_flops = 0). Sizes come from the backend kind's queries, which build
 // the primitive descriptors matmul() builds, for the run's thread count.
 double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage,
@@ -223,7 +223,7 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
   const int threads = run_threads(config);
   const bool llama = config.model.family == Family::llama, tp = config.parallel.tp > 1;
   const auto n = static_cast<int64_t>(s.n), d = static_cast<int64_t>(s.d);
-  size_t onednn = 0, staging = 0, attention = 0, logits = 0, dlogits = 0;
+  size_t onednn = 0, staging = 0, attention = 0, classifier = 0;
   auto gemm = [&](const ops::MatmulDims& dims, bool accumulate = false, bool bias = false,
                   float alpha = 1.0f, DType c = DType::f32) {
     const ops::MatmulWorkspace w =
@@ -281,21 +281,15 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
     staging = std::max(staging, probe.f16_staging);
   }
   if (stage.last) {
-    // The fused classifier over all rows, in chunks of up to 256 rows (its
-    // default): the logits, d(h) and (unless frozen) d(W) GEMMs of each chunk size.
+    // The fused classifier over all rows.
     MESHTRAIN_CHECK(output != nullptr, "plan: the last stage holds no output layer");
-    const int64_t vocab = output->shape[0];
-    const int64_t chunk = std::min<int64_t>(n, 256);
-    for (const int64_t rows : {chunk, n % chunk}) {
-      if (rows == 0) continue;
-      gemm({.m = rows, .n = vocab, .k = d, .trans_b = true});
-      gemm({.m = rows, .n = d, .k = vocab});
-      if (output->trainable) gemm({.m = vocab, .n = d, .k = rows, .trans_a = true}, true);
-    }
-    logits = static_cast<size_t>(chunk * vocab) * 4;
-    if (dt != DType::f32) dlogits = static_cast<size_t>(chunk * vocab) * dtype_size(dt);
+    const ops::ClassifierWorkspace w =
+        kind.classifier_workspace(n, d, output->shape[0], dt, output->trainable, threads);
+    onednn = std::max(onednn, w.gemms.scratchpad);
+    staging = std::max(staging, w.gemms.f16_staging);
+    classifier = w.buffers;
   }
-  return static_cast<double>(onednn + staging + attention + logits + dlogits);
+  return static_cast<double>(onednn + staging + attention + classifier);
 }
 
 // Evaluation without a pipeline (Model::forward_loss): its activations keep

@@ -18,4 +18,8 @@ using ops::ClassifierArgs;
 // Returns the sum over rows of -log softmax(logits)[target].
 double fused_classifier(CpuContext& ctx, const ClassifierArgs& args);
 
+// What fused_classifier takes beyond its operands at the default chunk.
+ops::ClassifierWorkspace classifier_workspace(int64_t rows, int64_t dim, int64_t vocab,
+                                              DType compute, bool trains_w, int threads);
+
 }  // namespace meshtrain::cpu

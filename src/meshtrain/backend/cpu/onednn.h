@@ -57,6 +57,7 @@ enum class Scratch : uint8_t {
   attention,  // per-thread workspace of attention_forward/backward
   logits,
   dlogits,
+  dw_t,  // the fused classifier's d(W)^T
   f16_staging,  // f32 copies of an f16 GEMM's operands and result (matmul.cpp)
   count
 };
