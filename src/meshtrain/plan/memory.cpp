@@ -193,11 +193,11 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   const double qkv = d + 2 * kv;
   m.workspace = 4 * n * qkv + 4 * n * d + (mixed ? e * n * d : 0) + 4 * n * d +
                 4 * n * std::max(f, qkv) + e * n * ff_in + e * n * qkv;
-  // The CPU backend's fused classifier: its logits chunk (256 rows), the
-  // output layer's gradient accumulated transposed (f32 [dim, vocab]); and
+  // The CPU backend's fused classifier: its logits chunk (256 rows), in fp32
+  // the output layer's gradient accumulated transposed ([dim, vocab]); and
   // RoPE's cos/sin tables.
   const double chunk = std::min(n, 256.0), vocab = static_cast<double>(c.vocab_size);
-  m.workspace += chunk * vocab * (4 + (mixed ? 2 : 0)) + 4 * d * vocab;
+  m.workspace += chunk * vocab * (4 + (mixed ? 2 : 0)) + (mixed ? 0 : 4 * d * vocab);
   if (c.family == Family::llama) {
     m.workspace += 4 * static_cast<double>(c.max_seq_len * c.head_dim());
   }

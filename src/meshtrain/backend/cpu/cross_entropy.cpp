@@ -25,7 +25,18 @@ int64_t chunk_rows(int64_t rows, int64_t requested) {
 // The GEMMs of one chunk of n rows: logits, d(h), d(W)^T (accumulated).
 MatmulDims logits_gemm(int64_t n, int64_t dim, int64_t V) { return {1, n, V, dim, false, true, false}; }
 MatmulDims dh_gemm(int64_t n, int64_t dim, int64_t V) { return {1, n, dim, V, false, false, false}; }
+MatmulDims dw_gemm(int64_t n, int64_t dim, int64_t V) { return {1, V, dim, n, true, false, false}; }
 MatmulDims dw_t_gemm(int64_t n, int64_t dim, int64_t V) { return {1, dim, V, n, true, false, false}; }
+
+// In f32, d(W) is accumulated transposed, dW^T += h^T · d_logits into a
+// [dim, vocab] buffer, and added into dw once at the end: oneDNN 2.6 runs
+// that GEMM 15–25% faster than dW += d_logits^T · h (A transposed along the
+// vocabulary), and the whole classifier 5–8% faster (docs/benchmarks.md). In
+// bf16 / f16 the whole classifier measured no faster, so the buffer is not
+// worth its memory there.
+bool transposed_dw(const ClassifierArgs& args) {
+  return args.dw != nullptr && args.compute == DType::f32;
+}
 
 // dst[j, i] += src[i, j] for src [rows, cols]: tiles of 16 x 16 so both
 // sides are read in cache lines; each dst element is written by one thread.
@@ -127,10 +138,7 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
       if (t >= 0) row[t] = target_grad;
     }
   };
-  // d(W) is accumulated transposed, dW^T += h^T · d_logits into a [dim, vocab]
-  // buffer, and added into dw once at the end: oneDNN runs that GEMM 15–25%
-  // faster than dW += d_logits^T · h (its A transposed over the long side).
-  float* dw_t = args.dw != nullptr
+  float* dw_t = transposed_dw(args)
                     ? static_cast<float*>(impl.scratch(Scratch::dw_t, dim * V * sizeof(float)))
                     : nullptr;
 
@@ -163,8 +171,11 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
     }
     if (args.dh != nullptr)
       matmul(ctx, dh_gemm(n, dim, V), args.compute, dlogits, args.w, DType::f32, args.dh + r0 * dim);
-    if (dw_t != nullptr)
+    if (dw_t != nullptr) {
       matmul(ctx, dw_t_gemm(n, dim, V), args.compute, h, dlogits, DType::f32, dw_t, 1.0f, r0 > 0);
+    } else if (args.dw != nullptr) {
+      matmul(ctx, dw_gemm(n, dim, V), args.compute, dlogits, h, DType::f32, args.dw, 1.0f, true);
+    }
   }
   if (dw_t != nullptr && rows > 0) add_transposed(dw_t, dim, V, args.dw);
   return total_loss;
@@ -179,7 +190,8 @@ ops::ClassifierWorkspace classifier_workspace(int64_t rows, int64_t dim, int64_t
     if (n == 0) continue;
     std::vector<std::pair<MatmulDims, bool>> gemms = {{logits_gemm(n, dim, vocab), false},
                                                       {dh_gemm(n, dim, vocab), false}};
-    if (trains_w) gemms.push_back({dw_t_gemm(n, dim, vocab), true});
+    if (trains_w)
+      gemms.push_back({compute == DType::f32 ? dw_t_gemm(n, dim, vocab) : dw_gemm(n, dim, vocab), true});
     for (const auto& [dims, accumulate] : gemms) {
       const MatmulWorkspace g = matmul_workspace(dims, compute, DType::f32, threads, 1.0f, accumulate);
       w.gemms.scratchpad = std::max(w.gemms.scratchpad, g.scratchpad);
@@ -189,7 +201,7 @@ ops::ClassifierWorkspace classifier_workspace(int64_t rows, int64_t dim, int64_t
   const auto elems = static_cast<size_t>(chunk * vocab);
   w.buffers = elems * sizeof(float);
   if (compute != DType::f32) w.buffers += elems * dtype_size(compute);
-  if (trains_w) w.buffers += static_cast<size_t>(dim * vocab) * sizeof(float);
+  if (trains_w && compute == DType::f32) w.buffers += static_cast<size_t>(dim * vocab) * sizeof(float);
   return w;
 }
 
