@@ -45,7 +45,7 @@ std::vector<LoraModule> lora_modules(const ModelConfig& config) {
     m.a = spec;
     m.b = *by_name.at(m.module + ".lora_B.weight");
     m.base = *by_name.at(m.module + std::string(kWeight));
-    m.conv1d = config.family == Family::gpt2;
+    m.conv1d = config.recipe().conv1d;
     m.rank = spec.shape[0];
     m.in_features = spec.shape[1];
     m.out_features = m.b.shape[0];
@@ -132,7 +132,7 @@ void export_peft(const ModelConfig& config, const TensorSource& source, const st
   j["lora_alpha"] = std::stod(fmt::format("{}", lora.alpha));  // 16, not 16.000000xyz
   j["lora_dropout"] = std::stod(fmt::format("{}", lora.dropout));
   j["target_modules"] = lora_targets(lora, config.family);
-  j["fan_in_fan_out"] = config.family == Family::gpt2;  // Conv1D stores [in, out]
+  j["fan_in_fan_out"] = config.recipe().conv1d;  // Conv1D stores [in, out]
   j["bias"] = "none";
   j["modules_to_save"] = nullptr;
   j["layers_to_transform"] = nullptr;

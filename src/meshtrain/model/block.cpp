@@ -37,7 +37,7 @@ Model::Impl::Impl(Model& owner)
     }
     layer_of_unit.push_back(layer);
   }
-  if (cfg.family == Family::llama) {
+  if (cfg.recipe().positions == Positions::rope) {
     has_rope = true;
     rope = backend.make_rope_table(cfg.head_dim(), cfg.max_seq_len, cfg.rope_frequencies());
   } else {
@@ -45,9 +45,9 @@ Model::Impl::Impl(Model& owner)
   }
   // The head unit: the final norm (+ bias), then an untied llama's lm_head.
   const size_t head_first = head_unit != kNoUnit ? model.units_[head_unit].first_param : kNoParam;
-  const bool gpt2 = cfg.family == Family::gpt2;
+  const bool norm_bias = cfg.recipe().norm == NormKind::layer;
   final_norm = head_first == kNoParam ? Norm{}
-                                      : Norm{head_first, gpt2 ? head_first + 1 : kNoParam};
+                                      : Norm{head_first, norm_bias ? head_first + 1 : kNoParam};
   tied = cfg.tie_embeddings;
   embed = local(0);
   output = tied ? embed : (head_first == kNoParam ? kNoParam : head_first + 1);
@@ -131,25 +131,28 @@ Block Model::Impl::make_block(int64_t layer) const {
       out_begin += out;
     }
   };
+  // The recipe's name map: a LayerNorm has a bias, a biased family's
+  // fused GEMM has one bias vector after its weights.
+  const Recipe& rc = cfg.recipe();
+  auto norm = [&](const std::string& module) {
+    return Norm{param(module + ".weight"),
+                rc.norm == NormKind::layer ? param(module + ".bias") : kNoParam};
+  };
+  auto linear = [&](const std::vector<std::string>& modules, int64_t in, int64_t out) {
+    return Linear{param(modules.front() + ".weight"), modules.size(),
+                  rc.linear_bias ? param(modules.front() + ".bias") : kNoParam, in, out,
+                  !rc.conv1d, {}};
+  };
+  const auto& m = rc.gemm_modules;
   Block b;
-  if (cfg.family == Family::llama) {
-    b.norm1 = Norm{param("input_layernorm.weight"), kNoParam};
-    b.norm2 = Norm{param("post_attention_layernorm.weight"), kNoParam};
-    b.qkv = Linear{param("self_attn.q_proj.weight"), 3, kNoParam, d, qkv_width, true, {}};
-    b.proj = Linear{param("self_attn.o_proj.weight"), 1, kNoParam, q_width, d, true, {}};
-    b.ff_in = Linear{param("mlp.gate_proj.weight"), 2, kNoParam, d, 2 * h, true, {}};
-    b.ff_out = Linear{param("mlp.down_proj.weight"), 1, kNoParam, h, d, true, {}};
-  } else {
-    b.norm1 = Norm{param("ln_1.weight"), param("ln_1.bias")};
-    b.norm2 = Norm{param("ln_2.weight"), param("ln_2.bias")};
-    b.qkv = Linear{param("attn.c_attn.weight"), 1, param("attn.c_attn.bias"), d, qkv_width, false, {}};
-    b.proj = Linear{param("attn.c_proj.weight"), 1, param("attn.c_proj.bias"), q_width, d, false, {}};
-    b.ff_in = Linear{param("mlp.c_fc.weight"), 1, param("mlp.c_fc.bias"), d, h, false, {}};
-    b.ff_out = Linear{param("mlp.c_proj.weight"), 1, param("mlp.c_proj.bias"), h, d, false, {}};
-  }
-  const auto modules = block_gemm_modules(cfg.family);
+  b.norm1 = norm(rc.norm_modules[0]);
+  b.norm2 = norm(rc.norm_modules[1]);
+  b.qkv = linear(m[0], d, qkv_width);
+  b.proj = linear(m[1], q_width, d);
+  b.ff_in = linear(m[2], d, rc.ff_in_factor() * h);
+  b.ff_out = linear(m[3], h, d);
   Linear* gemms[] = {&b.qkv, &b.proj, &b.ff_in, &b.ff_out};
-  for (size_t g = 0; g < modules.size(); ++g) adapters(*gemms[g], modules[g]);
+  for (size_t g = 0; g < m.size(); ++g) adapters(*gemms[g], m[g]);
   return b;
 }
 
@@ -486,7 +489,7 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
 void Model::Impl::mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64_t rows,
                                  MemCategory category) {
   ensure(act, {rows, hidden}, dt, category);
-  if (cfg.family == Family::llama) {
+  if (cfg.recipe().feed_forward == FeedForward::swiglu) {
     backend.swiglu_forward(pre.data<float>(), dt, act.raw(), rows, hidden);
   } else {
     backend.gelu_forward(pre.data<float>(), dt, act.raw(), rows * hidden);
@@ -510,7 +513,7 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   const Tensor* dy = &full_residual_grad(rows);
   const void* dres_c = residual_grad_compute(dt, *dy, rows);
   linear_backward(b.ff_out, dt, dres_c, dy->data<float>(), a.ff_act.raw(), rows, dff, nullptr);
-  if (cfg.family == Family::llama) {
+  if (cfg.recipe().feed_forward == FeedForward::swiglu) {
     backend.swiglu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows, h);
   } else {
     backend.gelu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * h);

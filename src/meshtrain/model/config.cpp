@@ -14,13 +14,50 @@
 
 namespace meshtrain {
 
-std::string_view family_name(Family family) {
-  return family == Family::llama ? "llama" : "gpt2";
-}
+namespace {
+
+// Indexed by Family.
+const Recipe kRecipes[] = {
+    {.name = "llama",
+     .norm = NormKind::rms,
+     .feed_forward = FeedForward::swiglu,
+     .positions = Positions::rope,
+     .linear_bias = false,
+     .grouped_query = true,
+     .always_tied = false,
+     .conv1d = false,
+     .layer_prefix = "model.layers.{}.",
+     .norm_modules = {"input_layernorm", "post_attention_layernorm"},
+     .gemm_modules = {{{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"},
+                       {"self_attn.o_proj"},
+                       {"mlp.gate_proj", "mlp.up_proj"},
+                       {"mlp.down_proj"}}},
+     .lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+     .lora_default = {"q_proj", "v_proj"}},
+    {.name = "gpt2",
+     .norm = NormKind::layer,
+     .feed_forward = FeedForward::gelu,
+     .positions = Positions::learned,
+     .linear_bias = true,
+     .grouped_query = false,
+     .always_tied = true,
+     .conv1d = true,
+     .layer_prefix = "transformer.h.{}.",
+     .norm_modules = {"ln_1", "ln_2"},
+     .gemm_modules = {{{"attn.c_attn"}, {"attn.c_proj"}, {"mlp.c_fc"}, {"mlp.c_proj"}}},
+     .lora_targets = {"c_attn", "c_proj", "c_fc"},
+     .lora_default = {"c_attn"}},
+};
+
+}  // namespace
+
+const Recipe& recipe(Family family) { return kRecipes[static_cast<size_t>(family)]; }
+
+std::string_view family_name(Family family) { return recipe(family).name; }
 
 Family parse_family(std::string_view name) {
-  if (name == "llama") return Family::llama;
-  if (name == "gpt2") return Family::gpt2;
+  for (size_t i = 0; i < std::size(kRecipes); ++i)
+    if (kRecipes[i].name == name) return static_cast<Family>(i);
   fail("unknown model family '{}' (expected \"llama\" or \"gpt2\")", name);
 }
 
@@ -74,32 +111,34 @@ void ModelConfig::validate() const {
                   vocab_size);
   MESHTRAIN_CHECK(norm_eps > 0, "model.norm_eps: must be > 0, got {}", norm_eps);
   MESHTRAIN_CHECK(init_std > 0, "model.init_std: must be > 0, got {}", init_std);
-  if (family == Family::llama) {
+  const Recipe& r = recipe();
+  if (r.positions == Positions::rope) {
     MESHTRAIN_CHECK(head_dim() % 2 == 0,
                     "model.n_heads: head_dim {} (dim {} / n_heads {}) must be even for RoPE",
                     head_dim(), dim, n_heads);
     MESHTRAIN_CHECK(rope_theta > 0, "model.rope_theta: must be > 0, got {}", rope_theta);
-    const RopeScaling& r = rope_scaling;
-    if (r.type != RopeType::none) {
-      MESHTRAIN_CHECK(r.factor > 0, "model.rope_scaling.factor: must be > 0, got {}", r.factor);
+    const RopeScaling& s = rope_scaling;
+    if (s.type != RopeType::none) {
+      MESHTRAIN_CHECK(s.factor > 0, "model.rope_scaling.factor: must be > 0, got {}", s.factor);
     }
-    if (r.type == RopeType::llama3) {
-      MESHTRAIN_CHECK(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
+    if (s.type == RopeType::llama3) {
+      MESHTRAIN_CHECK(s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor,
                       "model.rope_scaling: llama3 needs 0 < low_freq_factor < high_freq_factor, "
-                      "got {} and {}", r.low_freq_factor, r.high_freq_factor);
-      MESHTRAIN_CHECK(r.original_max_seq > 0,
+                      "got {} and {}", s.low_freq_factor, s.high_freq_factor);
+      MESHTRAIN_CHECK(s.original_max_seq > 0,
                       "model.rope_scaling.original_max_seq: must be > 0, got {}",
-                      r.original_max_seq);
+                      s.original_max_seq);
     }
   } else {
     MESHTRAIN_CHECK(rope_scaling.type == RopeType::none,
-                    "model.rope_scaling: gpt2 has no RoPE (learned positions)");
-    MESHTRAIN_CHECK(n_kv_heads == n_heads,
-                    "model.n_kv_heads: gpt2 has no grouped-query attention, so it must equal "
-                    "n_heads {} (got {})",
-                    n_heads, n_kv_heads);
-    MESHTRAIN_CHECK(tie_embeddings, "model.tie_embeddings: gpt2 always ties its output layer");
+                    "model.rope_scaling: {} has no RoPE (learned positions)", r.name);
   }
+  MESHTRAIN_CHECK(r.grouped_query || n_kv_heads == n_heads,
+                  "model.n_kv_heads: {} has no grouped-query attention, so it must equal "
+                  "n_heads {} (got {})",
+                  r.name, n_heads, n_kv_heads);
+  MESHTRAIN_CHECK(!r.always_tied || tie_embeddings,
+                  "model.tie_embeddings: {} always ties its output layer", r.name);
   if (lora.rank != 0 || !lora.targets.empty()) {
     MESHTRAIN_CHECK(lora.rank >= 1, "lora.rank: must be >= 1 (0 or no [lora] section: no LoRA), got {}",
                     lora.rank);
@@ -116,18 +155,12 @@ void ModelConfig::validate() const {
   }
 }
 
-std::vector<std::string> lora_target_names(Family family) {
-  if (family == Family::llama) {
-    return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  }
-  return {"c_attn", "c_proj", "c_fc"};
-}
+std::vector<std::string> lora_target_names(Family family) { return recipe(family).lora_targets; }
 
 std::vector<std::string> lora_targets(const LoraConfig& lora, Family family) {
   if (!lora.enabled()) return {};
   if (!lora.targets.empty()) return lora.targets;
-  if (family == Family::llama) return {"q_proj", "v_proj"};
-  return {"c_attn"};
+  return recipe(family).lora_default;
 }
 
 std::string_view rope_type_name(RopeType type) {

@@ -1,6 +1,7 @@
 // Model shape for the two supported families and the named presets.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -13,6 +14,39 @@ namespace meshtrain {
 enum class Family { llama, gpt2 };
 std::string_view family_name(Family family);
 Family parse_family(std::string_view name);  // "llama" | "gpt2"
+
+enum class NormKind : uint8_t { rms, layer };          // RMSNorm (weight); LayerNorm (weight, bias)
+enum class FeedForward : uint8_t { swiglu, gelu };     // gated SwiGLU; GELU MLP (tanh approximation)
+enum class Positions : uint8_t { rope, learned };      // rotary; a learned table added to the input
+
+// What a family's model is made of, as data: the model, the planner and the
+// exporters read these instead of testing the family by name. A family is
+// its recipe plus its checkpoint name map (model/params.cpp, ckpt/hf.cpp).
+struct Recipe {
+  std::string_view name;
+  NormKind norm;
+  FeedForward feed_forward;
+  Positions positions;
+  bool linear_bias;          // every linear layer has a bias
+  bool grouped_query;        // n_kv_heads may be below n_heads
+  bool always_tied;          // the output layer is the token embedding, whatever tie_embeddings says
+  bool conv1d;               // linear weights stored [in, out] (GPT-2's Conv1D), else [out, in]
+  // The checkpoint name map of a block: its parameter names start with
+  // layer_prefix ({} = the layer); the two norms' modules (".weight", and
+  // ".bias" for a LayerNorm); the modules of its four GEMMs, in output order
+  // (qkv, attention output, feed-forward in, feed-forward out), whose
+  // weights (and biases) are stored one after another and run as one GEMM.
+  std::string_view layer_prefix;
+  std::array<std::string, 2> norm_modules;
+  std::array<std::vector<std::string>, 4> gemm_modules;
+  // LoRA: every target name (registry order) and the default targets.
+  std::vector<std::string> lora_targets, lora_default;
+  // The feed-forward's input projection's width over hidden_dim (gate and up: 2).
+  int64_t ff_in_factor() const { return feed_forward == FeedForward::swiglu ? 2 : 1; }
+  // f32 values a norm saves per row for its backward: rstd (and the mean).
+  int64_t norm_stats() const { return norm == NormKind::layer ? 2 : 1; }
+};
+const Recipe& recipe(Family family);
 
 // fp32: everything f32. bf16 / fp16: bf16 / f16 compute copies of matmul
 // weights and matmul inputs, f32 master weights, f32 gradients and f32 AdamW
@@ -111,6 +145,9 @@ struct ModelConfig {
   LoraConfig lora;              // off by default
 
   int64_t head_dim() const { return dim / n_heads; }
+  const Recipe& recipe() const { return meshtrain::recipe(family); }
+  // Whether the output layer is the token embedding.
+  bool tied_output() const { return recipe().always_tied || tie_embeddings; }
   // RoPE's inverse frequencies [head_dim / 2] (theta and scaling), computed in
   // float in the order of HF's rope init functions so angles match PyTorch's.
   std::vector<float> rope_frequencies() const;

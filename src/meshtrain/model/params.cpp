@@ -19,18 +19,11 @@ bool param_has_master(const ParamSpec& spec, Precision precision) {
 }
 
 std::string block_param_prefix(Family family, int64_t layer) {
-  return family == Family::llama ? fmt::format("model.layers.{}.", layer)
-                                 : fmt::format("transformer.h.{}.", layer);
+  return fmt::format(fmt::runtime(recipe(family).layer_prefix), layer);
 }
 
 std::array<std::vector<std::string>, 4> block_gemm_modules(Family family) {
-  if (family == Family::llama) {
-    return {{{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"},
-             {"self_attn.o_proj"},
-             {"mlp.gate_proj", "mlp.up_proj"},
-             {"mlp.down_proj"}}};
-  }
-  return {{{"attn.c_attn"}, {"attn.c_proj"}, {"mlp.c_fc"}, {"mlp.c_proj"}}};
+  return recipe(family).gemm_modules;
 }
 
 void init_parameter(const ParamSpec& spec, uint64_t seed, float* out) {

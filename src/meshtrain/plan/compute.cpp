@@ -106,7 +106,8 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
   const double h = static_cast<double>(c.dim), f = static_cast<double>(c.hidden_dim);
   const double q = static_cast<double>(c.n_heads * c.head_dim());
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
-  const bool llama = c.family == Family::llama;
+  const bool rope = c.recipe().positions == Positions::rope;
+  const bool swiglu = c.recipe().feed_forward == FeedForward::swiglu;
   const bool full = x.recompute == Recompute::full;
   OpsTime out;
   const double T = z.tokens, t = z.t, e = z.e;
@@ -115,7 +116,7 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
 
   out.add(streaming("norms (2)", 2 * 2 * z.norm_tokens * h * e, gpu, full));
   out.add(linear("qkv", h, (q + 2 * kv) / t, true, lc));
-  if (llama) out.add(streaming("rope", 2 * T * (q + kv) / t * e, gpu, full));
+  if (rope) out.add(streaming("rope", 2 * T * (q + kv) / t * e, gpu, full));
 
   if (x.attention == Attention::flash) {
     // Flash attention: causal, so half of the 4 b s^2 (heads x head_dim) FLOPs
@@ -152,13 +153,13 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
 
   out.add(linear("o-proj", q / t, h, all, lc));
   out.add(streaming("residuals (2)", 2 * 3 * z.norm_tokens * h * e, gpu, full));
-  out.add(linear(llama ? "gate|up" : "fc1", h, (llama ? 2 : 1) * f / t, all, lc));
+  out.add(linear(swiglu ? "gate|up" : "fc1", h, (swiglu ? 2 : 1) * f / t, all, lc));
   // SwiGLU reads gate and up and writes their product; GELU reads and writes.
-  // Selective recomputation (llama) keeps only gate|up and recomputes the product.
-  OpTime act = streaming(llama ? "swiglu" : "gelu", (llama ? 3 : 2) * T * f / t * e, gpu,
-                         full || (llama && x.recompute == Recompute::selective));
+  // Selective recomputation (SwiGLU) keeps only gate|up and recomputes the product.
+  OpTime act = streaming(swiglu ? "swiglu" : "gelu", (swiglu ? 3 : 2) * T * f / t * e, gpu,
+                         full || (swiglu && x.recompute == Recompute::selective));
   out.add(act);
-  out.add(linear(llama ? "down" : "fc2", f / t, h, all, lc));
+  out.add(linear(swiglu ? "down" : "fc2", f / t, h, all, lc));
   if (x.dropout) out.add(streaming("dropout (2)", 2 * z.norm_tokens * h * (2 * e + 1), gpu, full));
   return out;
 }

@@ -75,7 +75,7 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
   const double tokens = static_cast<double>(job.seq * l.micro_batch) / static_cast<double>(l.cp);
   const double sbh = tokens * static_cast<double>(ctx.model.dim);
   const double mlp_width = static_cast<double>(ctx.model.hidden_dim) *
-                           (ctx.model.family == Family::llama ? 2 : 1);
+                           static_cast<double>(ctx.model.recipe().ff_in_factor());
   mem.workspace = job.reserve_bytes + 2 * e * tokens * mlp_width / t +
                   (l.sequence_parallel ? e * sbh : 0);
   if (l.cp > 1) {  // one layer's K and V gathered over the whole sequence

@@ -62,7 +62,9 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   } else {
     const double kv = static_cast<double>(m.n_kv_heads * m.head_dim()) / h;
     const double f = static_cast<double>(m.hidden_dim) / h;
-    const double mlp = m.family == Family::llama ? (l.recompute == Recompute::selective ? 4 : 6) : 4;
+    const double mlp = m.recipe().feed_forward == FeedForward::swiglu
+                           ? (l.recompute == Recompute::selective ? 4 : 6)
+                           : 4;
     o += fmt::format(
         "  per layer = sbh x [({}{}){} + ({} + 4x{:.3g} + {}x{:.3g}) / t{}] = {} x {:.4g} = {}\n",
         8, j.dropout ? " + 2 masks" : "", l.sequence_parallel ? " / t" : "", 4, kv, mlp, f,

@@ -25,7 +25,7 @@ double lora_layer_params(const ModelConfig& c, const Finetune& f) {
   if (f.targets == LoraTargets::qv) return r * ((h + q) + (h + kv));
   double sum = r * ((h + q) + 2 * (h + kv) + (q + h));  // q, k, v, o
   const double mlp = r * (h + ffn);
-  sum += (c.family == Family::llama ? 3 : 2) * mlp;  // gate, up, down (or fc1, fc2)
+  sum += static_cast<double>(c.recipe().ff_in_factor() + 1) * mlp;  // gate, up, down (or fc1, fc2)
   return sum;
 }
 

@@ -88,7 +88,7 @@ double layer_activation_bytes(const ActivationShape& x) {
   const double whole = half * 8 * sbh + mask * 2 * sbh;
   // Gated MLP: gate|up (4sbf) and their product (2sbf); selective
   // recomputation recomputes the product from gate|up in backward.
-  const bool gated = x.model.family == Family::llama;
+  const bool gated = x.model.recipe().feed_forward == FeedForward::swiglu;
   const double mlp = gated ? (x.recompute == Recompute::selective ? 4 : 6) : 4;
   const double split = half * (4 * sbh + 4 * d.s * d.b * d.kv + mlp * d.s * d.b * d.f);
   const double core = (half * 2 + mask * (1 + 2 * half)) * d.a * d.s * d.full_seq * d.b;
@@ -162,8 +162,8 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   const double n = static_cast<double>(micro_batch * seq), d = static_cast<double>(c.dim);
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
   const double f = static_cast<double>(c.hidden_dim);
-  const double ff_in = c.family == Family::llama ? 2 * f : f;
-  const double stats = (c.family == Family::gpt2 ? 8 : 4) * n;  // rstd (+ mean) f32
+  const double ff_in = static_cast<double>(c.recipe().ff_in_factor()) * f;
+  const double stats = 4 * static_cast<double>(c.recipe().norm_stats()) * n;  // rstd (+ mean) f32
   const double probs = static_cast<double>(micro_batch * c.n_heads) * static_cast<double>(seq) *
                        static_cast<double>(seq);
   // What selective recomputation drops (model/recompute.cpp): norm outputs
@@ -198,7 +198,7 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   // RoPE's cos/sin tables.
   const double chunk = std::min(n, 256.0), vocab = static_cast<double>(c.vocab_size);
   m.workspace += chunk * vocab * (4 + (mixed ? 2 : 0)) + (mixed ? 0 : 4 * d * vocab);
-  if (c.family == Family::llama) {
+  if (c.recipe().positions == Positions::rope) {
     m.workspace += 4 * static_cast<double>(c.max_seq_len * c.head_dim());
   }
   return m;

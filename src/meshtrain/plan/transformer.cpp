@@ -8,18 +8,17 @@ TransformerCounts count_transformer(const ModelConfig& c) {
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
   const double vocab = static_cast<double>(c.vocab_size);
   TransformerCounts n;
-  if (c.family == Family::llama) {
-    n.layer_matmul_params = d * q + 2 * d * kv + q * d + 3 * d * f;  // q,k,v,o; gate, up, down
-    n.layer_params = n.layer_matmul_params + 2 * d;                  // two RMSNorm weights
-    n.embedding_params = vocab * d;
-    n.head_params = d + (c.tie_embeddings ? 0 : vocab * d);
-  } else {
-    n.layer_matmul_params = 3 * d * d + d * d + 2 * d * f;  // c_attn, c_proj, c_fc, c_proj
-    n.layer_params = n.layer_matmul_params + 4 * d          // two LayerNorms (weight, bias)
-                     + 3 * d + d + f + d;                   // the four linear biases
-    n.embedding_params = vocab * d + static_cast<double>(c.max_seq_len) * d;
-    n.head_params = 2 * d;
-  }
+  // From the recipe: q, k, v, o; the feed-forward's input (gate and up, or
+  // fc) and output; each norm's weight (and bias); the linear biases; the
+  // learned position table; the final norm and an untied output layer.
+  const Recipe& r = c.recipe();
+  const double ff_in = static_cast<double>(r.ff_in_factor()) * f;
+  const double norm = static_cast<double>(r.norm_stats()) * d;  // weight (+ bias)
+  n.layer_matmul_params = d * q + 2 * d * kv + q * d + d * ff_in + f * d;
+  n.layer_params = n.layer_matmul_params + 2 * norm + (r.linear_bias ? q + 2 * kv + d + ff_in + d : 0);
+  n.embedding_params =
+      vocab * d + (r.positions == Positions::learned ? static_cast<double>(c.max_seq_len) * d : 0);
+  n.head_params = norm + (c.tied_output() ? 0 : vocab * d);
   n.output_matmul_params = vocab * d;
   n.total_params = static_cast<double>(c.n_layers) * n.layer_params + n.embedding_params +
                    n.head_params;

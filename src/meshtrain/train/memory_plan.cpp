@@ -31,8 +31,8 @@ struct LocalShape {
   double r = 0;  // residual-stream rows on this rank (n / tp under sequence parallelism)
   double mb = 0, seq = 0, e = 4;  // e: bytes of the compute dtype
   double d = 0, q = 0, kv = 0, heads = 0, f = 0, ff_in = 0, vocab = 0;
-  bool gpt2 = false;
-  double stats(double rows) const { return (gpt2 ? 8 : 4) * rows; }  // rstd (+ mean) f32
+  double norm_stats = 1;  // f32 values a norm saves per row
+  double stats(double rows) const { return 4 * norm_stats * rows; }
 };
 
 LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
@@ -49,9 +49,9 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
   s.q = s.heads * static_cast<double>(c.head_dim());
   s.kv = static_cast<double>(c.n_kv_heads) / tp * static_cast<double>(c.head_dim());
   s.f = static_cast<double>(c.hidden_dim) / tp;
-  s.ff_in = c.family == Family::llama ? 2 * s.f : s.f;
+  s.ff_in = static_cast<double>(c.recipe().ff_in_factor()) * s.f;
   s.vocab = static_cast<double>(c.vocab_size) / tp;  // (padded: within a row per rank)
-  s.gpt2 = c.family == Family::gpt2;
+  s.norm_stats = static_cast<double>(c.recipe().norm_stats());
   return s;
 }
 
@@ -103,7 +103,7 @@ ChunkBytes chunk_bytes(const LocalShape& s, const RecomputePolicy& policy, int64
 
 // RoPE's cos and sin tables (Llama), allocated with the model.
 double rope_table_bytes(const ModelConfig& model) {
-  if (model.family != Family::llama) return 0;
+  if (model.recipe().positions != Positions::rope) return 0;
   return 4 * static_cast<double>(model.max_seq_len * model.head_dim());
 }
 
@@ -221,7 +221,9 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
   const DType dt = compute_dtype(config.train.precision);
   const BackendKind& kind = backend_kind(config.train.device);
   const int threads = run_threads(config);
-  const bool llama = config.model.family == Family::llama, tp = config.parallel.tp > 1;
+  // Weights stored [out, in] (nn.Linear) or [in, out] (Conv1D); biases or not.
+  const bool out_in = !config.model.recipe().conv1d, biased = config.model.recipe().linear_bias;
+  const bool tp = config.parallel.tp > 1;
   const auto n = static_cast<int64_t>(s.n), d = static_cast<int64_t>(s.d);
   size_t onednn = 0, staging = 0, attention = 0, classifier = 0;
   auto gemm = [&](const ops::MatmulDims& dims, bool accumulate = false, bool bias = false,
@@ -239,12 +241,12 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
     const bool dropping = config.model.lora.dropout > 0;
     for (const BlockGemm& l : gemms) {
       const bool adds = l.row_parallel && !tp;
-      gemm({.m = n, .n = l.out, .k = l.in, .trans_b = llama}, adds, !llama && (adds || !l.row_parallel));
-      // Backward: dW += dY^T X (llama) or X^T dY (GPT-2), unless frozen; then dX.
+      gemm({.m = n, .n = l.out, .k = l.in, .trans_b = out_in}, adds, biased && (adds || !l.row_parallel));
+      // Backward: dW += dY^T X ([out, in]) or X^T dY ([in, out]), unless frozen; then dX.
       if (l.trains) {
-        gemm({.m = llama ? l.out : l.in, .n = llama ? l.in : l.out, .k = n, .trans_a = true}, true);
+        gemm({.m = out_in ? l.out : l.in, .n = out_in ? l.in : l.out, .k = n, .trans_a = true}, true);
       }
-      gemm({.m = n, .n = l.in, .k = l.out, .trans_b = !llama});
+      gemm({.m = n, .n = l.in, .k = l.out, .trans_b = !out_in});
       // Each adapter: u = x A^T (a row-parallel A's partial in f32), y +=
       // scale u B^T (tp rank 0 only for a row-parallel one); backward du =
       // scale dY B, dx (+)= du A, dB += scale dY^T u, dA += du^T x.
@@ -373,8 +375,7 @@ double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& c
   const double embed = tied ? unit[0] : 0;
   double most = 0;
   for (size_t u = 0; u < head; ++u) most = std::max(most, unit[u] + (prefetch ? unit[u + 1] : 0));
-  const bool head_prefetches = config.model.family == Family::gpt2 || tied;
-  most = std::max(most, unit[head] + (head_prefetches ? unit[0] : 0));
+  most = std::max(most, unit[head] + (config.model.tied_output() ? unit[0] : 0));
   // Backward: the head, the tied embedding, the last layer prefetched.
   most = std::max(most, unit[head] + embed + (prefetch ? unit[head - 1] : 0));
   for (size_t u = head - 1; u >= 1; --u) {  // layers; unit 0 (the embedding) is counted once
@@ -405,7 +406,7 @@ double zero_reduce_peak(const zero::ZeroLayout& layout, const TrainConfig& confi
   const int stage = config.parallel.zero;
   const auto limit = static_cast<size_t>(config.parallel.max_inflight_reduces);
   const size_t head = layout.unit_flats.size() - 1;
-  const bool tied = config.model.family == Family::gpt2 || config.model.tie_embeddings;
+  const bool tied = config.model.tied_output();
   struct Call {
     double bytes = 0;  // the send buffer (stages 2/3) and the receive shard
   };

@@ -187,7 +187,7 @@ std::vector<size_t> ShardedDataParallel::predicted_param_schedule() const {
     return order;
   }
   const ModelConfig& c = model_.config();
-  const bool tied = c.family == Family::gpt2 || c.tie_embeddings;
+  const bool tied = c.tied_output();
   if (tied) add(0);
   for (size_t u = units - 2; u >= 1; --u) add(u);
   if (!tied) add(0);
@@ -327,7 +327,7 @@ size_t ShardedDataParallel::prefetch_target(size_t unit, UnitPass pass) const {
   if (unit + 1 < layout_.unit_flats.size()) return unit + 1;
   // The head's forward: with tied embeddings the token embedding is the output layer next.
   const ModelConfig& c = model_.config();
-  return c.family == Family::gpt2 || c.tie_embeddings ? 0 : kNone;
+  return c.tied_output() ? 0 : kNone;
 }
 
 void ShardedDataParallel::before(size_t unit, UnitPass pass) {
