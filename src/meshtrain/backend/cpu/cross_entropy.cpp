@@ -22,7 +22,7 @@ int64_t chunk_rows(int64_t rows, int64_t requested) {
   return std::max<int64_t>(1, std::min(rows, requested > 0 ? requested : kDefaultChunkRows));
 }
 
-// The GEMMs of one chunk of n rows: logits, d(h), d(W)^T (accumulated).
+// The GEMMs of one chunk of n rows: logits, d(h), and d(W) or d(W)^T (accumulated).
 MatmulDims logits_gemm(int64_t n, int64_t dim, int64_t V) { return {1, n, V, dim, false, true, false}; }
 MatmulDims dh_gemm(int64_t n, int64_t dim, int64_t V) { return {1, n, dim, V, false, false, false}; }
 MatmulDims dw_gemm(int64_t n, int64_t dim, int64_t V) { return {1, V, dim, n, true, false, false}; }
