@@ -153,7 +153,8 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
 
   out.add(linear("o-proj", q / t, h, all, lc));
   out.add(streaming("residuals (2)", 2 * 3 * z.norm_tokens * h * e, gpu, full));
-  out.add(linear(swiglu ? "gate|up" : "fc1", h, (swiglu ? 2 : 1) * f / t, all, lc));
+  out.add(linear(swiglu ? "gate|up" : "fc1", h,
+                 static_cast<double>(c.recipe().ff_in_factor()) * f / t, all, lc));
   // SwiGLU reads gate and up and writes their product; GELU reads and writes.
   // Selective recomputation (SwiGLU) keeps only gate|up and recomputes the product.
   OpTime act = streaming(swiglu ? "swiglu" : "gelu", (swiglu ? 3 : 2) * T * f / t * e, gpu,

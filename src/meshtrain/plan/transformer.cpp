@@ -13,7 +13,7 @@ TransformerCounts count_transformer(const ModelConfig& c) {
   // learned position table; the final norm and an untied output layer.
   const Recipe& r = c.recipe();
   const double ff_in = static_cast<double>(r.ff_in_factor()) * f;
-  const double norm = static_cast<double>(r.norm_stats()) * d;  // weight (+ bias)
+  const double norm = (r.norm == NormKind::layer ? 2 : 1) * d;  // weight (+ bias)
   n.layer_matmul_params = d * q + 2 * d * kv + q * d + d * ff_in + f * d;
   n.layer_params = n.layer_matmul_params + 2 * norm + (r.linear_bias ? q + 2 * kv + d + ff_in + d : 0);
   n.embedding_params =

@@ -34,9 +34,7 @@ MatmulDims dw_t_gemm(int64_t n, int64_t dim, int64_t V) { return {1, dim, V, n, 
 // vocabulary), and the whole classifier 5–8% faster (docs/benchmarks.md). In
 // bf16 / f16 the whole classifier measured no faster, so the buffer is not
 // worth its memory there.
-bool transposed_dw(const ClassifierArgs& args) {
-  return args.dw != nullptr && args.compute == DType::f32;
-}
+bool transposed_dw(DType compute, bool trains_w) { return trains_w && compute == DType::f32; }
 
 // dst[j, i] += src[i, j] for src [rows, cols]: tiles of 16 x 16 so both
 // sides are read in cache lines; each dst element is written by one thread.
@@ -138,7 +136,7 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
       if (t >= 0) row[t] = target_grad;
     }
   };
-  float* dw_t = transposed_dw(args)
+  float* dw_t = transposed_dw(args.compute, args.dw != nullptr)
                     ? static_cast<float*>(impl.scratch(Scratch::dw_t, dim * V * sizeof(float)))
                     : nullptr;
 
@@ -186,12 +184,13 @@ ops::ClassifierWorkspace classifier_workspace(int64_t rows, int64_t dim, int64_t
   ops::ClassifierWorkspace w;
   if (rows <= 0) return w;
   const int64_t chunk = chunk_rows(rows, 0);
+  const bool transposed = transposed_dw(compute, trains_w);
   for (const int64_t n : {chunk, rows % chunk}) {
     if (n == 0) continue;
     std::vector<std::pair<MatmulDims, bool>> gemms = {{logits_gemm(n, dim, vocab), false},
                                                       {dh_gemm(n, dim, vocab), false}};
     if (trains_w)
-      gemms.push_back({compute == DType::f32 ? dw_t_gemm(n, dim, vocab) : dw_gemm(n, dim, vocab), true});
+      gemms.push_back({transposed ? dw_t_gemm(n, dim, vocab) : dw_gemm(n, dim, vocab), true});
     for (const auto& [dims, accumulate] : gemms) {
       const MatmulWorkspace g = matmul_workspace(dims, compute, DType::f32, threads, 1.0f, accumulate);
       w.gemms.scratchpad = std::max(w.gemms.scratchpad, g.scratchpad);
@@ -201,7 +200,7 @@ ops::ClassifierWorkspace classifier_workspace(int64_t rows, int64_t dim, int64_t
   const auto elems = static_cast<size_t>(chunk * vocab);
   w.buffers = elems * sizeof(float);
   if (compute != DType::f32) w.buffers += elems * dtype_size(compute);
-  if (trains_w && compute == DType::f32) w.buffers += static_cast<size_t>(dim * vocab) * sizeof(float);
+  if (transposed) w.buffers += static_cast<size_t>(dim * vocab) * sizeof(float);
   return w;
 }
 
