@@ -3,8 +3,9 @@
 # behaviour) train the same runs: every rank's losses, gradient norms and
 # validation losses must be identical and the final checkpoints' tensors the
 # same bytes. Runs: one rank fp32, bf16 and fp16; dp 2 ZeRO-3 with disk offload;
-# tp 2 + sequence parallel; pp 2 interleaved (2 virtual stages); LoRA + SFT.
-# llama-tiny (4 layers) on random byte tokens, 12 steps.
+# tp 2 + sequence parallel (llama, and GPT-2 for learned positions and
+# biases); pp 2 interleaved (2 virtual stages); LoRA + SFT, without and with
+# adapter dropout. llama-tiny (4 layers) on random byte tokens, 12 steps.
 # usage: bench/ab_traces.sh BIN_A BIN_B
 set -euo pipefail
 A=$1 B=$2
@@ -34,6 +35,8 @@ tokenizer = "bytes"
 train = "$work/train.bin"
 val = "$work/val.bin"
 TOML
+sed -e 's/^preset = "llama-tiny"$/family = "gpt2"\ndim = 64\nn_heads = 4\nhidden_dim = 256\nvocab_size = 256\nmax_seq_len = 128/' \
+  "$work/run.toml" >"$work/gpt2.toml"
 cat >"$work/sft.toml" <<TOML
 [model]
 preset = "llama-tiny"
@@ -67,8 +70,10 @@ runs=(
   "fp16 1 run.toml --train.precision fp16"
   "dp2_zero3_disk 2 run.toml --parallel.zero 3 --parallel.offload disk --parallel.offload_dir OUT/offload"
   "tp2_sp 2 run.toml --parallel.tp 2 --parallel.sequence_parallel true"
+  "gpt2_tp2_sp 2 gpt2.toml --parallel.tp 2 --parallel.sequence_parallel true"
   "pp2_interleaved 2 run.toml --parallel.pp 2 --parallel.schedule interleaved --parallel.virtual_stages 2"
   "lora_sft 1 sft.toml"
+  "lora_dropout 1 sft.toml --lora.dropout 0.1"
 )
 failed=0
 for spec in "${runs[@]}"; do

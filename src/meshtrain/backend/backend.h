@@ -85,6 +85,16 @@ class Backend {
   virtual void gelu_backward(const float* x, const float* dy, DType grad_dtype, void* dx,
                              int64_t n) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;  // x += y
+  virtual void mul_inplace(float* x, const float* y, int64_t n) = 0;  // x *= y (a dropout mask)
+  // x += a * b, elementwise.
+  virtual void add_product(float* x, const float* a, const float* b, int64_t n) = 0;
+  // out[r, j] = residual[r, j] + (y[r, j] + bias[j]) (bias nullptr: + 0): a
+  // row-parallel layer's reduced output joining the residual stream.
+  virtual void residual_add(const float* residual, const float* y, const float* bias, float* out,
+                            int64_t rows, int64_t n) = 0;
+  // dst = src converted from `from` to `to` (round to nearest even, as the
+  // allocator's copy); both in this device's memory. Float dtypes only.
+  virtual void convert(DType from, const void* src, DType to, void* dst, int64_t n) = 0;
   // dbias[j] += sum_r dy[r, j], in a fixed order.
   virtual void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) = 0;
 

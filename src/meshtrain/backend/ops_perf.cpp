@@ -182,6 +182,15 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
         {"add_inplace", "n=" + std::to_string(rows * d), 0, n * 12, dt, [&be, &dx, &dy, rows, d] {
            be.add_inplace(dx.data<float>(), dy.data<float>(), rows * d);
          }});
+    cases.push_back({"residual_add", "rows=" + std::to_string(rows) + " dim=" + std::to_string(d),
+                     0, n * 12, dt, [&be, &x, &dy, &w, &dx, rows, d] {
+                       be.residual_add(x.data<float>(), dy.data<float>(), w.data<float>(),
+                                       dx.data<float>(), rows, d);
+                     }});
+    cases.push_back({"convert", "n=" + std::to_string(rows * d) + " f32->" + name, 0,
+                     n * (4 + esize), dt, [&be, &x, &y, rows, d, dt] {
+                       be.convert(DType::f32, x.raw(), dt, y.raw(), rows * d);
+                     }});
   }
   {
     const int64_t h = s.hidden;

@@ -31,6 +31,8 @@ Elem elem(DType dtype) {
       return Elem::bf16;
     case DType::f16:
       return Elem::f16;
+    case DType::i32:
+      return Elem::i32;
     default:
       return Elem::f32;
   }
@@ -468,21 +470,77 @@ void add_elementwise_cases(std::vector<OpCase>& cases, Random& rng) {
                              for (size_t i = 0; i < out.size(); ++i) out[i] += dout[i];
                              return Outputs{{"x", out}};
                            }});
+    const Vec mask = rounded(rng.uniform(n, 0, 2), DType::f32);
+    cases.push_back(OpCase{"mul_inplace", fmt::format("n={}", n), max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto X = p.upload("x", DType::f32, x0),
+                                  Y = p.upload("y", DType::f32, mask);
+                             p.backend().mul_inplace(X.as<float>(), Y.as<float>(), n);
+                             return Outputs{{"x", p.download(X)}};
+                           },
+                           [=] {
+                             Vec out = x0;
+                             for (size_t i = 0; i < out.size(); ++i) out[i] *= mask[i];
+                             return Outputs{{"x", out}};
+                           }});
+    cases.push_back(OpCase{"add_product", fmt::format("n={}", n), max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto X = p.upload("x", DType::f32, x0),
+                                  A = p.upload("a", DType::f32, mask),
+                                  B = p.upload("b", DType::f32, dout);
+                             p.backend().add_product(X.as<float>(), A.as<float>(), B.as<float>(),
+                                                     n);
+                             return Outputs{{"x", p.download(X)}};
+                           },
+                           [=] {
+                             Vec out = x0;
+                             for (size_t i = 0; i < out.size(); ++i) out[i] += mask[i] * dout[i];
+                             return Outputs{{"x", out}};
+                           }});
+    for (bool with_bias : {false, true}) {
+      cases.push_back(OpCase{
+          "residual_add", fmt::format("rows={} n={}{}", rows, hidden, with_bias ? " bias" : ""),
+          max_nmse(DType::f32),
+          [=](Probe& p) {
+            auto R = p.upload("residual", DType::f32, x0), Y = p.upload("y", DType::f32, dout);
+            auto B = p.upload("bias", DType::f32, bias0), O = p.upload("out", DType::f32, Vec(x0.size()));
+            p.backend().residual_add(R.as<float>(), Y.as<float>(),
+                                     with_bias ? B.as<float>() : nullptr, O.as<float>(), rows,
+                                     hidden);
+            return Outputs{{"out", p.download(O)}};
+          },
+          [=] {
+            Vec out(x0.size());
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t j = 0; j < hidden; ++j) {
+                const auto i = static_cast<size_t>(r * hidden + j);
+                out[i] = x0[i] + dout[i] + (with_bias ? bias0[static_cast<size_t>(j)] : 0.0);
+              }
+            }
+            return Outputs{{"out", out}};
+          }});
+    }
     // The allocator's moves: copy within the device, converting between every
-    // pair of dtypes (the reference rounds once, to the destination), and zero.
+    // pair of dtypes (the reference rounds once, to the destination), and zero;
+    // the same conversion as the backend's convert op on raw pointers.
     for (DType from : {DType::f32, DType::bf16, DType::f16}) {
       for (DType to : {DType::f32, DType::bf16, DType::f16}) {
         const Vec src = rounded(x0, from);
-        cases.push_back(OpCase{"copy",
-                               fmt::format("n={} {}->{}", n, dtype_name(from), dtype_name(to)),
-                               max_nmse(DType::f32),
-                               [=](Probe& p) {
-                                 auto S = p.upload("src", from, src);
-                                 auto D = p.upload("dst", to, Vec(src.size()));
-                                 D.view().copy_from(S.view());
-                                 return Outputs{{"dst", p.download(D)}};
-                               },
-                               [=] { return Outputs{{"dst", rounded(src, to)}}; }});
+        const std::string pair = fmt::format("n={} {}->{}", n, dtype_name(from), dtype_name(to));
+        for (bool op : {false, true}) {
+          cases.push_back(OpCase{op ? "convert" : "copy", pair, max_nmse(DType::f32),
+                                 [=](Probe& p) {
+                                   auto S = p.upload("src", from, src);
+                                   auto D = p.upload("dst", to, Vec(src.size()));
+                                   if (op) {
+                                     p.backend().convert(from, S.data(), to, D.data(), n);
+                                   } else {
+                                     D.view().copy_from(S.view());
+                                   }
+                                   return Outputs{{"dst", p.download(D)}};
+                                 },
+                                 [=] { return Outputs{{"dst", rounded(src, to)}}; }});
+        }
       }
     }
     cases.push_back(OpCase{"zero", fmt::format("n={}", n), max_nmse(DType::f32),

@@ -27,6 +27,7 @@ std::string_view torch_dtype_name(DType dtype) {
     case DType::f32: return "float32";
     case DType::bf16: return "bfloat16";
     case DType::f16: return "float16";
+    case DType::i32: return "int32";
   }
   return "float32";
 }

@@ -142,6 +142,7 @@ StDType to_st_dtype(DType dtype) {
     case DType::f32: return StDType::F32;
     case DType::bf16: return StDType::BF16;
     case DType::f16: return StDType::F16;
+    case DType::i32: return StDType::I32;
   }
   return StDType::F32;
 }

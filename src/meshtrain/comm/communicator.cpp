@@ -35,6 +35,7 @@ CommDType comm_dtype(DType dtype) {
     case DType::f32: return CommDType::f32;
     case DType::bf16: return CommDType::bf16;
     case DType::f16: return CommDType::f16;
+    case DType::i32: return CommDType::i32;
   }
   fail("comm: dtype {} is not supported by the communicator", dtype_name(dtype));
 }

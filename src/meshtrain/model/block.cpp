@@ -160,6 +160,13 @@ ops::AttentionDims Model::Impl::attention_dims(int64_t batch, int64_t seq) const
   return ops::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim(), row_positions};
 }
 
+const int32_t* Model::Impl::upload(Tensor& slot, const int32_t* host, int64_t n) {
+  if (host == nullptr) return nullptr;
+  ensure(slot, {n}, DType::i32, MemCategory::workspace);
+  backend.copy_from_host(host, slot);
+  return slot.data<int32_t>();
+}
+
 void Model::Impl::ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const {
   if (!t.defined() || t.shape() != shape || t.dtype() != dtype) {
     t = Tensor();  // free first, so the peak does not count both
@@ -269,8 +276,9 @@ void Model::Impl::lora_dropout_mask(const Linear& lin, const LoraAdapter& ad, in
   const int64_t in = lin.in, in_global = a.split.global_shape[1];
   const int64_t j0 = ad.row_parallel ? static_cast<int64_t>(tp.rank()) * in : 0, seq = dropout.seq;
   const float p = cfg.lora.dropout, keep = 1.0f / (1.0f - p);
-  ensure(ws.lora_mask, {rows, in}, DType::f32, MemCategory::workspace);
-  float* mask = ws.lora_mask.data<float>();
+  // Drawn on the host (the counter-based stream is host code) and uploaded.
+  dropout.mask.resize(static_cast<size_t>(rows * in));
+  float* mask = dropout.mask.data();
   const int64_t* samples = dropout.samples.data();
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < rows; ++row) {
@@ -280,6 +288,8 @@ void Model::Impl::lora_dropout_mask(const Linear& lin, const LoraAdapter& ad, in
       mask[row * in + j] = uniform_at(key, index) >= p ? keep : 0.0f;
     }
   }
+  ensure(ws.lora_mask, {rows, in}, DType::f32, MemCategory::workspace);
+  backend.copy_from_host(mask, ws.lora_mask);
 }
 
 const void* Model::Impl::lora_dropped_input(const Linear& lin, const LoraAdapter& ad, DType dt,
@@ -289,10 +299,8 @@ const void* Model::Impl::lora_dropped_input(const Linear& lin, const LoraAdapter
   const int64_t n = rows * lin.in;
   ensure(ws.lora_x32, {rows, lin.in}, DType::f32, MemCategory::workspace);
   float* xd = ws.lora_x32.data<float>();
-  convert(dt, x, DType::f32, xd, static_cast<size_t>(n));
-  const float* mask = ws.lora_mask.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) xd[i] *= mask[i];
+  backend.convert(dt, x, DType::f32, xd, n);
+  backend.mul_inplace(xd, ws.lora_mask.data<float>(), n);
   if (dt == DType::f32) return xd;
   ensure(ws.lora_x, {rows, lin.in}, dt, MemCategory::workspace);
   ws.lora_x.copy_from(ws.lora_x32);
@@ -348,7 +356,7 @@ void Model::Impl::lora_backward_input(const Linear& lin, DType dt, const void* d
     const void* du_c = du;
     if (dt != DType::f32) {
       ensure(ws.lora_du_c, {rows, r}, dt, MemCategory::workspace);
-      convert(DType::f32, du, dt, ws.lora_du_c.raw(), static_cast<size_t>(rows * r));
+      backend.convert(DType::f32, du, dt, ws.lora_du_c.raw(), rows * r);
       du_c = ws.lora_du_c.raw();
     }
     if (!dropping()) {
@@ -361,10 +369,7 @@ void Model::Impl::lora_backward_input(const Linear& lin, DType dt, const void* d
     float* t = ws.lora_x32.data<float>();
     backend.matmul({.m = rows, .n = lin.in, .k = r}, dt, du_c, weight(ad.a, dt), DType::f32, t);
     lora_dropout_mask(lin, ad, rows);
-    const float* mask = ws.lora_mask.data<float>();
-    const int64_t n = rows * lin.in;
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < n; ++k) dx[k] += mask[k] * t[k];
+    backend.add_product(dx, ws.lora_mask.data<float>(), t, rows * lin.in);
   }
 }
 
@@ -389,7 +394,7 @@ void Model::Impl::lora_backward_weight(const Linear& lin, DType dt, const void* 
     const void* du_c = du;
     if (dt != DType::f32) {
       ensure(ws.lora_du_c, {rows, r}, dt, MemCategory::workspace);
-      convert(DType::f32, du, dt, ws.lora_du_c.raw(), static_cast<size_t>(rows * r));
+      backend.convert(DType::f32, du, dt, ws.lora_du_c.raw(), rows * r);
       du_c = ws.lora_du_c.raw();
     }
     backend.matmul({.m = r, .n = lin.in, .k = rows, .trans_a = true}, dt, du_c,
@@ -429,7 +434,7 @@ void Model::Impl::linear_backward_weight(const Linear& lin, DType dt, const void
         if (dt == DType::f32) {
           dy_f32 = static_cast<const float*>(dy);
         } else {
-          convert(dt, dy, DType::f32, scratch, static_cast<size_t>(rows * lin.out));
+          backend.convert(dt, dy, DType::f32, scratch, rows * lin.out);
           dy_f32 = scratch;
         }
       }

@@ -175,15 +175,19 @@ Tensor& Model::flat_grad() {
 
 void Model::init_weights(uint64_t seed) {
   require_flat("init_weights");
+  // Drawn on the host, uploaded through the backend.
   std::vector<float> values;
+  std::vector<char> narrow;
   for (Parameter& p : params_) {
+    values.resize(static_cast<size_t>(p.spec.numel()));
+    init_parameter(p.spec, seed, values.data());
     if (p.master.defined()) {
-      init_parameter(p.spec, seed, p.master.data<float>());
+      backend_.copy_from_host(values.data(), p.master);
       continue;
     }
-    values.resize(static_cast<size_t>(p.spec.numel()));  // a frozen compute-only weight
-    init_parameter(p.spec, seed, values.data());
-    convert(DType::f32, values.data(), p.compute.dtype(), p.compute.raw(), values.size());
+    narrow.resize(p.compute.bytes());  // a frozen compute-only weight
+    convert(DType::f32, values.data(), p.compute.dtype(), narrow.data(), values.size());
+    backend_.copy_from_host(narrow.data(), p.compute);
   }
   sync_compute_weights();
 }
@@ -191,20 +195,33 @@ void Model::init_weights(uint64_t seed) {
 namespace {
 
 // The value views of state-space elements [offset, offset + count): an f32
-// master, or (a frozen mixed-precision weight) its compute copy, converted.
-// to_model: copy `values` into the model, else out of it.
-void copy_values(std::vector<Parameter>& params, int64_t total, int64_t offset, int64_t count,
-                 float* values, bool to_model) {
+// master, or (a frozen mixed-precision weight) its compute copy, converted on
+// the host. to_model: copy `values` into the model, else out of it.
+void copy_values(Backend& backend, std::vector<Parameter>& params, int64_t total, int64_t offset,
+                 int64_t count, float* values, bool to_model) {
   MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= total,
                   "model: state range [{}, {}) outside {} elements", offset, offset + count,
                   total);
+  if (!to_model) backend.synchronize();
+  std::vector<char> narrow;
   for_each_state_run(params, offset, count, [&](Parameter& p, int64_t at, int64_t n, int64_t pos) {
-    const Tensor& view = p.master.defined() ? p.master : p.compute;
-    char* mine = static_cast<char*>(view.raw()) + static_cast<size_t>(at) * dtype_size(view.dtype());
+    const Tensor& value = p.master.defined() ? p.master : p.compute;
+    const Tensor run = value.view(at, {n});
+    if (value.dtype() == DType::f32) {
+      if (to_model) {
+        backend.copy_from_host(values + pos, run);
+      } else {
+        backend.copy_to_host(run, values + pos);
+      }
+      return;
+    }
+    narrow.resize(run.bytes());
     if (to_model) {
-      convert(DType::f32, values + pos, view.dtype(), mine, static_cast<size_t>(n));
+      convert(DType::f32, values + pos, run.dtype(), narrow.data(), static_cast<size_t>(n));
+      backend.copy_from_host(narrow.data(), run);
     } else {
-      convert(view.dtype(), mine, DType::f32, values + pos, static_cast<size_t>(n));
+      backend.copy_to_host(run, narrow.data());
+      convert(run.dtype(), narrow.data(), DType::f32, values + pos, static_cast<size_t>(n));
     }
   });
 }
@@ -213,12 +230,12 @@ void copy_values(std::vector<Parameter>& params, int64_t total, int64_t offset, 
 
 void Model::read_values(int64_t offset, int64_t count, float* out) {
   require_flat("read_values");
-  copy_values(params_, num_params_, offset, count, out, false);
+  copy_values(backend_, params_, num_params_, offset, count, out, false);
 }
 
 void Model::write_values(int64_t offset, int64_t count, const float* in) {
   require_flat("write_values");
-  copy_values(params_, num_params_, offset, count, const_cast<float*>(in), true);
+  copy_values(backend_, params_, num_params_, offset, count, const_cast<float*>(in), true);
 }
 
 void Model::copy_master_to_host(const Parameter& p, float* dst) const {
@@ -263,7 +280,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
                                int64_t seq, float grad_scale, const int32_t* positions) {
   require_whole("forward_backward");
   Impl& m = *impl_;
-  const Impl::PassPositions pass(m, positions);
+  const Impl::PassPositions pass(m, positions, batch * seq);
   const bool drop = config_.lora.enabled() && config_.lora.dropout > 0;
   MESHTRAIN_CHECK(!drop || static_cast<int64_t>(m.dropout.samples.size()) == batch,
                   "model: lora.dropout needs set_lora_dropout with the sample index of each of "
@@ -319,7 +336,7 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
                            int64_t seq, const int32_t* positions) {
   require_whole("forward_loss");
   Impl& m = *impl_;
-  const Impl::PassPositions pass(m, positions);
+  const Impl::PassPositions pass(m, positions, batch * seq);
   const DType dt = compute_dtype(precision_);
   m.check_tokens(targets, batch * seq, true, "target");
   Activations acts;
@@ -335,29 +352,32 @@ void Model::forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, fl
                            const int32_t* positions) {
   require_whole("forward_logits");
   Impl& m = *impl_;
-  const Impl::PassPositions pass(m, positions);
+  const Impl::PassPositions pass(m, positions, batch * seq);
   const DType dt = compute_dtype(precision_);
   Activations acts;
   const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);
   m.head_forward(acts, last, dt, [&] {
     const int64_t rows = batch * seq;
-    if (!tp_.active()) {
-      ops::MatmulDims dims{.m = rows, .n = config_.vocab_size, .k = config_.dim, .trans_b = true};
-      backend_.matmul(dims, dt, acts.hn.raw(), m.weight(m.output, dt), DType::f32, logits);
-      return;
-    }
-    // This rank's vocabulary columns, then every rank's slices into place.
+    // This rank's vocabulary columns (all of them without tp), then every
+    // rank's slices, copied to the host and into place.
     const int64_t vl = m.vocab_rows, n = tp_.size();
     Tensor local = backend_.allocate({n, rows, vl}, DType::f32, MemCategory::workspace);
-    float* mine = local.data<float>() + tp_.rank() * rows * vl;
     ops::MatmulDims dims{.m = rows, .n = vl, .k = config_.dim, .trans_b = true};
-    backend_.matmul(dims, dt, acts.head_input, m.weight(m.output, dt), DType::f32, mine);
-    tp_all_gather_rows(tp_, local.raw(), rows, vl, DType::f32);
+    backend_.matmul(dims, dt, acts.head_input, m.weight(m.output, dt), DType::f32,
+                    local.data<float>() + tp_.rank() * rows * vl);
+    if (tp_.active()) tp_all_gather_rows(tp_, local.raw(), rows, vl, DType::f32);
+    backend_.synchronize();
+    if (!tp_.active()) {
+      backend_.copy_to_host(local, logits);
+      return;
+    }
+    std::vector<float> slices(static_cast<size_t>(local.numel()));
+    backend_.copy_to_host(local, slices.data());
     const TensorSplit& split = params_[m.output].spec.split;
     for (int r = 0; r < n; ++r) {
       const int64_t valid = split.for_rank(r).chunk_valid(), first = r * split.chunk();
       for (int64_t i = 0; valid > 0 && i < rows; ++i) {
-        const float* src = local.data<float>() + (r * rows + i) * vl;
+        const float* src = slices.data() + (r * rows + i) * vl;
         std::copy(src, src + valid, logits + i * config_.vocab_size + first);
       }
     }
@@ -408,8 +428,12 @@ void Model::decode(const int32_t* tokens, int64_t batch, int64_t n_new, KVCache&
     for (int64_t b = 0; b < batch; ++b) {
       last.view(b * d, {d}).copy_from(acts.hn.view((b * n_new + n_new - 1) * d, {d}));
     }
+    Tensor logits = backend_.allocate({batch, config_.vocab_size}, DType::f32,
+                                      MemCategory::workspace);
     ops::MatmulDims dims{.m = batch, .n = config_.vocab_size, .k = d, .trans_b = true};
-    backend_.matmul(dims, DType::f32, last.raw(), m.master(m.output), DType::f32, last_logits);
+    backend_.matmul(dims, DType::f32, last.raw(), m.master(m.output), DType::f32, logits.raw());
+    backend_.synchronize();
+    backend_.copy_to_host(logits, last_logits);
   });
   cache.length += n_new;
 }

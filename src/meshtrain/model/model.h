@@ -1,5 +1,7 @@
-// A decoder-only transformer (Llama or GPT-2 family) with explicit forward and
-// backward passes on the CPU backend.
+// A decoder-only transformer (any family's recipe) with explicit forward and
+// backward passes on a Backend. The passes take and return host arrays (ids,
+// logits, stage activations) and copy them to and from the backend's device
+// explicitly; parameters, gradients and activations stay on the device.
 #pragma once
 
 #include <cstdint>

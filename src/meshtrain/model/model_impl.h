@@ -108,6 +108,10 @@ struct Workspace {
   Tensor lora_mask;  // f32 [N, in]: an adapter's dropout factors (0 or 1 / (1 - p))
   Tensor lora_x32;   // f32 [N, in]: its dropped input, or d(input) before the mask
   Tensor lora_x;     // dt [N, in]: the dropped input in the compute dtype (mixed precision)
+  // The pass's ids in device memory, uploaded from the caller's host arrays
+  // when an op reads them (Impl::upload): i32 [N].
+  Tensor tokens, targets, positions;
+  Tensor position_ids;  // i32 [N / tp]: this rank's rows' positions (tp, learned positions)
 };
 
 struct Model::Impl {
@@ -147,7 +151,11 @@ struct Model::Impl {
                               DType dt, bool keep_all, KVCache* cache = nullptr);
   // The embedding's lookup over this rank's vocabulary slice (all of it
   // without tp), positions from pos0 or row_positions.
-  ops::EmbeddingDims embedding_dims(int64_t batch, int64_t seq, int64_t pos0) const;
+  ops::EmbeddingDims embedding_dims(int64_t batch, int64_t seq, int64_t pos0,
+                                    const int32_t* pos_ids) const;
+  // Host ids [n] copied into `slot` (i32, on the backend's device); returns
+  // its data, or nullptr for nullptr. Every id an op reads comes this way.
+  const int32_t* upload(Tensor& slot, const int32_t* host, int64_t n);
   // Final norm of `last` into acts.hn, then `classifier` (reads the output
   // layer), within the inference head hooks.
   template <typename Classifier>
@@ -253,11 +261,16 @@ struct Model::Impl {
                                       DType dt);
 
   // The running pass's per-token record positions (Model::forward_backward),
-  // or nullptr; set by the public passes through PassPositions.
+  // or nullptr: the caller's host array and its upload (ws.positions); set by
+  // the public passes through PassPositions.
+  const int32_t* row_positions_host = nullptr;
   const int32_t* row_positions = nullptr;
   struct PassPositions {
-    PassPositions(Impl& impl, const int32_t* p) : m(impl) { m.row_positions = p; }
-    ~PassPositions() { m.row_positions = nullptr; }
+    PassPositions(Impl& impl, const int32_t* p, int64_t rows) : m(impl) {
+      m.row_positions_host = p;
+      m.row_positions = m.upload(m.ws.positions, p, rows);
+    }
+    ~PassPositions() { m.row_positions_host = m.row_positions = nullptr; }
     Impl& m;
   };
 
@@ -282,6 +295,7 @@ struct Model::Impl {
     uint64_t seed = 0;
     int64_t step = 0, seq = 0;
     std::vector<int64_t> samples;  // the micro-batch rows' sample indices
+    std::vector<float> mask;       // one adapter's factors, drawn on the host
     bool active = false;           // inside forward_backward, lora.dropout > 0
   } dropout;
   size_t next_ready = 0;  // the registry index + 1 the next ready() must report

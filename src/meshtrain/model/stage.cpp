@@ -155,7 +155,7 @@ void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
   acts.batch = batch;
   acts.seq = seq;
   if (positions != nullptr) acts.positions.assign(positions, positions + batch * seq);
-  const Impl::PassPositions pass(m, positions);
+  const Impl::PassPositions pass(m, positions, batch * seq);
   acts.residual.resize(static_cast<size_t>(n + 1));
   acts.blocks.resize(static_cast<size_t>(n));
   for (Tensor& r : acts.residual) {
@@ -167,7 +167,7 @@ void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
     m.embed_tokens(tokens, batch, seq, 0, acts.residual[0]);
     m.after(m.embed_unit, UnitPass::forward);
   } else {
-    std::copy(input, input + acts.residual[0].numel(), acts.residual[0].data<float>());
+    backend_.copy_from_host(input, acts.residual[0]);
   }
   for (int64_t l = role.first; l < role.end; ++l) {
     const size_t i = static_cast<size_t>(l - role.first);
@@ -183,7 +183,8 @@ void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
                                      rows, MemCategory::activations);
     m.after(m.head_unit, UnitPass::forward);
   } else {
-    std::copy(last.data<float>(), last.data<float>() + last.numel(), output);
+    backend_.synchronize();
+    backend_.copy_to_host(last, output);
   }
 }
 
@@ -219,7 +220,8 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
   Activations& acts = found->second;
   const int64_t batch = acts.batch, seq = acts.seq, rows = batch * seq, d = config_.dim;
   const DType dt = compute_dtype(precision_);
-  const Impl::PassPositions pass(m, acts.positions.empty() ? nullptr : acts.positions.data());
+  const int32_t* positions = acts.positions.empty() ? nullptr : acts.positions.data();
+  const Impl::PassPositions pass(m, positions, rows);
   m.ensure(m.ws.dres, {m.shard_rows(rows), d}, DType::f32, MemCategory::workspace);
   // Gradients complete in reverse registry order from the chunk's last unit.
   m.next_ready = units_[role.head ? m.head_unit : m.layer_unit(role.end - 1)].end_param;
@@ -241,7 +243,7 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
     m.flush_norm_grads();
     m.after(m.head_unit, UnitPass::backward);
   } else {
-    std::copy(output_grad, output_grad + m.ws.dres.numel(), m.ws.dres.data<float>());
+    backend_.copy_from_host(output_grad, m.ws.dres);
   }
   for (int64_t l = role.end - 1; l >= role.first; --l) {
     const size_t i = static_cast<size_t>(l - role.first);
@@ -257,7 +259,8 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
     m.ready(m.embed);
     m.after(m.embed_unit, UnitPass::backward);
   } else {
-    std::copy(m.ws.dres.data<float>(), m.ws.dres.data<float>() + m.ws.dres.numel(), input_grad);
+    backend_.synchronize();
+    backend_.copy_to_host(m.ws.dres, input_grad);
     if (role.head && m.tied) {
       // The output layer is this stage's copy of the token embedding.
       m.next_ready = m.embed + 1;

@@ -51,14 +51,7 @@ void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, 
     tp_all_reduce_sum(tp, ws.partial.data<float>(), rows * d);
   }
   const float* bias = lin.bias != kNoParam ? master(lin.bias) : nullptr;
-  const float* r = residual.data<float>();
-  float* o = out.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < srows; ++i) {
-    for (int64_t j = 0; j < d; ++j) {
-      o[i * d + j] = r[i * d + j] + (sum[i * d + j] + (bias != nullptr ? bias[j] : 0.0f));
-    }
-  }
+  backend.residual_add(residual.data<float>(), sum, bias, out.data<float>(), srows, d);
 }
 
 const float* Model::Impl::reduce_input_grad(int64_t rows) {
@@ -137,15 +130,15 @@ void Model::Impl::flush_norm_grads() {
   float* slots = ws.norm_grads.data<float>();
   tp_all_reduce_sum(tp, slots, pending_norm_grads.back().second + d);
   for (const auto& [param, offset] : pending_norm_grads) {
-    float* g = grad(param);
-    for (int64_t j = 0; j < d; ++j) g[j] += slots[offset + j];
+    backend.add_inplace(grad(param), slots + offset, d);
   }
   pending_norm_grads.clear();
 }
 
-ops::EmbeddingDims Model::Impl::embedding_dims(int64_t batch, int64_t seq, int64_t pos0) const {
+ops::EmbeddingDims Model::Impl::embedding_dims(int64_t batch, int64_t seq, int64_t pos0,
+                                               const int32_t* pos_ids) const {
   ops::EmbeddingDims dims{
-      .batch = batch, .seq = seq, .dim = cfg.dim, .pos0 = pos0, .pos_ids = row_positions};
+      .batch = batch, .seq = seq, .dim = cfg.dim, .pos0 = pos0, .pos_ids = pos_ids};
   if (tp.active()) dims.vocab_begin = vocab_begin, dims.vocab_end = vocab_begin + vocab_valid;
   return dims;
 }
@@ -156,9 +149,10 @@ void Model::Impl::embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq
   // A frozen bf16 / f16 embedding (external storage) may be bound as its compute copy only.
   const Tensor& table_rows = table.master.defined() ? table.master : table.compute;
   const float* wpe = positions != kNoParam ? master(positions) : nullptr;
-  const ops::EmbeddingDims dims = embedding_dims(batch, seq, pos0);
+  const ops::EmbeddingDims dims = embedding_dims(batch, seq, pos0, row_positions);
+  const int32_t* ids = upload(ws.tokens, tokens, batch * seq);
   if (!tp.active()) {
-    backend.embedding_forward(dims, table_rows.raw(), table_rows.dtype(), wpe, tokens,
+    backend.embedding_forward(dims, table_rows.raw(), table_rows.dtype(), wpe, ids,
                               out.data<float>());
     return;
   }
@@ -169,20 +163,28 @@ void Model::Impl::embed_tokens(const int32_t* tokens, int64_t batch, int64_t seq
     ensure(ws.partial, {n, d}, DType::f32, MemCategory::workspace);
     lookup = ws.partial.data<float>();
   }
-  backend.embedding_forward(dims, table_rows.raw(), table_rows.dtype(), nullptr, tokens, lookup);
+  backend.embedding_forward(dims, table_rows.raw(), table_rows.dtype(), nullptr, ids, lookup);
   if (sp) {
     tp_reduce_scatter_rows(tp, lookup, out.data<float>(), srows, d);
   } else {
     tp_all_reduce_sum(tp, lookup, n * d);
   }
   if (wpe == nullptr) return;
+  // Then this rank's rows' learned positions: looked up as the ids of a
+  // [max_seq, d] table and added.
   const int64_t row0 = sp ? tp.rank() * srows : 0;
-  float* o = out.data<float>();
-#pragma omp parallel for schedule(static)
+  const ops::EmbeddingDims host_dims = embedding_dims(batch, seq, pos0, row_positions_host);
+  std::vector<int32_t> row_ids(static_cast<size_t>(srows));
   for (int64_t i = 0; i < srows; ++i) {
-    const float* p = wpe + dims.position(row0 + i) * d;
-    for (int64_t j = 0; j < d; ++j) o[i * d + j] += p[j];
+    row_ids[static_cast<size_t>(i)] = static_cast<int32_t>(host_dims.position(row0 + i));
   }
+  // ws.partial is free again: the lookup is reduced into out.
+  ensure(ws.partial, {n, d}, DType::f32, MemCategory::workspace);
+  const ops::EmbeddingDims rows_dims{.batch = 1, .seq = srows, .dim = d};
+  backend.embedding_forward(rows_dims, wpe, DType::f32, nullptr,
+                            upload(ws.position_ids, row_ids.data(), srows),
+                            ws.partial.data<float>());
+  backend.add_inplace(out.data<float>(), ws.partial.data<float>(), srows * d);
 }
 
 void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t seq) {
@@ -191,7 +193,8 @@ void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t s
   // Under tp every rank sees all rows' gradients (replicated, or all-gathered
   // under sequence parallelism), so the position gradients are complete everywhere.
   const Tensor& dres = tp.active() ? full_residual_grad(batch * seq) : ws.dres;
-  backend.embedding_backward(embedding_dims(batch, seq, 0), tokens, dres.data<float>(),
+  backend.embedding_backward(embedding_dims(batch, seq, 0, row_positions),
+                             upload(ws.tokens, tokens, batch * seq), dres.data<float>(),
                              grad(embed), dpositions);
 }
 
@@ -215,7 +218,7 @@ ops::ClassifierArgs Model::Impl::classifier_args(const void* h, const int32_t* t
   args.compute = dt;
   args.h = h;
   args.w = weight(output, dt);
-  args.targets = targets;
+  args.targets = upload(ws.targets, targets, rows);
   if (tp.active()) {
     args.vocab_offset = vocab_begin;
     args.vocab_valid = vocab_valid;

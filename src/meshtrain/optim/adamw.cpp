@@ -1,7 +1,6 @@
 #include "meshtrain/optim/adamw.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "meshtrain/backend/backend.h"
 #include "meshtrain/util/error.h"
@@ -76,21 +75,23 @@ void for_each_moment_run(Model& model, int64_t offset, int64_t count, Fn&& fn) {
 
 void AdamW::read(layout::StateKind kind, int64_t offset, int64_t count, float* out) {
   if (kind == layout::StateKind::master) return model_.read_values(offset, count, out);
-  const float* t = (kind == layout::StateKind::exp_avg ? exp_avg_ : exp_avg_sq_).data<float>();
+  const Tensor& t = kind == layout::StateKind::exp_avg ? exp_avg_ : exp_avg_sq_;
+  Backend& backend = model_.backend();
+  backend.synchronize();
   for_each_moment_run(model_, offset, count, [&](int64_t at, int64_t n, int64_t pos) {
     if (at < 0) {
       std::fill_n(out + pos, n, 0.0f);
     } else {
-      std::memcpy(out + pos, t + at, static_cast<size_t>(n) * sizeof(float));
+      backend.copy_to_host(t.view(at, {n}), out + pos);
     }
   });
 }
 
 void AdamW::write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) {
   if (kind == layout::StateKind::master) return model_.write_values(offset, count, in);
-  float* t = (kind == layout::StateKind::exp_avg ? exp_avg_ : exp_avg_sq_).data<float>();
+  const Tensor& t = kind == layout::StateKind::exp_avg ? exp_avg_ : exp_avg_sq_;
   for_each_moment_run(model_, offset, count, [&](int64_t at, int64_t n, int64_t pos) {
-    if (at >= 0) std::memcpy(t + at, in + pos, static_cast<size_t>(n) * sizeof(float));
+    if (at >= 0) model_.backend().copy_from_host(in + pos, t.view(at, {n}));
   });
 }
 

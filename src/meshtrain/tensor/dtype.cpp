@@ -12,13 +12,14 @@
 
 namespace meshtrain {
 
-size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+size_t dtype_size(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16 ? 2 : 4; }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
     case DType::f32: return "f32";
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
+    case DType::i32: return "i32";
   }
   return "?";
 }
@@ -37,6 +38,7 @@ float load(DType dtype, const void* src, size_t i) {
     case DType::f32: return static_cast<const float*>(src)[i];
     case DType::bf16: return bf16_to_float(static_cast<const bf16*>(src)[i]);
     case DType::f16: return f16_to_float(static_cast<const f16*>(src)[i]);
+    case DType::i32: break;  // convert refuses ids to or from a float type
   }
   return 0.0f;
 }
@@ -46,6 +48,7 @@ void store(DType dtype, void* dst, size_t i, float value) {
     case DType::f32: static_cast<float*>(dst)[i] = value; break;
     case DType::bf16: static_cast<bf16*>(dst)[i] = float_to_bf16(value); break;
     case DType::f16: static_cast<f16*>(dst)[i] = float_to_f16(value); break;
+    case DType::i32: break;
   }
 }
 
@@ -56,6 +59,8 @@ void convert(DType from, const void* src, DType to, void* dst, size_t n) {
     std::memcpy(dst, src, n * dtype_size(from));
     return;
   }
+  MESHTRAIN_CHECK(from != DType::i32 && to != DType::i32,
+                  "convert: i32 ids do not convert to or from {}", dtype_name(from == DType::i32 ? to : from));
   const auto count = static_cast<int64_t>(n);
   // The f32 <-> bf16 pairs (the model's hot conversions) as plain loops over
   // the same bit operations as float_to_bf16 / bf16_to_float, which the

@@ -1,5 +1,7 @@
 // Element types: f32 for math and master weights, bf16 or f16 for compute
-// copies and activations in mixed precision (f16 also as a storage format).
+// copies and activations in mixed precision (f16 also as a storage format);
+// i32 for token ids, targets and positions in device memory (never converted
+// to or from a float type).
 #pragma once
 
 #include <cstddef>
@@ -9,11 +11,12 @@
 
 namespace meshtrain {
 
-enum class DType : uint8_t { f32, bf16, f16 };
+enum class DType : uint8_t { f32, bf16, f16, i32 };
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);
-// Parses "f32" / "bf16" / "f16" (also safetensors' "F32", "BF16", "F16"); throws Error otherwise.
+// Parses "f32" / "bf16" / "f16" (also safetensors' "F32", "BF16", "F16"); throws Error
+// otherwise (i32 is not a parameter dtype).
 DType parse_dtype(std::string_view name);
 
 // bfloat16 storage: the upper 16 bits of an IEEE float.

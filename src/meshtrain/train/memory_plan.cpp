@@ -207,6 +207,20 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
   return w + rope_table_bytes(config.model);
 }
 
+// The ids a pass uploads to the device (model_impl.h Workspace tokens,
+// targets, positions, position_ids; i32): tokens on the stage that embeds,
+// targets on the one with the head, record positions (packed SFT rows) on
+// every stage, and under tp the embedding stage's learned-position row ids.
+double id_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage) {
+  double ids = (stage.first ? 4 * s.n : 0) + (stage.last ? 4 * s.n : 0);
+  if (config.data.sft() && config.data.sft_pack) ids += 4 * s.n;
+  if (stage.first && config.parallel.tp > 1 &&
+      config.model.recipe().positions == Positions::learned) {
+    ids += 4 * s.r;
+  }
+  return ids;
+}
+
 // The backend's reused scratch slots (the CPU backend's Scratch: each one
 // grown to its largest request, the old buffer freed first, never shrunk), at
 // their size once every call of the step has run: oneDNN's scratchpad and
@@ -689,7 +703,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   const std::vector<BlockGemm> gemms = block_gemms(config, s, held, stage);
   out.peak[idx(MemCategory::workspace)] =
-      workspace_bytes(config, s, gemms, held) +
+      workspace_bytes(config, s, gemms, held) + id_bytes(config, s, stage) +
       scratch_slot_bytes(config, s, stage, gemms, output, coord.tp);
   // On top of those: evaluation's forward and a checkpoint's buffers
   // (ckpt/distributed.h: a sync save's file buffer, or an async save's staging

@@ -116,6 +116,26 @@ void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+void mul_inplace(float* x, const float* y, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] *= y[i];
+}
+
+void add_product(float* x, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] += a[i] * b[i];
+}
+
+void residual_add(const float* residual, const float* y, const float* bias, float* out,
+                  int64_t rows, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      out[r * n + j] = residual[r * n + j] + (y[r * n + j] + (bias != nullptr ? bias[j] : 0.0f));
+    }
+  }
+}
+
 void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) {
   simd::reduce_rows(
       rows, n,

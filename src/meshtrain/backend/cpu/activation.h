@@ -22,6 +22,11 @@ void gelu_backward(const float* x, const float* dy, DType grad_dtype, void* dx, 
 
 // x += y (f32), threaded.
 void add_inplace(float* x, const float* y, int64_t n);
+// x *= y; x += a * b; out = residual + (y + bias[column]) (bias may be nullptr).
+void mul_inplace(float* x, const float* y, int64_t n);
+void add_product(float* x, const float* a, const float* b, int64_t n);
+void residual_add(const float* residual, const float* y, const float* bias, float* out,
+                  int64_t rows, int64_t n);
 // dbias[j] += sum_r dy[r, j]  (deterministic order)
 void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n);
 

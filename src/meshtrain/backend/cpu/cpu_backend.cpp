@@ -102,6 +102,21 @@ void CpuBackend::gelu_backward(const float* x, const float* dy, DType grad_dtype
 
 void CpuBackend::add_inplace(float* x, const float* y, int64_t n) { cpu::add_inplace(x, y, n); }
 
+void CpuBackend::mul_inplace(float* x, const float* y, int64_t n) { cpu::mul_inplace(x, y, n); }
+
+void CpuBackend::add_product(float* x, const float* a, const float* b, int64_t n) {
+  cpu::add_product(x, a, b, n);
+}
+
+void CpuBackend::residual_add(const float* residual, const float* y, const float* bias, float* out,
+                              int64_t rows, int64_t n) {
+  cpu::residual_add(residual, y, bias, out, rows, n);
+}
+
+void CpuBackend::convert(DType from, const void* src, DType to, void* dst, int64_t n) {
+  meshtrain::convert(from, src, to, dst, static_cast<size_t>(n));
+}
+
 void CpuBackend::bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) {
   cpu::bias_backward(dy, dbias, rows, n);
 }

@@ -46,6 +46,11 @@ class CpuBackend final : public Backend {
   void gelu_backward(const float* x, const float* dy, DType grad_dtype, void* dx,
                      int64_t n) override;
   void add_inplace(float* x, const float* y, int64_t n) override;
+  void mul_inplace(float* x, const float* y, int64_t n) override;
+  void add_product(float* x, const float* a, const float* b, int64_t n) override;
+  void residual_add(const float* residual, const float* y, const float* bias, float* out,
+                    int64_t rows, int64_t n) override;
+  void convert(DType from, const void* src, DType to, void* dst, int64_t n) override;
   void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) override;
 
   ops::RopeTable make_rope_table(int64_t head_dim, int64_t max_seq,

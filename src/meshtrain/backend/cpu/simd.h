@@ -218,14 +218,17 @@ void reduce_rows(int64_t rows, int64_t width, RowFn row_fn, OutFn out_fn) {
   }
 }
 
-// Calls fn(typed pointer) with `out` cast to float*, bf16* or f16* by dtype.
+// Calls fn(typed pointer) with `out` cast to float*, bf16* or f16* by dtype
+// (i32: Error).
 template <typename Fn>
 void dispatch_store(DType dtype, void* out, Fn fn) {
   switch (dtype) {
     case DType::bf16: fn(static_cast<bf16*>(out)); return;
     case DType::f16: fn(static_cast<f16*>(out)); return;
     case DType::f32: fn(static_cast<float*>(out)); return;
+    case DType::i32: break;
   }
+  fail("cpu kernel: output dtype {} is not a float type", dtype_name(dtype));
 }
 
 }  // namespace meshtrain::cpu::simd

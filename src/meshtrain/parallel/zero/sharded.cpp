@@ -432,13 +432,11 @@ void ShardedDataParallel::finish_oldest_reduce() {
   finish(r.work);
   const FlatParam& fp = layout_.flats[r.flat];
   Flat& f = flats_[r.flat];
-  const float* src = r.recv.data<float>();
+  const Tensor received = r.recv.view(0, {fp.shard});
   if (r.then == Reduce::Then::add_to_shard) {
-    float* dst = f.grad_shard.data<float>();
-    for (int64_t k = 0; k < fp.shard; ++k) dst[k] += src[k];
+    model_.backend().add_inplace(f.grad_shard.data<float>(), received.data<float>(), fp.shard);
   } else if (r.then == Reduce::Then::copy_to_full) {
-    std::memcpy(f.grad_full.data<float>() + fp.shard_begin(rank_), src,
-                static_cast<size_t>(fp.shard) * sizeof(float));
+    f.grad_full.view(fp.shard_begin(rank_), {fp.shard}).copy_from(received);
   }
   reduces_.erase(reduces_.begin());
 }
