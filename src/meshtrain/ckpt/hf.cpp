@@ -244,8 +244,8 @@ class HfTensors {
 std::string hf_name_in_file(const HfTensors& files, const ModelConfig& c,
                             const std::string& name) {
   if (files.find(name)) return name;
-  constexpr std::string_view prefix = "transformer.";
-  if (c.family == Family::gpt2 && name.rfind(prefix, 0) == 0) {
+  const std::string_view prefix = c.recipe().omittable_prefix;
+  if (!prefix.empty() && name.rfind(prefix, 0) == 0) {
     std::string bare = name.substr(prefix.size());
     if (files.find(bare)) return bare;
   }
@@ -263,7 +263,7 @@ bool ignorable_extra(const ModelConfig& c, const std::string& name) {
 }  // namespace
 
 std::pair<int64_t, int64_t> rope_rows(const ModelConfig& c, const std::string& name) {
-  if (c.family != Family::llama) return {0, 0};
+  if (c.recipe().positions != Positions::rope) return {0, 0};
   if (ends_with(name, ".self_attn.q_proj.weight")) return {c.n_heads, c.head_dim()};
   if (ends_with(name, ".self_attn.k_proj.weight")) return {c.n_kv_heads, c.head_dim()};
   return {0, 0};

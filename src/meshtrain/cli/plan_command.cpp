@@ -26,10 +26,10 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--hidden", a.hidden, "Dense model: hidden size");
   p.add_option("--heads", a.heads, "Dense model: attention heads");
   p.add_option("--vocab", a.vocab, "Dense model: vocabulary");
-  p.add_option("--kv-heads", a.kv_heads, "Dense model: kv heads (llama family)");
+  p.add_option("--kv-heads", a.kv_heads, "Dense model: kv heads (grouped-query families)");
   p.add_option("--ffn", a.ffn, "Dense model: MLP width (default 4 x hidden)");
   p.add_option("--family", a.family, "Dense model family")
-      ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str();
+      ->check(CLI::IsMember(family_names()))->capture_default_str();
   p.add_option("--gpu", a.gpu, "h100-sxm, h200, a100-80gb, a100-40gb")->capture_default_str();
   p.add_option("--gpus", a.gpus,
                "GPU count, a comma list (256,512,1024) or a doubling range (256..16384)");
@@ -153,13 +153,15 @@ PlanModel resolve_model(const PlanArgs& a, const TrainConfig* run) {
   MESHTRAIN_CHECK(a.layers > 0 && a.hidden > 0 && a.heads > 0 && a.vocab > 0,
                   "plan: a dense model needs all of --layers --hidden --heads --vocab > 0");
   ModelConfig c = gpt_dense(a.layers, a.hidden, a.heads, a.vocab, std::max<int64_t>(a.seq, 2048));
-  if (a.family == "llama") {
-    c.family = Family::llama;
-    c.tie_embeddings = false;
+  c.family = parse_family(a.family, "plan: --family");
+  const Recipe& rc = c.recipe();
+  c.tie_embeddings = rc.always_tied;
+  if (rc.grouped_query) {
     c.n_kv_heads = a.kv_heads ? a.kv_heads : a.heads;
   } else {
     MESHTRAIN_CHECK(a.kv_heads == 0 || a.kv_heads == a.heads,
-                    "plan: --kv-heads needs --family llama (gpt2 has no grouped-query attention)");
+                    "plan: --kv-heads needs a family with grouped-query attention ({} has none)",
+                    a.family);
   }
   if (a.ffn) c.hidden_dim = a.ffn;
   return {fmt::format("dense-{}L-{}h", a.layers, a.hidden), c, 0, "--layers/--hidden/--heads/--vocab"};
@@ -204,7 +206,7 @@ int run_plan(const PlanArgs& a) {
   in.model_name = pm.name;
   Job& job = in.job;
   job.seq = a.seq > 0 ? a.seq : run ? run->train.seq_len : model.max_seq_len;
-  if (model.family == Family::gpt2) {
+  if (model.recipe().positions == Positions::learned) {
     MESHTRAIN_CHECK(job.seq <= model.max_seq_len,
                     "plan: --seq {} exceeds the model's {} learned positions", job.seq,
                     model.max_seq_len);
@@ -226,7 +228,7 @@ int run_plan(const PlanArgs& a) {
                   "plan: --global-batch (sequences) or --global-batch-tokens is required");
   job.precision = parse_precision(a.precision);
   job.optimizer = parse_optimizer(a.optimizer);
-  job.dropout = a.dropout == "auto" ? model.family == Family::gpt2 : a.dropout == "on";
+  job.dropout = a.dropout == "auto" ? model.recipe().dropout : a.dropout == "on";
   job.compute_efficiency = a.efficiency;
   job.finetune.method = parse_finetune(a.finetune);
   job.finetune.rank = a.lora_rank;

@@ -26,6 +26,8 @@ const Recipe kRecipes[] = {
      .grouped_query = true,
      .always_tied = false,
      .conv1d = false,
+     .dropout = false,
+     .omittable_prefix = "",
      .layer_prefix = "model.layers.{}.",
      .norm_modules = {"input_layernorm", "post_attention_layernorm"},
      .gemm_modules = {{{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"},
@@ -42,6 +44,8 @@ const Recipe kRecipes[] = {
      .grouped_query = false,
      .always_tied = true,
      .conv1d = true,
+     .dropout = true,
+     .omittable_prefix = "transformer.",
      .layer_prefix = "transformer.h.{}.",
      .norm_modules = {"ln_1", "ln_2"},
      .gemm_modules = {{{"attn.c_attn"}, {"attn.c_proj"}, {"mlp.c_fc"}, {"mlp.c_proj"}}},
@@ -55,10 +59,19 @@ const Recipe& recipe(Family family) { return kRecipes[static_cast<size_t>(family
 
 std::string_view family_name(Family family) { return recipe(family).name; }
 
-Family parse_family(std::string_view name) {
-  for (size_t i = 0; i < std::size(kRecipes); ++i)
+std::vector<std::string> family_names() {
+  std::vector<std::string> names;
+  for (const Recipe& r : kRecipes) names.emplace_back(r.name);
+  return names;
+}
+
+Family parse_family(std::string_view name, std::string_view field) {
+  std::vector<std::string> known;
+  for (size_t i = 0; i < std::size(kRecipes); ++i) {
     if (kRecipes[i].name == name) return static_cast<Family>(i);
-  fail("unknown model family '{}' (expected \"llama\" or \"gpt2\")", name);
+    known.push_back(fmt::format("\"{}\"", kRecipes[i].name));
+  }
+  fail("{} must be {}, got \"{}\"", field, fmt::join(known, " or "), name);
 }
 
 Precision parse_precision(std::string_view name) {

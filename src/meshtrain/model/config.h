@@ -13,7 +13,9 @@ namespace meshtrain {
 
 enum class Family { llama, gpt2 };
 std::string_view family_name(Family family);
-Family parse_family(std::string_view name);  // "llama" | "gpt2"
+std::vector<std::string> family_names();  // every family, in enum order
+// "llama" | "gpt2"; throws Error naming `field` ("model.family") and the known names.
+Family parse_family(std::string_view name, std::string_view field = "model family");
 
 enum class NormKind : uint8_t { rms, layer };          // RMSNorm (weight); LayerNorm (weight, bias)
 enum class FeedForward : uint8_t { swiglu, gelu };     // gated SwiGLU; GELU MLP (tanh approximation)
@@ -31,6 +33,10 @@ struct Recipe {
   bool grouped_query;        // n_kv_heads may be below n_heads
   bool always_tied;          // the output layer is the token embedding, whatever tie_embeddings says
   bool conv1d;               // linear weights stored [in, out] (GPT-2's Conv1D), else [out, in]
+  bool dropout;              // its published training recipe uses dropout (the planner's "auto")
+  // A prefix of every parameter name that some of the family's checkpoints
+  // leave out (GPT-2's "transformer."); empty: none.
+  std::string_view omittable_prefix;
   // The checkpoint name map of a block: its parameter names start with
   // layer_prefix ({} = the layer); the two norms' modules (".weight", and
   // ".bias" for a LayerNorm); the modules of its four GEMMs, in output order

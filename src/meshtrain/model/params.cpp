@@ -233,13 +233,13 @@ void gpt2_registry(const ModelConfig& c, Registry& r) {
   r.bias("transformer.ln_f.bias", d);
 }
 
+// Each family's registry builder, indexed by Family.
+using RegistryBuilder = void (*)(const ModelConfig&, Registry&);
+constexpr RegistryBuilder kRegistryBuilders[] = {llama_registry, gpt2_registry};
+
 Registry build_registry(const ModelConfig& config, int tp_rank, int tp_size) {
   Registry r(config, tp_rank, tp_size);
-  if (config.family == Family::llama) {
-    llama_registry(config, r);
-  } else {
-    gpt2_registry(config, r);
-  }
+  kRegistryBuilders[static_cast<size_t>(config.family)](config, r);
   r.freeze_base();
   return r;
 }

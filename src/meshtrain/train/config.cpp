@@ -272,9 +272,7 @@ ModelConfig read_model(const Section& s, std::string& preset, bool validate) {
   }
   std::string family(family_name(m.family));
   s.read("family", family);
-  MESHTRAIN_CHECK(family == "llama" || family == "gpt2",
-                  "config: model.family must be \"llama\" or \"gpt2\", got \"{}\"", family);
-  m.family = parse_family(family);
+  m.family = parse_family(family, "config: model.family");
   s.read("dim", m.dim);
   s.read("n_layers", m.n_layers);
   s.read("n_heads", m.n_heads);
