@@ -133,6 +133,19 @@ class Backend {
   // -log softmax(h · W^T)[target], and its backward when dh / dw are given.
   virtual double fused_classifier(const ops::ClassifierArgs& args) = 0;
 
+  // ---- mixture of experts
+  // logits [tokens, experts] f32 -> probs [tokens, experts] (the scores p,
+  // kept for backward), indices [tokens, top_k] (i32) and weights [tokens,
+  // top_k] f32, as ops::RouterDims describes.
+  virtual void router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
+                              int32_t* indices, float* weights) = 0;
+  // d_logits [tokens, experts] (overwritten) from d_weights [tokens, top_k],
+  // through the weights' normalisation and the score function; the choice of
+  // experts itself has no gradient.
+  virtual void router_backward(const ops::RouterDims& dims, const float* probs,
+                               const int32_t* indices, const float* d_weights,
+                               float* d_logits) = 0;
+
   // ---- optimizer
   // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), m and v from grad * grad_scale;
   // with a compute copy, also writes the updated parameter there.

@@ -124,6 +124,27 @@ struct ClassifierArgs {
   std::function<void(float* values, int64_t n)> reduce_max = nullptr, reduce_sum = nullptr;
 };
 
+// Mixture-of-experts routing (Megatron-Core's TopKRouter): from a token's
+// router logits [experts] (f32 whatever the precision), its scores p
+// (softmax over the experts, or an elementwise sigmoid), the top_k experts by
+// p + bias (bias: a per-expert selection bias that chooses but does not weigh,
+// DeepSeek-V3's; nullptr: none), ties to the lower expert index, listed by
+// that order, and their weights p[e] (renormalize: divided by the k weights'
+// sum, as Mixtral and Qwen3-MoE; not, as Qwen2-MoE and OLMoE) times
+// `scaling`. Group-limited routing (n_groups > 1): the experts form n_groups
+// equal groups, a group scores the sum of its two best p + bias (its best
+// alone for one-expert groups), and only the experts of the topk_groups best
+// groups (ties to the lower group) are chosen from.
+enum class RouterScore : uint8_t { softmax, sigmoid };
+struct RouterDims {
+  int64_t tokens = 0, experts = 0, top_k = 1;
+  RouterScore score = RouterScore::softmax;
+  bool renormalize = false;
+  float scaling = 1.0f;
+  int64_t n_groups = 1, topk_groups = 1;
+  const float* bias = nullptr;  // [experts]
+};
+
 // AdamW (decoupled weight decay, bias correction); all state f32.
 struct AdamWHyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;

@@ -294,6 +294,43 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     cases.push_back({"sum_squares", fmt::format("n={}", n), 0, static_cast<double>(n) * 4, dt,
                      [&be, &g, n] { be.sum_squares(g.data<float>(), n); }});
   }
+  // MoE routing (f32 whatever the precision): OLMoE's 64 experts top-8
+  // softmax, DeepSeek-V3's 256 top-8 sigmoid with groups, bias and scaling.
+  if (dt != DType::f32) return;
+  for (const ops::RouterDims& shape :
+       {ops::RouterDims{.experts = 64, .top_k = 8},
+        ops::RouterDims{.experts = 256, .top_k = 8, .score = ops::RouterScore::sigmoid,
+                        .renormalize = true, .scaling = 2.5f, .n_groups = 8, .topk_groups = 4}}) {
+    ops::RouterDims dims = shape;
+    dims.tokens = rows;
+    const int64_t E = dims.experts, k = dims.top_k;
+    const Tensor& logits = t({rows, E}, DType::f32);
+    const Tensor& probs = t({rows, E}, DType::f32);
+    const Tensor& dlogits = t({rows, E}, DType::f32);
+    const Tensor& weights = t({rows, k}, DType::f32);
+    const Tensor& dweights = t({rows, k}, DType::f32);
+    const Tensor& bias = t({E}, DType::f32);
+    keep.push_back(be.allocate({rows, k}, DType::i32, MemCategory::workspace));
+    const Tensor& indices = keep.back();
+    if (dims.score == ops::RouterScore::sigmoid) dims.bias = bias.data<float>();
+    // The backward reads the forward's choice.
+    be.router_forward(dims, logits.data<float>(), probs.data<float>(), indices.data<int32_t>(),
+                      weights.data<float>());
+    const std::string params = fmt::format(
+        "tokens={} experts={} k={} {}", rows, E, k,
+        dims.score == ops::RouterScore::softmax ? "softmax" : "sigmoid groups=4/8");
+    const auto te = static_cast<double>(rows * E), tk = static_cast<double>(rows * k);
+    cases.push_back({"router_forward", params, 0, 8 * te + 8 * tk, dt,
+                     [&be, dims, &logits, &probs, &indices, &weights] {
+                       be.router_forward(dims, logits.data<float>(), probs.data<float>(),
+                                         indices.data<int32_t>(), weights.data<float>());
+                     }});
+    cases.push_back({"router_backward", params, 0, 8 * te + 8 * tk, dt,
+                     [&be, dims, &probs, &indices, &dweights, &dlogits] {
+                       be.router_backward(dims, probs.data<float>(), indices.data<int32_t>(),
+                                          dweights.data<float>(), dlogits.data<float>());
+                     }});
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace meshtrain::ops::reference {
 namespace {
@@ -375,6 +376,85 @@ void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, 
     v[i] = b2 * v[i] + (1.0 - b2) * g * g;
     param[i] = param[i] * (1.0 - static_cast<double>(hyper.lr) * hyper.weight_decay) -
                hyper.lr / bc1 * m[i] / (std::sqrt(v[i] / bc2) + hyper.eps);
+  }
+}
+
+void router_forward(const RouterDims& dims, const Vec& logits, Vec& probs,
+                    std::vector<int32_t>& indices, Vec& weights) {
+  const int64_t E = dims.experts, K = dims.top_k, G = dims.n_groups, per = E / G;
+  probs.assign(logits.size(), 0.0);
+  indices.assign(static_cast<size_t>(dims.tokens * K), 0);
+  weights.assign(static_cast<size_t>(dims.tokens * K), 0.0);
+  for (int64_t t = 0; t < dims.tokens; ++t) {
+    const double* l = logits.data() + t * E;
+    double* p = probs.data() + t * E;
+    if (dims.score == RouterScore::softmax) {
+      double mx = l[0], sum = 0;
+      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+      for (int64_t e = 0; e < E; ++e) p[e] = std::exp(l[e] - mx) / sum;
+    } else {
+      for (int64_t e = 0; e < E; ++e) p[e] = 1.0 / (1.0 + std::exp(-l[e]));
+    }
+    // Selection scores; a group's score is the sum of its two best (sorted).
+    std::vector<double> s(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) s[e] = p[e] + (dims.bias ? dims.bias[e] : 0.0);
+    std::vector<std::pair<double, int64_t>> group_rank;
+    for (int64_t g = 0; g < G; ++g) {
+      std::vector<double> members(s.begin() + g * per, s.begin() + (g + 1) * per);
+      std::sort(members.rbegin(), members.rend());
+      group_rank.emplace_back(-(per == 1 ? members[0] : members[0] + members[1]), g);
+    }
+    std::sort(group_rank.begin(), group_rank.end());
+    std::vector<bool> eligible(static_cast<size_t>(E), G == 1);
+    for (int64_t i = 0; G > 1 && i < dims.topk_groups; ++i) {
+      for (int64_t e = 0; e < per; ++e) eligible[group_rank[i].second * per + e] = true;
+    }
+    std::vector<std::pair<double, int64_t>> rank;  // (-score, expert): ascending = best first
+    for (int64_t e = 0; e < E; ++e) {
+      if (eligible[e]) rank.emplace_back(-s[e], e);
+    }
+    std::sort(rank.begin(), rank.end());
+    double total = 0;
+    for (int64_t j = 0; j < K; ++j) total += p[rank[j].second];
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = rank[j].second;
+      indices[t * K + j] = static_cast<int32_t>(e);
+      weights[t * K + j] = dims.scaling * (dims.renormalize ? p[e] / total : p[e]);
+    }
+  }
+}
+
+void router_backward(const RouterDims& dims, const Vec& probs, std::span<const int32_t> indices,
+                     const Vec& d_weights, Vec& d_logits) {
+  const int64_t E = dims.experts, K = dims.top_k;
+  d_logits.assign(probs.size(), 0.0);
+  for (int64_t t = 0; t < dims.tokens; ++t) {
+    const double* p = probs.data() + t * E;
+    // d(weight_j)/d(p_e) summed over j: the weights as functions of the chosen p.
+    Vec dp(static_cast<size_t>(E), 0.0);
+    double total = 0;
+    for (int64_t j = 0; j < K; ++j) total += p[indices[t * K + j]];
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t ej = indices[t * K + j];
+      const double g = d_weights[t * K + j] * dims.scaling;
+      if (!dims.renormalize) {
+        dp[ej] += g;
+        continue;
+      }
+      for (int64_t i = 0; i < K; ++i) {
+        const int64_t ei = indices[t * K + i];
+        dp[ei] += g * ((ei == ej ? 1.0 : 0.0) / total - p[ej] / (total * total));
+      }
+    }
+    double* dl = d_logits.data() + t * E;
+    for (int64_t e = 0; e < E; ++e) {
+      if (dims.score == RouterScore::sigmoid) {
+        dl[e] = dp[e] * p[e] * (1.0 - p[e]);
+        continue;
+      }
+      for (int64_t f = 0; f < E; ++f) dl[e] += dp[f] * p[f] * ((e == f ? 1.0 : 0.0) - p[e]);
+    }
   }
 }
 

@@ -56,4 +56,11 @@ double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> tar
 
 void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, Vec& v);
 
+// MoE routing (ops::RouterDims; dims.bias read as given): probs [tokens,
+// experts], indices and weights [tokens, top_k]; the backward's d_logits.
+void router_forward(const RouterDims& dims, const Vec& logits, Vec& probs,
+                    std::vector<int32_t>& indices, Vec& weights);
+void router_backward(const RouterDims& dims, const Vec& probs, std::span<const int32_t> indices,
+                     const Vec& d_weights, Vec& d_logits);
+
 }  // namespace meshtrain::ops::reference

@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <regex>
+#include <tuple>
 #include <utility>
 
 #include "meshtrain/backend/ops_reference.h"
@@ -121,7 +122,7 @@ class Probe {
     T* as() const {
       return static_cast<T*>(data());
     }
-    // The n elements between the guards, as a tensor (ids read as 4-byte f32).
+    // The n elements between the guards, as a tensor.
     Tensor view() const {
       return tensor.view(static_cast<int64_t>(kGuardBytes / elem_size(elem)), {n});
     }
@@ -144,7 +145,10 @@ class Probe {
     for (size_t i = 0; i < values.size(); ++i)
       write_value(e, values[i], &host[kGuardBytes + i * esize]);
     // Guards and elements in one tensor of the elements' size.
-    const DType storage = e == Elem::bf16 ? DType::bf16 : e == Elem::f16 ? DType::f16 : DType::f32;
+    const DType storage = e == Elem::bf16 ? DType::bf16
+                          : e == Elem::f16  ? DType::f16
+                          : e == Elem::i32  ? DType::i32
+                                            : DType::f32;
     Buffer b{backend_.allocate({static_cast<int64_t>(host.size() / esize)}, storage,
                                MemCategory::workspace),
              e, static_cast<int64_t>(values.size()), name};
@@ -853,6 +857,95 @@ void add_optimizer_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// Every router variant (ops::RouterDims): softmax with and without
+// renormalisation, top_k = experts, one expert, DeepSeek-V3's sigmoid with a
+// selection bias, groups and scaling, and exact ties (logits from two values).
+void add_router_cases(std::vector<OpCase>& cases, Random& rng) {
+  struct Variant {
+    int64_t tokens, experts, top_k;
+    ops::RouterScore score;
+    bool renormalize, bias, ties;
+    float scaling;
+    int64_t n_groups, topk_groups;
+  };
+  using ops::RouterScore;
+  const Variant variants[] = {
+      {7, 8, 2, RouterScore::softmax, true, false, false, 1, 1, 1},     // Mixtral
+      {33, 60, 4, RouterScore::softmax, false, false, false, 1, 1, 1},  // Qwen2-MoE
+      {5, 8, 8, RouterScore::softmax, false, false, false, 1, 1, 1},    // top_k = experts
+      {3, 1, 1, RouterScore::softmax, true, false, false, 1, 1, 1},     // one expert
+      {17, 16, 4, RouterScore::sigmoid, true, true, false, 2.5f, 4, 2},  // DeepSeek-V3
+      {9, 12, 3, RouterScore::sigmoid, false, true, false, 1, 6, 3},    // groups of 2
+      {11, 8, 3, RouterScore::softmax, true, false, true, 1, 1, 1},     // exact ties
+      {11, 16, 4, RouterScore::sigmoid, true, false, true, 1, 4, 2},    // tied groups
+  };
+  for (const Variant& v : variants) {
+    ops::RouterDims dims{.tokens = v.tokens, .experts = v.experts, .top_k = v.top_k,
+                         .score = v.score, .renormalize = v.renormalize, .scaling = v.scaling,
+                         .n_groups = v.n_groups, .topk_groups = v.topk_groups};
+    const int64_t n = v.tokens * v.experts, nk = v.tokens * v.top_k;
+    Vec logits = rng.uniform(n, -3, 3);
+    if (v.ties) {
+      for (double& x : logits) x = x < 0 ? -1.0 : 0.5;
+    }
+    logits = rounded(logits, DType::f32);
+    const Vec bias = rounded(rng.uniform(v.experts, -0.2, 0.2), DType::f32);
+    const std::vector<float> host_bias(bias.begin(), bias.end());
+    const Vec dw = rounded(rng.uniform(nk), DType::f32);
+    const std::string params = fmt::format(
+        "tokens={} experts={} k={} {}{}{}{}", v.tokens, v.experts, v.top_k,
+        v.score == RouterScore::softmax ? "softmax" : "sigmoid", v.renormalize ? " renorm" : "",
+        v.bias ? " bias" : "",
+        v.n_groups > 1 ? fmt::format(" groups={}/{}", v.topk_groups, v.n_groups) : "");
+    // The reference's forward, which the backward case starts from.
+    auto forward = [=] {
+      ops::RouterDims r = dims;
+      r.bias = v.bias ? host_bias.data() : nullptr;
+      Vec probs, weights;
+      std::vector<int32_t> indices;
+      ref::router_forward(r, logits, probs, indices, weights);
+      return std::make_tuple(probs, indices, weights);
+    };
+    cases.push_back(OpCase{
+        "router_forward", params, max_nmse(DType::f32),
+        [=](Probe& p) {
+          auto L = p.upload("logits", DType::f32, logits), B = p.upload("bias", DType::f32, bias);
+          auto P = p.upload("probs", DType::f32, Vec(logits.size()));
+          auto I = p.upload_ids("indices", std::vector<int32_t>(static_cast<size_t>(nk)));
+          auto W = p.upload("weights", DType::f32, Vec(static_cast<size_t>(nk)));
+          ops::RouterDims d = dims;
+          d.bias = v.bias ? B.as<float>() : nullptr;
+          p.backend().router_forward(d, L.as<float>(), P.as<float>(), I.as<int32_t>(),
+                                     W.as<float>());
+          return Outputs{{"probs", p.download(P)}, {"indices", p.download(I)},
+                         {"weights", p.download(W)}};
+        },
+        [=] {
+          auto [probs, indices, weights] = forward();
+          return Outputs{{"probs", probs}, {"indices", Vec(indices.begin(), indices.end())},
+                         {"weights", weights}};
+        }});
+    cases.push_back(OpCase{
+        "router_backward", params, max_nmse(DType::f32),
+        [=](Probe& p) {
+          const auto fw = forward();
+          auto P = p.upload("probs", DType::f32, rounded(std::get<0>(fw), DType::f32));
+          auto I = p.upload_ids("indices", std::get<1>(fw));
+          auto DW = p.upload("d_weights", DType::f32, dw);
+          auto DL = p.upload("d_logits", DType::f32, Vec(logits.size()));
+          p.backend().router_backward(dims, P.as<float>(), I.as<int32_t>(), DW.as<float>(),
+                                      DL.as<float>());
+          return Outputs{{"d_logits", p.download(DL)}};
+        },
+        [=] {
+          const auto fw = forward();
+          Vec dl;
+          ref::router_backward(dims, rounded(std::get<0>(fw), DType::f32), std::get<1>(fw), dw, dl);
+          return Outputs{{"d_logits", dl}};
+        }});
+  }
+}
+
 std::vector<OpCase> all_cases(uint32_t seed) {
   Random rng(seed);
   std::vector<OpCase> cases;
@@ -863,6 +956,7 @@ std::vector<OpCase> all_cases(uint32_t seed) {
   add_embedding_cases(cases, rng);
   add_classifier_cases(cases, rng);
   add_optimizer_cases(cases, rng);
+  add_router_cases(cases, rng);
   // One block per op, in the order the ops first appear.
   std::vector<std::string> order;
   for (const OpCase& c : cases) {

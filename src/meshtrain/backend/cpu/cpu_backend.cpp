@@ -12,6 +12,7 @@
 #include "meshtrain/backend/cpu/embedding.h"
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/backend/cpu/norm.h"
+#include "meshtrain/backend/cpu/router.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::cpu {
@@ -157,6 +158,16 @@ void CpuBackend::embedding_backward(const ops::EmbeddingDims& dims, const int32_
 
 double CpuBackend::fused_classifier(const ops::ClassifierArgs& args) {
   return cpu::fused_classifier(ctx_, args);
+}
+
+void CpuBackend::router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
+                                int32_t* indices, float* weights) {
+  cpu::router_forward(dims, logits, probs, indices, weights);
+}
+
+void CpuBackend::router_backward(const ops::RouterDims& dims, const float* probs,
+                                 const int32_t* indices, const float* d_weights, float* d_logits) {
+  cpu::router_backward(dims, probs, indices, d_weights, d_logits);
 }
 
 void CpuBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,

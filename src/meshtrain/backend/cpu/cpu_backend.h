@@ -71,6 +71,11 @@ class CpuBackend final : public Backend {
 
   double fused_classifier(const ops::ClassifierArgs& args) override;
 
+  void router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
+                      int32_t* indices, float* weights) override;
+  void router_backward(const ops::RouterDims& dims, const float* probs, const int32_t* indices,
+                       const float* d_weights, float* d_logits) override;
+
   void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad, float* m,
                     float* v, ops::ComputeCopy compute, int64_t n) override;
   double sum_squares(const float* x, int64_t n) override;
