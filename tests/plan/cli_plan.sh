@@ -94,4 +94,12 @@ $python -c "import json, sys; j = json.load(open(sys.argv[1])); assert len(j['en
 many=$("$bin" plan --model llama3-8b --gpus 64..256 --global-batch-tokens 4M --seq 8192 \
        --rank-by cost --max-days 3000 --top 5)
 grep -q "gpus" <<<"$many" || fail "a gpus column when several counts are compared"
+
+# A dense model of a family: the recipe decides grouped-query heads and tying.
+dense=(plan --layers 4 --hidden 256 --heads 8 --vocab 1000 --gpus 8 --global-batch 16)
+llama=$("$bin" "${dense[@]}" --family llama --kv-heads 2)
+grep -q "8 heads / 2 kv, .*untied output" <<<"$llama" || fail "--family llama --kv-heads 2"
+if err=$("$bin" "${dense[@]}" --family gpt2 --kv-heads 2 2>&1); then fail "gpt2 with --kv-heads 2"; fi
+grep -q "kv-heads needs a family with grouped-query attention (gpt2 has none)" <<<"$err" \
+  || fail "the --kv-heads refusal: $err"
 echo PASS
