@@ -146,6 +146,30 @@ class Backend {
                                const int32_t* indices, const float* d_weights,
                                float* d_logits) = 0;
 
+  // Dispatch (ops::DispatchDims; i32 indices [tokens, top_k] from
+  // router_forward): slots [slots()] (permuted row r holds slot slots[r]),
+  // rows [slots()] (its inverse: slot s is permuted row rows[s]) and counts
+  // [experts] (each expert's rows, contiguous in expert order). Throws Error
+  // for an index outside [0, experts).
+  virtual void moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,
+                        int32_t* rows, int32_t* counts) = 0;
+  // out [slots(), dim] in out_dtype: row r = x[slots[r] / top_k] (x f32 [tokens, dim]).
+  virtual void moe_permute(const ops::DispatchDims& dims, const int32_t* slots, const float* x,
+                           DType out_dtype, void* out) = 0;
+  // dx [tokens, dim] f32, overwritten: dx[t] = sum over j (ascending) of d_out[rows[t*top_k + j]].
+  virtual void moe_permute_backward(const ops::DispatchDims& dims, const int32_t* rows,
+                                    const float* d_out, float* dx) = 0;
+  // out [tokens, dim] f32, overwritten: out[t] = sum over j (ascending) of
+  // weights[t, j] * y[rows[t*top_k + j]] (y f32 [slots(), dim]).
+  virtual void moe_combine(const ops::DispatchDims& dims, const int32_t* rows, const float* weights,
+                           const float* y, float* out) = 0;
+  // d_y [slots(), dim] in grad_dtype, overwritten: row rows[t*top_k + j] =
+  // weights[t, j] * d_out[t]; d_weights [tokens, top_k] f32, overwritten:
+  // <d_out[t], y[rows[t*top_k + j]]>.
+  virtual void moe_combine_backward(const ops::DispatchDims& dims, const int32_t* rows,
+                                    const float* weights, const float* y, const float* d_out,
+                                    DType grad_dtype, void* d_y, float* d_weights) = 0;
+
   // ---- optimizer
   // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), m and v from grad * grad_scale;
   // with a compute copy, also writes the updated parameter there.

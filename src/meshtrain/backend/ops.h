@@ -145,6 +145,15 @@ struct RouterDims {
   const float* bias = nullptr;  // [experts]
 };
 
+// Token dispatch to the experts and the weighted combine back (Megatron-Core's
+// token dispatcher, on one rank). Token t's j-th choice of the router is slot
+// s = t * top_k + j; the permuted rows group the slots by expert, in slot
+// order within an expert, so each expert's rows are contiguous.
+struct DispatchDims {
+  int64_t tokens = 0, top_k = 1, experts = 0, dim = 0;
+  int64_t slots() const { return tokens * top_k; }
+};
+
 // AdamW (decoupled weight decay, bias correction); all state f32.
 struct AdamWHyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;

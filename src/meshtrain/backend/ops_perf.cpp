@@ -330,6 +330,38 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
                        be.router_backward(dims, probs.data<float>(), indices.data<int32_t>(),
                                           dweights.data<float>(), dlogits.data<float>());
                      }});
+    if (dims.score != ops::RouterScore::softmax) continue;
+    // Dispatch and combine of the first router's choices.
+    const ops::DispatchDims dd{.tokens = rows, .top_k = k, .experts = E, .dim = d};
+    const int64_t n = dd.slots();
+    keep.push_back(be.allocate({3, n + E}, DType::i32, MemCategory::workspace));
+    int32_t* order = keep.back().data<int32_t>();  // slots, rows, counts
+    be.moe_sort(dd, indices.data<int32_t>(), order, order + n, order + 2 * n);
+    const Tensor& x = t({rows, d}, DType::f32);
+    const Tensor& permuted = t({n, d}, DType::f32);
+    const Tensor& out = t({rows, d}, DType::f32);
+    const Tensor& d_permuted = t({n, d}, DType::f32);
+    const std::string moe = fmt::format("tokens={} k={} experts={} dim={}", rows, k, E, d);
+    const double moved = 8.0 * static_cast<double>(n * d);
+    cases.push_back({"moe_sort", moe, 0, 4.0 * 3 * static_cast<double>(n), dt,
+                     [&be, dd, &indices, order, n] {
+                       be.moe_sort(dd, indices.data<int32_t>(), order, order + n, order + 2 * n);
+                     }});
+    cases.push_back({"moe_permute", moe, 0, moved, dt, [&be, dd, order, &x, &permuted] {
+                       be.moe_permute(dd, order, x.data<float>(), DType::f32, permuted.raw());
+                     }});
+    cases.push_back({"moe_combine", moe, 0, moved, dt, [&be, dd, order, n, &weights, &permuted,
+                                                          &out] {
+                       be.moe_combine(dd, order + n, weights.data<float>(),
+                                      permuted.data<float>(), out.data<float>());
+                     }});
+    cases.push_back({"moe_combine_backward", moe, 0, 2 * moved, dt,
+                     [&be, dd, order, n, &weights, &permuted, &out, &d_permuted, &dweights] {
+                       be.moe_combine_backward(dd, order + n, weights.data<float>(),
+                                               permuted.data<float>(), out.data<float>(),
+                                               DType::f32, d_permuted.raw(),
+                                               dweights.data<float>());
+                     }});
   }
 }
 

@@ -458,4 +458,57 @@ void router_backward(const RouterDims& dims, const Vec& probs, std::span<const i
   }
 }
 
+Dispatch moe_sort(const DispatchDims& dims, std::span<const int32_t> indices) {
+  Dispatch d;
+  const int64_t n = dims.slots();
+  d.slots.resize(static_cast<size_t>(n));
+  for (int64_t s = 0; s < n; ++s) d.slots[s] = static_cast<int32_t>(s);
+  std::stable_sort(d.slots.begin(), d.slots.end(),
+                   [&](int32_t a, int32_t b) { return indices[a] < indices[b]; });
+  d.rows.resize(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) d.rows[d.slots[r]] = static_cast<int32_t>(r);
+  d.counts.assign(static_cast<size_t>(dims.experts), 0);
+  for (int64_t s = 0; s < n; ++s) ++d.counts[indices[s]];
+  return d;
+}
+
+void moe_permute(const DispatchDims& dims, const Dispatch& order, const Vec& x, Vec& out) {
+  out.assign(static_cast<size_t>(dims.slots() * dims.dim), 0.0);
+  for (int64_t r = 0; r < dims.slots(); ++r) {
+    const int64_t t = order.slots[r] / dims.top_k;
+    for (int64_t i = 0; i < dims.dim; ++i) out[r * dims.dim + i] = x[t * dims.dim + i];
+  }
+}
+
+void moe_permute_backward(const DispatchDims& dims, const Dispatch& order, const Vec& d_out,
+                          Vec& dx) {
+  dx.assign(static_cast<size_t>(dims.tokens * dims.dim), 0.0);
+  for (int64_t r = 0; r < dims.slots(); ++r) {
+    const int64_t t = order.slots[r] / dims.top_k;
+    for (int64_t i = 0; i < dims.dim; ++i) dx[t * dims.dim + i] += d_out[r * dims.dim + i];
+  }
+}
+
+void moe_combine(const DispatchDims& dims, const Dispatch& order, const Vec& weights, const Vec& y,
+                 Vec& out) {
+  out.assign(static_cast<size_t>(dims.tokens * dims.dim), 0.0);
+  for (int64_t r = 0; r < dims.slots(); ++r) {
+    const int64_t s = order.slots[r], t = s / dims.top_k;
+    for (int64_t i = 0; i < dims.dim; ++i) out[t * dims.dim + i] += weights[s] * y[r * dims.dim + i];
+  }
+}
+
+void moe_combine_backward(const DispatchDims& dims, const Dispatch& order, const Vec& weights,
+                          const Vec& y, const Vec& d_out, Vec& d_y, Vec& d_weights) {
+  d_y.assign(static_cast<size_t>(dims.slots() * dims.dim), 0.0);
+  d_weights.assign(static_cast<size_t>(dims.slots()), 0.0);
+  for (int64_t r = 0; r < dims.slots(); ++r) {
+    const int64_t s = order.slots[r], t = s / dims.top_k;
+    for (int64_t i = 0; i < dims.dim; ++i) {
+      d_y[r * dims.dim + i] = weights[s] * d_out[t * dims.dim + i];
+      d_weights[s] += d_out[t * dims.dim + i] * y[r * dims.dim + i];
+    }
+  }
+}
+
 }  // namespace meshtrain::ops::reference

@@ -63,4 +63,18 @@ void router_forward(const RouterDims& dims, const Vec& logits, Vec& probs,
 void router_backward(const RouterDims& dims, const Vec& probs, std::span<const int32_t> indices,
                      const Vec& d_weights, Vec& d_logits);
 
+// Dispatch and combine (ops::DispatchDims), from the router's indices: the
+// permuted order, each expert's count, and the row moves.
+struct Dispatch {
+  std::vector<int32_t> slots, rows, counts;
+};
+Dispatch moe_sort(const DispatchDims& dims, std::span<const int32_t> indices);
+void moe_permute(const DispatchDims& dims, const Dispatch& order, const Vec& x, Vec& out);
+void moe_permute_backward(const DispatchDims& dims, const Dispatch& order, const Vec& d_out,
+                          Vec& dx);
+void moe_combine(const DispatchDims& dims, const Dispatch& order, const Vec& weights, const Vec& y,
+                 Vec& out);
+void moe_combine_backward(const DispatchDims& dims, const Dispatch& order, const Vec& weights,
+                          const Vec& y, const Vec& d_out, Vec& d_y, Vec& d_weights);
+
 }  // namespace meshtrain::ops::reference

@@ -946,6 +946,138 @@ void add_router_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// Dispatch and combine over router-like choices (top_k distinct experts per
+// token), experts left empty included, and dispatch then combine with weights
+// 1/top_k giving the input back.
+void add_dispatch_cases(std::vector<OpCase>& cases, Random& rng) {
+  const ops::DispatchDims shapes[] = {{.tokens = 1, .top_k = 1, .experts = 1, .dim = 1},
+                                      {.tokens = 7, .top_k = 2, .experts = 8, .dim = 5},
+                                      {.tokens = 33, .top_k = 4, .experts = 60, .dim = 17},
+                                      {.tokens = 5, .top_k = 3, .experts = 16, .dim = 64}};
+  for (const ops::DispatchDims& dims : shapes) {
+    std::vector<int32_t> indices = rng.ints(dims.slots(), 0, static_cast<int32_t>(dims.experts - 1));
+    for (int64_t t = 0; t < dims.tokens; ++t) {  // distinct within a token, as a router chooses
+      for (int64_t j = 0; j < dims.top_k; ++j) {
+        int32_t& e = indices[t * dims.top_k + j];
+        while (std::find(&indices[t * dims.top_k], &e, e) != &e) {
+          e = static_cast<int32_t>((e + 1) % dims.experts);
+        }
+      }
+    }
+    const ref::Dispatch order = ref::moe_sort(dims, indices);
+    const int64_t n = dims.slots(), tokens = dims.tokens * dims.dim, rows = n * dims.dim;
+    const Vec x = rounded(rng.uniform(tokens), DType::f32), y = rounded(rng.uniform(rows), DType::f32);
+    const Vec dout = rounded(rng.uniform(tokens), DType::f32), drows = rounded(rng.uniform(rows), DType::f32);
+    const Vec weights = rounded(rng.uniform(n, 0, 1), DType::f32);
+    const std::string params = fmt::format("tokens={} k={} experts={} dim={}", dims.tokens,
+                                           dims.top_k, dims.experts, dims.dim);
+    auto as_vec = [](const std::vector<int32_t>& v) { return Vec(v.begin(), v.end()); };
+    cases.push_back(OpCase{"moe_sort", params, max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto I = p.upload_ids("indices", indices);
+                             auto S = p.upload_ids("slots", std::vector<int32_t>(indices.size()));
+                             auto R = p.upload_ids("rows", std::vector<int32_t>(indices.size()));
+                             auto C = p.upload_ids("counts", std::vector<int32_t>(
+                                                                 static_cast<size_t>(dims.experts)));
+                             p.backend().moe_sort(dims, I.as<int32_t>(), S.as<int32_t>(),
+                                                  R.as<int32_t>(), C.as<int32_t>());
+                             return Outputs{{"slots", p.download(S)}, {"rows", p.download(R)},
+                                            {"counts", p.download(C)}};
+                           },
+                           [=] {
+                             return Outputs{{"slots", as_vec(order.slots)},
+                                            {"rows", as_vec(order.rows)},
+                                            {"counts", as_vec(order.counts)}};
+                           }});
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      cases.push_back(OpCase{
+          "moe_permute", params + " " + std::string(dtype_name(dt)), max_nmse(dt),
+          [=](Probe& p) {
+            auto S = p.upload_ids("slots", order.slots);
+            auto X = p.upload("x", DType::f32, x), O = p.upload("out", dt, Vec(y.size()));
+            p.backend().moe_permute(dims, S.as<int32_t>(), X.as<float>(), dt, O.data());
+            return Outputs{{"out", p.download(O)}};
+          },
+          [=] {
+            Vec out;
+            ref::moe_permute(dims, order, x, out);
+            return Outputs{{"out", out}};
+          }});
+    }
+    cases.push_back(OpCase{"moe_permute_backward", params, max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto R = p.upload_ids("rows", order.rows);
+                             auto D = p.upload("d_out", DType::f32, drows),
+                                  DX = p.upload("dx", DType::f32, Vec(x.size()));
+                             p.backend().moe_permute_backward(dims, R.as<int32_t>(), D.as<float>(),
+                                                              DX.as<float>());
+                             return Outputs{{"dx", p.download(DX)}};
+                           },
+                           [=] {
+                             Vec dx;
+                             ref::moe_permute_backward(dims, order, drows, dx);
+                             return Outputs{{"dx", dx}};
+                           }});
+    cases.push_back(OpCase{"moe_combine", params, max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto R = p.upload_ids("rows", order.rows);
+                             auto W = p.upload("weights", DType::f32, weights),
+                                  Y = p.upload("y", DType::f32, y),
+                                  O = p.upload("out", DType::f32, Vec(x.size()));
+                             p.backend().moe_combine(dims, R.as<int32_t>(), W.as<float>(),
+                                                     Y.as<float>(), O.as<float>());
+                             return Outputs{{"out", p.download(O)}};
+                           },
+                           [=] {
+                             Vec out;
+                             ref::moe_combine(dims, order, weights, y, out);
+                             return Outputs{{"out", out}};
+                           }});
+    for (DType dt : {DType::f32, DType::bf16}) {
+      cases.push_back(OpCase{
+          "moe_combine_backward", params + " " + std::string(dtype_name(dt)), max_nmse(dt),
+          [=](Probe& p) {
+            auto R = p.upload_ids("rows", order.rows);
+            auto W = p.upload("weights", DType::f32, weights), Y = p.upload("y", DType::f32, y);
+            auto D = p.upload("d_out", DType::f32, dout);
+            auto DY = p.upload("d_y", dt, Vec(y.size()));
+            auto DW = p.upload("d_weights", DType::f32, Vec(weights.size()));
+            p.backend().moe_combine_backward(dims, R.as<int32_t>(), W.as<float>(), Y.as<float>(),
+                                             D.as<float>(), dt, DY.data(), DW.as<float>());
+            return Outputs{{"d_y", p.download(DY)}, {"d_weights", p.download(DW)}};
+          },
+          [=] {
+            Vec dy, dw;
+            ref::moe_combine_backward(dims, order, weights, y, dout, dy, dw);
+            return Outputs{{"d_y", dy}, {"d_weights", dw}};
+          }});
+    }
+    // Dispatch, then combine with weights 1/top_k: the input again.
+    const Vec mean(static_cast<size_t>(n), 1.0 / static_cast<double>(dims.top_k));
+    cases.push_back(OpCase{"moe_dispatch_combine", params + " identity", max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto I = p.upload_ids("indices", indices);
+                             auto S = p.upload_ids("slots", std::vector<int32_t>(indices.size()));
+                             auto R = p.upload_ids("rows", std::vector<int32_t>(indices.size()));
+                             auto C = p.upload_ids("counts", std::vector<int32_t>(
+                                                                 static_cast<size_t>(dims.experts)));
+                             auto X = p.upload("x", DType::f32, x),
+                                  P = p.upload("permuted", DType::f32, Vec(y.size())),
+                                  W = p.upload("weights", DType::f32, mean),
+                                  O = p.upload("out", DType::f32, Vec(x.size()));
+                             Backend& be = p.backend();
+                             be.moe_sort(dims, I.as<int32_t>(), S.as<int32_t>(), R.as<int32_t>(),
+                                         C.as<int32_t>());
+                             be.moe_permute(dims, S.as<int32_t>(), X.as<float>(), DType::f32,
+                                            P.data());
+                             be.moe_combine(dims, R.as<int32_t>(), W.as<float>(), P.as<float>(),
+                                            O.as<float>());
+                             return Outputs{{"out", p.download(O)}};
+                           },
+                           [=] { return Outputs{{"out", x}}; }});
+  }
+}
+
 std::vector<OpCase> all_cases(uint32_t seed) {
   Random rng(seed);
   std::vector<OpCase> cases;
@@ -957,6 +1089,7 @@ std::vector<OpCase> all_cases(uint32_t seed) {
   add_classifier_cases(cases, rng);
   add_optimizer_cases(cases, rng);
   add_router_cases(cases, rng);
+  add_dispatch_cases(cases, rng);
   // One block per op, in the order the ops first appear.
   std::vector<std::string> order;
   for (const OpCase& c : cases) {

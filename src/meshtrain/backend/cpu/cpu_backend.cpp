@@ -9,6 +9,7 @@
 #include "meshtrain/backend/cpu/attention.h"
 #include "meshtrain/backend/cpu/bandwidth.h"
 #include "meshtrain/backend/cpu/cross_entropy.h"
+#include "meshtrain/backend/cpu/dispatch.h"
 #include "meshtrain/backend/cpu/embedding.h"
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/backend/cpu/norm.h"
@@ -168,6 +169,32 @@ void CpuBackend::router_forward(const ops::RouterDims& dims, const float* logits
 void CpuBackend::router_backward(const ops::RouterDims& dims, const float* probs,
                                  const int32_t* indices, const float* d_weights, float* d_logits) {
   cpu::router_backward(dims, probs, indices, d_weights, d_logits);
+}
+
+void CpuBackend::moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,
+                          int32_t* rows, int32_t* counts) {
+  cpu::moe_sort(dims, indices, slots, rows, counts);
+}
+
+void CpuBackend::moe_permute(const ops::DispatchDims& dims, const int32_t* slots, const float* x,
+                             DType out_dtype, void* out) {
+  cpu::moe_permute(dims, slots, x, out_dtype, out);
+}
+
+void CpuBackend::moe_permute_backward(const ops::DispatchDims& dims, const int32_t* rows,
+                                      const float* d_out, float* dx) {
+  cpu::moe_permute_backward(dims, rows, d_out, dx);
+}
+
+void CpuBackend::moe_combine(const ops::DispatchDims& dims, const int32_t* rows,
+                             const float* weights, const float* y, float* out) {
+  cpu::moe_combine(dims, rows, weights, y, out);
+}
+
+void CpuBackend::moe_combine_backward(const ops::DispatchDims& dims, const int32_t* rows,
+                                      const float* weights, const float* y, const float* d_out,
+                                      DType grad_dtype, void* d_y, float* d_weights) {
+  cpu::moe_combine_backward(dims, rows, weights, y, d_out, grad_dtype, d_y, d_weights);
 }
 
 void CpuBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,

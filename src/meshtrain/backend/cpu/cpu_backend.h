@@ -75,6 +75,17 @@ class CpuBackend final : public Backend {
                       int32_t* indices, float* weights) override;
   void router_backward(const ops::RouterDims& dims, const float* probs, const int32_t* indices,
                        const float* d_weights, float* d_logits) override;
+  void moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,
+                int32_t* rows, int32_t* counts) override;
+  void moe_permute(const ops::DispatchDims& dims, const int32_t* slots, const float* x,
+                   DType out_dtype, void* out) override;
+  void moe_permute_backward(const ops::DispatchDims& dims, const int32_t* rows,
+                            const float* d_out, float* dx) override;
+  void moe_combine(const ops::DispatchDims& dims, const int32_t* rows, const float* weights,
+                   const float* y, float* out) override;
+  void moe_combine_backward(const ops::DispatchDims& dims, const int32_t* rows,
+                            const float* weights, const float* y, const float* d_out,
+                            DType grad_dtype, void* d_y, float* d_weights) override;
 
   void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad, float* m,
                     float* v, ops::ComputeCopy compute, int64_t n) override;

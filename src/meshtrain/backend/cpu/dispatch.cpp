@@ -1,0 +1,99 @@
+#include "meshtrain/backend/cpu/dispatch.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::cpu {
+
+// A counting sort of the slots by expert: stable, so slot order within one.
+void moe_sort(const ops::DispatchDims& d, const int32_t* indices, int32_t* slots, int32_t* rows,
+              int32_t* counts) {
+  const int64_t n = d.slots();
+  std::fill(counts, counts + d.experts, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    MESHTRAIN_CHECK(indices[s] >= 0 && indices[s] < d.experts,
+                    "moe dispatch: token {} chose expert {}, outside [0, {})", s / d.top_k,
+                    indices[s], d.experts);
+    ++counts[indices[s]];
+  }
+  std::vector<int64_t> next(static_cast<size_t>(d.experts), 0);
+  for (int64_t e = 1; e < d.experts; ++e) next[e] = next[e - 1] + counts[e - 1];
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t r = next[indices[s]]++;
+    slots[r] = static_cast<int32_t>(s);
+    rows[s] = static_cast<int32_t>(r);
+  }
+}
+
+void moe_permute(const ops::DispatchDims& d, const int32_t* slots, const float* x, DType out_dtype,
+                 void* out) {
+  const size_t row_bytes = static_cast<size_t>(d.dim) * dtype_size(out_dtype);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < d.slots(); ++r) {
+    convert(DType::f32, x + slots[r] / d.top_k * d.dim, out_dtype,
+            static_cast<char*>(out) + static_cast<size_t>(r) * row_bytes,
+            static_cast<size_t>(d.dim));
+  }
+}
+
+void moe_permute_backward(const ops::DispatchDims& d, const int32_t* rows, const float* d_out,
+                          float* dx) {
+  const int64_t D = d.dim;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < d.tokens; ++t) {
+    float* o = dx + t * D;
+    std::fill(o, o + D, 0.0f);
+    for (int64_t j = 0; j < d.top_k; ++j) {
+      const float* g = d_out + static_cast<int64_t>(rows[t * d.top_k + j]) * D;
+      for (int64_t i = 0; i < D; ++i) o[i] += g[i];
+    }
+  }
+}
+
+void moe_combine(const ops::DispatchDims& d, const int32_t* rows, const float* weights,
+                 const float* y, float* out) {
+  const int64_t D = d.dim;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < d.tokens; ++t) {
+    float* o = out + t * D;
+    std::fill(o, o + D, 0.0f);
+    for (int64_t j = 0; j < d.top_k; ++j) {
+      const float w = weights[t * d.top_k + j];
+      const float* src = y + static_cast<int64_t>(rows[t * d.top_k + j]) * D;
+      for (int64_t i = 0; i < D; ++i) o[i] += w * src[i];
+    }
+  }
+}
+
+void moe_combine_backward(const ops::DispatchDims& d, const int32_t* rows, const float* weights,
+                          const float* y, const float* d_out, DType grad_dtype, void* d_y,
+                          float* d_weights) {
+  const int64_t D = d.dim;
+  const size_t row_bytes = static_cast<size_t>(D) * dtype_size(grad_dtype);
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < d.tokens; ++t) {
+      const float* g = d_out + t * D;
+      for (int64_t j = 0; j < d.top_k; ++j) {
+        const int64_t s = t * d.top_k + j, r = rows[s];
+        const float w = weights[s];
+        const float* src = y + r * D;
+        float dot = 0;
+        for (int64_t i = 0; i < D; ++i) {
+          row[i] = w * g[i];
+          dot += g[i] * src[i];
+        }
+        d_weights[s] = dot;
+        convert(DType::f32, row.data(), grad_dtype,
+                static_cast<char*>(d_y) + static_cast<size_t>(r) * row_bytes,
+                static_cast<size_t>(D));
+      }
+    }
+  }
+}
+
+}  // namespace meshtrain::cpu
