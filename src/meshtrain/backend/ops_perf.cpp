@@ -334,7 +334,7 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     // Dispatch and combine of the first router's choices.
     const ops::DispatchDims dd{.tokens = rows, .top_k = k, .experts = E, .dim = d};
     const int64_t n = dd.slots();
-    keep.push_back(be.allocate({3, n + E}, DType::i32, MemCategory::workspace));
+    keep.push_back(be.allocate({2 * n + E}, DType::i32, MemCategory::workspace));
     int32_t* order = keep.back().data<int32_t>();  // slots, rows, counts
     be.moe_sort(dd, indices.data<int32_t>(), order, order + n, order + 2 * n);
     const Tensor& x = t({rows, d}, DType::f32);

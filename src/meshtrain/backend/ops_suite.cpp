@@ -946,6 +946,21 @@ void add_router_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// The backend's moe_sort of `indices`: its slots, rows and counts buffers.
+struct SortBuffers {
+  Probe::Buffer slots, rows, counts;
+};
+SortBuffers run_moe_sort(Probe& p, const ops::DispatchDims& dims,
+                         const std::vector<int32_t>& indices) {
+  auto I = p.upload_ids("indices", indices);
+  SortBuffers b{p.upload_ids("slots", std::vector<int32_t>(indices.size())),
+                p.upload_ids("rows", std::vector<int32_t>(indices.size())),
+                p.upload_ids("counts", std::vector<int32_t>(static_cast<size_t>(dims.experts)))};
+  p.backend().moe_sort(dims, I.as<int32_t>(), b.slots.as<int32_t>(), b.rows.as<int32_t>(),
+                       b.counts.as<int32_t>());
+  return b;
+}
+
 // Dispatch and combine over router-like choices (top_k distinct experts per
 // token), experts left empty included, and dispatch then combine with weights
 // 1/top_k giving the input back.
@@ -974,15 +989,10 @@ void add_dispatch_cases(std::vector<OpCase>& cases, Random& rng) {
     auto as_vec = [](const std::vector<int32_t>& v) { return Vec(v.begin(), v.end()); };
     cases.push_back(OpCase{"moe_sort", params, max_nmse(DType::f32),
                            [=](Probe& p) {
-                             auto I = p.upload_ids("indices", indices);
-                             auto S = p.upload_ids("slots", std::vector<int32_t>(indices.size()));
-                             auto R = p.upload_ids("rows", std::vector<int32_t>(indices.size()));
-                             auto C = p.upload_ids("counts", std::vector<int32_t>(
-                                                                 static_cast<size_t>(dims.experts)));
-                             p.backend().moe_sort(dims, I.as<int32_t>(), S.as<int32_t>(),
-                                                  R.as<int32_t>(), C.as<int32_t>());
-                             return Outputs{{"slots", p.download(S)}, {"rows", p.download(R)},
-                                            {"counts", p.download(C)}};
+                             const SortBuffers b = run_moe_sort(p, dims, indices);
+                             return Outputs{{"slots", p.download(b.slots)},
+                                            {"rows", p.download(b.rows)},
+                                            {"counts", p.download(b.counts)}};
                            },
                            [=] {
                              return Outputs{{"slots", as_vec(order.slots)},
@@ -1056,22 +1066,15 @@ void add_dispatch_cases(std::vector<OpCase>& cases, Random& rng) {
     const Vec mean(static_cast<size_t>(n), 1.0 / static_cast<double>(dims.top_k));
     cases.push_back(OpCase{"moe_dispatch_combine", params + " identity", max_nmse(DType::f32),
                            [=](Probe& p) {
-                             auto I = p.upload_ids("indices", indices);
-                             auto S = p.upload_ids("slots", std::vector<int32_t>(indices.size()));
-                             auto R = p.upload_ids("rows", std::vector<int32_t>(indices.size()));
-                             auto C = p.upload_ids("counts", std::vector<int32_t>(
-                                                                 static_cast<size_t>(dims.experts)));
+                             const SortBuffers b = run_moe_sort(p, dims, indices);
                              auto X = p.upload("x", DType::f32, x),
                                   P = p.upload("permuted", DType::f32, Vec(y.size())),
                                   W = p.upload("weights", DType::f32, mean),
                                   O = p.upload("out", DType::f32, Vec(x.size()));
-                             Backend& be = p.backend();
-                             be.moe_sort(dims, I.as<int32_t>(), S.as<int32_t>(), R.as<int32_t>(),
-                                         C.as<int32_t>());
-                             be.moe_permute(dims, S.as<int32_t>(), X.as<float>(), DType::f32,
-                                            P.data());
-                             be.moe_combine(dims, R.as<int32_t>(), W.as<float>(), P.as<float>(),
-                                            O.as<float>());
+                             p.backend().moe_permute(dims, b.slots.as<int32_t>(), X.as<float>(),
+                                                     DType::f32, P.data());
+                             p.backend().moe_combine(dims, b.rows.as<int32_t>(), W.as<float>(),
+                                                     P.as<float>(), O.as<float>());
                              return Outputs{{"out", p.download(O)}};
                            },
                            [=] { return Outputs{{"out", x}}; }});

@@ -38,33 +38,35 @@ void moe_permute(const ops::DispatchDims& d, const int32_t* slots, const float* 
   }
 }
 
-void moe_permute_backward(const ops::DispatchDims& d, const int32_t* rows, const float* d_out,
-                          float* dx) {
-  const int64_t D = d.dim;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < d.tokens; ++t) {
-    float* o = dx + t * D;
-    std::fill(o, o + D, 0.0f);
-    for (int64_t j = 0; j < d.top_k; ++j) {
-      const float* g = d_out + static_cast<int64_t>(rows[t * d.top_k + j]) * D;
-      for (int64_t i = 0; i < D; ++i) o[i] += g[i];
-    }
-  }
-}
+namespace {
 
-void moe_combine(const ops::DispatchDims& d, const int32_t* rows, const float* weights,
-                 const float* y, float* out) {
+// out[t] = sum over j (ascending) of w(t, j) * y[rows[t * top_k + j]], w = 1
+// without weights: the permute's backward and the combine.
+void gather_sum(const ops::DispatchDims& d, const int32_t* rows, const float* weights,
+                const float* y, float* out) {
   const int64_t D = d.dim;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < d.tokens; ++t) {
     float* o = out + t * D;
     std::fill(o, o + D, 0.0f);
     for (int64_t j = 0; j < d.top_k; ++j) {
-      const float w = weights[t * d.top_k + j];
+      const float w = weights != nullptr ? weights[t * d.top_k + j] : 1.0f;
       const float* src = y + static_cast<int64_t>(rows[t * d.top_k + j]) * D;
       for (int64_t i = 0; i < D; ++i) o[i] += w * src[i];
     }
   }
+}
+
+}  // namespace
+
+void moe_permute_backward(const ops::DispatchDims& d, const int32_t* rows, const float* d_out,
+                          float* dx) {
+  gather_sum(d, rows, nullptr, d_out, dx);
+}
+
+void moe_combine(const ops::DispatchDims& d, const int32_t* rows, const float* weights,
+                 const float* y, float* out) {
+  gather_sum(d, rows, weights, y, out);
 }
 
 void moe_combine_backward(const ops::DispatchDims& d, const int32_t* rows, const float* weights,
