@@ -2,6 +2,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdlib>
@@ -52,6 +53,28 @@ inline std::vector<int32_t> to_i32(const std::vector<int64_t>& v) {
   return std::vector<int32_t>(v.begin(), v.end());
 }
 
+// The [moe] settings a MoE case's weights file holds as JSON (metadata "moe",
+// generate_fixtures.py MOE_CASES), field for field.
+inline MoeConfig moe_from_json(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  MoeConfig m;
+  m.experts = j.at("experts");
+  m.top_k = j.at("top_k");
+  m.hidden_dim = j.at("hidden_dim");
+  m.score = parse_router_score(j.at("score").get<std::string>());
+  m.renormalize = j.at("renormalize");
+  m.scaling = j.at("scaling");
+  m.n_groups = j.at("n_groups");
+  m.topk_groups = j.at("topk_groups");
+  m.shared_hidden = j.at("shared_hidden");
+  m.shared_gate = j.at("shared_gate");
+  m.first_dense = j.at("first_dense");
+  m.every = j.at("every");
+  m.aux_loss = j.at("aux_loss");
+  m.z_loss = j.at("z_loss");
+  return m;
+}
+
 // The case's model (config from the weights file's metadata) with its initial weights.
 struct FixtureModel {
   MemoryTracker tracker;
@@ -62,6 +85,8 @@ struct FixtureModel {
     const std::string path = fixture_path(case_name + ".weights.safetensors");
     SafetensorsReader weights(path);
     ModelConfig config = parse_hf_config(weights.metadata("config"), path);
+    if (weights.metadata().contains("moe")) config.moe = moe_from_json(weights.metadata("moe"));
+    config.validate();
     model = std::make_unique<Model>(config, precision, ctx);
     load_model_weights(*model, weights);
   }

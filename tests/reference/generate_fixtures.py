@@ -15,6 +15,10 @@ For each case (llama_gqa, gpt2):
                                 and grad/<adapter> (base frozen); the same with adapter
                                 dropout under dropout/ (and dropout/samples, the rows' sample
                                 indices); __metadata__ rank, alpha, targets, dropout settings.
+moe_<case>.weights.safetensors / .reference.safetensors: Llamas with mixture-of-experts
+feed-forwards (MOE_CASES; __metadata__ "moe" = the [moe] settings as JSON): tokens, targets,
+logits, loss (cross-entropy), aux (the auxiliary losses' sum, coefficients applied) and
+grad/<name> of loss + aux.
 stories260k.reference.safetensors: logits of a fixed id sequence and greedy ids from BOS
 (with the top-1/top-2 logit margins), from the llama2.c file tests/models/stories260K.bin.
 All math is float64 from the float32-rounded weights, so the C++ fp32 error is what is measured.
@@ -60,7 +64,7 @@ def init_weights(c, seed):
         elif "embed" in name or "wte" in name or "wpe" in name:
             x = 0.5 * x
         else:
-            x = x / np.sqrt(shape[0] if c.family == "gpt2" else shape[1])  # 1/sqrt(fan_in)
+            x = x / np.sqrt(shape[0] if c.family == "gpt2" else shape[-1])  # 1/sqrt(fan_in)
         out[name] = x.to(torch.float32).to(torch.float64)  # what the f32 file holds
     return out
 
@@ -216,6 +220,45 @@ def lora_case(name, c, out_dir, seed):
     print(f"{name} lora: loss {loss.item():.6f}, {len(adapters)} adapter tensors")
 
 
+# Mixtures of experts on the llama_gqa shape: Mixtral's routing, Qwen2-MoE's (no
+# renormalisation, a gated shared expert, a dense first layer), DeepSeek-V3's (sigmoid
+# scores, group-limited top-k, scaling, an ungated shared expert), and top_k = experts
+# without renormalisation (the dense softmax mixture of the experts).
+MOE_CASES = {
+    "moe_mixtral": ref.Moe(experts=4, top_k=2, hidden_dim=24, aux_loss=0.1, z_loss=0.01),
+    "moe_qwen2": ref.Moe(experts=6, top_k=2, hidden_dim=16, renormalize=False, shared_hidden=40,
+                         shared_gate=True, first_dense=1, aux_loss=0.1),
+    "moe_deepseek": ref.Moe(experts=8, top_k=2, hidden_dim=16, score="sigmoid", scaling=2.5,
+                            n_groups=4, topk_groups=2, shared_hidden=32, z_loss=0.01),
+    "moe_dense_mixture": ref.Moe(experts=3, top_k=3, hidden_dim=16, renormalize=False),
+}
+
+
+def moe_case(name, m, out_dir, seed):
+    base = CASES["llama_gqa"]
+    c = ref.Config(**{**base.__dict__, "moe": m})
+    P0 = init_weights(c, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    data = torch.randint(0, c.vocab_size, (BATCH, SEQ["llama_gqa"] + 1), generator=g)
+    tokens, targets = data[:, :-1], data[:, 1:]
+    meta = {"config": json.dumps(c.hf_config(), indent=2), "moe": json.dumps(m.__dict__)}
+    stfile.write(os.path.join(out_dir, f"{name}.weights.safetensors"),
+                 {k: f32(v) for k, v in P0.items()}, meta)
+    P = leaf_copy(P0, torch.float64)
+    aux = []
+    out = ref.logits(P, c, tokens, aux=aux)
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, c.vocab_size), targets.reshape(-1))
+    aux_total = sum(aux) if aux else torch.zeros((), dtype=torch.float64)
+    (loss + aux_total).backward()
+    print(f"{name}: loss {loss.item():.6f}, auxiliary {aux_total.item():.6f}")
+    tensors = {"tokens": tokens.to(torch.int32).numpy(), "targets": targets.to(torch.int32).numpy(),
+               "logits": f32(out.reshape(-1, c.vocab_size)), "loss": np.array([loss.item()]),
+               "aux": np.array([aux_total.item()])}
+    for k, v in P.items():
+        tensors["grad/" + k] = f32(v.grad)
+    stfile.write(os.path.join(out_dir, f"{name}.reference.safetensors"), tensors, {})
+
+
 def load_llama2c(path):
     """llama2.c legacy v0 file -> (Config, params dict in registry names, float64)."""
     with open(path, "rb") as f:
@@ -337,6 +380,8 @@ def main():
     for seed, (name, c) in enumerate(CASES.items()):
         model_case(name, c, args.out, 1000 + 10 * seed)
         lora_case(name, c, args.out, 1000 + 10 * seed)
+    for seed, (name, m) in enumerate(MOE_CASES.items()):
+        moe_case(name, m, args.out, 2000 + 10 * seed)
     stories_case(args.stories, args.out)
 
 

@@ -8,6 +8,8 @@ registry layout, so gradients and optimizer steps line up with the C++ side by n
 - GPT-2: LayerNorm with bias, learned positions, Conv1D weights [in, out]
   (HF's layout, which meshtrain keeps), GELU with tanh, output tied to wte.
 rope="half" gives Hugging Face's rotate_half convention, used to check exported files.
+A Llama with a Moe config has mixture-of-experts feed-forwards (moe_ffn), written from
+the Switch / Mixtral / DeepSeek-V3 papers and Megatron-Core's loss definitions.
 """
 import json
 import math
@@ -15,6 +17,28 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class Moe:
+    """meshtrain's [moe] settings (docs/moe.md), field for field."""
+    experts: int
+    top_k: int
+    hidden_dim: int
+    score: str = "softmax"
+    renormalize: bool = True
+    scaling: float = 1.0
+    n_groups: int = 1
+    topk_groups: int = 1
+    shared_hidden: int = 0
+    shared_gate: bool = False
+    first_dense: int = 0
+    every: int = 1
+    aux_loss: float = 0.0
+    z_loss: float = 0.0
+
+    def is_moe_layer(self, i):
+        return i >= self.first_dense and (i - self.first_dense) % self.every == 0
 
 
 @dataclass
@@ -30,6 +54,7 @@ class Config:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
+    moe: Moe = None
 
     @property
     def head_dim(self):
@@ -80,6 +105,9 @@ def param_shapes(c):
             out[p + "self_attn.v_proj.weight"] = ((c.n_kv_heads * hd, c.dim), "matrix")
             out[p + "self_attn.o_proj.weight"] = ((c.dim, c.n_heads * hd), "matrix")
             out[p + "post_attention_layernorm.weight"] = ((c.dim,), "norm")
+            if c.moe is not None and c.moe.is_moe_layer(i):
+                out.update(moe_shapes(c, p))
+                continue
             out[p + "mlp.gate_proj.weight"] = ((c.hidden_dim, c.dim), "matrix")
             out[p + "mlp.up_proj.weight"] = ((c.hidden_dim, c.dim), "matrix")
             out[p + "mlp.down_proj.weight"] = ((c.dim, c.hidden_dim), "matrix")
@@ -239,7 +267,71 @@ def causal_attention(q, k, v, positions=None):
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
-def llama_logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.0, dropout=None):
+def moe_shapes(c, p):
+    """A MoE layer's feed-forward parameters, in meshtrain's registry order and layout."""
+    m, d = c.moe, c.dim
+    out = {p + "mlp.gate.weight": ((m.experts, d), "matrix"),
+           p + "mlp.experts.gate_up_proj": ((m.experts, 2 * m.hidden_dim, d), "matrix"),
+           p + "mlp.experts.down_proj": ((m.experts, d, m.hidden_dim), "matrix")}
+    if m.shared_hidden:
+        hs = m.shared_hidden
+        out[p + "mlp.shared_expert.gate_proj.weight"] = ((hs, d), "matrix")
+        out[p + "mlp.shared_expert.up_proj.weight"] = ((hs, d), "matrix")
+        out[p + "mlp.shared_expert.down_proj.weight"] = ((d, hs), "matrix")
+        if m.shared_gate:
+            out[p + "mlp.shared_expert_gate.weight"] = ((1, d), "matrix")
+    return out
+
+
+def swiglu(x, gate, up, down):
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def moe_ffn(h, P, p, m, aux):
+    """A MoE feed-forward of h [..., d]; appends this layer's auxiliary losses to `aux`
+    (coefficients applied): aux_loss * E * sum_e P_e f_e (P_e the mean score of expert e,
+    f_e its share of the top_k choices, counted without gradient) and
+    z_loss * mean(logsumexp(logits)^2)."""
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])
+    n, E = x.shape[0], m.experts
+    logits = F.linear(x, P[p + "mlp.gate.weight"])
+    probs = torch.softmax(logits, -1) if m.score == "softmax" else torch.sigmoid(logits)
+    select = probs.detach().clone()
+    if m.n_groups > 1:  # a group scores its two best; the topk_groups best groups are eligible
+        groups = select.view(n, m.n_groups, -1)
+        group_score = groups.topk(min(2, groups.shape[-1]), -1).values.sum(-1)
+        keep = torch.zeros_like(group_score, dtype=torch.bool)
+        keep.scatter_(1, group_score.topk(m.topk_groups, -1).indices, True)
+        select = select.masked_fill(~keep.repeat_interleave(E // m.n_groups, 1), float("-inf"))
+    chosen = select.topk(m.top_k, -1).indices
+    weights = probs.gather(1, chosen)
+    if m.renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    weights = weights * m.scaling
+    gate_up, down = P[p + "mlp.experts.gate_up_proj"], P[p + "mlp.experts.down_proj"]
+    out = torch.zeros_like(x)
+    for e in range(E):
+        w = (weights * (chosen == e)).sum(-1, keepdim=True)  # 0 for tokens not routed to e
+        g, u = F.linear(x, gate_up[e]).chunk(2, -1)
+        out = out + w * F.linear(F.silu(g) * u, down[e])
+    if m.shared_hidden:
+        shared = swiglu(x, P[p + "mlp.shared_expert.gate_proj.weight"],
+                        P[p + "mlp.shared_expert.up_proj.weight"],
+                        P[p + "mlp.shared_expert.down_proj.weight"])
+        if m.shared_gate:
+            shared = torch.sigmoid(F.linear(x, P[p + "mlp.shared_expert_gate.weight"])) * shared
+        out = out + shared
+    counts = torch.stack([(chosen == e).sum() for e in range(E)]).to(x.dtype)
+    if m.aux_loss:
+        aux.append(m.aux_loss * E * (probs.mean(0) * counts / (n * m.top_k)).sum())
+    if m.z_loss:
+        aux.append(m.z_loss * (torch.logsumexp(logits, -1) ** 2).mean())
+    return out.reshape(shape)
+
+
+def llama_logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.0, dropout=None,
+                 aux=None):
     B, T = tokens.shape
     hd = c.head_dim
     rotate = rope_interleaved if rope == "interleaved" else rope_half
@@ -258,6 +350,9 @@ def llama_logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         x = x + linear(causal_attention(q, k, v, positions), p + "self_attn.o_proj")
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
+        if c.moe is not None and c.moe.is_moe_layer(i):
+            x = x + moe_ffn(h, P, p, c.moe, [] if aux is None else aux)
+            continue
         gate = linear(h, p + "mlp.gate_proj")
         up = linear(h, p + "mlp.up_proj")
         x = x + linear(F.silu(gate) * up, p + "mlp.down_proj")
@@ -295,12 +390,13 @@ def gpt2_logits(P, c, tokens, positions=None, lora_scale=0.0, dropout=None):
     return F.linear(x, P["transformer.wte.weight"])
 
 
-def logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.0, dropout=None):
+def logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.0, dropout=None,
+           aux=None):
     """positions [B, T]: packed records (attention within each, positions restarting at 0);
     lora_scale: alpha / rank of the LoRA adapters P holds (none: no term); dropout: on
-    their inputs (lora_dropout)."""
+    their inputs (lora_dropout); aux: a list the MoE layers append their auxiliary losses to."""
     if c.family == "llama":
-        return llama_logits(P, c, tokens, rope, positions, lora_scale, dropout)
+        return llama_logits(P, c, tokens, rope, positions, lora_scale, dropout, aux)
     return gpt2_logits(P, c, tokens, positions, lora_scale, dropout)
 
 

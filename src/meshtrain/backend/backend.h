@@ -136,15 +136,17 @@ class Backend {
   // ---- mixture of experts
   // logits [tokens, experts] f32 -> probs [tokens, experts] (the scores p,
   // kept for backward), indices [tokens, top_k] (i32) and weights [tokens,
-  // top_k] f32, as ops::RouterDims describes.
+  // top_k] f32, as ops::RouterDims describes; lse [tokens] (when not
+  // nullptr): each token's log-sum-exp of its logits (the z-loss's input).
   virtual void router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
-                              int32_t* indices, float* weights) = 0;
+                              int32_t* indices, float* weights, float* lse) = 0;
   // d_logits [tokens, experts] (overwritten) from d_weights [tokens, top_k],
-  // through the weights' normalisation and the score function; the choice of
-  // experts itself has no gradient.
+  // through the weights' normalisation and the score function, plus the
+  // auxiliary losses' terms (ops::RouterAuxGrad); the choice of experts
+  // itself has no gradient.
   virtual void router_backward(const ops::RouterDims& dims, const float* probs,
                                const int32_t* indices, const float* d_weights,
-                               float* d_logits) = 0;
+                               const ops::RouterAuxGrad& aux, float* d_logits) = 0;
 
   // Dispatch (ops::DispatchDims; i32 indices [tokens, top_k] from
   // router_forward): slots [slots()] (permuted row r holds slot slots[r]),

@@ -145,6 +145,18 @@ struct RouterDims {
   const float* bias = nullptr;  // [experts]
 };
 
+// The auxiliary losses' gradients router_backward adds to the routing's.
+// score_grad [experts]: added to d p[t, e] of every token t (the
+// load-balancing loss, linear in the scores with per-expert slopes); nullptr:
+// none. z: d logits[t, e] += z * lse[t] * softmax(logits[t])[e] (the router
+// z-loss mean(lse^2) scaled: z = 2 * coefficient * weight / tokens), lse
+// [tokens] from router_forward; z = 0: none.
+struct RouterAuxGrad {
+  const float* score_grad = nullptr;
+  const float* lse = nullptr;
+  float z = 0;
+};
+
 // Token dispatch to the experts and the weighted combine back (Megatron-Core's
 // token dispatcher, on one rank). Token t's j-th choice of the router is slot
 // s = t * top_k + j; the permuted rows group the slots by expert, in slot

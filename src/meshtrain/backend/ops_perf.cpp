@@ -315,7 +315,7 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     if (dims.score == ops::RouterScore::sigmoid) dims.bias = bias.data<float>();
     // The backward reads the forward's choice.
     be.router_forward(dims, logits.data<float>(), probs.data<float>(), indices.data<int32_t>(),
-                      weights.data<float>());
+                      weights.data<float>(), nullptr);
     const std::string params = fmt::format(
         "tokens={} experts={} k={} {}", rows, E, k,
         dims.score == ops::RouterScore::softmax ? "softmax" : "sigmoid groups=4/8");
@@ -323,12 +323,13 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
     cases.push_back({"router_forward", params, 0, 8 * te + 8 * tk, dt,
                      [&be, dims, &logits, &probs, &indices, &weights] {
                        be.router_forward(dims, logits.data<float>(), probs.data<float>(),
-                                         indices.data<int32_t>(), weights.data<float>());
+                                         indices.data<int32_t>(), weights.data<float>(), nullptr);
                      }});
     cases.push_back({"router_backward", params, 0, 8 * te + 8 * tk, dt,
                      [&be, dims, &probs, &indices, &dweights, &dlogits] {
                        be.router_backward(dims, probs.data<float>(), indices.data<int32_t>(),
-                                          dweights.data<float>(), dlogits.data<float>());
+                                          dweights.data<float>(), ops::RouterAuxGrad{},
+                                          dlogits.data<float>());
                      }});
     if (dims.score != ops::RouterScore::softmax) continue;
     // Dispatch and combine of the first router's choices.

@@ -379,9 +379,23 @@ void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, 
   }
 }
 
+// Each token's log-sum-exp of its logits, and their softmax.
+Vec log_sum_exp(const RouterDims& dims, const Vec& logits) {
+  Vec lse(static_cast<size_t>(dims.tokens));
+  for (int64_t t = 0; t < dims.tokens; ++t) {
+    const double* l = logits.data() + t * dims.experts;
+    const double mx = *std::max_element(l, l + dims.experts);
+    double sum = 0;
+    for (int64_t e = 0; e < dims.experts; ++e) sum += std::exp(l[e] - mx);
+    lse[t] = mx + std::log(sum);
+  }
+  return lse;
+}
+
 void router_forward(const RouterDims& dims, const Vec& logits, Vec& probs,
-                    std::vector<int32_t>& indices, Vec& weights) {
+                    std::vector<int32_t>& indices, Vec& weights, Vec& lse) {
   const int64_t E = dims.experts, K = dims.top_k, G = dims.n_groups, per = E / G;
+  lse = log_sum_exp(dims, logits);
   probs.assign(logits.size(), 0.0);
   indices.assign(static_cast<size_t>(dims.tokens * K), 0);
   weights.assign(static_cast<size_t>(dims.tokens * K), 0.0);
@@ -389,10 +403,7 @@ void router_forward(const RouterDims& dims, const Vec& logits, Vec& probs,
     const double* l = logits.data() + t * E;
     double* p = probs.data() + t * E;
     if (dims.score == RouterScore::softmax) {
-      double mx = l[0], sum = 0;
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
-      for (int64_t e = 0; e < E; ++e) p[e] = std::exp(l[e] - mx) / sum;
+      for (int64_t e = 0; e < E; ++e) p[e] = std::exp(l[e] - lse[t]);
     } else {
       for (int64_t e = 0; e < E; ++e) p[e] = 1.0 / (1.0 + std::exp(-l[e]));
     }
@@ -426,13 +437,15 @@ void router_forward(const RouterDims& dims, const Vec& logits, Vec& probs,
 }
 
 void router_backward(const RouterDims& dims, const Vec& probs, std::span<const int32_t> indices,
-                     const Vec& d_weights, Vec& d_logits) {
+                     const Vec& d_weights, const Vec& score_grad, const Vec& logits, double z,
+                     Vec& d_logits) {
   const int64_t E = dims.experts, K = dims.top_k;
   d_logits.assign(probs.size(), 0.0);
+  const Vec lse = log_sum_exp(dims, logits);
   for (int64_t t = 0; t < dims.tokens; ++t) {
     const double* p = probs.data() + t * E;
     // d(weight_j)/d(p_e) summed over j: the weights as functions of the chosen p.
-    Vec dp(static_cast<size_t>(E), 0.0);
+    Vec dp = score_grad.empty() ? Vec(static_cast<size_t>(E), 0.0) : score_grad;
     double total = 0;
     for (int64_t j = 0; j < K; ++j) total += p[indices[t * K + j]];
     for (int64_t j = 0; j < K; ++j) {
@@ -455,6 +468,8 @@ void router_backward(const RouterDims& dims, const Vec& probs, std::span<const i
       }
       for (int64_t f = 0; f < E; ++f) dl[e] += dp[f] * p[f] * ((e == f ? 1.0 : 0.0) - p[e]);
     }
+    // The z-loss: z * lse * softmax(logits).
+    for (int64_t e = 0; e < E; ++e) dl[e] += z * lse[t] * std::exp(logits[t * E + e] - lse[t]);
   }
 }
 

@@ -57,11 +57,14 @@ double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> tar
 void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, Vec& v);
 
 // MoE routing (ops::RouterDims; dims.bias read as given): probs [tokens,
-// experts], indices and weights [tokens, top_k]; the backward's d_logits.
+// experts], indices and weights [tokens, top_k], lse [tokens]; the
+// backward's d_logits, with the auxiliary terms (ops::RouterAuxGrad: the
+// per-expert score gradient, empty for none; z times lse and the logits' softmax).
 void router_forward(const RouterDims& dims, const Vec& logits, Vec& probs,
-                    std::vector<int32_t>& indices, Vec& weights);
+                    std::vector<int32_t>& indices, Vec& weights, Vec& lse);
 void router_backward(const RouterDims& dims, const Vec& probs, std::span<const int32_t> indices,
-                     const Vec& d_weights, Vec& d_logits);
+                     const Vec& d_weights, const Vec& score_grad, const Vec& logits, double z,
+                     Vec& d_logits);
 
 // Dispatch and combine (ops::DispatchDims), from the router's indices: the
 // permuted order, each expert's count, and the row moves.

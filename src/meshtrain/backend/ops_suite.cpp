@@ -897,14 +897,14 @@ void add_router_cases(std::vector<OpCase>& cases, Random& rng) {
         v.score == RouterScore::softmax ? "softmax" : "sigmoid", v.renormalize ? " renorm" : "",
         v.bias ? " bias" : "",
         v.n_groups > 1 ? fmt::format(" groups={}/{}", v.topk_groups, v.n_groups) : "");
-    // The reference's forward, which the backward case starts from.
+    // The reference's forward, which the backward cases start from.
     auto forward = [=] {
       ops::RouterDims r = dims;
       r.bias = v.bias ? host_bias.data() : nullptr;
-      Vec probs, weights;
+      Vec probs, weights, lse;
       std::vector<int32_t> indices;
-      ref::router_forward(r, logits, probs, indices, weights);
-      return std::make_tuple(probs, indices, weights);
+      ref::router_forward(r, logits, probs, indices, weights, lse);
+      return std::make_tuple(probs, indices, weights, lse);
     };
     cases.push_back(OpCase{
         "router_forward", params, max_nmse(DType::f32),
@@ -913,36 +913,49 @@ void add_router_cases(std::vector<OpCase>& cases, Random& rng) {
           auto P = p.upload("probs", DType::f32, Vec(logits.size()));
           auto I = p.upload_ids("indices", std::vector<int32_t>(static_cast<size_t>(nk)));
           auto W = p.upload("weights", DType::f32, Vec(static_cast<size_t>(nk)));
+          auto S = p.upload("lse", DType::f32, Vec(static_cast<size_t>(v.tokens)));
           ops::RouterDims d = dims;
           d.bias = v.bias ? B.as<float>() : nullptr;
           p.backend().router_forward(d, L.as<float>(), P.as<float>(), I.as<int32_t>(),
-                                     W.as<float>());
+                                     W.as<float>(), S.as<float>());
           return Outputs{{"probs", p.download(P)}, {"indices", p.download(I)},
-                         {"weights", p.download(W)}};
+                         {"weights", p.download(W)}, {"lse", p.download(S)}};
         },
         [=] {
-          auto [probs, indices, weights] = forward();
+          auto [probs, indices, weights, lse] = forward();
           return Outputs{{"probs", probs}, {"indices", Vec(indices.begin(), indices.end())},
-                         {"weights", weights}};
+                         {"weights", weights}, {"lse", lse}};
         }});
-    cases.push_back(OpCase{
-        "router_backward", params, max_nmse(DType::f32),
-        [=](Probe& p) {
-          const auto fw = forward();
-          auto P = p.upload("probs", DType::f32, rounded(std::get<0>(fw), DType::f32));
-          auto I = p.upload_ids("indices", std::get<1>(fw));
-          auto DW = p.upload("d_weights", DType::f32, dw);
-          auto DL = p.upload("d_logits", DType::f32, Vec(logits.size()));
-          p.backend().router_backward(dims, P.as<float>(), I.as<int32_t>(), DW.as<float>(),
-                                      DL.as<float>());
-          return Outputs{{"d_logits", p.download(DL)}};
-        },
-        [=] {
-          const auto fw = forward();
-          Vec dl;
-          ref::router_backward(dims, rounded(std::get<0>(fw), DType::f32), std::get<1>(fw), dw, dl);
-          return Outputs{{"d_logits", dl}};
-        }});
+    // Without and with the auxiliary losses' terms (a per-expert score
+    // gradient, as the load-balancing loss gives, and the z-loss's).
+    const Vec score_grad = rounded(rng.uniform(v.experts), DType::f32);
+    const double z = 0.37;
+    for (const bool aux : {false, true}) {
+      cases.push_back(OpCase{
+          "router_backward", params + (aux ? " +aux" : ""), max_nmse(DType::f32),
+          [=](Probe& p) {
+            const auto fw = forward();
+            auto P = p.upload("probs", DType::f32, rounded(std::get<0>(fw), DType::f32));
+            auto I = p.upload_ids("indices", std::get<1>(fw));
+            auto S = p.upload("lse", DType::f32, rounded(std::get<3>(fw), DType::f32));
+            auto G = p.upload("score_grad", DType::f32, score_grad);
+            auto DW = p.upload("d_weights", DType::f32, dw);
+            auto DL = p.upload("d_logits", DType::f32, Vec(logits.size()));
+            const ops::RouterAuxGrad extra =
+                aux ? ops::RouterAuxGrad{G.as<float>(), S.as<float>(), static_cast<float>(z)}
+                    : ops::RouterAuxGrad{};
+            p.backend().router_backward(dims, P.as<float>(), I.as<int32_t>(), DW.as<float>(),
+                                        extra, DL.as<float>());
+            return Outputs{{"d_logits", p.download(DL)}};
+          },
+          [=] {
+            const auto fw = forward();
+            Vec dl;
+            ref::router_backward(dims, rounded(std::get<0>(fw), DType::f32), std::get<1>(fw), dw,
+                                 aux ? score_grad : Vec{}, logits, aux ? z : 0.0, dl);
+            return Outputs{{"d_logits", dl}};
+          }});
+    }
   }
 }
 

@@ -53,7 +53,13 @@ Model::Impl::Impl(Model& owner)
   output = tied ? embed : (head_first == kNoParam ? kNoParam : head_first + 1);
   blocks.resize(layers);
   for (size_t l = 0; l < layers; ++l) {
-    if (unit_of_layer[l] != kNoUnit) blocks[l] = make_block(static_cast<int64_t>(l));
+    if (unit_of_layer[l] == kNoUnit) continue;
+    const auto layer = static_cast<int64_t>(l);
+    blocks[l] = make_block(layer);
+    if (cfg.moe.is_moe_layer(layer)) {
+      moe_stats.push_back(MoeLayerStats{
+          .layer = layer, .tokens = std::vector<int64_t>(static_cast<size_t>(cfg.moe.experts))});
+    }
   }
   // The embedding and the output layer split the vocabulary alike.
   const size_t vocab_param = embed != kNoParam ? embed : output;
@@ -149,10 +155,25 @@ Block Model::Impl::make_block(int64_t layer) const {
   b.norm2 = norm(rc.norm_modules[1]);
   b.qkv = linear(m[0], d, qkv_width);
   b.proj = linear(m[1], q_width, d);
-  b.ff_in = linear(m[2], d, rc.ff_in_factor() * h);
-  b.ff_out = linear(m[3], h, d);
   Linear* gemms[] = {&b.qkv, &b.proj, &b.ff_in, &b.ff_out};
-  for (size_t g = 0; g < m.size(); ++g) adapters(*gemms[g], m[g]);
+  if (!cfg.moe.is_moe_layer(layer)) {
+    b.ff_in = linear(m[2], d, rc.ff_in_factor() * h);
+    b.ff_out = linear(m[3], h, d);
+  }
+  for (size_t g = 0; g < m.size(); ++g) {
+    if (gemms[g]->weight != kNoParam) adapters(*gemms[g], m[g]);
+  }
+  if (!cfg.moe.is_moe_layer(layer)) return b;
+  // A MoE feed-forward (params.cpp moe_registry).
+  MoeFfn& e = b.moe;
+  e.router = param("mlp.gate.weight");
+  e.experts_in = param("mlp.experts.gate_up_proj");
+  e.experts_out = param("mlp.experts.down_proj");
+  if (const int64_t hs = cfg.moe.shared_hidden; hs > 0) {
+    e.shared_in = Linear{param("mlp.shared_expert.gate_proj.weight"), 2, kNoParam, d, 2 * hs, true, {}};
+    e.shared_out = Linear{param("mlp.shared_expert.down_proj.weight"), 1, kNoParam, hs, d, true, {}};
+    if (cfg.moe.shared_gate) e.shared_gate = param("mlp.shared_expert_gate.weight");
+  }
   return b;
 }
 
@@ -483,22 +504,41 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   ensure(a.mid, x.shape(), DType::f32, act);
   row_parallel_add(b.proj, dt, a.att.raw(), rows, x, a.mid);
 
-  // Feed-forward sub-block: out = mid + ff_out(act(ff_in(norm2(mid)))).
+  // Feed-forward sub-block: out = mid + ff_out(act(ff_in(norm2(mid)))), or a mixture of experts.
   const void* xn2 = column_input(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, rows, act);
+  if (b.moe.enabled()) {
+    moe_forward(layer, b, a, xn2, dt, rows, out);
+    return;
+  }
   ensure(a.ff_pre, {rows, b.ff_in.out}, DType::f32, act);
   linear_forward(b.ff_in, dt, xn2, rows, a.ff_pre.data<float>(), false);
-  mlp_activation(a.ff_pre, dt, a.ff_act, rows, act);
+  mlp_activation(a.ff_pre, dt, a.ff_act, rows, hidden, act);
   row_parallel_add(b.ff_out, dt, a.ff_act.raw(), rows, a.mid, out);
 }
 
 void Model::Impl::mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64_t rows,
-                                 MemCategory category) {
-  ensure(act, {rows, hidden}, dt, category);
+                                 int64_t width, MemCategory category) {
+  ensure(act, {rows, width}, dt, category);
   if (cfg.recipe().feed_forward == FeedForward::swiglu) {
-    backend.swiglu_forward(pre.data<float>(), dt, act.raw(), rows, hidden);
+    backend.swiglu_forward(pre.data<float>(), dt, act.raw(), rows, width);
   } else {
-    backend.gelu_forward(pre.data<float>(), dt, act.raw(), rows * hidden);
+    backend.gelu_forward(pre.data<float>(), dt, act.raw(), rows * width);
   }
+}
+
+const float* Model::Impl::ffn_backward(const Linear& in, const Linear& out, DType dt,
+                                      const void* dy, const float* dy_f32, const Tensor& pre,
+                                      const Tensor& act, const Tensor& x, int64_t rows,
+                                      int64_t width) {
+  ensure(ws.dff_c, {rows, in.out}, dt, MemCategory::workspace);
+  float* dff = ws.dff.data<float>();
+  linear_backward(out, dt, dy, dy_f32, act.raw(), rows, dff, nullptr);
+  if (cfg.recipe().feed_forward == FeedForward::swiglu) {
+    backend.swiglu_backward(pre.data<float>(), dff, dt, ws.dff_c.raw(), rows, width);
+  } else {
+    backend.gelu_backward(pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * width);
+  }
+  return column_parallel_backward(in, dt, ws.dff_c.raw(), x, rows, dff);
 }
 
 void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt,
@@ -507,28 +547,27 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   const int64_t rows = batch * seq, srows = shard_rows(rows), d = cfg.dim, h = hidden;
   const MemCategory wsc = MemCategory::workspace;
   ensure(ws.dx, {rows, d}, DType::f32, wsc);
-  ensure(ws.dff, {rows, std::max(h, b.qkv.out)}, DType::f32, wsc);
-  ensure(ws.dff_c, {rows, b.ff_in.out}, dt, wsc);
+  ensure(ws.dff, {rows, std::max({h, b.qkv.out, cfg.moe.shared_hidden})}, DType::f32, wsc);
   ensure(ws.dqkv, {rows, b.qkv.out}, dt, wsc);
   float* dres = ws.dres.data<float>();
   float* dx = ws.dx.data<float>();
   float* dff = ws.dff.data<float>();
 
   // Feed-forward sub-block, in reverse.
-  const Tensor* dy = &full_residual_grad(rows);
-  const void* dres_c = residual_grad_compute(dt, *dy, rows);
-  linear_backward(b.ff_out, dt, dres_c, dy->data<float>(), a.ff_act.raw(), rows, dff, nullptr);
-  if (cfg.recipe().feed_forward == FeedForward::swiglu) {
-    backend.swiglu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows, h);
+  const float* dxn = nullptr;
+  if (b.moe.enabled()) {
+    moe_backward(b, a, dt, rows);
+    dxn = dx;
   } else {
-    backend.gelu_backward(a.ff_pre.data<float>(), dff, dt, ws.dff_c.raw(), rows * h);
+    const Tensor& dy = full_residual_grad(rows);
+    dxn = ffn_backward(b.ff_in, b.ff_out, dt, residual_grad_compute(dt, dy, rows),
+                       dy.data<float>(), a.ff_pre, a.ff_act, a.xn2, rows, h);
   }
-  const float* dxn = column_parallel_backward(b.ff_in, dt, ws.dff_c.raw(), a.xn2, rows, dff);
   norm_backward(b.norm2, a.mid, a.mean2, a.rstd2, dxn, dres, srows);  // dres += d(norm2 input)
 
   // Attention sub-block, in reverse.
-  dy = &full_residual_grad(rows);
-  dres_c = residual_grad_compute(dt, *dy, rows);
+  const Tensor* dy = &full_residual_grad(rows);
+  const void* dres_c = residual_grad_compute(dt, *dy, rows);
   linear_backward(b.proj, dt, dres_c, dy->data<float>(), a.att.raw(), rows, dx, nullptr);
   backend.attention_backward(attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
                              ws.dqkv.raw());

@@ -106,6 +106,46 @@ std::string_view recompute_name(Recompute recompute) {
   return "none";
 }
 
+namespace {
+
+void validate_moe(const ModelConfig& c) {
+  const MoeConfig& m = c.moe;
+  if (!m.enabled()) {
+    MESHTRAIN_CHECK(m.experts == 0, "moe.experts: must be >= 0, got {}", m.experts);
+    return;
+  }
+  MESHTRAIN_CHECK(c.recipe().feed_forward == FeedForward::swiglu && !c.recipe().linear_bias,
+                  "moe: {} blocks cannot be mixtures of experts yet (SwiGLU experts "
+                  "without biases only)",
+                  c.recipe().name);
+  MESHTRAIN_CHECK(m.top_k >= 1 && m.top_k <= m.experts,
+                  "moe.top_k: must be in [1, experts = {}], got {}", m.experts, m.top_k);
+  MESHTRAIN_CHECK(m.hidden_dim > 0, "moe.hidden_dim: must be > 0, got {}", m.hidden_dim);
+  MESHTRAIN_CHECK(m.n_groups >= 1 && m.experts % m.n_groups == 0,
+                  "moe.n_groups: {} must divide experts = {}", m.n_groups, m.experts);
+  MESHTRAIN_CHECK(m.topk_groups >= 1 && m.topk_groups <= m.n_groups &&
+                      m.top_k <= m.topk_groups * (m.experts / m.n_groups),
+                  "moe.topk_groups: {} of n_groups = {} must hold top_k = {} experts",
+                  m.topk_groups, m.n_groups, m.top_k);
+  MESHTRAIN_CHECK(std::isfinite(m.scaling) && m.scaling > 0,
+                  "moe.scaling: must be > 0, got {}", m.scaling);
+  MESHTRAIN_CHECK(m.shared_hidden >= 0, "moe.shared_hidden: must be >= 0, got {}",
+                  m.shared_hidden);
+  MESHTRAIN_CHECK(!m.shared_gate || m.shared_hidden > 0,
+                  "moe.shared_gate: needs shared experts (shared_hidden > 0)");
+  MESHTRAIN_CHECK(m.first_dense >= 0 && m.first_dense < c.n_layers,
+                  "moe.first_dense: must be in [0, n_layers = {}), got {}", c.n_layers,
+                  m.first_dense);
+  MESHTRAIN_CHECK(m.every >= 1, "moe.every: must be >= 1, got {}", m.every);
+  MESHTRAIN_CHECK(m.aux_loss >= 0 && std::isfinite(m.aux_loss),
+                  "moe.aux_loss: must be >= 0, got {}", m.aux_loss);
+  MESHTRAIN_CHECK(m.z_loss >= 0 && std::isfinite(m.z_loss),
+                  "moe.z_loss: must be >= 0, got {}", m.z_loss);
+  MESHTRAIN_CHECK(!c.lora.enabled(), "lora: LoRA on a mixture of experts is not supported yet");
+}
+
+}  // namespace
+
 void ModelConfig::validate() const {
   auto positive = [](std::string_view field, int64_t value) {
     MESHTRAIN_CHECK(value > 0, "model.{}: must be > 0, got {}", field, value);
@@ -166,7 +206,19 @@ void ModelConfig::validate() const {
                       family_name(family), fmt::join(known, ", "));
     }
   }
+  validate_moe(*this);
 }
+
+std::string_view router_score_name(ops::RouterScore score) {
+  return score == ops::RouterScore::sigmoid ? "sigmoid" : "softmax";
+}
+
+ops::RouterScore parse_router_score(std::string_view name) {
+  if (name == "softmax") return ops::RouterScore::softmax;
+  if (name == "sigmoid") return ops::RouterScore::sigmoid;
+  fail("moe.score: unknown router score \"{}\" (softmax, sigmoid)", name);
+}
+
 
 std::vector<std::string> lora_target_names(Family family) { return recipe(family).lora_targets; }
 
@@ -225,7 +277,9 @@ double ModelConfig::train_flops_per_token(int64_t seq) const {
   // has no weight gradient: 4.
   double matmul_flops = 0;
   for (const ParamSpec& spec : build_param_specs(*this)) {
-    if (spec.matmul_weight) matmul_flops += (spec.trainable ? 6.0 : 4.0) * spec.numel();
+    if (spec.matmul_weight || spec.f32_gemm) {
+      matmul_flops += (spec.trainable ? 6.0 : 4.0) * spec.active * static_cast<double>(spec.numel());
+    }
   }
   // A tied embedding is a matmul weight already; an untied one is a lookup
   // and lm_head is the output layer.

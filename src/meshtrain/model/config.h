@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "meshtrain/backend/ops.h"
 #include "meshtrain/tensor/dtype.h"
 
 namespace meshtrain {
@@ -134,6 +135,41 @@ std::vector<std::string> lora_targets(const LoraConfig& lora, Family family);
 // Every target name `family` knows, in registry order.
 std::vector<std::string> lora_target_names(Family family);
 
+// Mixture of experts ([moe] in a config; docs/moe.md): a MoE layer's feed-forward is a router
+// choosing top_k of `experts` routed experts per token (each the family's
+// feed-forward of width hidden_dim), weighted by their router scores, plus
+// optional shared experts every token passes through. experts = 0: dense.
+// Routing as ops::RouterDims describes (score, renormalize, scaling, groups).
+// Layers [0, first_dense) are dense, and after them every `every`-th
+// (layer - first_dense divisible by every) is a MoE layer, the others dense.
+// Auxiliary losses of each MoE layer and micro-batch, weighted like the
+// micro-batch's tokens in the main loss: aux_loss * E * sum_e P_e f_e
+// (Switch / GShard in Megatron-Core's form: P_e the mean score of expert e,
+// f_e the share of the micro-batch's top_k choices it got; 1 for uniform
+// routing) and z_loss * mean_t logsumexp(router logits_t)^2.
+struct MoeConfig {
+  int64_t experts = 0;
+  int64_t top_k = 1;
+  int64_t hidden_dim = 0;       // each routed expert's feed-forward width
+  ops::RouterScore score = ops::RouterScore::softmax;
+  bool renormalize = true;      // divide the k weights by their sum
+  float scaling = 1.0f;         // routed_scaling_factor
+  int64_t n_groups = 1, topk_groups = 1;  // group-limited routing (DeepSeek-V3)
+  int64_t shared_hidden = 0;    // the shared experts' total width; 0: none
+  bool shared_gate = false;     // Qwen2-MoE's sigmoid(x . w) on the shared output
+  int64_t first_dense = 0;
+  int64_t every = 1;
+  float aux_loss = 0.0f;
+  float z_loss = 0.0f;
+  bool enabled() const { return experts > 0; }
+  bool is_moe_layer(int64_t layer) const {
+    return enabled() && layer >= first_dense && (layer - first_dense) % every == 0;
+  }
+  bool operator==(const MoeConfig&) const = default;
+};
+std::string_view router_score_name(ops::RouterScore score);  // "softmax" | "sigmoid"
+ops::RouterScore parse_router_score(std::string_view name);  // throws Error naming moe.score
+
 struct ModelConfig {
   Family family = Family::llama;
   int64_t dim = 0;
@@ -149,6 +185,7 @@ struct ModelConfig {
   bool tie_embeddings = true;   // output layer shares the token embedding
   float init_std = 0.02f;
   LoraConfig lora;              // off by default
+  MoeConfig moe;                // dense by default
 
   int64_t head_dim() const { return dim / n_heads; }
   const Recipe& recipe() const { return meshtrain::recipe(family); }
@@ -159,11 +196,12 @@ struct ModelConfig {
   std::vector<float> rope_frequencies() const;
   // Throws Error naming the first invalid field ("model.n_heads: ...").
   void validate() const;
-  // Parameter count (tied output counted once).
+  // Parameter count (tied output counted once); every expert counted.
   int64_t num_params() const;
   // Model FLOPs per token of training (forward + backward): 6 * matmul params
   // (incl. output layer; 4 for a frozen one: no weight gradient, LoRA's base,
-  // as plan/ counts it) + 12 * layers * seq * dim for attention (PaLM convention).
+  // as plan/ counts it; a routed expert's times top_k / experts: the active
+  // parameters) + 12 * layers * seq * dim for attention (PaLM convention).
   double train_flops_per_token(int64_t seq) const;
 };
 

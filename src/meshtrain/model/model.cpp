@@ -291,6 +291,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   const DType dt = compute_dtype(precision_);
   const int64_t rows = batch * seq, d = config_.dim;
   m.check_tokens(targets, rows, true, "target");
+  m.aux_weight = grad_scale * static_cast<float>(rows);
   const Tensor& last = m.forward_trunk(m.train, tokens, batch, seq, dt, true);
   m.before(m.head_unit, UnitPass::forward);
   const void* hn = m.column_input(m.final_norm, last, dt, m.train.hn, m.train.mean_f,

@@ -64,6 +64,16 @@ struct UnitHooks {
 // flat_grad and decode throw Error in external mode.
 enum class ParamStorage { flat, external };
 
+// A MoE layer's routing statistics, summed over the training forwards since
+// Model::reset_moe_stats.
+struct MoeLayerStats {
+  int64_t layer = 0;
+  int64_t micro_batches = 0;
+  std::vector<int64_t> tokens;  // [E]: choices each expert received
+  double aux = 0;    // sum over micro-batches of E * sum_e P_e f_e (1 = uniform)
+  double z = 0;      // sum over micro-batches of mean_t lse_t^2
+};
+
 // Pipeline parallelism: the part of the model a pipeline rank holds. `chunks`
 // are global layer ranges [first, end), increasing, one per virtual stage the
 // rank runs (interleaved schedules: several). `first`: chunk 0 begins with the
@@ -204,6 +214,11 @@ class Model {
   // This stage's parameter i is also held by another stage (a tied output
   // layer on the last stage): whole-model sums must skip it.
   bool param_is_duplicate(size_t i) const;
+
+  // Mixture of experts: each MoE layer's routing statistics (this stage's, in
+  // layer order), summed over the training forwards since reset_moe_stats.
+  const std::vector<MoeLayerStats>& moe_stats() const;
+  void reset_moe_stats();
 
   // Unit indices into units(); used by data parallelism and ZeRO.
   UnitHooks unit_hooks;

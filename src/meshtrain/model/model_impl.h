@@ -48,11 +48,41 @@ struct Norm {
   bool layer_norm() const { return bias != kNoParam; }
 };
 
+// A mixture-of-experts feed-forward (config.h MoeConfig; model/moe.cpp):
+// the router [E, d] (f32), the routed experts' fused weights gate|up
+// [E, 2I, d] and down [E, d, I], and the shared experts (shared_in.weight ==
+// kNoParam: none) with their optional sigmoid gate [1, d] (f32).
+struct MoeFfn {
+  size_t router = kNoParam, experts_in = kNoParam, experts_out = kNoParam;
+  Linear shared_in, shared_out;
+  size_t shared_gate = kNoParam;
+  bool enabled() const { return router != kNoParam; }
+  bool shared() const { return shared_in.weight != kNoParam; }
+};
+
 // One pre-norm residual block:
-//   mid = x + proj(attention(qkv(norm1(x))));  out = mid + ff_out(act(ff_in(norm2(mid)))).
+//   mid = x + proj(attention(qkv(norm1(x))));  out = mid + ff_out(act(ff_in(norm2(mid)))),
+// or with moe.enabled(): out = mid + moe(norm2(mid)) (ff_in / ff_out unused).
 struct Block {
   Norm norm1, norm2;
   Linear qkv, proj, ff_in, ff_out;
+  MoeFfn moe;
+};
+
+// What a MoE feed-forward saves between forward and backward (rows N, slots
+// S = N * top_k; `dt` the compute dtype), all in its block's category.
+struct MoeActs {
+  Tensor x32;                   // f32 [N, d]: norm2's output in f32 (mixed precision only)
+  Tensor probs, lse;            // f32 [N, E] router scores; [N] log-sum-exp of its logits
+  Tensor indices, weights;      // i32 / f32 [N, top_k]: the router's choices
+  Tensor slots, rows, counts;   // i32 [S], [S], [E]: the dispatch (ops::DispatchDims)
+  std::vector<int32_t> counts_host;  // counts on the host: the expert GEMMs' row ranges
+  std::vector<float> prob_sums;      // [E] sums over tokens of the scores (load balancing)
+  Tensor xp;                    // dt [S, d]: the rows permuted to their experts
+  Tensor pre, act;              // f32 [S, 2I] gate|up; dt [S, I] SwiGLU output
+  Tensor y;                     // f32 [S, d]: the experts' outputs
+  Tensor shared_pre, shared_act, shared_y;  // f32 [N, 2Is]; dt [N, Is]; f32 [N, d]
+  Tensor gate_prob, gate_index, gate_weight;  // the shared gate as a one-expert sigmoid router
 };
 
 // What one block saves between forward and backward (rows N = batch * seq).
@@ -71,6 +101,7 @@ struct BlockActs {
   Tensor xn2, mean2, rstd2;  // norm2 output and stats
   Tensor ff_pre;             // [N, ff_in.out] f32: llama [gate|up], gpt2 pre-GELU
   Tensor ff_act;             // [N, ff_out.in] dt: SwiGLU / GELU output
+  MoeActs moe;               // a MoE feed-forward's (instead of ff_pre / ff_act)
 };
 
 struct Activations {
@@ -112,7 +143,22 @@ struct Workspace {
   // when an op reads them (Impl::upload): i32 [N].
   Tensor tokens, targets, positions;
   Tensor position_ids;  // i32 [N / tp]: this rank's rows' positions (tp, learned positions)
+  // MoE (model/moe.cpp).
+  Tensor router_logits;   // f32 [N, E]; in backward d(logits)
+  Tensor moe_out;         // f32 [N, d]: the combined routed (then gated shared) output
+  Tensor moe_d_y;         // dt [S, d]: d(expert outputs)
+  Tensor moe_d_act;       // f32 [S, I]
+  Tensor moe_d_pre;       // dt [S, 2I]
+  Tensor moe_d_xp;        // f32 [S, d]: d(permuted rows)
+  Tensor moe_d_weights;   // f32 [N, top_k]
+  Tensor moe_dx;          // f32 [N, d]: d(norm2 output) of the routed part
+  Tensor moe_shared_d;    // f32 / dt [N, d]: d(shared output) (gated; in the compute dtype)
+  Tensor moe_gate_d;      // f32 [N, 1] d(gate weight), then d(gate logit)
+  Tensor moe_score_grad;  // f32 [E]: the load-balancing loss's score gradient
+  Tensor moe_prob_sums;   // f32 [E]
+  Tensor iota;            // i32 [N]: 0, 1, ... (the shared gate's identity dispatch)
 };
+
 
 struct Model::Impl {
   Impl(Model& model);
@@ -166,9 +212,23 @@ struct Model::Impl {
   // Workspace dres holds d(out) on entry and d(x) on return.
   void backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt, int64_t batch,
                       int64_t seq);
-  // The MLP activation: act = SwiGLU(pre) (llama) or GELU(pre) over this rank's hidden.
-  void mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64_t rows,
+  // The MLP activation: act = SwiGLU(pre) (llama) or GELU(pre), `width` outputs a row.
+  void mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64_t rows, int64_t width,
                       MemCategory category);
+  // A MoE feed-forward (model/moe.cpp): out = mid + moe(xn2), xn2 [rows, d]
+  // in dt; records the routing statistics when recording_moe. Its backward
+  // writes d(xn2) into ws.dx from d(out) in ws.dres, aux-loss terms weighted by aux_weight.
+  void moe_forward(int64_t layer, const Block& b, BlockActs& a, const void* xn2, DType dt,
+                   int64_t rows, Tensor& out);
+  void moe_backward(const Block& b, BlockActs& a, DType dt, int64_t rows);
+  // A feed-forward's backward (in(x) -> pre -> act -> out, `width` act
+  // columns) from dy = d(output) in dt (and f32, or nullptr): the weights'
+  // gradients, and d(x) summed over tp (column_parallel_backward). ws.dff
+  // must hold [rows, width] (backward_block ensures it).
+  const float* ffn_backward(const Linear& in, const Linear& out, DType dt, const void* dy,
+                            const float* dy_f32, const Tensor& pre, const Tensor& act,
+                            const Tensor& x, int64_t rows, int64_t width);
+  ops::RouterDims router_dims(int64_t rows) const;
 
   // Training passes of one block under the recompute policy (recompute.cpp).
   // chunk_first: the first layer of the chunk (0 for the whole model).
@@ -302,6 +362,13 @@ struct Model::Impl {
   RecomputePolicy recompute;
   BlockActs recomputed;  // the one block's tensors its mode does not keep
   Activations train;
+  // MoE: routing statistics by MoE layer (model.h moe_stats), whether the
+  // running forward records them (a training forward, not its recomputation),
+  // and the weight of the auxiliary losses in the running backward (the
+  // micro-batch's tokens' share of the loss: grad_scale * rows).
+  std::vector<MoeLayerStats> moe_stats;
+  bool recording_moe = false;
+  float aux_weight = 0;
   std::map<std::pair<int, int64_t>, Activations> staged;  // (chunk, micro-batch) in flight
   Workspace ws;
 };

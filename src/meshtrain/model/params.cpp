@@ -123,6 +123,9 @@ class Registry {
       specs_.push_back(std::move(*spec));
     }
   }
+  // Marks the last parameter: a share of it per token (ParamSpec::active); an f32 GEMM operand.
+  void active(double share) { specs_.back().active = share; }
+  void f32_gemm() { specs_.back().f32_gemm = true; }
   // With LoRA on: every parameter but the adapters frozen.
   void freeze_base() {
     if (!config_.lora.enabled()) return;
@@ -169,6 +172,29 @@ class Registry {
 
 constexpr SplitKind rows = SplitKind::rows, cols = SplitKind::cols;
 
+// A MoE layer's feed-forward (config.h MoeConfig), after its norm: the
+// router [E, d] (f32), the routed experts as global [E, ...] tensors in
+// transformers 5's fused layout (gate|up [E, 2I, d], down [E, d, I]), then
+// the shared experts (a SwiGLU of width shared_hidden) and their gate [1, d].
+void moe_registry(const ModelConfig& c, Registry& r, const std::string& p) {
+  const MoeConfig& m = c.moe;
+  const int64_t d = c.dim, e = m.experts, h = m.hidden_dim;
+  const double active = static_cast<double>(m.top_k) / static_cast<double>(e);
+  r.weight(p + "mlp.gate.weight", {e, d}, false);
+  r.f32_gemm();
+  r.weight(p + "mlp.experts.gate_up_proj", {e, 2 * h, d}, true);
+  r.active(active);
+  r.weight(p + "mlp.experts.down_proj", {e, d, h}, true, true);
+  r.active(active);
+  if (m.shared_hidden == 0) return;
+  r.weight(p + "mlp.shared_expert.gate_proj.weight", {m.shared_hidden, d}, true);
+  r.weight(p + "mlp.shared_expert.up_proj.weight", {m.shared_hidden, d}, true);
+  r.weight(p + "mlp.shared_expert.down_proj.weight", {d, m.shared_hidden}, true, true);
+  if (!m.shared_gate) return;
+  r.weight(p + "mlp.shared_expert_gate.weight", {1, d}, false);
+  r.f32_gemm();
+}
+
 // Column-parallel layers split their outputs, row-parallel layers their inputs
 // (nn.Linear stores [out, in], Conv1D [in, out]).
 void llama_registry(const ModelConfig& c, Registry& r) {
@@ -190,6 +216,10 @@ void llama_registry(const ModelConfig& c, Registry& r) {
     r.weight(p + "self_attn.o_proj.weight", {d, q_width}, true, true, cols);
     r.adapter(p + "self_attn.o_proj", "o_proj", q_width, d, false);
     r.norm_weight(p + "post_attention_layernorm.weight", d);
+    if (c.moe.is_moe_layer(i)) {
+      moe_registry(c, r, p);
+      continue;
+    }
     r.weight(p + "mlp.gate_proj.weight", {c.hidden_dim, d}, true, false, rows);
     r.weight(p + "mlp.up_proj.weight", {c.hidden_dim, d}, true, false, rows);
     r.adapter(p + "mlp.gate_proj", "gate_proj", d, c.hidden_dim, true);
@@ -248,6 +278,10 @@ Registry build_registry(const ModelConfig& config, int tp_rank, int tp_size) {
 
 void check_tensor_parallel_split(const ModelConfig& c, int tp) {
   MESHTRAIN_CHECK(tp >= 1, "tensor parallel: tp = {} must be >= 1", tp);
+  MESHTRAIN_CHECK(tp == 1 || !c.moe.enabled(),
+                  "tensor parallel: parallel.tp = {} with moe.experts = {}: tensor parallelism "
+                  "of mixture-of-experts blocks is not implemented yet (use tp = 1)",
+                  tp, c.moe.experts);
   const struct {
     const char* field;
     int64_t value;

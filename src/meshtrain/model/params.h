@@ -34,6 +34,12 @@ struct ParamSpec {
   // Used as a GEMM operand (linear layers, the output layer, a tied embedding):
   // gets a compute copy (bf16 / f16) in mixed precision and counts toward model FLOPs.
   bool matmul_weight = false;
+  // The share of it one token's pass uses: top_k / experts for routed
+  // experts (config.h MoeConfig), else 1 (model FLOPs count active parameters).
+  double active = 1.0;
+  // A GEMM operand kept in f32 whatever the precision (a MoE router, a shared
+  // expert's gate): no compute copy, but counted toward model FLOPs.
+  bool f32_gemm = false;
   // Updated by the optimizer. LoRA (config.h LoraConfig) freezes every base
   // parameter: it gets no gradient, no optimizer state and (mixed precision,
   // matmul weights) no f32 master, only its compute copy.

@@ -32,6 +32,7 @@ void swap_unkept(BlockActs& a, BlockActs& shared, Recompute mode) {
   swap(a.att, shared.att);
   swap(a.mid, shared.mid);
   swap(a.ff_pre, shared.ff_pre);
+  swap(a.moe, shared.moe);
 }
 
 }  // namespace
@@ -60,13 +61,16 @@ void Model::Impl::train_forward_block(int64_t layer, int64_t chunk_first, const 
   trace::Span span("forward", "layer", layer);
   a.mode = layer_recompute(layer, chunk_first);
   a.attn.recompute_probs = a.mode == Recompute::selective;
+  // The routing statistics count this forward, not its recomputation.
+  recording_moe = true;
   if (a.mode == Recompute::none) {
     forward_block(layer, x, a, out, dt, batch, seq, nullptr, 0);
-    return;
+  } else {
+    swap_unkept(a, recomputed, a.mode);
+    forward_block(layer, x, a, out, dt, batch, seq, nullptr, 0);
+    swap_unkept(a, recomputed, a.mode);
   }
-  swap_unkept(a, recomputed, a.mode);
-  forward_block(layer, x, a, out, dt, batch, seq, nullptr, 0);
-  swap_unkept(a, recomputed, a.mode);
+  recording_moe = false;
 }
 
 void Model::Impl::train_backward_block(int64_t layer, const Tensor& x, BlockActs& a, Tensor& out,
@@ -87,7 +91,7 @@ void Model::Impl::train_backward_block(int64_t layer, const Tensor& x, BlockActs
       const int64_t rows = batch * seq, srows = shard_rows(rows);
       norm_forward(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, srows, a.category);
       norm_forward(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, srows, a.category);
-      mlp_activation(a.ff_pre, dt, a.ff_act, rows, a.category);
+      if (!b.moe.enabled()) mlp_activation(a.ff_pre, dt, a.ff_act, rows, hidden, a.category);
     }
   }
   backward_block(layer, x, a, dt, batch, seq);

@@ -223,6 +223,7 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
   const int32_t* positions = acts.positions.empty() ? nullptr : acts.positions.data();
   const Impl::PassPositions pass(m, positions, rows);
   m.ensure(m.ws.dres, {m.shard_rows(rows), d}, DType::f32, MemCategory::workspace);
+  m.aux_weight = grad_scale * static_cast<float>(rows);
   // Gradients complete in reverse registry order from the chunk's last unit.
   m.next_ready = units_[role.head ? m.head_unit : m.layer_unit(role.end - 1)].end_param;
   double loss = 0;

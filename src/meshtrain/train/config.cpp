@@ -86,6 +86,13 @@ constexpr KeySpec kKeys[] = {
     {"guard", "max_rollbacks", Kind::integer},
     {"lora", "rank", Kind::integer},          {"lora", "alpha", Kind::number},
     {"lora", "dropout", Kind::number},        {"lora", "targets", Kind::string_list},
+    {"moe", "experts", Kind::integer},        {"moe", "top_k", Kind::integer},
+    {"moe", "hidden_dim", Kind::integer},     {"moe", "score", Kind::string},
+    {"moe", "renormalize", Kind::boolean},    {"moe", "scaling", Kind::number},
+    {"moe", "n_groups", Kind::integer},       {"moe", "topk_groups", Kind::integer},
+    {"moe", "shared_hidden", Kind::integer},  {"moe", "shared_gate", Kind::boolean},
+    {"moe", "first_dense", Kind::integer},    {"moe", "every", Kind::integer},
+    {"moe", "aux_loss", Kind::number},        {"moe", "z_loss", Kind::number},
     {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
     {"comm", "flight_records", Kind::integer},
 };
@@ -641,6 +648,32 @@ void read_lora(const Section& s, ModelConfig& m) {
   l.targets = lora_targets(l, m.family);  // explicit, as saved
 }
 
+// [moe] into the model config (docs/moe.md); validated with the model.
+void read_moe(const Section& s, ModelConfig& m) {
+  MoeConfig& e = m.moe;
+  s.read("experts", e.experts);
+  s.read("top_k", e.top_k);
+  s.read("hidden_dim", e.hidden_dim);
+  std::string score(router_score_name(e.score));
+  s.read("score", score);
+  e.score = parse_router_score(score);
+  s.read("renormalize", e.renormalize);
+  s.read("scaling", e.scaling);
+  s.read("n_groups", e.n_groups);
+  s.read("topk_groups", e.topk_groups);
+  s.read("shared_hidden", e.shared_hidden);
+  s.read("shared_gate", e.shared_gate);
+  s.read("first_dense", e.first_dense);
+  s.read("every", e.every);
+  s.read("aux_loss", e.aux_loss);
+  s.read("z_loss", e.z_loss);
+  try {
+    m.validate();
+  } catch (const Error& err) {
+    fail("config: {}", err.what());
+  }
+}
+
 // resolve_init_from: a config file's train.init_from gives the model
 // (apply_init_from_model); a checkpoint's saved config (config_from_json)
 // already holds that model in full and does not read the directory again.
@@ -660,6 +693,7 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   c.data = read_data(Section(root, "data"));
   c.parallel = read_parallel(Section(root, "parallel"));
   read_lora(Section(root, "lora"), c.model);
+  read_moe(Section(root, "moe"), c.model);
   MESHTRAIN_CHECK(!c.model.lora.enabled() || c.parallel.zero <= 2 || c.parallel.offload == "none",
                   "config: lora.rank = {} with parallel.zero = 3 and parallel.offload = \"{}\": "
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
@@ -787,6 +821,22 @@ toml::table to_table(const TrainConfig& c) {
                                    {"alpha", exact(m.lora.alpha)},
                                    {"dropout", exact(m.lora.dropout)},
                                    {"targets", std::move(targets)}});
+  }
+  if (const MoeConfig& e = m.moe; e.enabled()) {
+    out.insert("moe", toml::table{{"experts", e.experts},
+                                  {"top_k", e.top_k},
+                                  {"hidden_dim", e.hidden_dim},
+                                  {"score", std::string(router_score_name(e.score))},
+                                  {"renormalize", e.renormalize},
+                                  {"scaling", exact(e.scaling)},
+                                  {"n_groups", e.n_groups},
+                                  {"topk_groups", e.topk_groups},
+                                  {"shared_hidden", e.shared_hidden},
+                                  {"shared_gate", e.shared_gate},
+                                  {"first_dense", e.first_dense},
+                                  {"every", e.every},
+                                  {"aux_loss", exact(e.aux_loss)},
+                                  {"z_loss", exact(e.z_loss)}});
   }
   return out;
 }

@@ -133,12 +133,19 @@ const ParamSpec* find_spec(const StageParams& held, const std::string& name) {
   return nullptr;
 }
 
-// The first block of the stage (every block has the same GEMMs); none
-// without blocks.
+// The first dense block of the stage (every dense block has the same GEMMs;
+// a MoE block's attention GEMMs are the same and its experts are not counted
+// yet); none without blocks.
 std::vector<BlockGemm> block_gemms(const TrainConfig& config, const LocalShape& s,
                                    const StageParams& held, const StageLayers& stage) {
   if (stage.chunks.empty() || stage.chunks.front().second <= stage.chunks.front().first) return {};
-  const std::string prefix = block_param_prefix(config.model.family, stage.chunks.front().first);
+  int64_t layer = stage.chunks.front().first;
+  for (const auto& [first, end] : stage.chunks) {
+    for (layer = first; layer < end && config.model.moe.is_moe_layer(layer); ++layer) {
+    }
+    if (layer < end) break;
+  }
+  const std::string prefix = block_param_prefix(config.model.family, layer);
   const auto d = static_cast<int64_t>(s.d), q = static_cast<int64_t>(s.q);
   const auto qkv = static_cast<int64_t>(s.q + 2 * s.kv), f = static_cast<int64_t>(s.f);
   std::vector<BlockGemm> gemms{{d, qkv, false, true, {}},
@@ -149,6 +156,7 @@ std::vector<BlockGemm> block_gemms(const TrainConfig& config, const LocalShape& 
   for (size_t g = 0; g < gemms.size(); ++g) {
     for (const std::string& module : modules[g]) {
       const ParamSpec* w = find_spec(held, prefix + module + ".weight");
+      if (w == nullptr && config.model.moe.is_moe_layer(layer)) continue;  // only MoE blocks held
       MESHTRAIN_CHECK(w != nullptr, "plan: registry has no '{}{}.weight'", prefix, module);
       gemms[g].trains = w->trainable;
       const ParamSpec* a = find_spec(held, prefix + module + ".lora_A.weight");

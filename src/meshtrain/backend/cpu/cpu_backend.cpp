@@ -162,13 +162,14 @@ double CpuBackend::fused_classifier(const ops::ClassifierArgs& args) {
 }
 
 void CpuBackend::router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
-                                int32_t* indices, float* weights) {
-  cpu::router_forward(dims, logits, probs, indices, weights);
+                                int32_t* indices, float* weights, float* lse) {
+  cpu::router_forward(dims, logits, probs, indices, weights, lse);
 }
 
 void CpuBackend::router_backward(const ops::RouterDims& dims, const float* probs,
-                                 const int32_t* indices, const float* d_weights, float* d_logits) {
-  cpu::router_backward(dims, probs, indices, d_weights, d_logits);
+                                 const int32_t* indices, const float* d_weights,
+                                 const ops::RouterAuxGrad& aux, float* d_logits) {
+  cpu::router_backward(dims, probs, indices, d_weights, aux, d_logits);
 }
 
 void CpuBackend::moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,

@@ -72,9 +72,10 @@ class CpuBackend final : public Backend {
   double fused_classifier(const ops::ClassifierArgs& args) override;
 
   void router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
-                      int32_t* indices, float* weights) override;
+                      int32_t* indices, float* weights, float* lse) override;
   void router_backward(const ops::RouterDims& dims, const float* probs, const int32_t* indices,
-                       const float* d_weights, float* d_logits) override;
+                       const float* d_weights, const ops::RouterAuxGrad& aux,
+                       float* d_logits) override;
   void moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,
                 int32_t* rows, int32_t* counts) override;
   void moe_permute(const ops::DispatchDims& dims, const int32_t* slots, const float* x,

@@ -35,7 +35,7 @@ void best(std::vector<int32_t>& order, int64_t k, const float* score) {
 }  // namespace
 
 void router_forward(const ops::RouterDims& d, const float* logits, float* probs, int32_t* indices,
-                    float* weights) {
+                    float* weights, float* lse) {
   check_router(d);
   const int64_t E = d.experts, K = d.top_k, G = d.n_groups, per_group = E / G;
 #pragma omp parallel
@@ -46,13 +46,19 @@ void router_forward(const ops::RouterDims& d, const float* logits, float* probs,
     for (int64_t t = 0; t < d.tokens; ++t) {
       const float* l = logits + t * E;
       float* p = probs + t * E;
+      const float mx = *std::max_element(l, l + E);
       if (d.score == ops::RouterScore::softmax) {
-        const float mx = *std::max_element(l, l + E);
         float sum = 0;
         for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(l[e] - mx);
         for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+        if (lse != nullptr) lse[t] = mx + std::log(sum);
       } else {
         for (int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + std::exp(-l[e]));
+        if (lse != nullptr) {
+          float sum = 0;
+          for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+          lse[t] = mx + std::log(sum);
+        }
       }
       for (int64_t e = 0; e < E; ++e) sel[e] = p[e] + (d.bias ? d.bias[e] : 0.0f);
       order.clear();
@@ -95,7 +101,7 @@ void router_forward(const ops::RouterDims& d, const float* logits, float* probs,
 }
 
 void router_backward(const ops::RouterDims& d, const float* probs, const int32_t* indices,
-                     const float* d_weights, float* d_logits) {
+                     const float* d_weights, const ops::RouterAuxGrad& aux, float* d_logits) {
   check_router(d);
   const int64_t E = d.experts, K = d.top_k;
 #pragma omp parallel
@@ -106,7 +112,11 @@ void router_backward(const ops::RouterDims& d, const float* probs, const int32_t
       const float* p = probs + t * E;
       const int32_t* idx = indices + t * K;
       const float* dw = d_weights + t * K;
-      std::fill(dp.begin(), dp.end(), 0.0f);
+      if (aux.score_grad != nullptr) {
+        std::copy(aux.score_grad, aux.score_grad + E, dp.begin());
+      } else {
+        std::fill(dp.begin(), dp.end(), 0.0f);
+      }
       // w_j = scaling * p_j (/ S, S = sum of the k chosen p when renormalising).
       float total = 0, dot = 0;
       for (int64_t j = 0; j < K; ++j) {
@@ -114,8 +124,8 @@ void router_backward(const ops::RouterDims& d, const float* probs, const int32_t
         dot += dw[j] * p[idx[j]];
       }
       for (int64_t j = 0; j < K; ++j) {
-        dp[idx[j]] = d.renormalize ? d.scaling * (dw[j] / total - dot / (total * total))
-                                   : d.scaling * dw[j];
+        dp[idx[j]] += d.renormalize ? d.scaling * (dw[j] / total - dot / (total * total))
+                                    : d.scaling * dw[j];
       }
       float* dl = d_logits + t * E;
       if (d.score == ops::RouterScore::softmax) {
@@ -124,6 +134,15 @@ void router_backward(const ops::RouterDims& d, const float* probs, const int32_t
         for (int64_t e = 0; e < E; ++e) dl[e] = p[e] * (dp[e] - inner);
       } else {
         for (int64_t e = 0; e < E; ++e) dl[e] = dp[e] * p[e] * (1.0f - p[e]);
+      }
+      if (aux.z == 0) continue;
+      // The z-loss: softmax(logits) is p itself, or from the sigmoid's logits log(p / (1 - p)).
+      const float zl = aux.z * aux.lse[t];
+      for (int64_t e = 0; e < E; ++e) {
+        const float soft = d.score == ops::RouterScore::softmax
+                               ? p[e]
+                               : std::exp(std::log(p[e]) - std::log1p(-p[e]) - aux.lse[t]);
+        dl[e] += zl * soft;
       }
     }
   }

@@ -11,8 +11,8 @@ namespace meshtrain::cpu {
 // Throws Error naming the field for a shape the router cannot take.
 void check_router(const ops::RouterDims& dims);
 void router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
-                    int32_t* indices, float* weights);
+                    int32_t* indices, float* weights, float* lse);
 void router_backward(const ops::RouterDims& dims, const float* probs, const int32_t* indices,
-                     const float* d_weights, float* d_logits);
+                     const float* d_weights, const ops::RouterAuxGrad& aux, float* d_logits);
 
 }  // namespace meshtrain::cpu

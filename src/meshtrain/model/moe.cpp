@@ -1,0 +1,306 @@
+// A mixture-of-experts feed-forward (config.h MoeConfig), on one rank:
+// route (f32 router GEMM, ops router), dispatch (sort by expert, permute),
+// one GEMM per expert over its contiguous rows (oneDNN has no grouped GEMM
+// on CPU), combine with the routing weights; shared experts added, gated or
+// not. The backward runs the same steps in reverse and adds the auxiliary
+// losses' gradients at the router (they never travel as activations).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "meshtrain/backend/backend.h"
+#include "meshtrain/model/model_impl.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+
+namespace {
+
+// Element `offset` of a buffer of `dt` values.
+const void* at(const void* p, DType dt, int64_t offset) {
+  return static_cast<const char*>(p) + offset * static_cast<int64_t>(dtype_size(dt));
+}
+void* at(void* p, DType dt, int64_t offset) {
+  return static_cast<char*>(p) + offset * static_cast<int64_t>(dtype_size(dt));
+}
+
+// The shared experts' gate, a one-expert sigmoid router: weight = sigmoid(logit).
+ops::RouterDims gate_dims(int64_t rows) {
+  return ops::RouterDims{.tokens = rows, .experts = 1, .top_k = 1,
+                         .score = ops::RouterScore::sigmoid, .renormalize = false};
+}
+
+}  // namespace
+
+ops::RouterDims Model::Impl::router_dims(int64_t rows) const {
+  const MoeConfig& m = cfg.moe;
+  return ops::RouterDims{.tokens = rows, .experts = m.experts, .top_k = m.top_k,
+                         .score = m.score, .renormalize = m.renormalize, .scaling = m.scaling,
+                         .n_groups = m.n_groups, .topk_groups = m.topk_groups};
+}
+
+void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const void* xn2,
+                              DType dt, int64_t rows, Tensor& out) {
+  const MoeConfig& m = cfg.moe;
+  const int64_t d = cfg.dim, E = m.experts, K = m.top_k, I = m.hidden_dim, S = rows * K;
+  const MemCategory cat = a.category, wsc = MemCategory::workspace;
+  MoeActs& s = a.moe;
+  // The router and the dispatch read norm2's output in f32.
+  const float* x32 = static_cast<const float*>(xn2);
+  if (dt != DType::f32) {
+    ensure(s.x32, {rows, d}, DType::f32, cat);
+    backend.convert(dt, xn2, DType::f32, s.x32.raw(), rows * d);
+    x32 = s.x32.data<float>();
+  }
+
+  // Route: logits = x W_r^T in f32, then scores, choices and weights.
+  ensure(ws.router_logits, {rows, E}, DType::f32, wsc);
+  backend.matmul({.m = rows, .n = E, .k = d, .trans_b = true}, DType::f32, x32,
+                 master(b.moe.router), DType::f32, ws.router_logits.raw());
+  ensure(s.probs, {rows, E}, DType::f32, cat);
+  ensure(s.lse, {rows}, DType::f32, cat);
+  ensure(s.indices, {rows, K}, DType::i32, cat);
+  ensure(s.weights, {rows, K}, DType::f32, cat);
+  backend.router_forward(router_dims(rows), ws.router_logits.data<float>(), s.probs.data<float>(),
+                         s.indices.data<int32_t>(), s.weights.data<float>(), s.lse.data<float>());
+
+  // Dispatch: the rows grouped by expert, their counts on the host for the GEMMs.
+  const ops::DispatchDims dd{.tokens = rows, .top_k = K, .experts = E, .dim = d};
+  ensure(s.slots, {S}, DType::i32, cat);
+  ensure(s.rows, {S}, DType::i32, cat);
+  ensure(s.counts, {E}, DType::i32, cat);
+  backend.moe_sort(dd, s.indices.data<int32_t>(), s.slots.data<int32_t>(), s.rows.data<int32_t>(),
+                   s.counts.data<int32_t>());
+  s.counts_host.resize(static_cast<size_t>(E));
+  backend.copy_to_host(s.counts, s.counts_host.data());
+  ensure(s.xp, {S, d}, dt, cat);
+  backend.moe_permute(dd, s.slots.data<int32_t>(), x32, dt, s.xp.raw());
+
+  // The experts: gate|up, SwiGLU, down, one GEMM per expert and projection.
+  ensure(s.pre, {S, 2 * I}, DType::f32, cat);
+  ensure(s.y, {S, d}, DType::f32, cat);
+  const void* w_in = weight(b.moe.experts_in, dt);
+  const void* w_out = weight(b.moe.experts_out, dt);
+  int64_t first = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t c = s.counts_host[static_cast<size_t>(e)];
+    if (c > 0) {
+      backend.matmul({.m = c, .n = 2 * I, .k = d, .trans_b = true}, dt, at(s.xp.raw(), dt, first * d),
+                     at(w_in, dt, e * 2 * I * d), DType::f32, s.pre.data<float>() + first * 2 * I);
+    }
+    first += c;
+  }
+  mlp_activation(s.pre, dt, s.act, S, I, cat);
+  first = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t c = s.counts_host[static_cast<size_t>(e)];
+    if (c > 0) {
+      backend.matmul({.m = c, .n = d, .k = I, .trans_b = true}, dt, at(s.act.raw(), dt, first * I),
+                     at(w_out, dt, e * d * I), DType::f32, s.y.data<float>() + first * d);
+    }
+    first += c;
+  }
+
+  // Combine: out = mid + sum_j w_j y_j.
+  ensure(ws.moe_out, {rows, d}, DType::f32, wsc);
+  backend.moe_combine(dd, s.rows.data<int32_t>(), s.weights.data<float>(), s.y.data<float>(),
+                      ws.moe_out.data<float>());
+  backend.residual_add(a.mid.data<float>(), ws.moe_out.data<float>(), nullptr,
+                       out.data<float>(), rows, d);
+
+  // Shared experts: out += (sigmoid(x w_g) *) down(SwiGLU(gate|up(x))).
+  if (b.moe.shared()) {
+    const int64_t hs = m.shared_hidden;
+    ensure(s.shared_pre, {rows, 2 * hs}, DType::f32, cat);
+    linear_forward(b.moe.shared_in, dt, xn2, rows, s.shared_pre.data<float>(), false);
+    mlp_activation(s.shared_pre, dt, s.shared_act, rows, hs, cat);
+    ensure(s.shared_y, {rows, d}, DType::f32, cat);
+    linear_forward(b.moe.shared_out, dt, s.shared_act.raw(), rows, s.shared_y.data<float>(), false);
+    if (b.moe.shared_gate == kNoParam) {
+      backend.add_inplace(out.data<float>(), s.shared_y.data<float>(), rows * d);
+    } else {
+      // The gate as a one-expert sigmoid router, applied by a one-choice combine.
+      ensure(ws.router_logits, {rows, 1}, DType::f32, wsc);
+      backend.matmul({.m = rows, .n = 1, .k = d, .trans_b = true}, DType::f32, x32,
+                     master(b.moe.shared_gate), DType::f32, ws.router_logits.raw());
+      ensure(s.gate_prob, {rows, 1}, DType::f32, cat);
+      ensure(s.gate_index, {rows, 1}, DType::i32, cat);
+      ensure(s.gate_weight, {rows, 1}, DType::f32, cat);
+      backend.router_forward(gate_dims(rows), ws.router_logits.data<float>(),
+                             s.gate_prob.data<float>(), s.gate_index.data<int32_t>(),
+                             s.gate_weight.data<float>(), nullptr);
+      if (ws.iota.numel() != rows) {
+        std::vector<int32_t> iota(static_cast<size_t>(rows));
+        std::iota(iota.begin(), iota.end(), 0);
+        upload(ws.iota, iota.data(), rows);
+      }
+      backend.moe_combine({.tokens = rows, .top_k = 1, .experts = 1, .dim = d},
+                          ws.iota.data<int32_t>(), s.gate_weight.data<float>(),
+                          s.shared_y.data<float>(), ws.moe_out.data<float>());
+      backend.add_inplace(out.data<float>(), ws.moe_out.data<float>(), rows * d);
+    }
+  }
+
+  // Load-balancing inputs: each expert's summed scores, on the host with the counts.
+  ensure(ws.moe_prob_sums, {E}, DType::f32, wsc);
+  ws.moe_prob_sums.zero();
+  backend.bias_backward(s.probs.data<float>(), ws.moe_prob_sums.data<float>(), rows, E);
+  s.prob_sums.resize(static_cast<size_t>(E));
+  backend.copy_to_host(ws.moe_prob_sums, s.prob_sums.data());
+  if (!recording_moe) return;
+  // The routing statistics of this training forward.
+  auto it = std::find_if(moe_stats.begin(), moe_stats.end(),
+                         [layer](const MoeLayerStats& st) { return st.layer == layer; });
+  MESHTRAIN_CHECK(it != moe_stats.end(), "model: layer {} has no MoE statistics", layer);
+  it->micro_batches += 1;
+  double balance = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto i = static_cast<size_t>(e);
+    it->tokens[i] += s.counts_host[i];
+    balance += static_cast<double>(s.prob_sums[i]) * s.counts_host[i];
+  }
+  it->aux += balance * static_cast<double>(E) / (static_cast<double>(rows) * static_cast<double>(S));
+  it->z += backend.sum_squares(s.lse.data<float>(), rows) / static_cast<double>(rows);
+}
+
+void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t rows) {
+  const MoeConfig& m = cfg.moe;
+  const int64_t d = cfg.dim, E = m.experts, K = m.top_k, I = m.hidden_dim, S = rows * K;
+  const MemCategory wsc = MemCategory::workspace;
+  MoeActs& s = a.moe;
+  const float* dy = ws.dres.data<float>();  // d(out) (tp = 1: the whole residual gradient)
+  const float* x32 = dt == DType::f32 ? a.xn2.data<float>() : s.x32.data<float>();
+  float* dx = ws.dx.data<float>();  // d(norm2 output), summed below
+
+  // Shared experts, in reverse registry order: gate, down, gate|up. d(x) starts here.
+  if (b.moe.shared()) {
+    const float* d_shared = dy;
+    if (b.moe.shared_gate != kNoParam) {
+      ensure(ws.moe_shared_d, {rows, d}, DType::f32, wsc);
+      ensure(ws.moe_gate_d, {rows, 1}, DType::f32, wsc);
+      const ops::DispatchDims one{.tokens = rows, .top_k = 1, .experts = 1, .dim = d};
+      backend.moe_combine_backward(one, ws.iota.data<int32_t>(), s.gate_weight.data<float>(),
+                                   s.shared_y.data<float>(), dy, DType::f32,
+                                   ws.moe_shared_d.raw(), ws.moe_gate_d.data<float>());
+      ensure(ws.router_logits, {rows, 1}, DType::f32, wsc);
+      backend.router_backward(gate_dims(rows), s.gate_prob.data<float>(),
+                              s.gate_index.data<int32_t>(), ws.moe_gate_d.data<float>(), {},
+                              ws.router_logits.data<float>());
+      backend.matmul({.m = 1, .n = d, .k = rows, .trans_a = true}, DType::f32,
+                     ws.router_logits.raw(), x32, DType::f32, grad(b.moe.shared_gate), 1.0f, true);
+      ready(b.moe.shared_gate);
+      d_shared = ws.moe_shared_d.data<float>();
+    }
+    const void* d_shared_c = d_shared;
+    if (dt != DType::f32) {
+      ensure(ws.dres_c, {rows, d}, dt, wsc);
+      backend.convert(DType::f32, d_shared, dt, ws.dres_c.raw(), rows * d);
+      d_shared_c = ws.dres_c.raw();
+    }
+    const float* dxs = ffn_backward(b.moe.shared_in, b.moe.shared_out, dt, d_shared_c, d_shared,
+                                    s.shared_pre, s.shared_act, a.xn2, rows, m.shared_hidden);
+    MESHTRAIN_CHECK(dxs == dx, "model: a shared expert's d(input) must land in ws.dx");
+    if (b.moe.shared_gate != kNoParam) {
+      backend.matmul({.m = rows, .n = d, .k = 1}, DType::f32, ws.router_logits.raw(),
+                     master(b.moe.shared_gate), DType::f32, dx, 1.0f, true);
+    }
+  }
+
+  // Combine, in reverse: d(expert outputs) and d(routing weights).
+  const ops::DispatchDims dd{.tokens = rows, .top_k = K, .experts = E, .dim = d};
+  ensure(ws.moe_d_y, {S, d}, dt, wsc);
+  ensure(ws.moe_d_weights, {rows, K}, DType::f32, wsc);
+  backend.moe_combine_backward(dd, s.rows.data<int32_t>(), s.weights.data<float>(),
+                               s.y.data<float>(), dy, dt, ws.moe_d_y.raw(),
+                               ws.moe_d_weights.data<float>());
+
+  // The experts, down then gate|up, one GEMM per expert for each of d(W) and d(input).
+  ensure(ws.moe_d_act, {S, I}, DType::f32, wsc);
+  ensure(ws.moe_d_pre, {S, 2 * I}, dt, wsc);
+  ensure(ws.moe_d_xp, {S, d}, DType::f32, wsc);
+  const void* w_in = weight(b.moe.experts_in, dt);
+  const void* w_out = weight(b.moe.experts_out, dt);
+  float* g_in = grad(b.moe.experts_in);
+  float* g_out = grad(b.moe.experts_out);
+  int64_t first = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t c = s.counts_host[static_cast<size_t>(e)];
+    if (c > 0) {
+      const void* dye = at(ws.moe_d_y.raw(), dt, first * d);
+      backend.matmul({.m = d, .n = I, .k = c, .trans_a = true}, dt, dye,
+                     at(s.act.raw(), dt, first * I), DType::f32, g_out + e * d * I, 1.0f, true);
+      backend.matmul({.m = c, .n = I, .k = d}, dt, dye, at(w_out, dt, e * d * I), DType::f32,
+                     ws.moe_d_act.data<float>() + first * I);
+    }
+    first += c;
+  }
+  ready(b.moe.experts_out);
+  backend.swiglu_backward(s.pre.data<float>(), ws.moe_d_act.data<float>(), dt, ws.moe_d_pre.raw(),
+                          S, I);
+  first = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t c = s.counts_host[static_cast<size_t>(e)];
+    if (c > 0) {
+      const void* dpe = at(ws.moe_d_pre.raw(), dt, first * 2 * I);
+      backend.matmul({.m = 2 * I, .n = d, .k = c, .trans_a = true}, dt, dpe,
+                     at(s.xp.raw(), dt, first * d), DType::f32, g_in + e * 2 * I * d, 1.0f, true);
+      backend.matmul({.m = c, .n = d, .k = 2 * I}, dt, dpe, at(w_in, dt, e * 2 * I * d),
+                     DType::f32, ws.moe_d_xp.data<float>() + first * d);
+    }
+    first += c;
+  }
+  ready(b.moe.experts_in);
+
+  // The router, with the auxiliary losses' gradients (weighted like the
+  // micro-batch's tokens, aux_weight): load balancing d/dp[t, e] =
+  // aux_loss * E * f_e / N, z-loss d/dlogits = 2 z_loss lse softmax / N.
+  ops::RouterAuxGrad aux;
+  const double n = static_cast<double>(rows);
+  if (m.aux_loss > 0) {
+    std::vector<float> score_grad(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      const double f = s.counts_host[static_cast<size_t>(e)] / static_cast<double>(S);
+      score_grad[static_cast<size_t>(e)] =
+          static_cast<float>(m.aux_loss * aux_weight * static_cast<double>(E) * f / n);
+    }
+    ensure(ws.moe_score_grad, {E}, DType::f32, wsc);
+    backend.copy_from_host(score_grad.data(), ws.moe_score_grad);
+    aux.score_grad = ws.moe_score_grad.data<float>();
+  }
+  if (m.z_loss > 0) {
+    aux.lse = s.lse.data<float>();
+    aux.z = static_cast<float>(2.0 * m.z_loss * aux_weight / n);
+  }
+  ensure(ws.router_logits, {rows, E}, DType::f32, wsc);
+  float* d_logits = ws.router_logits.data<float>();
+  backend.router_backward(router_dims(rows), s.probs.data<float>(), s.indices.data<int32_t>(),
+                          ws.moe_d_weights.data<float>(), aux, d_logits);
+  backend.matmul({.m = E, .n = d, .k = rows, .trans_a = true}, DType::f32, d_logits, x32,
+                 DType::f32, grad(b.moe.router), 1.0f, true);
+  ready(b.moe.router);
+
+  // d(x): the permuted rows' gradients summed per token, plus the router's (and the shared part).
+  if (b.moe.shared()) {
+    ensure(ws.moe_dx, {rows, d}, DType::f32, wsc);
+    backend.moe_permute_backward(dd, s.rows.data<int32_t>(), ws.moe_d_xp.data<float>(),
+                                 ws.moe_dx.data<float>());
+    backend.add_inplace(dx, ws.moe_dx.data<float>(), rows * d);
+  } else {
+    backend.moe_permute_backward(dd, s.rows.data<int32_t>(), ws.moe_d_xp.data<float>(), dx);
+  }
+  backend.matmul({.m = rows, .n = d, .k = E}, DType::f32, d_logits, master(b.moe.router),
+                 DType::f32, dx, 1.0f, true);
+}
+
+const std::vector<MoeLayerStats>& Model::moe_stats() const { return impl_->moe_stats; }
+
+void Model::reset_moe_stats() {
+  for (MoeLayerStats& st : impl_->moe_stats) {
+    st.micro_batches = 0;
+    std::fill(st.tokens.begin(), st.tokens.end(), 0);
+    st.aux = st.z = 0;
+  }
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,142 @@
+// Mixture-of-experts blocks (config.h MoeConfig) against the float64 PyTorch
+// reference (reference_model.py moe_ffn): logits, the cross-entropy, the
+// auxiliary losses and every gradient of their sum, for each routing variant.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "fixtures.h"
+
+namespace meshtrain::parity {
+namespace {
+
+constexpr double kTol = 1e-5;
+
+struct MoeRun {
+  double loss = 0, aux = 0;
+  std::vector<std::vector<int64_t>> tokens;  // per MoE layer: each expert's choices
+  std::vector<std::vector<float>> grads;  // registry order
+};
+
+// One forward_backward over the case's batch, weighted so the loss is the
+// token mean (then the auxiliary losses weigh 1, as in the reference).
+MoeRun run_case(FixtureModel& f, const SafetensorsReader& ref) {
+  Model& model = *f.model;
+  const auto& shape = ref.info("tokens").shape;
+  const int64_t batch = shape[0], seq = shape[1], n = batch * seq;
+  const auto tokens = to_i32(ref.read_ints("tokens"));
+  const auto targets = to_i32(ref.read_ints("targets"));
+  model.zero_grads();
+  model.reset_moe_stats();
+  MoeRun r;
+  r.loss = model.forward_backward(tokens.data(), targets.data(), batch, seq,
+                                  1.0f / static_cast<float>(n)) / static_cast<double>(n);
+  const MoeConfig& m = model.config().moe;
+  for (const MoeLayerStats& st : model.moe_stats()) {
+    EXPECT_EQ(st.micro_batches, 1);
+    EXPECT_EQ(std::accumulate(st.tokens.begin(), st.tokens.end(), int64_t{0}), n * m.top_k)
+        << "layer " << st.layer << ": every token's top_k choices are counted";
+    r.aux += m.aux_loss * st.aux + m.z_loss * st.z;
+    r.tokens.push_back(st.tokens);
+  }
+  for (const Parameter& p : model.params()) {
+    r.grads.emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+  }
+  return r;
+}
+
+class MoeReference : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MoeReference, LogitsLossAuxiliaryLossesAndEveryGradientMatchFloat64) {
+  const std::string name = GetParam();
+  FixtureModel f(name, Precision::fp32);
+  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
+  const auto& shape = ref.info("tokens").shape;
+  const auto tokens = to_i32(ref.read_ints("tokens"));
+  Tensor ref_logits = ref.read_tensor("logits", DType::f32, MemCategory::workspace, f.tracker);
+  const std::vector<float> logits = f.logits(tokens, shape[0], shape[1]);
+  const double logits_err = rel_error(logits.data(), ref_logits.data<float>(), ref_logits.numel());
+  EXPECT_LE(logits_err, kTol) << "logits";
+
+  const MoeRun r = run_case(f, ref);
+  const double ref_loss = ref.read_tensor("loss", DType::f32, MemCategory::workspace, f.tracker)
+                              .data<float>()[0];
+  const double ref_aux = ref.read_tensor("aux", DType::f32, MemCategory::workspace, f.tracker)
+                             .data<float>()[0];
+  EXPECT_LE(std::abs(r.loss - ref_loss) / ref_loss, kTol) << r.loss << " vs " << ref_loss;
+  EXPECT_NEAR(r.aux, ref_aux, kTol * std::max(1.0, ref_aux)) << "auxiliary losses";
+  double worst = 0;
+  std::string worst_name;
+  const auto& params = f.model->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor g = ref.read_tensor("grad/" + params[i].spec.name, DType::f32, MemCategory::workspace,
+                               f.tracker);
+    ASSERT_EQ(g.shape(), params[i].spec.shape) << params[i].spec.name;
+    const double err = rel_error(r.grads[i].data(), g.data<float>(), g.numel());
+    EXPECT_LE(err, kTol) << "gradient of " << params[i].spec.name;
+    if (err > worst) worst = err, worst_name = params[i].spec.name;
+  }
+  std::printf("%s: logits %.2e, loss %.2e, aux %.6f vs %.6f, worst gradient %.2e (%s)\n",
+              name.c_str(), logits_err, std::abs(r.loss - ref_loss) / ref_loss, r.aux, ref_aux,
+              worst, worst_name.c_str());
+}
+
+// Activation checkpointing recomputes routing and experts from the same
+// inputs: losses and gradients bit-identical to keeping everything.
+TEST_P(MoeReference, RecomputeIsBitIdentical) {
+  const std::string name = GetParam();
+  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
+  FixtureModel base(name, Precision::fp32);
+  const MoeRun kept = run_case(base, ref);
+  for (const RecomputePolicy policy :
+       {RecomputePolicy{Recompute::selective, 0}, RecomputePolicy{Recompute::full, 0}}) {
+    FixtureModel f(name, Precision::fp32);
+    f.model->set_recompute(policy);
+    const MoeRun r = run_case(f, ref);
+    EXPECT_EQ(r.loss, kept.loss) << recompute_name(policy.mode);
+    EXPECT_EQ(r.aux, kept.aux) << recompute_name(policy.mode) << ": counted once";
+    EXPECT_EQ(r.grads, kept.grads) << recompute_name(policy.mode);
+  }
+}
+
+// bf16: the compute-dtype experts and the f32 router against the same
+// reference, within bf16's error (stated bound). A token whose k-th and
+// k+1-th scores are within bf16's rounding may choose another expert than in
+// fp32; the routers' and routed experts' gradients then differ by more
+// (that token's whole term), so they are held to the bound only where every
+// choice agrees (and the rest, downstream of the flipped token, to 0.1).
+TEST_P(MoeReference, Bf16StaysWithinItsTolerance) {
+  const std::string name = GetParam();
+  SafetensorsReader ref(fixture_path(name + ".reference.safetensors"));
+  FixtureModel f32_model(name, Precision::fp32);
+  const MoeRun exact = run_case(f32_model, ref);
+  FixtureModel f(name, Precision::bf16);
+  const MoeRun r = run_case(f, ref);
+  const bool same_choices = r.tokens == exact.tokens;
+  const double ref_loss = ref.read_tensor("loss", DType::f32, MemCategory::workspace, f.tracker)
+                              .data<float>()[0];
+  EXPECT_LE(std::abs(r.loss - ref_loss) / ref_loss, 1e-2);
+  double worst = 0;
+  std::string worst_name;
+  const auto& params = f.model->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor g = ref.read_tensor("grad/" + params[i].spec.name, DType::f32, MemCategory::workspace,
+                               f.tracker);
+    const double err = rel_error(r.grads[i].data(), g.data<float>(), g.numel());
+    const std::string& pname = params[i].spec.name;
+    const bool routed = pname.ends_with("mlp.gate.weight") || pname.find("mlp.experts.") != std::string::npos;
+    if (routed && !same_choices) continue;
+    if (err > worst) worst = err, worst_name = params[i].spec.name;
+  }
+  std::printf("%s bf16: loss rel err %.2e, worst gradient rel err %.2e (%s)%s\n", name.c_str(),
+              std::abs(r.loss - ref_loss) / ref_loss, worst, worst_name.c_str(),
+              same_choices ? "" : "; routing differs from fp32: routers and routed experts not compared");
+  EXPECT_LE(worst, same_choices ? 0.05 : 0.1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Routers, MoeReference,
+                         ::testing::Values("moe_mixtral", "moe_qwen2", "moe_deepseek",
+                                           "moe_dense_mixture"));
+
+}  // namespace
+}  // namespace meshtrain::parity
