@@ -128,6 +128,43 @@ TEST(HfConfig, BadConfigsNameTheFileAndKey) {
                "cannot open");
 }
 
+// A Mixtral-shaped MoE (every layer routed, renormalised softmax top-2 of 4).
+ModelConfig small_mixtral() {
+  ModelConfig c = testing::small_llama(false);
+  c.moe.experts = 4;
+  c.moe.top_k = 2;
+  c.moe.hidden_dim = 8;
+  c.hidden_dim = 8;  // Mixtral's intermediate_size: the experts' width (no dense layer)
+  c.moe.aux_loss = 0.02f;
+  return c;
+}
+
+TEST(HfConfig, MixtralRoutingIsReadWrittenAndRefusedByKey) {
+  const ModelConfig c = small_mixtral();
+  const ModelConfig back = parse_hf_config(hf_config_json(c), "config.json");
+  expect_same_config(back, c);
+  EXPECT_EQ(back.moe, c.moe);
+  const std::string mixtral = R"("model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 97, "num_local_experts": 8,
+    "num_experts_per_tok": 2)";
+  auto parse = [](const std::string& body) { return parse_hf_config("{" + body + "}", "cfg/config.json"); };
+  const ModelConfig read = parse(mixtral);
+  EXPECT_EQ(read.moe.experts, 8);
+  EXPECT_EQ(read.moe.hidden_dim, 96);
+  EXPECT_EQ(read.moe.aux_loss, 0.0f) << "no router logits output: no auxiliary loss";
+  EXPECT_ERROR(parse(mixtral + R"(, "router_jitter_noise": 0.1)"), "cfg/config.json",
+               "key 'router_jitter_noise' = 0.1 is not supported");
+  EXPECT_ERROR(parse(mixtral + R"(, "sliding_window": 4096)"), "cfg/config.json",
+               "key 'sliding_window' = 4096 is not supported");
+  EXPECT_ERROR(parse(mixtral + R"(, "num_experts_per_tok": 9)"), "cfg/config.json", "moe.top_k");
+  ModelConfig shared = c;
+  shared.moe.shared_hidden = 8;
+  EXPECT_ERROR(hf_config_json(shared), "moe.shared_hidden > 0", "no Mixtral config.json form");
+  ModelConfig plain = c;
+  plain.moe.renormalize = false;
+  EXPECT_ERROR(hf_config_json(plain), "moe.renormalize = false", "no Mixtral config.json form");
+}
+
 TEST(HfRope, PermutationMatchesConvertLlamaWeightsToHf) {
   // One head of dim 4, one column: meshtrain rows (x0, x1, x2, x3) pair (0,1), (2,3);
   // HF pairs (0,2), (1,3), so HF rows are (x0, x2, x1, x3).
@@ -261,6 +298,50 @@ TEST_F(HfImport, ShardedCheckpointsLoadThroughTheirIndex) {
   write_file_atomic(dir + "/model.safetensors.index.json", "{}");
   EXPECT_ERROR(import_hf(dir, Precision::fp32, ctx), "model.safetensors.index.json",
                "key 'weight_map'");
+}
+
+// A MoE model exports as save_pretrained writes Mixtral (per-expert w1 / w3 /
+// w2 and block_sparse_moe.gate) and imports back bit for bit; the fused
+// [E, ...] layout of transformers 5 imports too.
+TEST_F(HfImport, MixtralExpertsRoundTripInBothLayouts) {
+  Model model(small_mixtral(), Precision::fp32, ctx);
+  model.init_weights(5);
+  export_hf(model, dir);
+  {
+    SafetensorsReader file(dir + "/model.safetensors");
+    EXPECT_EQ(file.info("model.layers.1.block_sparse_moe.experts.3.w1.weight").shape, (Shape{8, 16}));
+    EXPECT_EQ(file.info("model.layers.1.block_sparse_moe.experts.3.w2.weight").shape, (Shape{16, 8}));
+    EXPECT_TRUE(file.contains("model.layers.0.block_sparse_moe.gate.weight"));
+    EXPECT_FALSE(file.contains("model.layers.0.mlp.experts.gate_up_proj"));
+  }
+  auto expect_equal = [&](const Model& back) {
+    for (size_t i = 0; i < model.params().size(); ++i) {
+      EXPECT_EQ(std::memcmp(model.params()[i].master.raw(), back.params()[i].master.raw(),
+                            model.params()[i].master.bytes()), 0)
+          << model.params()[i].spec.name;
+    }
+  };
+  expect_equal(*import_hf(dir, Precision::fp32, ctx));
+  // Expert 1's up rows are w3 of expert 1: rows [I, 2I) of gate_up_proj[1].
+  SafetensorsReader file(dir + "/model.safetensors");
+  Tensor w3 = file.read_tensor("model.layers.0.block_sparse_moe.experts.1.w3.weight", DType::f32,
+                               MemCategory::workspace, tracker);
+  const float* fused = model.param("model.layers.0.mlp.experts.gate_up_proj").master.data<float>();
+  EXPECT_EQ(std::memcmp(w3.data<float>(), fused + (2 * 8 + 8) * 16, 8 * 16 * 4), 0);
+
+  // transformers 5's in-memory names and layout for the MoE tensors, the rest as exported.
+  SafetensorsWriter fused_writer;
+  std::vector<Tensor> kept;
+  for (const StTensorInfo& t : file.tensors()) {
+    if (t.name.find("block_sparse_moe") != std::string::npos) continue;
+    kept.push_back(file.read_tensor(t.name, DType::f32, MemCategory::workspace, tracker));
+    fused_writer.add(t.name, kept.back());
+  }
+  for (const Parameter& p : model.params()) {
+    if (p.spec.name.find(".mlp.") != std::string::npos) fused_writer.add(p.spec.name, p.master);
+  }
+  fused_writer.write(dir + "/model.safetensors");
+  expect_equal(*import_hf(dir, Precision::fp32, ctx));
 }
 
 }  // namespace

@@ -6,7 +6,7 @@ Writes, per case, <out>/hf_tiny_<case>/ with what save_pretrained makes
 the model's fp32 logits [T, V] for the ids (7 * t + 3) % vocab, t < T (tensor
 "logits"). Needs torch, transformers and safetensors (scripts/setup_hf_venv.sh).
 
-    build/hf-venv/bin/python tests/reference/hf_models.py --out tests/reference/fixtures
+    build/hf-venv/bin/python tests/reference/hf_models.py --out tests/reference/fixtures [--only CASE]
 """
 import argparse
 import inspect
@@ -15,7 +15,8 @@ import os
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MixtralConfig, MixtralForCausalLM)
 
 SEQ = 40  # positions past the llama3 case's original context (16)
 
@@ -53,6 +54,13 @@ def cases():
                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
     yield "gpt2", GPT2LMHeadModel, gpt2, {}
     yield "gpt2_f16", GPT2LMHeadModel, gpt2, {"dtype": torch.float16}
+    # A mixture of experts: 4 experts, top 2, save_pretrained's per-expert tensors.
+    mixtral = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                            num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                            tie_word_embeddings=False, attn_implementation="eager")
+    yield "mixtral", MixtralForCausalLM, mixtral, {}
 
 
 def random_model(cls, config):
@@ -68,8 +76,11 @@ def random_model(cls, config):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", help="write this case only")
     args = ap.parse_args()
     for i, (name, cls, config, opts) in enumerate(cases()):
+        if args.only and name != args.only:
+            continue
         torch.manual_seed(1000 + i)
         model = random_model(cls, config)
         dtype = opts.get("dtype")

@@ -5,6 +5,8 @@
 #     their logits; test_ckpt's HfTransformers tests import them and compare.
 #  1b. tests/reference/peft_models.py writes LoRA adapters with peft; test_ckpt's
 #     LoraExport.PeftFixtures* merges them as peft's merge_and_unload() does.
+#  1c. The Mixtral model read and written back by meshtrain (per-expert tensors as
+#     save_pretrained writes them): transformers loads it and gives its own logits.
 #  2. A GPT-2-vocabulary model exported with the GPT-2 tokenizer: AutoTokenizer
 #     loads the export folder and encodes and decodes as meshtrain does.
 # usage: hf_venv_check.sh VENV_PYTHON TEST_CKPT MESHTRAIN WORK GPT2_RANKS
@@ -25,6 +27,23 @@ if "$py" -c "import peft" 2>/dev/null; then
 else
   echo "SKIP (peft part): no peft in the venv (scripts/setup_hf_venv.sh installs it)"
 fi
+
+# 1c. meshtrain's Mixtral export, loaded by transformers.
+"$bin" ckpt import --format hf --in "$work/models/hf_tiny_mixtral" --out "$work/mixtral_export"
+"$py" - "$work/mixtral_export" "$work/models/hf_tiny_mixtral/logits.safetensors" <<'PY'
+import sys, torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], attn_implementation="eager").eval()
+vocab = model.config.vocab_size
+ids = torch.tensor([[(7 * t + 3) % vocab for t in range(40)]])
+with torch.no_grad():
+    logits = model(ids).logits[0]
+ref = load_file(sys.argv[2])["logits"]
+err = ((logits - ref).norm() / ref.norm()).item()
+assert type(model).__name__ == "MixtralForCausalLM" and err <= 1e-6, (type(model).__name__, err)
+print(f"ok: meshtrain's Mixtral export in transformers, logits rel err {err:.1e}")
+PY
 
 if [ ! -f "$ranks" ]; then
   echo "SKIP (tokenizer part): no GPT-2 ranks at $ranks"

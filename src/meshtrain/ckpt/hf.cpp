@@ -260,6 +260,50 @@ bool ignorable_extra(const ModelConfig& c, const std::string& name) {
   return c.tie_embeddings && name == "lm_head.weight";
 }
 
+// A registry tensor as checkpoint files store it: file tensors, each filling
+// a contiguous range of its elements. A MoE layer's routed experts are one
+// [E, ...] tensor in meshtrain (transformers 5's in-memory layout, which
+// newer checkpoints ship too) and 3 x E tensors in what save_pretrained
+// writes: Mixtral's block_sparse_moe.experts.<e>.w1 (gate), w3 (up), w2
+// (down), and its router block_sparse_moe.gate.
+struct FilePiece {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;
+};
+
+std::vector<FilePiece> file_pieces(const ModelConfig& c, const ParamSpec& spec) {
+  const std::string& name = spec.name;
+  if (!c.moe.enabled() || (name.find(".mlp.gate.weight") == std::string::npos &&
+                             name.find(".mlp.experts.") == std::string::npos)) {
+    return {{name, spec.shape, 0}};
+  }
+  const std::string layer = name.substr(0, name.find(".mlp.") + 1);  // "model.layers.L."
+  const std::string moe = layer + "block_sparse_moe.";
+  if (ends_with(name, ".mlp.gate.weight")) return {{moe + "gate.weight", spec.shape, 0}};
+  const int64_t E = c.moe.experts, I = c.moe.hidden_dim, H = c.dim;
+  std::vector<FilePiece> pieces;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string expert = fmt::format("{}experts.{}.", moe, e);
+    if (ends_with(name, ".experts.gate_up_proj")) {
+      pieces.push_back({expert + "w1.weight", {I, H}, e * 2 * I * H});
+      pieces.push_back({expert + "w3.weight", {I, H}, e * 2 * I * H + I * H});
+    } else {
+      pieces.push_back({expert + "w2.weight", {H, I}, e * H * I});
+    }
+  }
+  return pieces;
+}
+
+// How `files` hold `spec`: the tensor itself (its registry name, or the
+// family's without its omittable prefix), else its file pieces.
+std::vector<FilePiece> pieces_in_files(const HfTensors& files, const ModelConfig& c,
+                                       const ParamSpec& spec) {
+  const std::string whole = hf_name_in_file(files, c, spec.name);
+  if (files.find(whole) != nullptr) return {{whole, spec.shape, 0}};
+  return file_pieces(c, spec);
+}
+
 }  // namespace
 
 std::pair<int64_t, int64_t> rope_rows(const ModelConfig& c, const std::string& name) {
@@ -296,13 +340,49 @@ void rope_rows_from_hf(const float* src, float* dst, int64_t heads, int64_t head
   }
 }
 
+namespace {
+
+// A Llama MoE as Mixtral's config.json: every layer routed, softmax scores
+// renormalised over the top k, no shared experts; other routings have no
+// Mixtral form and are refused by setting.
+void mixtral_fields(const ModelConfig& c, nlohmann::ordered_json& j) {
+  const MoeConfig& m = c.moe;
+  const struct {
+    bool ok;
+    const char* setting;
+  } needs[] = {{m.score == ops::RouterScore::softmax, "moe.score = \"sigmoid\""},
+               {m.renormalize, "moe.renormalize = false"},
+               {m.scaling == 1.0f, "moe.scaling != 1"},
+               {m.n_groups == 1, "moe.n_groups > 1"},
+               {m.shared_hidden == 0, "moe.shared_hidden > 0"},
+               {m.first_dense == 0 && m.every == 1, "dense layers (moe.first_dense, moe.every)"},
+               {m.z_loss == 0, "moe.z_loss > 0"}};
+  for (const auto& n : needs) {
+    MESHTRAIN_CHECK(n.ok,
+                    "export: {} has no Mixtral config.json form (the Hugging Face export of "
+                    "Qwen2-MoE, Qwen3-MoE, OLMoE and DeepSeek-V3 routing is not implemented yet)",
+                    n.setting);
+  }
+  j["architectures"] = {"MixtralForCausalLM"};
+  j["model_type"] = "mixtral";
+  j["num_local_experts"] = m.experts;
+  j["num_experts_per_tok"] = m.top_k;
+  j["router_aux_loss_coef"] = short_double(m.aux_loss);
+  j["output_router_logits"] = m.aux_loss > 0;
+  j["router_jitter_noise"] = 0.0;
+  j["sliding_window"] = nullptr;
+}
+
+}  // namespace
+
 std::string hf_config_json(const ModelConfig& c, DType dtype, const SpecialIds* special) {
   nlohmann::ordered_json j;
   if (c.family == Family::llama) {
     j["architectures"] = {"LlamaForCausalLM"};
     j["model_type"] = "llama";
+    if (c.moe.enabled()) mixtral_fields(c, j);
     j["hidden_size"] = c.dim;
-    j["intermediate_size"] = c.hidden_dim;
+    j["intermediate_size"] = c.moe.enabled() ? c.moe.hidden_dim : c.hidden_dim;
     j["num_hidden_layers"] = c.n_layers;
     j["num_attention_heads"] = c.n_heads;
     j["num_key_value_heads"] = c.n_kv_heads;
@@ -360,14 +440,16 @@ ModelConfig parse_hf_config(std::string_view json_text, std::string_view source)
       !root["architectures"].empty() && root["architectures"][0].is_string()) {
     const auto arch = root["architectures"][0].get<std::string>();
     if (arch == "LlamaForCausalLM") type = "llama";
+    if (arch == "MixtralForCausalLM") type = "mixtral";
     if (arch == "GPT2LMHeadModel") type = "gpt2";
   }
-  MESHTRAIN_CHECK(type == "llama" || type == "gpt2",
-                  "{}: model_type '{}' is not supported (expected llama or gpt2)", source, type);
+  MESHTRAIN_CHECK(type == "llama" || type == "mixtral" || type == "gpt2",
+                  "{}: model_type '{}' is not supported (expected llama, mixtral or gpt2)", source,
+                  type);
 
   ModelConfig c;
   c.init_std = f.positive_float("initializer_range", 0.02f);
-  if (type == "llama") {
+  if (type == "llama" || type == "mixtral") {
     c.family = Family::llama;
     c.dim = f.positive_int("hidden_size");
     c.hidden_dim = f.positive_int("intermediate_size");
@@ -385,6 +467,19 @@ ModelConfig parse_hf_config(std::string_view json_text, std::string_view source)
     f.require("hidden_act", "silu", "meshtrain's Llama uses SwiGLU with silu");
     f.require("attention_bias", false, "Llama projections have no bias in meshtrain");
     f.require("mlp_bias", false, "Llama projections have no bias in meshtrain");
+    if (type == "mixtral") {
+      // Every layer routes top k of E with renormalised softmax weights.
+      MoeConfig& m = c.moe;
+      m.experts = f.positive_int("num_local_experts");
+      m.top_k = f.positive_int("num_experts_per_tok");
+      m.hidden_dim = c.hidden_dim;
+      // HF's loss over all layers at once becomes Megatron's per-layer form.
+      m.aux_loss = f.boolean("output_router_logits", false)
+                       ? f.positive_float("router_aux_loss_coef", 0.001f)
+                       : 0.0f;
+      f.require("router_jitter_noise", 0.0, "router jitter noise is not implemented");
+      f.require("sliding_window", nullptr, "sliding-window attention is not implemented");
+    }
   } else {
     c.family = Family::gpt2;
     c.dim = f.positive_int("n_embd");
@@ -430,9 +525,14 @@ void export_hf(const ModelConfig& c, const TensorSource& source, const std::stri
   MESHTRAIN_CHECK(tokenizer == nullptr || tokenizer->vocab_size() <= c.vocab_size,
                   "{}: tokenizer '{}' has {} ids, the model only {}", dir, tokenizer->name(),
                   tokenizer->vocab_size(), c.vocab_size);
+  const std::string config_json = hf_config_json(c, dtype);  // refuses what HF cannot express
   const std::vector<ParamSpec> specs = build_param_specs(c);
   std::vector<SafetensorsStreamWriter::Entry> entries;
-  for (const ParamSpec& spec : specs) entries.push_back({spec.name, to_st_dtype(dtype), spec.shape});
+  for (const ParamSpec& spec : specs) {
+    for (const FilePiece& piece : file_pieces(c, spec)) {
+      entries.push_back({piece.name, to_st_dtype(dtype), piece.shape});
+    }
+  }
   const std::filesystem::path d(dir);
   // "pt": what transformers expects to find.
   SafetensorsStreamWriter writer((d / "model.safetensors").string(), entries, {{"format", "pt"}});
@@ -447,13 +547,16 @@ void export_hf(const ModelConfig& c, const TensorSource& source, const std::stri
       rope_rows_to_hf(values.data(), permuted.data(), heads, head_dim, spec.shape[1]);
       out = permuted.data();
     }
-    stored.resize(values.size() * dtype_size(dtype));
-    convert(DType::f32, out, dtype, stored.data(), values.size());
-    writer.write(stored.data(), stored.size());
+    for (const FilePiece& piece : file_pieces(c, spec)) {
+      const auto n = static_cast<size_t>(shape_numel(piece.shape));
+      stored.resize(n * dtype_size(dtype));
+      convert(DType::f32, out + piece.offset, dtype, stored.data(), n);
+      writer.write(stored.data(), stored.size());
+    }
   }
   writer.commit();
   if (tokenizer == nullptr) {
-    write_file_atomic((d / "config.json").string(), hf_config_json(c, dtype));
+    write_file_atomic((d / "config.json").string(), config_json);
     return;
   }
   const SpecialIds special = special_ids(*tokenizer);
@@ -490,14 +593,15 @@ TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, Memor
   auto files = std::make_shared<const HfTensors>(std::filesystem::path(dir));
   std::set<std::string> used;
   for (const ParamSpec& spec : build_param_specs(config)) {
-    const std::string name = hf_name_in_file(*files, config, spec.name);
-    const SafetensorsReader* reader = files->find(name);
-    MESHTRAIN_CHECK(reader != nullptr, "{}: tensor '{}' is missing (model needs {})",
-                    files->source(), spec.name, shape_str(spec.shape));
-    const Shape& stored = reader->info(name).shape;
-    MESHTRAIN_CHECK(stored == spec.shape, "{}: tensor '{}' has shape {}, expected {}",
-                    reader->path(), name, shape_str(stored), shape_str(spec.shape));
-    used.insert(name);
+    for (const FilePiece& piece : pieces_in_files(*files, config, spec)) {
+      const SafetensorsReader* reader = files->find(piece.name);
+      MESHTRAIN_CHECK(reader != nullptr, "{}: tensor '{}' is missing (model needs {})",
+                      files->source(), piece.name, shape_str(piece.shape));
+      const Shape& stored = reader->info(piece.name).shape;
+      MESHTRAIN_CHECK(stored == piece.shape, "{}: tensor '{}' has shape {}, expected {}",
+                      reader->path(), piece.name, shape_str(stored), shape_str(piece.shape));
+      used.insert(piece.name);
+    }
   }
   for (const auto& [name, reader] : files->all()) {
     MESHTRAIN_CHECK(used.count(name) == 1 || ignorable_extra(config, name),
@@ -505,14 +609,15 @@ TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, Memor
                     family_name(config.family));
   }
   return [files, config, &tracker](const ParamSpec& spec, float* out) {
-    const std::string name = hf_name_in_file(*files, config, spec.name);
-    Tensor hf(spec.shape, DType::f32, MemCategory::workspace, tracker);
-    files->find(name)->read(name, hf);
-    auto [heads, head_dim] = rope_rows(config, spec.name);
-    if (heads == 0) {
-      std::copy_n(hf.data<float>(), hf.numel(), out);
-    } else {
-      rope_rows_from_hf(hf.data<float>(), out, heads, head_dim, spec.shape[1]);
+    for (const FilePiece& piece : pieces_in_files(*files, config, spec)) {
+      Tensor hf(piece.shape, DType::f32, MemCategory::workspace, tracker);
+      files->find(piece.name)->read(piece.name, hf);
+      auto [heads, head_dim] = rope_rows(config, spec.name);
+      if (heads == 0) {
+        std::copy_n(hf.data<float>(), hf.numel(), out + piece.offset);
+      } else {
+        rope_rows_from_hf(hf.data<float>(), out, heads, head_dim, spec.shape[1]);
+      }
     }
   };
 }
