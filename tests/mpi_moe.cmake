@@ -1,7 +1,7 @@
 # Mixtures of experts under mpirun: tests/moe_mpi/test_*.cpp -> test_moe_mpi at 1 and 2
 # ranks (layout equality against one rank, recompute, resume).
 file(GLOB moe_mpi_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/moe_mpi/test_*.cpp)
-meshtrain_mpi_program(test_moe_mpi DEPS meshtrain_train
+meshtrain_mpi_program(test_moe_mpi DEPS meshtrain_train meshtrain_report
                       SOURCES ${moe_mpi_srcs} ${CMAKE_CURRENT_SOURCE_DIR}/comm/mpi_test_main.cpp)
 foreach(np 1 2)
   meshtrain_mpi_test(moe.np${np} test_moe_mpi ${np} TIMEOUT 300)

@@ -4,8 +4,8 @@
 // pp 2 1F1B, and full recomputation — and a checkpoint resumes bit for bit.
 // The model routes with top-2 of 4 experts, a gated shared expert, a dense
 // first layer, the load-balancing and z losses (the auxiliary losses'
-// gradients enter in backward on every layout). Each run's routing
-// statistics reach its metrics.
+// gradients enter in backward on every layout). The routing statistics,
+// summed over the dp ranks, reach metrics.jsonl and the report's plots.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/report/run_report.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/scratch.h"
@@ -111,6 +112,37 @@ TEST_F(MoeTrainer, DataParallelAndZeroEqualOneRank) {
         testing::run_trainer(config(fmt::format("dp2_z{}", zero), {{"parallel.zero", zero}}), &mesh);
     expect_close(got, ref, fmt::format("dp 2 ZeRO-{}", zero));
   }
+}
+
+// Every step's record holds each MoE layer's expert load over the whole
+// global batch (dp ranks summed): top_k choices per token.
+TEST_F(MoeTrainer, RoutingStatisticsReachMetricsAndTheReport) {
+  std::unique_ptr<DeviceMesh> mesh;
+  if (world_->size() == 2) mesh = std::make_unique<DeviceMesh>(*world_, 1, 1);
+  const std::string out = world_->size() == 2 ? "stats" : fmt::format("stats.rank{}", world_->rank());
+  const testing::TrainerRun run = testing::run_trainer(config(out), mesh.get());
+  const double per_step = 8 * 16 * 2;  // batch x seq tokens, top 2
+  for (const StepRecord& r : run.records) {
+    ASSERT_EQ(r.moe.size(), 3u) << "layers 1, 2, 3 (layer 0 dense)";
+    for (const MoeLayerRecord& m : r.moe) {
+      EXPECT_DOUBLE_EQ(m.tokens_mean * 4, per_step) << "step " << r.step << " layer " << m.layer;
+      EXPECT_LE(m.tokens_min, m.tokens_mean);
+      EXPECT_GE(m.imbalance, 1.0);
+      EXPECT_GT(m.aux, 0.5);
+      EXPECT_GT(m.z, 0.0);
+    }
+  }
+  world_->barrier();
+  if (world_->rank() != 0) return;
+  const std::string text = testing::read_file(dir_ + "/" + out + "/metrics.jsonl");
+  EXPECT_NE(text.find("\"moe\":[{\"aux\":"), std::string::npos) << text.substr(0, 600);
+  const nlohmann::json summary = report::summarize_run(dir_ + "/" + out);
+  ASSERT_EQ(summary["moe"].size(), 3u);
+  EXPECT_EQ(summary["moe"][0]["layer"], 1);
+  EXPECT_EQ(summary["moe"][0]["step"].size(), 16u);
+  const std::string html = report::render_html(summary);
+  EXPECT_NE(html.find("id=\"plot-moe-load\""), std::string::npos);
+  EXPECT_NE(html.find("data-series=\"layer 3\""), std::string::npos);
 }
 
 TEST_F(MoeTrainer, PipelineEqualsOneRank) {

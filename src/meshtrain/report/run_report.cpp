@@ -158,6 +158,26 @@ std::string checkpoint_section(const json& s) {
          "<th>written (UTC)</th></tr>" + rows + "</table>";
 }
 
+// Per MoE layer over the steps: the expert-load imbalance (max / mean tokens)
+// and the load-balancing statistic (1 = uniform).
+std::string moe_section(const json& s) {
+  if (s["moe"].empty()) return note("a dense model: no mixture-of-experts layers");
+  constexpr const char* kColors[] = {kBlue, kOrange, kGreen, kRed, kGray};
+  std::vector<Series> load, balance;
+  size_t i = 0;
+  for (const json& l : s["moe"]) {
+    const std::string name = fmt::format("layer {}", l["layer"].get<int64_t>());
+    const char* color = kColors[i++ % std::size(kColors)];
+    load.push_back(series_of(l["step"], l["imbalance"], name, color));
+    balance.push_back(series_of(l["step"], l["aux"], name, color));
+  }
+  return "<div class=\"grid\">" +
+         line_chart("moe-load", "expert load: max / mean tokens per expert", "max / mean", load) +
+         line_chart("moe-balance", "load-balancing statistic E·ΣPf (1 = uniform)", "E·ΣPf",
+                    balance) +
+         "</div>";
+}
+
 constexpr const char* kStyle = R"(
 body{font-family:"DejaVu Sans",sans-serif;margin:16px 24px;color:#222;background:#fff}
 h1{font-size:20px} h2{font-size:16px;border-bottom:1px solid #ccc;padding-bottom:2px;margin-top:22px}
@@ -205,6 +225,7 @@ std::string render_html(const json& s) {
                   "<div class=\"grid\">" + memory_section(s) + "</div>");
   html += section("comm", "communication and exposed communication", comm_section(s));
   html += section("pipeline", "pipeline bubble: measured vs theory", pipeline_section(s));
+  html += section("moe", "mixture of experts: expert load per layer", moe_section(s));
   html += section("step-time", "step time per rank (stragglers)", step_time_section(s));
   html += section("checkpoints", "checkpoints written", checkpoint_section(s));
   html += section("config",

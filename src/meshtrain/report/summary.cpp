@@ -84,6 +84,33 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Each MoE layer's routing over the steps (metrics "moe"), from the first
+// rank that records it (a pipeline stage holds its layers; dp ranks agree).
+template <typename Ranks>
+json moe_layers(const Ranks& ranks) {
+  std::map<int64_t, json> layers;
+  for (const auto& [rank, rr] : ranks) {
+    std::map<int64_t, json> mine;
+    for (const auto& [step, r] : rr.steps) {
+      if (!r.contains("moe") || !r["moe"].is_array()) continue;
+      for (const json& m : r["moe"]) {
+        const int64_t layer = m.value("layer", int64_t{-1});
+        if (layer < 0 || layers.count(layer) != 0) continue;
+        json& l = mine[layer];
+        if (l.is_null()) l = {{"layer", layer}, {"step", json::array()}};
+        l["step"].push_back(step);
+        for (const char* key : {"imbalance", "tokens_min", "tokens_mean", "tokens_max", "aux", "z"}) {
+          l[key].push_back(m.value(key, json(nullptr)));
+        }
+      }
+    }
+    layers.merge(mine);
+  }
+  json out = json::array();
+  for (auto& [layer, l] : layers) out.push_back(std::move(l));
+  return out;
+}
+
 double mean_of(const std::map<int64_t, json>& steps, const char* key) {
   double sum = 0;
   int n = 0;
@@ -189,6 +216,7 @@ nlohmann::json summarize_run(const std::string& run_dir) {
   for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_ms"}) {
     s["steps"][key] = column(root.steps, key);
   }
+  s["moe"] = moe_layers(ranks);
   json skipped = json::array();
   for (const auto& [step, r] : root.steps) {
     if (r.value("skipped", false)) skipped.push_back({{"step", step}, {"reason", r.value("skip_reason", "")}});

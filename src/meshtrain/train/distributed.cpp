@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <vector>
 
 #include "meshtrain/util/error.h"
@@ -128,6 +130,31 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
 double sum_over_ranks(Communicator& comm, double value) {
   comm.all_reduce(&value, 1, CommDType::f64, ReduceOp::sum);
   return value;
+}
+
+std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* dp_group) {
+  std::vector<MoeLayerRecord> out;
+  for (const MoeLayerStats& st : model.moe_stats()) {
+    std::vector<int64_t> tokens = st.tokens;
+    double sums[3] = {st.aux, st.z, static_cast<double>(st.micro_batches)};
+    if (dp_group != nullptr) {
+      dp_group->all_reduce(tokens.data(), static_cast<int64_t>(tokens.size()), CommDType::i64,
+                           ReduceOp::sum);
+      dp_group->all_reduce(sums, 3, CommDType::f64, ReduceOp::sum);
+    }
+    MoeLayerRecord r;
+    r.layer = st.layer;
+    r.tokens_min = *std::min_element(tokens.begin(), tokens.end());
+    r.tokens_max = *std::max_element(tokens.begin(), tokens.end());
+    r.tokens_mean = static_cast<double>(std::accumulate(tokens.begin(), tokens.end(), int64_t{0})) /
+                    static_cast<double>(tokens.size());
+    r.imbalance = r.tokens_mean > 0 ? static_cast<double>(r.tokens_max) / r.tokens_mean : 0;
+    const double micro_batches = std::max(1.0, sums[2]);
+    r.aux = sums[0] / micro_batches;
+    r.z = sums[1] / micro_batches;
+    out.push_back(r);
+  }
+  return out;
 }
 
 MemorySnapshot max_over_ranks(Communicator& comm, const MemorySnapshot& mine) {

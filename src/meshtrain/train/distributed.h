@@ -4,9 +4,11 @@
 #include <string>
 
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/model/model.h"
 #include "meshtrain/parallel/zero/sharded.h"
 #include "meshtrain/tensor/memory_tracker.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/step.h"
 #include "meshtrain/util/out_dir_lock.h"
 
 namespace meshtrain {
@@ -35,6 +37,10 @@ std::string describe_zero(const zero::ShardedDataParallel& zero);
 std::string broadcast_string(Communicator& comm, const std::string& text, int root);
 // Sum of `value` over the group (blocking).
 double sum_over_ranks(Communicator& comm, double value);
+// The routing statistics of `model`'s MoE layers since its last
+// reset_moe_stats, summed over `dp_group` (nullptr: this rank alone); empty
+// for a dense model. Collective over the group.
+std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* dp_group);
 
 // Every category's live and peak bytes: the maximum over the group (blocking).
 MemorySnapshot max_over_ranks(Communicator& comm, const MemorySnapshot& mine);

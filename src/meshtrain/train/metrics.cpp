@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +26,18 @@ MetricsLog::MetricsLog(std::string path, bool append, const TrainSettings& train
 
 void MetricsLog::write(const nlohmann::json& record) {
   out_.append(record.dump());
+}
+
+// The console's MoE part: the worst layer's expert-load imbalance and the
+// layers' mean load-balancing statistic; empty for a dense model.
+std::string moe_summary(const std::vector<MoeLayerRecord>& layers) {
+  if (layers.empty()) return "";
+  double worst = 0, aux = 0;
+  for (const MoeLayerRecord& m : layers) {
+    worst = std::max(worst, m.imbalance);
+    aux += m.aux / static_cast<double>(layers.size());
+  }
+  return fmt::format(" | experts max/mean {:.2f}, balance {:.3f}", worst, aux);
 }
 
 void MetricsLog::on_step(const StepRecord& r) {
@@ -61,6 +74,19 @@ void MetricsLog::on_step(const StepRecord& r) {
     record["pp_bubble_theory"] = r.pp_bubble_theory;
     record["pp_in_flight"] = r.pp_in_flight;
   }
+  if (!r.moe.empty()) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (const MoeLayerRecord& m : r.moe) {
+      layers.push_back({{"layer", m.layer},
+                        {"tokens_min", m.tokens_min},
+                        {"tokens_mean", m.tokens_mean},
+                        {"tokens_max", m.tokens_max},
+                        {"imbalance", m.imbalance},
+                        {"aux", m.aux},
+                        {"z", m.z}});
+    }
+    record["moe"] = std::move(layers);
+  }
   write(record);
   if (console_ && progress_.bar()) {
     draw_progress(r);
@@ -68,9 +94,9 @@ void MetricsLog::on_step(const StepRecord& r) {
   }
   if (console_ && (r.step % train_.log_interval == 0 || r.step == 1 || r.step == train_.steps)) {
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
-               "MFU {:.1f}% | {:.1f} ms{}{}{}\n",
+               "MFU {:.1f}% | {:.1f} ms{}{}{}{}\n",
                r.step, train_.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu * 100,
-               r.step_ms,
+               r.step_ms, moe_summary(r.moe),
                show_comm_
                    ? fmt::format(" | comm {:.1f} ms, {:.1f} exposed", r.comm_ms, r.exposed_comm_ms)
                    : "",

@@ -5,8 +5,21 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace meshtrain {
+
+// A MoE layer's routing in one step (model.h MoeLayerStats) over every
+// data-parallel rank: the choices each expert received (min, mean, max and
+// the max / mean imbalance), and per micro-batch means of the load-balancing
+// statistic E * sum P f (1: uniform) and of the z-loss's mean lse^2, before
+// their coefficients.
+struct MoeLayerRecord {
+  int64_t layer = 0;
+  int64_t tokens_min = 0, tokens_max = 0;
+  double tokens_mean = 0, imbalance = 0;
+  double aux = 0, z = 0;
+};
 
 struct StepRecord {
   int64_t step = 0;  // 1-based: the step just completed
@@ -50,6 +63,7 @@ struct StepRecord {
   bool offloaded = false;
   uint64_t offload_read_bytes = 0, offload_written_bytes = 0;
   uint64_t offload_ready = 0, offload_waited = 0;
+  std::vector<MoeLayerRecord> moe;  // this rank's MoE layers (its stage's), in layer order
 };
 
 // Observes the training loop. Every rank's hooks are called at the same

@@ -369,6 +369,7 @@ StepRecord Trainer::train_step() {
   const double loss_scale = gates_->loss_scale();
   const int64_t batch = next_batch_number();
   dp_->begin_step();
+  model_->reset_moe_stats();
   sleep_ms(slow_.compute_ms);  // before the gradients: its peers wait for them in the sync
   double loss_sum =
       runner_->run(*loader_, *dp_, static_cast<float>(grad_scale * loss_scale), r);
@@ -377,6 +378,7 @@ StepRecord Trainer::train_step() {
   sync_span.end();
   inject_grad_fault(*dp_, batch, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
+  r.moe = moe_step_records(*model_, dp_->group());
   r.loss_tokens = loss_tokens;
   r.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, loss_tokens));
   // Each element counted once across tp, stages and shards.
