@@ -293,5 +293,40 @@ TEST(Config, LoraKeysParsedSavedAndNamedWhenInvalid) {
   EXPECT_NE(error_of(with, {{"lora.targets", "lm_head"}}).find("lora.targets"), std::string::npos);
 }
 
+// [moe]: parsed, saved and read back; bad values refused with one line naming the key.
+TEST(Config, MoeKeysParsedSavedAndNamedWhenInvalid) {
+  TrainConfig off = parse_config(kBase, "run.toml");
+  EXPECT_FALSE(off.model.moe.enabled());
+  EXPECT_EQ(config_to_toml(off).find("[moe]"), std::string::npos) << "no section when dense";
+  const std::string with = std::string(kBase) +
+                           "[moe]\nexperts = 8\ntop_k = 2\nhidden_dim = 32\nscore = \"sigmoid\"\n"
+                           "n_groups = 4\ntopk_groups = 2\nshared_hidden = 16\naux_loss = 0.01\n";
+  TrainConfig c = parse_config(with, "run.toml");
+  EXPECT_EQ(c.model.moe.experts, 8);
+  EXPECT_EQ(c.model.moe.score, ops::RouterScore::sigmoid);
+  for (const TrainConfig& back :
+       {parse_config(config_to_toml(c), "saved.toml"), config_from_json(config_to_json(c))}) {
+    EXPECT_EQ(back.model.moe, c.model.moe);
+  }
+  EXPECT_EQ(error_of(with, {{"moe.top_k", "9"}}),
+            "config: moe.top_k: must be in [1, experts = 8], got 9");
+  EXPECT_EQ(error_of(with, {{"moe.score", "relu"}}),
+            "moe.score: unknown router score \"relu\" (softmax, sigmoid)");
+  EXPECT_NE(error_of(with, {{"moe.n_groups", "3"}}).find("moe.n_groups"), std::string::npos);
+  EXPECT_NE(error_of(with, {{"moe.topk_groups", "5"}}).find("moe.topk_groups"), std::string::npos);
+  EXPECT_NE(error_of(with, {{"moe.hidden_dim", "0"}}).find("moe.hidden_dim"), std::string::npos);
+  EXPECT_NE(error_of(with, {{"moe.aux_loss", "-1"}}).find("moe.aux_loss"), std::string::npos);
+  EXPECT_NE(error_of(with, {{"moe.first_dense", "99"}}).find("moe.first_dense"), std::string::npos);
+  EXPECT_NE(error_of(with, {{"moe.shared_hidden", "0"}, {"moe.shared_gate", "true"}})
+                .find("moe.shared_gate"),
+            std::string::npos);
+  EXPECT_EQ(error_of(with, {{"parallel.tp", "2"}}),
+            "config: moe.experts = 8 with parallel.tp = 2: tensor parallelism of "
+            "mixture-of-experts blocks is not implemented yet (use parallel.tp = 1)");
+  EXPECT_NE(error_of(with, {{"lora.rank", "4"}}).find("LoRA on a mixture of experts"),
+            std::string::npos);
+  EXPECT_NE(error_of(with, {{"model.preset", "gpt2-124M"}}).find("moe: gpt2"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace meshtrain

@@ -694,6 +694,10 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   c.parallel = read_parallel(Section(root, "parallel"));
   read_lora(Section(root, "lora"), c.model);
   read_moe(Section(root, "moe"), c.model);
+  MESHTRAIN_CHECK(!c.model.moe.enabled() || c.parallel.tp == 1,
+                  "config: moe.experts = {} with parallel.tp = {}: tensor parallelism of "
+                  "mixture-of-experts blocks is not implemented yet (use parallel.tp = 1)",
+                  c.model.moe.experts, c.parallel.tp);
   MESHTRAIN_CHECK(!c.model.lora.enabled() || c.parallel.zero <= 2 || c.parallel.offload == "none",
                   "config: lora.rank = {} with parallel.zero = 3 and parallel.offload = \"{}\": "
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
