@@ -4,7 +4,8 @@
 // pp 2 1F1B, and full recomputation — and a checkpoint resumes bit for bit.
 // The model routes with top-2 of 4 experts, a gated shared expert, a dense
 // first layer, the load-balancing and z losses (the auxiliary losses'
-// gradients enter in backward on every layout). The routing statistics,
+// gradients enter in backward on every layout) and a capacity of 1.25 times
+// the mean load (over-full experts drop choices). The routing statistics,
 // summed over the dp ranks, reach metrics.jsonl and the report's plots.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -52,6 +53,7 @@ shared_gate = true
 first_dense = 1
 aux_loss = 0.01
 z_loss = 0.001
+capacity_factor = 1.25
 [train]
 steps = 16
 batch_size = 8
@@ -122,6 +124,7 @@ TEST_F(MoeTrainer, RoutingStatisticsReachMetricsAndTheReport) {
   const std::string out = world_->size() == 2 ? "stats" : fmt::format("stats.rank{}", world_->rank());
   const testing::TrainerRun run = testing::run_trainer(config(out), mesh.get());
   const double per_step = 8 * 16 * 2;  // batch x seq tokens, top 2
+  int64_t dropped = 0;
   for (const StepRecord& r : run.records) {
     ASSERT_EQ(r.moe.size(), 3u) << "layers 1, 2, 3 (layer 0 dense)";
     for (const MoeLayerRecord& m : r.moe) {
@@ -130,8 +133,10 @@ TEST_F(MoeTrainer, RoutingStatisticsReachMetricsAndTheReport) {
       EXPECT_GE(m.imbalance, 1.0);
       EXPECT_GT(m.aux, 0.5);
       EXPECT_GT(m.z, 0.0);
+      dropped += m.dropped;
     }
   }
+  EXPECT_GT(dropped, 0) << "capacity 1.25 x the mean load drops some choices";
   world_->barrier();
   if (world_->rank() != 0) return;
   const std::string text = testing::read_file(dir_ + "/" + out + "/metrics.jsonl");

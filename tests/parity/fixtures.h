@@ -72,6 +72,7 @@ inline MoeConfig moe_from_json(const std::string& text) {
   m.every = j.at("every");
   m.aux_loss = j.at("aux_loss");
   m.z_loss = j.at("z_loss");
+  m.capacity_factor = j.at("capacity_factor");
   return m;
 }
 

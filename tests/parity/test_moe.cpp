@@ -136,7 +136,36 @@ TEST_P(MoeReference, Bf16StaysWithinItsTolerance) {
 
 INSTANTIATE_TEST_SUITE_P(Routers, MoeReference,
                          ::testing::Values("moe_mixtral", "moe_qwen2", "moe_deepseek",
-                                           "moe_dense_mixture"));
+                                           "moe_dense_mixture", "moe_capacity"));
+
+// A capacity of at least every choice (N * top_k per expert) drops nothing:
+// the dropless run, bit for bit; below it choices are dropped and counted.
+TEST(MoeCapacity, AtLeastEveryChoiceEqualsDroplessAndLessDrops) {
+  SafetensorsReader ref(fixture_path("moe_mixtral.reference.safetensors"));
+  FixtureModel dropless("moe_mixtral", Precision::fp32);
+  const MoeRun want = run_case(dropless, ref);
+  for (const float factor : {4.0f, 0.5f}) {
+    FixtureModel f("moe_mixtral", Precision::fp32);
+    ModelConfig c = f.model->config();
+    c.moe.capacity_factor = factor;  // experts 4, top 2: C = N * 2 at factor 4
+    auto model = std::make_unique<Model>(c, Precision::fp32, f.ctx);
+    for (size_t i = 0; i < model->params().size(); ++i) {
+      model->params()[i].master.copy_from(f.model->params()[i].master);
+    }
+    f.model = std::move(model);
+    const MoeRun got = run_case(f, ref);
+    int64_t dropped = 0;
+    for (const MoeLayerStats& st : f.model->moe_stats()) dropped += st.dropped;
+    if (factor >= 4.0f) {
+      EXPECT_EQ(dropped, 0);
+      EXPECT_EQ(got.loss, want.loss);
+      EXPECT_EQ(got.grads, want.grads);
+    } else {
+      EXPECT_GT(dropped, 0);
+      EXPECT_NE(got.loss, want.loss);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace meshtrain::parity

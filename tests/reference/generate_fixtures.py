@@ -222,8 +222,8 @@ def lora_case(name, c, out_dir, seed):
 
 # Mixtures of experts on the llama_gqa shape: Mixtral's routing, Qwen2-MoE's (no
 # renormalisation, a gated shared expert, a dense first layer), DeepSeek-V3's (sigmoid
-# scores, group-limited top-k, scaling, an ungated shared expert), and top_k = experts
-# without renormalisation (the dense softmax mixture of the experts).
+# scores, group-limited top-k, scaling, an ungated shared expert), top_k = experts
+# without renormalisation (the dense softmax mixture of the experts), and token dropping.
 MOE_CASES = {
     "moe_mixtral": ref.Moe(experts=4, top_k=2, hidden_dim=24, aux_loss=0.1, z_loss=0.01),
     "moe_qwen2": ref.Moe(experts=6, top_k=2, hidden_dim=16, renormalize=False, shared_hidden=40,
@@ -231,6 +231,8 @@ MOE_CASES = {
     "moe_deepseek": ref.Moe(experts=8, top_k=2, hidden_dim=16, score="sigmoid", scaling=2.5,
                             n_groups=4, topk_groups=2, shared_hidden=32, z_loss=0.01),
     "moe_dense_mixture": ref.Moe(experts=3, top_k=3, hidden_dim=16, renormalize=False),
+    # A capacity of 0.75 of the mean load: experts over it drop their lowest-weight choices.
+    "moe_capacity": ref.Moe(experts=4, top_k=2, hidden_dim=16, aux_loss=0.1, capacity_factor=0.75),
 }
 
 

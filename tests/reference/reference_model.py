@@ -36,6 +36,7 @@ class Moe:
     every: int = 1
     aux_loss: float = 0.0
     z_loss: float = 0.0
+    capacity_factor: float = 0.0
 
     def is_moe_layer(self, i):
         return i >= self.first_dense and (i - self.first_dense) % self.every == 0
@@ -309,6 +310,15 @@ def moe_ffn(h, P, p, m, aux):
     if m.renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     weights = weights * m.scaling
+    if m.capacity_factor > 0:  # each expert keeps its C choices of the highest weight
+        capacity = math.ceil(m.capacity_factor * n * m.top_k / E)
+        flat_w, flat_e = weights.detach().reshape(-1), chosen.reshape(-1)
+        keep = torch.zeros_like(flat_w, dtype=torch.bool)
+        for e in range(E):
+            mine = [s for s in range(flat_e.numel()) if flat_e[s] == e]
+            mine.sort(key=lambda s: (-flat_w[s].item(), s))  # ties: the lower slot
+            keep[mine[:capacity]] = True
+        weights = weights * keep.view_as(weights)
     gate_up, down = P[p + "mlp.experts.gate_up_proj"], P[p + "mlp.experts.down_proj"]
     out = torch.zeros_like(x)
     for e in range(E):

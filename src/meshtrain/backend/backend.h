@@ -155,10 +155,21 @@ class Backend {
   // for an index outside [0, experts).
   virtual void moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,
                         int32_t* rows, int32_t* counts) = 0;
+  // Token dropping: from moe_sort's slots, rows and counts, each expert keeps
+  // at most `capacity` of its slots, those of the highest weight (weights
+  // [tokens, top_k]; ties to the lower slot), in slot order; kept [experts]
+  // (overwritten) their counts. slots is rewritten: the kept rows first,
+  // grouped by expert, then the dropped slots in slot order, whose rows[s]
+  // become -1: moe_permute_backward, moe_combine and its backward skip them
+  // (a dropped choice adds nothing and gets no gradient).
+  virtual void moe_capacity(const ops::DispatchDims& dims, int64_t capacity, const float* weights,
+                            const int32_t* counts, int32_t* slots, int32_t* rows,
+                            int32_t* kept) = 0;
   // out [slots(), dim] in out_dtype: row r = x[slots[r] / top_k] (x f32 [tokens, dim]).
   virtual void moe_permute(const ops::DispatchDims& dims, const int32_t* slots, const float* x,
                            DType out_dtype, void* out) = 0;
-  // dx [tokens, dim] f32, overwritten: dx[t] = sum over j (ascending) of d_out[rows[t*top_k + j]].
+  // dx [tokens, dim] f32, overwritten: dx[t] = sum over j (ascending) of
+  // d_out[rows[t*top_k + j]] (rows of -1, dropped choices, skipped here and below).
   virtual void moe_permute_backward(const ops::DispatchDims& dims, const int32_t* rows,
                                     const float* d_out, float* dx) = 0;
   // out [tokens, dim] f32, overwritten: out[t] = sum over j (ascending) of

@@ -487,6 +487,30 @@ Dispatch moe_sort(const DispatchDims& dims, std::span<const int32_t> indices) {
   return d;
 }
 
+void moe_capacity(const DispatchDims& dims, int64_t capacity, const Vec& weights, Dispatch& order) {
+  // Per expert: its slots ranked by (weight descending, slot ascending); the first `capacity` stay.
+  std::vector<int32_t> kept_slots, dropped;
+  order.kept.assign(order.counts.size(), 0);
+  auto first = order.slots.begin();
+  for (int64_t e = 0; e < dims.experts; ++e) {
+    std::vector<int32_t> ranked(first, first + order.counts[e]);
+    first += order.counts[e];
+    std::sort(ranked.begin(), ranked.end(), [&](int32_t a, int32_t b) {
+      return weights[a] != weights[b] ? weights[a] > weights[b] : a < b;
+    });
+    const auto keep = static_cast<size_t>(std::min<int64_t>(capacity, std::ssize(ranked)));
+    std::sort(ranked.begin(), ranked.begin() + static_cast<int64_t>(keep));
+    kept_slots.insert(kept_slots.end(), ranked.begin(), ranked.begin() + static_cast<int64_t>(keep));
+    dropped.insert(dropped.end(), ranked.begin() + static_cast<int64_t>(keep), ranked.end());
+    order.kept[e] = static_cast<int32_t>(keep);
+  }
+  std::sort(dropped.begin(), dropped.end());
+  order.slots = kept_slots;
+  order.slots.insert(order.slots.end(), dropped.begin(), dropped.end());
+  for (size_t r = 0; r < kept_slots.size(); ++r) order.rows[kept_slots[r]] = static_cast<int32_t>(r);
+  for (int32_t s : dropped) order.rows[s] = -1;
+}
+
 void moe_permute(const DispatchDims& dims, const Dispatch& order, const Vec& x, Vec& out) {
   out.assign(static_cast<size_t>(dims.slots() * dims.dim), 0.0);
   for (int64_t r = 0; r < dims.slots(); ++r) {
@@ -499,6 +523,7 @@ void moe_permute_backward(const DispatchDims& dims, const Dispatch& order, const
                           Vec& dx) {
   dx.assign(static_cast<size_t>(dims.tokens * dims.dim), 0.0);
   for (int64_t r = 0; r < dims.slots(); ++r) {
+    if (order.rows[order.slots[r]] != r) continue;  // dropped
     const int64_t t = order.slots[r] / dims.top_k;
     for (int64_t i = 0; i < dims.dim; ++i) dx[t * dims.dim + i] += d_out[r * dims.dim + i];
   }
@@ -509,6 +534,7 @@ void moe_combine(const DispatchDims& dims, const Dispatch& order, const Vec& wei
   out.assign(static_cast<size_t>(dims.tokens * dims.dim), 0.0);
   for (int64_t r = 0; r < dims.slots(); ++r) {
     const int64_t s = order.slots[r], t = s / dims.top_k;
+    if (order.rows[s] != r) continue;  // dropped
     for (int64_t i = 0; i < dims.dim; ++i) out[t * dims.dim + i] += weights[s] * y[r * dims.dim + i];
   }
 }
@@ -519,6 +545,7 @@ void moe_combine_backward(const DispatchDims& dims, const Dispatch& order, const
   d_weights.assign(static_cast<size_t>(dims.slots()), 0.0);
   for (int64_t r = 0; r < dims.slots(); ++r) {
     const int64_t s = order.slots[r], t = s / dims.top_k;
+    if (order.rows[s] != r) continue;  // dropped: d_y's row untouched, no d_weight
     for (int64_t i = 0; i < dims.dim; ++i) {
       d_y[r * dims.dim + i] = weights[s] * d_out[t * dims.dim + i];
       d_weights[s] += d_out[t * dims.dim + i] * y[r * dims.dim + i];

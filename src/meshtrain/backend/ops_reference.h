@@ -70,8 +70,11 @@ void router_backward(const RouterDims& dims, const Vec& probs, std::span<const i
 // permuted order, each expert's count, and the row moves.
 struct Dispatch {
   std::vector<int32_t> slots, rows, counts;
+  std::vector<int32_t> kept;  // after moe_capacity: each expert's kept rows (rows[s] = -1: dropped)
 };
 Dispatch moe_sort(const DispatchDims& dims, std::span<const int32_t> indices);
+// Backend::moe_capacity on a sorted order.
+void moe_capacity(const DispatchDims& dims, int64_t capacity, const Vec& weights, Dispatch& order);
 void moe_permute(const DispatchDims& dims, const Dispatch& order, const Vec& x, Vec& out);
 void moe_permute_backward(const DispatchDims& dims, const Dispatch& order, const Vec& d_out,
                           Vec& dx);

@@ -992,105 +992,133 @@ void add_dispatch_cases(std::vector<OpCase>& cases, Random& rng) {
         }
       }
     }
-    const ref::Dispatch order = ref::moe_sort(dims, indices);
     const int64_t n = dims.slots(), tokens = dims.tokens * dims.dim, rows = n * dims.dim;
     const Vec x = rounded(rng.uniform(tokens), DType::f32), y = rounded(rng.uniform(rows), DType::f32);
     const Vec dout = rounded(rng.uniform(tokens), DType::f32), drows = rounded(rng.uniform(rows), DType::f32);
-    const Vec weights = rounded(rng.uniform(n, 0, 1), DType::f32);
-    const std::string params = fmt::format("tokens={} k={} experts={} dim={}", dims.tokens,
-                                           dims.top_k, dims.experts, dims.dim);
+    Vec weights = rounded(rng.uniform(n, 0, 1), DType::f32);
+    weights[0] = weights[n - 1];  // a tie for the capacity's ranking
     auto as_vec = [](const std::vector<int32_t>& v) { return Vec(v.begin(), v.end()); };
-    cases.push_back(OpCase{"moe_sort", params, max_nmse(DType::f32),
-                           [=](Probe& p) {
-                             const SortBuffers b = run_moe_sort(p, dims, indices);
-                             return Outputs{{"slots", p.download(b.slots)},
-                                            {"rows", p.download(b.rows)},
-                                            {"counts", p.download(b.counts)}};
-                           },
-                           [=] {
-                             return Outputs{{"slots", as_vec(order.slots)},
-                                            {"rows", as_vec(order.rows)},
-                                            {"counts", as_vec(order.counts)}};
-                           }});
-    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
-      cases.push_back(OpCase{
-          "moe_permute", params + " " + std::string(dtype_name(dt)), max_nmse(dt),
-          [=](Probe& p) {
-            auto S = p.upload_ids("slots", order.slots);
-            auto X = p.upload("x", DType::f32, x), O = p.upload("out", dt, Vec(y.size()));
-            p.backend().moe_permute(dims, S.as<int32_t>(), X.as<float>(), dt, O.data());
-            return Outputs{{"out", p.download(O)}};
-          },
-          [=] {
-            Vec out;
-            ref::moe_permute(dims, order, x, out);
-            return Outputs{{"out", out}};
-          }});
+    // Dropless, then with a capacity of a mean expert's load (some experts over it).
+    for (const int64_t capacity : {int64_t{0}, std::max<int64_t>(1, n / dims.experts)}) {
+      ref::Dispatch order = ref::moe_sort(dims, indices);
+      const std::string params = fmt::format("tokens={} k={} experts={} dim={}{}", dims.tokens,
+                                             dims.top_k, dims.experts, dims.dim,
+                                             capacity > 0 ? fmt::format(" capacity={}", capacity) : "");
+      if (capacity > 0) {
+        const ref::Dispatch sorted = order;
+        ref::moe_capacity(dims, capacity, weights, order);
+        cases.push_back(OpCase{"moe_capacity", params, max_nmse(DType::f32),
+                               [=](Probe& p) {
+                                 const SortBuffers b = run_moe_sort(p, dims, indices);
+                                 auto W = p.upload("weights", DType::f32, weights);
+                                 auto K = p.upload_ids("kept", std::vector<int32_t>(sorted.counts.size()));
+                                 p.backend().moe_capacity(dims, capacity, W.as<float>(),
+                                                          b.counts.as<int32_t>(), b.slots.as<int32_t>(),
+                                                          b.rows.as<int32_t>(), K.as<int32_t>());
+                                 return Outputs{{"slots", p.download(b.slots)},
+                                                {"rows", p.download(b.rows)},
+                                                {"kept", p.download(K)}};
+                               },
+                               [=] {
+                                 return Outputs{{"slots", as_vec(order.slots)},
+                                                {"rows", as_vec(order.rows)},
+                                                {"kept", as_vec(order.kept)}};
+                               }});
+      } else {
+      cases.push_back(OpCase{"moe_sort", params, max_nmse(DType::f32),
+                             [=](Probe& p) {
+                               const SortBuffers b = run_moe_sort(p, dims, indices);
+                               return Outputs{{"slots", p.download(b.slots)},
+                                              {"rows", p.download(b.rows)},
+                                              {"counts", p.download(b.counts)}};
+                             },
+                             [=] {
+                               return Outputs{{"slots", as_vec(order.slots)},
+                                              {"rows", as_vec(order.rows)},
+                                              {"counts", as_vec(order.counts)}};
+                             }});
+      }
+      for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+        cases.push_back(OpCase{
+            "moe_permute", params + " " + std::string(dtype_name(dt)), max_nmse(dt),
+            [=](Probe& p) {
+              auto S = p.upload_ids("slots", order.slots);
+              auto X = p.upload("x", DType::f32, x), O = p.upload("out", dt, Vec(y.size()));
+              p.backend().moe_permute(dims, S.as<int32_t>(), X.as<float>(), dt, O.data());
+              return Outputs{{"out", p.download(O)}};
+            },
+            [=] {
+              Vec out;
+              ref::moe_permute(dims, order, x, out);
+              return Outputs{{"out", out}};
+            }});
+      }
+      cases.push_back(OpCase{"moe_permute_backward", params, max_nmse(DType::f32),
+                             [=](Probe& p) {
+                               auto R = p.upload_ids("rows", order.rows);
+                               auto D = p.upload("d_out", DType::f32, drows),
+                                    DX = p.upload("dx", DType::f32, Vec(x.size()));
+                               p.backend().moe_permute_backward(dims, R.as<int32_t>(), D.as<float>(),
+                                                                DX.as<float>());
+                               return Outputs{{"dx", p.download(DX)}};
+                             },
+                             [=] {
+                               Vec dx;
+                               ref::moe_permute_backward(dims, order, drows, dx);
+                               return Outputs{{"dx", dx}};
+                             }});
+      cases.push_back(OpCase{"moe_combine", params, max_nmse(DType::f32),
+                             [=](Probe& p) {
+                               auto R = p.upload_ids("rows", order.rows);
+                               auto W = p.upload("weights", DType::f32, weights),
+                                    Y = p.upload("y", DType::f32, y),
+                                    O = p.upload("out", DType::f32, Vec(x.size()));
+                               p.backend().moe_combine(dims, R.as<int32_t>(), W.as<float>(),
+                                                       Y.as<float>(), O.as<float>());
+                               return Outputs{{"out", p.download(O)}};
+                             },
+                             [=] {
+                               Vec out;
+                               ref::moe_combine(dims, order, weights, y, out);
+                               return Outputs{{"out", out}};
+                             }});
+      for (DType dt : {DType::f32, DType::bf16}) {
+        cases.push_back(OpCase{
+            "moe_combine_backward", params + " " + std::string(dtype_name(dt)), max_nmse(dt),
+            [=](Probe& p) {
+              auto R = p.upload_ids("rows", order.rows);
+              auto W = p.upload("weights", DType::f32, weights), Y = p.upload("y", DType::f32, y);
+              auto D = p.upload("d_out", DType::f32, dout);
+              auto DY = p.upload("d_y", dt, Vec(y.size()));
+              auto DW = p.upload("d_weights", DType::f32, Vec(weights.size()));
+              p.backend().moe_combine_backward(dims, R.as<int32_t>(), W.as<float>(), Y.as<float>(),
+                                               D.as<float>(), dt, DY.data(), DW.as<float>());
+              return Outputs{{"d_y", p.download(DY)}, {"d_weights", p.download(DW)}};
+            },
+            [=] {
+              Vec dy, dw;
+              ref::moe_combine_backward(dims, order, weights, y, dout, dy, dw);
+              return Outputs{{"d_y", dy}, {"d_weights", dw}};
+            }});
+      }
+      if (capacity > 0) continue;
+      // Dispatch, then combine with weights 1/top_k: the input again.
+      const Vec mean(static_cast<size_t>(n), 1.0 / static_cast<double>(dims.top_k));
+      cases.push_back(OpCase{"moe_dispatch_combine", params + " identity", max_nmse(DType::f32),
+                             [=](Probe& p) {
+                               const SortBuffers b = run_moe_sort(p, dims, indices);
+                               auto X = p.upload("x", DType::f32, x),
+                                    P = p.upload("permuted", DType::f32, Vec(y.size())),
+                                    W = p.upload("weights", DType::f32, mean),
+                                    O = p.upload("out", DType::f32, Vec(x.size()));
+                               p.backend().moe_permute(dims, b.slots.as<int32_t>(), X.as<float>(),
+                                                       DType::f32, P.data());
+                               p.backend().moe_combine(dims, b.rows.as<int32_t>(), W.as<float>(),
+                                                       P.as<float>(), O.as<float>());
+                               return Outputs{{"out", p.download(O)}};
+                             },
+                             [=] { return Outputs{{"out", x}}; }});
     }
-    cases.push_back(OpCase{"moe_permute_backward", params, max_nmse(DType::f32),
-                           [=](Probe& p) {
-                             auto R = p.upload_ids("rows", order.rows);
-                             auto D = p.upload("d_out", DType::f32, drows),
-                                  DX = p.upload("dx", DType::f32, Vec(x.size()));
-                             p.backend().moe_permute_backward(dims, R.as<int32_t>(), D.as<float>(),
-                                                              DX.as<float>());
-                             return Outputs{{"dx", p.download(DX)}};
-                           },
-                           [=] {
-                             Vec dx;
-                             ref::moe_permute_backward(dims, order, drows, dx);
-                             return Outputs{{"dx", dx}};
-                           }});
-    cases.push_back(OpCase{"moe_combine", params, max_nmse(DType::f32),
-                           [=](Probe& p) {
-                             auto R = p.upload_ids("rows", order.rows);
-                             auto W = p.upload("weights", DType::f32, weights),
-                                  Y = p.upload("y", DType::f32, y),
-                                  O = p.upload("out", DType::f32, Vec(x.size()));
-                             p.backend().moe_combine(dims, R.as<int32_t>(), W.as<float>(),
-                                                     Y.as<float>(), O.as<float>());
-                             return Outputs{{"out", p.download(O)}};
-                           },
-                           [=] {
-                             Vec out;
-                             ref::moe_combine(dims, order, weights, y, out);
-                             return Outputs{{"out", out}};
-                           }});
-    for (DType dt : {DType::f32, DType::bf16}) {
-      cases.push_back(OpCase{
-          "moe_combine_backward", params + " " + std::string(dtype_name(dt)), max_nmse(dt),
-          [=](Probe& p) {
-            auto R = p.upload_ids("rows", order.rows);
-            auto W = p.upload("weights", DType::f32, weights), Y = p.upload("y", DType::f32, y);
-            auto D = p.upload("d_out", DType::f32, dout);
-            auto DY = p.upload("d_y", dt, Vec(y.size()));
-            auto DW = p.upload("d_weights", DType::f32, Vec(weights.size()));
-            p.backend().moe_combine_backward(dims, R.as<int32_t>(), W.as<float>(), Y.as<float>(),
-                                             D.as<float>(), dt, DY.data(), DW.as<float>());
-            return Outputs{{"d_y", p.download(DY)}, {"d_weights", p.download(DW)}};
-          },
-          [=] {
-            Vec dy, dw;
-            ref::moe_combine_backward(dims, order, weights, y, dout, dy, dw);
-            return Outputs{{"d_y", dy}, {"d_weights", dw}};
-          }});
-    }
-    // Dispatch, then combine with weights 1/top_k: the input again.
-    const Vec mean(static_cast<size_t>(n), 1.0 / static_cast<double>(dims.top_k));
-    cases.push_back(OpCase{"moe_dispatch_combine", params + " identity", max_nmse(DType::f32),
-                           [=](Probe& p) {
-                             const SortBuffers b = run_moe_sort(p, dims, indices);
-                             auto X = p.upload("x", DType::f32, x),
-                                  P = p.upload("permuted", DType::f32, Vec(y.size())),
-                                  W = p.upload("weights", DType::f32, mean),
-                                  O = p.upload("out", DType::f32, Vec(x.size()));
-                             p.backend().moe_permute(dims, b.slots.as<int32_t>(), X.as<float>(),
-                                                     DType::f32, P.data());
-                             p.backend().moe_combine(dims, b.rows.as<int32_t>(), W.as<float>(),
-                                                     P.as<float>(), O.as<float>());
-                             return Outputs{{"out", p.download(O)}};
-                           },
-                           [=] { return Outputs{{"out", x}}; }});
   }
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -161,6 +162,16 @@ struct MoeConfig {
   int64_t every = 1;
   float aux_loss = 0.0f;
   float z_loss = 0.0f;
+  // > 0: each expert takes at most ceil(capacity_factor * N * top_k / E) of a
+  // micro-batch's N tokens, those of the highest routing weight (ties: the
+  // lower token); the other choices are dropped (they add nothing: the
+  // residual passes through). 0: dropless.
+  float capacity_factor = 0.0f;
+  int64_t capacity(int64_t tokens) const {
+    return static_cast<int64_t>(std::ceil(static_cast<double>(capacity_factor) *
+                                          static_cast<double>(tokens * top_k) /
+                                          static_cast<double>(experts)));
+  }
   bool enabled() const { return experts > 0; }
   bool is_moe_layer(int64_t layer) const {
     return enabled() && layer >= first_dense && (layer - first_dense) % every == 0;

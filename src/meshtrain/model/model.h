@@ -70,6 +70,7 @@ struct MoeLayerStats {
   int64_t layer = 0;
   int64_t micro_batches = 0;
   std::vector<int64_t> tokens;  // [E]: choices each expert received
+  int64_t dropped = 0;          // of them, over an expert's capacity
   double aux = 0;    // sum over micro-batches of E * sum_e P_e f_e (1 = uniform)
   double z = 0;      // sum over micro-batches of mean_t lse_t^2
 };

@@ -76,7 +76,9 @@ struct MoeActs {
   Tensor probs, lse;            // f32 [N, E] router scores; [N] log-sum-exp of its logits
   Tensor indices, weights;      // i32 / f32 [N, top_k]: the router's choices
   Tensor slots, rows, counts;   // i32 [S], [S], [E]: the dispatch (ops::DispatchDims)
-  std::vector<int32_t> counts_host;  // counts on the host: the expert GEMMs' row ranges
+  Tensor kept;                  // i32 [E]: rows each expert keeps under a capacity
+  std::vector<int32_t> counts_host;  // counts (the router's choices) on the host
+  std::vector<int32_t> rows_host;    // each expert's rows on the host (kept, or all choices)
   std::vector<float> prob_sums;      // [E] sums over tokens of the scores (load balancing)
   Tensor xp;                    // dt [S, d]: the rows permuted to their experts
   Tensor pre, act;              // f32 [S, 2I] gate|up; dt [S, I] SwiGLU output

@@ -74,6 +74,13 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
                    s.counts.data<int32_t>());
   s.counts_host.resize(static_cast<size_t>(E));
   backend.copy_to_host(s.counts, s.counts_host.data());
+  s.rows_host = s.counts_host;
+  if (m.capacity_factor > 0) {
+    ensure(s.kept, {E}, DType::i32, cat);
+    backend.moe_capacity(dd, m.capacity(rows), s.weights.data<float>(), s.counts.data<int32_t>(),
+                         s.slots.data<int32_t>(), s.rows.data<int32_t>(), s.kept.data<int32_t>());
+    backend.copy_to_host(s.kept, s.rows_host.data());
+  }
   ensure(s.xp, {S, d}, dt, cat);
   backend.moe_permute(dd, s.slots.data<int32_t>(), x32, dt, s.xp.raw());
 
@@ -84,17 +91,19 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   const void* w_out = weight(b.moe.experts_out, dt);
   int64_t first = 0;
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = s.counts_host[static_cast<size_t>(e)];
+    const int64_t c = s.rows_host[static_cast<size_t>(e)];
     if (c > 0) {
       backend.matmul({.m = c, .n = 2 * I, .k = d, .trans_b = true}, dt, at(s.xp.raw(), dt, first * d),
                      at(w_in, dt, e * 2 * I * d), DType::f32, s.pre.data<float>() + first * 2 * I);
     }
     first += c;
   }
-  mlp_activation(s.pre, dt, s.act, S, I, cat);
+  // The activation over the kept rows only (they come first; dropped ones follow).
+  const int64_t kept = std::accumulate(s.rows_host.begin(), s.rows_host.end(), int64_t{0});
+  mlp_activation(s.pre, dt, s.act, kept, I, cat);
   first = 0;
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = s.counts_host[static_cast<size_t>(e)];
+    const int64_t c = s.rows_host[static_cast<size_t>(e)];
     if (c > 0) {
       backend.matmul({.m = c, .n = d, .k = I, .trans_b = true}, dt, at(s.act.raw(), dt, first * I),
                      at(w_out, dt, e * d * I), DType::f32, s.y.data<float>() + first * d);
@@ -158,6 +167,7 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   for (int64_t e = 0; e < E; ++e) {
     const auto i = static_cast<size_t>(e);
     it->tokens[i] += s.counts_host[i];
+    it->dropped += s.counts_host[i] - s.rows_host[i];
     balance += static_cast<double>(s.prob_sums[i]) * s.counts_host[i];
   }
   it->aux += balance * static_cast<double>(E) / (static_cast<double>(rows) * static_cast<double>(S));
@@ -225,7 +235,7 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
   float* g_out = grad(b.moe.experts_out);
   int64_t first = 0;
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = s.counts_host[static_cast<size_t>(e)];
+    const int64_t c = s.rows_host[static_cast<size_t>(e)];
     if (c > 0) {
       const void* dye = at(ws.moe_d_y.raw(), dt, first * d);
       backend.matmul({.m = d, .n = I, .k = c, .trans_a = true}, dt, dye,
@@ -237,10 +247,10 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
   }
   ready(b.moe.experts_out);
   backend.swiglu_backward(s.pre.data<float>(), ws.moe_d_act.data<float>(), dt, ws.moe_d_pre.raw(),
-                          S, I);
+                          s.act.shape()[0], I);
   first = 0;
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = s.counts_host[static_cast<size_t>(e)];
+    const int64_t c = s.rows_host[static_cast<size_t>(e)];
     if (c > 0) {
       const void* dpe = at(ws.moe_d_pre.raw(), dt, first * 2 * I);
       backend.matmul({.m = 2 * I, .n = d, .k = c, .trans_a = true}, dt, dpe,
@@ -299,6 +309,7 @@ void Model::reset_moe_stats() {
   for (MoeLayerStats& st : impl_->moe_stats) {
     st.micro_batches = 0;
     std::fill(st.tokens.begin(), st.tokens.end(), 0);
+    st.dropped = 0;
     st.aux = st.z = 0;
   }
 }

@@ -93,6 +93,7 @@ constexpr KeySpec kKeys[] = {
     {"moe", "shared_hidden", Kind::integer},  {"moe", "shared_gate", Kind::boolean},
     {"moe", "first_dense", Kind::integer},    {"moe", "every", Kind::integer},
     {"moe", "aux_loss", Kind::number},        {"moe", "z_loss", Kind::number},
+    {"moe", "capacity_factor", Kind::number},
     {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
     {"comm", "flight_records", Kind::integer},
 };
@@ -667,6 +668,7 @@ void read_moe(const Section& s, ModelConfig& m) {
   s.read("every", e.every);
   s.read("aux_loss", e.aux_loss);
   s.read("z_loss", e.z_loss);
+  s.read("capacity_factor", e.capacity_factor);
   try {
     m.validate();
   } catch (const Error& err) {
@@ -840,7 +842,8 @@ toml::table to_table(const TrainConfig& c) {
                                   {"first_dense", e.first_dense},
                                   {"every", e.every},
                                   {"aux_loss", exact(e.aux_loss)},
-                                  {"z_loss", exact(e.z_loss)}});
+                                  {"z_loss", exact(e.z_loss)},
+                                  {"capacity_factor", exact(e.capacity_factor)}});
   }
   return out;
 }

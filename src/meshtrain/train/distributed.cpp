@@ -136,6 +136,7 @@ std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* d
   std::vector<MoeLayerRecord> out;
   for (const MoeLayerStats& st : model.moe_stats()) {
     std::vector<int64_t> tokens = st.tokens;
+    tokens.push_back(st.dropped);
     double sums[3] = {st.aux, st.z, static_cast<double>(st.micro_batches)};
     if (dp_group != nullptr) {
       dp_group->all_reduce(tokens.data(), static_cast<int64_t>(tokens.size()), CommDType::i64,
@@ -144,6 +145,8 @@ std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* d
     }
     MoeLayerRecord r;
     r.layer = st.layer;
+    r.dropped = tokens.back();
+    tokens.pop_back();
     r.tokens_min = *std::min_element(tokens.begin(), tokens.end());
     r.tokens_max = *std::max_element(tokens.begin(), tokens.end());
     r.tokens_mean = static_cast<double>(std::accumulate(tokens.begin(), tokens.end(), int64_t{0})) /

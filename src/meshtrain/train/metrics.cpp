@@ -82,6 +82,7 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"tokens_mean", m.tokens_mean},
                         {"tokens_max", m.tokens_max},
                         {"imbalance", m.imbalance},
+                        {"dropped", m.dropped},
                         {"aux", m.aux},
                         {"z", m.z}});
     }

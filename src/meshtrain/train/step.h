@@ -11,13 +11,14 @@ namespace meshtrain {
 
 // A MoE layer's routing in one step (model.h MoeLayerStats) over every
 // data-parallel rank: the choices each expert received (min, mean, max and
-// the max / mean imbalance), and per micro-batch means of the load-balancing
+// the max / mean imbalance), those dropped over capacity, and per micro-batch means of the load-balancing
 // statistic E * sum P f (1: uniform) and of the z-loss's mean lse^2, before
 // their coefficients.
 struct MoeLayerRecord {
   int64_t layer = 0;
   int64_t tokens_min = 0, tokens_max = 0;
   double tokens_mean = 0, imbalance = 0;
+  int64_t dropped = 0;  // choices over an expert's capacity (moe.capacity_factor)
   double aux = 0, z = 0;
 };
 

@@ -172,6 +172,12 @@ void CpuBackend::router_backward(const ops::RouterDims& dims, const float* probs
   cpu::router_backward(dims, probs, indices, d_weights, aux, d_logits);
 }
 
+void CpuBackend::moe_capacity(const ops::DispatchDims& dims, int64_t capacity,
+                              const float* weights, const int32_t* counts, int32_t* slots,
+                              int32_t* rows, int32_t* kept) {
+  cpu::moe_capacity(dims, capacity, weights, counts, slots, rows, kept);
+}
+
 void CpuBackend::moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,
                           int32_t* rows, int32_t* counts) {
   cpu::moe_sort(dims, indices, slots, rows, counts);

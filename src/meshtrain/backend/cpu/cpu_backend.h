@@ -76,6 +76,8 @@ class CpuBackend final : public Backend {
   void router_backward(const ops::RouterDims& dims, const float* probs, const int32_t* indices,
                        const float* d_weights, const ops::RouterAuxGrad& aux,
                        float* d_logits) override;
+  void moe_capacity(const ops::DispatchDims& dims, int64_t capacity, const float* weights,
+                    const int32_t* counts, int32_t* slots, int32_t* rows, int32_t* kept) override;
   void moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,
                 int32_t* rows, int32_t* counts) override;
   void moe_permute(const ops::DispatchDims& dims, const int32_t* slots, const float* x,

@@ -27,6 +27,37 @@ void moe_sort(const ops::DispatchDims& d, const int32_t* indices, int32_t* slots
   }
 }
 
+void moe_capacity(const ops::DispatchDims& d, int64_t capacity, const float* weights,
+                  const int32_t* counts, int32_t* slots, int32_t* rows, int32_t* kept) {
+  MESHTRAIN_CHECK(capacity >= 0, "moe dispatch: capacity {} must be >= 0", capacity);
+  const int64_t n = d.slots();
+  std::vector<int32_t> order(slots, slots + n), dropped, segment;
+  int64_t first = 0, out = 0;
+  for (int64_t e = 0; e < d.experts; ++e) {
+    const int64_t c = counts[e];
+    segment.assign(order.begin() + first, order.begin() + first + c);
+    if (c > capacity) {
+      // The `capacity` highest weights (ties: the lower slot), back in slot order.
+      std::stable_sort(segment.begin(), segment.end(),
+                       [weights](int32_t a, int32_t b) { return weights[a] > weights[b]; });
+      dropped.insert(dropped.end(), segment.begin() + capacity, segment.end());
+      segment.resize(static_cast<size_t>(capacity));
+      std::sort(segment.begin(), segment.end());
+    }
+    kept[e] = static_cast<int32_t>(segment.size());
+    for (int32_t s : segment) {
+      slots[out] = s;
+      rows[s] = static_cast<int32_t>(out++);
+    }
+    first += c;
+  }
+  std::sort(dropped.begin(), dropped.end());
+  for (int32_t s : dropped) {
+    slots[out++] = s;
+    rows[s] = -1;
+  }
+}
+
 void moe_permute(const ops::DispatchDims& d, const int32_t* slots, const float* x, DType out_dtype,
                  void* out) {
   const size_t row_bytes = static_cast<size_t>(d.dim) * dtype_size(out_dtype);
@@ -50,6 +81,7 @@ void gather_sum(const ops::DispatchDims& d, const int32_t* rows, const float* we
     float* o = out + t * D;
     std::fill(o, o + D, 0.0f);
     for (int64_t j = 0; j < d.top_k; ++j) {
+      if (rows[t * d.top_k + j] < 0) continue;  // dropped
       const float w = weights != nullptr ? weights[t * d.top_k + j] : 1.0f;
       const float* src = y + static_cast<int64_t>(rows[t * d.top_k + j]) * D;
       for (int64_t i = 0; i < D; ++i) o[i] += w * src[i];
@@ -82,6 +114,10 @@ void moe_combine_backward(const ops::DispatchDims& d, const int32_t* rows, const
       const float* g = d_out + t * D;
       for (int64_t j = 0; j < d.top_k; ++j) {
         const int64_t s = t * d.top_k + j, r = rows[s];
+        if (r < 0) {  // dropped: no gradient
+          d_weights[s] = 0;
+          continue;
+        }
         const float w = weights[s];
         const float* src = y + r * D;
         float dot = 0;
