@@ -3,6 +3,9 @@
 // threads; random tokens; AdamW step included. Prints one JSON line.
 // --recompute (bench/recompute.sh): activation checkpointing, with the
 // tracker's activation peak and the planner's prediction of it.
+// --experts (bench/moe_vs_dense.sh): mixture-of-experts feed-forwards (every
+// layer, top --top-k of --experts of width --moe-hidden); MFU counts the
+// active parameters.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -47,6 +50,10 @@ int main(int argc, char** argv) {
   app.add_option("--peak-flops", peak, "matmul peak; 0 = measure");
   app.add_option("--recompute", recompute_name)->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_option("--recompute-layers", recompute_layers);
+  app.add_option("--experts", config.moe.experts, "MoE: routed experts per layer (0: dense)");
+  app.add_option("--top-k", config.moe.top_k);
+  app.add_option("--moe-hidden", config.moe.hidden_dim);
+  app.add_option("--aux-loss", config.moe.aux_loss);
   CLI11_PARSE(app, argc, argv);
   config.max_seq_len = seq;
   config.tie_embeddings = tied;
@@ -119,12 +126,14 @@ int main(int argc, char** argv) {
       "\"loss\": {:.5f}, \"peak_memory_mib\": {:.1f}, \"recompute\": \"{}\", "
       "\"recompute_layers\": {}, \"activation_peak_mib\": {:.2f}, "
       "\"activation_planned_mib\": {:.2f}, \"flops_overhead_theory\": {:.4f}, "
-      "\"step_cpu_ms\": [{:.1f}]}}\n",
+      "\"step_cpu_ms\": [{:.1f}], \"params\": {}, \"active_flops_per_token\": {:.4g}, "
+      "\"experts\": {}}}\n",
       precision_name, ctx.threads(), fmt::join(std::vector<double>(times.begin() + 1, times.end()), ", "),
       median, static_cast<double>(tokens) / median * 1000.0, flops / (median / 1000.0) / peak,
       peak / 1e9, loss, static_cast<double>(tracker.peak_total()) / (1 << 20), recompute_name,
       recompute_layers, static_cast<double>(tracker.peak(MemCategory::activations)) / (1 << 20),
       plan::engine_memory(config, precision, batch, seq, recompute).activations / (1 << 20),
-      theory_overhead, fmt::join(std::vector<double>(cpu_times.begin() + 1, cpu_times.end()), ", "));
+      theory_overhead, fmt::join(std::vector<double>(cpu_times.begin() + 1, cpu_times.end()), ", "),
+      config.num_params(), config.train_flops_per_token(seq), config.moe.experts);
   return 0;
 }

@@ -6,7 +6,8 @@
 // first layer, the load-balancing and z losses (the auxiliary losses'
 // gradients enter in backward on every layout) and a capacity of 1.25 times
 // the mean load (over-full experts drop choices). The routing statistics,
-// summed over the dp ranks, reach metrics.jsonl and the report's plots.
+// summed over the dp ranks, reach metrics.jsonl and the report's plots; the
+// trace has the route, dispatch, experts and combine spans.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -122,7 +123,8 @@ TEST_F(MoeTrainer, RoutingStatisticsReachMetricsAndTheReport) {
   std::unique_ptr<DeviceMesh> mesh;
   if (world_->size() == 2) mesh = std::make_unique<DeviceMesh>(*world_, 1, 1);
   const std::string out = world_->size() == 2 ? "stats" : fmt::format("stats.rank{}", world_->rank());
-  const testing::TrainerRun run = testing::run_trainer(config(out), mesh.get());
+  const testing::TrainerRun run =
+      testing::run_trainer(config(out, {{"train.trace_steps", "2"}}), mesh.get());
   const double per_step = 8 * 16 * 2;  // batch x seq tokens, top 2
   int64_t dropped = 0;
   for (const StepRecord& r : run.records) {
@@ -148,6 +150,12 @@ TEST_F(MoeTrainer, RoutingStatisticsReachMetricsAndTheReport) {
   const std::string html = report::render_html(summary);
   EXPECT_NE(html.find("id=\"plot-moe-load\""), std::string::npos);
   EXPECT_NE(html.find("data-series=\"layer 3\""), std::string::npos);
+  // The trace shows the MoE steps as their own spans, forward and backward.
+  const std::string trace = testing::read_file(dir_ + "/" + out + "/trace/rank_0.json");
+  for (const char* span : {"route 1", "dispatch 1", "experts 3", "combine 3", "shared experts 2",
+                           "experts backward", "combine backward", "route backward"}) {
+    EXPECT_NE(trace.find(fmt::format("\"name\":\"{}\"", span)), std::string::npos) << span;
+  }
 }
 
 TEST_F(MoeTrainer, PipelineEqualsOneRank) {

@@ -12,6 +12,7 @@
 #include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 
@@ -55,6 +56,7 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   }
 
   // Route: logits = x W_r^T in f32, then scores, choices and weights.
+  trace::Span route("moe", "route", layer);
   ensure(ws.router_logits, {rows, E}, DType::f32, wsc);
   backend.matmul({.m = rows, .n = E, .k = d, .trans_b = true}, DType::f32, x32,
                  master(b.moe.router), DType::f32, ws.router_logits.raw());
@@ -65,7 +67,9 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   backend.router_forward(router_dims(rows), ws.router_logits.data<float>(), s.probs.data<float>(),
                          s.indices.data<int32_t>(), s.weights.data<float>(), s.lse.data<float>());
 
+  route.end();
   // Dispatch: the rows grouped by expert, their counts on the host for the GEMMs.
+  trace::Span dispatch("moe", "dispatch", layer);
   const ops::DispatchDims dd{.tokens = rows, .top_k = K, .experts = E, .dim = d};
   ensure(s.slots, {S}, DType::i32, cat);
   ensure(s.rows, {S}, DType::i32, cat);
@@ -84,7 +88,9 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   ensure(s.xp, {S, d}, dt, cat);
   backend.moe_permute(dd, s.slots.data<int32_t>(), x32, dt, s.xp.raw());
 
+  dispatch.end();
   // The experts: gate|up, SwiGLU, down, one GEMM per expert and projection.
+  trace::Span experts("moe", "experts", layer);
   ensure(s.pre, {S, 2 * I}, DType::f32, cat);
   ensure(s.y, {S, d}, DType::f32, cat);
   const void* w_in = weight(b.moe.experts_in, dt);
@@ -111,15 +117,19 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
     first += c;
   }
 
+  experts.end();
   // Combine: out = mid + sum_j w_j y_j.
+  trace::Span combine("moe", "combine", layer);
   ensure(ws.moe_out, {rows, d}, DType::f32, wsc);
   backend.moe_combine(dd, s.rows.data<int32_t>(), s.weights.data<float>(), s.y.data<float>(),
                       ws.moe_out.data<float>());
   backend.residual_add(a.mid.data<float>(), ws.moe_out.data<float>(), nullptr,
                        out.data<float>(), rows, d);
 
+  combine.end();
   // Shared experts: out += (sigmoid(x w_g) *) down(SwiGLU(gate|up(x))).
   if (b.moe.shared()) {
+    trace::Span shared("moe", "shared experts", layer);
     const int64_t hs = m.shared_hidden;
     ensure(s.shared_pre, {rows, 2 * hs}, DType::f32, cat);
     linear_forward(b.moe.shared_in, dt, xn2, rows, s.shared_pre.data<float>(), false);
@@ -185,6 +195,7 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
 
   // Shared experts, in reverse registry order: gate, down, gate|up. d(x) starts here.
   if (b.moe.shared()) {
+    trace::Span shared("moe", "shared experts backward");
     const float* d_shared = dy;
     if (b.moe.shared_gate != kNoParam) {
       ensure(ws.moe_shared_d, {rows, d}, DType::f32, wsc);
@@ -218,6 +229,7 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
   }
 
   // Combine, in reverse: d(expert outputs) and d(routing weights).
+  trace::Span combine("moe", "combine backward");
   const ops::DispatchDims dd{.tokens = rows, .top_k = K, .experts = E, .dim = d};
   ensure(ws.moe_d_y, {S, d}, dt, wsc);
   ensure(ws.moe_d_weights, {rows, K}, DType::f32, wsc);
@@ -225,7 +237,9 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
                                s.y.data<float>(), dy, dt, ws.moe_d_y.raw(),
                                ws.moe_d_weights.data<float>());
 
+  combine.end();
   // The experts, down then gate|up, one GEMM per expert for each of d(W) and d(input).
+  trace::Span experts("moe", "experts backward");
   ensure(ws.moe_d_act, {S, I}, DType::f32, wsc);
   ensure(ws.moe_d_pre, {S, 2 * I}, dt, wsc);
   ensure(ws.moe_d_xp, {S, d}, DType::f32, wsc);
@@ -261,10 +275,12 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
     first += c;
   }
   ready(b.moe.experts_in);
+  experts.end();
 
   // The router, with the auxiliary losses' gradients (weighted like the
   // micro-batch's tokens, aux_weight): load balancing d/dp[t, e] =
   // aux_loss * E * f_e / N, z-loss d/dlogits = 2 z_loss lse softmax / N.
+  trace::Span route("moe", "route backward");
   ops::RouterAuxGrad aux;
   const double n = static_cast<double>(rows);
   if (m.aux_loss > 0) {
@@ -289,8 +305,10 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
   backend.matmul({.m = E, .n = d, .k = rows, .trans_a = true}, DType::f32, d_logits, x32,
                  DType::f32, grad(b.moe.router), 1.0f, true);
   ready(b.moe.router);
+  route.end();
 
   // d(x): the permuted rows' gradients summed per token, plus the router's (and the shared part).
+  trace::Span dispatch("moe", "dispatch backward");
   if (b.moe.shared()) {
     ensure(ws.moe_dx, {rows, d}, DType::f32, wsc);
     backend.moe_permute_backward(dd, s.rows.data<int32_t>(), ws.moe_d_xp.data<float>(),
