@@ -20,6 +20,7 @@
 #include "meshtrain/report/run_report.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
+#include "support/memory_expect.h"
 #include "support/scratch.h"
 #include "support/shared_corpus.h"
 #include "support/trainer_run.h"
@@ -114,6 +115,7 @@ TEST_F(MoeTrainer, DataParallelAndZeroEqualOneRank) {
     const testing::TrainerRun got =
         testing::run_trainer(config(fmt::format("dp2_z{}", zero), {{"parallel.zero", zero}}), &mesh);
     expect_close(got, ref, fmt::format("dp 2 ZeRO-{}", zero));
+    testing::expect_memory_matches(got.predicted, got.memory, fmt::format("MoE dp 2 ZeRO-{}", zero));
   }
 }
 
@@ -165,11 +167,19 @@ TEST_F(MoeTrainer, PipelineEqualsOneRank) {
   const testing::TrainerRun got =
       testing::run_trainer(config("pp2", {{"parallel.pp", "2"}}), &mesh);
   expect_close(got, ref, "pp 2 1F1B");
+  testing::expect_memory_matches(got.predicted, got.memory, "MoE pp 2 1F1B");
 }
 
 TEST_F(MoeTrainer, RecomputeEqualsKeepingEverything) {
   const testing::TrainerRun ref = reference("ref");
   const testing::TrainerRun got = reference("full", {{"train.recompute", "full"}});
+  testing::expect_memory_matches(ref.predicted, ref.memory, "MoE one rank");
+  const testing::TrainerRun ungated = reference(
+      "ungated",
+      {{"moe.shared_gate", "false"}, {"moe.capacity_factor", "0"}, {"train.precision", "bf16"}});
+  testing::expect_memory_matches(ungated.predicted, ungated.memory,
+                                 "MoE one rank, ungated, dropless, bf16");
+  testing::expect_memory_matches(got.predicted, got.memory, "MoE one rank, recompute full");
   ASSERT_EQ(got.records.size(), ref.records.size());
   for (size_t i = 0; i < ref.records.size(); ++i) {
     EXPECT_EQ(got.records[i].loss, ref.records[i].loss) << "step " << i + 1;

@@ -155,7 +155,8 @@ struct Workspace {
   Tensor moe_d_weights;   // f32 [N, top_k]
   Tensor moe_dx;          // f32 [N, d]: d(norm2 output) of the routed part
   Tensor moe_shared_d;    // f32 / dt [N, d]: d(shared output) (gated; in the compute dtype)
-  Tensor moe_gate_d;      // f32 [N, 1] d(gate weight), then d(gate logit)
+  Tensor moe_gate_d;      // f32 [N, 1] d(gate weight)
+  Tensor moe_gate_logits;  // f32 [N, 1]: the shared gate's logits; in backward their gradient
   Tensor moe_score_grad;  // f32 [E]: the load-balancing loss's score gradient
   Tensor moe_prob_sums;   // f32 [E]
   Tensor iota;            // i32 [N]: 0, 1, ... (the shared gate's identity dispatch)

@@ -104,9 +104,11 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
     }
     first += c;
   }
-  // The activation over the kept rows only (they come first; dropped ones follow).
+  // The activation over the kept rows only (they come first; dropped ones
+  // follow); act keeps all S rows, so its size does not depend on the routing.
   const int64_t kept = std::accumulate(s.rows_host.begin(), s.rows_host.end(), int64_t{0});
-  mlp_activation(s.pre, dt, s.act, kept, I, cat);
+  ensure(s.act, {S, I}, dt, cat);
+  backend.swiglu_forward(s.pre.data<float>(), dt, s.act.raw(), kept, I);
   first = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t c = s.rows_host[static_cast<size_t>(e)];
@@ -140,13 +142,13 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
       backend.add_inplace(out.data<float>(), s.shared_y.data<float>(), rows * d);
     } else {
       // The gate as a one-expert sigmoid router, applied by a one-choice combine.
-      ensure(ws.router_logits, {rows, 1}, DType::f32, wsc);
+      ensure(ws.moe_gate_logits, {rows, 1}, DType::f32, wsc);
       backend.matmul({.m = rows, .n = 1, .k = d, .trans_b = true}, DType::f32, x32,
-                     master(b.moe.shared_gate), DType::f32, ws.router_logits.raw());
+                     master(b.moe.shared_gate), DType::f32, ws.moe_gate_logits.raw());
       ensure(s.gate_prob, {rows, 1}, DType::f32, cat);
       ensure(s.gate_index, {rows, 1}, DType::i32, cat);
       ensure(s.gate_weight, {rows, 1}, DType::f32, cat);
-      backend.router_forward(gate_dims(rows), ws.router_logits.data<float>(),
+      backend.router_forward(gate_dims(rows), ws.moe_gate_logits.data<float>(),
                              s.gate_prob.data<float>(), s.gate_index.data<int32_t>(),
                              s.gate_weight.data<float>(), nullptr);
       if (ws.iota.numel() != rows) {
@@ -204,12 +206,13 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
       backend.moe_combine_backward(one, ws.iota.data<int32_t>(), s.gate_weight.data<float>(),
                                    s.shared_y.data<float>(), dy, DType::f32,
                                    ws.moe_shared_d.raw(), ws.moe_gate_d.data<float>());
-      ensure(ws.router_logits, {rows, 1}, DType::f32, wsc);
+      ensure(ws.moe_gate_logits, {rows, 1}, DType::f32, wsc);
       backend.router_backward(gate_dims(rows), s.gate_prob.data<float>(),
                               s.gate_index.data<int32_t>(), ws.moe_gate_d.data<float>(), {},
-                              ws.router_logits.data<float>());
+                              ws.moe_gate_logits.data<float>());
       backend.matmul({.m = 1, .n = d, .k = rows, .trans_a = true}, DType::f32,
-                     ws.router_logits.raw(), x32, DType::f32, grad(b.moe.shared_gate), 1.0f, true);
+                     ws.moe_gate_logits.raw(), x32, DType::f32, grad(b.moe.shared_gate), 1.0f,
+                     true);
       ready(b.moe.shared_gate);
       d_shared = ws.moe_shared_d.data<float>();
     }
@@ -223,7 +226,7 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
                                     s.shared_pre, s.shared_act, a.xn2, rows, m.shared_hidden);
     MESHTRAIN_CHECK(dxs == dx, "model: a shared expert's d(input) must land in ws.dx");
     if (b.moe.shared_gate != kNoParam) {
-      backend.matmul({.m = rows, .n = d, .k = 1}, DType::f32, ws.router_logits.raw(),
+      backend.matmul({.m = rows, .n = d, .k = 1}, DType::f32, ws.moe_gate_logits.raw(),
                      master(b.moe.shared_gate), DType::f32, dx, 1.0f, true);
     }
   }
@@ -261,7 +264,7 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
   }
   ready(b.moe.experts_out);
   backend.swiglu_backward(s.pre.data<float>(), ws.moe_d_act.data<float>(), dt, ws.moe_d_pre.raw(),
-                          s.act.shape()[0], I);
+                          std::accumulate(s.rows_host.begin(), s.rows_host.end(), int64_t{0}), I);
   first = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t c = s.rows_host[static_cast<size_t>(e)];

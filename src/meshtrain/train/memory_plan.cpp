@@ -32,6 +32,10 @@ struct LocalShape {
   double mb = 0, seq = 0, e = 4;  // e: bytes of the compute dtype
   double d = 0, q = 0, kv = 0, heads = 0, f = 0, ff_in = 0, vocab = 0;
   double norm_stats = 1;  // f32 values a norm saves per row
+  // Mixture of experts (config.h MoeConfig; 0 experts: dense): experts,
+  // top_k, routed slots n * k, an expert's and the shared experts' widths.
+  double experts = 0, k = 0, slots = 0, moe_f = 0, shared_f = 0;
+  bool shared_gate = false, capacity = false, aux = false;
   double stats(double rows) const { return 4 * norm_stats * rows; }
 };
 
@@ -52,30 +56,71 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
   s.ff_in = static_cast<double>(c.recipe().ff_in_factor()) * s.f;
   s.vocab = static_cast<double>(c.vocab_size) / tp;  // (padded: within a row per rank)
   s.norm_stats = static_cast<double>(c.recipe().norm_stats());
+  if (const MoeConfig& m = c.moe; m.enabled()) {
+    s.experts = static_cast<double>(m.experts);
+    s.k = static_cast<double>(m.top_k);
+    s.slots = s.n * s.k;
+    s.moe_f = static_cast<double>(m.hidden_dim);
+    s.shared_f = static_cast<double>(m.shared_hidden);
+    s.shared_gate = m.shared_gate;
+    s.capacity = m.capacity_factor > 0;
+    s.aux = m.aux_loss > 0;
+  }
   return s;
 }
 
+// What a MoE feed-forward keeps for its backward (model_impl.h MoeActs): the
+// same bytes whatever the routing, as every buffer has all n * k slots' rows.
+double moe_block_bytes(const LocalShape& s) {
+  const double n = s.n, S = s.slots, E = s.experts;
+  double b = (s.e == 4 ? 0 : 4 * n * s.d)                 // x32 (mixed precision)
+             + 4 * n * E + 4 * n                            // probs, lse
+             + 2 * 4 * n * s.k + 2 * 4 * S + 4 * E          // indices, weights; slots, rows; counts
+             + (s.capacity ? 4 * E : 0)                     // kept
+             + s.e * S * s.d + 4 * S * 2 * s.moe_f          // xp, pre
+             + s.e * S * s.moe_f + 4 * S * s.d;             // act, y
+  if (s.shared_f > 0) b += 4 * n * 2 * s.shared_f + s.e * n * s.shared_f + 4 * n * s.d;
+  if (s.shared_gate) b += 3 * 4 * n;                        // gate prob, index, weight
+  return b;
+}
+
+// The Workspace buffers only MoE blocks use (model/moe.cpp).
+double moe_workspace_bytes(const LocalShape& s) {
+  const double n = s.n, S = s.slots, E = s.experts;
+  double w = 4 * n * E + 4 * n * s.d + 4 * E                // router logits, moe_out, prob sums
+             + s.e * S * s.d + 4 * n * s.k                  // d(y), d(weights)
+             + 4 * S * s.moe_f + s.e * S * 2 * s.moe_f      // d(act), d(pre)
+             + 4 * S * s.d                                  // d(xp)
+             + (s.aux ? 4 * E : 0);                         // the load-balancing score gradient
+  if (s.shared_f > 0) w += 4 * n * s.d;                     // moe_dx
+  if (s.shared_gate) w += 4 * n * s.d + 3 * 4 * n;         // shared d; gate d, logits; iota
+  return w;
+}
+
 // BlockActs: what one block keeps under `mode`, and what its recomputation
-// needs in the one shared set (model/recompute.cpp swap_unkept).
+// needs in the one shared set (model/recompute.cpp swap_unkept), by field
+// group: the parts every block has, a dense feed-forward's (ff_pre, ff_act)
+// and a MoE one's (MoeActs): a shared set holds each group's largest.
 struct BlockBytes {
-  double kept = 0, shared = 0;
+  double kept = 0, shared_common = 0, shared_dense = 0, shared_moe = 0;
 };
 
-BlockBytes block_bytes(const LocalShape& s, Recompute mode) {
+BlockBytes block_bytes(const LocalShape& s, Recompute mode, bool moe) {
   const double norms = 2 * (s.e * s.r * s.d + s.stats(s.r));  // xn1, xn2 and their stats
-  const double act = s.e * s.n * s.f;                          // ff_act
+  const double act = moe ? 0 : s.e * s.n * s.f;                // ff_act
+  const double pre = moe ? 0 : 4 * s.n * s.ff_in;              // ff_pre
+  const double routed = moe ? moe_block_bytes(s) : 0;         // MoeActs
   const double probs = s.e * s.mb * s.heads * s.seq * s.seq;
-  const double all = norms + act + probs                     //
-                     + s.e * s.n * (s.q + 2 * s.kv)          // q, k, v
-                     + s.e * s.n * s.q                       // attention output
-                     + 4 * s.r * s.d                         // mid residual
-                     + 4 * s.n * s.ff_in;                    // ff_pre
+  const double common = norms + probs                          //
+                        + s.e * s.n * (s.q + 2 * s.kv)         // q, k, v
+                        + s.e * s.n * s.q                      // attention output
+                        + 4 * s.r * s.d;                       // mid residual
   switch (mode) {
-    case Recompute::none: return {all, 0};
-    case Recompute::selective: return {all - norms - act - probs, norms + act};
-    case Recompute::full: return {0, all};
+    case Recompute::none: return {common + act + pre + routed, 0, 0, 0};
+    case Recompute::selective: return {common - norms - probs + pre + routed, norms, act, 0};
+    case Recompute::full: return {0, common, act + pre, routed};
   }
-  return {all, 0};
+  return {common + act + pre + routed, 0, 0, 0};
 }
 
 // One (chunk, micro-batch) in flight: its residuals, blocks and (head) the
@@ -84,21 +129,39 @@ struct ChunkBytes {
   double held = 0, shared = 0;
 };
 
-ChunkBytes chunk_bytes(const LocalShape& s, const RecomputePolicy& policy, int64_t first,
-                       int64_t end, bool head) {
+ChunkBytes chunk_bytes(const LocalShape& s, const RecomputePolicy& policy, const MoeConfig& moe,
+                       int64_t first, int64_t end, bool head) {
   ChunkBytes c;
   c.held = 4 * s.r * s.d * static_cast<double>(end - first + 1);
+  BlockBytes shared;
   for (int64_t l = first; l < end; ++l) {
     Recompute mode = policy.mode;
     if (mode == Recompute::full && policy.layers > 0 && l - first >= policy.layers) {
       mode = Recompute::none;
     }
-    const BlockBytes b = block_bytes(s, mode);
+    const BlockBytes b = block_bytes(s, mode, moe.is_moe_layer(l));
     c.held += b.kept;
-    c.shared = std::max(c.shared, b.shared);
+    shared.shared_common = std::max(shared.shared_common, b.shared_common);
+    shared.shared_dense = std::max(shared.shared_dense, b.shared_dense);
+    shared.shared_moe = std::max(shared.shared_moe, b.shared_moe);
   }
+  c.shared = shared.shared_common + shared.shared_dense + shared.shared_moe;
   if (head) c.held += s.e * s.r * s.d + s.stats(s.r);
   return c;
+}
+
+// Whether layers [first, end) of the chunks hold a dense / a MoE block.
+struct BlockKinds {
+  bool dense = false, moe = false;
+};
+BlockKinds block_kinds(const MoeConfig& moe, const StageLayers& stage, int64_t layers) {
+  BlockKinds k;
+  auto add = [&](int64_t first, int64_t end) {
+    for (int64_t l = first; l < end; ++l) (moe.is_moe_layer(l) ? k.moe : k.dense) = true;
+  };
+  if (stage.chunks.empty()) add(0, layers);
+  for (const auto& [first, end] : stage.chunks) add(first, end);
+  return k;
 }
 
 // RoPE's cos and sin tables (Llama), allocated with the model.
@@ -164,17 +227,32 @@ std::vector<BlockGemm> block_gemms(const TrainConfig& config, const LocalShape& 
       if (a != nullptr && b != nullptr) gemms[g].lora.push_back({b->shape[0], a->split.split()});
     }
   }
+  if (config.model.moe.is_moe_layer(layer)) {
+    // Only MoE blocks: no dense feed-forward GEMMs; the shared experts'. The
+    // router's and routed experts' GEMMs are not counted: their rows per
+    // expert depend on the routing (their oneDNN scratchpad was none in every
+    // run measured here; tests/moe_mpi).
+    gemms.resize(2);
+    if (s.shared_f > 0) {
+      gemms.push_back({d, static_cast<int64_t>(2 * s.shared_f), false, true, {}});
+      gemms.push_back({static_cast<int64_t>(s.shared_f), d, true, true, {}});
+    }
+  }
   return gemms;
 }
 
 // The Workspace buffers a block call reuses and RoPE's tables (plan/memory.cpp
 // engine_memory, by this rank's widths).
 double workspace_bytes(const TrainConfig& config, const LocalShape& s,
-                       const std::vector<BlockGemm>& gemms, const StageParams& held) {
+                       const std::vector<BlockGemm>& gemms, const StageParams& held,
+                       BlockKinds kinds) {
   const bool bf16 = s.e == 2;
   const double qkv = s.q + 2 * s.kv;
+  // dff_c: a dense feed-forward's d(ff_in output), or the shared experts' (its largest).
+  const double dff_c = std::max(kinds.dense ? s.ff_in : 0, kinds.moe ? 2 * s.shared_f : 0);
   double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * s.d +
-             4 * s.n * std::max(s.f, qkv) + s.e * s.n * s.ff_in + s.e * s.n * qkv;
+             4 * s.n * std::max({s.f, qkv, s.shared_f}) + s.e * s.n * dff_c + s.e * s.n * qkv;
+  if (kinds.moe) w += moe_workspace_bytes(s);
   if (config.parallel.tp > 1) {
     w += 4 * s.n * s.d;  // partial (row-parallel sums)
     if (config.parallel.sequence_parallel) {
@@ -320,13 +398,14 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
 // nothing for a backward, so they are workspace while one micro-batch runs:
 // two residuals, one block's tensors (the attention kernel's saved q, k, v
 // and probabilities excepted: those are activations) and the final norm's.
-double evaluation_workspace_bytes(const LocalShape& s) {
+double evaluation_workspace_bytes(const LocalShape& s, BlockKinds kinds) {
   const double norm = s.e * s.r * s.d + s.stats(s.r);
-  return 2 * 4 * s.r * s.d                      // residuals
-         + 2 * norm + s.e * s.n * s.q           // xn1, xn2; attention output
-         + 4 * s.r * s.d + 4 * s.n * s.ff_in    // mid, ff_pre
-         + s.e * s.n * s.f                      // ff_act
-         + norm;                                // hn
+  return 2 * 4 * s.r * s.d                                   // residuals
+         + 2 * norm + s.e * s.n * s.q                        // xn1, xn2; attention output
+         + 4 * s.r * s.d                                     // mid
+         + (kinds.dense ? 4 * s.n * s.ff_in + s.e * s.n * s.f : 0)  // ff_pre, ff_act
+         + (kinds.moe ? moe_block_bytes(s) : 0)              // a MoE block's MoeActs
+         + norm;                                             // hn
 }
 
 // Elements this rank writes to a checkpoint, over the states each tensor has
@@ -636,7 +715,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   std::vector<ChunkBytes> chunks;
   for (size_t c = 0; c < stage.chunks.size(); ++c) {
     const auto [first, end] = stage.chunks[c];
-    chunks.push_back(chunk_bytes(s, policy, first, end, stage.last && c + 1 == stage.chunks.size()));
+    chunks.push_back(chunk_bytes(s, policy, model.moe, first, end,
+                                 stage.last && c + 1 == stage.chunks.size()));
   }
   double shared = 0, held_most = 0;
   for (const ChunkBytes& c : chunks) shared = std::max(shared, c.shared);
@@ -710,8 +790,9 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     if (spec.split.global_shape == Shape{model.vocab_size, model.dim}) output = &spec;
   }
   const std::vector<BlockGemm> gemms = block_gemms(config, s, held, stage);
+  const BlockKinds kinds = block_kinds(model.moe, stage, model.n_layers);
   out.peak[idx(MemCategory::workspace)] =
-      workspace_bytes(config, s, gemms, held) + id_bytes(config, s, stage) +
+      workspace_bytes(config, s, gemms, held, kinds) + id_bytes(config, s, stage) +
       scratch_slot_bytes(config, s, stage, gemms, output, coord.tp);
   // On top of those: evaluation's forward and a checkpoint's buffers
   // (ckpt/distributed.h: a sync save's file buffer, or an async save's staging
@@ -719,7 +800,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   // end of a step; an async save keeps its copy for the next one, so an
   // evaluation after a periodic save runs next to it.
   const TrainSettings& t = config.train;
-  const double eval = evaluates && pp == 1 ? evaluation_workspace_bytes(s) : 0;
+  const double eval = evaluates && pp == 1 ? evaluation_workspace_bytes(s, kinds) : 0;
   double save = 0;
   if (t.checkpoint_interval >= 0) {
     const int64_t owned = checkpoint_owned_elems(config, held, stage, coord, dp);
