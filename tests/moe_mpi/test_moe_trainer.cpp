@@ -160,6 +160,79 @@ TEST_F(MoeTrainer, RoutingStatisticsReachMetricsAndTheReport) {
   }
 }
 
+// DeepSeek-V3's balancing through whole runs: dp 2 (ZeRO 0 and 1) equals one
+// rank, resume is bit for bit (the bias is in the checkpoint), and the bias
+// moves: it routed step 16 differently from step 1.
+TEST_F(MoeTrainer, BiasBalancingEqualsOneRankAndResumes) {
+  const ConfigOverrides biased{{"moe.bias_update_rate", "0.01"}, {"moe.aux_loss", "0"}};
+  const testing::TrainerRun ref = reference("bias_ref", biased);
+  ASSERT_EQ(ref.records.size(), 16u);
+  EXPECT_EQ(ref.records.front().moe[0].bias_max, 0.0);
+  EXPECT_GT(ref.records.back().moe[0].bias_max, 0.0);
+  EXPECT_LT(ref.records.back().moe[0].bias_min, 0.0);
+  testing::expect_memory_matches(ref.predicted, ref.memory, "MoE bias balancing one rank");
+  if (world_->size() == 2) {
+    DeviceMesh mesh(*world_, 1, 1);
+    for (const char* zero : {"0", "1"}) {
+      ConfigOverrides o = biased;
+      o.emplace_back("parallel.zero", zero);
+      const testing::TrainerRun got =
+          testing::run_trainer(config(fmt::format("bias_dp2_z{}", zero), o), &mesh);
+      expect_close(got, ref, fmt::format("bias balancing dp 2 ZeRO-{}", zero));
+    }
+    return;
+  }
+  ConfigOverrides with_ckpt = biased;
+  with_ckpt.emplace_back("train.checkpoint_interval", "8");
+  const std::string name = fmt::format("bias_resume.rank{}", world_->rank());
+  const testing::TrainerRun full = testing::run_trainer(config(name, with_ckpt));
+  const testing::TrainerRun rest =
+      testing::run_trainer(config(name + "_rest", biased), nullptr, dir_ + "/" + name + "/step_8");
+  ASSERT_EQ(rest.records.size(), 8u);
+  for (size_t i = 0; i < rest.records.size(); ++i) {
+    EXPECT_EQ(rest.records[i].loss, full.records[8 + i].loss) << "step " << rest.records[i].step;
+  }
+  EXPECT_EQ(0, std::memcmp(rest.weights.data(), full.weights.data(), full.weights.size() * 4));
+}
+
+// train.init_from a Mixtral that transformers wrote (per-expert tensors): the
+// model comes from its config.json, and dp 2 and pp 2 start from the same
+// weights and follow the one-rank run.
+TEST_F(MoeTrainer, InitFromAHuggingFaceMixtralUnderEveryLayout) {
+  const std::string mixtral =
+      std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/fixtures/hf_tiny_mixtral";
+  auto from_hf = [&](const std::string& out, ConfigOverrides extra) {
+    extra.emplace_back("train.init_from", mixtral);
+    return testing::tiny_run_config(R"(
+[train]
+steps = 6
+batch_size = 4
+micro_batch_size = 2
+seq_len = 16
+threads = 1
+eval_interval = 0
+peak_flops = 1e11
+checkpoint_interval = -1
+[optim]
+lr = 1e-3
+warmup_steps = 1
+[data]
+tokenizer = "bytes"
+)",
+                                    dir_, out, std::move(extra), "init_from.toml");
+  };
+  const testing::TrainerRun ref = testing::run_trainer(
+      from_hf(fmt::format("hf_ref.rank{}", world_->rank()), {}), nullptr);
+  ASSERT_EQ(ref.records.size(), 6u);
+  EXPECT_TRUE(std::isfinite(ref.records.back().loss));
+  ASSERT_EQ(ref.records.front().moe.size(), 2u) << "Mixtral: every layer routed";
+  if (world_->size() != 2) return;
+  DeviceMesh dp(*world_, 1, 1), pp(*world_, 1, 2);
+  expect_close(testing::run_trainer(from_hf("hf_dp2", {}), &dp), ref, "init_from Mixtral dp 2");
+  expect_close(testing::run_trainer(from_hf("hf_pp2", {{"parallel.pp", "2"}}), &pp), ref,
+               "init_from Mixtral pp 2");
+}
+
 TEST_F(MoeTrainer, PipelineEqualsOneRank) {
   if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const testing::TrainerRun ref = reference("ref");

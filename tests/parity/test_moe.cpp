@@ -167,5 +167,43 @@ TEST(MoeCapacity, AtLeastEveryChoiceEqualsDroplessAndLessDrops) {
   }
 }
 
+// DeepSeek-V3's balancing: the selection bias is a frozen parameter; an
+// update raises an under-loaded expert's bias and lowers an over-loaded one's
+// by the rate, zero-mean; a bias steers the choice, not the weights.
+TEST(MoeBalancing, BiasUpdateMovesLoadTowardTheMeanAndOnlySteersTheChoice) {
+  MemoryTracker tracker;
+  cpu::CpuBackend ctx(1, tracker);
+  ModelConfig c = llama_shape(16, 2, 2, 2, 32, 31, 8, false);
+  c.moe = MoeConfig{.experts = 4, .top_k = 2, .hidden_dim = 8, .score = ops::RouterScore::sigmoid,
+                    .bias_update_rate = 0.25f};
+  Model model(c, Precision::fp32, ctx);
+  model.init_weights(3);
+  const Parameter& bias = model.param("model.layers.1.mlp.gate.e_score_correction_bias");
+  EXPECT_FALSE(bias.spec.trainable);
+  EXPECT_EQ(model.selection_bias(1), std::vector<float>(4, 0.0f));
+  const std::vector<int64_t> loads{10, 0, 5, 5};  // mean 5
+  model.update_selection_bias(1, loads);
+  // sign(mean - load) * 0.25 = {-0.25, 0.25, 0, 0}, already zero-mean.
+  EXPECT_EQ(model.selection_bias(1), (std::vector<float>{-0.25f, 0.25f, 0.0f, 0.0f}));
+  model.update_selection_bias(1, std::vector<int64_t>{9, 1, 1, 1});  // {-.25, .25, .25, .25} - 0.125
+  EXPECT_EQ(model.selection_bias(1), (std::vector<float>{-0.625f, 0.375f, 0.125f, 0.125f}));
+
+  // A large bias on experts 2 and 3: every token chooses them; the loss moves
+  // only through the choice (sigmoid weights ignore the bias).
+  std::vector<int32_t> tokens(16), targets(16);
+  for (int i = 0; i < 16; ++i) tokens[i] = i % 31, targets[i] = (i * 7) % 31;
+  std::vector<float> steer{-100, -100, 100, 100};
+  for (const char* name : {"model.layers.0.mlp.gate.e_score_correction_bias",
+                           "model.layers.1.mlp.gate.e_score_correction_bias"}) {
+    model.copy_master_from_host(model.param(name), steer.data());
+  }
+  model.reset_moe_stats();
+  model.zero_grads();
+  model.forward_backward(tokens.data(), targets.data(), 2, 8, 1.0f / 16);
+  for (const MoeLayerStats& st : model.moe_stats()) {
+    EXPECT_EQ(st.tokens, (std::vector<int64_t>{0, 0, 16, 16})) << "layer " << st.layer;
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::parity

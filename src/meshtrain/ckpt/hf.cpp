@@ -356,7 +356,8 @@ void mixtral_fields(const ModelConfig& c, nlohmann::ordered_json& j) {
                {m.n_groups == 1, "moe.n_groups > 1"},
                {m.shared_hidden == 0, "moe.shared_hidden > 0"},
                {m.first_dense == 0 && m.every == 1, "dense layers (moe.first_dense, moe.every)"},
-               {m.z_loss == 0, "moe.z_loss > 0"}};
+               {m.z_loss == 0, "moe.z_loss > 0"},
+               {m.bias_update_rate == 0, "moe.bias_update_rate > 0"}};
   for (const auto& n : needs) {
     MESHTRAIN_CHECK(n.ok,
                     "export: {} has no Mixtral config.json form (the Hugging Face export of "

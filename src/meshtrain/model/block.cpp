@@ -167,6 +167,7 @@ Block Model::Impl::make_block(int64_t layer) const {
   // A MoE feed-forward (params.cpp moe_registry).
   MoeFfn& e = b.moe;
   e.router = param("mlp.gate.weight");
+  e.selection_bias = find("mlp.gate.e_score_correction_bias");
   e.experts_in = param("mlp.experts.gate_up_proj");
   e.experts_out = param("mlp.experts.down_proj");
   if (const int64_t hs = cfg.moe.shared_hidden; hs > 0) {

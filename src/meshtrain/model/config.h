@@ -167,6 +167,12 @@ struct MoeConfig {
   // lower token); the other choices are dropped (they add nothing: the
   // residual passes through). 0: dropless.
   float capacity_factor = 0.0f;
+  // > 0: DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer has a
+  // per-expert selection bias (frozen parameter mlp.gate.e_score_correction_bias,
+  // saved in checkpoints) added to the scores for the top-k choice only;
+  // after every applied optimizer step, bias += rate * sign(mean load - load)
+  // over the step's choices summed over the dp ranks, made zero-mean.
+  float bias_update_rate = 0.0f;
   int64_t capacity(int64_t tokens) const {
     return static_cast<int64_t>(std::ceil(static_cast<double>(capacity_factor) *
                                           static_cast<double>(tokens * top_k) /

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -220,6 +221,13 @@ class Model {
   // layer order), summed over the training forwards since reset_moe_stats.
   const std::vector<MoeLayerStats>& moe_stats() const;
   void reset_moe_stats();
+  // DeepSeek-V3's balancing (moe.bias_update_rate > 0; config.h MoeConfig):
+  // MoE layer `layer`'s selection bias (empty without one), and its update
+  // from the step's choices per expert (summed over every rank that routed
+  // that layer's tokens): bias += rate * sign(mean - load), made zero-mean.
+  // A no-op without a bias. The parameter's master must be bound.
+  std::vector<float> selection_bias(int64_t layer) const;
+  void update_selection_bias(int64_t layer, std::span<const int64_t> tokens);
 
   // Unit indices into units(); used by data parallelism and ZeRO.
   UnitHooks unit_hooks;

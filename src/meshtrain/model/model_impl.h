@@ -54,6 +54,7 @@ struct Norm {
 // kNoParam: none) with their optional sigmoid gate [1, d] (f32).
 struct MoeFfn {
   size_t router = kNoParam, experts_in = kNoParam, experts_out = kNoParam;
+  size_t selection_bias = kNoParam;  // [E] f32, frozen (moe.bias_update_rate > 0)
   Linear shared_in, shared_out;
   size_t shared_gate = kNoParam;
   bool enabled() const { return router != kNoParam; }

@@ -64,7 +64,9 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   ensure(s.lse, {rows}, DType::f32, cat);
   ensure(s.indices, {rows, K}, DType::i32, cat);
   ensure(s.weights, {rows, K}, DType::f32, cat);
-  backend.router_forward(router_dims(rows), ws.router_logits.data<float>(), s.probs.data<float>(),
+  ops::RouterDims rd = router_dims(rows);
+  if (b.moe.selection_bias != kNoParam) rd.bias = master(b.moe.selection_bias);
+  backend.router_forward(rd, ws.router_logits.data<float>(), s.probs.data<float>(),
                          s.indices.data<int32_t>(), s.weights.data<float>(), s.lse.data<float>());
 
   route.end();
@@ -279,6 +281,7 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
   }
   ready(b.moe.experts_in);
   experts.end();
+  if (b.moe.selection_bias != kNoParam) ready(b.moe.selection_bias);  // frozen: no gradient
 
   // The router, with the auxiliary losses' gradients (weighted like the
   // micro-batch's tokens, aux_weight): load balancing d/dp[t, e] =
@@ -325,6 +328,38 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
 }
 
 const std::vector<MoeLayerStats>& Model::moe_stats() const { return impl_->moe_stats; }
+
+std::vector<float> Model::selection_bias(int64_t layer) const {
+  const size_t i = impl_->block(layer).moe.selection_bias;
+  if (i == kNoParam) return {};
+  std::vector<float> bias(static_cast<size_t>(params_[i].spec.numel()));
+  copy_master_to_host(params_[i], bias.data());
+  return bias;
+}
+
+void Model::update_selection_bias(int64_t layer, std::span<const int64_t> tokens) {
+  const size_t i = impl_->block(layer).moe.selection_bias;
+  if (i == kNoParam) return;
+  const auto E = static_cast<int64_t>(tokens.size());
+  MESHTRAIN_CHECK(E == config_.moe.experts, "model: layer {} has {} experts, got {} loads", layer,
+                  config_.moe.experts, E);
+  const double mean =
+      static_cast<double>(std::accumulate(tokens.begin(), tokens.end(), int64_t{0})) /
+      static_cast<double>(E);
+  // rate * sign(mean - load): an under-loaded expert's bias rises; made zero-mean.
+  std::vector<double> delta(static_cast<size_t>(E));
+  double shift = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const double load = static_cast<double>(tokens[static_cast<size_t>(e)]);
+    delta[static_cast<size_t>(e)] = config_.moe.bias_update_rate * ((mean > load) - (mean < load));
+    shift += delta[static_cast<size_t>(e)] / static_cast<double>(E);
+  }
+  std::vector<float> bias = selection_bias(layer);
+  for (int64_t e = 0; e < E; ++e) {
+    bias[static_cast<size_t>(e)] += static_cast<float>(delta[static_cast<size_t>(e)] - shift);
+  }
+  copy_master_from_host(params_[i], bias.data());
+}
 
 void Model::reset_moe_stats() {
   for (MoeLayerStats& st : impl_->moe_stats) {

@@ -126,6 +126,7 @@ class Registry {
   // Marks the last parameter: a share of it per token (ParamSpec::active); an f32 GEMM operand.
   void active(double share) { specs_.back().active = share; }
   void f32_gemm() { specs_.back().f32_gemm = true; }
+  void frozen() { specs_.back().trainable = false; }
   // With LoRA on: every parameter but the adapters frozen.
   void freeze_base() {
     if (!config_.lora.enabled()) return;
@@ -174,7 +175,8 @@ constexpr SplitKind rows = SplitKind::rows, cols = SplitKind::cols;
 
 // A MoE layer's feed-forward (config.h MoeConfig), after its norm: the
 // router [E, d] (f32), the routed experts as global [E, ...] tensors in
-// transformers 5's fused layout (gate|up [E, 2I, d], down [E, d, I]), then
+// transformers 5's fused layout (gate|up [E, 2I, d], down [E, d, I]) after
+// the router and its selection bias (bias balancing only), then
 // the shared experts (a SwiGLU of width shared_hidden) and their gate [1, d].
 void moe_registry(const ModelConfig& c, Registry& r, const std::string& p) {
   const MoeConfig& m = c.moe;
@@ -182,6 +184,10 @@ void moe_registry(const ModelConfig& c, Registry& r, const std::string& p) {
   const double active = static_cast<double>(m.top_k) / static_cast<double>(e);
   r.weight(p + "mlp.gate.weight", {e, d}, false);
   r.f32_gemm();
+  if (m.bias_update_rate > 0) {  // updated by the balancing rule, not by the optimizer
+    r.bias(p + "mlp.gate.e_score_correction_bias", e);
+    r.frozen();
+  }
   r.weight(p + "mlp.experts.gate_up_proj", {e, 2 * h, d}, true);
   r.active(active);
   r.weight(p + "mlp.experts.down_proj", {e, d, h}, true, true);

@@ -93,7 +93,7 @@ constexpr KeySpec kKeys[] = {
     {"moe", "shared_hidden", Kind::integer},  {"moe", "shared_gate", Kind::boolean},
     {"moe", "first_dense", Kind::integer},    {"moe", "every", Kind::integer},
     {"moe", "aux_loss", Kind::number},        {"moe", "z_loss", Kind::number},
-    {"moe", "capacity_factor", Kind::number},
+    {"moe", "capacity_factor", Kind::number}, {"moe", "bias_update_rate", Kind::number},
     {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
     {"comm", "flight_records", Kind::integer},
 };
@@ -669,6 +669,7 @@ void read_moe(const Section& s, ModelConfig& m) {
   s.read("aux_loss", e.aux_loss);
   s.read("z_loss", e.z_loss);
   s.read("capacity_factor", e.capacity_factor);
+  s.read("bias_update_rate", e.bias_update_rate);
   try {
     m.validate();
   } catch (const Error& err) {
@@ -696,6 +697,11 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   c.parallel = read_parallel(Section(root, "parallel"));
   read_lora(Section(root, "lora"), c.model);
   read_moe(Section(root, "moe"), c.model);
+  MESHTRAIN_CHECK(c.model.moe.bias_update_rate == 0 || c.parallel.zero <= 2,
+                  "config: moe.bias_update_rate = {} with parallel.zero = 3: the selection bias "
+                  "is updated in place, which ZeRO-3's sharded frozen parameters do not allow yet "
+                  "(use parallel.zero <= 2)",
+                  c.model.moe.bias_update_rate);
   MESHTRAIN_CHECK(!c.model.moe.enabled() || c.parallel.tp == 1,
                   "config: moe.experts = {} with parallel.tp = {}: tensor parallelism of "
                   "mixture-of-experts blocks is not implemented yet (use parallel.tp = 1)",
@@ -843,7 +849,8 @@ toml::table to_table(const TrainConfig& c) {
                                   {"every", e.every},
                                   {"aux_loss", exact(e.aux_loss)},
                                   {"z_loss", exact(e.z_loss)},
-                                  {"capacity_factor", exact(e.capacity_factor)}});
+                                  {"capacity_factor", exact(e.capacity_factor)},
+                                  {"bias_update_rate", exact(e.bias_update_rate)}});
   }
   return out;
 }

@@ -155,9 +155,18 @@ std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* d
     const double micro_batches = std::max(1.0, sums[2]);
     r.aux = sums[0] / micro_batches;
     r.z = sums[1] / micro_batches;
-    out.push_back(r);
+    r.tokens = std::move(tokens);
+    if (const std::vector<float> bias = model.selection_bias(st.layer); !bias.empty()) {
+      r.bias_min = *std::min_element(bias.begin(), bias.end());
+      r.bias_max = *std::max_element(bias.begin(), bias.end());
+    }
+    out.push_back(std::move(r));
   }
   return out;
+}
+
+void update_moe_balancing(Model& model, const std::vector<MoeLayerRecord>& records) {
+  for (const MoeLayerRecord& r : records) model.update_selection_bias(r.layer, r.tokens);
 }
 
 MemorySnapshot max_over_ranks(Communicator& comm, const MemorySnapshot& mine) {

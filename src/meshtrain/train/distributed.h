@@ -41,6 +41,10 @@ double sum_over_ranks(Communicator& comm, double value);
 // reset_moe_stats, summed over `dp_group` (nullptr: this rank alone); empty
 // for a dense model. Collective over the group.
 std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* dp_group);
+// DeepSeek-V3's balancing after an applied optimizer step: each MoE layer's
+// selection bias moved by the step's loads (Model::update_selection_bias);
+// a no-op without moe.bias_update_rate. The same on every dp rank.
+void update_moe_balancing(Model& model, const std::vector<MoeLayerRecord>& records);
 
 // Every category's live and peak bytes: the maximum over the group (blocking).
 MemorySnapshot max_over_ranks(Communicator& comm, const MemorySnapshot& mine);

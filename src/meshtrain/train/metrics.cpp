@@ -84,7 +84,9 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"imbalance", m.imbalance},
                         {"dropped", m.dropped},
                         {"aux", m.aux},
-                        {"z", m.z}});
+                        {"z", m.z},
+                        {"bias_min", m.bias_min},
+                        {"bias_max", m.bias_max}});
     }
     record["moe"] = std::move(layers);
   }

@@ -20,6 +20,8 @@ struct MoeLayerRecord {
   double tokens_mean = 0, imbalance = 0;
   int64_t dropped = 0;  // choices over an expert's capacity (moe.capacity_factor)
   double aux = 0, z = 0;
+  std::vector<int64_t> tokens;  // [E]: each expert's choices
+  double bias_min = 0, bias_max = 0;  // the selection bias the step routed with (moe.bias_update_rate)
 };
 
 struct StepRecord {

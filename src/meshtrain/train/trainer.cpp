@@ -403,6 +403,7 @@ StepRecord Trainer::train_step() {
     trace::Span optimizer_span("step", "optimizer");
     sleep_ms(slow_.optimizer_ms);
     dp_->step(r.lr, static_cast<float>(clip_factor(r.grad_norm, t.grad_clip) / loss_scale), r);
+    update_moe_balancing(*model_, r.moe);
     r.optimizer_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                                optimizer_start)
                          .count();
