@@ -132,7 +132,9 @@ int main(int argc, char** argv) {
       median, static_cast<double>(tokens) / median * 1000.0, flops / (median / 1000.0) / peak,
       peak / 1e9, loss, static_cast<double>(tracker.peak_total()) / (1 << 20), recompute_name,
       recompute_layers, static_cast<double>(tracker.peak(MemCategory::activations)) / (1 << 20),
-      plan::engine_memory(config, precision, batch, seq, recompute).activations / (1 << 20),
+      config.moe.enabled()  // the planner's formula is the dense block's
+          ? 0.0
+          : plan::engine_memory(config, precision, batch, seq, recompute).activations / (1 << 20),
       theory_overhead, fmt::join(std::vector<double>(cpu_times.begin() + 1, cpu_times.end()), ", "),
       config.num_params(), config.train_flops_per_token(seq), config.moe.experts);
   return 0;

@@ -260,6 +260,35 @@ TEST_F(MoeTrainer, RecomputeEqualsKeepingEverything) {
   EXPECT_EQ(0, std::memcmp(got.weights.data(), ref.weights.data(), ref.weights.size() * 4));
 }
 
+// A checkpoint written at dp 2 with ZeRO-1 (each rank writes its shard of
+// the expert tensors' state) resumes on one rank, and one rank's resumes at
+// dp 2: both continue the uninterrupted one-rank trace.
+TEST_F(MoeTrainer, CheckpointsReshardBetweenOneRankAndDp2) {
+  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const ConfigOverrides ckpt{{"train.checkpoint_interval", "8"}};
+  const testing::TrainerRun ref = reference("reshard_ref", ckpt);
+  DeviceMesh mesh(*world_, 1, 1);
+  ConfigOverrides zero1 = ckpt;
+  zero1.emplace_back("parallel.zero", "1");
+  testing::run_trainer(config("reshard_dp2", zero1), &mesh);
+  world_->barrier();
+  // dp 2 -> one rank (every rank alone), and one rank (rank 0's reference) -> dp 2.
+  const testing::TrainerRun one = testing::run_trainer(
+      config(fmt::format("reshard_one.rank{}", world_->rank())), nullptr,
+      dir_ + "/reshard_dp2/step_8", false, true);
+  const testing::TrainerRun two = testing::run_trainer(
+      config("reshard_two", {{"parallel.zero", "1"}}), &mesh,
+      dir_ + "/reshard_ref.rank0/step_8", false, true);
+  for (const testing::TrainerRun* run : {&one, &two}) {
+    ASSERT_EQ(run->records.size(), 8u);
+    for (size_t i = 0; i < 8; ++i) {
+      EXPECT_NEAR(run->records[i].loss, ref.records[8 + i].loss,
+                  1e-5 * std::fabs(ref.records[8 + i].loss))
+          << (run == &one ? "dp 2 -> 1" : "1 -> dp 2") << " step " << run->records[i].step;
+    }
+  }
+}
+
 TEST_F(MoeTrainer, ResumeContinuesBitForBit) {
   const std::string name = fmt::format("resume.rank{}", world_->rank());
   const testing::TrainerRun full =

@@ -109,6 +109,30 @@ TEST(Flops, MatchACountOfTheMatmuls) {
   }
 }
 
+// The GPU planner models dense blocks only: a MoE model is refused by name
+// rather than planned as a dense one; the engine's own FLOPs count active
+// parameters (top_k of E experts).
+TEST(Flops, MixturesOfExpertsAreRefusedByThePlannerAndCountActiveParameters) {
+  ModelConfig c = plan_model("llama2-7b").config;
+  const double dense = c.train_flops_per_token(4096);
+  c.moe.experts = 8;
+  c.moe.top_k = 2;
+  c.moe.hidden_dim = c.hidden_dim;
+  Job job;
+  job.seq = 4096;
+  try {
+    make_context(c, job);
+    ADD_FAILURE() << "a MoE model was planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("moe.experts = 8"), std::string::npos) << e.what();
+  }
+  // Mixtral-style: every layer's feed-forward becomes 8 experts of the same width, 2 active;
+  // the active FLOPs grow by the router's GEMM and the second expert.
+  const double ffn = 6.0 * 3.0 * static_cast<double>(c.dim * c.hidden_dim) * c.n_layers;
+  const double router = 6.0 * static_cast<double>(c.dim * 8) * c.n_layers;
+  EXPECT_NEAR(c.train_flops_per_token(4096) / (dense + ffn + router), 1.0, 1e-12);
+}
+
 TEST(Flops, RecomputationAddsTheForwardItRepeats) {
   const ModelConfig c = plan_model("llama3-8b").config;
   Job job;

@@ -26,6 +26,22 @@ void* at(void* p, DType dt, int64_t offset) {
   return static_cast<char*>(p) + offset * static_cast<int64_t>(dtype_size(dt));
 }
 
+// fn(e, first, rows) for every expert with rows: its rows [first, first +
+// rows) of the permuted order (experts in order, contiguous).
+template <typename Fn>
+void for_each_expert(const std::vector<int32_t>& rows, Fn&& fn) {
+  int64_t first = 0;
+  for (size_t e = 0; e < rows.size(); ++e) {
+    if (rows[e] > 0) fn(static_cast<int64_t>(e), first, static_cast<int64_t>(rows[e]));
+    first += rows[e];
+  }
+}
+
+// The rows the experts compute: all slots, or those kept under a capacity.
+int64_t kept_rows(const MoeActs& s) {
+  return std::accumulate(s.rows_host.begin(), s.rows_host.end(), int64_t{0});
+}
+
 // The shared experts' gate, a one-expert sigmoid router: weight = sigmoid(logit).
 ops::RouterDims gate_dims(int64_t rows) {
   return ops::RouterDims{.tokens = rows, .experts = 1, .top_k = 1,
@@ -97,29 +113,19 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   ensure(s.y, {S, d}, DType::f32, cat);
   const void* w_in = weight(b.moe.experts_in, dt);
   const void* w_out = weight(b.moe.experts_out, dt);
-  int64_t first = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = s.rows_host[static_cast<size_t>(e)];
-    if (c > 0) {
-      backend.matmul({.m = c, .n = 2 * I, .k = d, .trans_b = true}, dt, at(s.xp.raw(), dt, first * d),
-                     at(w_in, dt, e * 2 * I * d), DType::f32, s.pre.data<float>() + first * 2 * I);
-    }
-    first += c;
-  }
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t first, int64_t c) {
+    backend.matmul({.m = c, .n = 2 * I, .k = d, .trans_b = true}, dt, at(s.xp.raw(), dt, first * d),
+                   at(w_in, dt, e * 2 * I * d), DType::f32, s.pre.data<float>() + first * 2 * I);
+  });
   // The activation over the kept rows only (they come first; dropped ones
   // follow); act keeps all S rows, so its size does not depend on the routing.
-  const int64_t kept = std::accumulate(s.rows_host.begin(), s.rows_host.end(), int64_t{0});
+  const int64_t kept = kept_rows(s);
   ensure(s.act, {S, I}, dt, cat);
   backend.swiglu_forward(s.pre.data<float>(), dt, s.act.raw(), kept, I);
-  first = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = s.rows_host[static_cast<size_t>(e)];
-    if (c > 0) {
-      backend.matmul({.m = c, .n = d, .k = I, .trans_b = true}, dt, at(s.act.raw(), dt, first * I),
-                     at(w_out, dt, e * d * I), DType::f32, s.y.data<float>() + first * d);
-    }
-    first += c;
-  }
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t first, int64_t c) {
+    backend.matmul({.m = c, .n = d, .k = I, .trans_b = true}, dt, at(s.act.raw(), dt, first * I),
+                   at(w_out, dt, e * d * I), DType::f32, s.y.data<float>() + first * d);
+  });
 
   experts.end();
   // Combine: out = mid + sum_j w_j y_j.
@@ -165,14 +171,14 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
     }
   }
 
-  // Load-balancing inputs: each expert's summed scores, on the host with the counts.
+  if (!recording_moe) return;
+  // The routing statistics of this training forward; the load-balancing
+  // statistic needs each expert's summed scores, on the host with the counts.
   ensure(ws.moe_prob_sums, {E}, DType::f32, wsc);
   ws.moe_prob_sums.zero();
   backend.bias_backward(s.probs.data<float>(), ws.moe_prob_sums.data<float>(), rows, E);
   s.prob_sums.resize(static_cast<size_t>(E));
   backend.copy_to_host(ws.moe_prob_sums, s.prob_sums.data());
-  if (!recording_moe) return;
-  // The routing statistics of this training forward.
   auto it = std::find_if(moe_stats.begin(), moe_stats.end(),
                          [layer](const MoeLayerStats& st) { return st.layer == layer; });
   MESHTRAIN_CHECK(it != moe_stats.end(), "model: layer {} has no MoE statistics", layer);
@@ -252,33 +258,23 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
   const void* w_out = weight(b.moe.experts_out, dt);
   float* g_in = grad(b.moe.experts_in);
   float* g_out = grad(b.moe.experts_out);
-  int64_t first = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = s.rows_host[static_cast<size_t>(e)];
-    if (c > 0) {
-      const void* dye = at(ws.moe_d_y.raw(), dt, first * d);
-      backend.matmul({.m = d, .n = I, .k = c, .trans_a = true}, dt, dye,
-                     at(s.act.raw(), dt, first * I), DType::f32, g_out + e * d * I, 1.0f, true);
-      backend.matmul({.m = c, .n = I, .k = d}, dt, dye, at(w_out, dt, e * d * I), DType::f32,
-                     ws.moe_d_act.data<float>() + first * I);
-    }
-    first += c;
-  }
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t first, int64_t c) {
+    const void* dye = at(ws.moe_d_y.raw(), dt, first * d);
+    backend.matmul({.m = d, .n = I, .k = c, .trans_a = true}, dt, dye,
+                   at(s.act.raw(), dt, first * I), DType::f32, g_out + e * d * I, 1.0f, true);
+    backend.matmul({.m = c, .n = I, .k = d}, dt, dye, at(w_out, dt, e * d * I), DType::f32,
+                   ws.moe_d_act.data<float>() + first * I);
+  });
   ready(b.moe.experts_out);
   backend.swiglu_backward(s.pre.data<float>(), ws.moe_d_act.data<float>(), dt, ws.moe_d_pre.raw(),
-                          std::accumulate(s.rows_host.begin(), s.rows_host.end(), int64_t{0}), I);
-  first = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = s.rows_host[static_cast<size_t>(e)];
-    if (c > 0) {
-      const void* dpe = at(ws.moe_d_pre.raw(), dt, first * 2 * I);
-      backend.matmul({.m = 2 * I, .n = d, .k = c, .trans_a = true}, dt, dpe,
-                     at(s.xp.raw(), dt, first * d), DType::f32, g_in + e * 2 * I * d, 1.0f, true);
-      backend.matmul({.m = c, .n = d, .k = 2 * I}, dt, dpe, at(w_in, dt, e * 2 * I * d),
-                     DType::f32, ws.moe_d_xp.data<float>() + first * d);
-    }
-    first += c;
-  }
+                          kept_rows(s), I);
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t first, int64_t c) {
+    const void* dpe = at(ws.moe_d_pre.raw(), dt, first * 2 * I);
+    backend.matmul({.m = 2 * I, .n = d, .k = c, .trans_a = true}, dt, dpe,
+                   at(s.xp.raw(), dt, first * d), DType::f32, g_in + e * 2 * I * d, 1.0f, true);
+    backend.matmul({.m = c, .n = d, .k = 2 * I}, dt, dpe, at(w_in, dt, e * 2 * I * d),
+                   DType::f32, ws.moe_d_xp.data<float>() + first * d);
+  });
   ready(b.moe.experts_in);
   experts.end();
   if (b.moe.selection_bias != kNoParam) ready(b.moe.selection_bias);  // frozen: no gradient

@@ -27,6 +27,11 @@ void Job::validate() const {
 
 PlanContext make_context(const ModelConfig& model, const Job& job) {
   model.validate();
+  MESHTRAIN_CHECK(!model.moe.enabled(),
+                  "plan: mixture-of-experts models (moe.experts = {}) are not modelled by the "
+                  "GPU planner yet; `meshtrain plan --config RUN.toml` without --gpus predicts "
+                  "the engine's memory for them",
+                  model.moe.experts);
   PlanContext ctx;
   ctx.model = model;
   ctx.counts = count_transformer(model);

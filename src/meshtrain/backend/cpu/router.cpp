@@ -136,12 +136,14 @@ void router_backward(const ops::RouterDims& d, const float* probs, const int32_t
         for (int64_t e = 0; e < E; ++e) dl[e] = dp[e] * p[e] * (1.0f - p[e]);
       }
       if (aux.z == 0) continue;
-      // The z-loss: softmax(logits) is p itself, or from the sigmoid's logits log(p / (1 - p)).
+      // The z-loss: softmax(logits) is p itself, or from the sigmoid's logits
+      // log(p / (1 - p)), p kept below 1 (a saturated sigmoid's logit is lost).
       const float zl = aux.z * aux.lse[t];
       for (int64_t e = 0; e < E; ++e) {
+        const float q = std::min(p[e], 1.0f - 0x1p-24f);
         const float soft = d.score == ops::RouterScore::softmax
                                ? p[e]
-                               : std::exp(std::log(p[e]) - std::log1p(-p[e]) - aux.lse[t]);
+                               : std::exp(std::log(q) - std::log1p(-q) - aux.lse[t]);
         dl[e] += zl * soft;
       }
     }
