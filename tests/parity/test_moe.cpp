@@ -45,6 +45,28 @@ MoeRun run_case(FixtureModel& f, const SafetensorsReader& ref) {
   return r;
 }
 
+// The worst gradient error of a run against the reference's grad/<name>
+// tensors and its parameter, skipping those `skip` names.
+struct WorstGradient {
+  double err = 0;
+  std::string name;
+};
+template <typename Skip>
+WorstGradient worst_gradient(FixtureModel& f, const SafetensorsReader& ref, const MoeRun& r,
+                             Skip&& skip) {
+  WorstGradient w;
+  const auto& params = f.model->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].spec.name;
+    Tensor g = ref.read_tensor("grad/" + name, DType::f32, MemCategory::workspace, f.tracker);
+    EXPECT_EQ(g.shape(), params[i].spec.shape) << name;
+    if (skip(name) || g.shape() != params[i].spec.shape) continue;
+    const double err = rel_error(r.grads[i].data(), g.data<float>(), g.numel());
+    if (err > w.err) w = {err, name};
+  }
+  return w;
+}
+
 class MoeReference : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(MoeReference, LogitsLossAuxiliaryLossesAndEveryGradientMatchFloat64) {
@@ -65,20 +87,11 @@ TEST_P(MoeReference, LogitsLossAuxiliaryLossesAndEveryGradientMatchFloat64) {
                              .data<float>()[0];
   EXPECT_LE(std::abs(r.loss - ref_loss) / ref_loss, kTol) << r.loss << " vs " << ref_loss;
   EXPECT_NEAR(r.aux, ref_aux, kTol * std::max(1.0, ref_aux)) << "auxiliary losses";
-  double worst = 0;
-  std::string worst_name;
-  const auto& params = f.model->params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor g = ref.read_tensor("grad/" + params[i].spec.name, DType::f32, MemCategory::workspace,
-                               f.tracker);
-    ASSERT_EQ(g.shape(), params[i].spec.shape) << params[i].spec.name;
-    const double err = rel_error(r.grads[i].data(), g.data<float>(), g.numel());
-    EXPECT_LE(err, kTol) << "gradient of " << params[i].spec.name;
-    if (err > worst) worst = err, worst_name = params[i].spec.name;
-  }
+  const WorstGradient worst = worst_gradient(f, ref, r, [](const std::string&) { return false; });
+  EXPECT_LE(worst.err, kTol) << "gradient of " << worst.name;
   std::printf("%s: logits %.2e, loss %.2e, aux %.6f vs %.6f, worst gradient %.2e (%s)\n",
               name.c_str(), logits_err, std::abs(r.loss - ref_loss) / ref_loss, r.aux, ref_aux,
-              worst, worst_name.c_str());
+              worst.err, worst.name.c_str());
 }
 
 // Activation checkpointing recomputes routing and experts from the same
@@ -116,22 +129,15 @@ TEST_P(MoeReference, Bf16StaysWithinItsTolerance) {
   const double ref_loss = ref.read_tensor("loss", DType::f32, MemCategory::workspace, f.tracker)
                               .data<float>()[0];
   EXPECT_LE(std::abs(r.loss - ref_loss) / ref_loss, 1e-2);
-  double worst = 0;
-  std::string worst_name;
-  const auto& params = f.model->params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor g = ref.read_tensor("grad/" + params[i].spec.name, DType::f32, MemCategory::workspace,
-                               f.tracker);
-    const double err = rel_error(r.grads[i].data(), g.data<float>(), g.numel());
-    const std::string& pname = params[i].spec.name;
-    const bool routed = pname.ends_with("mlp.gate.weight") || pname.find("mlp.experts.") != std::string::npos;
-    if (routed && !same_choices) continue;
-    if (err > worst) worst = err, worst_name = params[i].spec.name;
-  }
+  const WorstGradient worst = worst_gradient(f, ref, r, [&](const std::string& param) {
+    const bool routed =
+        param.ends_with("mlp.gate.weight") || param.find("mlp.experts.") != std::string::npos;
+    return routed && !same_choices;
+  });
   std::printf("%s bf16: loss rel err %.2e, worst gradient rel err %.2e (%s)%s\n", name.c_str(),
-              std::abs(r.loss - ref_loss) / ref_loss, worst, worst_name.c_str(),
+              std::abs(r.loss - ref_loss) / ref_loss, worst.err, worst.name.c_str(),
               same_choices ? "" : "; routing differs from fp32: routers and routed experts not compared");
-  EXPECT_LE(worst, same_choices ? 0.05 : 0.1);
+  EXPECT_LE(worst.err, same_choices ? 0.05 : 0.1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Routers, MoeReference,
