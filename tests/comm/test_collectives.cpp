@@ -197,6 +197,39 @@ TEST_F(Collectives, AllGatherUnevenAndInPlace) {
   }
 }
 
+// Rank r sends (r + 2q) % 3 elements to rank q (some pairs none), each
+// naming its source and destination; every dtype is moved bit for bit.
+TEST_F(Collectives, AllToAllUnevenMatchesReference) {
+  auto count = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 3); };
+  auto value = [](int from, int to, int64_t i) { return input(from, to * 100 + i); };
+  for (CommDType t : {CommDType::f32, CommDType::bf16, CommDType::i64}) {
+    std::vector<int64_t> send_counts, recv_counts;
+    for (int q = 0; q < size(); ++q) {
+      send_counts.push_back(count(rank(), q));
+      recv_counts.push_back(count(q, rank()));
+    }
+    Buffer send(t, std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0}));
+    Buffer recv(t, std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0}));
+    int64_t at = 0;
+    for (int q = 0; q < size(); ++q) {
+      for (int64_t i = 0; i < count(rank(), q); ++i) send.set(at++, value(rank(), q, i));
+    }
+    const uint64_t seq = world_->calls_issued();
+    world_->all_to_all(send.data(), send_counts, recv.data(), recv_counts, t);
+    EXPECT_EQ(world_->calls_issued(), seq + 1) << "one numbered call";
+    EXPECT_EQ(world_->recent_calls().back().op, CommOp::all_to_all);
+    EXPECT_EQ(world_->recent_calls().back().bytes,
+              static_cast<size_t>(send.size()) * comm_dtype_size(t));
+    at = 0;
+    for (int p = 0; p < size(); ++p) {
+      for (int64_t i = 0; i < count(p, rank()); ++i, ++at) {
+        EXPECT_EQ(recv.get(at), as_stored(t, value(p, rank(), i)))
+            << comm_dtype_name(t) << " from rank " << p << " [" << i << "]";
+      }
+    }
+  }
+}
+
 TEST_F(Collectives, BroadcastFromEveryRoot) {
   for (int root = 0; root < size(); ++root) {
     for (CommDType t : {CommDType::f32, CommDType::bf16, CommDType::i32}) {
@@ -249,6 +282,8 @@ TEST_F(Collectives, BadArgumentsThrowBeforeAnythingIsQueued) {
   EXPECT_THROW(world_->all_reduce(&x, 1, CommDType::i32, ReduceOp::avg), Error);
   EXPECT_THROW(world_->all_gather(&x, &x, wrong, CommDType::f32), Error);
   EXPECT_THROW(world_->broadcast(&x, 1, CommDType::f32, size()), Error);
+  std::vector<int64_t> ones(static_cast<size_t>(size()), 1);
+  EXPECT_THROW(world_->all_to_all(&x, wrong, &x, ones, CommDType::f32), Error);
   try {
     world_->send(&x, 1, CommDType::f32, -1);
     ADD_FAILURE() << "no error";

@@ -90,6 +90,39 @@ TEST(DeviceMesh, SubCommunicatorsHoldTheRightRanks) {
   }
 }
 
+// Expert parallelism: ep groups are ep neighbouring dp ranks, the
+// expert-data-parallel groups the dp ranks with the same position in theirs.
+TEST(DeviceMesh, ExpertGroupsAreDrawnFromTheDataParallelRanks) {
+  MemoryTracker tracker;
+  auto world = mpi_env().world(tracker);
+  const int n = world->size();
+  for (int ep = 1; ep <= n; ++ep) {
+    if (n % ep != 0) continue;
+    DeviceMesh mesh(*world, 1, 1, ep);
+    const int d = mesh.coord().dp;
+    ASSERT_EQ(mesh.ep().size(), ep);
+    ASSERT_EQ(mesh.edp().size(), n / ep);
+    EXPECT_EQ(mesh.ep().rank(), d % ep);
+    EXPECT_EQ(mesh.edp().rank(), d / ep);
+    std::vector<int32_t> epg = group_members(mesh.ep(), world->rank());
+    std::vector<int32_t> edp = group_members(mesh.edp(), world->rank());
+    for (int i = 0; i < ep; ++i) EXPECT_EQ(epg[static_cast<size_t>(i)], d / ep * ep + i);
+    for (int j = 0; j < n / ep; ++j) EXPECT_EQ(edp[static_cast<size_t>(j)], j * ep + d % ep);
+  }
+  std::string message;
+  try {
+    DeviceMesh mesh(*world, 1, 1, n + 1);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_EQ(message.rfind("mesh: parallel.ep = " + std::to_string(n + 1) +
+                              " must be >= 1 and divide the data-parallel size " +
+                              std::to_string(n),
+                          0),
+            0u)
+      << message;
+}
+
 TEST(DeviceMesh, NonDividingWorldFailsOnEveryRankWithTheNumbers) {
   MemoryTracker tracker;
   auto world = mpi_env().world(tracker);

@@ -7,7 +7,9 @@
 // gradients enter in backward on every layout) and a capacity of 1.25 times
 // the mean load (over-full experts drop choices). The routing statistics,
 // summed over the dp ranks, reach metrics.jsonl and the report's plots; the
-// trace has the route, dispatch, experts and combine spans.
+// trace has the route, dispatch, experts and combine spans. Expert
+// parallelism (ep 2 and 4 over dp 2 and 4, with recompute and with pp 2)
+// equals one rank too, and its checkpoints resume at any ep.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -89,6 +91,10 @@ tokenizer = "bytes"
     for (size_t i = 0; i < ref.records.size(); ++i) {
       EXPECT_NEAR(got.records[i].loss, ref.records[i].loss, 1e-5 * std::fabs(ref.records[i].loss))
           << what << ": step " << i + 1;
+      // AdamW hides a gradient's scale from the weights; the norm does not.
+      EXPECT_NEAR(got.records[i].grad_norm, ref.records[i].grad_norm,
+                  1e-4 * ref.records[i].grad_norm)
+          << what << ": gradient norm, step " << i + 1;
     }
     ASSERT_EQ(got.weights.size(), ref.weights.size()) << what;
     float worst = 0;
@@ -300,6 +306,79 @@ TEST_F(MoeTrainer, ResumeContinuesBitForBit) {
     EXPECT_EQ(rest.records[i].loss, full.records[8 + i].loss) << "step " << rest.records[i].step;
   }
   EXPECT_EQ(0, std::memcmp(rest.weights.data(), full.weights.data(), full.weights.size() * 4));
+}
+
+// Expert parallelism: the experts split over ep of the dp ranks, tokens
+// exchanged by all-to-alls, expert gradients averaged over the
+// expert-data-parallel group. Every ep dividing the world equals one rank.
+TEST_F(MoeTrainer, ExpertParallelEqualsOneRank) {
+  if (world_->size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const testing::TrainerRun ref = reference("ep_ref");
+  for (int ep = 2; ep <= world_->size(); ep *= 2) {
+    DeviceMesh mesh(*world_, 1, 1, ep);
+    const std::string n = std::to_string(ep);
+    const uint64_t before = mesh.ep().stats()[CommOp::all_to_all].calls;
+    expect_close(testing::run_trainer(config("ep" + n, {{"parallel.ep", n}}), &mesh), ref,
+                 fmt::format("ep {} (dp {})", ep, world_->size()));
+    expect_close(testing::run_trainer(config("ep" + n + "_full", {{"parallel.ep", n},
+                                                                   {"train.recompute", "full"}}),
+                                      &mesh),
+                 ref, fmt::format("ep {} (dp {}), recompute full", ep, world_->size()));
+    // Per MoE layer and micro-batch: counts, then rows forward, both ways
+    // backward (and again under recompute); more than one per step anyway.
+    EXPECT_GT(mesh.ep().stats()[CommOp::all_to_all].calls - before, 32u * 3u);
+  }
+}
+
+TEST_F(MoeTrainer, ExpertParallelWithPipelineEqualsOneRank) {
+  if (world_->size() != 4) GTEST_SKIP() << "needs 4 ranks (pp 2 x dp 2)";
+  const testing::TrainerRun ref = reference("ep_pp_ref");
+  DeviceMesh mesh(*world_, 1, 2, 2);
+  expect_close(testing::run_trainer(config("ep2_pp2", {{"parallel.ep", "2"}, {"parallel.pp", "2"}}),
+                                    &mesh),
+               ref, "ep 2 x pp 2 (dp 2) 1F1B");
+}
+
+// A checkpoint written at ep 2 (each expert region written once, by its
+// expert-data-parallel group) resumes bit for bit at ep 2, and at ep 1 (dp
+// 2), on one process and at ep 4 it continues the one-rank trace.
+TEST_F(MoeTrainer, ExpertParallelCheckpointsResumeAtAnyEp) {
+  if (world_->size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const ConfigOverrides ckpt{{"train.checkpoint_interval", "8"}};
+  const testing::TrainerRun ref = reference("ep_ckpt_ref", ckpt);
+  DeviceMesh ep2(*world_, 1, 1, 2), ep1(*world_, 1, 1);
+  ConfigOverrides at_ep2 = ckpt;
+  at_ep2.emplace_back("parallel.ep", "2");
+  const testing::TrainerRun full = testing::run_trainer(config("ep_ckpt", at_ep2), &ep2);
+  const std::string step8 = dir_ + "/ep_ckpt/step_8";
+  const testing::TrainerRun same =
+      testing::run_trainer(config("ep_ckpt_same", {{"parallel.ep", "2"}}), &ep2, step8);
+  ASSERT_EQ(same.records.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(same.records[i].loss, full.records[8 + i].loss) << "ep 2 -> 2 step " << i + 9;
+  }
+  EXPECT_EQ(0, std::memcmp(same.weights.data(), full.weights.data(), full.weights.size() * 4));
+  std::vector<std::pair<std::string, testing::TrainerRun>> resumed;
+  resumed.emplace_back("ep 2 -> ep 1 (dp 2)",
+                       testing::run_trainer(config("ep_ckpt_ep1"), &ep1, step8, false, true));
+  resumed.emplace_back("ep 2 -> one process",
+                       testing::run_trainer(config(fmt::format("ep_ckpt_one.rank{}",
+                                                               world_->rank())),
+                                            nullptr, step8, false, true));
+  if (world_->size() == 4) {
+    DeviceMesh ep4(*world_, 1, 1, 4);
+    resumed.emplace_back("ep 2 -> ep 4",
+                         testing::run_trainer(config("ep_ckpt_ep4", {{"parallel.ep", "4"}}), &ep4,
+                                              step8, false, true));
+  }
+  for (const auto& [what, run] : resumed) {
+    ASSERT_EQ(run.records.size(), 8u) << what;
+    for (size_t i = 0; i < 8; ++i) {
+      EXPECT_NEAR(run.records[i].loss, ref.records[8 + i].loss,
+                  1e-5 * std::fabs(ref.records[8 + i].loss))
+          << what << " step " << run.records[i].step;
+    }
+  }
 }
 
 }  // namespace

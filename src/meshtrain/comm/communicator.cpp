@@ -62,6 +62,7 @@ std::string_view comm_op_name(CommOp op) {
     case CommOp::send: return "send";
     case CommOp::recv: return "recv";
     case CommOp::send_recv: return "send_recv";
+    case CommOp::all_to_all: return "all_to_all";
     case CommOp::barrier: return "barrier";
   }
   return "?";

@@ -53,16 +53,17 @@ enum class CommOp : uint8_t {
   send,
   recv,
   barrier,
-  send_recv
+  send_recv,
+  all_to_all
 };
-inline constexpr size_t kCommOps = 8;
+inline constexpr size_t kCommOps = 9;
 std::string_view comm_op_name(CommOp op);
 
 using CommClock = std::chrono::steady_clock;
 
 // One call as issued on this rank. bytes: the payload this rank contributes
 // (all_reduce/broadcast/send/recv: the buffer; reduce_scatter: the full
-// input; all_gather: the full output).
+// input; all_gather: the full output; all_to_all: what this rank sends).
 struct CallRecord {
   uint64_t seq = 0;
   CommOp op = CommOp::barrier;
@@ -178,6 +179,13 @@ class Communicator {
   virtual Work all_gather_async(const void* send, void* recv, std::span<const int64_t> counts,
                                 CommDType dtype) = 0;
   virtual Work broadcast_async(void* data, int64_t count, CommDType dtype, int root) = 0;
+  // All-to-all with per-rank counts (MPI_Alltoallv): `send` holds
+  // sum(send_counts) elements laid out by destination rank, `recv` gets
+  // sum(recv_counts) laid out by source rank. recv_counts[r] must equal what
+  // rank r sends here (exchange the counts first: an all_to_all of one count
+  // per rank). Both spans have size() entries. Moves any dtype (no reduction).
+  virtual Work all_to_all_async(const void* send, std::span<const int64_t> send_counts, void* recv,
+                                std::span<const int64_t> recv_counts, CommDType dtype) = 0;
   // Point to point. A blocking send may wait for the matching recv: order
   // pairs so that they cannot cross (as with MPI_Send).
   virtual Work send_async(const void* data, int64_t count, CommDType dtype, int peer,
@@ -221,6 +229,10 @@ class Communicator {
     recv_async(data, count, dtype, peer, tag).wait();
   }
   void barrier() { barrier_async().wait(); }
+  void all_to_all(const void* send, std::span<const int64_t> send_counts, void* recv,
+                  std::span<const int64_t> recv_counts, CommDType dtype) {
+    all_to_all_async(send, send_counts, recv, recv_counts, dtype).wait();
+  }
 
   // Even parts: every rank's part has `count_per_rank` elements.
   void reduce_scatter(const void* send, void* recv, int64_t count_per_rank, CommDType dtype,

@@ -33,7 +33,7 @@ std::string MeshLayout::describe() const {
   return fmt::format("dp {} x tp {} x pp {} = {} ranks", dp_, tp_, pp_, world_size());
 }
 
-DeviceMesh::DeviceMesh(Communicator& world, int tp, int pp)
+DeviceMesh::DeviceMesh(Communicator& world, int tp, int pp, int ep)
     : layout_(world.size(), tp, pp), world_(world), coord_(layout_.coord(world.rank())) {
   const MeshCoord c = coord_;
   const int dp = layout_.dp();
@@ -41,6 +41,11 @@ DeviceMesh::DeviceMesh(Communicator& world, int tp, int pp)
   dp_ = world.split(c.pp * tp + c.tp, c.dp, "dp");
   tp_ = world.split(c.pp * dp + c.dp, c.tp, "tp");
   pp_ = world.split(c.dp * tp + c.tp, c.pp, "pp");
+  MESHTRAIN_CHECK(ep >= 1 && dp % ep == 0,
+                  "mesh: parallel.ep = {} must be >= 1 and divide the data-parallel size {} ({})",
+                  ep, dp, layout_.describe());
+  ep_ = dp_->split(c.dp / ep, c.dp % ep, "ep");
+  edp_ = dp_->split(c.dp % ep, c.dp / ep, "edp");
 }
 
 }  // namespace meshtrain

@@ -2,6 +2,11 @@
 // outermost:  global_rank = (pp_rank * dp + dp_rank) * tp + tp_rank.
 // TP groups are neighbours (one node on a cluster); a DP replica is the
 // tp x pp ranks sharing a dp_rank.
+// Expert parallelism draws its ep groups from the dp ranks (ep divides dp):
+// dp_rank = edp_rank * ep + ep_rank, so an ep group is ep neighbouring dp
+// ranks (the all-to-alls stay on a node where they can) and the
+// expert-data-parallel (edp) group is the dp ranks with the same ep_rank:
+// those that hold the same experts.
 #pragma once
 
 #include <memory>
@@ -40,7 +45,8 @@ class MeshLayout {
 class DeviceMesh {
  public:
   // Collective over `world` (three splits); `world` must outlive the mesh.
-  DeviceMesh(Communicator& world, int tp, int pp);
+  // ep: the expert-parallel size; it must divide dp (Error naming parallel.ep).
+  DeviceMesh(Communicator& world, int tp, int pp, int ep = 1);
 
   const MeshLayout& layout() const { return layout_; }
   MeshCoord coord() const { return coord_; }
@@ -50,12 +56,14 @@ class DeviceMesh {
   Communicator& dp() { return *dp_; }  // same (tp, pp), size dp
   Communicator& tp() { return *tp_; }  // same (dp, pp), size tp
   Communicator& pp() { return *pp_; }  // same (dp, tp), size pp
+  Communicator& ep() { return *ep_; }  // dp ranks [ep * (dp_rank / ep), +ep), size ep
+  Communicator& edp() { return *edp_; }  // dp ranks with this ep_rank, size dp / ep
 
  private:
   MeshLayout layout_;
   Communicator& world_;
   MeshCoord coord_;
-  std::unique_ptr<Communicator> dp_, tp_, pp_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_, ep_, edp_;
 };
 
 }  // namespace meshtrain

@@ -520,6 +520,38 @@ Work MpiCommunicator::broadcast_async(void* data, int64_t count, CommDType dtype
   });
 }
 
+// Nonblocking (MPI_Ialltoallv) and awaited like send/recv: the totals differ
+// between ranks, so the handshake of `collective` (decided by size, the same
+// on every rank) cannot apply.
+Work MpiCommunicator::all_to_all_async(const void* send, std::span<const int64_t> send_counts,
+                                       void* recv, std::span<const int64_t> recv_counts,
+                                       CommDType dtype) {
+  check_counts(*this, "all_to_all (send)", send_counts);
+  check_counts(*this, "all_to_all (recv)", recv_counts);
+  const int64_t sent = sum_of(send_counts);
+  check_int_range(*this, "all_to_all", sent);
+  check_int_range(*this, "all_to_all", sum_of(recv_counts));
+  auto displacements = [](const std::vector<int>& counts) {
+    std::vector<int> displs(counts.size(), 0);
+    for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
+    return displs;
+  };
+  std::vector<int> scounts(send_counts.begin(), send_counts.end());
+  std::vector<int> rcounts(recv_counts.begin(), recv_counts.end());
+  std::vector<int> sdispls = displacements(scounts), rdispls = displacements(rcounts);
+  CallRecord rec =
+      call_record(CommOp::all_to_all, dtype, static_cast<size_t>(sent) * comm_dtype_size(dtype));
+  return submit(rec, [=, this, scounts = std::move(scounts), rcounts = std::move(rcounts),
+                      sdispls = std::move(sdispls), rdispls = std::move(rdispls)] {
+    const MPI_Datatype t = mpi_type(dtype);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), t, recv, rcounts.data(),
+                             rdispls.data(), t, comm_, &request),
+              name_, "MPI_Ialltoallv");
+    await_request(*thread_, request, name_, "MPI_Ialltoallv");
+  });
+}
+
 Work MpiCommunicator::send_async(const void* data, int64_t count, CommDType dtype, int peer,
                                  int tag) {
   return submit(p2p_record(*this, CommOp::send, count, dtype, peer), [=, this] {

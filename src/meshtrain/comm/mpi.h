@@ -45,6 +45,8 @@ class MpiCommunicator final : public Communicator {
   Work all_gather_async(const void* send, void* recv, std::span<const int64_t> counts,
                         CommDType dtype) override;
   Work broadcast_async(void* data, int64_t count, CommDType dtype, int root) override;
+  Work all_to_all_async(const void* send, std::span<const int64_t> send_counts, void* recv,
+                        std::span<const int64_t> recv_counts, CommDType dtype) override;
   Work send_async(const void* data, int64_t count, CommDType dtype, int peer, int tag) override;
   Work recv_async(void* data, int64_t count, CommDType dtype, int peer, int tag) override;
   Work send_recv_async(std::vector<P2POp> ops) override;

@@ -13,7 +13,7 @@
 namespace meshtrain {
 
 Model::Impl::Impl(Model& owner)
-    : model(owner), cfg(owner.config_), backend(owner.backend_), tp(owner.tp_) {
+    : model(owner), cfg(owner.config_), backend(owner.backend_), tp(owner.tp_), ep(owner.ep_) {
   const size_t layers = static_cast<size_t>(cfg.n_layers);
   const int64_t n = tp.size();
   sp = tp.active() && tp.sequence_parallel;

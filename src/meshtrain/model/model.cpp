@@ -14,16 +14,18 @@
 namespace meshtrain {
 
 Model::Model(const ModelConfig& config, Precision precision, Backend& backend, ParamStorage storage,
-             const TensorParallel& tp, const StageLayers& stage)
+             const TensorParallel& tp, const StageLayers& stage, const ExpertParallel& ep)
     : config_(config),
       precision_(precision),
       backend_(backend),
       storage_(storage),
       tp_(tp),
-      stage_(stage) {
+      stage_(stage),
+      ep_(ep) {
   config_.validate();
   check_tensor_parallel_split(config_, tp_.size());
-  std::vector<ParamSpec> specs = build_param_specs(config_, tp_.rank(), tp_.size());
+  std::vector<ParamSpec> specs =
+      build_param_specs(config_, tp_.rank(), tp_.size(), ep_.rank(), ep_.size());
   select_stage(specs);
   // Flat buffers in registry order: master (parameters with an f32 master),
   // grad (trainable ones), compute (matmul weights in mixed precision, so

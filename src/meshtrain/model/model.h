@@ -14,6 +14,7 @@
 #include "meshtrain/backend/backend.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/params.h"
+#include "meshtrain/parallel/expert/expert_parallel.h"
 #include "meshtrain/parallel/tensor/tensor_parallel.h"
 
 namespace meshtrain {
@@ -104,7 +105,7 @@ class Model {
  public:
   Model(const ModelConfig& config, Precision precision, Backend& backend,
         ParamStorage storage = ParamStorage::flat, const TensorParallel& tp = {},
-        const StageLayers& stage = {});
+        const StageLayers& stage = {}, const ExpertParallel& ep = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -114,6 +115,10 @@ class Model {
   Backend& backend() const { return backend_; }
   ParamStorage storage() const { return storage_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // Expert parallelism (ep.size() > 1): each MoE layer holds this rank's
+  // E / ep experts (ParamSpec::expert) and exchanges token rows with the ep
+  // group in every MoE forward and backward (parallel/expert/expert_parallel.h).
+  const ExpertParallel& expert_parallel() const { return ep_; }
   // What this rank holds of every global tensor: each parameter's tp slice
   // (its regions) at its flat offset (params()[i].offset), tp-replicated
   // parameters and a tied output layer's stage copy marked as replicas.
@@ -259,6 +264,7 @@ class Model {
   ParamStorage storage_;
   TensorParallel tp_;
   StageLayers stage_;
+  ExpertParallel ep_;
   // Global registry index -> index in params_ (kNoParam when another stage
   // holds it); empty for the whole model.
   std::vector<size_t> local_index_;
@@ -299,5 +305,9 @@ layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_ra
 // every global element counted once (tp_counts_once), collective over tp.
 // At tp 1 it is sqrt of the sum over parameters, as global_grad_norm.
 double tensor_parallel_grad_norm(const Model& model);
+// Its square before the root, also for a pipeline stage (whose tied output
+// layer copy is skipped): every element this stage holds counted once over
+// the tp and ep groups (collective over both).
+double grad_sum_squares(const Model& model);
 
 }  // namespace meshtrain

@@ -82,8 +82,13 @@ struct MoeActs {
   std::vector<int32_t> rows_host;    // each expert's rows on the host (kept, or all choices)
   std::vector<float> prob_sums;      // [E] sums over tokens of the scores (load balancing)
   Tensor xp;                    // dt [S, d]: the rows permuted to their experts
-  Tensor pre, act;              // f32 [S, 2I] gate|up; dt [S, I] SwiGLU output
-  Tensor y;                     // f32 [S, d]: the experts' outputs
+  // Expert parallelism: the exchange with the ep group (at ep 1 the identity,
+  // expert_rows = rows_host) and the rows this rank's experts received.
+  ExpertExchange exchange;
+  Tensor xe;                    // dt [R, d] (ep > 1; else xp is the experts' input)
+  // The experts' rows: S at ep 1, else R = exchange.received() (at least 1).
+  Tensor pre, act;              // f32 [S | R, 2I] gate|up; dt [S | R, I] SwiGLU output
+  Tensor y;                     // f32 [S, d]: the experts' outputs, back on the token side
   Tensor shared_pre, shared_act, shared_y;  // f32 [N, 2Is]; dt [N, Is]; f32 [N, d]
   Tensor gate_prob, gate_index, gate_weight;  // the shared gate as a one-expert sigmoid router
 };
@@ -160,6 +165,11 @@ struct Workspace {
   Tensor moe_gate_logits;  // f32 [N, 1]: the shared gate's logits; in backward their gradient
   Tensor moe_score_grad;  // f32 [E]: the load-balancing loss's score gradient
   Tensor moe_prob_sums;   // f32 [E]
+  // Expert parallelism (ep > 1), R = the rows this rank's experts received:
+  Tensor moe_staging;     // f32 [R, d]: rows as they arrive / before they leave
+  Tensor moe_ye;          // f32 [R, d]: the experts' outputs before combine_rows
+  Tensor moe_d_ye;        // dt [R, d]: d(expert outputs) after dispatch_rows
+  Tensor moe_d_xe;        // f32 [R, d]: d(expert inputs) before combine_rows
   Tensor iota;            // i32 [N]: 0, 1, ... (the shared gate's identity dispatch)
 };
 
@@ -342,6 +352,7 @@ struct Model::Impl {
   const ModelConfig& cfg;
   Backend& backend;
   const TensorParallel& tp;
+  const ExpertParallel& ep;
   bool sp = false;                           // sequence parallel (and tp > 1)
   int64_t heads = 0, kv_heads = 0, hidden = 0;  // this rank's
   int64_t vocab_rows = 0, vocab_begin = 0, vocab_valid = 0;  // its vocabulary slice

@@ -37,9 +37,17 @@ void for_each_expert(const std::vector<int32_t>& rows, Fn&& fn) {
   }
 }
 
-// The rows the experts compute: all slots, or those kept under a capacity.
+// The rows this rank's experts compute: their kept slots (of every rank of
+// the ep group under expert parallelism).
 int64_t kept_rows(const MoeActs& s) {
-  return std::accumulate(s.rows_host.begin(), s.rows_host.end(), int64_t{0});
+  const std::vector<int32_t>& rows = s.exchange.expert_rows;
+  return std::accumulate(rows.begin(), rows.end(), int64_t{0});
+}
+
+// The rows the experts' buffers hold: every slot at ep 1 (the same size
+// whatever the routing), else what the ep group sent (at least one row).
+int64_t expert_side_rows(const ExpertParallel& ep, const MoeActs& s, int64_t slots) {
+  return ep.active() ? std::max<int64_t>(s.exchange.received(), 1) : slots;
 }
 
 // The shared experts' gate, a one-expert sigmoid router: weight = sigmoid(logit).
@@ -105,31 +113,49 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   }
   ensure(s.xp, {S, d}, dt, cat);
   backend.moe_permute(dd, s.slots.data<int32_t>(), x32, dt, s.xp.raw());
+  // Expert parallelism: the kept rows go to the ranks holding their experts.
+  s.exchange = plan_exchange(ep, s.rows_host);
+  const int64_t R = expert_side_rows(ep, s, S);
+  const void* xe = s.xp.raw();
+  if (ep.active()) {
+    ensure(s.xe, {R, d}, dt, cat);
+    ensure(ws.moe_staging, {R, d}, DType::f32, wsc);
+    dispatch_rows(ep, s.exchange, backend, dt, d, s.xp.raw(), ws.moe_staging.raw(), s.xe.raw());
+    xe = s.xe.raw();
+  }
 
   dispatch.end();
-  // The experts: gate|up, SwiGLU, down, one GEMM per expert and projection.
+  // The experts: gate|up, SwiGLU, down, one GEMM per (local) expert and projection.
   trace::Span experts("moe", "experts", layer);
-  ensure(s.pre, {S, 2 * I}, DType::f32, cat);
+  ensure(s.pre, {R, 2 * I}, DType::f32, cat);
   ensure(s.y, {S, d}, DType::f32, cat);
+  float* ye = s.y.data<float>();
+  if (ep.active()) {
+    ensure(ws.moe_ye, {R, d}, DType::f32, wsc);
+    ye = ws.moe_ye.data<float>();
+  }
   const void* w_in = weight(b.moe.experts_in, dt);
   const void* w_out = weight(b.moe.experts_out, dt);
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t first, int64_t c) {
-    backend.matmul({.m = c, .n = 2 * I, .k = d, .trans_b = true}, dt, at(s.xp.raw(), dt, first * d),
+  for_each_expert(s.exchange.expert_rows, [&](int64_t e, int64_t first, int64_t c) {
+    backend.matmul({.m = c, .n = 2 * I, .k = d, .trans_b = true}, dt, at(xe, dt, first * d),
                    at(w_in, dt, e * 2 * I * d), DType::f32, s.pre.data<float>() + first * 2 * I);
   });
   // The activation over the kept rows only (they come first; dropped ones
-  // follow); act keeps all S rows, so its size does not depend on the routing.
+  // follow); at ep 1 act keeps all S rows, so its size does not depend on the routing.
   const int64_t kept = kept_rows(s);
-  ensure(s.act, {S, I}, dt, cat);
+  ensure(s.act, {R, I}, dt, cat);
   backend.swiglu_forward(s.pre.data<float>(), dt, s.act.raw(), kept, I);
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t first, int64_t c) {
+  for_each_expert(s.exchange.expert_rows, [&](int64_t e, int64_t first, int64_t c) {
     backend.matmul({.m = c, .n = d, .k = I, .trans_b = true}, dt, at(s.act.raw(), dt, first * I),
-                   at(w_out, dt, e * d * I), DType::f32, s.y.data<float>() + first * d);
+                   at(w_out, dt, e * d * I), DType::f32, ye + first * d);
   });
 
   experts.end();
-  // Combine: out = mid + sum_j w_j y_j.
+  // Combine: the outputs back to their tokens' ranks, out = mid + sum_j w_j y_j.
   trace::Span combine("moe", "combine", layer);
+  if (ep.active()) {
+    combine_rows(ep, s.exchange, backend, DType::f32, d, ye, ws.moe_staging.raw(), s.y.raw());
+  }
   ensure(ws.moe_out, {rows, d}, DType::f32, wsc);
   backend.moe_combine(dd, s.rows.data<int32_t>(), s.weights.data<float>(), s.y.data<float>(),
                       ws.moe_out.data<float>());
@@ -248,35 +274,62 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
                                s.y.data<float>(), dy, dt, ws.moe_d_y.raw(),
                                ws.moe_d_weights.data<float>());
 
-  combine.end();
-  // The experts, down then gate|up, one GEMM per expert for each of d(W) and d(input).
-  trace::Span experts("moe", "experts backward");
-  ensure(ws.moe_d_act, {S, I}, DType::f32, wsc);
-  ensure(ws.moe_d_pre, {S, 2 * I}, dt, wsc);
+  // Expert parallelism: those gradients to the ranks holding their experts.
+  const int64_t R = expert_side_rows(ep, s, S);
+  const void* d_ye = ws.moe_d_y.raw();
+  const void* xe = s.xp.raw();
+  float* d_xe = nullptr;
   ensure(ws.moe_d_xp, {S, d}, DType::f32, wsc);
+  if (ep.active()) {
+    ensure(ws.moe_staging, {R, d}, DType::f32, wsc);
+    ensure(ws.moe_d_ye, {R, d}, dt, wsc);
+    ensure(ws.moe_d_xe, {R, d}, DType::f32, wsc);
+    dispatch_rows(ep, s.exchange, backend, dt, d, ws.moe_d_y.raw(), ws.moe_staging.raw(),
+                  ws.moe_d_ye.raw());
+    d_ye = ws.moe_d_ye.raw();
+    xe = s.xe.raw();
+    d_xe = ws.moe_d_xe.data<float>();
+  } else {
+    d_xe = ws.moe_d_xp.data<float>();
+  }
+
+  combine.end();
+  // The experts, down then gate|up, one GEMM per expert for each of d(W) and
+  // d(input). Expert gradients sum the whole ep group's tokens: scaled by
+  // 1 / ep (expert_parallel.h), so their average over the expert-data-parallel
+  // group is the dp average.
+  trace::Span experts("moe", "experts backward");
+  const float g_scale = 1.0f / static_cast<float>(ep.size());
+  ensure(ws.moe_d_act, {R, I}, DType::f32, wsc);
+  ensure(ws.moe_d_pre, {R, 2 * I}, dt, wsc);
   const void* w_in = weight(b.moe.experts_in, dt);
   const void* w_out = weight(b.moe.experts_out, dt);
   float* g_in = grad(b.moe.experts_in);
   float* g_out = grad(b.moe.experts_out);
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t first, int64_t c) {
-    const void* dye = at(ws.moe_d_y.raw(), dt, first * d);
+  for_each_expert(s.exchange.expert_rows, [&](int64_t e, int64_t first, int64_t c) {
+    const void* dye = at(d_ye, dt, first * d);
     backend.matmul({.m = d, .n = I, .k = c, .trans_a = true}, dt, dye,
-                   at(s.act.raw(), dt, first * I), DType::f32, g_out + e * d * I, 1.0f, true);
+                   at(s.act.raw(), dt, first * I), DType::f32, g_out + e * d * I, g_scale, true);
     backend.matmul({.m = c, .n = I, .k = d}, dt, dye, at(w_out, dt, e * d * I), DType::f32,
                    ws.moe_d_act.data<float>() + first * I);
   });
   ready(b.moe.experts_out);
   backend.swiglu_backward(s.pre.data<float>(), ws.moe_d_act.data<float>(), dt, ws.moe_d_pre.raw(),
                           kept_rows(s), I);
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t first, int64_t c) {
+  for_each_expert(s.exchange.expert_rows, [&](int64_t e, int64_t first, int64_t c) {
     const void* dpe = at(ws.moe_d_pre.raw(), dt, first * 2 * I);
-    backend.matmul({.m = 2 * I, .n = d, .k = c, .trans_a = true}, dt, dpe,
-                   at(s.xp.raw(), dt, first * d), DType::f32, g_in + e * 2 * I * d, 1.0f, true);
+    backend.matmul({.m = 2 * I, .n = d, .k = c, .trans_a = true}, dt, dpe, at(xe, dt, first * d),
+                   DType::f32, g_in + e * 2 * I * d, g_scale, true);
     backend.matmul({.m = c, .n = d, .k = 2 * I}, dt, dpe, at(w_in, dt, e * 2 * I * d),
-                   DType::f32, ws.moe_d_xp.data<float>() + first * d);
+                   DType::f32, d_xe + first * d);
   });
   ready(b.moe.experts_in);
   experts.end();
+  if (ep.active()) {
+    trace::Span back("moe", "dispatch backward exchange");
+    combine_rows(ep, s.exchange, backend, DType::f32, d, d_xe, ws.moe_staging.raw(),
+                 ws.moe_d_xp.raw());
+  }
   if (b.moe.selection_bias != kNoParam) ready(b.moe.selection_bias);  // frozen: no gradient
 
   // The router, with the auxiliary losses' gradients (weighted like the

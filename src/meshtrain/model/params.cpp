@@ -62,8 +62,9 @@ namespace {
 
 class Registry {
  public:
-  Registry(const ModelConfig& config, int tp_rank, int tp_size)
-      : config_(config), tp_rank_(tp_rank), tp_size_(tp_size) {}
+  Registry(const ModelConfig& config, int tp_rank, int tp_size, int ep_rank, int ep_size)
+      : config_(config), tp_rank_(tp_rank), tp_size_(tp_size), ep_rank_(ep_rank),
+        ep_size_(ep_size) {}
 
   // Starts a unit at the next parameter; it ends where the next one starts.
   void unit(std::string name) {
@@ -126,6 +127,18 @@ class Registry {
   // Marks the last parameter: a share of it per token (ParamSpec::active); an f32 GEMM operand.
   void active(double share) { specs_.back().active = share; }
   void f32_gemm() { specs_.back().f32_gemm = true; }
+  // Marks the last parameter as routed experts: their rows split over ep.
+  void experts(double share) {
+    ParamSpec& spec = specs_.back();
+    spec.active = share;
+    spec.expert = true;
+    if (ep_size_ == 1) return;
+    spec.split.kind = SplitKind::rows;
+    spec.split.parts = 1;
+    spec.split.rank = ep_rank_;
+    spec.split.size = ep_size_;
+    spec.shape = spec.split.local_shape();
+  }
   void frozen() { specs_.back().trainable = false; }
   // With LoRA on: every parameter but the adapters frozen.
   void freeze_base() {
@@ -166,7 +179,7 @@ class Registry {
   static constexpr SplitKind rows = SplitKind::rows, cols = SplitKind::cols;
   const ModelConfig& config_;
   std::vector<std::string> targets_ = lora_targets(config_.lora, config_.family);
-  int tp_rank_ = 0, tp_size_ = 1;
+  int tp_rank_ = 0, tp_size_ = 1, ep_rank_ = 0, ep_size_ = 1;
   std::vector<ParamSpec> specs_;
   std::vector<ParamUnit> units_;
 };
@@ -189,9 +202,9 @@ void moe_registry(const ModelConfig& c, Registry& r, const std::string& p) {
     r.frozen();
   }
   r.weight(p + "mlp.experts.gate_up_proj", {e, 2 * h, d}, true);
-  r.active(active);
+  r.experts(active);
   r.weight(p + "mlp.experts.down_proj", {e, d, h}, true, true);
-  r.active(active);
+  r.experts(active);
   if (m.shared_hidden == 0) return;
   r.weight(p + "mlp.shared_expert.gate_proj.weight", {m.shared_hidden, d}, true);
   r.weight(p + "mlp.shared_expert.up_proj.weight", {m.shared_hidden, d}, true);
@@ -273,8 +286,13 @@ void gpt2_registry(const ModelConfig& c, Registry& r) {
 using RegistryBuilder = void (*)(const ModelConfig&, Registry&);
 constexpr RegistryBuilder kRegistryBuilders[] = {llama_registry, gpt2_registry};
 
-Registry build_registry(const ModelConfig& config, int tp_rank, int tp_size) {
-  Registry r(config, tp_rank, tp_size);
+Registry build_registry(const ModelConfig& config, int tp_rank, int tp_size, int ep_rank = 0,
+                        int ep_size = 1) {
+  MESHTRAIN_CHECK(ep_size >= 1 && (ep_size == 1 || (config.moe.enabled() &&
+                                                    config.moe.experts % ep_size == 0)),
+                  "expert parallel: parallel.ep = {} must divide moe.experts = {}", ep_size,
+                  config.moe.experts);
+  Registry r(config, tp_rank, tp_size, ep_rank, ep_size);
   kRegistryBuilders[static_cast<size_t>(config.family)](config, r);
   r.freeze_base();
   return r;
@@ -303,8 +321,9 @@ void check_tensor_parallel_split(const ModelConfig& c, int tp) {
   }
 }
 
-std::vector<ParamSpec> build_param_specs(const ModelConfig& config, int tp_rank, int tp_size) {
-  return build_registry(config, tp_rank, tp_size).take_specs();
+std::vector<ParamSpec> build_param_specs(const ModelConfig& config, int tp_rank, int tp_size,
+                                         int ep_rank, int ep_size) {
+  return build_registry(config, tp_rank, tp_size, ep_rank, ep_size).take_specs();
 }
 
 std::vector<ParamUnit> build_param_units(const ModelConfig& config) {

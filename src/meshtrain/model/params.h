@@ -40,6 +40,11 @@ struct ParamSpec {
   // A GEMM operand kept in f32 whatever the precision (a MoE router, a shared
   // expert's gate): no compute copy, but counted toward model FLOPs.
   bool f32_gemm = false;
+  // A routed expert's tensor (global [E, ...]): under expert parallelism its
+  // rows (experts) are split over the ep group (`split`, kind rows; experts
+  // are never split over tp) and its gradients are averaged over the
+  // expert-data-parallel group (parallel/expert/expert_parallel.h).
+  bool expert = false;
   // Updated by the optimizer. LoRA (config.h LoraConfig) freezes every base
   // parameter: it gets no gradient, no optimizer state and (mixed precision,
   // matmul weights) no f32 master, only its compute copy.
@@ -111,8 +116,10 @@ std::array<std::vector<std::string>, 4> block_gemm_modules(Family family);
 // (Megatron's split: q/k/v by heads, o by its input; gate/up/c_fc by output,
 // down/c_proj by input; c_attn per q/k/v; embeddings and lm_head by vocabulary
 // rows, padded; norms, positions and the biases of row-parallel layers replicated).
+// Under expert parallelism (ep_size > 1) the routed experts' tensors are
+// rank ep_rank's experts (ParamSpec::expert).
 std::vector<ParamSpec> build_param_specs(const ModelConfig& config, int tp_rank = 0,
-                                         int tp_size = 1);
+                                         int tp_size = 1, int ep_rank = 0, int ep_size = 1);
 // Throws Error on every rank, naming the field, unless n_heads, n_kv_heads and
 // hidden_dim divide by tp.
 void check_tensor_parallel_split(const ModelConfig& config, int tp);

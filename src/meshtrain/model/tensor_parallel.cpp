@@ -198,16 +198,25 @@ void Model::Impl::embed_backward(const int32_t* tokens, int64_t batch, int64_t s
                              grad(embed), dpositions);
 }
 
-double tensor_parallel_grad_norm(const Model& model) {
+double grad_sum_squares(const Model& model) {
   const TensorParallel& tp = model.tensor_parallel();
-  double total = 0.0;
-  for (const Parameter& p : model.params()) {
-    if (p.spec.trainable && tp_counts_once(tp, p.spec.split)) {
-      total += model.backend().sum_squares(p.grad.data<float>(), p.spec.numel());
+  const ExpertParallel& ep = model.expert_parallel();
+  double dense = 0.0, experts = 0.0;
+  const std::vector<Parameter>& params = model.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter& p = params[i];
+    if (!p.spec.trainable || model.param_is_duplicate(i) || !tp_counts_once(tp, p.spec.split)) {
+      continue;
     }
+    (p.spec.expert ? experts : dense) +=
+        model.backend().sum_squares(p.grad.data<float>(), p.spec.numel());
   }
-  return std::sqrt(tp_sum(tp, total));
+  // The ep group's ranks hold different experts, the same dense gradients.
+  if (ep.active()) ep.comm->all_reduce(&experts, 1, CommDType::f64, ReduceOp::sum);
+  return tp_sum(tp, dense + experts);
 }
+
+double tensor_parallel_grad_norm(const Model& model) { return std::sqrt(grad_sum_squares(model)); }
 
 ops::ClassifierArgs Model::Impl::classifier_args(const void* h, const int32_t* targets,
                                                  int64_t rows, DType dt) {

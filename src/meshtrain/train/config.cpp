@@ -66,6 +66,7 @@ constexpr KeySpec kKeys[] = {
     {"data", "sft_overflow", Kind::string},
 
     {"parallel", "tp", Kind::integer},        {"parallel", "pp", Kind::integer},
+    {"parallel", "ep", Kind::integer},
     {"parallel", "sequence_parallel", Kind::boolean},
     {"parallel", "bucket_mb", Kind::number},  {"parallel", "overlap", Kind::boolean},
     {"parallel", "zero", Kind::integer},      {"parallel", "prefetch", Kind::boolean},
@@ -561,10 +562,12 @@ ParallelSettings read_parallel(const Section& s) {
   s.read("tp", p.tp);
   s.read("sequence_parallel", p.sequence_parallel);
   s.read("pp", p.pp);
+  s.read("ep", p.ep);
   s.read("bucket_mb", p.bucket_mb);
   s.read("overlap", p.overlap);
   check_min("parallel.tp", p.tp, 1);
   check_min("parallel.pp", p.pp, 1);
+  check_min("parallel.ep", p.ep, 1);
   MESHTRAIN_CHECK(std::isfinite(p.bucket_mb) && p.bucket_mb > 0,
                   "config: parallel.bucket_mb must be > 0, got {}", p.bucket_mb);
   s.read("zero", p.zero);
@@ -706,6 +709,17 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
                   "config: moe.experts = {} with parallel.tp = {}: tensor parallelism of "
                   "mixture-of-experts blocks is not implemented yet (use parallel.tp = 1)",
                   c.model.moe.experts, c.parallel.tp);
+  MESHTRAIN_CHECK(c.parallel.ep == 1 || c.model.moe.enabled(),
+                  "config: parallel.ep = {} needs a mixture-of-experts model (moe.experts > 0)",
+                  c.parallel.ep);
+  MESHTRAIN_CHECK(c.parallel.ep == 1 || c.model.moe.experts % c.parallel.ep == 0,
+                  "config: parallel.ep = {} does not divide moe.experts = {}", c.parallel.ep,
+                  c.model.moe.experts);
+  MESHTRAIN_CHECK(c.parallel.ep == 1 || c.parallel.zero == 0,
+                  "config: parallel.ep = {} with parallel.zero = {}: ZeRO sharding of expert "
+                  "state over the expert-data-parallel group is not implemented yet (use "
+                  "parallel.zero = 0)",
+                  c.parallel.ep, c.parallel.zero);
   MESHTRAIN_CHECK(!c.model.lora.enabled() || c.parallel.zero <= 2 || c.parallel.offload == "none",
                   "config: lora.rank = {} with parallel.zero = 3 and parallel.offload = \"{}\": "
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
@@ -790,6 +804,7 @@ toml::table to_table(const TrainConfig& c) {
   toml::table parallel{{"tp", p.tp},
                        {"sequence_parallel", p.sequence_parallel},
                        {"pp", p.pp},
+                       {"ep", p.ep},
                        {"bucket_mb", p.bucket_mb},
                        {"overlap", p.overlap},
                        {"zero", p.zero},

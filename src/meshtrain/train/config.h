@@ -91,6 +91,9 @@ struct ParallelSettings {
   int tp = 1;             // tensor-parallel size (heads, kv heads, hidden_dim must divide)
   bool sequence_parallel = false;  // tp > 1: norms and residual stream sharded along the rows
   int pp = 1;             // pipeline-parallel size
+  // Expert-parallel size (MoE models): each MoE layer's experts split over
+  // ep of the dp ranks (ep divides dp and moe.experts; docs/moe.md).
+  int ep = 1;
   // Pipeline (docs/distributed.md): the schedule ("gpipe", "1f1b",
   // "interleaved"), chunks per rank for interleaved, and the layers per
   // (virtual) stage: "auto" balances the stages' FLOPs (the last also runs the

@@ -13,11 +13,18 @@
 
 namespace meshtrain {
 layout::ShardMap split_replica_writes(const layout::ShardMap& model_map, int64_t dp, int64_t dp_rank) {
+  return split_replica_writes(model_map,
+                              std::vector<ReplicaGroup>(model_map.tensors.size(), {dp, dp_rank}));
+}
+
+layout::ShardMap split_replica_writes(const layout::ShardMap& model_map,
+                                      const std::vector<ReplicaGroup>& by_tensor) {
   layout::ShardMap map;
   map.tensors = model_map.tensors;
   map.local_numel = model_map.local_numel;
   for (const layout::ShardPiece& p : model_map.pieces) {
     const int64_t n = p.region.numel();
+    const auto [dp, dp_rank] = by_tensor[p.tensor];
     for (int64_t part = 0; part < dp; ++part) {
       const int64_t begin = n * part / dp, end = n * (part + 1) / dp;
       if (begin == end) continue;
@@ -40,10 +47,12 @@ class ReplicatedDataParallel final : public DataParallel {
   ReplicatedDataParallel(const TrainConfig& config, Model& model, DeviceMesh* mesh, bool pipelined)
       : model_(model), optimizer_(model, config.optim.adamw) {
     if (mesh != nullptr && mesh->dp().size() > 1) {
-      // Pipelines reduce once, after the schedule's last backward.
+      // Pipelines reduce once, after the schedule's last backward. Under
+      // expert parallelism the experts' gradients average over their group.
+      experts_ = model.expert_parallel().active() ? &mesh->edp() : nullptr;
       ddp_ = std::make_unique<DistributedDataParallel>(
           model, mesh->dp(),
-          DdpOptions{config.parallel.bucket_mb, config.parallel.overlap && !pipelined});
+          DdpOptions{config.parallel.bucket_mb, config.parallel.overlap && !pipelined}, experts_);
       overlap_ = config.parallel.overlap;
       bucket_mb_ = config.parallel.bucket_mb;
     }
@@ -91,7 +100,13 @@ class ReplicatedDataParallel final : public DataParallel {
 
   layout::ShardMap shard_map(const layout::ShardMap& model_map) const override {
     if (!ddp_) return model_map;
-    return split_replica_writes(model_map, ddp_->dp().size(), ddp_->dp().rank());
+    // The map's tensors are the model's parameters, in registry order.
+    std::vector<ReplicaGroup> groups;
+    for (const Parameter& p : model_.params()) {
+      Communicator& group = experts_ != nullptr && p.spec.expert ? *experts_ : ddp_->dp();
+      groups.push_back({group.size(), group.rank()});
+    }
+    return split_replica_writes(model_map, groups);
   }
   layout::StateAccess& state() override { return optimizer_; }
   void finish_load() override { model_.sync_compute_weights(); }
@@ -99,6 +114,7 @@ class ReplicatedDataParallel final : public DataParallel {
  private:
   Model& model_;
   AdamW optimizer_;
+  Communicator* experts_ = nullptr;  // the expert-data-parallel group (ep > 1)
   std::unique_ptr<DistributedDataParallel> ddp_;  // after optimizer_: uses the model's hooks
   bool overlap_ = true;
   double bucket_mb_ = 0;

@@ -64,6 +64,13 @@ class DataParallel {
 // rank holds the whole state and writes 1/dp of every piece (its part as
 // replica 0, the others' as replicas).
 layout::ShardMap split_replica_writes(const layout::ShardMap& model_map, int64_t dp, int64_t dp_rank);
+// The same with a group per tensor (map.tensors order): the replicas of a
+// routed expert's tensor are the expert-data-parallel group, not dp.
+struct ReplicaGroup {
+  int64_t size = 1, rank = 0;
+};
+layout::ShardMap split_replica_writes(const layout::ShardMap& model_map,
+                                      const std::vector<ReplicaGroup>& by_tensor);
 
 // How the model must store its parameters for the data parallelism `config` asks for.
 ParamStorage data_parallel_storage(const TrainConfig& config);

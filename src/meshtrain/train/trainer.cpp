@@ -108,9 +108,11 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   const int64_t micro_batches = loader_->micro_batches_per_step();
   TensorParallel tp;
   if (mesh != nullptr) tp = TensorParallel{&mesh->tp(), config_.parallel.sequence_parallel};
+  ExpertParallel ep;
+  if (mesh != nullptr) ep = ExpertParallel{&mesh->ep()};
   model_ = std::make_unique<Model>(config_.model, t.precision, *backend_,
                                    data_parallel_storage(config_), tp,
-                                   stage_of(config_, mesh, micro_batches));
+                                   stage_of(config_, mesh, micro_batches), ep);
   model_->set_recompute({t.recompute, t.recompute_layers});
   dp_ = make_data_parallel(config_, *model_, mesh, config_.parallel.pp > 1 ? micro_batches : 0);
   prepare_out_dir();  // after the layout checks: a bad layout is named first

@@ -7,13 +7,18 @@
 namespace meshtrain {
 
 std::vector<GradBucket> make_grad_buckets(const std::vector<Parameter>& params,
-                                          size_t bucket_bytes) {
+                                          size_t bucket_bytes, bool split_experts) {
   // Over the trainable parameters only (frozen ones have no gradient): their
   // gradients are contiguous in the flat grad buffer, in registry order.
   std::vector<GradBucket> buckets;
   size_t end = params.size();
   while (end > 0 && !params[end - 1].spec.trainable) --end;
+  // Whether the trainable parameter i belongs in another group than `expert`.
+  auto other_group = [&](size_t i, bool expert) {
+    return split_experts && params[i].spec.trainable && params[i].spec.expert != expert;
+  };
   while (end > 0) {
+    const bool expert = split_experts && params[end - 1].spec.expert;
     size_t first = end, bytes = 0;
     // At least one parameter per bucket, however small bucket_bytes is.
     do {
@@ -21,9 +26,10 @@ std::vector<GradBucket> make_grad_buckets(const std::vector<Parameter>& params,
       if (params[first].spec.trainable) {
         bytes += static_cast<size_t>(params[first].spec.numel()) * sizeof(float);
       }
-    } while (first > 0 && bytes < bucket_bytes);
+    } while (first > 0 && bytes < bucket_bytes && !other_group(first - 1, expert));
     while (!params[first].spec.trainable) ++first;
     GradBucket b;
+    b.expert = expert;
     b.first_param = first;
     b.end_param = end;
     b.offset = params[first].grad_offset;
@@ -49,15 +55,16 @@ std::vector<size_t> bucket_first_units(const std::vector<GradBucket>& buckets,
 }
 
 DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& dp,
-                                                 const DdpOptions& options)
-    : model_(model), dp_(dp), options_(options) {
+                                                 const DdpOptions& options, Communicator* experts)
+    : model_(model), dp_(dp), experts_(experts), options_(options) {
   MESHTRAIN_CHECK(std::isfinite(options.bucket_mb) && options.bucket_mb > 0,
                   "ddp: parallel.bucket_mb must be > 0, got {}", options.bucket_mb);
   MESHTRAIN_CHECK(model.storage() == ParamStorage::flat,
                   "ddp: needs the model's flat gradient buffer (flat parameter storage)");
   MESHTRAIN_CHECK(!model.unit_hooks.after, "ddp: the model already has a unit_hooks.after hook");
-  buckets_ =
-      make_grad_buckets(model.params(), static_cast<size_t>(options.bucket_mb * 1024.0 * 1024.0));
+  buckets_ = make_grad_buckets(model.params(),
+                               static_cast<size_t>(options.bucket_mb * 1024.0 * 1024.0),
+                               experts_ != nullptr);
   bucket_units_ = bucket_first_units(buckets_, model.units());
   model_.unit_hooks.after = [this](size_t unit, UnitPass pass) { on_unit_done(unit, pass); };
 }
@@ -91,7 +98,8 @@ void DistributedDataParallel::on_unit_done(size_t unit, UnitPass pass) {
 void DistributedDataParallel::launch(size_t bucket) {
   const GradBucket& b = buckets_[bucket];
   float* grads = model_.flat_grad().data<float>() + b.offset;
-  pending_.push_back(dp_.all_reduce_async(grads, b.numel, CommDType::f32, ReduceOp::avg));
+  Communicator& group = b.expert ? *experts_ : dp_;
+  pending_.push_back(group.all_reduce_async(grads, b.numel, CommDType::f32, ReduceOp::avg));
 }
 
 void DistributedDataParallel::finish_gradient_sync() {

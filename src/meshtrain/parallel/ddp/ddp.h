@@ -33,6 +33,7 @@ struct DdpOptions {
 struct GradBucket {
   size_t first_param = 0, end_param = 0;  // registry indices [first, end)
   int64_t offset = 0, numel = 0;          // elements of the flat gradient buffer
+  bool expert = false;  // routed experts' gradients: averaged over the expert-data-parallel group
 };
 
 // The unit holding each bucket's first parameter: units finish backward in
@@ -52,14 +53,19 @@ struct DdpSyncTiming {
 };
 
 // Splits params (registry order) into buckets of about bucket_bytes, from the
-// last parameter backwards. Bucket 0 holds the last parameters.
+// last parameter backwards. Bucket 0 holds the last parameters. split_experts:
+// a bucket holds routed experts' gradients only (ParamSpec::expert) or none.
 std::vector<GradBucket> make_grad_buckets(const std::vector<Parameter>& params,
-                                          size_t bucket_bytes);
+                                          size_t bucket_bytes, bool split_experts = false);
 
 class DistributedDataParallel {
  public:
   // Installs the model's unit_hooks.after; `model` (flat storage) and `dp` must outlive this.
-  DistributedDataParallel(Model& model, Communicator& dp, const DdpOptions& options);
+  // experts: under expert parallelism, the expert-data-parallel group the
+  // routed experts' gradients are averaged over (expert_parallel.h: the model
+  // has scaled them by 1 / ep); null: every gradient over dp.
+  DistributedDataParallel(Model& model, Communicator& dp, const DdpOptions& options,
+                          Communicator* experts = nullptr);
   ~DistributedDataParallel();  // waits for pending all-reduces, removes the hook
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
@@ -81,6 +87,7 @@ class DistributedDataParallel {
 
   Model& model_;
   Communicator& dp_;
+  Communicator* experts_;
   DdpOptions options_;
   std::vector<GradBucket> buckets_;
   std::vector<size_t> bucket_units_;  // bucket_first_units(buckets_, ...)

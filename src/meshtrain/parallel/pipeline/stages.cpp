@@ -46,17 +46,7 @@ double Executor::evaluate(std::span<const MicroBatchRef> micro_batches) {
 }
 
 double pipeline_grad_norm(const Model& model, Communicator& pp) {
-  const TensorParallel& tp = model.tensor_parallel();
-  double total = 0;
-  const std::vector<Parameter>& params = model.params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Parameter& p = params[i];
-    if (!p.spec.trainable || model.param_is_duplicate(i) || !tp_counts_once(tp, p.spec.split)) {
-      continue;
-    }
-    total += model.backend().sum_squares(p.grad.data<float>(), p.spec.numel());
-  }
-  total = tp_sum(tp, total);
+  double total = grad_sum_squares(model);
   pp.all_reduce(&total, 1, CommDType::f64, ReduceOp::sum);
   return std::sqrt(total);
 }
