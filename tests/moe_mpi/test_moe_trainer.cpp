@@ -310,7 +310,8 @@ TEST_F(MoeTrainer, ResumeContinuesBitForBit) {
 
 // Expert parallelism: the experts split over ep of the dp ranks, tokens
 // exchanged by all-to-alls, expert gradients averaged over the
-// expert-data-parallel group. Every ep dividing the world equals one rank.
+// expert-data-parallel group. Every ep dividing the world equals one rank,
+// with recompute and with ZeRO 1 and 3.
 TEST_F(MoeTrainer, ExpertParallelEqualsOneRank) {
   if (world_->size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
   const testing::TrainerRun ref = reference("ep_ref");
@@ -324,9 +325,16 @@ TEST_F(MoeTrainer, ExpertParallelEqualsOneRank) {
                                                                    {"train.recompute", "full"}}),
                                       &mesh),
                  ref, fmt::format("ep {} (dp {}), recompute full", ep, world_->size()));
+    // ZeRO shards the experts' state over their expert-data-parallel group.
+    for (const char* zero : {"1", "3"}) {
+      expect_close(testing::run_trainer(config(fmt::format("ep{}_z{}", n, zero),
+                                               {{"parallel.ep", n}, {"parallel.zero", zero}}),
+                                        &mesh),
+                   ref, fmt::format("ep {} (dp {}) ZeRO-{}", ep, world_->size(), zero));
+    }
     // Per MoE layer and micro-batch: counts, then rows forward, both ways
     // backward (and again under recompute); more than one per step anyway.
-    EXPECT_GT(mesh.ep().stats()[CommOp::all_to_all].calls - before, 32u * 3u);
+    EXPECT_GT(mesh.ep().stats()[CommOp::all_to_all].calls - before, 4u * 32u * 3u);
   }
 }
 
@@ -341,7 +349,7 @@ TEST_F(MoeTrainer, ExpertParallelWithPipelineEqualsOneRank) {
 
 // A checkpoint written at ep 2 (each expert region written once, by its
 // expert-data-parallel group) resumes bit for bit at ep 2, and at ep 1 (dp
-// 2), on one process and at ep 4 it continues the one-rank trace.
+// 2), on one process and at ep 4 with ZeRO-3 it continues the one-rank trace.
 TEST_F(MoeTrainer, ExpertParallelCheckpointsResumeAtAnyEp) {
   if (world_->size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
   const ConfigOverrides ckpt{{"train.checkpoint_interval", "8"}};
@@ -367,9 +375,10 @@ TEST_F(MoeTrainer, ExpertParallelCheckpointsResumeAtAnyEp) {
                                             nullptr, step8, false, true));
   if (world_->size() == 4) {
     DeviceMesh ep4(*world_, 1, 1, 4);
-    resumed.emplace_back("ep 2 -> ep 4",
-                         testing::run_trainer(config("ep_ckpt_ep4", {{"parallel.ep", "4"}}), &ep4,
-                                              step8, false, true));
+    resumed.emplace_back("ep 2 -> ep 4 ZeRO-3",
+                         testing::run_trainer(config("ep_ckpt_ep4", {{"parallel.ep", "4"},
+                                                                     {"parallel.zero", "3"}}),
+                                              &ep4, step8, false, true));
   }
   for (const auto& [what, run] : resumed) {
     ASSERT_EQ(run.records.size(), 8u) << what;

@@ -326,6 +326,14 @@ TEST(Config, MoeKeysParsedSavedAndNamedWhenInvalid) {
   EXPECT_NE(error_of(with, {{"lora.rank", "4"}}).find("LoRA on a mixture of experts"),
             std::string::npos);
   EXPECT_NE(error_of(with, {{"model.preset", "gpt2-124M"}}).find("moe: gpt2"), std::string::npos);
+  // Expert parallelism: saved, and refused by name where it cannot apply.
+  TrainConfig ep = parse_config(with, "run.toml", {{"parallel.ep", "4"}});
+  EXPECT_EQ(parse_config(config_to_toml(ep), "saved.toml").parallel.ep, 4);
+  EXPECT_EQ(error_of(with, {{"parallel.ep", "3"}}),
+            "config: parallel.ep = 3 does not divide moe.experts = 8");
+  EXPECT_EQ(error_of(kBase, {{"parallel.ep", "2"}}),
+            "config: parallel.ep = 2 needs a mixture-of-experts model (moe.experts > 0)");
+  EXPECT_NE(error_of(with, {{"parallel.ep", "0"}}).find("parallel.ep"), std::string::npos);
 }
 
 }  // namespace

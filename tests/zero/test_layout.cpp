@@ -155,6 +155,40 @@ TEST(ZeroMemory, LayoutMatchesTheFormulaUpToPadding) {
   }
 }
 
+// Expert parallelism: a routed experts' flat of their own per unit and
+// dtype, sharded over the expert-data-parallel group (dp 4 = edp 2 x ep 2:
+// dp rank r is edp rank r / 2), the rest over dp as without experts.
+TEST(ZeroLayout, ExpertsShardOverTheirGroup) {
+  ModelConfig c = testing::tiny_llama(false);
+  c.moe.experts = 4;
+  c.moe.top_k = 2;
+  c.moe.hidden_dim = 8;
+  const std::vector<ParamSpec> specs = build_param_specs(c, 0, 1, 1, 2);  // ep rank 1 of 2
+  const std::vector<ParamUnit> units = build_param_units(c);
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    const ZeroLayout layout = make_zero_layout(specs, units, precision, 4, 2);
+    const ZeroLayout plain = make_zero_layout(specs, units, precision, 4);
+    size_t expert_flats = 0;
+    for (size_t i = 0; i < layout.flats.size(); ++i) {
+      const FlatParam& f = layout.flats[i];
+      EXPECT_EQ(f.ranks, f.expert ? 2 : 4);
+      EXPECT_EQ(f.padded, f.shard * f.ranks);
+      EXPECT_EQ(layout.group_rank(i, 3), f.expert ? 1 : 3);
+      for (const FlatMember& m : f.members) EXPECT_EQ(specs[m.param].expert, f.expert);
+      expert_flats += f.expert ? 1 : 0;
+    }
+    EXPECT_EQ(expert_flats, static_cast<size_t>(c.n_layers)) << "one per MoE layer and dtype";
+    EXPECT_EQ(layout.flats.size(), plain.flats.size() + expert_flats);
+    for (const FlatParam& f : plain.flats) EXPECT_FALSE(f.expert);
+  }
+  for (const ParamSpec& spec : specs) {
+    if (!spec.expert) continue;
+    EXPECT_EQ(spec.shape[0], 2) << spec.name << ": experts 2 and 3 of 4";
+    EXPECT_EQ(spec.split.global_shape[0], 4) << spec.name;
+  }
+  EXPECT_THROW(make_zero_layout(specs, units, Precision::fp32, 4, 3), Error);
+}
+
 // LoRA: per unit and dtype, the adapters' flat and the frozen base's; the
 // frozen one counts in the parameters only, its fused projections adjacent.
 TEST(ZeroLayout, LoraSplitsTrainableFromFrozen) {

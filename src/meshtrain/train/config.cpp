@@ -715,11 +715,6 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   MESHTRAIN_CHECK(c.parallel.ep == 1 || c.model.moe.experts % c.parallel.ep == 0,
                   "config: parallel.ep = {} does not divide moe.experts = {}", c.parallel.ep,
                   c.model.moe.experts);
-  MESHTRAIN_CHECK(c.parallel.ep == 1 || c.parallel.zero == 0,
-                  "config: parallel.ep = {} with parallel.zero = {}: ZeRO sharding of expert "
-                  "state over the expert-data-parallel group is not implemented yet (use "
-                  "parallel.zero = 0)",
-                  c.parallel.ep, c.parallel.zero);
   MESHTRAIN_CHECK(!c.model.lora.enabled() || c.parallel.zero <= 2 || c.parallel.offload == "none",
                   "config: lora.rank = {} with parallel.zero = 3 and parallel.offload = \"{}\": "
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "

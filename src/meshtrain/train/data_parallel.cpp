@@ -140,8 +140,10 @@ class ZeroDataParallel final : public DataParallel {
     }
     // Pipelines: each unit's gradients reduced once, after its last backward.
     options.pipeline_micro_batches = pipeline_micro_batches;
-    zero_ = std::make_unique<zero::ShardedDataParallel>(model, mesh.dp(), config.optim.adamw,
-                                                        options);
+    // Under expert parallelism the experts' state is sharded over their group.
+    zero_ = std::make_unique<zero::ShardedDataParallel>(
+        model, mesh.dp(), config.optim.adamw, options,
+        model.expert_parallel().active() ? &mesh.edp() : nullptr);
   }
 
   std::string describe() const override { return describe_zero(*zero_); }

@@ -23,11 +23,19 @@ int64_t ZeroLayout::padding() const {
   return total;
 }
 
+int ZeroLayout::group_rank(size_t flat, int dp_rank) const {
+  return flats[flat].expert ? dp_rank / (dp / expert_dp) : dp_rank;
+}
+
 ZeroLayout make_zero_layout(const std::vector<ParamSpec>& specs,
-                            const std::vector<ParamUnit>& units, Precision precision, int dp) {
+                            const std::vector<ParamUnit>& units, Precision precision, int dp,
+                            int expert_dp) {
   MESHTRAIN_CHECK(dp >= 1, "zero: data-parallel size must be >= 1, got {}", dp);
+  MESHTRAIN_CHECK(expert_dp >= 0 && (expert_dp == 0 || dp % expert_dp == 0),
+                  "zero: the expert-data-parallel size {} does not divide dp {}", expert_dp, dp);
   ZeroLayout layout;
   layout.dp = dp;
+  layout.expert_dp = expert_dp;
   layout.unit_flats.resize(units.size());
   layout.param_flat.assign(specs.size(), static_cast<size_t>(-1));
   layout.param_offset.assign(specs.size(), 0);
@@ -40,27 +48,34 @@ ZeroLayout make_zero_layout(const std::vector<ParamSpec>& specs,
                     unit.first_param, unit.end_param, expected_first);
     expected_first = unit.end_param;
     // Per dtype (the f32 flat, then in mixed precision the compute dtype's;
-    // empty in fp32) the trainable parameters, then the frozen ones.
+    // empty in fp32) the trainable parameters, then the frozen ones; under
+    // expert parallelism the routed experts' after the others of each.
     const DType narrow = compute_dtype(precision);
     for (DType dtype : {DType::f32, narrow == DType::f32 ? DType::bf16 : narrow}) {
       for (bool trainable : {true, false}) {
-        FlatParam flat;
-        flat.unit = u;
-        flat.dtype = dtype;
-        flat.trainable = trainable;
-        for (size_t i = unit.first_param; i < unit.end_param; ++i) {
-          if (param_compute_dtype(specs[i], precision) != dtype) continue;
-          if (specs[i].trainable != trainable) continue;
-          flat.members.push_back({i, flat.numel, specs[i].numel()});
-          layout.param_flat[i] = layout.flats.size();
-          layout.param_offset[i] = flat.numel;
-          flat.numel += specs[i].numel();
+        for (bool expert : {false, true}) {
+          if (expert && expert_dp == 0) continue;
+          FlatParam flat;
+          flat.unit = u;
+          flat.dtype = dtype;
+          flat.trainable = trainable;
+          flat.expert = expert;
+          flat.ranks = expert ? expert_dp : dp;
+          for (size_t i = unit.first_param; i < unit.end_param; ++i) {
+            if (param_compute_dtype(specs[i], precision) != dtype) continue;
+            if (specs[i].trainable != trainable) continue;
+            if (expert_dp > 0 && specs[i].expert != expert) continue;
+            flat.members.push_back({i, flat.numel, specs[i].numel()});
+            layout.param_flat[i] = layout.flats.size();
+            layout.param_offset[i] = flat.numel;
+            flat.numel += specs[i].numel();
+          }
+          if (flat.members.empty()) continue;
+          flat.padded = (flat.numel + flat.ranks - 1) / flat.ranks * flat.ranks;
+          flat.shard = flat.padded / flat.ranks;
+          layout.unit_flats[u].push_back(layout.flats.size());
+          layout.flats.push_back(std::move(flat));
         }
-        if (flat.members.empty()) continue;
-        flat.padded = (flat.numel + dp - 1) / dp * dp;
-        flat.shard = flat.padded / dp;
-        layout.unit_flats[u].push_back(layout.flats.size());
-        layout.flats.push_back(std::move(flat));
       }
     }
   }

@@ -51,8 +51,13 @@ struct ShardedDataParallel::Reduce {
 };
 
 ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const AdamWConfig& adamw,
-                                         const ZeroOptions& options)
-    : model_(model), dp_(dp), adamw_(adamw), options_(options), rank_(dp.rank()) {
+                                         const ZeroOptions& options, Communicator* experts)
+    : model_(model),
+      dp_(dp),
+      experts_(experts),
+      adamw_(adamw),
+      options_(options),
+      rank_(dp.rank()) {
   MESHTRAIN_CHECK(options.stage >= 1 && options.stage <= 3,
                   "zero: stage must be 1, 2 or 3, got {}", options.stage);
   MESHTRAIN_CHECK(model.storage() == ParamStorage::external,
@@ -70,7 +75,11 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
   check_adamw_config(adamw);
   std::vector<ParamSpec> specs;
   for (const Parameter& p : model.params()) specs.push_back(p.spec);
-  layout_ = make_zero_layout(specs, model.units(), model.precision(), dp.size());
+  layout_ = make_zero_layout(specs, model.units(), model.precision(), dp.size(),
+                             experts != nullptr ? experts->size() : 0);
+  MESHTRAIN_CHECK(experts == nullptr || experts->rank() == rank_ / (dp.size() / experts->size()),
+                  "zero: dp rank {} is not rank {} of the expert-data-parallel group (comm/mesh.h)",
+                  rank_, experts != nullptr ? experts->rank() : 0);
   for (const FlatParam& fp : layout_.flats) {
     MESHTRAIN_CHECK(fp.trainable || options.stage <= 2 || options.offload.tier == OffloadTier::none,
                     "zero: frozen parameters (lora.rank > 0) at stage 3 cannot be offloaded "
@@ -94,10 +103,12 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
   for (size_t i = 0; i < flats_.size(); ++i) {
     const FlatParam& fp = layout_.flats[i];
     Flat& f = flats_[i];
-    f.segments = fp.segments(rank_);
+    f.segments = fp.segments(group_rank(i));
     if (stage <= 2) {
       f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, tracker);
-      if (fp.dtype == DType::f32) f.master_alias = f.full.view(fp.shard_begin(rank_), {fp.shard});
+      if (fp.dtype == DType::f32) {
+        f.master_alias = f.full.view(fp.shard_begin(group_rank(i)), {fp.shard});
+      }
       bind_values(i);
     } else if (!params_in_store_) {
       f.compute_shard = Tensor({fp.shard}, fp.dtype, MemCategory::params, tracker);
@@ -110,8 +121,8 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
     } else {
       f.grad_shard = Tensor({fp.shard}, DType::f32, MemCategory::grads, tracker);
     }
-    const std::string name =
-        fmt::format("{}.{}", model.units()[fp.unit].name, dtype_name(fp.dtype));
+    const std::string name = fmt::format("{}.{}{}", model.units()[fp.unit].name,
+                                         dtype_name(fp.dtype), fp.expert ? ".experts" : "");
     for (int64_t begin = 0; begin < fp.shard; begin += options.piece_elems) {
       Piece piece;
       piece.begin = begin;
@@ -249,20 +260,24 @@ void ShardedDataParallel::gather_async(size_t flat) {
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
   f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.backend().tracker());
-  std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
+  std::vector<int64_t> counts(static_cast<size_t>(fp.ranks), fp.shard);
   const void* send = nullptr;
   if (params_in_store_) {
     // The shard streams from the store into its place in the gathered unit: in place.
     char* own = static_cast<char*>(f.full.raw()) +
-                static_cast<size_t>(fp.shard_begin(rank_)) * dtype_size(fp.dtype);
+                static_cast<size_t>(fp.shard_begin(group_rank(flat))) * dtype_size(fp.dtype);
     stream_in_params(flat, own);
     send = own;
   } else {
     send = f.compute_shard.raw();
   }
-  f.gather = dp_.all_gather_async(send, f.full.raw(), counts, comm_dtype(fp.dtype));
+  f.gather = group(flat).all_gather_async(send, f.full.raw(), counts, comm_dtype(fp.dtype));
   timing_.bytes += f.full.bytes();
   f.gather_pending = true;
+}
+
+Communicator& ShardedDataParallel::group(size_t flat) {
+  return layout_.flats[flat].expert ? *experts_ : dp_;
 }
 
 void ShardedDataParallel::wait_gather(size_t flat) {
@@ -415,9 +430,9 @@ void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
     r.recv = Tensor({fp.shard}, DType::f32, MemCategory::grads, tracker);
     r.then = Reduce::Then::add_to_shard;
   }
-  std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
-  r.work = dp_.reduce_scatter_async(r.send.raw(), r.recv.raw(), counts, CommDType::f32,
-                                    ReduceOp::avg);
+  std::vector<int64_t> counts(static_cast<size_t>(fp.ranks), fp.shard);
+  r.work = group(flat).reduce_scatter_async(r.send.raw(), r.recv.raw(), counts, CommDType::f32,
+                                            ReduceOp::avg);
   timing_.bytes += r.send.bytes();
   if (options_.stage >= 2) {
     bind_grads(flat, false);
@@ -436,7 +451,7 @@ void ShardedDataParallel::finish_oldest_reduce() {
   if (r.then == Reduce::Then::add_to_shard) {
     model_.backend().add_inplace(f.grad_shard.data<float>(), received.data<float>(), fp.shard);
   } else if (r.then == Reduce::Then::copy_to_full) {
-    f.grad_full.view(fp.shard_begin(rank_), {fp.shard}).copy_from(received);
+    f.grad_full.view(fp.shard_begin(group_rank(r.flat)), {fp.shard}).copy_from(received);
   }
   reduces_.erase(reduces_.begin());
 }
@@ -493,7 +508,9 @@ void ShardedDataParallel::finish_gradient_sync() {
 
 float* ShardedDataParallel::grad_shard(size_t flat) {
   Flat& f = flats_[flat];
-  if (options_.stage == 1) return f.grad_full.data<float>() + layout_.flats[flat].shard_begin(rank_);
+  if (options_.stage == 1) {
+    return f.grad_full.data<float>() + layout_.flats[flat].shard_begin(group_rank(flat));
+  }
   return f.grad_shard.data<float>();
 }
 
@@ -537,7 +554,7 @@ void* ShardedDataParallel::compute_values(size_t flat) {
   Flat& f = flats_[flat];
   if (options_.stage == 3) return f.compute_shard.raw();
   return static_cast<char*>(f.full.raw()) +
-         static_cast<size_t>(fp.shard_begin(rank_)) * dtype_size(fp.dtype);
+         static_cast<size_t>(fp.shard_begin(group_rank(flat))) * dtype_size(fp.dtype);
 }
 
 void ShardedDataParallel::step(float lr, float grad_scale) {
@@ -611,8 +628,9 @@ void ShardedDataParallel::all_gather_updated(bool frozen_too) {
     Flat& f = flats_[i];
     if (!fp.trainable && !frozen_too) continue;
     wait_gather(i);
-    std::vector<int64_t> counts(static_cast<size_t>(layout_.dp), fp.shard);
-    f.gather = dp_.all_gather_async(compute_values(i), f.full.raw(), counts, comm_dtype(fp.dtype));
+    std::vector<int64_t> counts(static_cast<size_t>(fp.ranks), fp.shard);
+    f.gather =
+        group(i).all_gather_async(compute_values(i), f.full.raw(), counts, comm_dtype(fp.dtype));
     timing_.bytes += f.full.bytes();
     f.gather_pending = true;
   }
@@ -745,7 +763,7 @@ void ShardedDataParallel::gather_full(State state, int root, float* full) {
     Tensor shard({fp.shard}, DType::f32, MemCategory::workspace, tracker);
     Tensor all({fp.padded}, DType::f32, MemCategory::workspace, tracker);
     read_state(i, state, 0, fp.shard, shard.data<float>());
-    dp_.all_gather(shard.raw(), all.raw(), fp.shard, CommDType::f32);
+    group(i).all_gather(shard.raw(), all.raw(), fp.shard, CommDType::f32);
     if (rank_ != root) continue;
     for (const FlatMember& m : fp.members) {
       std::memcpy(full + params[m.param].offset, all.data<float>() + m.offset,

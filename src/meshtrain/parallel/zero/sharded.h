@@ -119,8 +119,12 @@ class ShardedDataParallel : public layout::StateAccess {
  public:
   // `model` must use ParamStorage::external; model and dp must outlive this.
   // Installs the model's unit hooks and binds the stage 1/2 buffers.
+  // experts: under expert parallelism, the expert-data-parallel group (a
+  // split of dp, comm/mesh.h) that the routed experts' flats are sharded and
+  // their gradients averaged over (the model has scaled them by 1 / ep,
+  // expert_parallel.h); null: every parameter over dp.
   ShardedDataParallel(Model& model, Communicator& dp, const AdamWConfig& adamw,
-                      const ZeroOptions& options);
+                      const ZeroOptions& options, Communicator* experts = nullptr);
   ~ShardedDataParallel() override;  // waits for pending calls, removes the hooks
   ShardedDataParallel(const ShardedDataParallel&) = delete;
   ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
@@ -177,6 +181,9 @@ class ShardedDataParallel : public layout::StateAccess {
   struct Flat;
   struct Reduce;
 
+  // Flat `flat`'s group (dp, or the experts'), and this rank's rank in it.
+  Communicator& group(size_t flat);
+  int group_rank(size_t flat) const { return layout_.group_rank(flat, rank_); }
   void before(size_t unit, UnitPass pass);
   void after(size_t unit, UnitPass pass);
   void gather_async(size_t flat);    // stage 3: allocate full, issue its all-gather
@@ -211,6 +218,7 @@ class ShardedDataParallel : public layout::StateAccess {
 
   Model& model_;
   Communicator& dp_;
+  Communicator* experts_;
   AdamWConfig adamw_;
   ZeroOptions options_;
   ZeroLayout layout_;

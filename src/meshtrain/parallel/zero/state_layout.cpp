@@ -36,14 +36,15 @@ layout::ShardMap narrow_to_shard(const ZeroLayout& layout, const std::vector<int
                     piece.local_offset);
     const auto i = static_cast<size_t>(std::prev(it) - param_offsets.begin());
     const FlatParam& fp = layout.flats[layout.param_flat[i]];
+    const int64_t shard_begin = fp.shard_begin(layout.group_rank(layout.param_flat[i], rank));
     // The piece's elements in the flat parameter, cut to this rank's shard.
     const int64_t first = layout.param_offset[i] + (piece.local_offset - param_offsets[i]);
-    const int64_t lo = std::max(first, fp.shard_begin(rank));
-    const int64_t hi = std::min(first + piece.region.numel(), fp.shard_begin(rank) + fp.shard);
+    const int64_t lo = std::max(first, shard_begin);
+    const int64_t hi = std::min(first + piece.region.numel(), shard_begin + fp.shard);
     if (lo >= hi) continue;
     layout::ShardPiece narrowed = piece;
     narrowed.region = layout::narrow_region(piece.region, lo - first, hi - first);
-    narrowed.local_offset = bases[layout.param_flat[i]] + (lo - fp.shard_begin(rank));
+    narrowed.local_offset = bases[layout.param_flat[i]] + (lo - shard_begin);
     map.pieces.push_back(std::move(narrowed));
   }
   return map;
