@@ -36,6 +36,9 @@ struct LocalShape {
   // top_k, routed slots n * k, an expert's and the shared experts' widths.
   double experts = 0, k = 0, slots = 0, moe_f = 0, shared_f = 0;
   bool shared_gate = false, capacity = false, aux = false;
+  // Expert parallelism (parallel.ep > 1): the expert side's buffers, counted
+  // at S rows: what a rank receives when the load is balanced (docs/moe.md).
+  bool ep = false;
   double stats(double rows) const { return 4 * norm_stats * rows; }
 };
 
@@ -65,6 +68,7 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
     s.shared_gate = m.shared_gate;
     s.capacity = m.capacity_factor > 0;
     s.aux = m.aux_loss > 0;
+    s.ep = config.parallel.ep > 1;
   }
   return s;
 }
@@ -78,7 +82,8 @@ double moe_block_bytes(const LocalShape& s) {
              + 2 * 4 * n * s.k + 2 * 4 * S + 4 * E          // indices, weights; slots, rows; counts
              + (s.capacity ? 4 * E : 0)                     // kept
              + s.e * S * s.d + 4 * S * 2 * s.moe_f          // xp, pre
-             + s.e * S * s.moe_f + 4 * S * s.d;             // act, y
+             + s.e * S * s.moe_f + 4 * S * s.d              // act, y
+             + (s.ep ? s.e * S * s.d : 0);                  // xe: the rows received
   if (s.shared_f > 0) b += 4 * n * 2 * s.shared_f + s.e * n * s.shared_f + 4 * n * s.d;
   if (s.shared_gate) b += 3 * 4 * n;                        // gate prob, index, weight
   return b;
@@ -91,7 +96,8 @@ double moe_workspace_bytes(const LocalShape& s) {
              + s.e * S * s.d + 4 * n * s.k                  // d(y), d(weights)
              + 4 * S * s.moe_f + s.e * S * 2 * s.moe_f      // d(act), d(pre)
              + 4 * S * s.d                                  // d(xp)
-             + (s.aux ? 4 * E : 0);                         // the load-balancing score gradient
+             + (s.aux ? 4 * E : 0)                          // the load-balancing score gradient
+             + (s.ep ? (3 * 4 + s.e) * S * s.d : 0);        // staging, ye, d(xe); d(ye)
   if (s.shared_f > 0) w += 4 * n * s.d;                     // moe_dx
   if (s.shared_gate) w += 4 * n * s.d + 3 * 4 * n;         // shared d; gate d, logits; iota
   return w;
@@ -412,6 +418,12 @@ double evaluation_workspace_bytes(const LocalShape& s, BlockKinds kinds) {
 // (a frozen one: master only): the replica-0 pieces of its shard map, narrowed as the engine narrows it (Model::shard_map
 // by params_shard_map, then DataParallel::shard_map: ZeRO's shards or DDP's
 // split of the writing).
+// ZeRO's expert_dp (flat_param.h): the expert-data-parallel size under
+// expert parallelism, else 0 (experts flattened with the rest).
+int expert_dp_size(const TrainConfig& config, int dp) {
+  return config.parallel.ep > 1 ? dp / config.parallel.ep : 0;
+}
+
 int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& held,
                                const StageLayers& stage, MeshCoord coord, int dp) {
   const ModelConfig& model = config.model;
@@ -427,12 +439,19 @@ int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& hel
     offset += held.specs[i].numel();
   }
   layout::ShardMap map = params_shard_map(held.specs, coord.tp, duplicate);
+  const int ep = config.parallel.ep;
   if (config.parallel.zero > 0) {
-    const zero::ZeroLayout layout =
-        zero::make_zero_layout(held.specs, held.units, config.train.precision, dp);
+    const zero::ZeroLayout layout = zero::make_zero_layout(
+        held.specs, held.units, config.train.precision, dp, expert_dp_size(config, dp));
     map = zero::narrow_to_shard(layout, offsets, map, coord.dp);
   } else if (dp > 1) {
-    map = split_replica_writes(map, dp, coord.dp);
+    // Routed experts' replicas: the expert-data-parallel group (comm/mesh.h).
+    std::vector<ReplicaGroup> groups;
+    for (const ParamSpec& spec : held.specs) {
+      groups.push_back(ep > 1 && spec.expert ? ReplicaGroup{dp / ep, coord.dp / ep}
+                                             : ReplicaGroup{dp, coord.dp});
+    }
+    map = split_replica_writes(map, groups);
   }
   return map.owned_state_numel();
 }
@@ -601,7 +620,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
   check_tensor_parallel_split(model, tp);
   const StageParams held =
-      select_stage_params(model, stage, build_param_specs(model, coord.tp, tp));
+      select_stage_params(model, stage,
+                          build_param_specs(model, coord.tp, tp, coord.dp % p.ep, p.ep));
   if (stage.whole()) {
     stage.chunks = {{0, model.n_layers}};
     stage.first = stage.last = true;
@@ -628,7 +648,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     grads = 4 * trainable;
     optimizer = 8 * trainable;
   } else {
-    const zero::ZeroLayout layout = zero::make_zero_layout(held.specs, held.units, precision, dp);
+    const zero::ZeroLayout layout = zero::make_zero_layout(held.specs, held.units, precision, dp,
+                                                           expert_dp_size(config, dp));
     const zero::ModelStateBytes state = zero::layout_model_state_bytes(layout, p.zero);
     params = static_cast<double>(state.params);
     grads = static_cast<double>(state.grads);

@@ -56,6 +56,8 @@ void MetricsLog::on_step(const StepRecord& r) {
                         {"gates_ms", r.gates_ms},
                         {"comm_bytes", r.comm_bytes},
                         {"tp_comm_bytes", r.tp_comm_bytes},
+                        {"ep_comm_bytes", r.ep_comm_bytes},
+                        {"ep_comm_ms", r.ep_comm_ms},
                         {"skipped", r.skipped},
                         {"skipped_steps", r.skipped_steps},
                         {"loss_scale", r.loss_scale}};
@@ -99,7 +101,11 @@ void MetricsLog::on_step(const StepRecord& r) {
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
                "MFU {:.1f}% | {:.1f} ms{}{}{}{}\n",
                r.step, train_.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu * 100,
-               r.step_ms, moe_summary(r.moe),
+               r.step_ms,
+               moe_summary(r.moe) + (r.ep_comm_bytes > 0
+                                         ? fmt::format(" | all-to-all {:.1f} ms, {:.2f} MB",
+                                                       r.ep_comm_ms, r.ep_comm_bytes / 1e6)
+                                         : ""),
                show_comm_
                    ? fmt::format(" | comm {:.1f} ms, {:.1f} exposed", r.comm_ms, r.exposed_comm_ms)
                    : "",

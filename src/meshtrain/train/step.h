@@ -61,6 +61,11 @@ struct StepRecord {
   double pp_bubble = 0, pp_bubble_theory = 0;
   int64_t pp_in_flight = 0;
   uint64_t tp_comm_bytes = 0;  // tensor parallel: the tp group's collectives (CallRecord::bytes)
+  // Expert parallelism (ep > 1): the ep group's all-to-alls in the step, the
+  // bytes this rank sent and their busy time. The compute waits for each
+  // (dispatch and combine block), so all of it is exposed.
+  uint64_t ep_comm_bytes = 0;
+  double ep_comm_ms = 0;
   // ZeRO with parallel.offload cpu/disk: the store's traffic in the step and its
   // read-ahead (acquires that found their chunk read vs. had to wait for it).
   bool offloaded = false;

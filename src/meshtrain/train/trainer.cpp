@@ -361,6 +361,8 @@ StepRecord Trainer::train_step() {
   const float grad_scale = 1.0f / static_cast<float>(per_rank);
   const TensorParallel& tp = model_->tensor_parallel();
   const uint64_t tp_bytes = tp.active() ? tp.comm->stats().total().bytes : 0;
+  const ExpertParallel& ep = model_->expert_parallel();
+  const OpStats ep_before = ep.active() ? ep.comm->stats().total() : OpStats{};
   const double data_wait = loader_->stats().wait_seconds;
 
   StepRecord r;
@@ -413,6 +415,11 @@ StepRecord Trainer::train_step() {
   ++step_;  // a skipped step still consumed its batch and its LR
 
   if (tp.active()) r.tp_comm_bytes = tp.comm->stats().total().bytes - tp_bytes;
+  if (ep.active()) {
+    const OpStats ep_after = ep.comm->stats().total();
+    r.ep_comm_bytes = ep_after.bytes - ep_before.bytes;
+    r.ep_comm_ms = (ep_after.busy_seconds - ep_before.busy_seconds) * 1e3;
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto tokens = static_cast<double>(t.tokens_per_step());
