@@ -20,6 +20,9 @@ enum class Metric {
   causal_model_tflops,
   mfu,              // model FLOPs utilisation (Korthikanti 2022)
   tokens_per_gpu,   // tokens/s per GPU (torchtitan)
+  // TFLOP/s per GPU of model FLOPs (active parameters of a MoE, full
+  // attention, no recomputation): Megatron-Core's MoE figures.
+  model_tflops,
 };
 
 struct PublishedRun {
@@ -29,6 +32,8 @@ struct PublishedRun {
   double stated_to = 0;         // its rounding: 0.1e9 for "1.7B"
   std::string gpu;
   int64_t gpus = 0, tp = 1, cp = 1, pp = 1, dp = 1, seq = 2048, global_batch = 0;
+  int64_t ep = 1;
+  std::optional<int64_t> vpp = std::nullopt;
   int zero = 0;
   std::optional<Recompute> recompute = std::nullopt;
   std::optional<int64_t> micro_batch = std::nullopt;
@@ -130,6 +135,25 @@ inline std::vector<PublishedRun> published_runs() {
   titan.metric = Metric::tokens_per_gpu;
   titan.published = 2973;  // +9%: FSDP's inter-node gathers, on a network the page does not state
   runs.push_back(titan);
+  // Megatron-Core's MoE README (megatron/core/transformer/moe/README.md,
+  // "Reference Best Parallel Mapping", MCore v0.8): Mixtral 8x7B dropless,
+  // BF16, 64 H100, seq 4096, TP 1 EP 8 PP 4 VP 8, MBS 1, GBS 256, distributed
+  // optimizer: 438 TFLOP/s per GPU ("boosts Mixtral 8X7B bf16 training to
+  // achieve 438 TFLOPS as of MCore v0.8").
+  PublishedRun mixtral{"Megatron-Core Mixtral 8x7B", "Megatron-Core MoE README (MCore v0.8)",
+                       plan_model("mixtral-8x7b").config, 46.7e9, 0.1e9, "h100-sxm"};
+  mixtral.gpus = 64;
+  mixtral.ep = 8;
+  mixtral.pp = 4;
+  mixtral.vpp = 8;
+  mixtral.dp = 16;
+  mixtral.seq = 4096;
+  mixtral.global_batch = 256;
+  mixtral.micro_batch = 1;
+  mixtral.zero = 1;
+  mixtral.metric = Metric::model_tflops;
+  mixtral.published = 438;
+  runs.push_back(mixtral);
   return runs;
 }
 

@@ -20,7 +20,7 @@ namespace {
 
 TEST(Presets, ParameterCountsWithinOnePercentOfPublished) {
   const std::vector<std::string> names = plan_model_names();
-  ASSERT_EQ(names.size(), 11u);
+  ASSERT_EQ(names.size(), 13u);
   for (const std::string& name : names) {
     const PlanModel m = plan_model(name);
     ASSERT_GT(m.published_params, 0) << name;
@@ -37,6 +37,7 @@ TEST(Presets, ExactCountsOfTheOfficialCheckpoints) {
   EXPECT_EQ(plan_model("gpt2-1.5b").config.num_params(), 1557611200);
   EXPECT_EQ(plan_model("llama1-65b").config.num_params(), 65285660672);  // huggyllama/llama-65b
   EXPECT_EQ(plan_model("llama2-7b").config.num_params(), 6738415616);
+  EXPECT_EQ(plan_model("mixtral-8x7b").config.num_params(), 46702792704);
   EXPECT_EQ(plan_model("llama2-13b").config.num_params(), 13015864320);
   EXPECT_EQ(plan_model("llama2-70b").config.num_params(), 68976648192);
   EXPECT_EQ(plan_model("llama3-8b").config.num_params(), 8030261248);
@@ -109,28 +110,41 @@ TEST(Flops, MatchACountOfTheMatmuls) {
   }
 }
 
-// The GPU planner models dense blocks only: a MoE model is refused by name
-// rather than planned as a dense one; the engine's own FLOPs count active
-// parameters (top_k of E experts).
-TEST(Flops, MixturesOfExpertsAreRefusedByThePlannerAndCountActiveParameters) {
-  ModelConfig c = plan_model("llama2-7b").config;
-  const double dense = c.train_flops_per_token(4096);
-  c.moe.experts = 8;
-  c.moe.top_k = 2;
-  c.moe.hidden_dim = c.hidden_dim;
-  Job job;
-  job.seq = 4096;
-  try {
-    make_context(c, job);
-    ADD_FAILURE() << "a MoE model was planned";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("moe.experts = 8"), std::string::npos) << e.what();
+// Mixtures of experts: the planner's closed-form counts equal the registry's
+// (total parameters, active FLOPs with the router and shared experts, the
+// routed experts' share), for Mixtral and for a DeepSeek-style layout with
+// dense first layers, a gated shared expert and a selection bias; a token's
+// dense view has the active width.
+TEST(Flops, MixturesOfExpertsCountTheRegistryAndActiveParameters) {
+  ModelConfig deepseek = plan_model("llama2-7b").config;
+  deepseek.n_layers = 6;
+  deepseek.moe.experts = 16;
+  deepseek.moe.top_k = 4;
+  deepseek.moe.hidden_dim = 1024;
+  deepseek.moe.first_dense = 2;
+  deepseek.moe.shared_hidden = 2048;
+  deepseek.moe.shared_gate = true;
+  deepseek.moe.score = ops::RouterScore::sigmoid;
+  deepseek.moe.bias_update_rate = 0.001;
+  for (const ModelConfig& c : {plan_model("mixtral-8x7b").config, deepseek}) {
+    const TransformerCounts n = count_transformer(c);
+    EXPECT_NEAR(n.total_params / static_cast<double>(c.num_params()), 1.0, 1e-12);
+    double experts = 0;
+    for (const ParamSpec& spec : build_param_specs(c)) {
+      if (spec.expert) experts += static_cast<double>(spec.numel());
+    }
+    EXPECT_NEAR(n.layer_expert_params * static_cast<double>(c.n_layers) / experts, 1.0, 1e-12);
+    Job job;
+    job.seq = 4096;
+    EXPECT_NEAR(make_context(c, job).model_flops_per_token / c.train_flops_per_token(4096), 1.0,
+                1e-12);
   }
-  // Mixtral-style: every layer's feed-forward becomes 8 experts of the same width, 2 active;
-  // the active FLOPs grow by the router's GEMM and the second expert.
-  const double ffn = 6.0 * 3.0 * static_cast<double>(c.dim * c.hidden_dim) * c.n_layers;
-  const double router = 6.0 * static_cast<double>(c.dim * 8) * c.n_layers;
-  EXPECT_NEAR(c.train_flops_per_token(4096) / (dense + ffn + router), 1.0, 1e-12);
+  const ModelConfig mixtral = plan_model("mixtral-8x7b").config;
+  EXPECT_EQ(active_dense_view(mixtral).hidden_dim, 2 * 14336);
+  EXPECT_FALSE(active_dense_view(mixtral).moe.enabled());
+  // (2 dense layers of 11008 + 4 MoE layers of 4 x 1024 + 2048) / 6.
+  EXPECT_EQ(active_dense_view(deepseek).hidden_dim, (2 * 11008 + 4 * 6144) / 6);
+  EXPECT_EQ(count_transformer(deepseek).moe_layers, 4);
 }
 
 TEST(Flops, RecomputationAddsTheForwardItRepeats) {

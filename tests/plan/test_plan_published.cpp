@@ -35,6 +35,8 @@ Prediction predict(const PublishedRun& r) {
   opt.gpu_counts = {r.gpus};
   opt.fixed.tp = r.tp;
   opt.fixed.cp = r.cp;
+  opt.fixed.ep = r.ep;
+  if (r.vpp) opt.fixed.vpp = *r.vpp;
   opt.fixed.pp = r.pp;
   opt.fixed.dp = r.dp;
   opt.fixed.zero = r.zero;
@@ -59,6 +61,7 @@ Prediction predict(const PublishedRun& r) {
       break;
     }
     case Metric::mfu: p.value = e.mfu; break;
+    case Metric::model_tflops: p.value = e.model_flops_per_step / per_gpu / 1e12; break;
     case Metric::tokens_per_gpu: p.value = e.tokens_per_second / static_cast<double>(e.gpus); break;
   }
   p.error = p.value / r.published - 1;

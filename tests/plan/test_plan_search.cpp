@@ -388,5 +388,66 @@ TEST(Calibration, RecoversTheEfficiencyOfAMeasuredStep) {
             std::string::npos);
 }
 
+// Mixtral 8x7B on 64 H100 with expert parallelism: the routed experts' state
+// falls as 1 / ep while the rest stays; the all-to-alls are priced on the
+// node's links while the ep group (x tp) fits in a node and on the
+// inter-node links beyond; bad layouts say why; the search covers ep.
+TEST(ExpertParallel, ShardsExpertStateAndPricesTheAllToAlls) {
+  const ModelConfig model = plan_model("mixtral-8x7b").config;
+  Job job;
+  job.seq = 4096;
+  job.global_batch = 256;
+  job.tokens = 1e12;
+  job.checkpoint_interval_seconds = 0;
+  const PlanContext ctx = make_context(model, job);
+  const Cluster cl = make_cluster(gpu_spec("h100-sxm"), 64, 8);
+  auto at = [&](int64_t tp, int64_t ep, int zero) {
+    Layout l = tp_layout(tp, 1, 64 / tp, zero);
+    l.ep = ep;
+    l.recompute = Recompute::full;
+    EXPECT_EQ(check_layout(ctx, cl, job, l), "");
+    return evaluate(ctx, cl, job, l);
+  };
+  const TransformerCounts& n = ctx.counts;
+  const double experts = n.layer_expert_params * static_cast<double>(model.n_layers);
+  const Estimate ep1 = at(1, 1, 0), ep8 = at(1, 8, 0);
+  // DDP: 2 bytes of bf16 weights per parameter; the experts' are 1 / 8 at ep 8.
+  EXPECT_NEAR(ep1.params_per_rank - ep8.params_per_rank, experts * 7.0 / 8.0, 1);
+  EXPECT_NEAR(ep1.memory.params - ep8.memory.params, 2 * experts * 7.0 / 8.0, 1e3);
+  EXPECT_EQ(ep1.time.ep, 0);
+  EXPECT_GT(ep8.time.ep, 0);
+  // 4 all-to-alls per MoE layer and micro-batch (6 with full recomputation) of
+  // the rank's tokens x top_k x dim in bf16.
+  const double per_call = 4096.0 * 2 * 4096 * 2;
+  EXPECT_NEAR(ep8.ep_bytes_per_step, 4.0 * 32 * 6 * per_call, 1);
+  // ZeRO-1 shards the experts' optimizer state over dp / ep = 8 ranks, the rest over 64.
+  const Estimate z1 = at(1, 8, 1);
+  const double dense = n.total_params - experts;
+  EXPECT_NEAR(z1.memory.optimizer, 12 * (dense / 64 + experts / 8 / 8), 1e3);
+  // ep 8 x tp 2 spans 16 GPUs: the all-to-alls leave the node and cost more.
+  const Estimate inter = at(2, 8, 0), intra = at(2, 4, 0);
+  EXPECT_GT(inter.time.ep / inter.ep_bytes_per_step, 2 * intra.time.ep / intra.ep_bytes_per_step);
+
+  Layout bad = tp_layout(1, 1, 64, 0);
+  bad.ep = 3;
+  EXPECT_EQ(check_layout(ctx, cl, job, bad), "ep 3 does not divide dp 64");
+  bad.ep = 16;
+  EXPECT_EQ(check_layout(ctx, cl, job, bad), "ep 16 does not divide the 8 experts");
+  const PlanContext dense_ctx = make_context(plan_model("llama2-7b").config, job);
+  bad.ep = 2;
+  EXPECT_EQ(check_layout(dense_ctx, cl, job, bad), "ep > 1 needs a mixture-of-experts model");
+
+  SearchOptions opt;
+  opt.gpu_counts = {64};
+  opt.fixed.tp = 1;
+  opt.fixed.pp = 1;
+  opt.top = 3;
+  const SearchResult all = search(ctx, cl, job, opt);
+  ASSERT_FALSE(all.ranked.empty());
+  EXPECT_GT(all.ranked.front().layout.ep, 1) << "the experts do not fit whole on every GPU";
+  opt.fixed.ep = 4;
+  for (const Estimate& e : search(ctx, cl, job, opt).ranked) EXPECT_EQ(e.layout.ep, 4);
+}
+
 }  // namespace
 }  // namespace meshtrain::plan

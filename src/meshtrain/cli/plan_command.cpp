@@ -82,6 +82,7 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
       ->capture_default_str();
   p.add_option("--tp", a.tp, "Fix tensor parallelism");
   p.add_option("--cp", a.cp, "Fix context parallelism (sequence split, all-gathered K/V)");
+  p.add_option("--ep", a.ep, "Fix expert parallelism (MoE models: experts split over ep of the dp ranks)");
   p.add_option("--pp", a.pp, "Fix pipeline parallelism");
   p.add_option("--vpp", a.vpp, "Fix virtual pipeline stages (interleaved schedule)");
   p.add_option("--dp", a.dp, "Fix data parallelism (with --config: the run's dp size, default 1)");
@@ -273,6 +274,7 @@ int run_plan(const PlanArgs& a) {
   if (a.dp) f.dp = a.dp;
   if (a.micro_batch) f.micro_batch = a.micro_batch;
   if (a.cp) f.cp = a.cp;
+  if (a.ep) f.ep = a.ep;
   if (a.shard == "dp") {
     f.shard = 0;
   } else if (!a.shard.empty()) {

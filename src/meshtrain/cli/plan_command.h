@@ -27,7 +27,7 @@ struct PlanArgs {
   std::string finetune = "none", lora_targets = "all", pp_split = "balanced", attention = "flash";
   int64_t lora_rank = 16;
   // Fixed choices (0 / -1 / "" = searched).
-  int64_t tp = 0, cp = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0;
+  int64_t tp = 0, cp = 0, ep = 0, pp = 0, vpp = 0, dp = 0, micro_batch = 0;
   std::string shard;  // a group size, or "dp" (full sharding)
   int zero = -1;
   std::string recompute, sp, offload, schedule;

@@ -22,6 +22,10 @@ double all_gather_seconds(double bytes, int64_t n, const Link& link) {
   return reduce_scatter_seconds(bytes, n, link);
 }
 
+double all_to_all_seconds(double bytes, int64_t n, const Link& link) {
+  return reduce_scatter_seconds(bytes, n, link);  // the same latency and busbw terms
+}
+
 double send_recv_seconds(double bytes, const Link& link) {
   return link.latency + bytes / link.bus_bandwidth;
 }

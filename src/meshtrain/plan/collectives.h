@@ -16,5 +16,8 @@ double all_reduce_seconds(double bytes, int64_t n, const Link& link);
 double reduce_scatter_seconds(double bytes, int64_t n, const Link& link);
 double all_gather_seconds(double bytes, int64_t n, const Link& link);
 double send_recv_seconds(double bytes, const Link& link);
+// All-to-all of `bytes` per rank (each rank keeps 1/n of it and sends the
+// rest, (n-1) exchanges): (n-1) latencies + (n-1)/n bytes at the bus bandwidth.
+double all_to_all_seconds(double bytes, int64_t n, const Link& link);
 
 }  // namespace meshtrain::plan

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "meshtrain/plan/option_names.h"
+#include "meshtrain/plan/transformer.h"
 
 namespace meshtrain::plan {
 
@@ -103,7 +104,7 @@ OpTime streaming(std::string name, double bytes, const GpuSpec& gpu, bool recomp
 
 OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape& x) {
   const Sizes z = sizes(x);
-  const double h = static_cast<double>(c.dim), f = static_cast<double>(c.hidden_dim);
+  const double h = static_cast<double>(c.dim), f = active_mlp_width(c);
   const double q = static_cast<double>(c.n_heads * c.head_dim());
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
   const bool rope = c.recipe().positions == Positions::rope;
@@ -161,6 +162,21 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
                          full || (swiglu && x.recompute == Recompute::selective));
   out.add(act);
   out.add(linear(swiglu ? "down" : "fc2", f / t, h, all, lc));
+  if (const MoeConfig& m = c.moe; m.enabled()) {
+    // Mixture of experts (the MLP GEMMs above ran at the active width, as a
+    // grouped GEMM does): the f32 router and the permute / unpermute of the
+    // top_k copies of each token, averaged over the layers like the rest.
+    const TransformerCounts n = count_transformer(c);
+    const double share = n.moe_layers / static_cast<double>(c.n_layers);
+    const double E = static_cast<double>(m.experts), k = static_cast<double>(m.top_k);
+    OpTime router{"router", share * 2 * T * h * E};
+    router.forward = share * gemm_seconds(T, E, h, 4, gpu);
+    router.backward = share * 2 * gemm_seconds(T, E, h, 4, gpu);
+    if (full) router.recompute = router.forward;
+    out.add(router);
+    OpTime moves = streaming("permute + unpermute", share * 2 * 2 * T * k * h * e, gpu, full);
+    out.add(moves);
+  }
   if (x.dropout) out.add(streaming("dropout (2)", 2 * z.norm_tokens * h * (2 * e + 1), gpu, full));
   return out;
 }

@@ -17,7 +17,12 @@ namespace {
 struct StageMemory {
   MemoryBreakdown memory;
   double psi = 0;  // trainable parameters on this rank before ZeRO sharding
+  double psi_experts = 0;  // of them, routed experts' (sharded over dp / ep, not dp)
 };
+
+// The ranks a layout's expert state is sharded over (ZeRO) and its gradients
+// reduced over: the expert-data-parallel group, dp / ep of the shard group.
+int64_t expert_shards(const Layout& l) { return std::max<int64_t>(1, l.shards() / l.ep); }
 
 // Memory of pipeline stage `stage` holding `layers` blocks.
 StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l,
@@ -46,11 +51,16 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
     mem.grads = states.grads;
     mem.optimizer = states.optimizer;
   } else {
-    out.psi = params / t;
-    const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
-    mem.params = states.params;
-    mem.grads = states.grads;
-    mem.optimizer = states.optimizer;
+    // Routed experts: E / ep of them on this rank, whole (expert tp = 1).
+    out.psi_experts = blocks * n.layer_expert_params / static_cast<double>(l.ep);
+    out.psi = (params - blocks * n.layer_expert_params) / t + out.psi_experts;
+    const ModelStates dense =
+        model_state_memory(out.psi - out.psi_experts, bytes, l.zero, l.shards());
+    const ModelStates experts =
+        model_state_memory(out.psi_experts, bytes, l.zero, expert_shards(l));
+    mem.params = dense.params + experts.params;
+    mem.grads = dense.grads + experts.grads;
+    mem.optimizer = dense.optimizer + experts.optimizer;
   }
   if (l.offload == Offload::optimizer) {
     mem.offloaded = mem.optimizer;
@@ -58,7 +68,7 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
   }
 
   const double e = job.precision == Precision::bf16 ? 2 : 4;
-  ActivationShape shape{ctx.model, job.seq, l.micro_batch, l.tp, l.sequence_parallel,
+  ActivationShape shape{ctx.active, job.seq, l.micro_batch, l.tp, l.sequence_parallel,
                         l.recompute, job.dropout, e, l.cp};
   const Schedule schedule = l.pp == 1 ? Schedule::one_f_one_b : l.schedule;
   const double inflight = inflight_microbatches(schedule, l.pp, l.vpp, microbatches, stage);
@@ -74,7 +84,7 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
 
   const double tokens = static_cast<double>(job.seq * l.micro_batch) / static_cast<double>(l.cp);
   const double sbh = tokens * static_cast<double>(ctx.model.dim);
-  const double mlp_width = static_cast<double>(ctx.model.hidden_dim) *
+  const double mlp_width = static_cast<double>(ctx.active.hidden_dim) *
                            static_cast<double>(ctx.model.recipe().ff_in_factor());
   mem.workspace = job.reserve_bytes + 2 * e * tokens * mlp_width / t +
                   (l.sequence_parallel ? e * sbh : 0);
@@ -178,16 +188,20 @@ void dp_time(const Cluster& cl, const Layout& l, const StateBytes& bytes, double
 }
 
 // The ZeRO-3 units of the whole model (ZeRO-3 runs with pp = 1): embedding,
-// blocks, head, with their weights and gradients on this tp rank.
+// blocks, head, with their weights and gradients on this tp rank. experts:
+// the routed experts' part of each block instead (E / ep of them, gathered
+// over their own group; the ends hold none), else the rest.
 std::vector<ShardedUnit> sharded_units(const PlanContext& ctx, const Job& job, const Layout& l,
                                        const OpsTime& layer, const OpsTime& embedding,
-                                       const OpsTime& head) {
+                                       const OpsTime& head, bool experts) {
   const TransformerCounts& n = ctx.counts;
   const StateBytes bytes = state_bytes(job.precision, job.optimizer);
   const double t = static_cast<double>(l.tp);
   const Finetune& ft = job.finetune;
-  ShardedUnit block{n.layer_params / t * bytes.weights, n.layer_params / t * bytes.grads,
-                    layer.forward, layer.backward + layer.recompute};
+  const double held = experts ? n.layer_expert_params / static_cast<double>(l.ep)
+                              : (n.layer_params - n.layer_expert_params) / t;
+  ShardedUnit block{held * bytes.weights, held * bytes.grads, layer.forward,
+                    layer.backward + layer.recompute};
   if (ft.adapters()) {
     const double lora = lora_layer_params(ctx.model, ft) / t;
     block.weight_bytes = (n.layer_matmul_params * frozen_weight_bytes(ft) +
@@ -196,18 +210,21 @@ std::vector<ShardedUnit> sharded_units(const PlanContext& ctx, const Job& job, c
     block.grad_bytes = lora * bytes.grads;
   }
   const double trained_ends = ft.adapters() ? 0.0 : bytes.grads;
+  const double ends = experts ? 0.0 : 1.0 / t;
   std::vector<ShardedUnit> units;
-  units.push_back({n.embedding_params / t * bytes.weights, n.embedding_params / t * trained_ends,
-                   embedding.forward, embedding.backward});
+  units.push_back({n.embedding_params * ends * bytes.weights,
+                   n.embedding_params * ends * trained_ends, embedding.forward,
+                   embedding.backward});
   units.insert(units.end(), static_cast<size_t>(ctx.model.n_layers), block);
-  units.push_back({n.head_params / t * bytes.weights, n.head_params / t * trained_ends,
+  units.push_back({n.head_params * ends * bytes.weights, n.head_params * ends * trained_ends,
                    head.forward, head.backward});
   return units;
 }
 
 void name_bottleneck(Estimate& est) {
-  const std::array<std::pair<const char*, double>, 9> overheads{
+  const std::array<std::pair<const char*, double>, 10> overheads{
       {{"bubble", est.time.bubble},
+       {"EP comm", est.time.ep},
        {"optimizer step", est.time.optimizer},
        {"TP comm", est.time.tp},
        {"CP comm", est.time.cp},
@@ -342,12 +359,43 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
     est.time.cp = mb * layers * std::max(0.0, per_layer - attention);
   }
   {
-    std::vector<ShardedUnit> units;
+    std::vector<ShardedUnit> units, expert_units;
     if (l.zero == 3) {
-      units = sharded_units(ctx, job, l, layer, embedding_time(model, gpu, shape),
-                            head_time(model, gpu, shape));
+      const OpsTime embed = embedding_time(model, gpu, shape), head = head_time(model, gpu, shape);
+      units = sharded_units(ctx, job, l, layer, embed, head, false);
+      expert_units = sharded_units(ctx, job, l, layer, embed, head, true);
     }
-    dp_time(cl, l, bytes, worst.psi, units, mb, t_mb, est);
+    dp_time(cl, l, bytes, worst.psi - worst.psi_experts, units, mb, t_mb, est);
+    if (worst.psi_experts > 0) {
+      // The routed experts' gradients (and ZeRO state) over the
+      // expert-data-parallel group: dp / ep ranks, ep x tp x cp apart (the
+      // link of a group that wide).
+      Layout group = l;
+      group.dp = l.dp / l.ep;
+      group.shard = l.shard > 0 ? l.shard / l.ep : 0;
+      group.tp = l.tp * l.ep;
+      Estimate experts;
+      dp_time(cl, group, bytes, worst.psi_experts, expert_units, mb, t_mb, experts);
+      est.dp_comm_raw += experts.dp_comm_raw;
+      est.time.dp = l.zero == 3 ? est.time.dp + experts.time.dp
+                                : std::max(0.0, est.dp_comm_raw - est.dp_overlap_window);
+    }
+  }
+  // EP: per MoE layer and micro-batch, the dispatch and combine all-to-alls of
+  // this rank's top_k copies of its tokens forward, their gradients backward
+  // (and the forward's again under full recomputation); not overlapped.
+  if (l.ep > 1) {
+    const Link& link = l.tp * l.cp * l.ep <= cl.gpus_per_node ? cl.intra : cl.inter;
+    const double tokens = static_cast<double>(job.seq * l.micro_batch) /
+                          static_cast<double>(l.cp) /
+                          (l.sequence_parallel ? static_cast<double>(l.tp) : 1.0);
+    const double per_call = tokens * static_cast<double>(model.moe.top_k) *
+                            static_cast<double>(model.dim) * e;
+    const double moe_layers =
+        layers * ctx.counts.moe_layers / static_cast<double>(model.n_layers);
+    const double per_layer = l.recompute == Recompute::full ? 6 : 4;
+    est.ep_bytes_per_step = mb * moe_layers * per_layer * per_call;
+    est.time.ep = mb * moe_layers * per_layer * all_to_all_seconds(per_call, l.ep, link);
   }
   // PP: one activation forward and one gradient backward per micro-batch and
   // stage boundary on the critical path (scatter-gather: 1/tp of it each).
@@ -359,7 +407,10 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   // The optimizer step streams its shard of the states through HBM once: read
   // the gradient, read and write the optimizer state (incl. the fp32 master),
   // write the 16-bit weights (fp32: read and write the weights).
-  const double shard = worst.psi / (l.zero >= 1 ? static_cast<double>(l.shards()) : 1.0);
+  const double shard =
+      l.zero >= 1 ? (worst.psi - worst.psi_experts) / static_cast<double>(l.shards()) +
+                        worst.psi_experts / static_cast<double>(expert_shards(l))
+                  : worst.psi;
   if (l.offload == Offload::none) {
     const double touched = bytes.grads + 2 * bytes.optimizer +
                            (job.precision == Precision::bf16 ? 1 : 2) * bytes.weights;

@@ -7,6 +7,19 @@
 namespace meshtrain::plan {
 namespace {
 
+// Mixtral: a Llama whose every feed-forward is E SwiGLU experts of width
+// `expert`, top k renormalised (model/config.h MoeConfig).
+ModelConfig mixtral(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t expert,
+                    int64_t experts, int64_t top_k, int64_t vocab, int64_t seq, float rope_theta) {
+  ModelConfig c = llama_shape(dim, layers, heads, kv_heads, expert, vocab, seq, /*tied=*/false,
+                              rope_theta);
+  c.moe.experts = experts;
+  c.moe.top_k = top_k;
+  c.moe.hidden_dim = expert;
+  c.moe.renormalize = true;
+  return c;
+}
+
 // Every Llama-2 / Llama-3 model has its own lm_head.
 ModelConfig llama(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
                   int64_t vocab, int64_t seq, float rope_theta) {
@@ -21,6 +34,9 @@ std::vector<PlanModel> published() {
   const std::string l2_src = "Llama-2 HF config.json; sizes 6.74B / 13.0B / 69.0B as the HF hub lists them";
   const std::string l3_src = "Llama-3 HF config.json; sizes 8B / 70B / 405B (Llama 3 paper, table 3)";
   const std::string l1_src = "LLaMA 65B (Touvron et al. 2023, table 2: 65.2B), the QLoRA paper's largest model";
+  const std::string mixtral_src =
+      "mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1 HF config.json; sizes 46.7B (Mixtral "
+      "paper, section 2) and 141B (Mistral's announcement)";
   return {
       {"gpt2-124m", gpt_dense(12, 768, 12, 50257, 1024), 124e6, gpt2_src},
       {"gpt2-350m", gpt_dense(24, 1024, 16, 50257, 1024), 355e6, gpt2_src},
@@ -33,6 +49,10 @@ std::vector<PlanModel> published() {
       {"llama3-8b", llama(4096, 32, 32, 8, 14336, 128256, 8192, 5e5f), 8e9, l3_src},
       {"llama3-70b", llama(8192, 80, 64, 8, 28672, 128256, 8192, 5e5f), 70e9, l3_src},
       {"llama3-405b", llama(16384, 126, 128, 8, 53248, 128256, 8192, 5e5f), 405e9, l3_src},
+      {"mixtral-8x7b", mixtral(4096, 32, 32, 8, 14336, 8, 2, 32000, 32768, 1e6f), 46.7e9,
+       mixtral_src},
+      {"mixtral-8x22b", mixtral(6144, 56, 48, 8, 16384, 8, 2, 32768, 65536, 1e6f), 141e9,
+       mixtral_src},
   };
 }
 

@@ -27,13 +27,12 @@ void Job::validate() const {
 
 PlanContext make_context(const ModelConfig& model, const Job& job) {
   model.validate();
-  MESHTRAIN_CHECK(!model.moe.enabled(),
-                  "plan: mixture-of-experts models (moe.experts = {}) are not modelled by the "
-                  "GPU planner yet; `meshtrain plan --config RUN.toml` without --gpus predicts "
-                  "the engine's memory for them",
-                  model.moe.experts);
+  MESHTRAIN_CHECK(!model.moe.enabled() || !job.finetune.adapters(),
+                  "plan: LoRA / QLoRA of a mixture-of-experts model is not modelled "
+                  "(--finetune full, or a dense model)");
   PlanContext ctx;
   ctx.model = model;
+  ctx.active = active_dense_view(model);
   ctx.counts = count_transformer(model);
   ctx.layer_flops_per_token = layer_train_flops_per_token(model, job.seq);
   ctx.output_flops_per_token = output_train_flops_per_token(model);
@@ -49,6 +48,7 @@ std::string zero_label(const Layout& l) {
 std::string describe(const Layout& l) {
   std::string s = fmt::format("tp {}", l.tp);
   if (l.cp > 1) s += fmt::format(" cp {}", l.cp);
+  if (l.ep > 1) s += fmt::format(" ep {}", l.ep);
   s += fmt::format(" pp {}", l.pp);
   if (l.vpp > 1) s += fmt::format(" v {}", l.vpp);
   s += fmt::format(" dp {} zero {} mb {} {}", l.dp, zero_label(l), l.micro_batch,
@@ -62,8 +62,19 @@ std::string describe(const Layout& l) {
 std::string check_layout(const PlanContext& ctx, const Cluster& cl, const Job& job,
                          const Layout& l) {
   const ModelConfig& m = ctx.model;
-  if (l.tp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.cp < 1 || l.micro_batch < 1) {
-    return "tp, cp, pp, vpp, dp and micro-batch must be >= 1";
+  if (l.tp < 1 || l.pp < 1 || l.vpp < 1 || l.dp < 1 || l.cp < 1 || l.ep < 1 ||
+      l.micro_batch < 1) {
+    return "tp, cp, ep, pp, vpp, dp and micro-batch must be >= 1";
+  }
+  if (l.ep > 1) {
+    if (!m.moe.enabled()) return "ep > 1 needs a mixture-of-experts model";
+    if (l.dp % l.ep != 0) return fmt::format("ep {} does not divide dp {}", l.ep, l.dp);
+    if (m.moe.experts % l.ep != 0) {
+      return fmt::format("ep {} does not divide the {} experts", l.ep, m.moe.experts);
+    }
+    if (l.shard > 0 && l.shard % l.ep != 0) {
+      return fmt::format("ep {} does not divide the shard group {}", l.ep, l.shard);
+    }
   }
   if (l.zero < 0 || l.zero > 3) return fmt::format("zero stage {} is not 0..3", l.zero);
   if (l.shard != 0) {

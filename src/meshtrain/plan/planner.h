@@ -45,6 +45,10 @@ struct Job {
 struct Layout {
   int64_t tp = 1, pp = 1, vpp = 1, dp = 1, micro_batch = 1;
   int64_t cp = 1;  // context parallelism: the sequence split over cp ranks (ranks: tp, cp, dp, pp)
+  // Expert parallelism (MoE models): the routed experts split over ep of the
+  // dp ranks (ep divides dp and the experts); their state is sharded over the
+  // expert-data-parallel group of dp / ep ranks; tokens move by all-to-alls.
+  int64_t ep = 1;
   int zero = 0;
   // ZeRO-3 only: shard over groups of this many DP ranks and replicate across
   // the groups (HSDP / hybrid sharding); 0 = over the whole DP group.
@@ -61,6 +65,7 @@ struct Layout {
 // Per-model numbers computed once (the registry walk is slow for 405B).
 struct PlanContext {
   ModelConfig model;
+  ModelConfig active;  // active_dense_view(model): what per-op compute and activations read
   TransformerCounts counts;
   double layer_flops_per_token = 0;   // training, model FLOPs
   double output_flops_per_token = 0;
@@ -72,12 +77,13 @@ struct StepTime {
   double compute = 0;    // model FLOPs at the efficiency factor
   double recompute = 0;  // the extra forward work of activation recomputation
   double bubble = 0;     // pipeline fill and drain
-  double tp = 0, cp = 0, dp = 0, pp = 0;  // exposed communication
+  double tp = 0, cp = 0, dp = 0, pp = 0, ep = 0;  // exposed communication
   double optimizer = 0;  // the optimizer step: memory-bound, at HBM bandwidth
   double offload = 0;    // host transfers and CPU optimizer step
   double checkpoint = 0; // a blocking checkpoint write, amortised over its interval
   double total() const {
-    return compute + recompute + bubble + tp + cp + dp + pp + optimizer + offload + checkpoint;
+    return compute + recompute + bubble + tp + cp + dp + pp + ep + optimizer + offload +
+           checkpoint;
   }
 };
 
@@ -98,6 +104,7 @@ struct Estimate {
   // All-ranks totals for one step (time.dp is what is exposed, these are the raw).
   double dp_comm_raw = 0, dp_overlap_window = 0;
   double cp_comm_raw = 0;
+  double ep_bytes_per_step = 0;  // one rank's all-to-all bytes per step (MoE, ep > 1)
   double model_flops_per_step = 0, hardware_flops_per_step = 0;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0;
   double checkpoint_bytes = 0, checkpoint_seconds = 0;  // one save

@@ -117,14 +117,15 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
   out += job_line(in) + "\n";
   out += fmt::format(
       "search   {} layouts in {:.3f} s: {} can run, {} fit in HBM{}{}; ranked by {}, best per "
-      "(gpus, tp, cp, pp, v, zero)\n\n",
+      "(gpus, tp, cp{}, pp, v, zero)\n\n",
       r.evaluated, r.seconds, r.valid, r.fits,
       in.options.max_train_seconds > 0
           ? fmt::format(", {} of them train within {:.0f} days", r.fits - r.too_slow,
                         in.options.max_train_seconds / 86400)
           : "",
       r.offload_retried ? " (nothing fit on the GPU alone: optimizer offload searched too)" : "",
-      in.options.rank_by == RankBy::time ? "step time" : "cost");
+      in.options.rank_by == RankBy::time ? "step time" : "cost",
+      in.ctx.model.moe.enabled() ? ", ep" : "");
   if (r.ranked.empty()) {
     out += r.fits > 0 ? "nothing trains within the deadline: see the families below (more GPUs, "
                         "a later --max-days)\n"
@@ -132,16 +133,20 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
                         "families below (more GPUs, a bigger GPU, --fragmentation, --reserve-gib)\n";
   } else {
     const bool many_counts = in.options.gpu_counts.size() > 1;
+    // MoE models: an ep column after cp.
+    const bool moe = in.ctx.model.moe.enabled();
+    const std::string ep_head = moe ? fmt::format(" {:>3}", "ep") : "";
+    const std::string ep_blank = moe ? std::string(4, ' ') : "";
     out += fmt::format(
         "{:>2} {}{:>3} {:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
         "{:>5} |{:>7} {:>9} {:>5} {:>8} {:>9}  {}\n",
-        "#", many_counts ? fmt::format("{:>6} ", "gpus") : "", "tp", "cp", "pp", "v", "dp", "zero", "mb",
+        "#", many_counts ? fmt::format("{:>6} ", "gpus") : "", "tp", fmt::format("{:>3}", "cp") + ep_head, "pp", "v", "dp", "zero", "mb",
         "rc", "GiB", "HBM", "param", "grad", "optim", "act", "other", "step s", "tok/s/GPU",
         "MFU", "train", "cost", "limit");
     out += fmt::format(
         "{:>2} {}{:>3} {:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6} {:>4} {:>5} {:>5} {:>5} {:>5} "
         "{:>5} |{:>7} {:>9} {:>5} {:>8} {:>9}\n",
-        "", many_counts ? std::string(7, ' ') : "", "", "", "", "", "", "", "", "", "", "", "GiB",
+        "", many_counts ? std::string(7, ' ') : "", "", "   " + ep_blank, "", "", "", "", "", "", "", "", "GiB",
         "GiB", "GiB", "GiB", "GiB", "", "", "", "", "");
     int rank = 0;
     for (const Estimate& e : r.ranked) {
@@ -154,7 +159,8 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
       out += fmt::format(
           "{:>2} {}{:>3} {:>3} {:>3} {:>2} {:>5} {:>5} {:>2} {:<4}|{:>6.1f} {:>3.0f}% {:>5.1f} {:>5.1f} "
           "{:>5.1f} {:>5.1f} {:>5.1f} |{:>7.2f} {:>9.0f} {:>4.1f}% {:>8} {:>9}  {}\n",
-          ++rank, many_counts ? fmt::format("{:>6} ", e.gpus) : "", l.tp, l.cp, l.pp, l.vpp, l.dp,
+          ++rank, many_counts ? fmt::format("{:>6} ", e.gpus) : "", l.tp,
+          fmt::format("{:>3}", l.cp) + (moe ? fmt::format(" {:>3}", l.ep) : ""), l.pp, l.vpp, l.dp,
           zero_label(l), l.micro_batch, rc, m.device_total() / kGiB, 100 * e.hbm_fraction,
           m.params / kGiB, m.grads / kGiB, m.optimizer / kGiB, m.activations / kGiB,
           other / kGiB, e.step_seconds, e.tokens_per_second / static_cast<double>(e.gpus),
@@ -168,7 +174,11 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
         "{:.2f} (of {:.2f}, rest overlapped) + PP {:.2f} + optimizer {:.2f}{}{}  ({:.0f}% compute); "
         "{} GPU-hours\n",
         s, t.compute, t.recompute, t.bubble, t.tp,
-        b.layout.cp > 1 ? fmt::format(" + CP {:.2f} (of {:.2f})", t.cp, b.cp_comm_raw) : "",
+        (b.layout.cp > 1 ? fmt::format(" + CP {:.2f} (of {:.2f})", t.cp, b.cp_comm_raw)
+                         : std::string()) +
+            (b.layout.ep > 1 ? fmt::format(" + EP all-to-all {:.2f} ({} sent per rank)", t.ep,
+                                           gib(b.ep_bytes_per_step))
+                             : std::string()),
         t.dp, b.dp_comm_raw, t.pp, t.optimizer,
         t.offload > 0 ? fmt::format(" + offload {:.2f}", t.offload) : "",
         t.checkpoint > 0 ? fmt::format(" + checkpoint {:.2f}", t.checkpoint) : "",
@@ -287,7 +297,8 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
     ranked.push_back(
         {{"gpus", e.gpus},
          {"layout",
-          {{"tp", l.tp}, {"cp", l.cp}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp}, {"zero", l.zero},
+          {{"tp", l.tp}, {"cp", l.cp}, {"ep", l.ep}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp},
+           {"zero", l.zero},
            {"zero_shard_group", l.shards()},
            {"micro_batch", l.micro_batch}, {"microbatches", e.microbatches},
            {"recompute", std::string(recompute_name(l.recompute))},
@@ -312,7 +323,8 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
           {{"compute", e.time.compute}, {"recompute", e.time.recompute},
            {"bubble", e.time.bubble}, {"tp", e.time.tp}, {"cp", e.time.cp},
            {"cp_raw", e.cp_comm_raw}, {"dp", e.time.dp},
-           {"dp_raw", e.dp_comm_raw}, {"pp", e.time.pp}, {"offload", e.time.offload},
+           {"dp_raw", e.dp_comm_raw}, {"pp", e.time.pp}, {"ep", e.time.ep},
+           {"ep_bytes", e.ep_bytes_per_step}, {"offload", e.time.offload},
            {"optimizer", e.time.optimizer}, {"checkpoint", e.time.checkpoint},
            {"step", e.step_seconds}}},
          {"tokens_per_second", e.tokens_per_second},

@@ -22,6 +22,7 @@ std::string family_name(const Layout& l) {
   std::string name;
   if (l.tp > 1) name += "TP + ";
   if (l.cp > 1) name += "CP + ";
+  if (l.ep > 1) name += "EP + ";
   if (l.pp > 1) name += "PP + ";
   name += l.zero < 3     ? "DP (ZeRO-0/1/2)"
           : l.shard > 0 ? "HSDP (ZeRO-3 in groups)"
@@ -95,6 +96,12 @@ void check_fixed(const PlanContext& ctx, const Cluster& cl, const FixedChoices& 
   if (f.cp) {
     MESHTRAIN_CHECK(*f.cp >= 1 && cl.gpus % *f.cp == 0, "plan: --cp {} does not divide --gpus {}",
                     *f.cp, cl.gpus);
+  }
+  if (f.ep) {
+    MESHTRAIN_CHECK(*f.ep >= 1 && (*f.ep == 1 || m.moe.enabled()),
+                    "plan: --ep {} needs a mixture-of-experts model with ep >= 1", *f.ep);
+    MESHTRAIN_CHECK(*f.ep == 1 || m.moe.experts % *f.ep == 0,
+                    "plan: --ep {} does not divide the {} experts", *f.ep, m.moe.experts);
   }
   if (f.shard) {
     MESHTRAIN_CHECK(*f.shard >= 0, "plan: --shard must be >= 2 or 'dp', got {}", *f.shard);
@@ -183,27 +190,38 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
           if (dp % g == 0) shardings.emplace_back(zero, g);
         }
       }
-      for (int64_t vpp : choices(f.vpp, vpps)) {
-        for (auto [zero, shard] : shardings) {
-          for (int64_t mb : choices(f.micro_batch, {1, 2, 4, 8, 16})) {
-            for (Recompute rc : choices(f.recompute, {Recompute::none, Recompute::selective,
-                                                      Recompute::full})) {
-              for (Offload off : offloads) {
-                Layout l;
-                l.tp = tp;
-                l.cp = cp;
-                l.pp = pp;
-                l.vpp = vpp;
-                l.dp = dp;
-                l.zero = zero;
-                l.shard = shard;
-                l.micro_batch = mb;
-                l.recompute = rc;
-                l.sequence_parallel = f.sequence_parallel ? *f.sequence_parallel : tp > 1;
-                l.offload = off;
-                l.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
-                if (f.schedule) l.schedule = *f.schedule;
-                consider(cl, l);
+      // Expert parallelism: every ep that divides dp and the experts (MoE only).
+      std::vector<int64_t> eps{1};
+      if (model.moe.enabled()) {
+        eps.clear();
+        for (int64_t e : divisors(dp)) {
+          if (model.moe.experts % e == 0) eps.push_back(e);
+        }
+      }
+      for (int64_t ep : choices(f.ep, eps)) {
+        for (int64_t vpp : choices(f.vpp, vpps)) {
+          for (auto [zero, shard] : shardings) {
+            for (int64_t mb : choices(f.micro_batch, {1, 2, 4, 8, 16})) {
+              for (Recompute rc : choices(f.recompute, {Recompute::none, Recompute::selective,
+                                                        Recompute::full})) {
+                for (Offload off : offloads) {
+                  Layout l;
+                  l.tp = tp;
+                  l.cp = cp;
+                  l.ep = ep;
+                  l.pp = pp;
+                  l.vpp = vpp;
+                  l.dp = dp;
+                  l.zero = zero;
+                  l.shard = shard;
+                  l.micro_batch = mb;
+                  l.recompute = rc;
+                  l.sequence_parallel = f.sequence_parallel ? *f.sequence_parallel : tp > 1;
+                  l.offload = off;
+                  l.schedule = vpp > 1 ? Schedule::interleaved : Schedule::one_f_one_b;
+                  if (f.schedule) l.schedule = *f.schedule;
+                  consider(cl, l);
+                }
               }
             }
           }
@@ -264,10 +282,10 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
 
   std::sort(fitting.begin(), fitting.end(),
             [&](const Estimate& a, const Estimate& b) { return ranks_before(a, b, opt.rank_by); });
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int>, bool> seen;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>, bool> seen;
   for (Estimate& est : fitting) {
     const Layout& l = est.layout;
-    auto key = std::make_tuple(est.gpus, l.tp, l.cp, l.pp, l.vpp, l.zero);
+    auto key = std::make_tuple(est.gpus, l.tp, l.cp, l.ep, l.pp, l.vpp, l.zero);
     if (seen[key]) continue;
     seen[key] = true;
     result.ranked.push_back(std::move(est));

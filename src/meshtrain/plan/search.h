@@ -15,7 +15,7 @@ namespace meshtrain::plan {
 
 // Choices the user fixed; unset ones are searched.
 struct FixedChoices {
-  std::optional<int64_t> tp, cp, pp, vpp, dp, micro_batch;
+  std::optional<int64_t> tp, cp, ep, pp, vpp, dp, micro_batch;
   // ZeRO-3's shard group: g (hybrid sharding), 0 = the whole DP group. Unset
   // with --zero 3 fixed means full sharding; unset otherwise, both are searched.
   std::optional<int64_t> shard;
@@ -52,7 +52,7 @@ struct FamilyReport {
 };
 
 struct SearchResult {
-  std::vector<Estimate> ranked;  // the top N, at most one per (gpus, tp, pp, v, zero)
+  std::vector<Estimate> ranked;  // the top N, at most one per (gpus, tp, cp, ep, pp, v, zero)
   std::vector<FamilyReport> families;
   int64_t evaluated = 0, valid = 0, fits = 0, too_slow = 0;
   bool offload_retried = false;  // nothing fit, so optimizer offload was searched too

@@ -10,15 +10,31 @@
 
 namespace meshtrain::plan {
 
+// A mixture of experts (moe.experts > 0) is counted per layer as the average
+// over its layers (dense and MoE ones): exact for the totals and the FLOPs,
+// and for a model whose every layer is MoE (Mixtral) exact per layer too.
 struct TransformerCounts {
   double layer_params = 0;         // one block: norms, attention, MLP (and biases)
-  double layer_matmul_params = 0;  // the block's GEMM weights
+  // The block's GEMM weights a token uses: a MoE layer's router, top_k of its
+  // E routed experts, its shared experts and their gate.
+  double layer_matmul_params = 0;
+  // Of layer_params, the routed experts' (all E; split over ep, never over tp).
+  double layer_expert_params = 0;
+  double moe_layers = 0;           // how many of the layers route (0: dense)
   double embedding_params = 0;     // token (+ learned position) embeddings
   double head_params = 0;          // final norm + untied output layer
   double output_matmul_params = 0; // the output layer's GEMM weights (tied: the embedding)
   double total_params = 0;         // == ModelConfig::num_params()
 };
 TransformerCounts count_transformer(const ModelConfig& config);
+
+// The dense model a token sees: a MoE model's feed-forward replaced by one of
+// the width a token runs through (top_k experts + the shared ones, averaged
+// over the layers); the model itself when dense. The planner's per-op compute
+// and activation memory read this width (docs/plan.md, "Mixtures of experts").
+ModelConfig active_dense_view(const ModelConfig& config);
+// That width: hidden_dim when dense.
+double active_mlp_width(const ModelConfig& config);
 
 // Training FLOPs per token (forward + backward = 3x forward, 2 FLOPs per MAC),
 // PaLM's convention: 6 x GEMM weights + 12 x seq x (heads x head_dim) per layer
