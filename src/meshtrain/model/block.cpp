@@ -170,7 +170,8 @@ Block Model::Impl::make_block(int64_t layer) const {
   e.selection_bias = find("mlp.gate.e_score_correction_bias");
   e.experts_in = param("mlp.experts.gate_up_proj");
   e.experts_out = param("mlp.experts.down_proj");
-  if (const int64_t hs = cfg.moe.shared_hidden; hs > 0) {
+  // The shared experts are a tensor-parallel MLP: this rank's columns.
+  if (const int64_t hs = cfg.moe.shared_hidden / tp.size(); hs > 0) {
     e.shared_in = Linear{param("mlp.shared_expert.gate_proj.weight"), 2, kNoParam, d, 2 * hs, true, {}};
     e.shared_out = Linear{param("mlp.shared_expert.down_proj.weight"), 1, kNoParam, hs, d, true, {}};
     if (cfg.moe.shared_gate) e.shared_gate = param("mlp.shared_expert_gate.weight");
@@ -557,8 +558,7 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   // Feed-forward sub-block, in reverse.
   const float* dxn = nullptr;
   if (b.moe.enabled()) {
-    moe_backward(b, a, dt, rows);
-    dxn = dx;
+    dxn = moe_backward(b, a, dt, rows);
   } else {
     const Tensor& dy = full_residual_grad(rows);
     dxn = ffn_backward(b.ff_in, b.ff_out, dt, residual_grad_compute(dt, dy, rows),

@@ -305,6 +305,12 @@ layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_ra
 // every global element counted once (tp_counts_once), collective over tp.
 // At tp 1 it is sqrt of the sum over parameters, as global_grad_norm.
 double tensor_parallel_grad_norm(const Model& model);
+// Whether this tp rank counts parameter `spec` in whole-model sums (the
+// gradient norm): tp_counts_once, except routed experts, whole on every tp
+// rank (their split is over ep), counted on tp rank 0.
+inline bool counts_once_over_tp(const TensorParallel& tp, const ParamSpec& spec) {
+  return spec.expert ? tp.rank() == 0 : tp_counts_once(tp, spec.split);
+}
 // Its square before the root, also for a pipeline stage (whose tied output
 // layer copy is skipped): every element this stage holds counted once over
 // the tp and ep groups (collective over both).

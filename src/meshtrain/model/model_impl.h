@@ -160,6 +160,7 @@ struct Workspace {
   Tensor moe_d_xp;        // f32 [S, d]: d(permuted rows)
   Tensor moe_d_weights;   // f32 [N, top_k]
   Tensor moe_dx;          // f32 [N, d]: d(norm2 output) of the routed part
+  Tensor moe_acc;         // f32 [N, d]: tp > 1 with shared experts: the routed part's and gate's d(x)
   Tensor moe_shared_d;    // f32 / dt [N, d]: d(shared output) (gated; in the compute dtype)
   Tensor moe_gate_d;      // f32 [N, 1] d(gate weight)
   Tensor moe_gate_logits;  // f32 [N, 1]: the shared gate's logits; in backward their gradient
@@ -234,7 +235,8 @@ struct Model::Impl {
   // writes d(xn2) into ws.dx from d(out) in ws.dres, aux-loss terms weighted by aux_weight.
   void moe_forward(int64_t layer, const Block& b, BlockActs& a, const void* xn2, DType dt,
                    int64_t rows, Tensor& out);
-  void moe_backward(const Block& b, BlockActs& a, DType dt, int64_t rows);
+  // Returns d(norm2 output) of this rank's rows (as ffn_backward does).
+  const float* moe_backward(const Block& b, BlockActs& a, DType dt, int64_t rows);
   // A feed-forward's backward (in(x) -> pre -> act -> out, `width` act
   // columns) from dy = d(output) in dt (and f32, or nullptr): the weights'
   // gradients, and d(x) summed over tp (column_parallel_backward). ws.dff

@@ -71,9 +71,12 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   const int64_t d = cfg.dim, E = m.experts, K = m.top_k, I = m.hidden_dim, S = rows * K;
   const MemCategory cat = a.category, wsc = MemCategory::workspace;
   MoeActs& s = a.moe;
-  // The router and the dispatch read norm2's output in f32.
+  // The router and the dispatch read norm2's output in f32: every row (under
+  // tensor parallelism the routed part runs whole on every tp rank, on the
+  // rows all tp ranks share; the copy is kept for backward when the block
+  // keeps only its own rows: sequence parallelism).
   const float* x32 = static_cast<const float*>(xn2);
-  if (dt != DType::f32) {
+  if (dt != DType::f32 || sp) {
     ensure(s.x32, {rows, d}, DType::f32, cat);
     backend.convert(dt, xn2, DType::f32, s.x32.raw(), rows * d);
     x32 = s.x32.data<float>();
@@ -159,21 +162,25 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   ensure(ws.moe_out, {rows, d}, DType::f32, wsc);
   backend.moe_combine(dd, s.rows.data<int32_t>(), s.weights.data<float>(), s.y.data<float>(),
                       ws.moe_out.data<float>());
-  backend.residual_add(a.mid.data<float>(), ws.moe_out.data<float>(), nullptr,
-                       out.data<float>(), rows, d);
+  // This rank's rows of the residual stream (all of them but under sequence parallelism).
+  const int64_t own = shard_rows(rows), row0 = sp ? tp.rank() * own : 0;
+  backend.residual_add(a.mid.data<float>(), ws.moe_out.data<float>() + row0 * d, nullptr,
+                       out.data<float>(), own, d);
 
   combine.end();
-  // Shared experts: out += (sigmoid(x w_g) *) down(SwiGLU(gate|up(x))).
+  // Shared experts: out += (sigmoid(x w_g) *) down(SwiGLU(gate|up(x))); a
+  // tensor-parallel MLP whose row-parallel output is summed over tp here.
   if (b.moe.shared()) {
     trace::Span shared("moe", "shared experts", layer);
-    const int64_t hs = m.shared_hidden;
+    const int64_t hs = m.shared_hidden / tp.size();
     ensure(s.shared_pre, {rows, 2 * hs}, DType::f32, cat);
     linear_forward(b.moe.shared_in, dt, xn2, rows, s.shared_pre.data<float>(), false);
     mlp_activation(s.shared_pre, dt, s.shared_act, rows, hs, cat);
     ensure(s.shared_y, {rows, d}, DType::f32, cat);
     linear_forward(b.moe.shared_out, dt, s.shared_act.raw(), rows, s.shared_y.data<float>(), false);
+    if (tp.active()) tp_all_reduce_sum(tp, s.shared_y.data<float>(), rows * d);
     if (b.moe.shared_gate == kNoParam) {
-      backend.add_inplace(out.data<float>(), s.shared_y.data<float>(), rows * d);
+      backend.add_inplace(out.data<float>(), s.shared_y.data<float>() + row0 * d, own * d);
     } else {
       // The gate as a one-expert sigmoid router, applied by a one-choice combine.
       ensure(ws.moe_gate_logits, {rows, 1}, DType::f32, wsc);
@@ -193,7 +200,7 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
       backend.moe_combine({.tokens = rows, .top_k = 1, .experts = 1, .dim = d},
                           ws.iota.data<int32_t>(), s.gate_weight.data<float>(),
                           s.shared_y.data<float>(), ws.moe_out.data<float>());
-      backend.add_inplace(out.data<float>(), ws.moe_out.data<float>(), rows * d);
+      backend.add_inplace(out.data<float>(), ws.moe_out.data<float>() + row0 * d, own * d);
     }
   }
 
@@ -220,14 +227,19 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   it->z += backend.sum_squares(s.lse.data<float>(), rows) / static_cast<double>(rows);
 }
 
-void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t rows) {
+const float* Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t rows) {
   const MoeConfig& m = cfg.moe;
   const int64_t d = cfg.dim, E = m.experts, K = m.top_k, I = m.hidden_dim, S = rows * K;
   const MemCategory wsc = MemCategory::workspace;
   MoeActs& s = a.moe;
-  const float* dy = ws.dres.data<float>();  // d(out) (tp = 1: the whole residual gradient)
-  const float* x32 = dt == DType::f32 ? a.xn2.data<float>() : s.x32.data<float>();
+  const float* dy = full_residual_grad(rows).data<float>();  // d(out), every row
+  const float* x32 = dt == DType::f32 && !sp ? a.xn2.data<float>() : s.x32.data<float>();
   float* dx = ws.dx.data<float>();  // d(norm2 output), summed below
+  // Where the routed part's and the gate's d(x) sum: every row, the same on
+  // every tp rank (so never reduced over tp). At tp 1 that is ws.dx itself,
+  // after the shared experts' part.
+  float* acc = dx;
+  const float* reduced = nullptr;  // the shared experts' d(x), reduced over tp: this rank's rows
 
   // Shared experts, in reverse registry order: gate, down, gate|up. d(x) starts here.
   if (b.moe.shared()) {
@@ -256,12 +268,16 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
       backend.convert(DType::f32, d_shared, dt, ws.dres_c.raw(), rows * d);
       d_shared_c = ws.dres_c.raw();
     }
-    const float* dxs = ffn_backward(b.moe.shared_in, b.moe.shared_out, dt, d_shared_c, d_shared,
-                                    s.shared_pre, s.shared_act, a.xn2, rows, m.shared_hidden);
-    MESHTRAIN_CHECK(dxs == dx, "model: a shared expert's d(input) must land in ws.dx");
+    reduced = ffn_backward(b.moe.shared_in, b.moe.shared_out, dt, d_shared_c, d_shared,
+                           s.shared_pre, s.shared_act, a.xn2, rows, m.shared_hidden / tp.size());
+    if (tp.active()) {
+      ensure(ws.moe_acc, {rows, d}, DType::f32, wsc);
+      ws.moe_acc.zero();
+      acc = ws.moe_acc.data<float>();
+    }
     if (b.moe.shared_gate != kNoParam) {
       backend.matmul({.m = rows, .n = d, .k = 1}, DType::f32, ws.moe_gate_logits.raw(),
-                     master(b.moe.shared_gate), DType::f32, dx, 1.0f, true);
+                     master(b.moe.shared_gate), DType::f32, acc, 1.0f, true);
     }
   }
 
@@ -368,12 +384,21 @@ void Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t r
     ensure(ws.moe_dx, {rows, d}, DType::f32, wsc);
     backend.moe_permute_backward(dd, s.rows.data<int32_t>(), ws.moe_d_xp.data<float>(),
                                  ws.moe_dx.data<float>());
-    backend.add_inplace(dx, ws.moe_dx.data<float>(), rows * d);
+    backend.add_inplace(acc, ws.moe_dx.data<float>(), rows * d);
   } else {
-    backend.moe_permute_backward(dd, s.rows.data<int32_t>(), ws.moe_d_xp.data<float>(), dx);
+    backend.moe_permute_backward(dd, s.rows.data<int32_t>(), ws.moe_d_xp.data<float>(), acc);
   }
   backend.matmul({.m = rows, .n = d, .k = E}, DType::f32, d_logits, master(b.moe.router),
-                 DType::f32, dx, 1.0f, true);
+                 DType::f32, acc, 1.0f, true);
+  // This rank's rows: the routed part's, plus the shared part reduced over tp.
+  const int64_t own = shard_rows(rows), row0 = sp ? tp.rank() * own : 0;
+  if (reduced == nullptr) return acc + row0 * d;
+  if (acc == dx) return dx;  // tp 1: both parts summed in ws.dx
+  float* mine = sp ? ws.dx_shard.data<float>() : dx;
+  MESHTRAIN_CHECK(mine == reduced, "model: the shared experts' d(input) must land in ws.dx{}",
+                  sp ? "_shard" : "");
+  backend.add_inplace(mine, acc + row0 * d, own * d);
+  return mine;
 }
 
 const std::vector<MoeLayerStats>& Model::moe_stats() const { return impl_->moe_stats; }

@@ -206,9 +206,14 @@ void moe_registry(const ModelConfig& c, Registry& r, const std::string& p) {
   r.weight(p + "mlp.experts.down_proj", {e, d, h}, true, true);
   r.experts(active);
   if (m.shared_hidden == 0) return;
-  r.weight(p + "mlp.shared_expert.gate_proj.weight", {m.shared_hidden, d}, true);
-  r.weight(p + "mlp.shared_expert.up_proj.weight", {m.shared_hidden, d}, true);
-  r.weight(p + "mlp.shared_expert.down_proj.weight", {d, m.shared_hidden}, true, true);
+  // The shared experts split over tp like a dense MLP; the router, gate and
+  // routed experts are whole on every tp rank.
+  r.weight(p + "mlp.shared_expert.gate_proj.weight", {m.shared_hidden, d}, true, false,
+           SplitKind::rows);
+  r.weight(p + "mlp.shared_expert.up_proj.weight", {m.shared_hidden, d}, true, false,
+           SplitKind::rows);
+  r.weight(p + "mlp.shared_expert.down_proj.weight", {d, m.shared_hidden}, true, true,
+           SplitKind::cols);
   if (!m.shared_gate) return;
   r.weight(p + "mlp.shared_expert_gate.weight", {1, d}, false);
   r.f32_gemm();
@@ -302,10 +307,10 @@ Registry build_registry(const ModelConfig& config, int tp_rank, int tp_size, int
 
 void check_tensor_parallel_split(const ModelConfig& c, int tp) {
   MESHTRAIN_CHECK(tp >= 1, "tensor parallel: tp = {} must be >= 1", tp);
-  MESHTRAIN_CHECK(tp == 1 || !c.moe.enabled(),
-                  "tensor parallel: parallel.tp = {} with moe.experts = {}: tensor parallelism "
-                  "of mixture-of-experts blocks is not implemented yet (use tp = 1)",
-                  tp, c.moe.experts);
+  MESHTRAIN_CHECK(c.moe.shared_hidden % tp == 0,
+                  "tensor parallel: moe.shared_hidden = {} is not divisible by tp = {} (the "
+                  "shared experts' columns are split across the tp ranks)",
+                  c.moe.shared_hidden, tp);
   const struct {
     const char* field;
     int64_t value;

@@ -10,9 +10,10 @@ layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_ra
   int64_t offset = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& spec = specs[i];
-    // Replicated over tp: tp rank 0 writes it; a tied output layer on the
-    // last stage: the first stage writes it.
-    int replica = spec.split.split() ? 0 : tp_rank;
+    // Replicated over tp: tp rank 0 writes it (routed experts too: their
+    // split is over ep); a tied output layer on the last stage: the first
+    // stage writes it.
+    int replica = spec.split.split() && !spec.expert ? 0 : tp_rank;
     if (i == duplicate) replica = 1;
     // A frozen parameter (LoRA's base) has no optimizer state to save.
     map.tensors.push_back({spec.name, spec.split.global_shape,

@@ -205,7 +205,7 @@ double grad_sum_squares(const Model& model) {
   const std::vector<Parameter>& params = model.params();
   for (size_t i = 0; i < params.size(); ++i) {
     const Parameter& p = params[i];
-    if (!p.spec.trainable || model.param_is_duplicate(i) || !tp_counts_once(tp, p.spec.split)) {
+    if (!p.spec.trainable || model.param_is_duplicate(i) || !counts_once_over_tp(tp, p.spec)) {
       continue;
     }
     (p.spec.expert ? experts : dense) +=

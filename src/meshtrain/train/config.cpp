@@ -705,10 +705,6 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
                   "is updated in place, which ZeRO-3's sharded frozen parameters do not allow yet "
                   "(use parallel.zero <= 2)",
                   c.model.moe.bias_update_rate);
-  MESHTRAIN_CHECK(!c.model.moe.enabled() || c.parallel.tp == 1,
-                  "config: moe.experts = {} with parallel.tp = {}: tensor parallelism of "
-                  "mixture-of-experts blocks is not implemented yet (use parallel.tp = 1)",
-                  c.model.moe.experts, c.parallel.tp);
   MESHTRAIN_CHECK(c.parallel.ep == 1 || c.model.moe.enabled(),
                   "config: parallel.ep = {} needs a mixture-of-experts model (moe.experts > 0)",
                   c.parallel.ep);

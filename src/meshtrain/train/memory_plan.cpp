@@ -31,6 +31,7 @@ struct LocalShape {
   double r = 0;  // residual-stream rows on this rank (n / tp under sequence parallelism)
   double mb = 0, seq = 0, e = 4;  // e: bytes of the compute dtype
   double d = 0, q = 0, kv = 0, heads = 0, f = 0, ff_in = 0, vocab = 0;
+  double tp = 1;
   double norm_stats = 1;  // f32 values a norm saves per row
   // Mixture of experts (config.h MoeConfig; 0 experts: dense): experts,
   // top_k, routed slots n * k, an expert's and the shared experts' widths.
@@ -49,6 +50,7 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
   s.mb = static_cast<double>(micro_batch);
   s.seq = static_cast<double>(config.train.seq_len);
   s.n = s.mb * s.seq;
+  s.tp = tp;
   s.r = config.parallel.sequence_parallel && tp > 1 ? s.n / tp : s.n;
   s.e = static_cast<double>(dtype_size(compute_dtype(config.train.precision)));
   s.d = static_cast<double>(c.dim);
@@ -64,7 +66,7 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
     s.k = static_cast<double>(m.top_k);
     s.slots = s.n * s.k;
     s.moe_f = static_cast<double>(m.hidden_dim);
-    s.shared_f = static_cast<double>(m.shared_hidden);
+    s.shared_f = static_cast<double>(m.shared_hidden) / tp;  // a tensor-parallel MLP
     s.shared_gate = m.shared_gate;
     s.capacity = m.capacity_factor > 0;
     s.aux = m.aux_loss > 0;
@@ -77,7 +79,8 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
 // same bytes whatever the routing, as every buffer has all n * k slots' rows.
 double moe_block_bytes(const LocalShape& s) {
   const double n = s.n, S = s.slots, E = s.experts;
-  double b = (s.e == 4 ? 0 : 4 * n * s.d)                 // x32 (mixed precision)
+  const bool sp = s.r != s.n;
+  double b = (s.e == 4 && !sp ? 0 : 4 * n * s.d)          // x32 (mixed precision, or SP)
              + 4 * n * E + 4 * n                            // probs, lse
              + 2 * 4 * n * s.k + 2 * 4 * S + 4 * E          // indices, weights; slots, rows; counts
              + (s.capacity ? 4 * E : 0)                     // kept
@@ -100,6 +103,7 @@ double moe_workspace_bytes(const LocalShape& s) {
              + (s.ep ? (3 * 4 + s.e) * S * s.d : 0);        // staging, ye, d(xe); d(ye)
   if (s.shared_f > 0) w += 4 * n * s.d;                     // moe_dx
   if (s.shared_gate) w += 4 * n * s.d + 3 * 4 * n;         // shared d; gate d, logits; iota
+  if (s.shared_f > 0 && s.tp > 1) w += 4 * n * s.d;         // moe_acc
   return w;
 }
 

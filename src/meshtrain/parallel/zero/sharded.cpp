@@ -539,7 +539,7 @@ double ShardedDataParallel::grad_norm(Communicator* stages) {
     // output layer is the first stage's embedding, counted there.
     for (const ShardSegment& s : flats_[i].segments) {
       if (model_.param_is_duplicate(s.param)) continue;
-      if (!tp_counts_once(tp, model_.params()[s.param].spec.split)) continue;
+      if (!counts_once_over_tp(tp, model_.params()[s.param].spec)) continue;
       sum += model_.backend().sum_squares(grad_shard(i) + s.shard_offset, s.numel);
     }
   }
