@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -233,6 +234,10 @@ class Model {
   // A no-op without a bias. The parameter's master must be bound.
   std::vector<float> selection_bias(int64_t layer) const;
   void update_selection_bias(int64_t layer, std::span<const int64_t> tokens);
+  // The same for any storage: the bias's registry index (none without one),
+  // and the change the loads ask for (added to it by whoever owns its values).
+  std::optional<size_t> selection_bias_param(int64_t layer) const;
+  std::vector<float> selection_bias_change(std::span<const int64_t> tokens) const;
 
   // Unit indices into units(); used by data parallelism and ZeRO.
   UnitHooks unit_hooks;

@@ -411,11 +411,24 @@ std::vector<float> Model::selection_bias(int64_t layer) const {
   return bias;
 }
 
-void Model::update_selection_bias(int64_t layer, std::span<const int64_t> tokens) {
+std::optional<size_t> Model::selection_bias_param(int64_t layer) const {
   const size_t i = impl_->block(layer).moe.selection_bias;
-  if (i == kNoParam) return;
+  if (i == kNoParam) return std::nullopt;
+  return i;
+}
+
+void Model::update_selection_bias(int64_t layer, std::span<const int64_t> tokens) {
+  const std::optional<size_t> i = selection_bias_param(layer);
+  if (!i) return;
+  const std::vector<float> change = selection_bias_change(tokens);
+  std::vector<float> bias = selection_bias(layer);
+  for (size_t e = 0; e < bias.size(); ++e) bias[e] += change[e];
+  copy_master_from_host(params_[*i], bias.data());
+}
+
+std::vector<float> Model::selection_bias_change(std::span<const int64_t> tokens) const {
   const auto E = static_cast<int64_t>(tokens.size());
-  MESHTRAIN_CHECK(E == config_.moe.experts, "model: layer {} has {} experts, got {} loads", layer,
+  MESHTRAIN_CHECK(E == config_.moe.experts, "model: {} experts, got {} loads",
                   config_.moe.experts, E);
   const double mean =
       static_cast<double>(std::accumulate(tokens.begin(), tokens.end(), int64_t{0})) /
@@ -428,11 +441,11 @@ void Model::update_selection_bias(int64_t layer, std::span<const int64_t> tokens
     delta[static_cast<size_t>(e)] = config_.moe.bias_update_rate * ((mean > load) - (mean < load));
     shift += delta[static_cast<size_t>(e)] / static_cast<double>(E);
   }
-  std::vector<float> bias = selection_bias(layer);
+  std::vector<float> change(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
-    bias[static_cast<size_t>(e)] += static_cast<float>(delta[static_cast<size_t>(e)] - shift);
+    change[static_cast<size_t>(e)] = static_cast<float>(delta[static_cast<size_t>(e)] - shift);
   }
-  copy_master_from_host(params_[i], bias.data());
+  return change;
 }
 
 void Model::reset_moe_stats() {

@@ -700,11 +700,6 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   c.parallel = read_parallel(Section(root, "parallel"));
   read_lora(Section(root, "lora"), c.model);
   read_moe(Section(root, "moe"), c.model);
-  MESHTRAIN_CHECK(c.model.moe.bias_update_rate == 0 || c.parallel.zero <= 2,
-                  "config: moe.bias_update_rate = {} with parallel.zero = 3: the selection bias "
-                  "is updated in place, which ZeRO-3's sharded frozen parameters do not allow yet "
-                  "(use parallel.zero <= 2)",
-                  c.model.moe.bias_update_rate);
   MESHTRAIN_CHECK(c.parallel.ep == 1 || c.model.moe.enabled(),
                   "config: parallel.ep = {} needs a mixture-of-experts model (moe.experts > 0)",
                   c.parallel.ep);

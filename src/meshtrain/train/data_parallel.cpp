@@ -110,6 +110,17 @@ class ReplicatedDataParallel final : public DataParallel {
   }
   layout::StateAccess& state() override { return optimizer_; }
   void finish_load() override { model_.sync_compute_weights(); }
+  std::vector<float> parameter_values(size_t i) override {
+    const Parameter& p = model_.params()[i];
+    std::vector<float> values(static_cast<size_t>(p.spec.numel()));
+    model_.copy_master_to_host(p, values.data());
+    return values;
+  }
+  void add_to_parameter(size_t i, std::span<const float> delta) override {
+    std::vector<float> values = parameter_values(i);
+    for (size_t k = 0; k < values.size(); ++k) values[k] += delta[k];
+    model_.copy_master_from_host(model_.params()[i], values.data());
+  }
 
  private:
   Model& model_;
@@ -179,6 +190,10 @@ class ZeroDataParallel final : public DataParallel {
   }
   layout::StateAccess& state() override { return *zero_; }
   void finish_load() override { zero_->finish_load(); }
+  std::vector<float> parameter_values(size_t i) override { return zero_->parameter_values(i); }
+  void add_to_parameter(size_t i, std::span<const float> delta) override {
+    zero_->add_to_parameter(i, delta);
+  }
 
  private:
   std::unique_ptr<zero::ShardedDataParallel> zero_;

@@ -55,6 +55,11 @@ class DataParallel {
   // state this rank holds (DDP: replicas marked; ZeRO: cut to the shards).
   virtual layout::ShardMap shard_map(const layout::ShardMap& model_map) const = 0;
   virtual layout::StateAccess& state() = 0;
+  // Parameter i (registry index, an f32 one: no compute copy) whole on every
+  // rank, and adding the same `delta` to it on every rank between steps (the
+  // MoE selection bias's update); collective under ZeRO-3.
+  virtual std::vector<float> parameter_values(size_t i) = 0;
+  virtual void add_to_parameter(size_t i, std::span<const float> delta) = 0;
   // After master values were written through state(): refresh the copies
   // the model computes with (collective under ZeRO 1/2).
   virtual void finish_load() = 0;

@@ -132,7 +132,8 @@ double sum_over_ranks(Communicator& comm, double value) {
   return value;
 }
 
-std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* dp_group) {
+std::vector<MoeLayerRecord> moe_step_records(const Model& model, DataParallel& data_parallel) {
+  Communicator* dp_group = data_parallel.group();
   std::vector<MoeLayerRecord> out;
   for (const MoeLayerStats& st : model.moe_stats()) {
     std::vector<int64_t> tokens = st.tokens;
@@ -156,7 +157,8 @@ std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* d
     r.aux = sums[0] / micro_batches;
     r.z = sums[1] / micro_batches;
     r.tokens = std::move(tokens);
-    if (const std::vector<float> bias = model.selection_bias(st.layer); !bias.empty()) {
+    if (const std::optional<size_t> i = model.selection_bias_param(st.layer)) {
+      const std::vector<float> bias = data_parallel.parameter_values(*i);
       r.bias_min = *std::min_element(bias.begin(), bias.end());
       r.bias_max = *std::max_element(bias.begin(), bias.end());
     }
@@ -165,8 +167,13 @@ std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* d
   return out;
 }
 
-void update_moe_balancing(Model& model, const std::vector<MoeLayerRecord>& records) {
-  for (const MoeLayerRecord& r : records) model.update_selection_bias(r.layer, r.tokens);
+void update_moe_balancing(const Model& model, DataParallel& data_parallel,
+                          const std::vector<MoeLayerRecord>& records) {
+  for (const MoeLayerRecord& r : records) {
+    if (const std::optional<size_t> i = model.selection_bias_param(r.layer)) {
+      data_parallel.add_to_parameter(*i, model.selection_bias_change(r.tokens));
+    }
+  }
 }
 
 MemorySnapshot max_over_ranks(Communicator& comm, const MemorySnapshot& mine) {

@@ -8,6 +8,7 @@
 #include "meshtrain/parallel/zero/sharded.h"
 #include "meshtrain/tensor/memory_tracker.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/data_parallel.h"
 #include "meshtrain/train/step.h"
 #include "meshtrain/util/out_dir_lock.h"
 
@@ -38,13 +39,16 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
 // Sum of `value` over the group (blocking).
 double sum_over_ranks(Communicator& comm, double value);
 // The routing statistics of `model`'s MoE layers since its last
-// reset_moe_stats, summed over `dp_group` (nullptr: this rank alone); empty
-// for a dense model. Collective over the group.
-std::vector<MoeLayerRecord> moe_step_records(const Model& model, Communicator* dp_group);
+// reset_moe_stats, summed over the data-parallel group (none: this rank
+// alone), with each selection bias's range as `data_parallel` holds it;
+// empty for a dense model. Collective over the group.
+std::vector<MoeLayerRecord> moe_step_records(const Model& model, DataParallel& data_parallel);
 // DeepSeek-V3's balancing after an applied optimizer step: each MoE layer's
-// selection bias moved by the step's loads (Model::update_selection_bias);
-// a no-op without moe.bias_update_rate. The same on every dp rank.
-void update_moe_balancing(Model& model, const std::vector<MoeLayerRecord>& records);
+// selection bias moved by the step's loads (Model::selection_bias_change,
+// added through `data_parallel`, whatever ZeRO stage holds it); a no-op
+// without moe.bias_update_rate. The same on every dp rank.
+void update_moe_balancing(const Model& model, DataParallel& data_parallel,
+                          const std::vector<MoeLayerRecord>& records);
 
 // Every category's live and peak bytes: the maximum over the group (blocking).
 MemorySnapshot max_over_ranks(Communicator& comm, const MemorySnapshot& mine);

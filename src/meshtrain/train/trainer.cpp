@@ -382,7 +382,7 @@ StepRecord Trainer::train_step() {
   sync_span.end();
   inject_grad_fault(*dp_, batch, options_.mesh != nullptr ? options_.mesh->rank() : 0);
   if (Communicator* group = dp_->group()) loss_sum = sum_over_ranks(*group, loss_sum);
-  r.moe = moe_step_records(*model_, dp_->group());
+  r.moe = moe_step_records(*model_, *dp_);
   r.loss_tokens = loss_tokens;
   r.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, loss_tokens));
   // Each element counted once across tp, stages and shards.
@@ -407,7 +407,7 @@ StepRecord Trainer::train_step() {
     trace::Span optimizer_span("step", "optimizer");
     sleep_ms(slow_.optimizer_ms);
     dp_->step(r.lr, static_cast<float>(clip_factor(r.grad_norm, t.grad_clip) / loss_scale), r);
-    update_moe_balancing(*model_, r.moe);
+    update_moe_balancing(*model_, *dp_, r.moe);
     r.optimizer_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                                optimizer_start)
                          .count();

@@ -648,6 +648,53 @@ void ShardedDataParallel::quiesce() {
 
 // --- state in and out (initialisation, checkpoints) ---
 
+std::vector<float> ShardedDataParallel::parameter_values(size_t param) {
+  const Parameter& p = model_.params()[param];
+  MESHTRAIN_CHECK(param_compute_dtype(p.spec, model_.precision()) == DType::f32,
+                  "zero: parameter_values of '{}', which has a compute copy", p.spec.name);
+  const size_t flat = layout_.param_flat[param];
+  std::vector<float> values(static_cast<size_t>(p.spec.numel()), 0.0f);
+  if (options_.stage <= 2) {
+    wait_gather(flat);
+    model_.copy_master_to_host(p, values.data());
+    return values;
+  }
+  for (const ShardSegment& s : flats_[flat].segments) {
+    if (s.param != param) continue;
+    read_state(flat, State::master, s.shard_offset, s.shard_offset + s.numel,
+               values.data() + s.param_offset);
+  }
+  group(flat).all_reduce(values.data(), p.spec.numel(), CommDType::f32, ReduceOp::sum);
+  return values;
+}
+
+void ShardedDataParallel::add_to_parameter(size_t param, std::span<const float> delta) {
+  Parameter& p = model_.params()[param];
+  MESHTRAIN_CHECK(static_cast<int64_t>(delta.size()) == p.spec.numel() &&
+                      param_compute_dtype(p.spec, model_.precision()) == DType::f32,
+                  "zero: add_to_parameter of '{}' needs {} values and an f32 parameter",
+                  p.spec.name, p.spec.numel());
+  const size_t flat = layout_.param_flat[param];
+  if (options_.stage <= 2) {
+    wait_gather(flat);
+    std::vector<float> values(delta.size());
+    model_.copy_master_to_host(p, values.data());
+    for (size_t k = 0; k < values.size(); ++k) values[k] += delta[k];
+    model_.copy_master_from_host(p, values.data());
+    return;
+  }
+  std::vector<float> values;
+  for (const ShardSegment& s : flats_[flat].segments) {
+    if (s.param != param) continue;
+    values.resize(static_cast<size_t>(s.numel));
+    read_state(flat, State::master, s.shard_offset, s.shard_offset + s.numel, values.data());
+    for (int64_t k = 0; k < s.numel; ++k) {
+      values[static_cast<size_t>(k)] += delta[static_cast<size_t>(s.param_offset + k)];
+    }
+    write_state(flat, State::master, s.shard_offset, s.shard_offset + s.numel, values.data());
+  }
+}
+
 void ShardedDataParallel::read_state(size_t flat, State state, int64_t begin, int64_t end,
                                      float* out) {
   const Flat& f = flats_[flat];

@@ -168,6 +168,13 @@ class ShardedDataParallel : public layout::StateAccess {
   void write(layout::StateKind kind, int64_t offset, int64_t count, const float* in) override;
   // After writing master values: stages 1/2 all-gather the compute values (collective).
   void finish_load();
+  // One f32 parameter (registry index; no compute copy) whole on every rank,
+  // and an update of it by the same `delta` on every rank, between steps
+  // (the MoE selection bias): stages 1/2 hold it whole (bound); at stage 3
+  // each rank reads and updates its shard's segments, and the read sums them
+  // over the flat's group (collective).
+  std::vector<float> parameter_values(size_t param);
+  void add_to_parameter(size_t param, std::span<const float> delta);
 
   // Checkpoints: whole tensors in the flat model layout (parameter i at
   // params()[i].offset, num_params() elements). gather: collective, only
