@@ -64,6 +64,11 @@ meshtrain_cli_case(unknown_override 1 "^meshtrain: config: unknown key 'optim.le
                    ARGS train --config ${good} --optim.learning_rate 1e-3)
 meshtrain_cli_case(wrong_type 1 "^meshtrain: config: train.steps must be an integer, got \"30\"$"
                    ARGS train --config ${cli_work}/bad_type.toml)
+# Expert parallelism: an ep that does not divide the experts, and ep on a dense model.
+meshtrain_cli_case(ep_not_dividing_experts 1 "^meshtrain: config: parallel.ep = 3 does not divide moe.experts = 4$"
+                   ARGS train --config ${good} --moe.experts 4 --moe.top_k 2 --moe.hidden_dim 32 --parallel.ep 3)
+meshtrain_cli_case(ep_without_experts 1 "^meshtrain: config: parallel.ep = 2 needs a mixture-of-experts model \\(moe.experts > 0\\)$"
+                   ARGS train --config ${good} --parallel.ep 2)
 meshtrain_cli_case(invalid_value 1 "^meshtrain: config: train.precision must be \"fp32\", \"bf16\" or \"fp16\", got \"fp8\"$"
                    ARGS train --config ${good} --train.precision fp8)
 meshtrain_cli_case(invalid_override_value 1 "^meshtrain: config: optim.lr must be a number, got \"fast\"$"

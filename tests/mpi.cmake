@@ -70,11 +70,17 @@ meshtrain_mpi_cli_failure(cli_mesh_not_dividing 30
   PATTERNS "^rank 0: mesh: world size 2 is not divisible by tp 3 x pp 1 = 3: run a multiple of 3 ranks$"
            "^rank 1: mesh: world size 2 is not divisible by tp 3 x pp 1 = 3"
   COMMAND ${mpi_run} 2 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --parallel.tp 3)
+# ep 4 of dp 2: every rank names parallel.ep and the sizes, and the job ends.
+meshtrain_mpi_cli_failure(cli_ep_not_dividing_dp 30
+  PATTERNS "^rank 0: mesh: parallel.ep = 4 must be >= 1 and divide the data-parallel size 2 "
+           "^rank 1: mesh: parallel.ep = 4 must be >= 1 and divide the data-parallel size 2 "
+  COMMAND ${mpi_run} 2 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --moe.experts 4
+          --moe.top_k 2 --moe.hidden_dim 32 --parallel.ep 4)
 meshtrain_mpi_cli_failure(cli_ranks_given_different_configs 30
   PATTERNS "^rank 0: config: rank 1 was given a different configuration from rank 0"
            "^rank 1: config: rank 1 was given a different configuration from rank 0"
   COMMAND ${mpi_run} 1 $<TARGET_FILE:meshtrain> train --config ${ddp_good}
           : ${MPIEXEC_NUMPROC_FLAG} 1 $<TARGET_FILE:meshtrain> train --config ${ddp_good} --optim.lr 1e-3)
-set_tests_properties(ddp.cli_train_np2 ddp.cli_mesh_not_dividing
+set_tests_properties(ddp.cli_train_np2 ddp.cli_mesh_not_dividing ddp.cli_ep_not_dividing_dp
                      ddp.cli_ranks_given_different_configs
                      PROPERTIES FIXTURES_REQUIRED cli_inputs TIMEOUT 60 PROCESSORS 2)
