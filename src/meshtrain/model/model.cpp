@@ -413,6 +413,8 @@ void Model::decode(const int32_t* tokens, int64_t batch, int64_t n_new, KVCache&
   require_whole("decode");
   MESHTRAIN_CHECK(!tp_.active(), "decode: not supported under tensor parallelism (tp = {})",
                   tp_.size());
+  MESHTRAIN_CHECK(!ep_.active(), "decode: not supported under expert parallelism (ep = {})",
+                  ep_.size());
   Impl& m = *impl_;
   const int64_t d = config_.dim, pos0 = cache.length;
   MESHTRAIN_CHECK(batch == cache.batch, "decode: batch {} differs from the kv cache's batch {}",
