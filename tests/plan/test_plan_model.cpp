@@ -64,7 +64,10 @@ TEST(Counts, ClosedFormEqualsTheRegistry) {
     const TransformerCounts n = count_transformer(c);
     double matmul = 0, layer0 = 0;
     for (const ParamSpec& spec : build_param_specs(c)) {
-      if (spec.matmul_weight) matmul += static_cast<double>(spec.numel());
+      // The GEMM weights a token uses: a MoE's router, and top_k of E experts.
+      if (spec.matmul_weight || spec.f32_gemm) {
+        matmul += spec.active * static_cast<double>(spec.numel());
+      }
       const bool first_layer = spec.name.find("layers.0.") != std::string::npos ||
                                spec.name.find("h.0.") != std::string::npos;
       if (first_layer) layer0 += static_cast<double>(spec.numel());
