@@ -17,6 +17,8 @@ foreach(mode ddp zero3 pipeline)
     meshtrain_stall_test(${mode} ${np} stop)
   endforeach()
 endforeach()
+meshtrain_stall_test(moe_ep 2 stop)
+meshtrain_stall_test(moe_ep 4 stop)
 meshtrain_stall_test(ddp 2 kill)
 meshtrain_stall_test(pipeline 4 kill)
 # A run without flight records: one line naming where they were looked for, io's code.

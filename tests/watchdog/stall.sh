@@ -7,7 +7,9 @@
 #   kill: MPI itself notices the dead rank (no deadline needed); measured.
 # No process of the run may be left behind (pgrep on its out_dir).
 # usage: stall.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR NP MODE SIGNAL [VICTIM]
-#   MODE: ddp | zero3 | pipeline; SIGNAL: stop | kill; VICTIM: world rank (default NP-1)
+#   MODE: ddp | zero3 | pipeline | moe_ep (a mixture of experts at ep = NP: the
+#   stopped rank leaves its peers in an expert all-to-all or a dp collective);
+#   SIGNAL: stop | kill; VICTIM: world rank (default NP-1)
 set -uo pipefail
 mpirun=()
 while [[ $1 != "--" ]]; do mpirun+=("$1"); shift; done
@@ -25,6 +27,7 @@ case $mode in
   ddp) ;;
   zero3) args+=(--parallel.zero 3) ;;
   pipeline) args+=(--parallel.pp 2 --parallel.schedule 1f1b) ;;
+  moe_ep) args+=(--moe.experts 4 --moe.top_k 2 --moe.hidden_dim 32 --parallel.ep "$np") ;;
   *) fail "unknown mode $mode" ;;
 esac
 
