@@ -340,6 +340,21 @@ TEST_F(MoeTrainer, ExpertParallelEqualsOneRank) {
                                         &mesh),
                    ref, fmt::format("ep {} (dp {}) ZeRO-{}", ep, world_->size(), zero));
     }
+    // Dropless in bf16, and DeepSeek-V3's bias balancing (the loads summed
+    // over the dp ranks, the bias moved the same on every rank).
+    if (ep == 2) {
+      const ConfigOverrides bf16{{"moe.capacity_factor", "0"}, {"train.precision", "bf16"}};
+      ConfigOverrides at_ep = bf16;
+      at_ep.emplace_back("parallel.ep", n);
+      expect_close(testing::run_trainer(config("ep2_bf16", at_ep), &mesh),
+                   reference("ep_ref_bf16", bf16), "ep 2 dropless bf16",
+                   Tolerance{2e-3, 2e-2, 1e-2f});
+      const ConfigOverrides biased{{"moe.bias_update_rate", "0.01"}, {"moe.aux_loss", "0"}};
+      at_ep = biased;
+      at_ep.emplace_back("parallel.ep", n);
+      expect_close(testing::run_trainer(config("ep2_bias", at_ep), &mesh),
+                   reference("ep_ref_bias", biased), "ep 2 bias balancing");
+    }
     // Per MoE layer and micro-batch: counts, then rows forward, both ways
     // backward (and again under recompute); more than one per step anyway.
     EXPECT_GT(mesh.ep().stats()[CommOp::all_to_all].calls - before, 4u * 32u * 3u);
