@@ -327,18 +327,22 @@ TEST_F(MoeTrainer, ExpertParallelEqualsOneRank) {
     DeviceMesh mesh(*world_, 1, 1, ep);
     const std::string n = std::to_string(ep);
     const uint64_t before = mesh.ep().stats()[CommOp::all_to_all].calls;
-    expect_close(testing::run_trainer(config("ep" + n, {{"parallel.ep", n}}), &mesh), ref,
-                 fmt::format("ep {} (dp {})", ep, world_->size()));
+    const testing::TrainerRun plain = testing::run_trainer(config("ep" + n, {{"parallel.ep", n}}), &mesh);
+    expect_close(plain, ref, fmt::format("ep {} (dp {})", ep, world_->size()));
+    // The experts' state exactly; the expert-side rows at the balanced load.
+    testing::expect_memory_matches(plain.predicted, plain.memory, "MoE ep " + n);
     expect_close(testing::run_trainer(config("ep" + n + "_full", {{"parallel.ep", n},
                                                                    {"train.recompute", "full"}}),
                                       &mesh),
                  ref, fmt::format("ep {} (dp {}), recompute full", ep, world_->size()));
     // ZeRO shards the experts' state over their expert-data-parallel group.
     for (const char* zero : {"1", "3"}) {
-      expect_close(testing::run_trainer(config(fmt::format("ep{}_z{}", n, zero),
-                                               {{"parallel.ep", n}, {"parallel.zero", zero}}),
-                                        &mesh),
-                   ref, fmt::format("ep {} (dp {}) ZeRO-{}", ep, world_->size(), zero));
+      const testing::TrainerRun run = testing::run_trainer(
+          config(fmt::format("ep{}_z{}", n, zero), {{"parallel.ep", n}, {"parallel.zero", zero}}),
+          &mesh);
+      expect_close(run, ref, fmt::format("ep {} (dp {}) ZeRO-{}", ep, world_->size(), zero));
+      testing::expect_memory_matches(run.predicted, run.memory,
+                                     fmt::format("MoE ep {} ZeRO-{}", n, zero));
     }
     // Dropless in bf16, and DeepSeek-V3's bias balancing (the loads summed
     // over the dp ranks, the bias moved the same on every rank).

@@ -585,6 +585,7 @@ std::string_view prediction_basis_name(PredictionBasis basis) {
   switch (basis) {
     case PredictionBasis::exact: return "exact";
     case PredictionBasis::bound: return "bound";
+    case PredictionBasis::balanced: return "balanced load";
   }
   return "?";
 }
@@ -856,6 +857,10 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
                                                             probe.slots.f16_staging));
   }
 
+  if (p.ep > 1) {  // the expert side's rows follow the routing
+    out.basis[idx(MemCategory::activations)] = PredictionBasis::balanced;
+    out.basis[idx(MemCategory::workspace)] = PredictionBasis::balanced;
+  }
   for (size_t c = 0; c < kMemCategories; ++c) {
     if (out.basis[c] != PredictionBasis::bound) out.floor[c] = out.peak[c];
   }

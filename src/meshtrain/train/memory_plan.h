@@ -24,6 +24,11 @@ namespace meshtrain {
 enum class PredictionBasis : uint8_t {
   exact,     // the bytes the engine allocates
   bound,     // an upper bound on a timing-dependent peak (prefetch, async collectives)
+  // Routing-dependent (expert parallelism): the rows a rank's experts receive
+  // depend on the router, so they are counted at the balanced load (what a
+  // rank sends); a step whose routing is imbalanced exceeds it by up to its
+  // imbalance on those buffers (docs/moe.md).
+  balanced,
 };
 std::string_view prediction_basis_name(PredictionBasis basis);
 
