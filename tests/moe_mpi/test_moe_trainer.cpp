@@ -331,6 +331,14 @@ TEST_F(MoeTrainer, ExpertParallelEqualsOneRank) {
     expect_close(plain, ref, fmt::format("ep {} (dp {})", ep, world_->size()));
     // The experts' state exactly; the expert-side rows at the balanced load.
     testing::expect_memory_matches(plain.predicted, plain.memory, "MoE ep " + n);
+    // The all-to-alls reach metrics.jsonl and the report's communication section.
+    EXPECT_GT(plain.records.back().ep_comm_bytes, 0u);
+    world_->barrier();
+    if (world_->rank() == 0) {
+      const nlohmann::json summary = report::summarize_run(dir_ + "/ep" + n);
+      EXPECT_GT(summary["comm"][0]["all_to_all_ms"].get<double>(), 0.0);
+      EXPECT_NE(report::render_html(summary).find("<th>all-to-all ms</th>"), std::string::npos);
+    }
     expect_close(testing::run_trainer(config("ep" + n + "_full", {{"parallel.ep", n},
                                                                    {"train.recompute", "full"}}),
                                       &mesh),

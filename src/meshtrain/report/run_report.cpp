@@ -90,16 +90,19 @@ std::string comm_section(const json& s) {
   std::string rows;
   for (const json& c : s["comm"]) {
     groups.push_back({fmt::format("rank {}", c["rank"].get<int>()),
-                      {as_double(c["comm_share"]) * 100, as_double(c["exposed_share"]) * 100}});
-    rows += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                        c["rank"].get<int>(), fmt_num(c["step_ms"], "{:.1f}"),
-                        fmt_num(c["comm_ms"], "{:.1f}"), fmt_num(c["exposed_comm_ms"], "{:.1f}"),
-                        percent(c["comm_share"]), percent(c["exposed_share"]));
+                      {as_double(c["comm_share"]) * 100, as_double(c["exposed_share"]) * 100,
+                       as_double(c["all_to_all_share"]) * 100}});
+    rows += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        c["rank"].get<int>(), fmt_num(c["step_ms"], "{:.1f}"), fmt_num(c["comm_ms"], "{:.1f}"),
+        fmt_num(c["exposed_comm_ms"], "{:.1f}"), percent(c["comm_share"]),
+        percent(c["exposed_share"]), fmt_num(c["all_to_all_ms"], "{:.1f}"));
   }
   return bar_chart("comm", "communication share of the step per rank", "% of step",
-                   {"communication", "exposed"}, {kBlue, kRed}, groups) +
+                   {"gradient communication", "exposed", "expert all-to-all (exposed)"},
+                   {kBlue, kRed, kOrange}, groups) +
          "<table id=\"table-comm\"><tr><th>rank</th><th>step ms</th><th>comm ms</th><th>exposed ms</th>"
-         "<th>comm share</th><th>exposed share</th></tr>" + rows + "</table>";
+         "<th>comm share</th><th>exposed share</th><th>all-to-all ms</th></tr>" + rows + "</table>";
 }
 
 std::string pipeline_section(const json& s) {

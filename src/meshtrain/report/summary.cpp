@@ -264,13 +264,17 @@ nlohmann::json summarize_run(const std::string& run_dir) {
     const double step_mean = mean_of(rr.steps, "step_ms");
     const double comm_ms = mean_of(rr.steps, "comm_ms");
     const double exposed = mean_of(rr.steps, "exposed_comm_ms");
-    if (comm_ms > 0) any_comm = true;
+    // Expert parallelism's all-to-alls (all of them exposed: they block the compute).
+    const double a2a_ms = mean_of(rr.steps, "ep_comm_ms");
+    if (comm_ms > 0 || a2a_ms > 0) any_comm = true;
     comm.push_back({{"rank", rank},
                     {"step_ms", number_or_null(step_mean)},
                     {"comm_ms", number_or_null(comm_ms)},
                     {"exposed_comm_ms", number_or_null(exposed)},
                     {"comm_share", number_or_null(comm_ms / step_mean)},
-                    {"exposed_share", number_or_null(exposed / step_mean)}});
+                    {"exposed_share", number_or_null(exposed / step_mean)},
+                    {"all_to_all_ms", number_or_null(a2a_ms)},
+                    {"all_to_all_share", number_or_null(a2a_ms / step_mean)}});
     const bool piped = !rr.steps.empty() && rr.steps.rbegin()->second.contains("pp_bubble");
     if (piped) {
       any_pipe = true;
