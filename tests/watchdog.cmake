@@ -20,6 +20,7 @@ endforeach()
 meshtrain_stall_test(moe_ep 2 stop)
 meshtrain_stall_test(moe_ep 4 stop)
 meshtrain_stall_test(ddp 2 kill)
+meshtrain_stall_test(moe_ep 2 kill)
 meshtrain_stall_test(pipeline 4 kill)
 # A run without flight records: one line naming where they were looked for, io's code.
 meshtrain_cli_case(debug_hang_no_records 3

@@ -353,8 +353,18 @@ TEST_F(MoeTrainer, ExpertParallelEqualsOneRank) {
                                      fmt::format("MoE ep {} ZeRO-{}", n, zero));
     }
     // Dropless in bf16, and DeepSeek-V3's bias balancing (the loads summed
-    // over the dp ranks, the bias moved the same on every rank).
+    // over the dp ranks, the bias moved the same on every rank); ZeRO-2, and
+    // ZeRO-3 with the state (the experts' flats too) offloaded to host copies.
     if (ep == 2) {
+      expect_close(testing::run_trainer(config("ep2_z2", {{"parallel.ep", n},
+                                                          {"parallel.zero", "2"}}),
+                                        &mesh),
+                   ref, "ep 2 ZeRO-2");
+      expect_close(testing::run_trainer(config("ep2_z3_cpu", {{"parallel.ep", n},
+                                                              {"parallel.zero", "3"},
+                                                              {"parallel.offload", "cpu"}}),
+                                        &mesh),
+                   ref, "ep 2 ZeRO-3, offload cpu");
       const ConfigOverrides bf16{{"moe.capacity_factor", "0"}, {"train.precision", "bf16"}};
       ConfigOverrides at_ep = bf16;
       at_ep.emplace_back("parallel.ep", n);
