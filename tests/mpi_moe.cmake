@@ -8,3 +8,6 @@ foreach(np 1 2)
 endforeach()
 # ep 4, ep 2 x pp 2, and resuming at ep 4: the expert-parallel tests only.
 meshtrain_mpi_test(moe.np4 test_moe_mpi 4 TIMEOUT 400 ARGS --gtest_filter=*ExpertParallel*)
+# ep 4 x tp 2 on 8 ranks.
+meshtrain_mpi_test(moe.np8 test_moe_mpi 8 TIMEOUT 300
+                   ARGS --gtest_filter=*ExpertParallelWithTensorParallel*)

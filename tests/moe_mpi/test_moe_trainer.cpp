@@ -411,8 +411,18 @@ TEST_F(MoeTrainer, TensorParallelEqualsOneRank) {
 }
 
 TEST_F(MoeTrainer, ExpertParallelWithTensorParallelEqualsOneRank) {
-  if (world_->size() != 4) GTEST_SKIP() << "needs 4 ranks (tp 2 x dp 2)";
+  if (world_->size() != 4 && world_->size() != 8) {
+    GTEST_SKIP() << "needs 4 or 8 ranks (tp 2 x dp 2 or 4)";
+  }
   const testing::TrainerRun ref = reference("ep_tp_ref");
+  if (world_->size() == 8) {  // ep 4 x tp 2 (dp 4)
+    DeviceMesh mesh(*world_, 2, 1, 4);
+    expect_close(testing::run_trainer(config("ep4_tp2", {{"parallel.ep", "4"}, {"parallel.tp", "2"},
+                                                         {"parallel.sequence_parallel", "true"}}),
+                                      &mesh),
+                 ref, "ep 4 x tp 2 + SP (dp 4)");
+    return;
+  }
   DeviceMesh mesh(*world_, 2, 1, 2);
   for (const char* zero : {"0", "1"}) {
     expect_close(testing::run_trainer(config(fmt::format("ep2_tp2_z{}", zero),
