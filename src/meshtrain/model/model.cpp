@@ -249,6 +249,16 @@ void Model::copy_master_from_host(Parameter& p, const float* src) {
   backend_.copy_from_host(src, p.master);
 }
 
+void Model::add_to_master(Parameter& p, std::span<const float> delta) {
+  MESHTRAIN_CHECK(static_cast<int64_t>(delta.size()) == p.spec.numel() && !p.compute.defined(),
+                  "model: add_to_master of '{}' needs {} values and an f32 parameter",
+                  p.spec.name, p.spec.numel());
+  std::vector<float> values(delta.size());
+  copy_master_to_host(p, values.data());
+  for (size_t k = 0; k < values.size(); ++k) values[k] += delta[k];
+  copy_master_from_host(p, values.data());
+}
+
 void Model::sync_compute_weights() {
   require_flat("sync_compute_weights");
   for (Parameter& p : params_) {

@@ -150,6 +150,9 @@ class Model {
   // weights, whatever device holds them. After writing, sync_compute_weights.
   void copy_master_to_host(const Parameter& p, float* dst) const;
   void copy_master_from_host(Parameter& p, const float* src);
+  // p's master values += delta (p.spec.numel() floats), through the host; an
+  // f32 parameter (its master is what the model reads).
+  void add_to_master(Parameter& p, std::span<const float> delta);
 
   // Layout-independent initialisation from the seed.
   void init_weights(uint64_t seed);

@@ -420,10 +420,7 @@ std::optional<size_t> Model::selection_bias_param(int64_t layer) const {
 void Model::update_selection_bias(int64_t layer, std::span<const int64_t> tokens) {
   const std::optional<size_t> i = selection_bias_param(layer);
   if (!i) return;
-  const std::vector<float> change = selection_bias_change(tokens);
-  std::vector<float> bias = selection_bias(layer);
-  for (size_t e = 0; e < bias.size(); ++e) bias[e] += change[e];
-  copy_master_from_host(params_[*i], bias.data());
+  add_to_master(params_[*i], selection_bias_change(tokens));
 }
 
 std::vector<float> Model::selection_bias_change(std::span<const int64_t> tokens) const {

@@ -17,6 +17,16 @@ layout::ShardMap split_replica_writes(const layout::ShardMap& model_map, int64_t
                               std::vector<ReplicaGroup>(model_map.tensors.size(), {dp, dp_rank}));
 }
 
+std::vector<ReplicaGroup> replica_groups(const std::vector<ParamSpec>& specs, int64_t dp,
+                                         int64_t dp_rank, int64_t ep) {
+  std::vector<ReplicaGroup> groups;
+  for (const ParamSpec& spec : specs) {
+    groups.push_back(ep > 1 && spec.expert ? ReplicaGroup{dp / ep, dp_rank / ep}
+                                           : ReplicaGroup{dp, dp_rank});
+  }
+  return groups;
+}
+
 layout::ShardMap split_replica_writes(const layout::ShardMap& model_map,
                                       const std::vector<ReplicaGroup>& by_tensor) {
   layout::ShardMap map;
@@ -49,10 +59,10 @@ class ReplicatedDataParallel final : public DataParallel {
     if (mesh != nullptr && mesh->dp().size() > 1) {
       // Pipelines reduce once, after the schedule's last backward. Under
       // expert parallelism the experts' gradients average over their group.
-      experts_ = model.expert_parallel().active() ? &mesh->edp() : nullptr;
       ddp_ = std::make_unique<DistributedDataParallel>(
           model, mesh->dp(),
-          DdpOptions{config.parallel.bucket_mb, config.parallel.overlap && !pipelined}, experts_);
+          DdpOptions{config.parallel.bucket_mb, config.parallel.overlap && !pipelined},
+          model.expert_parallel().active() ? &mesh->edp() : nullptr);
       overlap_ = config.parallel.overlap;
       bucket_mb_ = config.parallel.bucket_mb;
     }
@@ -101,12 +111,11 @@ class ReplicatedDataParallel final : public DataParallel {
   layout::ShardMap shard_map(const layout::ShardMap& model_map) const override {
     if (!ddp_) return model_map;
     // The map's tensors are the model's parameters, in registry order.
-    std::vector<ReplicaGroup> groups;
-    for (const Parameter& p : model_.params()) {
-      Communicator& group = experts_ != nullptr && p.spec.expert ? *experts_ : ddp_->dp();
-      groups.push_back({group.size(), group.rank()});
-    }
-    return split_replica_writes(model_map, groups);
+    std::vector<ParamSpec> specs;
+    for (const Parameter& p : model_.params()) specs.push_back(p.spec);
+    return split_replica_writes(model_map, replica_groups(specs, ddp_->dp().size(),
+                                                         ddp_->dp().rank(),
+                                                         model_.expert_parallel().size()));
   }
   layout::StateAccess& state() override { return optimizer_; }
   void finish_load() override { model_.sync_compute_weights(); }
@@ -117,15 +126,12 @@ class ReplicatedDataParallel final : public DataParallel {
     return values;
   }
   void add_to_parameter(size_t i, std::span<const float> delta) override {
-    std::vector<float> values = parameter_values(i);
-    for (size_t k = 0; k < values.size(); ++k) values[k] += delta[k];
-    model_.copy_master_from_host(model_.params()[i], values.data());
+    model_.add_to_master(model_.params()[i], delta);
   }
 
  private:
   Model& model_;
   AdamW optimizer_;
-  Communicator* experts_ = nullptr;  // the expert-data-parallel group (ep > 1)
   std::unique_ptr<DistributedDataParallel> ddp_;  // after optimizer_: uses the model's hooks
   bool overlap_ = true;
   double bucket_mb_ = 0;

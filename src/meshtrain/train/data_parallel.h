@@ -76,6 +76,11 @@ struct ReplicaGroup {
 };
 layout::ShardMap split_replica_writes(const layout::ShardMap& model_map,
                                       const std::vector<ReplicaGroup>& by_tensor);
+// Those groups for parameters `specs` (registry order) on dp rank `dp_rank`
+// of dp under expert parallelism ep (comm/mesh.h: dp_rank = edp_rank * ep +
+// ep_rank): routed experts over the dp / ep ranks holding them, the rest over dp.
+std::vector<ReplicaGroup> replica_groups(const std::vector<ParamSpec>& specs, int64_t dp,
+                                         int64_t dp_rank, int64_t ep);
 
 // How the model must store its parameters for the data parallelism `config` asks for.
 ParamStorage data_parallel_storage(const TrainConfig& config);

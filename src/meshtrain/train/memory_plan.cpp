@@ -443,19 +443,12 @@ int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& hel
     offset += held.specs[i].numel();
   }
   layout::ShardMap map = params_shard_map(held.specs, coord.tp, duplicate);
-  const int ep = config.parallel.ep;
   if (config.parallel.zero > 0) {
     const zero::ZeroLayout layout = zero::make_zero_layout(
         held.specs, held.units, config.train.precision, dp, expert_dp_size(config, dp));
     map = zero::narrow_to_shard(layout, offsets, map, coord.dp);
   } else if (dp > 1) {
-    // Routed experts' replicas: the expert-data-parallel group (comm/mesh.h).
-    std::vector<ReplicaGroup> groups;
-    for (const ParamSpec& spec : held.specs) {
-      groups.push_back(ep > 1 && spec.expert ? ReplicaGroup{dp / ep, coord.dp / ep}
-                                             : ReplicaGroup{dp, coord.dp});
-    }
-    map = split_replica_writes(map, groups);
+    map = split_replica_writes(map, replica_groups(held.specs, dp, coord.dp, config.parallel.ep));
   }
   return map.owned_state_numel();
 }

@@ -677,10 +677,7 @@ void ShardedDataParallel::add_to_parameter(size_t param, std::span<const float> 
   const size_t flat = layout_.param_flat[param];
   if (options_.stage <= 2) {
     wait_gather(flat);
-    std::vector<float> values(delta.size());
-    model_.copy_master_to_host(p, values.data());
-    for (size_t k = 0; k < values.size(); ++k) values[k] += delta[k];
-    model_.copy_master_from_host(p, values.data());
+    model_.add_to_master(p, delta);
     return;
   }
   std::vector<float> values;
