@@ -98,7 +98,7 @@ TEST(HfConfig, BadConfigsNameTheFileAndKey) {
     "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 97)";
   auto parse = [](const std::string& body) { parse_hf_config("{" + body + "}", "cfg/config.json"); };
   EXPECT_ERROR(parse_hf_config("{", "cfg/config.json"), "cfg/config.json", "not valid JSON");
-  EXPECT_ERROR(parse(R"("model_type": "mistral")"), "cfg/config.json", "model_type 'mistral'");
+  EXPECT_ERROR(parse(R"("model_type": "falcon")"), "cfg/config.json", "model_type 'falcon'");
   EXPECT_ERROR(parse(R"("model_type": "llama", "hidden_size": 64)"), "cfg/config.json",
                "key 'intermediate_size' is missing");
   EXPECT_ERROR(parse(llama + R"(, "num_key_value_heads": "two")"), "cfg/config.json",
@@ -121,7 +121,7 @@ TEST(HfConfig, BadConfigsNameTheFileAndKey) {
   EXPECT_ERROR(parse(llama + R"(, "attention_bias": true)"), "cfg/config.json",
                "key 'attention_bias'");
   EXPECT_ERROR(parse(llama + R"(, "rms_norm_eps": -1)"), "cfg/config.json", "key 'rms_norm_eps'");
-  EXPECT_ERROR(parse(llama + R"(, "head_dim": 32)"), "cfg/config.json", "key 'head_dim'");
+  EXPECT_ERROR(parse(llama + R"(, "head_dim": 15)"), "cfg/config.json", "model.head_dim: 15");
   EXPECT_ERROR(parse(R"("model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
     "vocab_size": 97, "activation_function": "relu")"), "cfg/config.json", "'activation_function'");
   EXPECT_ERROR(read_hf_config(scratch_dir() + "/none/config.json"), "none/config.json",
@@ -158,11 +158,94 @@ TEST(HfConfig, MixtralRoutingIsReadWrittenAndRefusedByKey) {
                "key 'sliding_window' = 4096 is not supported");
   EXPECT_ERROR(parse(mixtral + R"(, "num_experts_per_tok": 9)"), "cfg/config.json", "moe.top_k");
   ModelConfig shared = c;
-  shared.moe.shared_hidden = 8;
-  EXPECT_ERROR(hf_config_json(shared), "moe.shared_hidden > 0", "no Mixtral config.json form");
-  ModelConfig plain = c;
-  plain.moe.renormalize = false;
-  EXPECT_ERROR(hf_config_json(plain), "moe.renormalize = false", "no Mixtral config.json form");
+  shared.moe.shared_hidden = 8;  // ungated: no architecture has it
+  EXPECT_ERROR(hf_config_json(shared), "no Hugging Face architecture expresses this model",
+               "mixtral: it has no shared experts (moe.shared_hidden, moe.shared_gate)");
+  ModelConfig sigmoid = c;
+  sigmoid.moe.score = ops::RouterScore::sigmoid;
+  EXPECT_ERROR(hf_config_json(sigmoid), "no Hugging Face architecture", "moe.score = \"sigmoid\"");
+}
+
+// The Qwen and OLMoE architectures (ckpt/hf.cpp kHfArchs): each written and
+// read back to the same model, picked by the model's options; their
+// unimplemented keys refused by name.
+TEST(HfConfig, QwenAndOlmoeArchitecturesRoundTripAndRefuseByKey) {
+  ModelConfig qwen2 = testing::small_llama(false);
+  qwen2.qkv_bias = true;
+  ModelConfig qwen3 = testing::small_llama(false);
+  qwen3.qk_norm = QkNorm::head;
+  qwen3.head_width = 32;  // 4 heads of 32 over dim 64
+  ModelConfig qwen2_moe = small_mixtral();
+  qwen2_moe.qkv_bias = true;
+  qwen2_moe.hidden_dim = 24;  // the dense layers'
+  qwen2_moe.moe.renormalize = false;
+  qwen2_moe.moe.shared_hidden = 16;
+  qwen2_moe.moe.shared_gate = true;
+  qwen2_moe.moe.first_dense = 1;
+  ModelConfig qwen3_moe = small_mixtral();
+  qwen3_moe.n_layers = 5;
+  qwen3_moe.hidden_dim = 24;
+  qwen3_moe.qk_norm = QkNorm::head;
+  qwen3_moe.moe.first_dense = 1;
+  qwen3_moe.moe.every = 2;  // layers 1 and 3
+  ModelConfig olmoe = small_mixtral();
+  olmoe.qk_norm = QkNorm::full;
+  olmoe.moe.renormalize = false;
+  const std::pair<ModelConfig, const char*> cases[] = {
+      {qwen2, "Qwen2ForCausalLM"},        {qwen3, "Qwen3ForCausalLM"},
+      {qwen2_moe, "Qwen2MoeForCausalLM"}, {qwen3_moe, "Qwen3MoeForCausalLM"},
+      {olmoe, "OlmoeForCausalLM"}};
+  for (const auto& [c, arch] : cases) {
+    SCOPED_TRACE(arch);
+    const std::string text = hf_config_json(c);
+    EXPECT_NE(text.find(arch), std::string::npos) << text;
+    const ModelConfig back = parse_hf_config(text, "config.json");
+    expect_same_config(back, c);
+    EXPECT_EQ(back.head_dim(), c.head_dim());
+    EXPECT_EQ(back.qkv_bias, c.qkv_bias);
+    EXPECT_EQ(back.qk_norm, c.qk_norm);
+    if (c.moe.enabled()) {
+      EXPECT_EQ(back.moe, c.moe);
+    }
+  }
+  ModelConfig plain = small_mixtral();
+  plain.moe.renormalize = false;  // Mixtral always renormalises; the others have QK-norm
+  EXPECT_ERROR(hf_config_json(plain), "mixtral: it has no moe.renormalize = false",
+               "qwen2_moe: it always has a gated shared expert");
+  ModelConfig both = qwen2;
+  both.qk_norm = QkNorm::head;
+  EXPECT_ERROR(hf_config_json(both), "no Hugging Face architecture",
+               "qwen3: it has no q/k/v biases");
+
+  auto parse = [](const std::string& body) { return parse_hf_config("{" + body + "}", "c/config.json"); };
+  const std::string shape = R"("hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "vocab_size": 97)";
+  const std::string moe = shape + R"(, "num_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32)";
+  EXPECT_ERROR(parse(R"("model_type": "olmoe", )" + moe + R"(, "clip_qkv": 8.0)"), "c/config.json",
+               "key 'clip_qkv' = 8.0 is not supported");
+  EXPECT_ERROR(parse(R"("model_type": "qwen3_moe", )" + moe + R"(, "attention_bias": true)"),
+               "c/config.json", "key 'attention_bias' = true is not supported");
+  EXPECT_ERROR(parse(R"("model_type": "qwen2", )" + shape + R"(, "use_sliding_window": true)"),
+               "c/config.json", "key 'use_sliding_window' = true is not supported");
+  EXPECT_ERROR(parse(R"("model_type": "qwen2_moe", )" + moe + R"(, "mlp_only_layers": [1])"),
+               "c/config.json", "keys 'mlp_only_layers' = [1] and 'decoder_sparse_step' = 1");
+  EXPECT_ERROR(parse(R"("model_type": "mistral", )" + shape + R"(, "sliding_window": 4096)"),
+               "c/config.json", "key 'sliding_window' = 4096 is not supported");
+  EXPECT_ERROR(parse(R"("model_type": "qwen3", )" + shape + R"(, "head_dim": 15)"),
+               "c/config.json", "model.head_dim: 15 must be even");
+  EXPECT_ERROR(parse(R"("model_type": "deepseek_v3", )" + shape), "c/config.json",
+               "model_type 'deepseek_v3' is not supported");
+  const ModelConfig qwen3_read = parse(R"("model_type": "qwen3_moe", )" + moe +
+                                       R"(, "head_dim": 128, "norm_topk_prob": true,
+                                            "decoder_sparse_step": 2)");
+  EXPECT_EQ(qwen3_read.head_dim(), 128);
+  EXPECT_EQ(qwen3_read.qk_norm, QkNorm::head);
+  EXPECT_TRUE(qwen3_read.moe.renormalize);
+  EXPECT_EQ(qwen3_read.moe.first_dense, 1);
+  EXPECT_EQ(qwen3_read.moe.every, 2);
+  EXPECT_EQ(qwen3_read.moe.hidden_dim, 32);
+  EXPECT_EQ(qwen3_read.hidden_dim, 96);
 }
 
 TEST(HfRope, PermutationMatchesConvertLlamaWeightsToHf) {

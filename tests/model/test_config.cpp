@@ -64,7 +64,7 @@ std::string validate_message(const ModelConfig& c) {
 TEST(ModelConfig, ValidateNamesTheField) {
   ModelConfig c = model_preset("llama-tiny");
   c.n_heads = 7;
-  EXPECT_EQ(validate_message(c), "model.n_heads: 7 does not divide dim 64");
+  EXPECT_EQ(validate_message(c), "model.n_heads: 7 does not divide dim 64 (or set model.head_dim)");
 
   c = model_preset("llama-tiny");
   c.n_kv_heads = 3;

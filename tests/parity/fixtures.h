@@ -76,7 +76,8 @@ inline MoeConfig moe_from_json(const std::string& text) {
   return m;
 }
 
-// The case's model (config from the weights file's metadata) with its initial weights.
+// The case's model (config from the weights file's metadata: config.json, and
+// the [moe] settings and attention options where it has them) with its initial weights.
 struct FixtureModel {
   MemoryTracker tracker;
   cpu::CpuBackend ctx{0, tracker};
@@ -87,6 +88,12 @@ struct FixtureModel {
     SafetensorsReader weights(path);
     ModelConfig config = parse_hf_config(weights.metadata("config"), path);
     if (weights.metadata().contains("moe")) config.moe = moe_from_json(weights.metadata("moe"));
+    if (weights.metadata().contains("attention")) {
+      const auto j = nlohmann::json::parse(weights.metadata("attention"));
+      config.qkv_bias = j.at("qkv_bias");
+      config.qk_norm = parse_qk_norm(j.at("qk_norm").get<std::string>());
+      config.head_width = j.at("head_dim");
+    }
     config.validate();
     model = std::make_unique<Model>(config, precision, ctx);
     load_model_weights(*model, weights);

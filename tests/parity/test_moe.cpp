@@ -142,7 +142,9 @@ TEST_P(MoeReference, Bf16StaysWithinItsTolerance) {
 
 INSTANTIATE_TEST_SUITE_P(Routers, MoeReference,
                          ::testing::Values("moe_mixtral", "moe_qwen2", "moe_deepseek",
-                                           "moe_dense_mixture", "moe_capacity"));
+                                           "moe_dense_mixture", "moe_capacity",
+                                           // With their families' attention options.
+                                           "attn_qwen2_moe", "attn_qwen3_moe", "attn_olmoe"));
 
 // A capacity of at least every choice (N * top_k per expert) drops nothing:
 // the dropless run, bit for bit; below it choices are dropped and counted.

@@ -20,7 +20,7 @@ namespace {
 
 TEST(Presets, ParameterCountsWithinOnePercentOfPublished) {
   const std::vector<std::string> names = plan_model_names();
-  ASSERT_EQ(names.size(), 13u);
+  ASSERT_EQ(names.size(), 14u);
   for (const std::string& name : names) {
     const PlanModel m = plan_model(name);
     ASSERT_GT(m.published_params, 0) << name;
@@ -43,6 +43,17 @@ TEST(Presets, ExactCountsOfTheOfficialCheckpoints) {
   EXPECT_EQ(plan_model("llama3-8b").config.num_params(), 8030261248);
   EXPECT_EQ(plan_model("llama3-70b").config.num_params(), 70553706496);
   EXPECT_EQ(plan_model("llama3-405b").config.num_params(), 405853388800);
+}
+
+// Qwen3-30B-A3B's active parameters (its model card: 3.3B activated): the
+// planner's FLOPs count top_k of 128 experts per token.
+TEST(Presets, Qwen3MoeCountsItsActiveParameters) {
+  const ModelConfig c = plan_model("qwen3-30b-a3b").config;
+  EXPECT_EQ(c.head_dim(), 128);
+  EXPECT_NE(c.attention_width(), c.dim);
+  double active = 0;
+  for (const ParamSpec& spec : build_param_specs(c)) active += spec.active * static_cast<double>(spec.numel());
+  EXPECT_NEAR(active / 3.3e9, 1.0, 0.02) << active;
 }
 
 TEST(Presets, UnknownNameListsTheKnownOnes) {

@@ -234,16 +234,30 @@ MOE_CASES = {
     # A capacity of 0.75 of the mean load: experts over it drop their lowest-weight choices.
     "moe_capacity": ref.Moe(experts=4, top_k=2, hidden_dim=16, aux_loss=0.1, capacity_factor=0.75),
 }
+# Today's attention options with their families' MoE layouts (model.qkv_bias, qk_norm, head_dim).
+ATTENTION = {
+    "attn_qwen2_moe": {"qkv_bias": True},
+    "attn_qwen3_moe": {"qk_norm": "head", "head_width": 12},
+    "attn_olmoe": {"qk_norm": "full"},
+}
+MOE_CASES.update({
+    "attn_qwen2_moe": ref.Moe(experts=4, top_k=2, hidden_dim=16, renormalize=False, shared_hidden=24,
+                              shared_gate=True, aux_loss=0.1),
+    "attn_qwen3_moe": ref.Moe(experts=4, top_k=2, hidden_dim=16, first_dense=1, aux_loss=0.1),
+    "attn_olmoe": ref.Moe(experts=4, top_k=2, hidden_dim=16, renormalize=False, aux_loss=0.1),
+})
 
 
 def moe_case(name, m, out_dir, seed):
     base = CASES["llama_gqa"]
-    c = ref.Config(**{**base.__dict__, "moe": m})
+    c = ref.Config(**{**base.__dict__, "moe": m, **ATTENTION.get(name, {})})
     P0 = init_weights(c, seed)
     g = torch.Generator().manual_seed(seed + 1)
     data = torch.randint(0, c.vocab_size, (BATCH, SEQ["llama_gqa"] + 1), generator=g)
     tokens, targets = data[:, :-1], data[:, 1:]
     meta = {"config": json.dumps(c.hf_config(), indent=2), "moe": json.dumps(m.__dict__)}
+    if name in ATTENTION:
+        meta["attention"] = json.dumps(c.attention())
     stfile.write(os.path.join(out_dir, f"{name}.weights.safetensors"),
                  {k: f32(v) for k, v in P0.items()}, meta)
     P = leaf_copy(P0, torch.float64)
@@ -376,9 +390,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(here, "fixtures"))
     parser.add_argument("--stories", default=os.path.join(os.path.dirname(here), "models", "stories260K.bin"))
+    parser.add_argument("--only", help="write the MoE case of this name only")
     args = parser.parse_args()
     torch.set_num_threads(1)  # fixed reduction order: bit-identical fixtures run to run
     os.makedirs(args.out, exist_ok=True)
+    if args.only:
+        seed = list(MOE_CASES).index(args.only)
+        moe_case(args.only, MOE_CASES[args.only], args.out, 2000 + 10 * seed)
+        return
     for seed, (name, c) in enumerate(CASES.items()):
         model_case(name, c, args.out, 1000 + 10 * seed)
         lora_case(name, c, args.out, 1000 + 10 * seed)

@@ -16,7 +16,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MixtralConfig, MixtralForCausalLM)
+                          MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 SEQ = 40  # positions past the llama3 case's original context (16)
 
@@ -61,6 +63,26 @@ def cases():
                             rope_parameters={"rope_type": "default", "rope_theta": 1e4},
                             tie_word_embeddings=False, attn_implementation="eager")
     yield "mixtral", MixtralForCausalLM, mixtral, {}
+    # Today's families: their attention options (q/k/v biases, QK-norm per head or over the
+    # whole projection, a head_dim of its own) and MoE layouts (a gated shared expert, dense
+    # layers among MoE ones, routing weights renormalised or not).
+    common = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                  attn_implementation="eager")
+    yield "qwen2", Qwen2ForCausalLM, Qwen2Config(intermediate_size=48, num_hidden_layers=2, **common), {}
+    yield "qwen3", Qwen3ForCausalLM, Qwen3Config(intermediate_size=48, num_hidden_layers=2, head_dim=16,
+                                                 **common), {}
+    moe = dict(num_experts_per_tok=2, moe_intermediate_size=24, router_aux_loss_coef=0.01)
+    yield "qwen2_moe", Qwen2MoeForCausalLM, Qwen2MoeConfig(
+        intermediate_size=48, num_hidden_layers=3, num_experts=4, shared_expert_intermediate_size=40,
+        mlp_only_layers=[0], norm_topk_prob=False, **moe, **common), {}
+    yield "qwen3_moe", Qwen3MoeForCausalLM, Qwen3MoeConfig(
+        intermediate_size=48, num_hidden_layers=3, num_experts=4, head_dim=16, decoder_sparse_step=2,
+        norm_topk_prob=True, **moe, **common), {}
+    yield "olmoe", OlmoeForCausalLM, OlmoeConfig(
+        intermediate_size=24, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=False, eos_token_id=None, pad_token_id=None, **common), {}
 
 
 def random_model(cls, config):

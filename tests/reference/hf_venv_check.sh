@@ -5,8 +5,9 @@
 #     their logits; test_ckpt's HfTransformers tests import them and compare.
 #  1b. tests/reference/peft_models.py writes LoRA adapters with peft; test_ckpt's
 #     LoraExport.PeftFixtures* merges them as peft's merge_and_unload() does.
-#  1c. The Mixtral model read and written back by meshtrain (per-expert tensors as
-#     save_pretrained writes them): transformers loads it and gives its own logits.
+#  1c. The Mixtral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and OLMoE models read and
+#     written back by meshtrain (per-expert tensors as save_pretrained writes them):
+#     transformers loads each as its own architecture and gives its own logits.
 #  2. A GPT-2-vocabulary model exported with the GPT-2 tokenizer: AutoTokenizer
 #     loads the export folder and encodes and decodes as meshtrain does.
 # usage: hf_venv_check.sh VENV_PYTHON TEST_CKPT MESHTRAIN WORK GPT2_RANKS
@@ -28,22 +29,25 @@ else
   echo "SKIP (peft part): no peft in the venv (scripts/setup_hf_venv.sh installs it)"
 fi
 
-# 1c. meshtrain's Mixtral export, loaded by transformers.
-"$bin" ckpt import --format hf --in "$work/models/hf_tiny_mixtral" --out "$work/mixtral_export"
-"$py" - "$work/mixtral_export" "$work/models/hf_tiny_mixtral/logits.safetensors" <<'PY'
-import sys, torch
+# 1c. meshtrain's exports of each MoE and attention family, loaded by transformers.
+for family in mixtral qwen2 qwen3 qwen2_moe qwen3_moe olmoe; do
+  "$bin" ckpt import --format hf --in "$work/models/hf_tiny_$family" --out "$work/${family}_export"
+  "$py" - "$work/${family}_export" "$work/models/hf_tiny_$family" <<'PY'
+import json, sys, torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], attn_implementation="eager").eval()
+want = json.load(open(sys.argv[2] + "/config.json"))["architectures"][0]
 vocab = model.config.vocab_size
 ids = torch.tensor([[(7 * t + 3) % vocab for t in range(40)]])
 with torch.no_grad():
     logits = model(ids).logits[0]
-ref = load_file(sys.argv[2])["logits"]
+ref = load_file(sys.argv[2] + "/logits.safetensors")["logits"]
 err = ((logits - ref).norm() / ref.norm()).item()
-assert type(model).__name__ == "MixtralForCausalLM" and err <= 1e-6, (type(model).__name__, err)
-print(f"ok: meshtrain's Mixtral export in transformers, logits rel err {err:.1e}")
+assert type(model).__name__ == want and err <= 1e-6, (type(model).__name__, want, err)
+print(f"ok: meshtrain's {want} export in transformers, logits rel err {err:.1e}")
 PY
+done
 
 if [ ! -f "$ranks" ]; then
   echo "SKIP (tokenizer part): no GPT-2 ranks at $ranks"

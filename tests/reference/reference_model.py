@@ -56,10 +56,20 @@ class Config:
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
     moe: Moe = None
+    # Attention options of today's families (meshtrain's model.qkv_bias, qk_norm, head_dim):
+    # q/k/v biases (Qwen2), RMSNorm of q and k before RoPE per head (Qwen3) or over the
+    # whole projection (OLMoE), a head width of its own (0: dim / n_heads).
+    qkv_bias: bool = False
+    qk_norm: str = "none"
+    head_width: int = 0
 
     @property
     def head_dim(self):
-        return self.dim // self.n_heads
+        return self.head_width or self.dim // self.n_heads
+
+    def attention(self):
+        """The attention options as a fixture's metadata "attention" (meshtrain's names)."""
+        return {"qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm, "head_dim": self.head_width}
 
     def hf_config(self):
         """config.json as meshtrain's hf.cpp writes and parses it."""
@@ -104,6 +114,13 @@ def param_shapes(c):
             out[p + "self_attn.q_proj.weight"] = ((c.n_heads * hd, c.dim), "matrix")
             out[p + "self_attn.k_proj.weight"] = ((c.n_kv_heads * hd, c.dim), "matrix")
             out[p + "self_attn.v_proj.weight"] = ((c.n_kv_heads * hd, c.dim), "matrix")
+            if c.qkv_bias:
+                for m, rows in (("q", c.n_heads * hd), ("k", c.n_kv_heads * hd), ("v", c.n_kv_heads * hd)):
+                    out[p + f"self_attn.{m}_proj.bias"] = ((rows,), "bias")
+            if c.qk_norm != "none":
+                head = c.qk_norm == "head"
+                out[p + "self_attn.q_norm.weight"] = ((hd if head else c.n_heads * hd,), "norm")
+                out[p + "self_attn.k_norm.weight"] = ((hd if head else c.n_kv_heads * hd,), "norm")
             out[p + "self_attn.o_proj.weight"] = ((c.dim, c.n_heads * hd), "matrix")
             out[p + "post_attention_layernorm.weight"] = ((c.dim,), "norm")
             if c.moe is not None and c.moe.is_moe_layer(i):
@@ -349,13 +366,21 @@ def llama_logits(P, c, tokens, rope="interleaved", positions=None, lora_scale=0.
     cos, sin = rope_angles(c, torch.arange(T) if positions is None else positions, x.dtype)
 
     def linear(h, module):
-        return F.linear(h, P[module + ".weight"]) + lora(h, P, module, lora_scale, dropout)
+        return F.linear(h, P[module + ".weight"], P.get(module + ".bias")) + lora(h, P, module, lora_scale, dropout)
+
+    def qk(h, module, norm, heads):
+        """A projection to [B, T, heads, hd], with its QK-norm (before RoPE)."""
+        y = linear(h, module)
+        if c.qk_norm == "full":
+            y = rms_norm(y, P[norm], c.norm_eps)
+        y = y.view(B, T, heads, hd)
+        return rms_norm(y, P[norm], c.norm_eps) if c.qk_norm == "head" else y
 
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
         h = rms_norm(x, P[p + "input_layernorm.weight"], c.norm_eps)
-        q = linear(h, p + "self_attn.q_proj").view(B, T, c.n_heads, hd)
-        k = linear(h, p + "self_attn.k_proj").view(B, T, c.n_kv_heads, hd)
+        q = qk(h, p + "self_attn.q_proj", p + "self_attn.q_norm.weight", c.n_heads)
+        k = qk(h, p + "self_attn.k_proj", p + "self_attn.k_norm.weight", c.n_kv_heads)
         v = linear(h, p + "self_attn.v_proj").view(B, T, c.n_kv_heads, hd)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         x = x + linear(causal_attention(q, k, v, positions), p + "self_attn.o_proj")

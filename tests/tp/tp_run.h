@@ -36,13 +36,33 @@ inline ModelConfig tp_gpt2() {
                                     .vocab_size = 37, .max_seq_len = 16, .tied = true});
 }
 
+// Qwen3's and Qwen2's attention options on the tp Llama: QK-norm per head
+// (replicated weights whose gradients sum the heads of every tp rank) with a
+// head width of 6, not dim / n_heads; q/k/v biases (split like their rows).
+inline ModelConfig tp_qwen3() {
+  ModelConfig c = tp_llama(false);
+  c.qk_norm = QkNorm::head;
+  c.head_width = 6;
+  return c;
+}
+
+inline ModelConfig tp_qwen2() {
+  ModelConfig c = tp_llama(false);
+  c.qkv_bias = true;
+  return c;
+}
+
 struct TpCase {
   ModelConfig model;
   const char* name;
 };
 
 inline std::vector<TpCase> tp_cases() {
-  return {{tp_llama(false), "llama untied"}, {tp_llama(true), "llama tied"}, {tp_gpt2(), "gpt2"}};
+  return {{tp_llama(false), "llama untied"},
+          {tp_llama(true), "llama tied"},
+          {tp_gpt2(), "gpt2"},
+          {tp_qwen3(), "qwen3 attention"},
+          {tp_qwen2(), "qwen2 attention"}};
 }
 
 // The tp sizes a world of `world` ranks can run (dp = world / tp).

@@ -72,13 +72,22 @@ RankMemory one_rank(const TrainConfig& c) { return predict_run_memory(c, 1).at(0
 
 // The one-rank prediction is the single-rank engine model of plan/memory.cpp,
 // reached through the layout code (param specs, stage selection, schedule).
+// Qwen3's attention (QK-norm per head, a head width that is not dim / n_heads)
+// with Qwen2's q/k/v biases, and OLMoE's QK-norm over the whole projection.
+const ConfigOverrides kQwenAttention = {
+    {"model.qk_norm", "head"}, {"model.head_dim", "12"}, {"model.qkv_bias", "true"}};
+const ConfigOverrides kOlmoeAttention = {{"model.qk_norm", "full"}};
+
 TEST_F(MemoryPlanTest, OneRankEqualsTheEngineModel) {
-  for (const char* family : {"llama", "gpt2"}) {
+  for (const char* family : {"llama", "gpt2", "qwen", "olmoe"}) {
+    const bool qwen = std::string(family) == "qwen", olmoe = std::string(family) == "olmoe";
     for (const char* mode : {"none", "selective", "full"}) {
       for (const char* layers : {"0", "2"}) {
         if (std::string(layers) != "0" && std::string(mode) != "full") continue;
-        const TrainConfig c = config(family, {{"train.recompute", mode},
-                                              {"train.recompute_layers", layers}});
+        ConfigOverrides extra = qwen ? kQwenAttention : olmoe ? kOlmoeAttention : ConfigOverrides{};
+        extra.push_back({"train.recompute", mode});
+        extra.push_back({"train.recompute_layers", layers});
+        const TrainConfig c = config(qwen || olmoe ? "llama" : family, extra);
         SCOPED_TRACE(fmt::format("{} recompute {} layers {}", family, mode, layers));
         const plan::MemoryBreakdown want = plan::engine_memory(
             c.model, c.train.precision, c.train.micro_batch_size, c.train.seq_len,
@@ -105,17 +114,22 @@ TEST_F(MemoryPlanTest, TrainerPeaksMatchThePrediction) {
     const char* precision;  // "" = the family's default
     const char* threads;
     bool probe = false;  // train.peak_flops = 0 (one recompute mode)
+    const ConfigOverrides* attention = nullptr;  // today's attention options
   };
   for (const Run& run : {Run{"llama", "", "1"}, Run{"gpt2", "", "1"}, Run{"llama", "fp16", "2"},
-                         Run{"gpt2", "fp16", "2"}, Run{"llama", "", "1", true}}) {
+                         Run{"gpt2", "fp16", "2"}, Run{"llama", "", "1", true},
+                         Run{"llama", "", "1", false, &kQwenAttention},
+                         Run{"llama", "fp32", "1", false, &kOlmoeAttention}}) {
     const char* family = run.family;
     for (const char* mode : {"none", "selective", "full"}) {
       if (run.probe && std::string(mode) != "none") continue;
-      const std::string out = fmt::format("{}_{}{}{}_{}", family, run.precision, run.threads,
-                                          run.probe ? "_probe" : "", mode);
+      const std::string out =
+          fmt::format("{}_{}{}{}{}_{}", family, run.precision, run.threads,
+                      run.probe ? "_probe" : "", run.attention ? "_attention" : "", mode);
       ConfigOverrides extra = {{"train.recompute", mode},
                                {"train.out_dir", dir_ + "/" + out},
                                {"train.threads", run.threads}};
+      if (run.attention != nullptr) extra.insert(extra.end(), run.attention->begin(), run.attention->end());
       if (*run.precision != 0) extra.push_back({"train.precision", run.precision});
       if (run.probe) extra.push_back({"train.peak_flops", "0"});
       const TrainConfig c = config(family, extra);

@@ -73,6 +73,16 @@ class Backend {
                                   const float* rstd, const float* dy, float* dx, float* dw,
                                   float* db, int64_t rows, int64_t dim) = 0;
 
+  // Group RMSNorm (ops::GroupNormDims), in place on the strided f32 x: its
+  // input is saved to `saved` [rows, count] f32, the stats to rstd
+  // [rows * groups]. Backward: dy (grad_dtype, strided like x) is replaced by
+  // d(input) in grad_dtype; dw [width] accumulates.
+  virtual void group_rmsnorm_forward(const ops::GroupNormDims& dims, float* x, const float* w,
+                                     float* saved, float* rstd) = 0;
+  virtual void group_rmsnorm_backward(const ops::GroupNormDims& dims, const float* saved,
+                                      const float* w, const float* rstd, DType grad_dtype,
+                                      void* dy, float* dw) = 0;
+
   // ---- feed-forward activations (f32 inputs, outputs in the compute dtype)
   // gate_up [rows, 2*hidden] = [gate | up]; out = silu(gate) * up.
   virtual void swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows,

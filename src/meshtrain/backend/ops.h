@@ -61,6 +61,16 @@ struct AttentionDims {
   int64_t position(int64_t b, int64_t t) const { return positions ? positions[b * seq + t] : t; }
 };
 
+// RMSNorm over groups of a strided f32 matrix (QK-norm, config.h QkNorm):
+// each of `rows` rows, `stride` values apart, has its first `count` values
+// normalised `width` at a time (a head's head_dim, or the whole
+// projection), each group with the same weight [width].
+struct GroupNormDims {
+  int64_t rows = 0, stride = 0, count = 0, width = 0;
+  float eps = 1e-6f;
+  int64_t groups() const { return count / width; }  // per row
+};
+
 // Token embeddings, learned positions optional. ids [batch * seq]; the table
 // holds the vocabulary slice [vocab_begin, vocab_end) (a tensor-parallel rank
 // holds one): ids outside it read zero rows and send no gradient. Token i's

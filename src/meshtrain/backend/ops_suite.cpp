@@ -397,6 +397,85 @@ void add_norm_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// The (row, group) blocks of a strided matrix as contiguous rows of `width`,
+// and back (the group RMSNorm's reference runs ref::rmsnorm on them).
+Vec gather_groups(const Vec& x, const ops::GroupNormDims& d) {
+  Vec out(static_cast<size_t>(d.rows * d.count));
+  for (int64_t r = 0; r < d.rows; ++r) {
+    for (int64_t i = 0; i < d.count; ++i) {
+      out[static_cast<size_t>(r * d.count + i)] = x[static_cast<size_t>(r * d.stride + i)];
+    }
+  }
+  return out;
+}
+
+void scatter_groups(const Vec& groups, const ops::GroupNormDims& d, Vec& x) {
+  for (int64_t r = 0; r < d.rows; ++r) {
+    for (int64_t i = 0; i < d.count; ++i) {
+      x[static_cast<size_t>(r * d.stride + i)] = groups[static_cast<size_t>(r * d.count + i)];
+    }
+  }
+}
+
+// QK-norm: per head (width < count) and over the whole projection, inside
+// rows with other columns after them (which must stay untouched).
+void add_group_norm_cases(std::vector<OpCase>& cases, Random& rng) {
+  const ops::GroupNormDims shapes[] = {{.rows = 1, .stride = 4, .count = 2, .width = 2},
+                                       {.rows = 7, .stride = 48, .count = 32, .width = 8},
+                                       {.rows = 5, .stride = 40, .count = 24, .width = 24},
+                                       {.rows = 33, .stride = 320, .count = 256, .width = 128}};
+  for (ops::GroupNormDims d : shapes) {
+    d.eps = 1e-6f;
+    const int64_t n = d.rows * d.stride, stats = d.rows * d.groups();
+    const Vec x = rounded(rng.uniform(n, -2, 2), DType::f32);
+    const Vec w = rounded(rng.uniform(d.width, 0.5, 1.5), DType::f32);
+    const Vec dw0 = rounded(rng.uniform(d.width), DType::f32);
+    const std::string shape = fmt::format("rows={} stride={} count={} width={}", d.rows, d.stride,
+                                          d.count, d.width);
+    // The reference on the groups as rows.
+    const Vec xg = gather_groups(x, d);
+    Vec yg(xg.size()), rstd(static_cast<size_t>(stats));
+    ref::rmsnorm_forward(xg, w, yg, rstd, stats, d.width, d.eps);
+    cases.push_back(OpCase{"group_rmsnorm_forward", shape, max_nmse(DType::f32),
+                           [=](Probe& p) {
+                             auto X = p.upload("x", DType::f32, x), W = p.upload("w", DType::f32, w);
+                             auto S = p.upload("saved", DType::f32, Vec(xg.size()));
+                             auto R = p.upload("rstd", DType::f32, Vec(rstd.size()));
+                             p.backend().group_rmsnorm_forward(d, X.as<float>(), W.as<float>(),
+                                                               S.as<float>(), R.as<float>());
+                             return Outputs{{"x", p.download(X)},
+                                            {"saved", p.download(S)},
+                                            {"rstd", p.download(R)}};
+                           },
+                           [=] {
+                             Vec y = x;
+                             scatter_groups(yg, d, y);
+                             return Outputs{{"x", y}, {"saved", xg}, {"rstd", rstd}};
+                           }});
+    const Vec saved_rstd = rounded(rstd, DType::f32);
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      const Vec dy = rounded(rng.uniform(n), dt);
+      cases.push_back(OpCase{
+          "group_rmsnorm_backward", fmt::format("{} {}", shape, dtype_name(dt)), max_nmse(dt),
+          [=](Probe& p) {
+            auto S = p.upload("saved", DType::f32, xg), W = p.upload("w", DType::f32, w);
+            auto R = p.upload("rstd", DType::f32, saved_rstd), DY = p.upload("dy", dt, dy);
+            auto DW = p.upload("dw", DType::f32, dw0);
+            p.backend().group_rmsnorm_backward(d, S.as<float>(), W.as<float>(), R.as<float>(), dt,
+                                               DY.data(), DW.as<float>());
+            return Outputs{{"dx", p.download(DY)}, {"dw", p.download(DW)}};
+          },
+          [=] {
+            const Vec dyg = gather_groups(dy, d);
+            Vec dxg(dyg.size(), 0.0), dw = dw0, dx = dy;
+            ref::rmsnorm_backward(xg, w, dyg, dxg, dw, stats, d.width, d.eps);
+            scatter_groups(dxg, d, dx);
+            return Outputs{{"dx", dx}, {"dw", dw}};
+          }});
+    }
+  }
+}
+
 void add_elementwise_cases(std::vector<OpCase>& cases, Random& rng) {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {5, 7}, {17, 96}, {3, 1031}};
   for (auto [rows, hidden] : shapes) {
@@ -1127,6 +1206,7 @@ std::vector<OpCase> all_cases(uint32_t seed) {
   std::vector<OpCase> cases;
   add_matmul_cases(cases, rng);
   add_norm_cases(cases, rng);
+  add_group_norm_cases(cases, rng);
   add_elementwise_cases(cases, rng);
   add_attention_cases(cases, rng);
   add_embedding_cases(cases, rng);

@@ -1,5 +1,6 @@
 #include "meshtrain/ckpt/hf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -260,56 +261,76 @@ bool ignorable_extra(const ModelConfig& c, const std::string& name) {
   return c.tie_embeddings && name == "lm_head.weight";
 }
 
+// How save_pretrained names a MoE layer's routed experts (meshtrain and
+// transformers 5 in memory hold them as one [E, ...] tensor, which newer
+// checkpoints ship too): Mixtral's block_sparse_moe.experts.<e>.w1 (gate), w3
+// (up), w2 (down) with its router block_sparse_moe.gate; Qwen2-MoE's,
+// Qwen3-MoE's and OLMoE's mlp.experts.<e>.gate_proj, up_proj, down_proj with
+// the router mlp.gate (meshtrain's own name).
+enum class ExpertNames : uint8_t { none, mixtral, qwen };
+
 // A registry tensor as checkpoint files store it: file tensors, each filling
-// a contiguous range of its elements. A MoE layer's routed experts are one
-// [E, ...] tensor in meshtrain (transformers 5's in-memory layout, which
-// newer checkpoints ship too) and 3 x E tensors in what save_pretrained
-// writes: Mixtral's block_sparse_moe.experts.<e>.w1 (gate), w3 (up), w2
-// (down), and its router block_sparse_moe.gate.
+// a contiguous range of its elements.
 struct FilePiece {
   std::string name;
   Shape shape;
   int64_t offset = 0;
 };
 
-std::vector<FilePiece> file_pieces(const ModelConfig& c, const ParamSpec& spec) {
+std::vector<FilePiece> file_pieces(const ModelConfig& c, const ParamSpec& spec,
+                                   ExpertNames names) {
   const std::string& name = spec.name;
-  if (!c.moe.enabled() || (name.find(".mlp.gate.weight") == std::string::npos &&
-                             name.find(".mlp.experts.") == std::string::npos)) {
+  const bool router = ends_with(name, ".mlp.gate.weight");
+  if (names == ExpertNames::none || (!router && name.find(".mlp.experts.") == std::string::npos)) {
     return {{name, spec.shape, 0}};
   }
   const std::string layer = name.substr(0, name.find(".mlp.") + 1);  // "model.layers.L."
-  const std::string moe = layer + "block_sparse_moe.";
-  if (ends_with(name, ".mlp.gate.weight")) return {{moe + "gate.weight", spec.shape, 0}};
+  const bool mixtral = names == ExpertNames::mixtral;
+  const std::string moe = layer + (mixtral ? "block_sparse_moe." : "mlp.");
+  if (router) return {{moe + "gate.weight", spec.shape, 0}};
   const int64_t E = c.moe.experts, I = c.moe.hidden_dim, H = c.dim;
+  const char* gate = mixtral ? "w1" : "gate_proj";
+  const char* up = mixtral ? "w3" : "up_proj";
+  const char* down = mixtral ? "w2" : "down_proj";
   std::vector<FilePiece> pieces;
   for (int64_t e = 0; e < E; ++e) {
     const std::string expert = fmt::format("{}experts.{}.", moe, e);
     if (ends_with(name, ".experts.gate_up_proj")) {
-      pieces.push_back({expert + "w1.weight", {I, H}, e * 2 * I * H});
-      pieces.push_back({expert + "w3.weight", {I, H}, e * 2 * I * H + I * H});
+      pieces.push_back({expert + gate + ".weight", {I, H}, e * 2 * I * H});
+      pieces.push_back({expert + up + ".weight", {I, H}, e * 2 * I * H + I * H});
     } else {
-      pieces.push_back({expert + "w2.weight", {H, I}, e * H * I});
+      pieces.push_back({expert + down + ".weight", {H, I}, e * H * I});
     }
   }
   return pieces;
 }
 
 // How `files` hold `spec`: the tensor itself (its registry name, or the
-// family's without its omittable prefix), else its file pieces.
+// family's without its omittable prefix), else the pieces of whichever
+// per-expert naming the files use.
 std::vector<FilePiece> pieces_in_files(const HfTensors& files, const ModelConfig& c,
                                        const ParamSpec& spec) {
   const std::string whole = hf_name_in_file(files, c, spec.name);
   if (files.find(whole) != nullptr) return {{whole, spec.shape, 0}};
-  return file_pieces(c, spec);
+  std::vector<FilePiece> pieces = file_pieces(c, spec, ExpertNames::mixtral);
+  if (files.find(pieces.front().name) != nullptr) return pieces;
+  return file_pieces(c, spec, ExpertNames::qwen);
 }
 
 }  // namespace
 
 std::pair<int64_t, int64_t> rope_rows(const ModelConfig& c, const std::string& name) {
   if (c.recipe().positions != Positions::rope) return {0, 0};
-  if (ends_with(name, ".self_attn.q_proj.weight")) return {c.n_heads, c.head_dim()};
-  if (ends_with(name, ".self_attn.k_proj.weight")) return {c.n_kv_heads, c.head_dim()};
+  const int64_t hd = c.head_dim();
+  const bool per_head = c.qk_norm == QkNorm::head;
+  for (const char* suffix : {".self_attn.q_proj.weight", ".self_attn.q_proj.bias"}) {
+    if (ends_with(name, suffix)) return {c.n_heads, hd};
+  }
+  for (const char* suffix : {".self_attn.k_proj.weight", ".self_attn.k_proj.bias"}) {
+    if (ends_with(name, suffix)) return {c.n_kv_heads, hd};
+  }
+  if (ends_with(name, ".self_attn.q_norm.weight")) return {per_head ? 1 : c.n_heads, hd};
+  if (ends_with(name, ".self_attn.k_norm.weight")) return {per_head ? 1 : c.n_kv_heads, hd};
   return {0, 0};
 }
 
@@ -342,36 +363,221 @@ void rope_rows_from_hf(const float* src, float* dst, int64_t heads, int64_t head
 
 namespace {
 
-// A Llama MoE as Mixtral's config.json: every layer routed, softmax scores
-// renormalised over the top k, no shared experts; other routings have no
-// Mixtral form and are refused by setting.
-void mixtral_fields(const ModelConfig& c, nlohmann::ordered_json& j) {
+// The Hugging Face architectures of the llama recipe, as data: config.json's
+// model_type and architectures, the attention options each implies and how
+// it names and places its experts. Export writes the first that expresses
+// the model (hf_arch_for); import reads any of them.
+struct HfArch {
+  std::string_view model_type, architecture;
+  ExpertNames experts = ExpertNames::none;  // none: dense
+  bool qkv_bias = false;        // q, k, v biases (Qwen2 always; Qwen2-MoE unless qkv_bias_key says not)
+  bool qkv_bias_key = false;    // "qkv_bias" (Qwen2-MoE)
+  bool mlp_bias_key = false;    // "mlp_bias" (must be false)
+  QkNorm qk_norm = QkNorm::none;
+  bool shared_experts = false;  // Qwen2-MoE's sigmoid-gated shared expert
+  bool dense_layers = false;    // "mlp_only_layers" / "decoder_sparse_step" (Qwen MoEs)
+  bool renormalize_key = false; // "norm_topk_prob" (Mixtral always renormalises)
+  bool attention_bias_key = false;  // "attention_bias" (must be false: it would bias o_proj too)
+  bool head_dim_key = false;        // "head_dim" of its own
+  bool sliding_window_key = false;  // "sliding_window" (must be null)
+  bool use_sliding_window_key = false;  // Qwen's "use_sliding_window" (must be false)
+};
+
+constexpr HfArch kHfArchs[] = {
+    {.model_type = "llama", .architecture = "LlamaForCausalLM", .mlp_bias_key = true,
+     .attention_bias_key = true, .head_dim_key = true},
+    {.model_type = "qwen2", .architecture = "Qwen2ForCausalLM", .qkv_bias = true,
+     .use_sliding_window_key = true},
+    {.model_type = "qwen3", .architecture = "Qwen3ForCausalLM", .qk_norm = QkNorm::head,
+     .attention_bias_key = true, .head_dim_key = true, .use_sliding_window_key = true},
+    {.model_type = "mistral", .architecture = "MistralForCausalLM", .head_dim_key = true,
+     .sliding_window_key = true},
+    {.model_type = "mixtral", .architecture = "MixtralForCausalLM",
+     .experts = ExpertNames::mixtral, .head_dim_key = true, .sliding_window_key = true},
+    {.model_type = "qwen2_moe", .architecture = "Qwen2MoeForCausalLM",
+     .experts = ExpertNames::qwen, .qkv_bias = true, .qkv_bias_key = true, .shared_experts = true,
+     .dense_layers = true, .renormalize_key = true, .use_sliding_window_key = true},
+    {.model_type = "qwen3_moe", .architecture = "Qwen3MoeForCausalLM",
+     .experts = ExpertNames::qwen, .qk_norm = QkNorm::head, .dense_layers = true,
+     .renormalize_key = true, .attention_bias_key = true, .head_dim_key = true,
+     .use_sliding_window_key = true},
+    {.model_type = "olmoe", .architecture = "OlmoeForCausalLM", .experts = ExpertNames::qwen,
+     .qk_norm = QkNorm::full, .renormalize_key = true, .attention_bias_key = true},
+};
+
+// Why `arch` cannot express `c` (empty: it can).
+std::string arch_mismatch(const HfArch& arch, const ModelConfig& c) {
   const MoeConfig& m = c.moe;
+  const bool moe = arch.experts != ExpertNames::none;
+  if (moe != m.enabled()) return moe ? "it has experts" : "it has no experts";
+  if (arch.qk_norm != c.qk_norm) return fmt::format("its QK-norm is {}", qk_norm_name(arch.qk_norm));
+  if (arch.qkv_bias != c.qkv_bias && !arch.qkv_bias_key) {
+    return arch.qkv_bias ? "it has q/k/v biases" : "it has no q/k/v biases";
+  }
+  if (c.head_dim() * c.n_heads != c.dim && !arch.head_dim_key) return "its head_dim is dim / n_heads";
+  if (!moe) return "";
+  if (arch.shared_experts && (m.shared_hidden == 0 || !m.shared_gate)) {
+    return "it always has a gated shared expert (moe.shared_hidden, moe.shared_gate)";
+  }
   const struct {
     bool ok;
     const char* setting;
   } needs[] = {{m.score == ops::RouterScore::softmax, "moe.score = \"sigmoid\""},
-               {m.renormalize, "moe.renormalize = false"},
+               {m.renormalize || arch.renormalize_key, "moe.renormalize = false"},
                {m.scaling == 1.0f, "moe.scaling != 1"},
                {m.n_groups == 1, "moe.n_groups > 1"},
-               {m.shared_hidden == 0, "moe.shared_hidden > 0"},
-               {m.first_dense == 0 && m.every == 1, "dense layers (moe.first_dense, moe.every)"},
+               {m.shared_hidden == 0 || (arch.shared_experts && m.shared_gate),
+                "shared experts (moe.shared_hidden, moe.shared_gate)"},
+               {(m.first_dense == 0 && m.every == 1) || arch.dense_layers,
+                "dense layers (moe.first_dense, moe.every)"},
                {m.z_loss == 0, "moe.z_loss > 0"},
                {m.bias_update_rate == 0, "moe.bias_update_rate > 0"}};
   for (const auto& n : needs) {
-    MESHTRAIN_CHECK(n.ok,
-                    "export: {} has no Mixtral config.json form (the Hugging Face export of "
-                    "Qwen2-MoE, Qwen3-MoE, OLMoE and DeepSeek-V3 routing is not implemented yet)",
-                    n.setting);
+    if (!n.ok) return fmt::format("it has no {}", n.setting);
   }
-  j["architectures"] = {"MixtralForCausalLM"};
-  j["model_type"] = "mixtral";
-  j["num_local_experts"] = m.experts;
+  return "";
+}
+
+// The architecture export writes for `c`; refuses, by setting, a model none expresses.
+const HfArch& hf_arch_for(const ModelConfig& c) {
+  std::vector<std::string> why;
+  for (const HfArch& arch : kHfArchs) {
+    std::string mismatch = arch_mismatch(arch, c);
+    if (mismatch.empty()) return arch;
+    why.push_back(fmt::format("{}: {}", arch.model_type, mismatch));
+  }
+  fail("export: no Hugging Face architecture expresses this model ({})", fmt::join(why, "; "));
+}
+
+const HfArch* find_hf_arch(std::string_view model_type) {
+  for (const HfArch& arch : kHfArchs) {
+    if (arch.model_type == model_type) return &arch;
+  }
+  return nullptr;
+}
+
+// The MoE keys of `arch`'s config.json.
+void moe_fields(const HfArch& arch, const ModelConfig& c, nlohmann::ordered_json& j) {
+  const MoeConfig& m = c.moe;
+  j[arch.experts == ExpertNames::mixtral ? "num_local_experts" : "num_experts"] = m.experts;
   j["num_experts_per_tok"] = m.top_k;
+  if (arch.renormalize_key) j["norm_topk_prob"] = m.renormalize;
+  if (arch.dense_layers) {
+    j["intermediate_size"] = c.hidden_dim;  // the dense layers'
+    j["moe_intermediate_size"] = m.hidden_dim;
+    // Every dense layer named: exact whatever first_dense and every are.
+    std::vector<int64_t> dense;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      if (!m.is_moe_layer(l)) dense.push_back(l);
+    }
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = dense;
+  }
+  if (arch.shared_experts) j["shared_expert_intermediate_size"] = m.shared_hidden;
   j["router_aux_loss_coef"] = short_double(m.aux_loss);
   j["output_router_logits"] = m.aux_loss > 0;
-  j["router_jitter_noise"] = 0.0;
-  j["sliding_window"] = nullptr;
+  if (arch.experts == ExpertNames::mixtral) j["router_jitter_noise"] = 0.0;
+}
+
+// Which layers are MoE layers by a Qwen MoE config (mlp_only_layers,
+// decoder_sparse_step), as meshtrain's first_dense and every; refuses a
+// pattern they cannot express.
+void read_dense_layers(const json& root, const ConfigFields& f, std::string_view source,
+                       ModelConfig& c) {
+  const int64_t step = f.positive_int("decoder_sparse_step", 1);
+  std::set<int64_t> dense;
+  if (f.has("mlp_only_layers")) {
+    const json& list = root["mlp_only_layers"];
+    MESHTRAIN_CHECK(list.is_array(), "{}: key 'mlp_only_layers' must be a list of layer indices",
+                    source);
+    for (const json& v : list) {
+      MESHTRAIN_CHECK(v.is_number_integer(),
+                      "{}: key 'mlp_only_layers' must be a list of layer indices, got {}", source,
+                      list.dump());
+      dense.insert(v.get<int64_t>());
+    }
+  }
+  std::vector<int64_t> sparse;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (dense.count(l) == 0 && (l + 1) % step == 0) sparse.push_back(l);
+  }
+  MESHTRAIN_CHECK(!sparse.empty(), "{}: keys 'mlp_only_layers' and 'decoder_sparse_step' leave no "
+                  "MoE layer", source);
+  MoeConfig& m = c.moe;
+  m.first_dense = sparse.front();
+  // One MoE layer: every 1 when it is the last layer (no layer after it), else past the end.
+  m.every = sparse.size() > 1 ? sparse[1] - sparse[0]
+                              : (sparse[0] == c.n_layers - 1 ? 1 : c.n_layers);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const bool want = std::find(sparse.begin(), sparse.end(), l) != sparse.end();
+    MESHTRAIN_CHECK(m.is_moe_layer(l) == want,
+                    "{}: keys 'mlp_only_layers' = {} and 'decoder_sparse_step' = {} make MoE layers "
+                    "{} (meshtrain places them from a first layer at a fixed interval)",
+                    source, f.has("mlp_only_layers") ? root["mlp_only_layers"].dump() : "[]", step,
+                    fmt::join(sparse, ", "));
+  }
+}
+
+// The llama recipe's fields of an `arch` config.json.
+void read_llama_arch(const HfArch& arch, const json& root, const ConfigFields& f,
+                     std::string_view source, ModelConfig& c) {
+  c.family = Family::llama;
+  c.dim = f.positive_int("hidden_size");
+  c.hidden_dim = f.positive_int("intermediate_size");
+  c.n_layers = f.positive_int("num_hidden_layers");
+  c.n_heads = f.positive_int("num_attention_heads");
+  c.n_kv_heads = f.positive_int("num_key_value_heads", c.n_heads);
+  c.vocab_size = f.positive_int("vocab_size");
+  c.max_seq_len = f.positive_int("max_position_embeddings", 2048);
+  c.norm_eps = f.positive_float("rms_norm_eps", 1e-6f);  // HF LlamaConfig's defaults
+  read_rope(root, f, source, c);
+  c.tie_embeddings = f.boolean("tie_word_embeddings", false);
+  if (arch.head_dim_key) {
+    c.head_width = f.positive_int("head_dim", c.dim / c.n_heads);
+    if (c.head_width * c.n_heads == c.dim) c.head_width = 0;
+  } else {
+    f.require("head_dim", json(c.dim / c.n_heads),
+              "this architecture's head_dim is hidden_size / num_attention_heads");
+  }
+  c.qkv_bias = arch.qkv_bias && (!arch.qkv_bias_key || f.boolean("qkv_bias", true));
+  c.qk_norm = arch.qk_norm;
+  f.require("hidden_act", "silu", "meshtrain's llama recipe uses SwiGLU with silu");
+  if (arch.attention_bias_key) {
+    f.require("attention_bias", false, "it would bias o_proj as well; not implemented");
+  }
+  f.require("mlp_bias", false, "feed-forward layers have no bias in meshtrain");
+  if (arch.sliding_window_key) {
+    f.require("sliding_window", nullptr, "sliding-window attention is not implemented");
+  }
+  if (arch.use_sliding_window_key) {
+    f.require("use_sliding_window", false, "sliding-window attention is not implemented");
+  }
+  if (root.contains("layer_types") && root["layer_types"].is_array()) {
+    for (const json& t : root["layer_types"]) {
+      MESHTRAIN_CHECK(t == "full_attention",
+                      "{}: key 'layer_types' has {} (only full_attention is implemented)", source,
+                      t.dump());
+    }
+  }
+  f.require("clip_qkv", nullptr, "clipping q, k and v is not implemented");
+  if (arch.experts == ExpertNames::none) return;
+  MoeConfig& m = c.moe;
+  const bool mixtral = arch.experts == ExpertNames::mixtral;
+  m.experts = f.has("num_local_experts") || mixtral ? f.positive_int("num_local_experts")
+                                                    : f.positive_int("num_experts");
+  m.top_k = f.positive_int("num_experts_per_tok");
+  m.renormalize = !arch.renormalize_key || f.boolean("norm_topk_prob", false);
+  m.hidden_dim = arch.dense_layers ? f.positive_int("moe_intermediate_size") : c.hidden_dim;
+  if (arch.dense_layers) read_dense_layers(root, f, source, c);
+  if (arch.shared_experts) {
+    m.shared_hidden = f.positive_int("shared_expert_intermediate_size");
+    m.shared_gate = true;
+  }
+  // HF's loss over all layers at once becomes Megatron's per-layer form.
+  m.aux_loss = f.boolean("output_router_logits", false)
+                   ? f.positive_float("router_aux_loss_coef", 0.001f)
+                   : 0.0f;
+  f.require("router_jitter_noise", 0.0, "router jitter noise is not implemented");
 }
 
 }  // namespace
@@ -379,15 +585,16 @@ void mixtral_fields(const ModelConfig& c, nlohmann::ordered_json& j) {
 std::string hf_config_json(const ModelConfig& c, DType dtype, const SpecialIds* special) {
   nlohmann::ordered_json j;
   if (c.family == Family::llama) {
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
-    if (c.moe.enabled()) mixtral_fields(c, j);
+    const HfArch& arch = hf_arch_for(c);
+    j["architectures"] = {arch.architecture};
+    j["model_type"] = arch.model_type;
     j["hidden_size"] = c.dim;
     j["intermediate_size"] = c.moe.enabled() ? c.moe.hidden_dim : c.hidden_dim;
+    if (c.moe.enabled()) moe_fields(arch, c, j);
     j["num_hidden_layers"] = c.n_layers;
     j["num_attention_heads"] = c.n_heads;
     j["num_key_value_heads"] = c.n_kv_heads;
-    j["head_dim"] = c.head_dim();
+    if (arch.head_dim_key) j["head_dim"] = c.head_dim();
     j["vocab_size"] = c.vocab_size;
     j["max_position_embeddings"] = c.max_seq_len;
     j["rms_norm_eps"] = short_double(c.norm_eps);
@@ -398,8 +605,11 @@ std::string hf_config_json(const ModelConfig& c, DType dtype, const SpecialIds* 
     j["rope_scaling"] = c.rope_scaling.type == RopeType::none ? nlohmann::ordered_json(nullptr)
                                                               : rope_parameters_json(c);
     j["hidden_act"] = "silu";
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
+    if (arch.attention_bias_key) j["attention_bias"] = false;
+    if (arch.qkv_bias_key) j["qkv_bias"] = c.qkv_bias;
+    if (arch.mlp_bias_key) j["mlp_bias"] = false;
+    if (arch.sliding_window_key) j["sliding_window"] = nullptr;
+    if (arch.use_sliding_window_key) j["use_sliding_window"] = false;
     j["tie_word_embeddings"] = c.tie_embeddings;
   } else {
     j["architectures"] = {"GPT2LMHeadModel"};
@@ -439,48 +649,24 @@ ModelConfig parse_hf_config(std::string_view json_text, std::string_view source)
   std::string type = f.string("model_type", "");
   if (type.empty() && root.contains("architectures") && root["architectures"].is_array() &&
       !root["architectures"].empty() && root["architectures"][0].is_string()) {
-    const auto arch = root["architectures"][0].get<std::string>();
-    if (arch == "LlamaForCausalLM") type = "llama";
-    if (arch == "MixtralForCausalLM") type = "mixtral";
-    if (arch == "GPT2LMHeadModel") type = "gpt2";
+    const auto name = root["architectures"][0].get<std::string>();
+    if (name == "GPT2LMHeadModel") type = "gpt2";
+    for (const HfArch& arch : kHfArchs) {
+      if (arch.architecture == name) type = arch.model_type;
+    }
   }
-  MESHTRAIN_CHECK(type == "llama" || type == "mixtral" || type == "gpt2",
-                  "{}: model_type '{}' is not supported (expected llama, mixtral or gpt2)", source,
-                  type);
+  const HfArch* arch = find_hf_arch(type);
+  if (type != "gpt2" && arch == nullptr) {
+    std::vector<std::string_view> known{"gpt2"};
+    for (const HfArch& a : kHfArchs) known.push_back(a.model_type);
+    fail("{}: model_type '{}' is not supported (expected one of {})", source, type,
+         fmt::join(known, ", "));
+  }
 
   ModelConfig c;
   c.init_std = f.positive_float("initializer_range", 0.02f);
-  if (type == "llama" || type == "mixtral") {
-    c.family = Family::llama;
-    c.dim = f.positive_int("hidden_size");
-    c.hidden_dim = f.positive_int("intermediate_size");
-    c.n_layers = f.positive_int("num_hidden_layers");
-    c.n_heads = f.positive_int("num_attention_heads");
-    c.n_kv_heads = f.positive_int("num_key_value_heads", c.n_heads);
-    c.vocab_size = f.positive_int("vocab_size");
-    c.max_seq_len = f.positive_int("max_position_embeddings", 2048);
-    c.norm_eps = f.positive_float("rms_norm_eps", 1e-6f);  // HF LlamaConfig's defaults
-    read_rope(root, f, source, c);
-    c.tie_embeddings = f.boolean("tie_word_embeddings", false);
-    MESHTRAIN_CHECK(!f.has("head_dim") || f.positive_int("head_dim") * c.n_heads == c.dim,
-                    "{}: key 'head_dim' = {} is not hidden_size / num_attention_heads = {}", source,
-                    root["head_dim"].dump(), c.dim / c.n_heads);
-    f.require("hidden_act", "silu", "meshtrain's Llama uses SwiGLU with silu");
-    f.require("attention_bias", false, "Llama projections have no bias in meshtrain");
-    f.require("mlp_bias", false, "Llama projections have no bias in meshtrain");
-    if (type == "mixtral") {
-      // Every layer routes top k of E with renormalised softmax weights.
-      MoeConfig& m = c.moe;
-      m.experts = f.positive_int("num_local_experts");
-      m.top_k = f.positive_int("num_experts_per_tok");
-      m.hidden_dim = c.hidden_dim;
-      // HF's loss over all layers at once becomes Megatron's per-layer form.
-      m.aux_loss = f.boolean("output_router_logits", false)
-                       ? f.positive_float("router_aux_loss_coef", 0.001f)
-                       : 0.0f;
-      f.require("router_jitter_noise", 0.0, "router jitter noise is not implemented");
-      f.require("sliding_window", nullptr, "sliding-window attention is not implemented");
-    }
+  if (arch != nullptr) {
+    read_llama_arch(*arch, root, f, source, c);
   } else {
     c.family = Family::gpt2;
     c.dim = f.positive_int("n_embd");
@@ -527,10 +713,11 @@ void export_hf(const ModelConfig& c, const TensorSource& source, const std::stri
                   "{}: tokenizer '{}' has {} ids, the model only {}", dir, tokenizer->name(),
                   tokenizer->vocab_size(), c.vocab_size);
   const std::string config_json = hf_config_json(c, dtype);  // refuses what HF cannot express
+  const ExpertNames names = c.family == Family::llama ? hf_arch_for(c).experts : ExpertNames::none;
   const std::vector<ParamSpec> specs = build_param_specs(c);
   std::vector<SafetensorsStreamWriter::Entry> entries;
   for (const ParamSpec& spec : specs) {
-    for (const FilePiece& piece : file_pieces(c, spec)) {
+    for (const FilePiece& piece : file_pieces(c, spec, names)) {
       entries.push_back({piece.name, to_st_dtype(dtype), piece.shape});
     }
   }
@@ -545,10 +732,11 @@ void export_hf(const ModelConfig& c, const TensorSource& source, const std::stri
     const float* out = values.data();
     if (auto [heads, head_dim] = rope_rows(c, spec.name); heads != 0) {
       permuted.resize(values.size());
-      rope_rows_to_hf(values.data(), permuted.data(), heads, head_dim, spec.shape[1]);
+      rope_rows_to_hf(values.data(), permuted.data(), heads, head_dim,
+                      spec.numel() / (heads * head_dim));
       out = permuted.data();
     }
-    for (const FilePiece& piece : file_pieces(c, spec)) {
+    for (const FilePiece& piece : file_pieces(c, spec, names)) {
       const auto n = static_cast<size_t>(shape_numel(piece.shape));
       stored.resize(n * dtype_size(dtype));
       convert(DType::f32, out + piece.offset, dtype, stored.data(), n);
@@ -617,7 +805,8 @@ TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, Memor
       if (heads == 0) {
         std::copy_n(hf.data<float>(), hf.numel(), out + piece.offset);
       } else {
-        rope_rows_from_hf(hf.data<float>(), out, heads, head_dim, spec.shape[1]);
+        rope_rows_from_hf(hf.data<float>(), out, heads, head_dim,
+                          spec.numel() / (heads * head_dim));
       }
     }
   };

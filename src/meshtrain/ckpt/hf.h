@@ -72,9 +72,11 @@ TensorSource hf_tensors(const std::string& dir, const ModelConfig& config, Memor
 // read_hf_config(<dir>/config.json), a new model, load_hf_weights(dir).
 std::unique_ptr<Model> import_hf(const std::string& dir, Precision precision, Backend& backend);
 
-// Which RoPE rows the weight `name` has, as (heads, head_dim): Llama's q_proj
-// and k_proj weights (heads == 0 for every other tensor). A LoRA lora_B of those
-// modules has the same rows (ckpt/lora_export.h).
+// Which RoPE rows the tensor `name` has, as (heads, head_dim): the q_proj
+// and k_proj weights and biases, and the QK-norm weights (one head's, or
+// every head's) (heads == 0 for every other tensor); its columns are the
+// rest of its elements. A LoRA lora_B of those modules has the same rows
+// (ckpt/lora_export.h).
 std::pair<int64_t, int64_t> rope_rows(const ModelConfig& config, const std::string& name);
 // The q/k row permutation for one [heads * head_dim, cols] weight.
 void rope_rows_to_hf(const float* src, float* dst, int64_t heads, int64_t head_dim, int64_t cols);

@@ -166,6 +166,10 @@ void export_llama2c(const ModelConfig& c, const TensorSource& source, const std:
   MESHTRAIN_CHECK(c.rope_scaling.type == RopeType::none,
                   "{}: the llama2.c format has no RoPE scaling; this model has rope_type {}", path,
                   rope_type_name(c.rope_scaling.type));
+  MESHTRAIN_CHECK(!c.qkv_bias && c.qk_norm == QkNorm::none && c.head_dim() * c.n_heads == c.dim &&
+                      !c.moe.enabled(),
+                  "{}: the llama2.c format has no q/k/v biases, QK-norm, head_dim of its own or "
+                  "experts (model.qkv_bias, model.qk_norm, model.head_dim, moe.experts)", path);
   MESHTRAIN_CHECK(c.max_seq_len <= INT32_MAX && c.vocab_size <= INT32_MAX && c.dim <= INT32_MAX &&
                       c.hidden_dim <= INT32_MAX,
                   "{}: model too large for llama2.c's int32 header", path);

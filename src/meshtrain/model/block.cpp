@@ -144,21 +144,25 @@ Block Model::Impl::make_block(int64_t layer) const {
     return Norm{param(module + ".weight"),
                 rc.norm == NormKind::layer ? param(module + ".bias") : kNoParam};
   };
-  auto linear = [&](const std::vector<std::string>& modules, int64_t in, int64_t out) {
+  auto linear = [&](const std::vector<std::string>& modules, int64_t in, int64_t out,
+                    bool biased) {
     return Linear{param(modules.front() + ".weight"), modules.size(),
-                  rc.linear_bias ? param(modules.front() + ".bias") : kNoParam, in, out,
-                  !rc.conv1d, {}};
+                  biased ? param(modules.front() + ".bias") : kNoParam,
+                  biased && !rc.linear_bias ? modules.size() : 1, in, out, !rc.conv1d, {}};
   };
   const auto& m = rc.gemm_modules;
   Block b;
   b.norm1 = norm(rc.norm_modules[0]);
   b.norm2 = norm(rc.norm_modules[1]);
-  b.qkv = linear(m[0], d, qkv_width);
-  b.proj = linear(m[1], q_width, d);
+  b.qkv = linear(m[0], d, qkv_width, rc.linear_bias || cfg.qkv_bias);
+  if (cfg.qk_norm != QkNorm::none) {
+    b.qk_norm = {param("self_attn.q_norm.weight"), param("self_attn.k_norm.weight")};
+  }
+  b.proj = linear(m[1], q_width, d, rc.linear_bias);
   Linear* gemms[] = {&b.qkv, &b.proj, &b.ff_in, &b.ff_out};
   if (!cfg.moe.is_moe_layer(layer)) {
-    b.ff_in = linear(m[2], d, rc.ff_in_factor() * h);
-    b.ff_out = linear(m[3], h, d);
+    b.ff_in = linear(m[2], d, rc.ff_in_factor() * h, rc.linear_bias);
+    b.ff_out = linear(m[3], h, d, rc.linear_bias);
   }
   for (size_t g = 0; g < m.size(); ++g) {
     if (gemms[g]->weight != kNoParam) adapters(*gemms[g], m[g]);
@@ -172,8 +176,9 @@ Block Model::Impl::make_block(int64_t layer) const {
   e.experts_out = param("mlp.experts.down_proj");
   // The shared experts are a tensor-parallel MLP: this rank's columns.
   if (const int64_t hs = cfg.moe.shared_hidden / tp.size(); hs > 0) {
-    e.shared_in = Linear{param("mlp.shared_expert.gate_proj.weight"), 2, kNoParam, d, 2 * hs, true, {}};
-    e.shared_out = Linear{param("mlp.shared_expert.down_proj.weight"), 1, kNoParam, hs, d, true, {}};
+    e.shared_in = Linear{param("mlp.shared_expert.gate_proj.weight"), 2, kNoParam, 1, d, 2 * hs,
+                         true, {}};
+    e.shared_out = Linear{param("mlp.shared_expert.down_proj.weight"), 1, kNoParam, 1, hs, d, true, {}};
     if (cfg.moe.shared_gate) e.shared_gate = param("mlp.shared_expert_gate.weight");
   }
   return b;
@@ -463,7 +468,7 @@ void Model::Impl::linear_backward_weight(const Linear& lin, DType dt, const void
       }
       backend.bias_backward(dy_f32, grad(lin.bias), rows, lin.out);
     }
-    ready(lin.bias);
+    for (size_t i = lin.n_biases; i-- > 0;) ready(lin.bias + i);
   }
   for (size_t i = lin.n_weights; i-- > 0;) ready(lin.weight + i);
 }
@@ -495,6 +500,7 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   const void* xn1 = column_input(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, rows, act);
   ensure(ws.qkv, {rows, b.qkv.out}, DType::f32, MemCategory::workspace);
   linear_forward(b.qkv, dt, xn1, rows, ws.qkv.data<float>(), false);
+  if (b.qk_norm.enabled()) qk_norm_forward(b, a, rows);
   ensure(a.att, {rows, b.proj.in}, dt, act);
   if (cache != nullptr) {
     MESHTRAIN_CHECK(dt == DType::f32, "model: decoding runs in f32");
@@ -516,6 +522,45 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   linear_forward(b.ff_in, dt, xn2, rows, a.ff_pre.data<float>(), false);
   mlp_activation(a.ff_pre, dt, a.ff_act, rows, hidden, act);
   row_parallel_add(b.ff_out, dt, a.ff_act.raw(), rows, a.mid, out);
+}
+
+std::array<ops::GroupNormDims, 2> Model::Impl::qk_norm_dims(const Block& b, int64_t rows) const {
+  const int64_t hd = cfg.head_dim(), q = heads * hd, k = kv_heads * hd;
+  const bool per_head = cfg.qk_norm == QkNorm::head;
+  return {ops::GroupNormDims{rows, b.qkv.out, q, per_head ? hd : q, cfg.norm_eps},
+          ops::GroupNormDims{rows, b.qkv.out, k, per_head ? hd : k, cfg.norm_eps}};
+}
+
+void Model::Impl::qk_norm_forward(const Block& b, BlockActs& a, int64_t rows) {
+  const auto [q, k] = qk_norm_dims(b, rows);
+  ensure(a.qk, {rows, q.count + k.count}, DType::f32, a.category);
+  ensure(a.qk_rstd, {rows * (q.groups() + k.groups())}, DType::f32, a.category);
+  float* x = ws.qkv.data<float>();
+  backend.group_rmsnorm_forward(q, x, master(b.qk_norm.q), a.qk.data<float>(),
+                                a.qk_rstd.data<float>());
+  backend.group_rmsnorm_forward(k, x + q.count, master(b.qk_norm.k),
+                                a.qk.data<float>() + rows * q.count,
+                                a.qk_rstd.data<float>() + rows * q.groups());
+}
+
+void Model::Impl::qk_norm_backward(const Block& b, const BlockActs& a, DType dt, int64_t rows) {
+  const auto [q, k] = qk_norm_dims(b, rows);
+  // Both weights' gradients in one buffer: under tp each rank saw its heads
+  // only (per-head norm; full norm refuses tp), so they are summed over tp.
+  ensure(ws.qk_norm_grads, {q.width + k.width}, DType::f32, MemCategory::workspace);
+  ws.qk_norm_grads.zero();
+  float* dw = ws.qk_norm_grads.data<float>();
+  char* dy = static_cast<char*>(ws.dqkv.raw());
+  backend.group_rmsnorm_backward(q, a.qk.data<float>(), master(b.qk_norm.q),
+                                 a.qk_rstd.data<float>(), dt, dy, dw);
+  backend.group_rmsnorm_backward(k, a.qk.data<float>() + rows * q.count, master(b.qk_norm.k),
+                                 a.qk_rstd.data<float>() + rows * q.groups(), dt,
+                                 dy + static_cast<size_t>(q.count) * dtype_size(dt), dw + q.width);
+  if (tp.active()) tp_all_reduce_sum(tp, dw, q.width + k.width);
+  if (trains(b.qk_norm.k)) backend.add_inplace(grad(b.qk_norm.k), dw + q.width, k.width);
+  ready(b.qk_norm.k);
+  if (trains(b.qk_norm.q)) backend.add_inplace(grad(b.qk_norm.q), dw, q.width);
+  ready(b.qk_norm.q);
 }
 
 void Model::Impl::mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64_t rows,
@@ -546,9 +591,9 @@ const float* Model::Impl::ffn_backward(const Linear& in, const Linear& out, DTyp
 void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt,
                                  int64_t batch, int64_t seq) {
   const Block& b = block(layer);
-  const int64_t rows = batch * seq, srows = shard_rows(rows), d = cfg.dim, h = hidden;
+  const int64_t rows = batch * seq, srows = shard_rows(rows), h = hidden;
   const MemCategory wsc = MemCategory::workspace;
-  ensure(ws.dx, {rows, d}, DType::f32, wsc);
+  ensure(ws.dx, {rows, dx_width()}, DType::f32, wsc);
   ensure(ws.dff, {rows, std::max({h, b.qkv.out, cfg.moe.shared_hidden})}, DType::f32, wsc);
   ensure(ws.dqkv, {rows, b.qkv.out}, dt, wsc);
   float* dres = ws.dres.data<float>();
@@ -572,6 +617,7 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   linear_backward(b.proj, dt, dres_c, dy->data<float>(), a.att.raw(), rows, dx, nullptr);
   backend.attention_backward(attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
                              ws.dqkv.raw());
+  if (b.qk_norm.enabled()) qk_norm_backward(b, a, dt, rows);
   dxn = column_parallel_backward(b.qkv, dt, ws.dqkv.raw(), a.xn1, rows, dff);
   norm_backward(b.norm1, x, a.mean1, a.rstd1, dxn, dres, srows);
   flush_norm_grads();

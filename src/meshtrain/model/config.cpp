@@ -161,7 +161,10 @@ void ModelConfig::validate() const {
   positive("hidden_dim", hidden_dim);
   positive("vocab_size", vocab_size);
   positive("max_seq_len", max_seq_len);
-  MESHTRAIN_CHECK(dim % n_heads == 0, "model.n_heads: {} does not divide dim {}", n_heads, dim);
+  MESHTRAIN_CHECK(head_width >= 0, "model.head_dim: must be >= 0 (0: dim / n_heads), got {}",
+                  head_width);
+  MESHTRAIN_CHECK(head_width > 0 || dim % n_heads == 0,
+                  "model.n_heads: {} does not divide dim {} (or set model.head_dim)", n_heads, dim);
   MESHTRAIN_CHECK(n_heads % n_kv_heads == 0, "model.n_kv_heads: {} does not divide n_heads {}",
                   n_kv_heads, n_heads);
   MESHTRAIN_CHECK(vocab_size <= (int64_t{1} << 31) - 1, "model.vocab_size: {} does not fit int32",
@@ -170,9 +173,7 @@ void ModelConfig::validate() const {
   MESHTRAIN_CHECK(init_std > 0, "model.init_std: must be > 0, got {}", init_std);
   const Recipe& r = recipe();
   if (r.positions == Positions::rope) {
-    MESHTRAIN_CHECK(head_dim() % 2 == 0,
-                    "model.n_heads: head_dim {} (dim {} / n_heads {}) must be even for RoPE",
-                    head_dim(), dim, n_heads);
+    MESHTRAIN_CHECK(head_dim() % 2 == 0, "model.head_dim: {} must be even for RoPE", head_dim());
     MESHTRAIN_CHECK(rope_theta > 0, "model.rope_theta: must be > 0, got {}", rope_theta);
     const RopeScaling& s = rope_scaling;
     if (s.type != RopeType::none) {
@@ -189,7 +190,16 @@ void ModelConfig::validate() const {
   } else {
     MESHTRAIN_CHECK(rope_scaling.type == RopeType::none,
                     "model.rope_scaling: {} has no RoPE (learned positions)", r.name);
+    // These options belong to the rope families' attention (Qwen2, Qwen3, OLMoE).
+    MESHTRAIN_CHECK(head_width == 0 || head_width * n_heads == dim,
+                    "model.head_dim: {} has no head width of its own (dim / n_heads = {})",
+                    r.name, dim / n_heads);
+    MESHTRAIN_CHECK(!qkv_bias, "model.qkv_bias: {} has biases on every linear layer already",
+                    r.name);
+    MESHTRAIN_CHECK(qk_norm == QkNorm::none, "model.qk_norm: not implemented for {}", r.name);
   }
+  MESHTRAIN_CHECK(qk_norm == QkNorm::none || r.norm == NormKind::rms,
+                  "model.qk_norm: {} normalises with LayerNorm; QK-norm is an RMSNorm", r.name);
   MESHTRAIN_CHECK(r.grouped_query || n_kv_heads == n_heads,
                   "model.n_kv_heads: {} has no grouped-query attention, so it must equal "
                   "n_heads {} (got {})",
@@ -211,6 +221,22 @@ void ModelConfig::validate() const {
     }
   }
   validate_moe(*this);
+}
+
+std::string_view qk_norm_name(QkNorm norm) {
+  switch (norm) {
+    case QkNorm::head: return "head";
+    case QkNorm::full: return "full";
+    case QkNorm::none: break;
+  }
+  return "none";
+}
+
+QkNorm parse_qk_norm(std::string_view name) {
+  for (QkNorm n : {QkNorm::none, QkNorm::head, QkNorm::full}) {
+    if (name == qk_norm_name(n)) return n;
+  }
+  fail("model.qk_norm: unknown QK-norm \"{}\" (none, head, full)", name);
 }
 
 std::string_view router_score_name(ops::RouterScore score) {
@@ -288,7 +314,7 @@ double ModelConfig::train_flops_per_token(int64_t seq) const {
   // A tied embedding is a matmul weight already; an untied one is a lookup
   // and lm_head is the output layer.
   return matmul_flops + 12.0 * static_cast<double>(n_layers) * static_cast<double>(seq) *
-                            static_cast<double>(dim);
+                            static_cast<double>(attention_width());
 }
 
 ModelConfig llama_shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,

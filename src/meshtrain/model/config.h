@@ -185,6 +185,16 @@ struct MoeConfig {
   bool operator==(const MoeConfig&) const = default;
 };
 std::string_view router_score_name(ops::RouterScore score);  // "softmax" | "sigmoid"
+
+// RMSNorm of the queries and keys after their projection, before RoPE
+// (rope families only). head: over each head's head_dim values, one weight
+// [head_dim] for q and one for k (Qwen3, Qwen3-MoE: self_attn.q_norm /
+// k_norm). full: over the whole projection, weights [n_heads * head_dim] and
+// [n_kv_heads * head_dim] (OLMoE), which tensor parallelism cannot split
+// (its statistic spans the heads).
+enum class QkNorm : uint8_t { none, head, full };
+std::string_view qk_norm_name(QkNorm norm);  // "none" | "head" | "full"
+QkNorm parse_qk_norm(std::string_view name);  // throws Error naming model.qk_norm
 ops::RouterScore parse_router_score(std::string_view name);  // throws Error naming moe.score
 
 struct ModelConfig {
@@ -193,6 +203,11 @@ struct ModelConfig {
   int64_t n_layers = 0;
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;   // grouped-query attention (llama); == n_heads for gpt2
+  // Each head's width; 0: dim / n_heads. Qwen3 uses 128 whatever dim is, so
+  // the attention's width n_heads * head_dim may differ from dim.
+  int64_t head_width = 0;
+  bool qkv_bias = false;    // q, k and v projections have biases (Qwen2); rope families only
+  QkNorm qk_norm = QkNorm::none;
   int64_t hidden_dim = 0;   // feed-forward width (SwiGLU hidden for llama, 4*dim for gpt2)
   int64_t vocab_size = 0;
   int64_t max_seq_len = 0;
@@ -204,7 +219,8 @@ struct ModelConfig {
   LoraConfig lora;              // off by default
   MoeConfig moe;                // dense by default
 
-  int64_t head_dim() const { return dim / n_heads; }
+  int64_t head_dim() const { return head_width > 0 ? head_width : dim / n_heads; }
+  int64_t attention_width() const { return n_heads * head_dim(); }  // q's and o_proj's input
   const Recipe& recipe() const { return meshtrain::recipe(family); }
   // Whether the output layer is the token embedding.
   bool tied_output() const { return recipe().always_tied || tie_embeddings; }
@@ -218,7 +234,8 @@ struct ModelConfig {
   // Model FLOPs per token of training (forward + backward): 6 * matmul params
   // (incl. output layer; 4 for a frozen one: no weight gradient, LoRA's base,
   // as plan/ counts it; a routed expert's times top_k / experts: the active
-  // parameters) + 12 * layers * seq * dim for attention (PaLM convention).
+  // parameters) + 12 * layers * seq * n_heads * head_dim for attention (PaLM
+  // convention).
   double train_flops_per_token(int64_t seq) const;
 };
 

@@ -315,7 +315,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   m.next_ready = params_.size();
   m.before(m.head_unit, UnitPass::backward);
   if (m.tied) m.before(m.embed_unit, UnitPass::backward);
-  m.ensure(m.ws.dx, {rows, d}, DType::f32, MemCategory::workspace);
+  m.ensure(m.ws.dx, {rows, m.dx_width()}, DType::f32, MemCategory::workspace);
   m.ensure(m.ws.dres, {m.shard_rows(rows), d}, DType::f32, MemCategory::workspace);
   ops::ClassifierArgs args = m.classifier_args(hn, targets, rows, dt);
   args.grad_scale = grad_scale;

@@ -2,6 +2,8 @@
 // and workspace. Not part of the public API.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -29,13 +31,15 @@ struct LoraAdapter {
 
 // A linear layer over parameters of the registry. `nn_linear`: weight stored
 // [out, in] (torch nn.Linear, llama); otherwise [in, out] (HF Conv1D, GPT-2).
-// `n_weights` adjacent weight tensors form one GEMM (llama q|k|v, gate|up).
+// `n_weights` adjacent weight tensors form one GEMM (llama q|k|v, gate|up),
+// and their biases (GPT-2's one c_attn.bias, Qwen2's q|k|v biases) one vector.
 // `lora`: the adapters of its modules, in output order (registry order too,
 // after the weights and bias).
 struct Linear {
   size_t weight = kNoParam;
   size_t n_weights = 1;
-  size_t bias = kNoParam;
+  size_t bias = kNoParam;  // the first of n_biases adjacent bias tensors (one vector [out])
+  size_t n_biases = 1;
   int64_t in = 0, out = 0;
   bool nn_linear = true;
   std::vector<LoraAdapter> lora;
@@ -64,9 +68,17 @@ struct MoeFfn {
 // One pre-norm residual block:
 //   mid = x + proj(attention(qkv(norm1(x))));  out = mid + ff_out(act(ff_in(norm2(mid)))),
 // or with moe.enabled(): out = mid + moe(norm2(mid)) (ff_in / ff_out unused).
+// QK-norm (config.h QkNorm): RMSNorm weights of the queries and keys, applied
+// to the qkv GEMM's output before attention; kNoParam: none.
+struct QkNormParams {
+  size_t q = kNoParam, k = kNoParam;
+  bool enabled() const { return q != kNoParam; }
+};
+
 struct Block {
   Norm norm1, norm2;
   Linear qkv, proj, ff_in, ff_out;
+  QkNormParams qk_norm;
   MoeFfn moe;
 };
 
@@ -103,6 +115,7 @@ struct BlockActs {
   // Norm outputs and stats cover this rank's residual rows (N / tp under
   // sequence parallelism: all-gathered again in backward).
   Tensor xn1, mean1, rstd1;  // norm1 output [N, d] dt; stats [N] f32 (mean: LayerNorm only)
+  Tensor qk, qk_rstd;        // QK-norm's input q|k [N, (H + KV) * D] f32 and its stats f32
   ops::AttentionSaved attn;  // q, k, v, probs (allocated by the kernel)
   Tensor att;                // attention output [N, H*D] dt
   Tensor mid;                // residual after attention [N, d] f32
@@ -127,7 +140,7 @@ struct Workspace {
   Tensor qkv;     // f32 [N, qkv width] (forward)
   Tensor dres;    // f32 [N, d]: gradient of the residual stream
   Tensor dres_c;  // dt [N, d]: dres in the compute dtype (mixed precision only)
-  Tensor dx;      // f32 [N, d]: gradient out of a norm's output / attention output
+  Tensor dx;      // f32 [N, max(d, H*D)]: gradient out of a norm's output / attention output
   Tensor dff;     // f32 [N, max(hidden, qkv width)]: d(act output), bias-grad scratch
   Tensor dff_c;   // dt [N, ff_in.out]: d(ff_in output)
   Tensor dqkv;    // dt [N, qkv width]
@@ -137,6 +150,7 @@ struct Workspace {
   Tensor dres_full;      // f32 [N, d]: dres all-gathered (sequence parallel)
   Tensor dx_shard;       // f32 [N / tp, d]: ws.dx reduce-scattered (sequence parallel)
   Tensor norm_grads;     // f32: one unit's norm gradients before their tp all-reduce
+  Tensor qk_norm_grads;  // f32 [q width + k width]: QK-norm's weight gradients (summed over tp)
   Tensor column_input;   // dt [N, d]: a norm output all-gathered (sequence parallel)
   // LoRA.
   Tensor lora_u;     // dt [N, rank]: x A^T of one adapter
@@ -228,6 +242,13 @@ struct Model::Impl {
   void backward_block(int64_t layer, const Tensor& x, BlockActs& a, DType dt, int64_t batch,
                       int64_t seq);
   // The MLP activation: act = SwiGLU(pre) (llama) or GELU(pre), `width` outputs a row.
+  // QK-norm of ws.qkv's queries and keys (Block::qk_norm), saving its input
+  // to a.qk; its backward turns ws.dqkv's q and k parts into d(input).
+  // ws.dx's width: a norm's output (d) or this rank's attention output (H * D).
+  int64_t dx_width() const { return std::max(cfg.dim, heads * cfg.head_dim()); }
+  std::array<ops::GroupNormDims, 2> qk_norm_dims(const Block& b, int64_t rows) const;
+  void qk_norm_forward(const Block& b, BlockActs& a, int64_t rows);
+  void qk_norm_backward(const Block& b, const BlockActs& a, DType dt, int64_t rows);
   void mlp_activation(const Tensor& pre, DType dt, Tensor& act, int64_t rows, int64_t width,
                       MemCategory category);
   // A MoE feed-forward (model/moe.cpp): out = mid + moe(xn2), xn2 [rows, d]

@@ -233,10 +233,24 @@ void llama_registry(const ModelConfig& c, Registry& r) {
     r.weight(p + "self_attn.q_proj.weight", {q_width, d}, true, false, rows);
     r.weight(p + "self_attn.k_proj.weight", {kv_width, d}, true, false, rows);
     r.weight(p + "self_attn.v_proj.weight", {kv_width, d}, true, false, rows);
+    // The q|k|v biases follow the weights (one bias vector of the fused GEMM).
+    if (c.qkv_bias) {
+      r.bias(p + "self_attn.q_proj.bias", q_width, rows);
+      r.bias(p + "self_attn.k_proj.bias", kv_width, rows);
+      r.bias(p + "self_attn.v_proj.bias", kv_width, rows);
+    }
     // Adapters follow their group, so q|k|v and gate|up stay adjacent.
     r.adapter(p + "self_attn.q_proj", "q_proj", d, q_width, true);
     r.adapter(p + "self_attn.k_proj", "k_proj", d, kv_width, true);
     r.adapter(p + "self_attn.v_proj", "v_proj", d, kv_width, true);
+    // QK-norm: per head, a [head_dim] weight each, replicated over tp; over
+    // the whole projection (never split: check_tensor_parallel_split). After
+    // the qkv GEMM's tensors, as its backward completes them before the GEMM's.
+    if (c.qk_norm != QkNorm::none) {
+      const bool head = c.qk_norm == QkNorm::head;
+      r.norm_weight(p + "self_attn.q_norm.weight", head ? hd : q_width);
+      r.norm_weight(p + "self_attn.k_norm.weight", head ? hd : kv_width);
+    }
     r.weight(p + "self_attn.o_proj.weight", {d, q_width}, true, true, cols);
     r.adapter(p + "self_attn.o_proj", "o_proj", q_width, d, false);
     r.norm_weight(p + "post_attention_layernorm.weight", d);
@@ -311,6 +325,9 @@ void check_tensor_parallel_split(const ModelConfig& c, int tp) {
                   "tensor parallel: moe.shared_hidden = {} is not divisible by tp = {} (the "
                   "shared experts' columns are split across the tp ranks)",
                   c.moe.shared_hidden, tp);
+  MESHTRAIN_CHECK(tp == 1 || c.qk_norm != QkNorm::full,
+                  "tensor parallel: model.qk_norm = \"full\" normalises over all heads at once, "
+                  "which tp = {} would split (OLMoE's QK-norm needs tp = 1)", tp);
   const struct {
     const char* field;
     int64_t value;

@@ -25,6 +25,8 @@ void swap_unkept(BlockActs& a, BlockActs& shared, Recompute mode) {
   swap(a.ff_act, shared.ff_act);
   if (mode != Recompute::full) return;
   // Full: the GEMM outputs too (and the probabilities, kept for one block).
+  swap(a.qk, shared.qk);
+  swap(a.qk_rstd, shared.qk_rstd);
   swap(a.attn.q, shared.attn.q);
   swap(a.attn.k, shared.attn.k);
   swap(a.attn.v, shared.attn.v);

@@ -229,7 +229,7 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
   double loss = 0;
   if (role.head) {
     m.check_tokens(targets, rows, true, "target");
-    m.ensure(m.ws.dx, {rows, d}, DType::f32, MemCategory::workspace);
+    m.ensure(m.ws.dx, {rows, m.dx_width()}, DType::f32, MemCategory::workspace);
     m.before(m.head_unit, UnitPass::backward);
     if (m.tied) m.before(m.embed_unit, UnitPass::backward);
     ops::ClassifierArgs args = m.classifier_args(acts.head_input, targets, rows, dt);

@@ -160,8 +160,14 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
 
   // model_impl.h: residuals f32 (L + 1), per block BlockActs, final norm.
   const double n = static_cast<double>(micro_batch * seq), d = static_cast<double>(c.dim);
+  const double q = static_cast<double>(c.attention_width());
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
   const double f = static_cast<double>(c.hidden_dim);
+  // QK-norm keeps its q|k input and a stat per group (a head, or each projection) in f32.
+  const double hd = static_cast<double>(c.head_dim());
+  const bool qk_norm = c.qk_norm != QkNorm::none, per_head = c.qk_norm == QkNorm::head;
+  const double qk_row = qk_norm ? q + kv + (per_head ? (q + kv) / hd : 2) : 0;
+  const double qk_weights = !qk_norm ? 0 : per_head ? 2 * hd : q + kv;
   const double ff_in = static_cast<double>(c.recipe().ff_in_factor()) * f;
   const double stats = 4 * static_cast<double>(c.recipe().norm_stats()) * n;  // rstd (+ mean) f32
   const double probs = static_cast<double>(micro_batch * c.n_heads) * static_cast<double>(seq) *
@@ -171,9 +177,10 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   const double recomputed = 2 * (e * n * d + stats)  // xn1, xn2
                             + e * n * f;             // ff_act
   const double block = recomputed                  //
-                       + e * (n * d + 2 * n * kv)  // q, k, v
+                       + e * (n * q + 2 * n * kv)  // q, k, v
+                       + 4 * n * qk_row            // QK-norm's input and stats
                        + e * probs                 // softmax probabilities
-                       + e * n * d                 // attention output
+                       + e * n * q                 // attention output
                        + 4 * n * d                 // mid residual
                        + 4 * n * ff_in;            // ff_pre
   const double layers = static_cast<double>(c.n_layers);
@@ -190,9 +197,9 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   }
   m.activations = 4 * n * d * (layers + 1) + kept + shared + e * n * d + stats;
   // Workspace (model_impl.h Workspace): qkv, dres, dres_c, dx, dff, dff_c, dqkv.
-  const double qkv = d + 2 * kv;
-  m.workspace = 4 * n * qkv + 4 * n * d + (mixed ? e * n * d : 0) + 4 * n * d +
-                4 * n * std::max(f, qkv) + e * n * ff_in + e * n * qkv;
+  const double qkv = q + 2 * kv;
+  m.workspace = 4 * n * qkv + 4 * n * d + (mixed ? e * n * d : 0) + 4 * n * std::max(d, q) +
+                4 * n * std::max(f, qkv) + e * n * ff_in + e * n * qkv + 4 * qk_weights;
   // The CPU backend's fused classifier: its logits chunk (256 rows), in fp32
   // the output layer's gradient accumulated transposed ([dim, vocab]); and
   // RoPE's cos/sin tables.

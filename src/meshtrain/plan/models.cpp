@@ -20,6 +20,19 @@ ModelConfig mixtral(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads
   return c;
 }
 
+// Qwen3-MoE: a Mixtral with QK-norm per head, a head width of its own and
+// experts of width `expert` (moe_intermediate_size); routing renormalised.
+ModelConfig qwen3_moe(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,
+                      int64_t head_dim, int64_t expert, int64_t experts, int64_t top_k,
+                      int64_t vocab, int64_t seq, float rope_theta) {
+  ModelConfig c = mixtral(dim, layers, heads, kv_heads, expert, experts, top_k, vocab, seq,
+                          rope_theta);
+  c.head_width = head_dim;
+  c.qk_norm = QkNorm::head;
+  c.norm_eps = 1e-6f;
+  return c;
+}
+
 // Every Llama-2 / Llama-3 model has its own lm_head.
 ModelConfig llama(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
                   int64_t vocab, int64_t seq, float rope_theta) {
@@ -53,6 +66,9 @@ std::vector<PlanModel> published() {
        mixtral_src},
       {"mixtral-8x22b", mixtral(6144, 56, 48, 8, 16384, 8, 2, 32768, 65536, 1e6f), 141e9,
        mixtral_src},
+      {"qwen3-30b-a3b", qwen3_moe(2048, 48, 32, 4, 128, 768, 128, 8, 151936, 40960, 1e6f),
+       30.5e9,
+       "Qwen/Qwen3-30B-A3B HF config.json; 30.5B total, 3.3B activated (its model card)"},
   };
 }
 

@@ -35,7 +35,8 @@ constexpr KeySpec kKeys[] = {
     {"model", "hidden_dim", Kind::integer},   {"model", "vocab_size", Kind::integer},
     {"model", "max_seq_len", Kind::integer},  {"model", "norm_eps", Kind::number},
     {"model", "rope_theta", Kind::number},    {"model", "tie_embeddings", Kind::boolean},
-    {"model", "init_std", Kind::number},
+    {"model", "init_std", Kind::number},      {"model", "head_dim", Kind::integer},
+    {"model", "qkv_bias", Kind::boolean},     {"model", "qk_norm", Kind::string},
 
     {"train", "precision", Kind::string},     {"train", "seed", Kind::integer},
     {"train", "steps", Kind::integer},        {"train", "batch_size", Kind::integer},
@@ -295,6 +296,11 @@ ModelConfig read_model(const Section& s, std::string& preset, bool validate) {
   s.read("rope_theta", m.rope_theta);
   s.read("tie_embeddings", m.tie_embeddings);
   s.read("init_std", m.init_std);
+  s.read("head_dim", m.head_width);
+  s.read("qkv_bias", m.qkv_bias);
+  std::string qk_norm(qk_norm_name(m.qk_norm));
+  s.read("qk_norm", qk_norm);
+  m.qk_norm = parse_qk_norm(qk_norm);
   if (!validate) return m;
   try {
     m.validate();
@@ -734,6 +740,8 @@ toml::table to_table(const TrainConfig& c) {
       {"vocab_size", m.vocab_size},                   {"max_seq_len", m.max_seq_len},
       {"norm_eps", exact(m.norm_eps)},                {"rope_theta", exact(m.rope_theta)},
       {"tie_embeddings", m.tie_embeddings},           {"init_std", exact(m.init_std)},
+      {"head_dim", m.head_width},                     {"qkv_bias", m.qkv_bias},
+      {"qk_norm", std::string(qk_norm_name(m.qk_norm))},
   };
   const TrainSettings& t = c.train;
   toml::table train{

@@ -40,6 +40,9 @@ struct LocalShape {
   // Expert parallelism (parallel.ep > 1): the expert side's buffers, counted
   // at S rows: what a rank receives when the load is balanced (docs/moe.md).
   bool ep = false;
+  // QK-norm (config.h QkNorm): the f32 values a row keeps (its q|k input and
+  // stats) and its two weights' widths (0: none).
+  double qk_row = 0, qk_weights = 0;
   double stats(double rows) const { return 4 * norm_stats * rows; }
 };
 
@@ -61,6 +64,12 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
   s.ff_in = static_cast<double>(c.recipe().ff_in_factor()) * s.f;
   s.vocab = static_cast<double>(c.vocab_size) / tp;  // (padded: within a row per rank)
   s.norm_stats = static_cast<double>(c.recipe().norm_stats());
+  if (c.qk_norm != QkNorm::none) {
+    const auto hd = static_cast<double>(c.head_dim());
+    const bool per_head = c.qk_norm == QkNorm::head;
+    s.qk_row = s.q + s.kv + (per_head ? (s.q + s.kv) / hd : 2);  // q|k; a stat per group
+    s.qk_weights = per_head ? 2 * hd : s.q + s.kv;
+  }
   if (const MoeConfig& m = c.moe; m.enabled()) {
     s.experts = static_cast<double>(m.experts);
     s.k = static_cast<double>(m.top_k);
@@ -123,6 +132,7 @@ BlockBytes block_bytes(const LocalShape& s, Recompute mode, bool moe) {
   const double probs = s.e * s.mb * s.heads * s.seq * s.seq;
   const double common = norms + probs                          //
                         + s.e * s.n * (s.q + 2 * s.kv)         // q, k, v
+                        + 4 * s.n * s.qk_row                   // QK-norm's input and stats
                         + s.e * s.n * s.q                      // attention output
                         + 4 * s.r * s.d;                       // mid residual
   switch (mode) {
@@ -260,9 +270,10 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
   const double qkv = s.q + 2 * s.kv;
   // dff_c: a dense feed-forward's d(ff_in output), or the shared experts' (its largest).
   const double dff_c = std::max(kinds.dense ? s.ff_in : 0, kinds.moe ? 2 * s.shared_f : 0);
-  double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * s.d +
+  double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * std::max(s.d, s.q) +
              4 * s.n * std::max({s.f, qkv, s.shared_f}) + s.e * s.n * dff_c + s.e * s.n * qkv;
   if (kinds.moe) w += moe_workspace_bytes(s);
+  w += 4 * s.qk_weights;  // QK-norm's weight gradients
   if (config.parallel.tp > 1) {
     w += 4 * s.n * s.d;  // partial (row-parallel sums)
     if (config.parallel.sequence_parallel) {
@@ -412,6 +423,7 @@ double evaluation_workspace_bytes(const LocalShape& s, BlockKinds kinds) {
   const double norm = s.e * s.r * s.d + s.stats(s.r);
   return 2 * 4 * s.r * s.d                                   // residuals
          + 2 * norm + s.e * s.n * s.q                        // xn1, xn2; attention output
+         + 4 * s.n * s.qk_row                                // QK-norm's input and stats
          + 4 * s.r * s.d                                     // mid
          + (kinds.dense ? 4 * s.n * s.ff_in + s.e * s.n * s.f : 0)  // ff_pre, ff_act
          + (kinds.moe ? moe_block_bytes(s) : 0)              // a MoE block's MoeActs

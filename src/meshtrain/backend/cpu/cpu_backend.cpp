@@ -83,6 +83,17 @@ void CpuBackend::layernorm_backward(const float* x, const float* w, const float*
   cpu::layernorm_backward(x, w, mean, rstd, dy, dx, dw, db, rows, dim);
 }
 
+void CpuBackend::group_rmsnorm_forward(const ops::GroupNormDims& dims, float* x, const float* w,
+                                       float* saved, float* rstd) {
+  cpu::group_rmsnorm_forward(dims, x, w, saved, rstd);
+}
+
+void CpuBackend::group_rmsnorm_backward(const ops::GroupNormDims& dims, const float* saved,
+                                        const float* w, const float* rstd, DType grad_dtype,
+                                        void* dy, float* dw) {
+  cpu::group_rmsnorm_backward(dims, saved, w, rstd, grad_dtype, dy, dw);
+}
+
 void CpuBackend::swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows,
                                 int64_t hidden) {
   cpu::swiglu_forward(gate_up, out_dtype, out, rows, hidden);

@@ -37,6 +37,10 @@ class CpuBackend final : public Backend {
   void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd,
                           const float* dy, float* dx, float* dw, float* db, int64_t rows,
                           int64_t dim) override;
+  void group_rmsnorm_forward(const ops::GroupNormDims& dims, float* x, const float* w,
+                             float* saved, float* rstd) override;
+  void group_rmsnorm_backward(const ops::GroupNormDims& dims, const float* saved, const float* w,
+                              const float* rstd, DType grad_dtype, void* dy, float* dw) override;
 
   void swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows,
                       int64_t hidden) override;

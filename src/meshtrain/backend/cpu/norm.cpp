@@ -73,6 +73,58 @@ void rmsnorm_backward(const float* x, const float* w, const float* rstd, const f
       [&](int64_t j, float total) { dw[j] += total; });
 }
 
+void group_rmsnorm_forward(const ops::GroupNormDims& dims, float* x, const float* w, float* saved,
+                           float* rstd) {
+  const int64_t groups = dims.groups(), n = dims.width;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < dims.rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float* __restrict xg = x + r * dims.stride + g * n;
+      float* __restrict sg = saved + r * dims.count + g * n;
+      const float* __restrict wl = w;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) sg[i] = xg[i];
+      const float s = 1.0f / std::sqrt(sum_sq(sg, n) / static_cast<float>(n) + dims.eps);
+      rstd[r * groups + g] = s;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) xg[i] = sg[i] * s * wl[i];
+    }
+  }
+}
+
+void group_rmsnorm_backward(const ops::GroupNormDims& dims, const float* saved, const float* w,
+                            const float* rstd, DType grad_dtype, void* dy, float* dw) {
+  const int64_t groups = dims.groups(), n = dims.width;
+  simd::dispatch_store(grad_dtype, dy, [&](auto* d) {
+    // Each (row, group) pair as one of rmsnorm_backward's rows.
+    simd::reduce_rows(
+        dims.rows * groups, n,
+        [&](int64_t rg, float* __restrict acc) {
+          thread_local std::vector<float> buffer;
+          buffer.resize(static_cast<size_t>(2 * n));
+          const int64_t r = rg / groups, g = rg % groups, len = n;
+          auto* dg = d + r * dims.stride + g * len;
+          const float* __restrict xr = saved + r * dims.count + g * len;
+          const float* __restrict wl = w;
+          float* __restrict dyr = buffer.data();
+          float* __restrict dxr = buffer.data() + len;
+          simd::load_row(dyr, dg, len);
+          const float s = rstd[rg];
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t i = 0; i < len; ++i) dot += dyr[i] * wl[i] * xr[i];
+          const float c = dot * s * s / static_cast<float>(len);
+#pragma omp simd
+          for (int64_t i = 0; i < len; ++i) {
+            dxr[i] = s * (dyr[i] * wl[i] - xr[i] * c);
+            acc[i] += dyr[i] * xr[i] * s;
+          }
+          simd::store_row(dg, dxr, len);
+        },
+        [&](int64_t j, float total) { dw[j] += total; });
+  });
+}
+
 void layernorm_forward(const float* x, const float* w, const float* b, DType out_dtype, void* y,
                        float* mean, float* rstd, int64_t rows, int64_t dim, float eps) {
   simd::dispatch_store(out_dtype, y, [&](auto* out) {

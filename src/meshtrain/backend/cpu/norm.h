@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "meshtrain/backend/ops.h"
 #include "meshtrain/tensor/dtype.h"
 
 namespace meshtrain::cpu {
@@ -22,5 +23,11 @@ void layernorm_forward(const float* x, const float* w, const float* b, DType out
                        float* mean, float* rstd, int64_t rows, int64_t dim, float eps);
 void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd,
                         const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t dim);
+
+// Backend::group_rmsnorm_forward / _backward (ops::GroupNormDims).
+void group_rmsnorm_forward(const ops::GroupNormDims& dims, float* x, const float* w, float* saved,
+                           float* rstd);
+void group_rmsnorm_backward(const ops::GroupNormDims& dims, const float* saved, const float* w,
+                            const float* rstd, DType grad_dtype, void* dy, float* dw);
 
 }  // namespace meshtrain::cpu
