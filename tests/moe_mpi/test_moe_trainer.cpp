@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "meshtrain/ckpt/hf.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/report/run_report.h"
 #include "meshtrain/train/trainer.h"
@@ -209,14 +210,18 @@ TEST_F(MoeTrainer, BiasBalancingEqualsOneRankAndResumes) {
   EXPECT_EQ(0, std::memcmp(rest.weights.data(), full.weights.data(), full.weights.size() * 4));
 }
 
-// train.init_from a Mixtral that transformers wrote (per-expert tensors): the
-// model comes from its config.json, and dp 2 and pp 2 start from the same
-// weights and follow the one-rank run.
-TEST_F(MoeTrainer, InitFromAHuggingFaceMixtralUnderEveryLayout) {
-  const std::string mixtral =
-      std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/fixtures/hf_tiny_mixtral";
+// train.init_from each MoE family that transformers wrote (per-expert tensors,
+// their attention options): the model comes from its config.json, and dp 2,
+// ep 2, pp 2 and (where the QK-norm allows) tp 2 start from the same weights
+// and follow the one-rank run.
+class MoeFamilies : public MoeTrainer, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(MoeFamilies, InitFromAHuggingFaceCheckpointUnderEveryLayout) {
+  const std::string family = GetParam();
+  const std::string hf =
+      std::string(MESHTRAIN_SOURCE_DIR) + "/tests/reference/fixtures/hf_tiny_" + family;
   auto from_hf = [&](const std::string& out, ConfigOverrides extra) {
-    extra.emplace_back("train.init_from", mixtral);
+    extra.emplace_back("train.init_from", hf);
     return testing::tiny_run_config(R"(
 [train]
 steps = 6
@@ -233,19 +238,32 @@ warmup_steps = 1
 [data]
 tokenizer = "bytes"
 )",
-                                    dir_, out, std::move(extra), "init_from.toml");
+                                    dir_, family + "_" + out, std::move(extra), "init_from.toml");
   };
   const testing::TrainerRun ref = testing::run_trainer(
-      from_hf(fmt::format("hf_ref.rank{}", world_->rank()), {}), nullptr);
+      from_hf(fmt::format("ref.rank{}", world_->rank()), {}), nullptr);
   ASSERT_EQ(ref.records.size(), 6u);
   EXPECT_TRUE(std::isfinite(ref.records.back().loss));
-  ASSERT_EQ(ref.records.front().moe.size(), 2u) << "Mixtral: every layer routed";
+  const ModelConfig c = read_hf_config(hf + "/config.json");
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) moe_layers += c.moe.is_moe_layer(l) ? 1 : 0;
+  ASSERT_EQ(static_cast<int64_t>(ref.records.front().moe.size()), moe_layers);
   if (world_->size() != 2) return;
-  DeviceMesh dp(*world_, 1, 1), pp(*world_, 1, 2);
-  expect_close(testing::run_trainer(from_hf("hf_dp2", {}), &dp), ref, "init_from Mixtral dp 2");
-  expect_close(testing::run_trainer(from_hf("hf_pp2", {{"parallel.pp", "2"}}), &pp), ref,
-               "init_from Mixtral pp 2");
+  DeviceMesh dp(*world_, 1, 1), pp(*world_, 1, 2), ep(*world_, 1, 1, 2);
+  expect_close(testing::run_trainer(from_hf("dp2", {}), &dp), ref, family + " dp 2");
+  expect_close(testing::run_trainer(from_hf("ep2", {{"parallel.ep", "2"}, {"parallel.zero", "1"}}),
+                                    &ep),
+               ref, family + " ep 2 ZeRO-1");
+  expect_close(testing::run_trainer(from_hf("pp2", {{"parallel.pp", "2"}}), &pp), ref,
+               family + " pp 2");
+  if (c.qk_norm == QkNorm::full) return;  // OLMoE's QK-norm spans the heads: tp 1 only
+  DeviceMesh tp(*world_, 2, 1);
+  expect_close(testing::run_trainer(from_hf("tp2", {{"parallel.tp", "2"}}), &tp), ref,
+               family + " tp 2");
 }
+
+INSTANTIATE_TEST_SUITE_P(Hf, MoeFamilies,
+                         ::testing::Values("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"));
 
 TEST_F(MoeTrainer, PipelineEqualsOneRank) {
   if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
