@@ -7,6 +7,7 @@
 #include <string>
 
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/model/params.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/trace_hook.h"
 #include "meshtrain/util/error.h"
@@ -332,6 +333,43 @@ TEST(Config, MoeKeysParsedSavedAndNamedWhenInvalid) {
   EXPECT_EQ(error_of(kBase, {{"parallel.ep", "2"}}),
             "config: parallel.ep = 2 needs a mixture-of-experts model (moe.experts > 0)");
   EXPECT_NE(error_of(with, {{"parallel.ep", "0"}}).find("parallel.ep"), std::string::npos);
+}
+
+// Today's attention options (model.head_dim, qkv_bias, qk_norm): parsed,
+// saved with the run, and refused by name where they cannot apply.
+TEST(Config, AttentionKeysParsedSavedAndNamedWhenInvalid) {
+  const ConfigOverrides qwen = {
+      {"model.head_dim", "32"}, {"model.qkv_bias", "true"}, {"model.qk_norm", "head"}};
+  const TrainConfig c = parse_config(kBase, "run.toml", qwen);
+  EXPECT_EQ(c.model.head_dim(), 32);
+  EXPECT_TRUE(c.model.qkv_bias);
+  EXPECT_EQ(c.model.qk_norm, QkNorm::head);
+  for (const TrainConfig& back :
+       {parse_config(config_to_toml(c), "saved.toml"), config_from_json(config_to_json(c))}) {
+    EXPECT_EQ(back.model.head_dim(), 32);
+    EXPECT_TRUE(back.model.qkv_bias);
+    EXPECT_EQ(back.model.qk_norm, QkNorm::head);
+  }
+  EXPECT_EQ(error_of(kBase, {{"model.qk_norm", "layer"}}),
+            "model.qk_norm: unknown QK-norm \"layer\" (none, head, full)");
+  EXPECT_NE(error_of(kBase, {{"model.head_dim", "7"}}).find("model.head_dim: 7 must be even"),
+            std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"model.head_dim", "-2"}}).find("model.head_dim"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"model.preset", "gpt2-124M"}, {"model.qk_norm", "head"}})
+                .find("model.qk_norm"),
+            std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"model.preset", "gpt2-124M"}, {"model.qkv_bias", "true"}})
+                .find("model.qkv_bias"),
+            std::string::npos);
+  // Checked where the layout is (memory plan, model): every rank, before allocating.
+  const TrainConfig olmoe = parse_config(kBase, "run.toml", {{"model.qk_norm", "full"}});
+  check_tensor_parallel_split(olmoe.model, 1);
+  try {
+    check_tensor_parallel_split(olmoe.model, 2);
+    ADD_FAILURE() << "tp 2 with QK-norm over all heads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.qk_norm = \"full\""), std::string::npos);
+  }
 }
 
 }  // namespace
