@@ -230,6 +230,10 @@ class Model {
   // layer order), summed over the training forwards since reset_moe_stats.
   const std::vector<MoeLayerStats>& moe_stats() const;
   void reset_moe_stats();
+  // The most expert-side rows one MoE layer's experts on this rank got from
+  // one pass (R: the ep group's rows for its experts, any forward, since the
+  // model was made); 0 before the first. The memory plan's routed basis.
+  int64_t max_expert_rows() const;
   // DeepSeek-V3's balancing (moe.bias_update_rate > 0; config.h MoeConfig):
   // MoE layer `layer`'s selection bias (empty without one), and its update
   // from the step's choices per expert (summed over every rank that routed

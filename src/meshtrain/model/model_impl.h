@@ -405,6 +405,7 @@ struct Model::Impl {
   // and the weight of the auxiliary losses in the running backward (the
   // micro-batch's tokens' share of the loss: grad_scale * rows).
   std::vector<MoeLayerStats> moe_stats;
+  int64_t max_expert_rows = 0;  // model.h Model::max_expert_rows
   bool recording_moe = false;
   float aux_weight = 0;
   std::map<std::pair<int, int64_t>, Activations> staged;  // (chunk, micro-batch) in flight

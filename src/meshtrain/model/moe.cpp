@@ -119,6 +119,7 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   // Expert parallelism: the kept rows go to the ranks holding their experts.
   s.exchange = plan_exchange(ep, s.rows_host);
   const int64_t R = expert_side_rows(ep, s, S);
+  max_expert_rows = std::max(max_expert_rows, R);
   const void* xe = s.xp.raw();
   if (ep.active()) {
     ensure(s.xe, {R, d}, dt, cat);
@@ -402,6 +403,8 @@ const float* Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, i
 }
 
 const std::vector<MoeLayerStats>& Model::moe_stats() const { return impl_->moe_stats; }
+
+int64_t Model::max_expert_rows() const { return impl_->max_expert_rows; }
 
 std::vector<float> Model::selection_bias(int64_t layer) const {
   const size_t i = impl_->block(layer).moe.selection_bias;

@@ -36,6 +36,9 @@ struct LocalShape {
   // Mixture of experts (config.h MoeConfig; 0 experts: dense): experts,
   // top_k, routed slots n * k, an expert's and the shared experts' widths.
   double experts = 0, k = 0, slots = 0, moe_f = 0, shared_f = 0;
+  // The expert side's rows (model/moe.cpp R): the slots at ep 1; under ep the
+  // balanced load (= slots), or the most a micro-batch gave this rank (measured).
+  double expert_rows = 0;
   bool shared_gate = false, capacity = false, aux = false;
   // Expert parallelism (parallel.ep > 1): the expert side's buffers, counted
   // at S rows: what a rank receives when the load is balanced (docs/moe.md).
@@ -46,7 +49,7 @@ struct LocalShape {
   double stats(double rows) const { return 4 * norm_stats * rows; }
 };
 
-LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
+LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t expert_rows = 0) {
   const ModelConfig& c = config.model;
   const auto tp = static_cast<double>(config.parallel.tp);
   LocalShape s;
@@ -80,6 +83,7 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
     s.capacity = m.capacity_factor > 0;
     s.aux = m.aux_loss > 0;
     s.ep = config.parallel.ep > 1;
+    s.expert_rows = s.ep && expert_rows > 0 ? static_cast<double>(expert_rows) : s.slots;
   }
   return s;
 }
@@ -87,15 +91,15 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch) {
 // What a MoE feed-forward keeps for its backward (model_impl.h MoeActs): the
 // same bytes whatever the routing, as every buffer has all n * k slots' rows.
 double moe_block_bytes(const LocalShape& s) {
-  const double n = s.n, S = s.slots, E = s.experts;
+  const double n = s.n, S = s.slots, R = s.expert_rows, E = s.experts;
   const bool sp = s.r != s.n;
   double b = (s.e == 4 && !sp ? 0 : 4 * n * s.d)          // x32 (mixed precision, or SP)
              + 4 * n * E + 4 * n                            // probs, lse
              + 2 * 4 * n * s.k + 2 * 4 * S + 4 * E          // indices, weights; slots, rows; counts
              + (s.capacity ? 4 * E : 0)                     // kept
-             + s.e * S * s.d + 4 * S * 2 * s.moe_f          // xp, pre
-             + s.e * S * s.moe_f + 4 * S * s.d              // act, y
-             + (s.ep ? s.e * S * s.d : 0);                  // xe: the rows received
+             + s.e * S * s.d + 4 * R * 2 * s.moe_f          // xp, pre
+             + s.e * R * s.moe_f + 4 * S * s.d              // act, y
+             + (s.ep ? s.e * R * s.d : 0);                  // xe: the rows received
   if (s.shared_f > 0) b += 4 * n * 2 * s.shared_f + s.e * n * s.shared_f + 4 * n * s.d;
   if (s.shared_gate) b += 3 * 4 * n;                        // gate prob, index, weight
   return b;
@@ -103,13 +107,13 @@ double moe_block_bytes(const LocalShape& s) {
 
 // The Workspace buffers only MoE blocks use (model/moe.cpp).
 double moe_workspace_bytes(const LocalShape& s) {
-  const double n = s.n, S = s.slots, E = s.experts;
+  const double n = s.n, S = s.slots, R = s.expert_rows, E = s.experts;
   double w = 4 * n * E + 4 * n * s.d + 4 * E                // router logits, moe_out, prob sums
              + s.e * S * s.d + 4 * n * s.k                  // d(y), d(weights)
-             + 4 * S * s.moe_f + s.e * S * 2 * s.moe_f      // d(act), d(pre)
+             + 4 * R * s.moe_f + s.e * R * 2 * s.moe_f      // d(act), d(pre)
              + 4 * S * s.d                                  // d(xp)
              + (s.aux ? 4 * E : 0)                          // the load-balancing score gradient
-             + (s.ep ? (3 * 4 + s.e) * S * s.d : 0);        // staging, ye, d(xe); d(ye)
+             + (s.ep ? (3 * 4 + s.e) * R * s.d : 0);        // staging, ye, d(xe); d(ye)
   if (s.shared_f > 0) w += 4 * n * s.d;                     // moe_dx
   if (s.shared_gate) w += 4 * n * s.d + 3 * 4 * n;         // shared d; gate d, logits; iota
   if (s.shared_f > 0 && s.tp > 1) w += 4 * n * s.d;         // moe_acc
@@ -591,6 +595,7 @@ std::string_view prediction_basis_name(PredictionBasis basis) {
     case PredictionBasis::exact: return "exact";
     case PredictionBasis::bound: return "bound";
     case PredictionBasis::balanced: return "balanced load";
+    case PredictionBasis::routed: return "measured routing";
   }
   return "?";
 }
@@ -604,7 +609,7 @@ double RankMemory::total() const {
 }
 
 RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh,
-                               MeshCoord coord) {
+                               MeshCoord coord, int64_t expert_rows) {
   const ParallelSettings& p = config.parallel;
   const ModelConfig& model = config.model;
   const int dp = mesh.dp(), tp = mesh.tp(), pp = mesh.pp();
@@ -741,7 +746,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
 
   // Activations: each (chunk, micro-batch) the schedule holds, at the
   // schedule's fullest point, plus the one shared set recomputation uses.
-  const LocalShape s = local_shape(config, rows);
+  const LocalShape s = local_shape(config, rows, expert_rows);
   const RecomputePolicy policy{config.train.recompute, config.train.recompute_layers};
   std::vector<ChunkBytes> chunks;
   for (size_t c = 0; c < stage.chunks.size(); ++c) {
@@ -863,8 +868,9 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   }
 
   if (p.ep > 1) {  // the expert side's rows follow the routing
-    out.basis[idx(MemCategory::activations)] = PredictionBasis::balanced;
-    out.basis[idx(MemCategory::workspace)] = PredictionBasis::balanced;
+    const PredictionBasis basis = expert_rows > 0 ? PredictionBasis::routed : PredictionBasis::balanced;
+    out.basis[idx(MemCategory::activations)] = basis;
+    out.basis[idx(MemCategory::workspace)] = basis;
   }
   for (size_t c = 0; c < kMemCategories; ++c) {
     if (out.basis[c] != PredictionBasis::bound) out.floor[c] = out.peak[c];
@@ -881,11 +887,12 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   return out;
 }
 
-std::vector<RankMemory> predict_run_memory(const TrainConfig& config, int world_size) {
+std::vector<RankMemory> predict_run_memory(const TrainConfig& config, int world_size,
+                                           int64_t expert_rows) {
   const MeshLayout mesh(world_size, config.parallel.tp, config.parallel.pp);
   std::vector<RankMemory> ranks;
   for (int r = 0; r < world_size; ++r) {
-    ranks.push_back(predict_rank_memory(config, mesh, mesh.coord(r)));
+    ranks.push_back(predict_rank_memory(config, mesh, mesh.coord(r), expert_rows));
   }
   return ranks;
 }

@@ -29,6 +29,11 @@ enum class PredictionBasis : uint8_t {
   // rank sends); a step whose routing is imbalanced exceeds it by up to its
   // imbalance on those buffers (docs/moe.md).
   balanced,
+  // Routing-dependent, from the measured routing: the expert-side buffers at
+  // the most rows one micro-batch gave this rank's experts so far
+  // (Model::max_expert_rows): every layer's are at most that, so the measured
+  // peak is at most the prediction.
+  routed,
 };
 std::string_view prediction_basis_name(PredictionBasis basis);
 
@@ -61,9 +66,12 @@ struct RankMemory {
 
 // Every rank of a run on `world_size` ranks (dp = world / (tp * pp)).
 // Throws Error naming the key for a layout the engine would refuse.
-std::vector<RankMemory> predict_run_memory(const TrainConfig& config, int world_size);
-// One rank.
-RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh, MeshCoord coord);
+std::vector<RankMemory> predict_run_memory(const TrainConfig& config, int world_size,
+                                           int64_t expert_rows = 0);
+// One rank. expert_rows > 0 (expert parallelism): the expert-side rows of a
+// micro-batch as measured (basis routed) instead of the balanced S = N * top_k.
+RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh, MeshCoord coord,
+                               int64_t expert_rows = 0);
 
 // Ranks that predict the same bytes (dp ranks mostly) as one row each:
 // (first rank, ranks with it). For the plan's table.

@@ -344,6 +344,17 @@ void Trainer::print_setup(const LoaderOptions& loader) {
 void Trainer::add_hook(std::unique_ptr<StepHook> hook) { hooks_.push_back(std::move(hook)); }
 
 void Trainer::log_memory(const char* when) {
+  // Expert parallelism: the expert side's buffers at the most rows the
+  // routing so far gave any rank's experts (basis "measured routing"), not
+  // at the balanced load the start-up check used. Every rank logs together.
+  if (config_.parallel.ep > 1 && model_ != nullptr) {
+    int64_t rows = model_->max_expert_rows();
+    DeviceMesh* mesh = options_.mesh;
+    if (mesh != nullptr) mesh->world().all_reduce(&rows, 1, CommDType::i64, ReduceOp::max);
+    if (rows > 0) {
+      memory_plan_ = predict_run_memory(config_, mesh != nullptr ? mesh->size() : 1, rows);
+    }
+  }
   report_memory(when, step_, tracker_, memory_plan_, options_.mesh, *metrics_, options_.console);
 }
 
