@@ -23,6 +23,26 @@ float sum(const float* x, int64_t n) {
   return s;
 }
 
+// One row of RMSNorm's backward, n values with stat s: xhat = x * s, and
+// d(input) = s * (g - xhat * mean(g * xhat)) with g = dy * w, added to dx
+// (Add) or written to it; dw's terms added to acc. Pointers to locals, so the
+// loops vectorise.
+template <bool Add>
+void rms_row_backward(const float* __restrict x, const float* __restrict dy,
+                      const float* __restrict w, float s, int64_t n, float* __restrict dx,
+                      float* __restrict acc) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t i = 0; i < n; ++i) dot += dy[i] * w[i] * x[i];
+  const float c = dot * s * s / static_cast<float>(n);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = s * (dy[i] * w[i] - x[i] * c);
+    dx[i] = Add ? dx[i] + g : g;
+    acc[i] += dy[i] * x[i] * s;
+  }
+}
+
 }  // namespace
 
 void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y, float* rstd,
@@ -49,26 +69,10 @@ void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y, f
 
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                       float* dw, int64_t rows, int64_t dim) {
-  // xhat = x * s; dx = s * (g - xhat * mean(g * xhat)) with g = dy * w.
   simd::reduce_rows(
       rows, dim,
-      [&](int64_t r, float* __restrict acc) {
-        // Locals, not captured references, so the loops vectorise.
-        const float* __restrict xr = x + r * dim;
-        const float* __restrict dyr = dy + r * dim;
-        const float* __restrict wl = w;
-        float* __restrict dxr = dx + r * dim;
-        const int64_t n = dim;
-        const float s = rstd[r];
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < n; ++i) dot += dyr[i] * wl[i] * xr[i];
-        const float c = dot * s * s / static_cast<float>(n);
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) {
-          dxr[i] += s * (dyr[i] * wl[i] - xr[i] * c);
-          acc[i] += dyr[i] * xr[i] * s;
-        }
+      [&](int64_t r, float* acc) {
+        rms_row_backward<true>(x + r * dim, dy + r * dim, w, rstd[r], dim, dx + r * dim, acc);
       },
       [&](int64_t j, float total) { dw[j] += total; });
 }
@@ -99,27 +103,16 @@ void group_rmsnorm_backward(const ops::GroupNormDims& dims, const float* saved, 
     // Each (row, group) pair as one of rmsnorm_backward's rows.
     simd::reduce_rows(
         dims.rows * groups, n,
-        [&](int64_t rg, float* __restrict acc) {
+        [&](int64_t rg, float* acc) {
+          // The group's d(output) widened to f32, and its d(input) before it is stored.
           thread_local std::vector<float> buffer;
           buffer.resize(static_cast<size_t>(2 * n));
-          const int64_t r = rg / groups, g = rg % groups, len = n;
-          auto* dg = d + r * dims.stride + g * len;
-          const float* __restrict xr = saved + r * dims.count + g * len;
-          const float* __restrict wl = w;
-          float* __restrict dyr = buffer.data();
-          float* __restrict dxr = buffer.data() + len;
-          simd::load_row(dyr, dg, len);
-          const float s = rstd[rg];
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < len; ++i) dot += dyr[i] * wl[i] * xr[i];
-          const float c = dot * s * s / static_cast<float>(len);
-#pragma omp simd
-          for (int64_t i = 0; i < len; ++i) {
-            dxr[i] = s * (dyr[i] * wl[i] - xr[i] * c);
-            acc[i] += dyr[i] * xr[i] * s;
-          }
-          simd::store_row(dg, dxr, len);
+          const int64_t r = rg / groups, g = rg % groups;
+          auto* dg = d + r * dims.stride + g * n;
+          simd::load_row(buffer.data(), dg, n);
+          rms_row_backward<false>(saved + r * dims.count + g * n, buffer.data(), w, rstd[rg], n,
+                                  buffer.data() + n, acc);
+          simd::store_row(dg, buffer.data() + n, n);
         },
         [&](int64_t j, float total) { dw[j] += total; });
   });
