@@ -212,7 +212,7 @@ TEST_F(MoeTrainer, BiasBalancingEqualsOneRankAndResumes) {
 
 // train.init_from each MoE family that transformers wrote (per-expert tensors,
 // their attention options): the model comes from its config.json, and dp 2,
-// ep 2, pp 2 and (where the QK-norm allows) tp 2 start from the same weights
+// ZeRO-3, ep 2, pp 2 and (where the QK-norm allows) tp 2 start from the same weights
 // and follow the one-rank run.
 class MoeFamilies : public MoeTrainer, public ::testing::WithParamInterface<const char*> {};
 
@@ -251,6 +251,8 @@ tokenizer = "bytes"
   if (world_->size() != 2) return;
   DeviceMesh dp(*world_, 1, 1), pp(*world_, 1, 2), ep(*world_, 1, 1, 2);
   expect_close(testing::run_trainer(from_hf("dp2", {}), &dp), ref, family + " dp 2");
+  expect_close(testing::run_trainer(from_hf("zero3", {{"parallel.zero", "3"}}), &dp), ref,
+               family + " dp 2 ZeRO-3");
   expect_close(testing::run_trainer(from_hf("ep2", {{"parallel.ep", "2"}, {"parallel.zero", "1"}}),
                                     &ep),
                ref, family + " ep 2 ZeRO-1");
