@@ -267,6 +267,41 @@ tokenizer = "bytes"
 INSTANTIATE_TEST_SUITE_P(Hf, MoeFamilies,
                          ::testing::Values("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"));
 
+// moe.aux_scope = "step": the load-balancing statistic over every micro-batch
+// of the step and every dp rank (a routing pass first). One rank's 4
+// micro-batches equal one micro-batch of all 8 rows (where both scopes
+// agree), while counting per micro-batch does not; dp 2, ep 2 and pp 2 (each
+// rank 2 micro-batches of the step) equal the one-rank run.
+TEST_F(MoeTrainer, StepScopeBalancingCountsTheWholeStep) {
+  auto step = [](ConfigOverrides extra) {
+    ConfigOverrides o = {{"moe.aux_scope", "step"},
+                         {"moe.aux_loss", "0.5"},
+                         {"moe.capacity_factor", "0"},  // a capacity per micro-batch would differ
+                         {"train.eval_interval", "0"}};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+  };
+  const testing::TrainerRun whole = reference("step_whole", step({{"train.micro_batch_size", "8"}}));
+  const testing::TrainerRun split = reference("step_split", step({}));
+  expect_close(split, whole, "aux_scope step: 4 micro-batches against 1 of 8 rows");
+  testing::expect_memory_matches(split.predicted, split.memory, "MoE step scope (routing pass)");
+  const testing::TrainerRun micro =
+      reference("step_micro", step({{"moe.aux_scope", "micro_batch"}}));
+  double differs = 0;
+  for (size_t i = 0; i < whole.records.size(); ++i) {
+    differs = std::max(differs, std::fabs(micro.records[i].grad_norm - whole.records[i].grad_norm) /
+                                    whole.records[i].grad_norm);
+  }
+  EXPECT_GT(differs, 1e-3) << "per micro-batch counting should move the gradients";
+  if (world_->size() != 2) return;
+  DeviceMesh dp(*world_, 1, 1), pp(*world_, 1, 2), ep(*world_, 1, 1, 2);
+  expect_close(testing::run_trainer(config("step_dp2", step({})), &dp), split, "step scope dp 2");
+  expect_close(testing::run_trainer(config("step_ep2", step({{"parallel.ep", "2"}})), &ep), split,
+               "step scope ep 2");
+  expect_close(testing::run_trainer(config("step_pp2", step({{"parallel.pp", "2"}})), &pp), split,
+               "step scope pp 2");
+}
+
 TEST_F(MoeTrainer, PipelineEqualsOneRank) {
   if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const testing::TrainerRun ref = reference("ref");

@@ -325,6 +325,15 @@ TEST(Config, MoeKeysParsedSavedAndNamedWhenInvalid) {
   EXPECT_NE(error_of(with, {{"lora.rank", "4"}}).find("LoRA on a mixture of experts"),
             std::string::npos);
   EXPECT_NE(error_of(with, {{"model.preset", "gpt2-124M"}}).find("moe: gpt2"), std::string::npos);
+  // The load-balancing statistic's scope: saved, and refused by name.
+  const TrainConfig scoped = parse_config(with, "run.toml", {{"moe.aux_scope", "step"}});
+  EXPECT_TRUE(scoped.model.moe.aux_per_step);
+  EXPECT_TRUE(parse_config(config_to_toml(scoped), "saved.toml").model.moe.aux_per_step);
+  EXPECT_EQ(error_of(with, {{"moe.aux_scope", "batch"}}),
+            "config: moe.aux_scope must be \"micro_batch\" or \"step\", got \"batch\"");
+  EXPECT_NE(error_of(with, {{"moe.aux_scope", "step"}, {"moe.aux_loss", "0"}})
+                .find("moe.aux_scope: \"step\""),
+            std::string::npos);
   // Expert parallelism: saved, and refused by name where it cannot apply.
   TrainConfig ep = parse_config(with, "run.toml", {{"parallel.ep", "4"}});
   EXPECT_EQ(parse_config(config_to_toml(ep), "saved.toml").parallel.ep, 4);

@@ -603,7 +603,7 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   // Feed-forward sub-block, in reverse.
   const float* dxn = nullptr;
   if (b.moe.enabled()) {
-    dxn = moe_backward(b, a, dt, rows);
+    dxn = moe_backward(layer, b, a, dt, rows);
   } else {
     const Tensor& dy = full_residual_grad(rows);
     dxn = ffn_backward(b.ff_in, b.ff_out, dt, residual_grad_compute(dt, dy, rows),

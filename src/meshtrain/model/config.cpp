@@ -141,6 +141,9 @@ void validate_moe(const ModelConfig& c) {
                   "moe.aux_loss: must be >= 0, got {}", m.aux_loss);
   MESHTRAIN_CHECK(m.z_loss >= 0 && std::isfinite(m.z_loss),
                   "moe.z_loss: must be >= 0, got {}", m.z_loss);
+  MESHTRAIN_CHECK(!m.aux_per_step || m.aux_loss > 0,
+                  "moe.aux_scope: \"step\" counts the load-balancing loss's statistic over the "
+                  "step, which needs moe.aux_loss > 0");
   MESHTRAIN_CHECK(m.bias_update_rate >= 0 && std::isfinite(m.bias_update_rate),
                   "moe.bias_update_rate: must be >= 0 (0: off), got {}", m.bias_update_rate);
   MESHTRAIN_CHECK(m.capacity_factor >= 0 && std::isfinite(m.capacity_factor),

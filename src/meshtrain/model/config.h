@@ -162,6 +162,12 @@ struct MoeConfig {
   int64_t every = 1;
   float aux_loss = 0.0f;
   float z_loss = 0.0f;
+  // The load-balancing loss's f_e (the share of the choices expert e got):
+  // false, each micro-batch's own (Megatron's default); true ("step"), the
+  // whole step's, every micro-batch of every dp rank, counted by a
+  // forward-only routing pass over the step's micro-batches before their
+  // training passes (one more forward per step; docs/moe.md).
+  bool aux_per_step = false;
   // > 0: each expert takes at most ceil(capacity_factor * N * top_k / E) of a
   // micro-batch's N tokens, those of the highest routing weight (ties: the
   // lower token); the other choices are dropped (they add nothing: the

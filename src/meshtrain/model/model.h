@@ -234,6 +234,12 @@ class Model {
   // one pass (R: the ep group's rows for its experts, any forward, since the
   // model was made); 0 before the first. The memory plan's routed basis.
   int64_t max_expert_rows() const;
+  // moe.aux_scope = "step": the step's choices per expert of this stage's MoE
+  // layers ([MoE layer in moe_stats order][E], summed by the caller over the
+  // dp ranks), which the load-balancing loss's f then reads instead of the
+  // micro-batch's. While count_routing(true), every forward adds its choices.
+  std::vector<int64_t>& step_routing();
+  void count_routing(bool on);
   // DeepSeek-V3's balancing (moe.bias_update_rate > 0; config.h MoeConfig):
   // MoE layer `layer`'s selection bias (empty without one), and its update
   // from the step's choices per expert (summed over every rank that routed

@@ -257,7 +257,7 @@ struct Model::Impl {
   void moe_forward(int64_t layer, const Block& b, BlockActs& a, const void* xn2, DType dt,
                    int64_t rows, Tensor& out);
   // Returns d(norm2 output) of this rank's rows (as ffn_backward does).
-  const float* moe_backward(const Block& b, BlockActs& a, DType dt, int64_t rows);
+  const float* moe_backward(int64_t layer, const Block& b, BlockActs& a, DType dt, int64_t rows);
   // A feed-forward's backward (in(x) -> pre -> act -> out, `width` act
   // columns) from dy = d(output) in dt (and f32, or nullptr): the weights'
   // gradients, and d(x) summed over tp (column_parallel_backward). ws.dff
@@ -406,6 +406,17 @@ struct Model::Impl {
   // micro-batch's tokens' share of the loss: grad_scale * rows).
   std::vector<MoeLayerStats> moe_stats;
   int64_t max_expert_rows = 0;  // model.h Model::max_expert_rows
+  std::vector<int64_t> step_routing;  // model.h Model::step_routing
+  bool counting_routing = false;
+  // The load-balancing loss's counts of MoE layer `layer` for the micro-batch
+  // `s`: its own choices per expert, or the step's (moe.aux_scope = "step");
+  // f_e = counts[e] / total.
+  struct BalanceCounts {
+    std::vector<double> counts;
+    double total = 0;
+  };
+  BalanceCounts balance_counts(int64_t layer, const MoeActs& s) const;
+  int64_t moe_layer_index(int64_t layer) const;  // in moe_stats
   bool recording_moe = false;
   float aux_weight = 0;
   std::map<std::pair<int, int64_t>, Activations> staged;  // (chunk, micro-batch) in flight

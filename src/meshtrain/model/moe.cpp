@@ -205,6 +205,10 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
     }
   }
 
+  if (counting_routing) {  // the step's routing pass (moe.aux_scope = "step")
+    int64_t* step = step_routing.data() + moe_layer_index(layer) * E;
+    for (int64_t e = 0; e < E; ++e) step[e] += s.counts_host[static_cast<size_t>(e)];
+  }
   if (!recording_moe) return;
   // The routing statistics of this training forward; the load-balancing
   // statistic needs each expert's summed scores, on the host with the counts.
@@ -213,22 +217,44 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   backend.bias_backward(s.probs.data<float>(), ws.moe_prob_sums.data<float>(), rows, E);
   s.prob_sums.resize(static_cast<size_t>(E));
   backend.copy_to_host(ws.moe_prob_sums, s.prob_sums.data());
-  auto it = std::find_if(moe_stats.begin(), moe_stats.end(),
-                         [layer](const MoeLayerStats& st) { return st.layer == layer; });
-  MESHTRAIN_CHECK(it != moe_stats.end(), "model: layer {} has no MoE statistics", layer);
-  it->micro_batches += 1;
+  MoeLayerStats& st = moe_stats[static_cast<size_t>(moe_layer_index(layer))];
+  st.micro_batches += 1;
+  const BalanceCounts f = balance_counts(layer, s);
   double balance = 0;
   for (int64_t e = 0; e < E; ++e) {
     const auto i = static_cast<size_t>(e);
-    it->tokens[i] += s.counts_host[i];
-    it->dropped += s.counts_host[i] - s.rows_host[i];
-    balance += static_cast<double>(s.prob_sums[i]) * s.counts_host[i];
+    st.tokens[i] += s.counts_host[i];
+    st.dropped += s.counts_host[i] - s.rows_host[i];
+    balance += static_cast<double>(s.prob_sums[i]) * f.counts[i];
   }
-  it->aux += balance * static_cast<double>(E) / (static_cast<double>(rows) * static_cast<double>(S));
-  it->z += backend.sum_squares(s.lse.data<float>(), rows) / static_cast<double>(rows);
+  st.aux += balance * static_cast<double>(E) / (static_cast<double>(rows) * f.total);
+  st.z += backend.sum_squares(s.lse.data<float>(), rows) / static_cast<double>(rows);
 }
 
-const float* Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, int64_t rows) {
+int64_t Model::Impl::moe_layer_index(int64_t layer) const {
+  auto it = std::find_if(moe_stats.begin(), moe_stats.end(),
+                         [layer](const MoeLayerStats& st) { return st.layer == layer; });
+  MESHTRAIN_CHECK(it != moe_stats.end(), "model: layer {} has no MoE statistics", layer);
+  return it - moe_stats.begin();
+}
+
+Model::Impl::BalanceCounts Model::Impl::balance_counts(int64_t layer, const MoeActs& s) const {
+  const int64_t E = cfg.moe.experts;
+  // The micro-batch's choices (their total is its S = N * top_k slots), or the step's.
+  const int64_t* step = cfg.moe.aux_per_step ? step_routing.data() + moe_layer_index(layer) * E
+                                             : nullptr;
+  BalanceCounts f;
+  for (int64_t e = 0; e < E; ++e) {
+    f.counts.push_back(static_cast<double>(step ? step[e] : s.counts_host[static_cast<size_t>(e)]));
+    f.total += f.counts.back();
+  }
+  MESHTRAIN_CHECK(f.total > 0, "model: moe.aux_scope = \"step\" but layer {}'s routing of the step "
+                  "was not counted (Model::count_routing)", layer);
+  return f;
+}
+
+const float* Model::Impl::moe_backward(int64_t layer, const Block& b, BlockActs& a, DType dt,
+                                       int64_t rows) {
   const MoeConfig& m = cfg.moe;
   const int64_t d = cfg.dim, E = m.experts, K = m.top_k, I = m.hidden_dim, S = rows * K;
   const MemCategory wsc = MemCategory::workspace;
@@ -357,8 +383,9 @@ const float* Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, i
   const double n = static_cast<double>(rows);
   if (m.aux_loss > 0) {
     std::vector<float> score_grad(static_cast<size_t>(E));
+    const BalanceCounts shares = balance_counts(layer, s);
     for (int64_t e = 0; e < E; ++e) {
-      const double f = s.counts_host[static_cast<size_t>(e)] / static_cast<double>(S);
+      const double f = shares.counts[static_cast<size_t>(e)] / shares.total;
       score_grad[static_cast<size_t>(e)] =
           static_cast<float>(m.aux_loss * aux_weight * static_cast<double>(E) * f / n);
     }
@@ -405,6 +432,16 @@ const float* Model::Impl::moe_backward(const Block& b, BlockActs& a, DType dt, i
 const std::vector<MoeLayerStats>& Model::moe_stats() const { return impl_->moe_stats; }
 
 int64_t Model::max_expert_rows() const { return impl_->max_expert_rows; }
+
+std::vector<int64_t>& Model::step_routing() {
+  impl_->step_routing.resize(impl_->moe_stats.size() * static_cast<size_t>(config_.moe.experts));
+  return impl_->step_routing;
+}
+
+void Model::count_routing(bool on) {
+  step_routing();  // sized
+  impl_->counting_routing = on;
+}
 
 std::vector<float> Model::selection_bias(int64_t layer) const {
   const size_t i = impl_->block(layer).moe.selection_bias;

@@ -95,6 +95,7 @@ constexpr KeySpec kKeys[] = {
     {"moe", "shared_hidden", Kind::integer},  {"moe", "shared_gate", Kind::boolean},
     {"moe", "first_dense", Kind::integer},    {"moe", "every", Kind::integer},
     {"moe", "aux_loss", Kind::number},        {"moe", "z_loss", Kind::number},
+    {"moe", "aux_scope", Kind::string},
     {"moe", "capacity_factor", Kind::number}, {"moe", "bias_update_rate", Kind::number},
     {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
     {"comm", "flight_records", Kind::integer},
@@ -677,6 +678,11 @@ void read_moe(const Section& s, ModelConfig& m) {
   s.read("every", e.every);
   s.read("aux_loss", e.aux_loss);
   s.read("z_loss", e.z_loss);
+  std::string scope = e.aux_per_step ? "step" : "micro_batch";
+  s.read("aux_scope", scope);
+  MESHTRAIN_CHECK(scope == "micro_batch" || scope == "step",
+                  "config: moe.aux_scope must be \"micro_batch\" or \"step\", got \"{}\"", scope);
+  e.aux_per_step = scope == "step";
   s.read("capacity_factor", e.capacity_factor);
   s.read("bias_update_rate", e.bias_update_rate);
   try {
@@ -858,6 +864,7 @@ toml::table to_table(const TrainConfig& c) {
                                   {"every", e.every},
                                   {"aux_loss", exact(e.aux_loss)},
                                   {"z_loss", exact(e.z_loss)},
+                                  {"aux_scope", e.aux_per_step ? "step" : "micro_batch"},
                                   {"capacity_factor", exact(e.capacity_factor)},
                                   {"bias_update_rate", exact(e.bias_update_rate)}});
   }

@@ -625,7 +625,9 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   // The stage: the executor's split of the layers over (virtual) stages.
   const int64_t m = micro_batches_per_step(config, dp), rows = micro_batch_rows(config, dp);
   // The run's validation (train.eval_interval with data.val), in micro-batches of the same rows.
-  const bool evaluates = !config.data.val.empty() && config.train.eval_interval > 0;
+  // A forward-only pass: evaluation, or the step's routing pass (moe.aux_scope = "step").
+  const bool evaluates = (!config.data.val.empty() && config.train.eval_interval > 0) ||
+                         config.model.moe.aux_per_step;
   const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(p.schedule);
   const pipeline::PipelineShape shape{pp, static_cast<int>(m), p.virtual_stages};
   StageLayers stage;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "meshtrain/parallel/pipeline/executor.h"
@@ -13,6 +14,23 @@
 namespace meshtrain {
 namespace {
 
+// moe.aux_scope = "step": the step's routing, counted by `forward` (a
+// forward-only pass over this rank's micro-batches of the step) and summed
+// over the dp ranks, before their training passes (model.h step_routing).
+template <typename Forward>
+void count_step_routing(Model& model, DataParallel& dp, Forward&& forward) {
+  if (!model.config().moe.aux_per_step) return;
+  std::vector<int64_t>& counts = model.step_routing();
+  std::fill(counts.begin(), counts.end(), 0);
+  model.count_routing(true);
+  forward();
+  model.count_routing(false);
+  if (Communicator* group = dp.group(); group != nullptr && !counts.empty()) {
+    group->all_reduce(counts.data(), static_cast<int64_t>(counts.size()), CommDType::i64,
+                      ReduceOp::sum);
+  }
+}
+
 // Micro-batch after micro-batch through the whole (tp slice of the) model.
 class LocalSteps final : public StepRunner {
  public:
@@ -21,8 +39,15 @@ class LocalSteps final : public StepRunner {
   double run(DataLoader& loader, DataParallel& dp, float grad_scale, StepRecord& r) override {
     double loss = 0;
     const int64_t m = loader.micro_batches_per_step();
+    batches_.resize(static_cast<size_t>(m));
+    for (MicroBatch& batch : batches_) batch = loader.next();
+    count_step_routing(model_, dp, [&] {
+      for (const MicroBatch& b : batches_) {
+        model_.forward_loss(b.inputs.data(), b.targets.data(), b.rows, seq_, positions_of(b));
+      }
+    });
     for (int64_t a = 0; a < m; ++a) {
-      const MicroBatch& batch = loader.next();
+      const MicroBatch& batch = batches_[static_cast<size_t>(a)];
       dp.begin_micro_batch(a == 0, a + 1 == m);
       // LoRA dropout masks keyed by (seed, step, sample, position): layout-independent.
       if (model_.config().lora.dropout > 0) model_.set_lora_dropout(seed_, r.step, batch.samples);
@@ -41,6 +66,7 @@ class LocalSteps final : public StepRunner {
   int64_t seq_;
   uint64_t seed_;
   MicroBatch batch_;
+  std::vector<MicroBatch> batches_;  // the step's
 };
 
 // The schedule's actions over this rank's stage; the tied embedding's
@@ -86,6 +112,7 @@ class PipelineSteps final : public StepRunner {
       batch = loader.next();
       refs.push_back({batch.inputs.data(), batch.targets.data(), positions_of(batch)});
     }
+    count_step_routing(model_, dp, [&] { executor_->evaluate(refs); });
     dp.begin_schedule();
     const double loss = executor_->run(refs, grad_scale);
     if (tied_ && model_.params()[0].spec.trainable) {
