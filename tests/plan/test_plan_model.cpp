@@ -71,6 +71,14 @@ TEST(Counts, ClosedFormEqualsTheRegistry) {
   std::vector<ModelConfig> configs;
   for (const std::string& name : plan_model_names()) configs.push_back(plan_model(name).config);
   for (const std::string& name : model_preset_names()) configs.push_back(model_preset(name));
+  // Qwen2's q/k/v biases; OLMoE's QK-norm over the projection, at a head width of its own.
+  ModelConfig biased = model_preset("llama-tiny");
+  biased.qkv_bias = true;
+  ModelConfig olmoe = model_preset("llama-tiny");
+  olmoe.qk_norm = QkNorm::full;
+  olmoe.head_width = 12;
+  configs.push_back(biased);
+  configs.push_back(olmoe);
   for (const ModelConfig& c : configs) {
     const TransformerCounts n = count_transformer(c);
     double matmul = 0, layer0 = 0;
