@@ -14,8 +14,17 @@
 namespace meshtrain {
 namespace {
 
+// The families, and the llama recipe with today's attention options: Qwen's
+// q/k/v biases with per-head QK-norm at a head width of its own, and OLMoE's
+// QK-norm over the whole projection.
 std::vector<ModelConfig> configs() {
-  return {testing::tiny_llama(false), testing::tiny_llama(true), testing::tiny_gpt2()};
+  ModelConfig qwen = testing::tiny_llama(false);
+  qwen.qkv_bias = true;
+  qwen.qk_norm = QkNorm::head;
+  qwen.head_width = 6;
+  ModelConfig olmoe = testing::tiny_llama(true);
+  olmoe.qk_norm = QkNorm::full;
+  return {testing::tiny_llama(false), testing::tiny_llama(true), testing::tiny_gpt2(), qwen, olmoe};
 }
 
 std::vector<float> grads_of(Model& model) {
