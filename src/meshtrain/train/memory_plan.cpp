@@ -491,7 +491,7 @@ std::string layer_range(int64_t first, int64_t end) {
 // embedding's, with the unit in use and the one prefetched. Pipelines keep
 // every unit gathered until its last backward.
 double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& config,
-                            bool pipelined, bool evaluates) {
+                            bool pipelined, bool forwards_in_a_row) {
   std::vector<double> unit(layout.unit_flats.size(), 0);
   for (size_t u = 0; u < unit.size(); ++u) {
     for (size_t i : layout.unit_flats[u]) {
@@ -515,9 +515,9 @@ double zero3_gathered_bound(const zero::ZeroLayout& layout, const TrainConfig& c
     const double next = prefetch && (u > 1 || !tied) ? unit[u - 1] : 0;
     most = std::max(most, embed + unit[u] + next);
   }
-  // Evaluation runs forwards only: the head stays gathered from one
-  // micro-batch's forward into the next one's.
-  if (evaluates) {
+  // Evaluation (and the routing pass) runs forwards only: the head stays
+  // gathered from one micro-batch's forward into the next one's.
+  if (forwards_in_a_row) {
     for (size_t u = 0; u + 1 < head; ++u) {
       most = std::max(most, unit[head] + unit[u] + (prefetch ? unit[u + 1] : 0));
     }
@@ -626,8 +626,13 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   const int64_t m = micro_batches_per_step(config, dp), rows = micro_batch_rows(config, dp);
   // The run's validation (train.eval_interval with data.val), in micro-batches of the same rows.
   // A forward-only pass: evaluation, or the step's routing pass (moe.aux_scope = "step").
-  const bool evaluates = (!config.data.val.empty() && config.train.eval_interval > 0) ||
-                         config.model.moe.aux_per_step;
+  const bool validates = !config.data.val.empty() && config.train.eval_interval > 0;
+  const bool evaluates = validates || config.model.moe.aux_per_step;
+  // Whether a forward-only pass runs several micro-batches back to back (the
+  // validation set's eval_batches x m, the routing pass's m): ZeRO-3 keeps the
+  // head gathered from one's forward into the next one's.
+  const bool forwards_in_a_row = (validates && config.train.eval_batches * m > 1) ||
+                                 (config.model.moe.aux_per_step && m > 1);
   const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(p.schedule);
   const pipeline::PipelineShape shape{pp, static_cast<int>(m), p.virtual_stages};
   StageLayers stage;
@@ -692,7 +697,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     if (params_in_store) params = 0;
     if (p.zero == 3) {
       out.floor[idx(MemCategory::params)] = params;
-      params += zero3_gathered_bound(layout, config, pp > 1, evaluates);
+      params += zero3_gathered_bound(layout, config, pp > 1, forwards_in_a_row);
       out.basis[idx(MemCategory::params)] = PredictionBasis::bound;
     }
     // Gradient reduce-scatters: the rate limiter (parallel.max_inflight_reduces,
