@@ -36,7 +36,7 @@ struct TrainSettings {
   int threads = 0;               // 0 = the cores available to the process
   float grad_clip = 1.0f;        // 0 = no clipping
   int64_t eval_interval = 100;   // steps; 0 = never (except never at all without data.val)
-  int64_t eval_batches = 4;      // micro-batches per validation
+  int64_t eval_batches = 4;      // global batches per validation (each G rows over the dp ranks)
   int64_t log_interval = 1;
   double peak_flops = 0;         // MFU denominator; 0 = measure at start
   int64_t checkpoint_interval = 0;  // steps; 0 = only at the end, -1 = never
