@@ -234,6 +234,9 @@ TEST(HfConfig, QwenAndOlmoeArchitecturesRoundTripAndRefuseByKey) {
                "c/config.json", "key 'sliding_window' = 4096 is not supported");
   EXPECT_ERROR(parse(R"("model_type": "qwen3", )" + shape + R"(, "head_dim": 15)"),
                "c/config.json", "model.head_dim: 15 must be even");
+  EXPECT_ERROR(parse(R"("model_type": "qwen2", )" + shape + R"(, "attention_dropout": 0.1)"),
+               "c/config.json", "key 'attention_dropout' = 0.1 is not supported");
+  EXPECT_EQ(parse(R"("model_type": "qwen2", )" + shape + R"(, "attention_dropout": 0)").dim, 64);
   EXPECT_ERROR(parse(R"("model_type": "deepseek_v3", )" + shape), "c/config.json",
                "model_type 'deepseek_v3' is not supported");
   const ModelConfig qwen3_read = parse(R"("model_type": "qwen3_moe", )" + moe +

@@ -560,6 +560,7 @@ void read_llama_arch(const HfArch& arch, const json& root, const ConfigFields& f
     }
   }
   f.require("clip_qkv", nullptr, "clipping q, k and v is not implemented");
+  f.require("attention_dropout", 0.0, "meshtrain trains without attention dropout");
   if (arch.experts == ExpertNames::none) return;
   MoeConfig& m = c.moe;
   const bool mixtral = arch.experts == ExpertNames::mixtral;
