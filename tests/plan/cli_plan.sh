@@ -8,7 +8,7 @@ done_means=(plan --model llama3-70b --gpus 1024 --gpu h100-sxm --seq 8192
             --global-batch-tokens 16M --tokens 15T)
 
 out=$("$bin" "${done_means[@]}")
-echo "$out" | head -20
+head -20 <<<"$out"  # not a pipe: head closing it early would SIGPIPE echo under pipefail
 grep -q "^model    llama3-70b: 70.6B params" <<<"$out" || fail "model line"
 grep -q "global batch 2,048 sequences = 16,777,216 tokens" <<<"$out" || fail "batch line"
 rows=$(grep -cE "^ ?[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-3] " <<<"$out")
@@ -68,7 +68,7 @@ trap 'rm -rf "$work"' EXIT
 sed -e 's/^micro_batch_size = 32 .*/micro_batch_size = 8/' "$src/configs/llama-tiny-bytes.toml" >"$work/run.toml"
 printf '\n[parallel]\ntp = 2\npp = 2\nzero = 3\nsequence_parallel = true\n' >>"$work/run.toml"
 layout=$("$bin" plan --config "$work/run.toml" --dp 2)
-echo "$layout" | head -12
+head -12 <<<"$layout"
 grep -q "8 ranks: dp 2 x tp 2 x pp 2, ZeRO-3, sequence parallel" <<<"$layout" || fail "--config layout line"
 grep -qF "ranks 5,7 (pp stage 1 (layers 1, head), tp 1 of 2):" <<<"$layout" || fail "--config rank classes"
 ! grep -q "0.00 GiB" <<<"$layout" || fail "--config prints 0.00 GiB"
