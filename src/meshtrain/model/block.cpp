@@ -144,6 +144,8 @@ Block Model::Impl::make_block(int64_t layer) const {
     return Norm{param(module + ".weight"),
                 rc.norm == NormKind::layer ? param(module + ".bias") : kNoParam};
   };
+  // A biased GEMM's bias: GPT-2's one tensor for its fused modules, else one
+  // per module (Qwen2's q|k|v biases), adjacent in the registry.
   auto linear = [&](const std::vector<std::string>& modules, int64_t in, int64_t out,
                     bool biased) {
     return Linear{param(modules.front() + ".weight"), modules.size(),

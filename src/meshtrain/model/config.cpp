@@ -226,6 +226,13 @@ void ModelConfig::validate() const {
   validate_moe(*this);
 }
 
+ModelConfig::QkNormSizes ModelConfig::qk_norm_sizes(double q, double kv) const {
+  if (qk_norm == QkNorm::none) return {};
+  const auto hd = static_cast<double>(head_dim());
+  const bool per_head = qk_norm == QkNorm::head;
+  return {per_head ? 2 * hd : q + kv, q + kv + (per_head ? (q + kv) / hd : 2)};
+}
+
 std::string_view qk_norm_name(QkNorm norm) {
   switch (norm) {
     case QkNorm::head: return "head";

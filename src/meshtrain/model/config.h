@@ -227,6 +227,13 @@ struct ModelConfig {
 
   int64_t head_dim() const { return head_width > 0 ? head_width : dim / n_heads; }
   int64_t attention_width() const { return n_heads * head_dim(); }  // q's and o_proj's input
+  // QK-norm (qk_norm) of one layer on a rank holding q and kv widths of the
+  // projections: its two weights' elements, and the f32 values a row keeps for
+  // backward (its q|k input and a statistic per group). Zero without QK-norm.
+  struct QkNormSizes {
+    double weights = 0, row_values = 0;
+  };
+  QkNormSizes qk_norm_sizes(double q, double kv) const;
   const Recipe& recipe() const { return meshtrain::recipe(family); }
   // Whether the output layer is the token embedding.
   bool tied_output() const { return recipe().always_tied || tie_embeddings; }

@@ -163,11 +163,8 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   const double q = static_cast<double>(c.attention_width());
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
   const double f = static_cast<double>(c.hidden_dim);
-  // QK-norm keeps its q|k input and a stat per group (a head, or each projection) in f32.
-  const double hd = static_cast<double>(c.head_dim());
-  const bool qk_norm = c.qk_norm != QkNorm::none, per_head = c.qk_norm == QkNorm::head;
-  const double qk_row = qk_norm ? q + kv + (per_head ? (q + kv) / hd : 2) : 0;
-  const double qk_weights = !qk_norm ? 0 : per_head ? 2 * hd : q + kv;
+  const ModelConfig::QkNormSizes qk = c.qk_norm_sizes(q, kv);
+  const double qk_row = qk.row_values, qk_weights = qk.weights;
   const double ff_in = static_cast<double>(c.recipe().ff_in_factor()) * f;
   const double stats = 4 * static_cast<double>(c.recipe().norm_stats()) * n;  // rstd (+ mean) f32
   const double probs = static_cast<double>(micro_batch * c.n_heads) * static_cast<double>(seq) *

@@ -35,10 +35,8 @@ TransformerCounts count_transformer(const ModelConfig& c) {
                  layers;
   }
   n.layer_matmul_params = attention + mlp;
-  // QK-norm's weights: one head's each, or each whole projection's.
-  const double hd = static_cast<double>(c.head_dim());
-  const double qk_norm = c.qk_norm == QkNorm::head ? 2 * hd : c.qk_norm == QkNorm::full ? q + kv : 0;
-  n.layer_params = attention + mlp_params + 2 * norm + qk_norm + (c.qkv_bias ? q + 2 * kv : 0) +
+  n.layer_params = attention + mlp_params + 2 * norm + c.qk_norm_sizes(q, kv).weights +
+                   (c.qkv_bias ? q + 2 * kv : 0) +
                    (r.linear_bias ? q + 2 * kv + d + ff_in + d : 0);
   n.embedding_params =
       vocab * d + (r.positions == Positions::learned ? static_cast<double>(c.max_seq_len) * d : 0);

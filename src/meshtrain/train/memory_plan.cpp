@@ -67,12 +67,9 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t e
   s.ff_in = static_cast<double>(c.recipe().ff_in_factor()) * s.f;
   s.vocab = static_cast<double>(c.vocab_size) / tp;  // (padded: within a row per rank)
   s.norm_stats = static_cast<double>(c.recipe().norm_stats());
-  if (c.qk_norm != QkNorm::none) {
-    const auto hd = static_cast<double>(c.head_dim());
-    const bool per_head = c.qk_norm == QkNorm::head;
-    s.qk_row = s.q + s.kv + (per_head ? (s.q + s.kv) / hd : 2);  // q|k; a stat per group
-    s.qk_weights = per_head ? 2 * hd : s.q + s.kv;
-  }
+  const ModelConfig::QkNormSizes qk = c.qk_norm_sizes(s.q, s.kv);
+  s.qk_row = qk.row_values;
+  s.qk_weights = qk.weights;
   if (const MoeConfig& m = c.moe; m.enabled()) {
     s.experts = static_cast<double>(m.experts);
     s.k = static_cast<double>(m.top_k);

@@ -39,7 +39,10 @@ class LocalSteps final : public StepRunner {
   double run(DataLoader& loader, DataParallel& dp, float grad_scale, StepRecord& r) override {
     double loss = 0;
     const int64_t m = loader.micro_batches_per_step();
-    batches_.resize(static_cast<size_t>(m));
+    // The step's routing pass (moe.aux_scope = "step") reads every micro-batch
+    // first, so they are kept; otherwise each is used as the loader hands it out.
+    const bool routing_pass = model_.config().moe.aux_per_step;
+    batches_.resize(routing_pass ? static_cast<size_t>(m) : 0);
     for (MicroBatch& batch : batches_) batch = loader.next();
     count_step_routing(model_, dp, [&] {
       for (const MicroBatch& b : batches_) {
@@ -47,7 +50,7 @@ class LocalSteps final : public StepRunner {
       }
     });
     for (int64_t a = 0; a < m; ++a) {
-      const MicroBatch& batch = batches_[static_cast<size_t>(a)];
+      const MicroBatch& batch = routing_pass ? batches_[static_cast<size_t>(a)] : loader.next();
       dp.begin_micro_batch(a == 0, a + 1 == m);
       // LoRA dropout masks keyed by (seed, step, sample, position): layout-independent.
       if (model_.config().lora.dropout > 0) model_.set_lora_dropout(seed_, r.step, batch.samples);
@@ -66,7 +69,7 @@ class LocalSteps final : public StepRunner {
   int64_t seq_;
   uint64_t seed_;
   MicroBatch batch_;
-  std::vector<MicroBatch> batches_;  // the step's
+  std::vector<MicroBatch> batches_;  // the step's, for its routing pass
 };
 
 // The schedule's actions over this rank's stage; the tied embedding's
