@@ -57,7 +57,7 @@ int run(MpiEnvironment& env, int argc, char** argv) {
   model.init_weights(1);
   AdamW optimizer(model, AdamWConfig{});
   std::unique_ptr<DistributedDataParallel> ddp;
-  if (dp > 1) ddp = std::make_unique<DistributedDataParallel>(model, mesh.dp(), DdpOptions{});
+  if (dp > 1) ddp = std::make_unique<DistributedDataParallel>(model, mesh.replicas(), DdpOptions{});
 
   const int64_t rows = batch / dp;
   std::mt19937 rng(static_cast<unsigned>(mesh.coord().dp));

@@ -1,6 +1,6 @@
-// The mesh layout (global_rank = (pp * dp + dp_rank) * tp + tp_rank), its
-// sub-communicators on the real world, and the error every rank gives when
-// tp * pp does not divide the world.
+// The mesh layout (global_rank = ((pp * dp + dp_rank) * cp + cp_rank) * tp +
+// tp_rank), its sub-communicators on the real world, and the error every rank
+// gives when cp * tp * pp does not divide the world.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -40,6 +40,33 @@ TEST(MeshLayout, RanksAndCoordinatesForSeveralShapes) {
   EXPECT_EQ(m.describe(), "dp 2 x tp 2 x pp 2 = 8 ranks");
 }
 
+// Context parallelism sits between tp and dp: cp ranks are neighbours after
+// tp, and the replicas (dp x cp) number dp-major.
+TEST(MeshLayout, ContextParallelRanksSitBetweenTensorAndData) {
+  MeshLayout m(16, 2, 2, 2);
+  EXPECT_EQ(m.dp(), 2);
+  EXPECT_EQ(m.replicas(), 4);
+  EXPECT_EQ(m.coord(2), (MeshCoord{.dp = 0, .tp = 0, .pp = 0, .cp = 1}));
+  EXPECT_EQ(m.coord(4), (MeshCoord{.dp = 1, .tp = 0, .pp = 0, .cp = 0}));
+  EXPECT_EQ(m.coord(8), (MeshCoord{.dp = 0, .tp = 0, .pp = 1, .cp = 0}));
+  for (int r = 0; r < 16; ++r) {
+    const MeshCoord c = m.coord(r);
+    EXPECT_EQ(r, ((c.pp * 2 + c.dp) * 2 + c.cp) * 2 + c.tp);
+    EXPECT_EQ(m.rank(c), r);
+    EXPECT_EQ(m.replica(c), c.dp * 2 + c.cp);
+  }
+  EXPECT_EQ(m.describe(), "dp 2 x cp 2 x tp 2 x pp 2 = 16 ranks");
+  try {
+    MeshLayout(6, 1, 1, 4);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "mesh: world size 6 is not divisible by cp 4 x tp 1 x pp 1 = 4: run a multiple "
+                 "of 4 ranks");
+  }
+  EXPECT_THROW(MeshLayout(4, 1, 1, 0), Error);
+}
+
 TEST(MeshLayout, NonDividingWorldNamesTheNumbers) {
   try {
     MeshLayout(6, 4, 1);
@@ -65,27 +92,38 @@ TEST(DeviceMesh, SubCommunicatorsHoldTheRightRanks) {
   MemoryTracker tracker;
   auto world = mpi_env().world(tracker);
   const int n = world->size();
-  for (int tp = 1; tp <= n; ++tp) {
-    for (int pp = 1; pp * tp <= n; ++pp) {
-      if (n % (tp * pp) != 0) continue;
-      DeviceMesh mesh(*world, tp, pp);
-      const MeshLayout& L = mesh.layout();
-      const MeshCoord c = mesh.coord();
-      EXPECT_EQ(L.rank(c), world->rank());
-      ASSERT_EQ(mesh.dp().size(), L.dp());
-      ASSERT_EQ(mesh.tp().size(), tp);
-      ASSERT_EQ(mesh.pp().size(), pp);
-      EXPECT_EQ(mesh.dp().rank(), c.dp);
-      EXPECT_EQ(mesh.tp().rank(), c.tp);
-      EXPECT_EQ(mesh.pp().rank(), c.pp);
-      std::vector<int32_t> dp = group_members(mesh.dp(), world->rank());
-      std::vector<int32_t> tpg = group_members(mesh.tp(), world->rank());
-      std::vector<int32_t> ppg = group_members(mesh.pp(), world->rank());
-      for (int i = 0; i < L.dp(); ++i)
-        EXPECT_EQ(dp[static_cast<size_t>(i)], L.rank({i, c.tp, c.pp}));
-      for (int i = 0; i < tp; ++i) EXPECT_EQ(tpg[static_cast<size_t>(i)], L.rank({c.dp, i, c.pp}));
-      for (int i = 0; i < pp; ++i) EXPECT_EQ(ppg[static_cast<size_t>(i)], L.rank({c.dp, c.tp, i}));
-      EXPECT_EQ(mesh.dp().name(), "dp");
+  for (int cp = 1; cp <= n; ++cp) {
+    for (int tp = 1; tp * cp <= n; ++tp) {
+      for (int pp = 1; pp * tp * cp <= n; ++pp) {
+        if (n % (cp * tp * pp) != 0) continue;
+        DeviceMesh mesh(*world, tp, pp, 1, cp);
+        const MeshLayout& L = mesh.layout();
+        const MeshCoord c = mesh.coord();
+        EXPECT_EQ(L.rank(c), world->rank());
+        ASSERT_EQ(mesh.replicas().size(), L.dp() * cp);
+        ASSERT_EQ(mesh.cp().size(), cp);
+        ASSERT_EQ(mesh.tp().size(), tp);
+        ASSERT_EQ(mesh.pp().size(), pp);
+        EXPECT_EQ(mesh.replicas().rank(), L.replica(c));
+        EXPECT_EQ(mesh.cp().rank(), c.cp);
+        EXPECT_EQ(mesh.tp().rank(), c.tp);
+        EXPECT_EQ(mesh.pp().rank(), c.pp);
+        std::vector<int32_t> rep = group_members(mesh.replicas(), world->rank());
+        std::vector<int32_t> cpg = group_members(mesh.cp(), world->rank());
+        std::vector<int32_t> tpg = group_members(mesh.tp(), world->rank());
+        std::vector<int32_t> ppg = group_members(mesh.pp(), world->rank());
+        auto at = [&](MeshCoord x) { return L.rank(x); };
+        for (int i = 0; i < L.replicas(); ++i)
+          EXPECT_EQ(rep[static_cast<size_t>(i)],
+                    at({.dp = i / cp, .tp = c.tp, .pp = c.pp, .cp = i % cp}));
+        for (int i = 0; i < cp; ++i)
+          EXPECT_EQ(cpg[static_cast<size_t>(i)], at({.dp = c.dp, .tp = c.tp, .pp = c.pp, .cp = i}));
+        for (int i = 0; i < tp; ++i)
+          EXPECT_EQ(tpg[static_cast<size_t>(i)], at({.dp = c.dp, .tp = i, .pp = c.pp, .cp = c.cp}));
+        for (int i = 0; i < pp; ++i)
+          EXPECT_EQ(ppg[static_cast<size_t>(i)], at({.dp = c.dp, .tp = c.tp, .pp = i, .cp = c.cp}));
+        EXPECT_EQ(mesh.replicas().name(), cp > 1 ? "dp_cp" : "dp");
+      }
     }
   }
 }

@@ -232,6 +232,55 @@ TEST(Loader, ReadsTokenFileWindows) {
   }
 }
 
+// Context parallelism's cut (util/context_split.h): over the cp ranks every
+// global index is held exactly once, rank r holds chunks r and 2cp - 1 - r,
+// and a rank's targets are the whole row's shifted labels at its tokens (the
+// next token of the whole sequence, also across a chunk's end), so every
+// token's loss is counted once. Positions are global indices.
+TEST(Loader, ContextParallelRanksHoldEveryTokenOnceWithWholeRowLabels) {
+  std::string dir = testing::scratch_dir();
+  std::vector<uint16_t> tokens(2000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 700);
+  write_token_file(dir + "/a.bin", tokens);
+  const int64_t seq = 24;
+  TokenDataset data({dir + "/a.bin"}, 700, seq);
+  for (int64_t cp : {1, 2, 3}) {
+    std::vector<int> seen(static_cast<size_t>(2 * seq), 0);  // two rows
+    for (int64_t r = 0; r < cp; ++r) {
+      LoaderOptions o = options(4, 2, 0, 1);
+      o.context = ContextSplit{r, cp};
+      DataLoader loader(data, o);
+      const MicroBatch& b = loader.next();
+      ASSERT_EQ(b.seq_len, seq / cp);
+      ASSERT_EQ(b.positions.size(), b.inputs.size());
+      const int64_t c = seq / (2 * cp);
+      for (int64_t row = 0; row < 2; ++row) {
+        const int64_t start = b.samples[static_cast<size_t>(row)] * seq;
+        for (int64_t i = 0; i < b.seq_len; ++i) {
+          const auto at = static_cast<size_t>(row * b.seq_len + i);
+          const int64_t chunk = i < c ? r : 2 * cp - 1 - r, g = chunk * c + i % c;
+          EXPECT_EQ(o.context.global(seq, i), g);
+          EXPECT_EQ(b.positions[at], g);
+          EXPECT_EQ(b.inputs[at], (start + g) % 700);
+          EXPECT_EQ(b.targets[at], (start + g + 1) % 700) << "cp " << cp << " token " << i;
+          ++seen[static_cast<size_t>(row * seq + g)];
+        }
+      }
+    }
+    for (int n : seen) EXPECT_EQ(n, 1) << "cp " << cp;
+  }
+  // A sequence the cp ranks cannot cut evenly: one line naming the key.
+  LoaderOptions bad = options(4, 2, 0, 1, 0);
+  bad.context = ContextSplit{0, 5};
+  DataLoader loader(data, bad);
+  try {
+    loader.next();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "data: sequence length 24 is not divisible by 2 x parallel.cp = 10");
+  }
+}
+
 // The Error (by message) of the micro-batch after `good` good ones, or "".
 std::string error_after(const SampleSource& source, const LoaderOptions& o, int good) {
   DataLoader loader(source, o);

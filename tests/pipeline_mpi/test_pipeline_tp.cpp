@@ -40,7 +40,7 @@ TEST(PipelineTensorParallel, StagesWithTpSlicesMatchTheSingleModel) {
       stage.init_weights(5);
       stage.zero_grads();
       std::unique_ptr<DistributedDataParallel> ddp;
-      if (dp > 1) ddp = std::make_unique<DistributedDataParallel>(stage, mesh.dp(), DdpOptions{25, false});
+      if (dp > 1) ddp = std::make_unique<DistributedDataParallel>(stage, mesh.replicas(), DdpOptions{25, false});
       Executor executor(stage, mesh.pp(), ScheduleKind::one_f_one_b, shape, batch, seq);
       // dp rank d runs micro-batches [d m, (d + 1) m) of the global batch.
       const std::vector<int32_t> ids = testing::random_ids(3, dp * m * (rows + 1), c.vocab_size);
@@ -62,7 +62,7 @@ TEST(PipelineTensorParallel, StagesWithTpSlicesMatchTheSingleModel) {
         ddp->finish_gradient_sync();
       }
       mesh.pp().all_reduce(&loss, 1, CommDType::f64, ReduceOp::sum);
-      mesh.dp().all_reduce(&loss, 1, CommDType::f64, ReduceOp::sum);
+      mesh.replicas().all_reduce(&loss, 1, CommDType::f64, ReduceOp::sum);
 
       testing::CpuModel whole(c, Precision::fp32, 1);
       whole.model.init_weights(5);

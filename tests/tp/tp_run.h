@@ -154,14 +154,14 @@ struct TpTrainer {
     if (s.zero > 0) {
       zero::ZeroOptions options;
       options.stage = s.zero;
-      zero = std::make_unique<zero::ShardedDataParallel>(model, mesh.dp(), test_adamw(), options);
+      zero = std::make_unique<zero::ShardedDataParallel>(model, mesh.replicas(), test_adamw(), options);
       zero->init_weights(s.seed);
     } else {
       model.init_weights(s.seed);
       if (s.perturb) perturb_norms_and_biases(model, s.seed);
       optimizer = std::make_unique<AdamW>(model, test_adamw());
       if (dp > 1) {
-        ddp = std::make_unique<DistributedDataParallel>(model, mesh.dp(), DdpOptions{});
+        ddp = std::make_unique<DistributedDataParallel>(model, mesh.replicas(), DdpOptions{});
       }
     }
   }
@@ -190,7 +190,7 @@ struct TpTrainer {
       norm = tensor_parallel_grad_norm(model);
       optimizer->step(s.lr, clip_factor(norm, s.max_norm));
     }
-    mesh.dp().all_reduce(&loss, 1, CommDType::f64, ReduceOp::sum);
+    mesh.replicas().all_reduce(&loss, 1, CommDType::f64, ReduceOp::sum);
     norms.push_back(norm);
     return loss / static_cast<double>(s.global_rows * s.seq);
   }
@@ -212,7 +212,7 @@ struct TpTrainer {
     }
     zero->gather_full(zero::ShardedDataParallel::State::master, 0, local.data<float>());
     // gather_full fills rank 0 of the dp group only; share it with the group.
-    mesh.dp().broadcast(local.raw(), local.numel(), CommDType::f32, 0);
+    mesh.replicas().broadcast(local.raw(), local.numel(), CommDType::f32, 0);
     return local;
   }
 

@@ -121,6 +121,30 @@ class Backend {
   virtual void attention_backward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
                                   DType compute, const ops::AttentionSaved& saved,
                                   const float* d_out, void* d_qkv) = 0;
+  // Context-parallel attention (ops::ContextDims; `saved` holds the local q,
+  // the whole sequence's k and v, and the probabilities [B, H, local, seq]).
+  // project: qkv [B, local, qkv_width] f32 -> saved.q and this rank's k and v
+  // packed into kv_send [kv_block()] (`compute`).
+  virtual void context_attention_project(const ops::ContextDims& dims, const ops::RopeTable* rope,
+                                         DType compute, const float* qkv,
+                                         ops::AttentionSaved& saved, void* kv_send) = 0;
+  // kv_all: the cp group's kv_send blocks by rank (all-gathered). out: [B,
+  // local, H*D] in `compute`.
+  virtual void context_attention_forward(const ops::ContextDims& dims, DType compute,
+                                         const void* kv_all, ops::AttentionSaved& saved,
+                                         void* out) = 0;
+  // d_out [B, local, H*D] f32 -> d_qkv's q columns (`compute`, the k and v
+  // columns left for finish) and dkv_all [size * kv_block()] f32: the
+  // gradients of every rank's k and v from this rank's queries, by rank (to
+  // be reduce-scattered).
+  virtual void context_attention_backward(const ops::ContextDims& dims,
+                                          const ops::RopeTable* rope, DType compute,
+                                          const ops::AttentionSaved& saved, const float* d_out,
+                                          void* d_qkv, float* dkv_all) = 0;
+  // dkv [kv_block()] f32: this rank's k and v gradients (summed over the
+  // group) -> d_qkv's k and v columns.
+  virtual void context_attention_finish(const ops::ContextDims& dims, const ops::RopeTable* rope,
+                                        DType compute, const float* dkv, void* d_qkv) = 0;
   // qkv: [B, T_new, qkv_width] f32 for positions [pos0, pos0 + T_new); appends
   // to the cache, attends over [0, pos0 + t]; out: [B, T_new, H*D] f32.
   virtual void attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,

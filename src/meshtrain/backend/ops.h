@@ -14,6 +14,7 @@
 
 #include "meshtrain/tensor/dtype.h"
 #include "meshtrain/tensor/tensor.h"
+#include "meshtrain/util/context_split.h"
 
 namespace meshtrain::ops {
 
@@ -59,6 +60,28 @@ struct AttentionDims {
   const int32_t* positions = nullptr;
   int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
   int64_t position(int64_t b, int64_t t) const { return positions ? positions[b * seq + t] : t; }
+};
+
+// Context-parallel attention (parallel.cp): a rank's queries are its local
+// tokens, chunks of a longer sequence (util/context_split.h), and its keys
+// and values the whole sequence's. The kernels run in three steps around the
+// cp group's collectives (model/block.cpp): project (q kept, this rank's k
+// and v packed to send) -> all-gather -> attend; and in backward attend's
+// backward (dQ, and every rank's dK/dV partial sums packed rank-major) ->
+// reduce-scatter -> finish (this rank's dK, dV into d_qkv).
+struct ContextDims {
+  int64_t batch = 0, local_seq = 0;  // local_seq: this rank's tokens per row
+  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  ContextSplit split;                // this rank of the cp group
+  // [batch * local_seq] each local token's position: RoPE (and learned
+  // positions) use it, and local token i attends keys [g - positions[i], g]
+  // where g = split.global(seq(), i): record-local positions in packed rows,
+  // g itself otherwise. Required.
+  const int32_t* positions = nullptr;
+  int64_t seq() const { return local_seq * split.size; }
+  int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
+  // Elements of one rank's packed k and v ([2][batch][kv heads][local_seq][head_dim]).
+  int64_t kv_block() const { return 2 * batch * n_kv_heads * local_seq * head_dim; }
 };
 
 // RMSNorm over groups of a strided f32 matrix (QK-norm, config.h QkNorm):

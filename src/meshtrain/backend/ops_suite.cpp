@@ -775,6 +775,131 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// Context-parallel attention: every rank of a cp group simulated on one
+// backend (the all-gather and reduce-scatter done by the probe), the ranks'
+// rows put back in sequence order and compared with whole-sequence attention.
+void add_context_attention_cases(std::vector<OpCase>& cases, Random& rng) {
+  struct Shape {
+    int64_t batch, seq, heads, kv, dim, cp;
+    bool rope, packed, recompute;
+  };
+  const Shape shapes[] = {
+      {1, 4, 1, 1, 2, 2, true, false, false},    {2, 16, 4, 2, 8, 2, true, false, false},
+      {2, 24, 4, 1, 16, 3, true, true, true},    {1, 32, 6, 3, 8, 4, false, false, false},
+      {2, 40, 4, 2, 16, 2, true, true, false},   {1, 256, 2, 1, 32, 4, true, false, true},
+  };
+  for (const Shape& s : shapes) {
+    const ops::AttentionDims whole{s.batch, s.seq, s.heads, s.kv, s.dim, nullptr};
+    const int64_t W = whole.qkv_width(), L = s.seq / s.cp, HD = s.heads * s.dim;
+    const Vec qkv = rounded(rng.uniform(s.batch * s.seq * W), DType::f32);
+    const Vec dout = rounded(rng.uniform(s.batch * s.seq * HD), DType::f32);
+    std::vector<int32_t> global_pos = packed_positions(rng, s.batch, s.seq);
+    if (!s.packed) {
+      for (size_t i = 0; i < global_pos.size(); ++i)
+        global_pos[i] = static_cast<int32_t>(static_cast<int64_t>(i) % s.seq);
+    }
+    const auto positions = std::make_shared<std::vector<int32_t>>(global_pos);
+    const auto inv_freq = std::make_shared<std::vector<float>>(
+        s.rope ? ops::rope_inv_freq(s.dim, 10000.0f) : std::vector<float>());
+    // Rank r's rows of a [batch, seq, width] tensor, and back.
+    auto cut = [=](const auto& v, int64_t r, int64_t width) {
+      std::remove_cvref_t<decltype(v)> out(static_cast<size_t>(s.batch * L * width));
+      const ContextSplit split{r, s.cp};
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t i = 0; i < L; ++i)
+          std::copy_n(v.begin() + (b * s.seq + split.global(s.seq, i)) * width, width,
+                      out.begin() + (b * L + i) * width);
+      return out;
+    };
+    auto paste = [=](Vec& v, const Vec& part, int64_t r, int64_t width) {
+      const ContextSplit split{r, s.cp};
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t i = 0; i < L; ++i)
+          std::copy_n(part.begin() + (b * L + i) * width, width,
+                      v.begin() + (b * s.seq + split.global(s.seq, i)) * width);
+    };
+    for (DType dt : {DType::f32, DType::bf16}) {
+      std::string params = fmt::format("b={} t={} h={} kv={} d={} cp={} {}", s.batch, s.seq,
+                                       s.heads, s.kv, s.dim, s.cp, dtype_name(dt));
+      if (!s.rope) params += " no-rope";
+      if (s.packed) params += " packed";
+      if (s.recompute) params += " recompute";
+      auto run = [=](Probe& p, bool backward) {
+        ops::RopeTable table;
+        if (s.rope) table = p.backend().make_rope_table(s.dim, s.seq, *inv_freq);
+        const ops::RopeTable* rope = s.rope ? &table : nullptr;
+        std::vector<ops::ContextDims> dims(static_cast<size_t>(s.cp));
+        std::vector<Probe::Buffer> pos;
+        std::vector<ops::AttentionSaved> saved(static_cast<size_t>(s.cp));
+        Vec gathered;
+        for (int64_t r = 0; r < s.cp; ++r) {
+          const auto ur = static_cast<size_t>(r);
+          pos.push_back(p.upload_ids("positions", cut(*positions, r, 1)));
+          dims[ur] = ops::ContextDims{s.batch, L, s.heads, s.kv, s.dim, ContextSplit{r, s.cp},
+                                      pos.back().as<int32_t>()};
+          saved[ur].recompute_probs = s.recompute;
+          auto QKV = p.upload("qkv", DType::f32, cut(qkv, r, W));
+          auto KV = p.upload("kv_send", dt, Vec(static_cast<size_t>(dims[ur].kv_block())));
+          p.backend().context_attention_project(dims[ur], rope, dt, QKV.as<float>(), saved[ur],
+                                                KV.data());
+          const Vec mine = p.download(KV);
+          gathered.insert(gathered.end(), mine.begin(), mine.end());
+        }
+        auto ALL = p.upload("kv_all", dt, gathered);
+        Vec out(static_cast<size_t>(s.batch * s.seq * HD)), dkv_sum(gathered.size(), 0.0);
+        std::vector<Vec> dq(static_cast<size_t>(s.cp));
+        for (int64_t r = 0; r < s.cp; ++r) {
+          const auto ur = static_cast<size_t>(r);
+          auto O = p.upload("out", dt, Vec(static_cast<size_t>(s.batch * L * HD)));
+          p.backend().context_attention_forward(dims[ur], dt, ALL.data(), saved[ur], O.data());
+          paste(out, p.download(O), r, HD);
+          if (!backward) continue;
+          auto DO = p.upload("d_out", DType::f32, cut(dout, r, HD));
+          auto DQKV = p.upload("d_qkv", dt, Vec(static_cast<size_t>(s.batch * L * W)));
+          auto DKV = p.upload("dkv_all", DType::f32, Vec(gathered.size()));
+          p.backend().context_attention_backward(dims[ur], rope, dt, saved[ur], DO.as<float>(),
+                                                 DQKV.data(), DKV.as<float>());
+          const Vec part = p.download(DKV);
+          for (size_t i = 0; i < part.size(); ++i) dkv_sum[i] += part[i];
+          dq[ur] = p.download(DQKV);
+        }
+        if (!backward) return Outputs{{"out", out}};
+        // The reduce-scatter's result: rank r's block of the sum, then finish.
+        Vec dqkv(qkv.size());
+        const int64_t block = dims[0].kv_block();
+        for (int64_t r = 0; r < s.cp; ++r) {
+          const auto ur = static_cast<size_t>(r);
+          auto DKV = p.upload("dkv", DType::f32,
+                              Vec(dkv_sum.begin() + r * block, dkv_sum.begin() + (r + 1) * block));
+          auto DQKV = p.upload("d_qkv", dt, dq[ur]);
+          p.backend().context_attention_finish(dims[ur], rope, dt, DKV.as<float>(), DQKV.data());
+          paste(dqkv, p.download(DQKV), r, W);
+        }
+        return Outputs{{"d_qkv", dqkv}};
+      };
+      auto reference = [=](bool backward) {
+        ops::AttentionDims dims = whole;
+        if (s.packed) dims.positions = positions->data();
+        if (!backward) {
+          Vec out(dout.size());
+          ref::attention_forward(dims, *inv_freq, qkv, out);
+          return Outputs{{"out", out}};
+        }
+        Vec dq(qkv.size());
+        ref::attention_backward(dims, *inv_freq, qkv, dout, dq);
+        return Outputs{{"d_qkv", dq}};
+      };
+      const double tol = dt == DType::f32 ? 1e-9 : max_nmse(dt) * 4;
+      cases.push_back(OpCase{"context_attention_forward", params, tol,
+                             [=](Probe& p) { return run(p, false); },
+                             [=] { return reference(false); }});
+      cases.push_back(OpCase{"context_attention_backward", params, tol,
+                             [=](Probe& p) { return run(p, true); },
+                             [=] { return reference(true); }});
+    }
+  }
+}
+
 void add_embedding_cases(std::vector<OpCase>& cases, Random& rng) {
   struct Shape {
     int64_t vocab, batch, seq, dim, pos0;
@@ -1209,6 +1334,7 @@ std::vector<OpCase> all_cases(uint32_t seed) {
   add_group_norm_cases(cases, rng);
   add_elementwise_cases(cases, rng);
   add_attention_cases(cases, rng);
+  add_context_attention_cases(cases, rng);
   add_embedding_cases(cases, rng);
   add_classifier_cases(cases, rng);
   add_optimizer_cases(cases, rng);

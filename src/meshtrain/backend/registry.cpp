@@ -22,6 +22,7 @@ const BackendKind kKinds[] = {
         .threads = cpu::context_threads,
         .matmul_workspace = cpu::matmul_workspace,
         .attention_workspace_bytes = cpu::attention_workspace_bytes,
+        .context_attention_workspace_bytes = cpu::context_attention_workspace_bytes,
         .classifier_workspace = cpu::classifier_workspace,
         .peak_probe_workspace = cpu::peak_probe_workspace,
     },

@@ -26,6 +26,10 @@ struct BackendKind {
   // attention_forward's (backward = false) or attention_backward's workspace.
   size_t (*attention_workspace_bytes)(const ops::AttentionDims& dims, DType compute,
                                       bool recompute_probs, bool backward, int threads) = nullptr;
+  // context_attention_forward's or _backward's (context parallelism).
+  size_t (*context_attention_workspace_bytes)(const ops::ContextDims& dims, DType compute,
+                                              bool recompute_probs, bool backward,
+                                              int threads) = nullptr;
   // fused_classifier's over `rows` rows of a [vocab, dim] output layer
   // (trains_w: d(W) is computed).
   ops::ClassifierWorkspace (*classifier_workspace)(int64_t rows, int64_t dim, int64_t vocab,

@@ -56,7 +56,8 @@ int run_launch(LaunchArgs args) {
     try {
       const TrainConfig config = load_config(config_path, parse_overrides(rest));
       o.out_dir = config.train.out_dir;
-      o.ranks_per_replica = static_cast<int>(config.parallel.tp * config.parallel.pp);
+      o.ranks_per_replica =
+          static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.cp);
       o.batch_size = static_cast<int>(config.train.batch_size);
     } catch (const Error& e) {
       std::fprintf(stderr, "launch: cannot read the run's config (%s); the job will say why\n",

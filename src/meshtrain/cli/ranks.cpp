@@ -105,7 +105,7 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
       config.train.threads = default_threads_per_rank(job.env.local_size(), available_cores());
     }
     mesh = std::make_unique<DeviceMesh>(*job.world, config.parallel.tp, config.parallel.pp,
-                                        config.parallel.ep);
+                                        config.parallel.ep, config.parallel.cp);
     TrainerOptions options = base;
     options.mesh = multi ? mesh.get() : nullptr;
     read_launch_env(options);

@@ -31,18 +31,36 @@ int64_t rank_share(const LoaderOptions& o) {
   return share;
 }
 
-void read_micro_batch(const SampleSource& source, MicroBatch& out) {
+void read_micro_batch(const SampleSource& source, MicroBatch& out, const ContextSplit& context) {
   const int64_t seq = source.seq_len();
   out.rows = static_cast<int64_t>(out.samples.size());
   out.seq_len = seq;
+  const bool positions = source.has_positions() || context.active();
   out.inputs.resize(static_cast<size_t>(out.rows * seq));
   out.targets.resize(out.inputs.size());
-  out.positions.resize(source.has_positions() ? out.inputs.size() : 0);
+  out.positions.resize(positions ? out.inputs.size() : 0);
   for (int64_t row = 0; row < out.rows; ++row) {
     const int64_t sample = out.samples[static_cast<size_t>(row)];
     source.read_sample(sample, out.inputs.data() + row * seq, out.targets.data() + row * seq);
-    if (source.has_positions()) source.read_positions(sample, out.positions.data() + row * seq);
+    int32_t* pos = out.positions.data() + row * seq;
+    if (source.has_positions()) {
+      source.read_positions(sample, pos);
+    } else if (positions) {
+      for (int64_t t = 0; t < seq; ++t) pos[t] = static_cast<int32_t>(t);
+    }
   }
+  if (!context.active()) return;
+  // The whole rows were read (targets shifted on them); keep this rank's tokens.
+  MESHTRAIN_CHECK(seq % (2 * context.size) == 0,
+                  "data: sequence length {} is not divisible by 2 x parallel.cp = {}", seq,
+                  2 * context.size);
+  const int64_t local = context.local(seq);
+  for (std::vector<int32_t>* v : {&out.inputs, &out.targets, &out.positions}) {
+    std::vector<int32_t> mine(static_cast<size_t>(out.rows * local));
+    context.cut(v->data(), mine.data(), out.rows, seq);
+    *v = std::move(mine);
+  }
+  out.seq_len = local;
 }
 
 int64_t count_loss_tokens(const MicroBatch& b) {
@@ -89,7 +107,7 @@ void DataLoader::produce(Cursor& cursor, MicroBatch& out) const {
     out.samples[static_cast<size_t>(row)] =
         static_cast<int64_t>(order(static_cast<uint64_t>(first + row)));
   }
-  read_micro_batch(source_, out);
+  read_micro_batch(source_, out, options_.context);
   if (options_.produce_delay_ms > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(options_.produce_delay_ms));
   }
@@ -208,7 +226,7 @@ void ValidationSet::read(int64_t k, MicroBatch& out) const {
   for (int64_t row = 0; row < options_.micro_batch; ++row) {
     out.samples[static_cast<size_t>(row)] = (first + row) % source_.num_samples();
   }
-  read_micro_batch(source_, out);
+  read_micro_batch(source_, out, options_.context);
 }
 
 }  // namespace meshtrain

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "meshtrain/data/sampler.h"
+#include "meshtrain/util/context_split.h"
 
 namespace meshtrain {
 
@@ -25,6 +26,8 @@ struct LoaderOptions {
   int64_t micro_batch = 1;   // m: rows per micro-batch on this rank
   int64_t dp_rank = 0;
   int64_t dp_size = 1;
+  // Context parallelism: each row cut to this cp rank's tokens (read_micro_batch).
+  ContextSplit context;
   uint64_t seed = 0;
   int prefetch = 2;  // micro-batches made ahead on a background thread; 0 = made in next()
   double produce_delay_ms = 0;  // test hook (MESHTRAIN_SLOW_RANK): a sleep per micro-batch made
@@ -42,7 +45,12 @@ struct MicroBatch {
 };
 
 // Reads the samples listed in out.samples into out's rows (resizing them).
-void read_micro_batch(const SampleSource& source, MicroBatch& out);
+// Under context parallelism (context.active()) each row holds this rank's
+// tokens only (seq_len = seq / cp; targets cut from the whole row's shifted
+// ones) and positions are always filled: record-local in packed rows, each
+// token's global index otherwise.
+void read_micro_batch(const SampleSource& source, MicroBatch& out,
+                      const ContextSplit& context = {});
 // The batch's record positions for Model passes, or nullptr (one sequence per row).
 inline const int32_t* positions_of(const MicroBatch& b) {
   return b.positions.empty() ? nullptr : b.positions.data();

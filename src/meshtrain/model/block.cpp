@@ -9,6 +9,7 @@
 #include "meshtrain/model/model_impl.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/rng.h"
+#include "meshtrain/util/trace.h"
 
 namespace meshtrain {
 
@@ -508,6 +509,8 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
     MESHTRAIN_CHECK(dt == DType::f32, "model: decoding runs in f32");
     backend.attention_decode(dims, rope_table(), ws.qkv.data<float>(), pos0, *cache,
                              a.att.data<float>());
+  } else if (model.context_parallel().active()) {
+    context_attention_forward(a, dt, batch, seq);
   } else {
     backend.attention_forward(dims, rope_table(), dt, ws.qkv.data<float>(), a.att.raw(), a.attn);
   }
@@ -524,6 +527,43 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   linear_forward(b.ff_in, dt, xn2, rows, a.ff_pre.data<float>(), false);
   mlp_activation(a.ff_pre, dt, a.ff_act, rows, hidden, act);
   row_parallel_add(b.ff_out, dt, a.ff_act.raw(), rows, a.mid, out);
+}
+
+ops::ContextDims Model::Impl::context_dims(int64_t batch, int64_t seq) const {
+  MESHTRAIN_CHECK(row_positions != nullptr,
+                  "model: a context-parallel pass needs its tokens' positions");
+  return ops::ContextDims{batch, seq, heads, kv_heads, cfg.head_dim(),
+                          model.context_parallel().split(), row_positions};
+}
+
+void Model::Impl::context_attention_forward(BlockActs& a, DType dt, int64_t batch, int64_t seq) {
+  const ops::ContextDims d = context_dims(batch, seq);
+  Communicator& group = *model.context_parallel().comm;
+  ensure(ws.cp_kv, {d.kv_block()}, dt, MemCategory::comm);
+  ensure(ws.cp_kv_all, {d.kv_block() * d.split.size}, dt, MemCategory::comm);
+  backend.context_attention_project(d, rope_table(), dt, ws.qkv.data<float>(), a.attn,
+                                    ws.cp_kv.raw());
+  {
+    trace::Span span("comm", "cp all-gather k/v");
+    group.all_gather(ws.cp_kv.raw(), ws.cp_kv_all.raw(), d.kv_block(), comm_dtype(dt));
+  }
+  backend.context_attention_forward(d, dt, ws.cp_kv_all.raw(), a.attn, a.att.raw());
+}
+
+void Model::Impl::context_attention_backward(const BlockActs& a, DType dt, int64_t batch,
+                                             int64_t seq, const float* d_att) {
+  const ops::ContextDims d = context_dims(batch, seq);
+  Communicator& group = *model.context_parallel().comm;
+  ensure(ws.cp_dkv_all, {d.kv_block() * d.split.size}, DType::f32, MemCategory::comm);
+  ensure(ws.cp_dkv, {d.kv_block()}, DType::f32, MemCategory::comm);
+  backend.context_attention_backward(d, rope_table(), dt, a.attn, d_att, ws.dqkv.raw(),
+                                     ws.cp_dkv_all.data<float>());
+  {
+    trace::Span span("comm", "cp reduce-scatter dk/dv");
+    group.reduce_scatter(ws.cp_dkv_all.raw(), ws.cp_dkv.raw(), d.kv_block(), CommDType::f32,
+                         ReduceOp::sum);
+  }
+  backend.context_attention_finish(d, rope_table(), dt, ws.cp_dkv.data<float>(), ws.dqkv.raw());
 }
 
 std::array<ops::GroupNormDims, 2> Model::Impl::qk_norm_dims(const Block& b, int64_t rows) const {
@@ -617,8 +657,12 @@ void Model::Impl::backward_block(int64_t layer, const Tensor& x, BlockActs& a, D
   const Tensor* dy = &full_residual_grad(rows);
   const void* dres_c = residual_grad_compute(dt, *dy, rows);
   linear_backward(b.proj, dt, dres_c, dy->data<float>(), a.att.raw(), rows, dx, nullptr);
-  backend.attention_backward(attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
-                             ws.dqkv.raw());
+  if (model.context_parallel().active()) {
+    context_attention_backward(a, dt, batch, seq, dx);
+  } else {
+    backend.attention_backward(attention_dims(batch, seq), rope_table(), dt, a.attn, dx,
+                               ws.dqkv.raw());
+  }
   if (b.qk_norm.enabled()) qk_norm_backward(b, a, dt, rows);
   dxn = column_parallel_backward(b.qkv, dt, ws.dqkv.raw(), a.xn1, rows, dff);
   norm_backward(b.norm1, x, a.mean1, a.rstd1, dxn, dres, srows);

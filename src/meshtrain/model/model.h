@@ -15,6 +15,7 @@
 #include "meshtrain/backend/backend.h"
 #include "meshtrain/model/config.h"
 #include "meshtrain/model/params.h"
+#include "meshtrain/parallel/context/context_parallel.h"
 #include "meshtrain/parallel/expert/expert_parallel.h"
 #include "meshtrain/parallel/tensor/tensor_parallel.h"
 
@@ -262,6 +263,14 @@ class Model {
   void set_recompute(const RecomputePolicy& policy);
   const RecomputePolicy& recompute() const;
 
+  // Context parallelism (cp.size() > 1; parallel/context/context_parallel.h):
+  // every training pass's rows then hold this rank's tokens of sequences cp
+  // times longer, their positions required (record-local in packed rows,
+  // global indices otherwise); attention all-gathers K and V over the cp
+  // group and reduce-scatters their gradients. Set before the first pass.
+  void set_context_parallel(const ContextParallel& cp) { cp_ = cp; }
+  const ContextParallel& context_parallel() const { return cp_; }
+
   // Incremental decoding with a KV cache.
   KVCache make_kv_cache(int64_t batch, int64_t max_seq);
   // Runs tokens [batch, n_new] at positions [cache.length, cache.length + n_new),
@@ -283,6 +292,7 @@ class Model {
   TensorParallel tp_;
   StageLayers stage_;
   ExpertParallel ep_;
+  ContextParallel cp_;
   // Global registry index -> index in params_ (kNoParam when another stage
   // holds it); empty for the whole model.
   std::vector<size_t> local_index_;

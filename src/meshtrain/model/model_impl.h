@@ -144,6 +144,9 @@ struct Workspace {
   Tensor dff;     // f32 [N, max(hidden, qkv width)]: d(act output), bias-grad scratch
   Tensor dff_c;   // dt [N, ff_in.out]: d(ff_in output)
   Tensor dqkv;    // dt [N, qkv width]
+  // Context parallelism: this rank's k and v (dt), the group's, and their
+  // gradients (f32) before and after the reduce-scatter.
+  Tensor cp_kv, cp_kv_all, cp_dkv_all, cp_dkv;
   // Tensor parallelism.
   Tensor partial;        // f32 [N, d]: a row-parallel layer's (or the embedding's) partial sum
   Tensor partial_shard;  // f32 [N / tp, d]: its reduce-scattered rows (sequence parallel)
@@ -213,6 +216,12 @@ struct Model::Impl {
   const Block& block(int64_t layer) const { return blocks[static_cast<size_t>(layer)]; }
   Block make_block(int64_t layer) const;  // from the registry, by name
   ops::AttentionDims attention_dims(int64_t batch, int64_t seq) const;
+  // Attention under context parallelism (ContextParallel): ws.qkv -> a.att,
+  // and d(a.att) -> ws.dqkv, with the cp group's all-gather / reduce-scatter.
+  ops::ContextDims context_dims(int64_t batch, int64_t seq) const;
+  void context_attention_forward(BlockActs& a, DType dt, int64_t batch, int64_t seq);
+  void context_attention_backward(const BlockActs& a, DType dt, int64_t batch, int64_t seq,
+                                  const float* d_att);
   const ops::RopeTable* rope_table() const { return has_rope ? &rope : nullptr; }
   void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const;
   void check_tokens(const int32_t* ids, int64_t n, bool allow_negative, const char* what) const;

@@ -198,8 +198,8 @@ nlohmann::json summarize_run(const std::string& run_dir) {
   bool stages_known = false;
   if (!config_from.empty()) {
     try {
-      const MeshLayout layout(world, config.parallel.tp, config.parallel.pp);
-      s["layout"] = {{"dp", layout.dp()}, {"tp", layout.tp()}, {"pp", layout.pp()},
+      const MeshLayout layout(world, config.parallel.tp, config.parallel.pp, config.parallel.cp);
+      s["layout"] = {{"dp", layout.dp()}, {"cp", layout.cp()}, {"tp", layout.tp()}, {"pp", layout.pp()},
                      {"describe", layout.describe()}};
       for (int r = 0; r < world; ++r) stage_of[static_cast<size_t>(r)] = layout.coord(r).pp;
       stages_known = true;

@@ -64,7 +64,8 @@ nlohmann::json Checkpointer::layout_json() const {
   const ParallelSettings& p = config_.parallel;
   const int world = mesh_ != nullptr ? mesh_->world().size() : 1;
   return {{"world", world},
-          {"dp", world / (p.tp * p.pp)},
+          {"dp", world / (p.tp * p.pp * p.cp)},
+          {"cp", p.cp},
           {"tp", p.tp},
           {"pp", p.pp},
           {"virtual_stages", p.virtual_stages},

@@ -68,6 +68,7 @@ constexpr KeySpec kKeys[] = {
 
     {"parallel", "tp", Kind::integer},        {"parallel", "pp", Kind::integer},
     {"parallel", "ep", Kind::integer},
+    {"parallel", "cp", Kind::integer},        {"parallel", "cp_comm", Kind::string},
     {"parallel", "sequence_parallel", Kind::boolean},
     {"parallel", "bucket_mb", Kind::number},  {"parallel", "overlap", Kind::boolean},
     {"parallel", "zero", Kind::integer},      {"parallel", "prefetch", Kind::boolean},
@@ -570,11 +571,18 @@ ParallelSettings read_parallel(const Section& s) {
   s.read("sequence_parallel", p.sequence_parallel);
   s.read("pp", p.pp);
   s.read("ep", p.ep);
+  s.read("cp", p.cp);
+  s.read("cp_comm", p.cp_comm);
   s.read("bucket_mb", p.bucket_mb);
   s.read("overlap", p.overlap);
   check_min("parallel.tp", p.tp, 1);
   check_min("parallel.pp", p.pp, 1);
   check_min("parallel.ep", p.ep, 1);
+  check_min("parallel.cp", p.cp, 1);
+  MESHTRAIN_CHECK(p.cp_comm == "allgather",
+                  "config: parallel.cp_comm must be \"allgather\" (\"ring\" and \"alltoall\" are "
+                  "not implemented yet), got \"{}\"",
+                  p.cp_comm);
   MESHTRAIN_CHECK(std::isfinite(p.bucket_mb) && p.bucket_mb > 0,
                   "config: parallel.bucket_mb must be > 0, got {}", p.bucket_mb);
   s.read("zero", p.zero);
@@ -718,6 +726,10 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   MESHTRAIN_CHECK(c.parallel.ep == 1 || c.model.moe.experts % c.parallel.ep == 0,
                   "config: parallel.ep = {} does not divide moe.experts = {}", c.parallel.ep,
                   c.model.moe.experts);
+  MESHTRAIN_CHECK(c.train.seq_len % (2 * c.parallel.cp) == 0,
+                  "config: train.seq_len = {} is not divisible by 2 x parallel.cp = {} (each "
+                  "sequence is cut into 2 x cp chunks)",
+                  c.train.seq_len, 2 * c.parallel.cp);
   MESHTRAIN_CHECK(!c.model.lora.enabled() || c.parallel.zero <= 2 || c.parallel.offload == "none",
                   "config: lora.rank = {} with parallel.zero = 3 and parallel.offload = \"{}\": "
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
@@ -805,6 +817,8 @@ toml::table to_table(const TrainConfig& c) {
                        {"sequence_parallel", p.sequence_parallel},
                        {"pp", p.pp},
                        {"ep", p.ep},
+                       {"cp", p.cp},
+                       {"cp_comm", p.cp_comm},
                        {"bucket_mb", p.bucket_mb},
                        {"overlap", p.overlap},
                        {"zero", p.zero},

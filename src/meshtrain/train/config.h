@@ -94,6 +94,13 @@ struct ParallelSettings {
   // Expert-parallel size (MoE models): each MoE layer's experts split over
   // ep of the dp ranks (ep divides dp and moe.experts; docs/moe.md).
   int ep = 1;
+  // Context-parallel size (docs/distributed.md#context-parallelism-parallelcp):
+  // each sequence cut into 2 x cp chunks, rank r of the cp group holding
+  // chunks r and 2cp - 1 - r; train.seq_len must divide by 2 x cp. cp_comm:
+  // how attention sees the other chunks ("allgather": K and V all-gathered,
+  // dK and dV reduce-scattered).
+  int cp = 1;
+  std::string cp_comm = "allgather";
   // Pipeline (docs/distributed.md): the schedule ("gpipe", "1f1b",
   // "interleaved"), chunks per rank for interleaved, and the layers per
   // (virtual) stage: "auto" balances the stages' FLOPs (the last also runs the

@@ -56,11 +56,11 @@ class ReplicatedDataParallel final : public DataParallel {
  public:
   ReplicatedDataParallel(const TrainConfig& config, Model& model, DeviceMesh* mesh, bool pipelined)
       : model_(model), optimizer_(model, config.optim.adamw) {
-    if (mesh != nullptr && mesh->dp().size() > 1) {
+    if (mesh != nullptr && mesh->replicas().size() > 1) {
       // Pipelines reduce once, after the schedule's last backward. Under
       // expert parallelism the experts' gradients average over their group.
       ddp_ = std::make_unique<DistributedDataParallel>(
-          model, mesh->dp(),
+          model, mesh->replicas(),
           DdpOptions{config.parallel.bucket_mb, config.parallel.overlap && !pipelined},
           model.expert_parallel().active() ? &mesh->edp() : nullptr);
       overlap_ = config.parallel.overlap;
@@ -159,7 +159,7 @@ class ZeroDataParallel final : public DataParallel {
     options.pipeline_micro_batches = pipeline_micro_batches;
     // Under expert parallelism the experts' state is sharded over their group.
     zero_ = std::make_unique<zero::ShardedDataParallel>(
-        model, mesh.dp(), config.optim.adamw, options,
+        model, mesh.replicas(), config.optim.adamw, options,
         model.expert_parallel().active() ? &mesh.edp() : nullptr);
   }
 

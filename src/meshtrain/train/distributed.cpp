@@ -40,9 +40,11 @@ void check_same_config_on_all_ranks(const TrainConfig& config, Communicator& wor
 }
 
 void check_parallel_layout(const ParallelSettings& parallel, const DeviceMesh& mesh) {
-  MESHTRAIN_CHECK(mesh.layout().tp() == parallel.tp && mesh.layout().pp() == parallel.pp,
-                  "parallel: the mesh ({}) does not match parallel.tp = {}, parallel.pp = {}",
-                  mesh.layout().describe(), parallel.tp, parallel.pp);
+  MESHTRAIN_CHECK(mesh.layout().tp() == parallel.tp && mesh.layout().pp() == parallel.pp &&
+                      mesh.layout().cp() == parallel.cp,
+                  "parallel: the mesh ({}) does not match parallel.tp = {}, parallel.pp = {}, "
+                  "parallel.cp = {}",
+                  mesh.layout().describe(), parallel.tp, parallel.pp, parallel.cp);
 }
 
 OutDirLocks hold_out_dir(const std::string& out_dir, Communicator* world, bool under_launch) {

@@ -142,7 +142,7 @@ std::string levers(const TrainConfig& config, const std::vector<RankMemory>& ran
     }
   };
   const ParallelSettings& p = config.parallel;
-  const int dp = world / (p.tp * p.pp);
+  const int dp = world / (p.tp * p.pp * p.cp);
   if (dp > 1 && p.zero < 3) {
     try_change("parallel.zero = 3", [](TrainConfig& c) { c.parallel.zero = 3; });
   }
@@ -154,6 +154,29 @@ std::string levers(const TrainConfig& config, const std::vector<RankMemory>& ran
   }
   if (config.train.micro_batch_size > 1) {
     try_change("train.micro_batch_size = 1", [](TrainConfig& c) { c.train.micro_batch_size = 1; });
+  }
+  // Context parallelism on more ranks, when activations are most of a rank:
+  // the sequence cut over 2 or 4 times the ranks.
+  const auto big = std::max_element(ranks.begin(), ranks.end(), [](const auto& a, const auto& b) {
+    return a.host_bytes < b.host_bytes;
+  });
+  const double activations = big->peak[static_cast<size_t>(MemCategory::activations)];
+  for (int more : {2, 4}) {
+    const int cp = p.cp * more;
+    if (2 * activations < big->total() || config.train.seq_len % (2 * cp) != 0) continue;
+    TrainConfig changed = config;
+    changed.parallel.cp = cp;
+    try {
+      const std::vector<RankMemory> wider = predict_run_memory(changed, world * more);
+      double most = 0;
+      for (const RankMemory& r : wider) most = std::max(most, r.host_bytes);
+      const double need = most * static_cast<double>(host.size());
+      out.push_back(fmt::format("parallel.cp = {} on {} ranks would need {} per rank ({} for {} on "
+                                "this host){}",
+                                cp, world * more, bytes_text(most), bytes_text(need), host.size(),
+                                need <= available ? " (fits)" : ""));
+    } catch (const Error&) {
+    }
   }
   if (p.offload != "disk") {
     try_change(p.zero == 0 ? "parallel.zero = 1 with parallel.offload = \"disk\" (budget 64 MiB)"

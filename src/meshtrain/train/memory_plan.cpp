@@ -29,7 +29,9 @@ constexpr size_t idx(MemCategory c) { return static_cast<size_t>(c); }
 struct LocalShape {
   double n = 0;  // rows of a micro-batch: micro_batch * seq
   double r = 0;  // residual-stream rows on this rank (n / tp under sequence parallelism)
-  double mb = 0, seq = 0, e = 4;  // e: bytes of the compute dtype
+  double mb = 0, seq = 0, e = 4;  // e: bytes of the compute dtype; seq: this rank's tokens per row
+  double whole = 0;  // the keys a query sees: the sequence (seq x cp under context parallelism)
+  double cp = 1;
   double d = 0, q = 0, kv = 0, heads = 0, f = 0, ff_in = 0, vocab = 0;
   double tp = 1;
   double norm_stats = 1;  // f32 values a norm saves per row
@@ -47,6 +49,17 @@ struct LocalShape {
   // stats) and its two weights' widths (0: none).
   double qk_row = 0, qk_weights = 0;
   double stats(double rows) const { return 4 * norm_stats * rows; }
+  // Attention's saved state (ops::AttentionSaved): the probabilities [mb,
+  // heads, seq, whole], and q (local) with k and v (the whole sequence's).
+  double probs() const { return e * mb * heads * seq * whole; }
+  double qkv_saved() const { return e * n * q + 2 * e * mb * whole * kv; }
+  // Context parallelism's exchange buffers (model/block.cpp): this rank's k
+  // and v and the group's, in the compute dtype, and their f32 gradients.
+  double cp_buffers() const {
+    if (cp <= 1) return 0;
+    const double block = 2 * n * kv;
+    return (e + 4) * block * (1 + cp);
+  }
 };
 
 LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t expert_rows = 0) {
@@ -54,7 +67,9 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t e
   const auto tp = static_cast<double>(config.parallel.tp);
   LocalShape s;
   s.mb = static_cast<double>(micro_batch);
-  s.seq = static_cast<double>(config.train.seq_len);
+  s.cp = static_cast<double>(config.parallel.cp);
+  s.whole = static_cast<double>(config.train.seq_len);
+  s.seq = s.whole / s.cp;
   s.n = s.mb * s.seq;
   s.tp = tp;
   s.r = config.parallel.sequence_parallel && tp > 1 ? s.n / tp : s.n;
@@ -130,9 +145,9 @@ BlockBytes block_bytes(const LocalShape& s, Recompute mode, bool moe) {
   const double act = moe ? 0 : s.e * s.n * s.f;                // ff_act
   const double pre = moe ? 0 : 4 * s.n * s.ff_in;              // ff_pre
   const double routed = moe ? moe_block_bytes(s) : 0;         // MoeActs
-  const double probs = s.e * s.mb * s.heads * s.seq * s.seq;
+  const double probs = s.probs();
   const double common = norms + probs                          //
-                        + s.e * s.n * (s.q + 2 * s.kv)         // q, k, v
+                        + s.qkv_saved()                        // q, k, v
                         + 4 * s.n * s.qk_row                   // QK-norm's input and stats
                         + s.e * s.n * s.q                      // attention output
                         + 4 * s.r * s.d;                       // mid residual
@@ -321,7 +336,8 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
 // every stage, and under tp the embedding stage's learned-position row ids.
 double id_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage) {
   double ids = (stage.first ? 4 * s.n : 0) + (stage.last ? 4 * s.n : 0);
-  if (config.data.sft() && config.data.sft_pack) ids += 4 * s.n;
+  // Per-token positions: packed records, or every context-parallel pass.
+  if ((config.data.sft() && config.data.sft_pack) || s.cp > 1) ids += 4 * s.n;
   if (stage.first && config.parallel.tp > 1 &&
       config.model.recipe().positions == Positions::learned) {
     ids += 4 * s.r;
@@ -388,16 +404,20 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
     const ops::AttentionDims dims{static_cast<int64_t>(s.mb), static_cast<int64_t>(s.seq),
                                   config.model.n_heads / tp_size, config.model.n_kv_heads / tp_size,
                                   config.model.head_dim()};
+    const ops::ContextDims context{dims.batch, dims.seq, dims.n_heads, dims.n_kv_heads,
+                                   dims.head_dim, ContextSplit{0, config.parallel.cp}};
+    auto bytes = [&](bool recompute, bool backward) {
+      return context.split.active() ? kind.context_attention_workspace_bytes(
+                                          context, dt, recompute, backward, threads)
+                                    : kind.attention_workspace_bytes(dims, dt, recompute, backward,
+                                                                     threads);
+    };
     // Training's forward and backward (selective: the probabilities
     // recomputed; full keeps them while a block recomputes) and evaluation's
     // forward, which keeps them.
     const bool selective = config.train.recompute == Recompute::selective;
-    for (bool backward : {false, true}) {
-      attention = std::max(attention,
-                           kind.attention_workspace_bytes(dims, dt, selective, backward, threads));
-    }
-    attention =
-        std::max(attention, kind.attention_workspace_bytes(dims, dt, false, false, threads));
+    for (bool backward : {false, true}) attention = std::max(attention, bytes(selective, backward));
+    attention = std::max(attention, bytes(false, false));
   }
   if (config.train.peak_flops <= 0) {
     const ops::MatmulWorkspace probe = kind.peak_probe_workspace(dt, threads).slots;
@@ -442,7 +462,7 @@ int expert_dp_size(const TrainConfig& config, int dp) {
 }
 
 int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& held,
-                               const StageLayers& stage, MeshCoord coord, int dp) {
+                               const StageLayers& stage, int tp_rank, int replica, int dp) {
   const ModelConfig& model = config.model;
   size_t duplicate = static_cast<size_t>(-1);  // a tied output layer's copy on a later stage
   std::vector<int64_t> offsets;
@@ -455,13 +475,13 @@ int64_t checkpoint_owned_elems(const TrainConfig& config, const StageParams& hel
     offsets.push_back(offset);
     offset += held.specs[i].numel();
   }
-  layout::ShardMap map = params_shard_map(held.specs, coord.tp, duplicate);
+  layout::ShardMap map = params_shard_map(held.specs, tp_rank, duplicate);
   if (config.parallel.zero > 0) {
     const zero::ZeroLayout layout = zero::make_zero_layout(
         held.specs, held.units, config.train.precision, dp, expert_dp_size(config, dp));
-    map = zero::narrow_to_shard(layout, offsets, map, coord.dp);
+    map = zero::narrow_to_shard(layout, offsets, map, replica);
   } else if (dp > 1) {
-    map = split_replica_writes(map, replica_groups(held.specs, dp, coord.dp, config.parallel.ep));
+    map = split_replica_writes(map, replica_groups(held.specs, dp, replica, config.parallel.ep));
   }
   return map.owned_state_numel();
 }
@@ -609,7 +629,9 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
                                MeshCoord coord, int64_t expert_rows) {
   const ParallelSettings& p = config.parallel;
   const ModelConfig& model = config.model;
-  const int dp = mesh.dp(), tp = mesh.tp(), pp = mesh.pp();
+  // dp: the data rows' split; replicas (dp x cp): gradients' and ZeRO's group.
+  const int dp = mesh.dp(), tp = mesh.tp(), pp = mesh.pp(), replicas = mesh.replicas();
+  const int replica = mesh.replica(coord);
   MESHTRAIN_CHECK(tp == p.tp && pp == p.pp,
                   "memory plan: the mesh (tp {}, pp {}) is not the config's (parallel.tp {}, "
                   "parallel.pp {})",
@@ -640,7 +662,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   check_tensor_parallel_split(model, tp);
   const StageParams held =
       select_stage_params(model, stage,
-                          build_param_specs(model, coord.tp, tp, coord.dp % p.ep, p.ep));
+                          build_param_specs(model, coord.tp, tp, replica % p.ep, p.ep));
   if (stage.whole()) {
     stage.chunks = {{0, model.n_layers}};
     stage.first = stage.last = true;
@@ -667,8 +689,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     grads = 4 * trainable;
     optimizer = 8 * trainable;
   } else {
-    const zero::ZeroLayout layout = zero::make_zero_layout(held.specs, held.units, precision, dp,
-                                                           expert_dp_size(config, dp));
+    const zero::ZeroLayout layout = zero::make_zero_layout(
+        held.specs, held.units, precision, replicas, expert_dp_size(config, replicas));
     const zero::ModelStateBytes state = zero::layout_model_state_bytes(layout, p.zero);
     params = static_cast<double>(state.params);
     grads = static_cast<double>(state.grads);
@@ -816,7 +838,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     // training set, which stays allocated, except the attention kernel's saved
     // q, k, v and probabilities (ops::AttentionSaved), counted as
     // activations: one block's, of one micro-batch.
-    activations += s.e * s.n * (s.q + 2 * s.kv) + s.e * s.mb * s.heads * s.seq * s.seq;
+    activations += s.qkv_saved() + s.probs();
   } else if (evaluates) {
     // Through the pipeline: every chunk of one micro-batch held, then dropped.
     double eval = shared;
@@ -824,7 +846,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     activations = std::max(activations, eval);
   }
   out.peak[idx(MemCategory::activations)] = activations;
-  out.peak[idx(MemCategory::comm)] = comm;
+  out.peak[idx(MemCategory::comm)] = comm + s.cp_buffers();
   const ParamSpec* output = nullptr;  // the output layer (tp: this rank's padded rows)
   for (const ParamSpec& spec : held.specs) {
     if (spec.split.global_shape == Shape{model.vocab_size, model.dim}) output = &spec;
@@ -843,7 +865,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   const double eval = evaluates && pp == 1 ? evaluation_workspace_bytes(s, kinds) : 0;
   double save = 0;
   if (t.checkpoint_interval >= 0) {
-    const int64_t owned = checkpoint_owned_elems(config, held, stage, coord, dp);
+    const int64_t owned = checkpoint_owned_elems(config, held, stage, coord.tp, replica, replicas);
     save = static_cast<double>(dist_ckpt::save_workspace_bytes(
         owned, static_cast<int64_t>(config.ckpt.buffer_mb * 1024 * 1024), config.ckpt.async));
   }
@@ -893,7 +915,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
 
 std::vector<RankMemory> predict_run_memory(const TrainConfig& config, int world_size,
                                            int64_t expert_rows) {
-  const MeshLayout mesh(world_size, config.parallel.tp, config.parallel.pp);
+  const MeshLayout mesh(world_size, config.parallel.tp, config.parallel.pp, config.parallel.cp);
   std::vector<RankMemory> ranks;
   for (int r = 0; r < world_size; ++r) {
     ranks.push_back(predict_rank_memory(config, mesh, mesh.coord(r), expert_rows));
@@ -928,15 +950,16 @@ std::string rank_list(const std::vector<int>& ranks) {
 std::string layout_line(const TrainConfig& config, size_t world) {
   const ParallelSettings& p = config.parallel;
   const TrainSettings& t = config.train;
-  std::string text = fmt::format("{} ranks: dp {} x tp {} x pp {}", world,
-                                 static_cast<int>(world) / (p.tp * p.pp), p.tp, p.pp);
+  const MeshLayout mesh(static_cast<int>(world), p.tp, p.pp, p.cp);
+  std::string text = fmt::format("{} ranks: dp {}{} x tp {} x pp {}", world, mesh.dp(),
+                                 p.cp > 1 ? fmt::format(" x cp {}", p.cp) : "", p.tp, p.pp);
   if (p.zero > 0) text += fmt::format(", ZeRO-{}", p.zero);
   if (p.tp > 1 && p.sequence_parallel) text += ", sequence parallel";
   if (p.pp > 1) text += fmt::format(", schedule {}", p.schedule);
   if (p.offload != "none") text += fmt::format(", offload {}", p.offload);
   text += fmt::format(", {}, micro-batch {} x seq {}, recompute {}", precision_name(t.precision),
-                      micro_batch_rows(config, static_cast<int>(world) / (p.tp * p.pp)),
-                      t.seq_len, recompute_name(t.recompute));
+                      micro_batch_rows(config, mesh.dp()), t.seq_len, recompute_name(t.recompute));
+  if (p.cp > 1) text += fmt::format(" ({} tokens per rank)", t.seq_len / p.cp);
   if (t.recompute_layers > 0) text += fmt::format(" ({} layers)", t.recompute_layers);
   return text;
 }

@@ -14,6 +14,11 @@
 namespace meshtrain {
 namespace {
 
+// The tokens per row a rank runs: the sequence, cut over the cp ranks.
+int64_t rank_seq_len(const TrainConfig& config) {
+  return config.train.seq_len / config.parallel.cp;
+}
+
 // moe.aux_scope = "step": the step's routing, counted by `forward` (a
 // forward-only pass over this rank's micro-batches of the step) and summed
 // over the dp ranks, before their training passes (model.h step_routing).
@@ -81,7 +86,7 @@ class PipelineSteps final : public StepRunner {
       : model_(model), pp_(mesh.pp()), split_(pp_split_layers(config)) {
     const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(config.parallel.schedule);
     executor_ = std::make_unique<pipeline::Executor>(model, pp_, kind, shape, rows,
-                                                     config.train.seq_len);
+                                                     rank_seq_len(config));
     const StageLayers& stage = model.stage_layers();
     if (config.model.tie_embeddings) {
       const bool ends = stage.first || stage.last;
@@ -189,7 +194,7 @@ std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, Model& m
                                              DeviceMesh* mesh, int64_t micro_batches,
                                              int64_t micro_batch_rows) {
   if (config.parallel.pp == 1) {
-    return std::make_unique<LocalSteps>(model, config.train.seq_len, config.train.seed);
+    return std::make_unique<LocalSteps>(model, rank_seq_len(config), config.train.seed);
   }
   return std::make_unique<PipelineSteps>(config, model, *mesh,
                                          pipeline_shape(config, micro_batches), micro_batch_rows);

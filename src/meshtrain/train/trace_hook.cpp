@@ -32,13 +32,21 @@ int64_t nanos(auto time_point) {
 }
 
 // The members of this rank's group along one axis, in communicator rank order.
+// The group's name and its members' world ranks: the coordinates `me` shares
+// with them, `axes` running (the first slowest).
 std::string group_name(const Communicator& comm, const MeshLayout& layout, MeshCoord me,
-                       int MeshCoord::*axis, int axis_size) {
-  std::vector<int> members;
-  for (int k = 0; k < axis_size; ++k) {
-    MeshCoord c = me;
-    c.*axis = k;
-    members.push_back(layout.rank(c));
+                       std::initializer_list<std::pair<int MeshCoord::*, int>> axes) {
+  std::vector<int> members{layout.rank(me)};
+  for (const auto& [axis, size] : axes) {
+    std::vector<int> grown;
+    for (int rank : members) {
+      for (int k = 0; k < size; ++k) {
+        MeshCoord c = layout.coord(rank);
+        c.*axis = k;
+        grown.push_back(layout.rank(c));
+      }
+    }
+    members = std::move(grown);
   }
   return fmt::format("{}[{}]", comm.name(), fmt::join(members, ","));
 }
@@ -112,9 +120,13 @@ TraceHook::TraceHook(const std::string& steps, std::string out_dir, DeviceMesh* 
     for (int r = 0; r < world_size_; ++r) all[static_cast<size_t>(r)] = r;
     comms_.push_back({&mesh_->world(),
                       fmt::format("{}[{}]", mesh_->world().name(), fmt::join(all, ",")), 0, 0});
-    comms_.push_back({&mesh_->dp(), group_name(mesh_->dp(), layout, me, &MeshCoord::dp, layout.dp()), 0, 0});
-    comms_.push_back({&mesh_->tp(), group_name(mesh_->tp(), layout, me, &MeshCoord::tp, layout.tp()), 0, 0});
-    comms_.push_back({&mesh_->pp(), group_name(mesh_->pp(), layout, me, &MeshCoord::pp, layout.pp()), 0, 0});
+    auto add = [&](Communicator& comm, std::initializer_list<std::pair<int MeshCoord::*, int>> axes) {
+      comms_.push_back({&comm, group_name(comm, layout, me, axes), 0, 0});
+    };
+    add(mesh_->replicas(), {{&MeshCoord::dp, layout.dp()}, {&MeshCoord::cp, layout.cp()}});
+    if (layout.cp() > 1) add(mesh_->cp(), {{&MeshCoord::cp, layout.cp()}});
+    add(mesh_->tp(), {{&MeshCoord::tp, layout.tp()}});
+    add(mesh_->pp(), {{&MeshCoord::pp, layout.pp()}});
   }
 }
 
@@ -141,7 +153,7 @@ std::string TraceHook::other_json() const {
   std::string coord = "null";
   if (mesh_ != nullptr) {
     const MeshCoord c = mesh_->coord();
-    coord = fmt::format(R"({{"dp":{},"tp":{},"pp":{}}})", c.dp, c.tp, c.pp);
+    coord = fmt::format(R"({{"dp":{},"cp":{},"tp":{},"pp":{}}})", c.dp, c.cp, c.tp, c.pp);
   }
   return fmt::format(
       R"({{"rank":{},"world_size":{},"coord":{},"steps":[{},{}],"clock":{{"aligned_by":"barrier","steady_epoch_ns":{},"system_epoch_ns":{}}},"comms":[{}]}})",

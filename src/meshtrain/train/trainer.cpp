@@ -83,6 +83,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   train_data_ = open_sample_source(config_, expand_train_files(config_.data), true);
   LoaderOptions loader =
       rank_loader_options(t.batch_size, t.micro_batch_size, options_.dp_rank, options_.dp_size);
+  if (mesh != nullptr) loader.context = ContextSplit{mesh->coord().cp, mesh->layout().cp()};
   loader.seed = t.seed;
   loader.prefetch = options_.prefetch;
   slow_ = slow_rank_delays(mesh != nullptr ? mesh->rank() : 0);
@@ -114,6 +115,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                    data_parallel_storage(config_), tp,
                                    stage_of(config_, mesh, micro_batches), ep);
   model_->set_recompute({t.recompute, t.recompute_layers});
+  if (mesh != nullptr) model_->set_context_parallel(ContextParallel{&mesh->cp()});
   dp_ = make_data_parallel(config_, *model_, mesh, config_.parallel.pp > 1 ? micro_batches : 0);
   prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);
@@ -362,13 +364,14 @@ StepRecord Trainer::train_step() {
   const TrainSettings& t = config_.train;
   auto start = std::chrono::steady_clock::now();
   // Each loss token weighs 1/(loss tokens of the whole step): the gradient of
-  // the step's mean over every micro-batch and dp rank (dp ranks' gradients
-  // are averaged, hence the factor dp). The loader counts the global batch,
-  // so every rank knows it before backward without a collective. Token
-  // shards: every token, tokens_per_step.
+  // the step's mean over every micro-batch and replica (the dp x cp
+  // replicas' gradients are averaged, hence the factor dp x cp). The loader
+  // counts the global batch, so every rank knows it before backward without
+  // a collective. Token shards: every token, tokens_per_step.
   const int64_t loss_tokens = loader_->step_loss_tokens();
+  const int64_t replicas = options_.dp_size * loader_options_.context.size;
   const double per_rank = static_cast<double>(std::max<int64_t>(1, loss_tokens)) /
-                          static_cast<double>(options_.dp_size);
+                          static_cast<double>(replicas);
   const float grad_scale = 1.0f / static_cast<float>(per_rank);
   const TensorParallel& tp = model_->tensor_parallel();
   const uint64_t tp_bytes = tp.active() ? tp.comm->stats().total().bytes : 0;
@@ -438,9 +441,10 @@ StepRecord Trainer::train_step() {
   r.data_ms = (loader_->stats().wait_seconds - data_wait) * 1e3;
   r.tokens_per_s = tokens / seconds;
   // Per rank: this rank's share of the FLOPs (tp ranks split each token's, a
-  // pipeline stage runs 1 / pp of the layers as balanced) against its peak.
+  // pipeline stage runs 1 / pp of the layers as balanced, cp ranks 1 / cp of
+  // each sequence) against its peak.
   r.mfu = config_.model.train_flops_per_token(t.seq_len) * tokens /
-          static_cast<double>(options_.dp_size * tp.size() * config_.parallel.pp) / seconds /
+          static_cast<double>(replicas * tp.size() * config_.parallel.pp) / seconds /
           peak_flops_;
   // After the step's figures: the rollback replaces the loader.
   if (decision.rollback) roll_back(*decision.rollback, r);

@@ -105,6 +105,51 @@ inline void softmax_row(float* scores, T* probs, int64_t first, int64_t n, int64
   std::memset(static_cast<void*>(probs + n), 0, static_cast<size_t>(T_total - n) * sizeof(T));
 }
 
+// Softmax backward of one row over keys [first, n), T total: dS = P (dP -
+// sum(P dP)) * scale there, zero elsewhere. dp (f32) is overwritten; in f32
+// ds aliases it (dS in place), else dS is stored in E.
+template <typename E>
+inline void softmax_backward_row(float* dp, const E* probs, E* ds, int64_t first, int64_t n,
+                                 int64_t T_total, float scale) {
+  float* dpr = dp + first;
+  const E* pr = probs + first;
+  const int64_t len = n - first;
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t s = 0; s < len; ++s) dot += simd::load1(pr + s) * dpr[s];
+#pragma omp simd
+  for (int64_t s = 0; s < len; ++s) dpr[s] = simd::load1(pr + s) * (dpr[s] - dot) * scale;
+  if (static_cast<void*>(ds) != static_cast<void*>(dp)) simd::store_row(ds + first, dpr, len);
+  std::memset(static_cast<void*>(ds), 0, static_cast<size_t>(first) * sizeof(E));
+  std::memset(static_cast<void*>(ds + n), 0, static_cast<size_t>(T_total - n) * sizeof(E));
+}
+
+// Splits rows [B, T, (H + 2KV) D] of qkv into q [B, H, T, D] and k, v [B,
+// KV, T, D] (E), rotating q and k by position(b, t) when rope is given.
+template <typename E, typename Position>
+void split_heads(const float* qkv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                 const RopeTable* rope, Position position, E* q, E* k, E* v) {
+  const int64_t W = (H + 2 * KV) * D, half = D / 2;
+#pragma omp parallel
+  {
+    std::vector<float> tmp(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const int64_t b = bt / T, t = bt % T, p = position(b, t);
+      const float* row = qkv + bt * W;
+      const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+      const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
+      for (int64_t h = 0; h < H; ++h)
+        put_head(row + h * D, q + ((b * H + h) * T + t) * D, c, s, D, false, tmp.data());
+      for (int64_t j = 0; j < KV; ++j) {
+        put_head(row + (H + j) * D, k + ((b * KV + j) * T + t) * D, c, s, D, false, tmp.data());
+        put_head(row + (H + KV + j) * D, v + ((b * KV + j) * T + t) * D, nullptr, nullptr, D, false,
+                 tmp.data());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, float theta, MemoryTracker& tracker) {
@@ -340,7 +385,7 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
                        DType compute, const float* qkv, void* out, AttentionSaved& saved) {
   check_dims(dims, rope, dims.seq);
   const int64_t B = dims.batch, T = dims.seq, H = dims.n_heads, KV = dims.n_kv_heads;
-  const int64_t D = dims.head_dim, rep = H / KV, W = dims.qkv_width(), half = D / 2;
+  const int64_t D = dims.head_dim, rep = H / KV;
   MemoryTracker& tracker = ctx.tracker();
   ensure(saved.q, {B, H, T, D}, compute, tracker);
   ensure(saved.k, {B, KV, T, D}, compute, tracker);
@@ -359,24 +404,8 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
     E* v = saved.v.data<E>();
     E* probs = keep_probs ? saved.probs.data<E>() : nullptr;
     // 1. Split heads into [B, heads, T, D] layouts, rotating q and k.
-#pragma omp parallel
-    {
-      std::vector<float> tmp(static_cast<size_t>(D));
-#pragma omp for schedule(static)
-      for (int64_t bt = 0; bt < B * T; ++bt) {
-        const int64_t b = bt / T, t = bt % T, p = dims.position(b, t);
-        const float* row = qkv + bt * W;
-        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
-        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
-        for (int64_t h = 0; h < H; ++h)
-          put_head(row + h * D, q + ((b * H + h) * T + t) * D, c, s, D, false, tmp.data());
-        for (int64_t j = 0; j < KV; ++j) {
-          put_head(row + (H + j) * D, k + ((b * KV + j) * T + t) * D, c, s, D, false, tmp.data());
-          put_head(row + (H + KV + j) * D, v + ((b * KV + j) * T + t) * D, nullptr, nullptr, D, false,
-                   tmp.data());
-        }
-      }
-    }
+    split_heads(qkv, B, T, H, KV, D, rope,
+                [&](int64_t b, int64_t t) { return dims.position(b, t); }, q, k, v);
     // 2. Per group: scores = q k^T / sqrt(D), causal softmax, out = P v.
     const int64_t M = rep * T;
     const CausalBlocks blk(T);
@@ -498,18 +527,7 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       }
       for (int64_t r = 0; r < M; ++r) {
         const int64_t n = r % T + 1, first = row_pos ? r % T - row_pos[r % T] : 0;
-        float* dpr = dp + r * T + first;
-        const E* pr = probs_g + r * T + first;
-        const int64_t len = n - first;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t s = 0; s < len; ++s) dot += simd::load1(pr + s) * dpr[s];
-#pragma omp simd
-        for (int64_t s = 0; s < len; ++s) dpr[s] = simd::load1(pr + s) * (dpr[s] - dot) * scale;
-        E* dsr = ds + r * T;
-        if (!f32) simd::store_row(dsr + first, dpr, len);  // in f32, dS overwrites dP in place
-        std::memset(static_cast<void*>(dsr), 0, static_cast<size_t>(first) * esize);
-        std::memset(static_cast<void*>(dsr + n), 0, static_cast<size_t>(T - n) * esize);
+        softmax_backward_row(dp + r * T, probs_g + r * T, ds + r * T, first, n, T, scale);
       }
       // dQ = dS k; dK = dS^T q and dV = P^T dO (these sum over the group's heads).
       for (int64_t hh = 0; hh < rep; ++hh) {
@@ -566,6 +584,359 @@ size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool 
   const size_t per_thread = backward ? backward_thread_bytes(M, T, D, e, !recompute_probs, pad)
                                      : forward_thread_bytes(M, T, D, e, !recompute_probs, pad);
   return per_thread * static_cast<size_t>(threads);
+}
+
+// ---- Context-parallel attention (ops::ContextDims).
+
+namespace {
+
+void check_context(const ContextDims& d, const RopeTable* rope) {
+  MESHTRAIN_CHECK(d.batch > 0 && d.local_seq > 0 && d.n_heads > 0 && d.n_kv_heads > 0 &&
+                      d.head_dim > 0 && d.n_heads % d.n_kv_heads == 0,
+                  "context attention: bad dims batch={} local_seq={} heads={} kv_heads={} "
+                  "head_dim={}",
+                  d.batch, d.local_seq, d.n_heads, d.n_kv_heads, d.head_dim);
+  MESHTRAIN_CHECK(d.split.size >= 1 && d.split.rank >= 0 && d.split.rank < d.split.size &&
+                      d.local_seq % 2 == 0,
+                  "context attention: rank {} of {} with {} local tokens (two chunks each)",
+                  d.split.rank, d.split.size, d.local_seq);
+  MESHTRAIN_CHECK(d.positions != nullptr, "context attention: positions are required");
+  MESHTRAIN_CHECK(rope == nullptr || rope->head_dim == d.head_dim,
+                  "context attention: rope table head_dim {} != head_dim {}",
+                  rope ? rope->head_dim : 0, d.head_dim);
+  const int64_t T = d.seq();
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t i = 0; i < d.local_seq; ++i) {
+      const int64_t p = d.positions[b * d.local_seq + i], g = d.split.global(T, i);
+      MESHTRAIN_CHECK(p >= 0 && p <= g && (rope == nullptr || p < rope->max_seq),
+                      "context attention: position {} of token {} (global {}) in row {} outside "
+                      "[0, {}]{}",
+                      p, i, g, b, g, rope ? fmt::format(" or the rope table ({})", rope->max_seq) : "");
+    }
+  }
+}
+
+// The GEMMs of one local chunk's query blocks: chunk k (0 or 1) at global
+// offset q0 holds queries [q0, q0 + c); query block i multiplies keys [0,
+// q0 + end(i)): the keys after its last query are never computed.
+struct ContextBlocks {
+  ContextBlocks(const ContextDims& d) : blk(d.local_seq / 2), seq(d.seq()) {
+    for (int64_t k = 0; k < 2; ++k) q0[k] = d.split.global(seq, k * blk.seq);
+  }
+  int64_t count() const { return 2 * blk.count(); }
+  // Block n = k * blk.count() + i: its first local row, rows and key end.
+  int64_t row(int64_t n) const { return (n / blk.count()) * blk.seq + blk.begin(n % blk.count()); }
+  int64_t rows(int64_t n) const { return blk.rows(n % blk.count()); }
+  int64_t keys(int64_t n) const { return q0[n / blk.count()] + blk.end(n % blk.count()); }
+  CausalBlocks blk;
+  int64_t seq;
+  int64_t q0[2] = {0, 0};
+};
+
+// scores / dP [rows, 0:keys) = a[rows] b[0:keys)^T (ldc = T); out / dQ [rows]
+// = P[rows, 0:keys) b[0:keys); dK / dV [0:keys) += dS[rows, 0:keys)^T a[rows].
+MatmulDims context_score_dims(const ContextBlocks& cb, int64_t n, int64_t D) {
+  return MatmulDims{1, cb.rows(n), cb.keys(n), D, false, true, false, D, D, cb.seq};
+}
+MatmulDims context_output_dims(const ContextBlocks& cb, int64_t n, int64_t D) {
+  return MatmulDims{1, cb.rows(n), D, cb.keys(n), false, false, false, cb.seq, D, D};
+}
+MatmulDims context_key_grad_dims(const ContextBlocks& cb, int64_t n, int64_t D) {
+  return MatmulDims{1, cb.keys(n), D, cb.rows(n), true, false, false, cb.seq, D, D};
+}
+
+template <typename MakeDims>
+std::vector<ThreadMatmul> per_context_block(CpuContext& ctx, const ContextBlocks& cb, DType ab,
+                                            DType c, MakeDims make, float alpha = 1.0f,
+                                            bool accumulate = false) {
+  std::vector<ThreadMatmul> out;
+  out.reserve(static_cast<size_t>(cb.count()));
+  for (int64_t n = 0; n < cb.count(); ++n) out.emplace_back(ctx, make(n), ab, c, alpha, accumulate);
+  return out;
+}
+
+// The probabilities of one (batch, kv head) group, its rep heads' local
+// queries stacked as rows (r = head * L + i): probs_g [rep * L, T] over the
+// whole sequence's keys, zero outside [g - position, g] (g: the query's
+// global index). scores: f32 scratch [rep * L, T] (may alias probs_g in f32).
+template <typename E>
+void context_group_probs(std::vector<ThreadMatmul>& qk, const ContextBlocks& cb,
+                         const ContextDims& d, int64_t b, int tid, const E* q_g, const E* k_g,
+                         int64_t rep, float* scores, E* probs_g, void* pad) {
+  const int64_t L = d.local_seq, T = cb.seq, D = d.head_dim;
+  for (int64_t hh = 0; hh < rep; ++hh) {
+    for (int64_t n = 0; n < cb.count(); ++n) {
+      const int64_t r0 = hh * L + cb.row(n);
+      qk[static_cast<size_t>(n)].run(tid, q_g + r0 * D, k_g, scores + r0 * T, pad);
+    }
+  }
+  for (int64_t r = 0; r < rep * L; ++r) {
+    const int64_t i = r % L, g = d.split.global(T, i);
+    softmax_row(scores + r * T, probs_g + r * T, g - d.positions[b * L + i], g + 1, T);
+  }
+}
+
+// One rank's packed k (or v) block [B][KV][L][D] <-> rows of the whole
+// sequence's [B][KV][T][D]; to_whole = false copies the other way.
+template <typename E>
+void move_rank_rows(const ContextDims& d, int64_t rank, E* packed, E* whole, bool to_whole) {
+  const ContextSplit split{rank, d.split.size};
+  const int64_t L = d.local_seq, c = L / 2, T = d.seq(), D = d.head_dim;
+  const size_t bytes = static_cast<size_t>(c * D) * sizeof(E);
+  for (int64_t g = 0; g < d.batch * d.n_kv_heads; ++g) {
+    for (int64_t k = 0; k < 2; ++k) {
+      E* p = packed + (g * L + k * c) * D;
+      E* w = whole + (g * T + split.global(T, k * c)) * D;
+      std::memcpy(to_whole ? static_cast<void*>(w) : static_cast<void*>(p),
+                  to_whole ? static_cast<const void*>(p) : static_cast<const void*>(w), bytes);
+    }
+  }
+}
+
+}  // namespace
+
+void context_attention_project(CpuContext& ctx, const ContextDims& dims, const RopeTable* rope,
+                               DType compute, const float* qkv, AttentionSaved& saved,
+                               void* kv_send) {
+  check_context(dims, rope);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim;
+  ensure(saved.q, {B, H, L, D}, compute, ctx.tracker());
+  simd::dispatch_store(compute, saved.q.raw(), [&](auto* q) {
+    using E = std::remove_pointer_t<decltype(q)>;
+    E* k = static_cast<E*>(kv_send);
+    split_heads(qkv, B, L, H, KV, D, rope,
+                [&](int64_t b, int64_t t) { return dims.positions[b * L + t]; }, q, k,
+                k + B * KV * L * D);
+  });
+}
+
+void context_attention_forward(CpuContext& ctx, const ContextDims& dims, DType compute,
+                               const void* kv_all, AttentionSaved& saved, void* out) {
+  check_context(dims, nullptr);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim, rep = H / KV, T = dims.seq(), M = rep * L;
+  MemoryTracker& tracker = ctx.tracker();
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D,
+                  "context attention: run project first (saved q does not match)");
+  ensure(saved.k, {B, KV, T, D}, compute, tracker);
+  ensure(saved.v, {B, KV, T, D}, compute, tracker);
+  const bool keep_probs = !saved.recompute_probs;
+  if (keep_probs) {
+    ensure(saved.probs, {B, H, L, T}, compute, tracker);
+  } else {
+    saved.probs = Tensor();
+  }
+  const int64_t esize = static_cast<int64_t>(dtype_size(compute));
+  simd::dispatch_store(compute, saved.k.raw(), [&](auto* k) {
+    using E = std::remove_pointer_t<decltype(k)>;
+    E* v = saved.v.data<E>();
+    const E* q = saved.q.data<E>();
+    // 1. Every rank's k and v into the whole sequence's rows.
+    const int64_t block = dims.kv_block(), half_block = block / 2;
+    auto* all = const_cast<E*>(static_cast<const E*>(kv_all));
+#pragma omp parallel for schedule(static)
+    for (int64_t rank = 0; rank < dims.split.size; ++rank) {
+      move_rank_rows(dims, rank, all + rank * block, k, true);
+      move_rank_rows(dims, rank, all + rank * block + half_block, v, true);
+    }
+    // 2. Per group: scores over the whole sequence, masked softmax, out = P v.
+    const ContextBlocks cb(dims);
+    auto qk = per_context_block(ctx, cb, compute, DType::f32,
+                                [&](int64_t n) { return context_score_dims(cb, n, D); },
+                                score_scale(D));
+    auto pv = per_context_block(ctx, cb, compute, compute,
+                                [&](int64_t n) { return context_output_dims(cb, n, D); });
+    const auto pad = static_cast<int64_t>(max_pad({&qk, &pv}));
+    const bool f32 = compute == DType::f32;
+    const size_t per_thread = forward_thread_bytes(M, T, D, esize, keep_probs, pad);
+    char* base = static_cast<char*>(
+        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
+    E* probs = keep_probs ? saved.probs.data<E>() : nullptr;
+    E* o = static_cast<E*>(out);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < B * KV; ++g) {
+      const int tid = omp_get_thread_num();
+      Carver mine(base + per_thread * tid);
+      float* scores = f32 ? nullptr : mine.take<float>(M * T);
+      E* probs_g = keep_probs ? probs + g * M * T : mine.take<E>(M * T);
+      E* out_g = mine.take<E>(M * D);
+      void* pad_g = mine.take<char>(pad);
+      if (f32) scores = reinterpret_cast<float*>(probs_g);
+      const int64_t b = g / KV, h0 = (g % KV) * rep;
+      context_group_probs(qk, cb, dims, b, tid, q + g * M * D, k + g * T * D, rep, scores, probs_g,
+                          pad_g);
+      for (int64_t hh = 0; hh < rep; ++hh) {
+        for (int64_t n = 0; n < cb.count(); ++n) {
+          const int64_t r0 = hh * L + cb.row(n);
+          pv[static_cast<size_t>(n)].run(tid, probs_g + r0 * T, v + g * T * D, out_g + r0 * D,
+                                         pad_g);
+        }
+      }
+      for (int64_t r = 0; r < M; ++r)
+        std::memcpy(static_cast<void*>(o + ((b * L + r % L) * H + h0 + r / L) * D),
+                    static_cast<const void*>(out_g + r * D), static_cast<size_t>(D * esize));
+    }
+  });
+}
+
+void context_attention_backward(CpuContext& ctx, const ContextDims& dims, const RopeTable* rope,
+                                DType compute, const AttentionSaved& saved, const float* d_out,
+                                void* d_qkv, float* dkv_all) {
+  check_context(dims, rope);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim, rep = H / KV, T = dims.seq(), M = rep * L, half = D / 2;
+  const int64_t W = dims.qkv_width();
+  const bool kept = !saved.recompute_probs;
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D &&
+                      saved.k.defined() && saved.k.numel() == B * KV * T * D &&
+                      (!kept || (saved.probs.defined() && saved.probs.dtype() == compute &&
+                                 saved.probs.numel() == B * H * L * T)),
+                  "context attention backward: saved tensors do not match dims/compute dtype");
+  const float scale = score_scale(D);
+  const int64_t esize = static_cast<int64_t>(dtype_size(compute));
+  simd::dispatch_store(compute, d_qkv, [&](auto* dqkv) {
+    using E = std::remove_pointer_t<decltype(dqkv)>;
+    const E* q = saved.q.data<E>();
+    const E* k = saved.k.data<E>();
+    const E* v = saved.v.data<E>();
+    const E* probs = kept ? saved.probs.data<E>() : nullptr;
+    const ContextBlocks cb(dims);
+    std::vector<ThreadMatmul> qk;
+    if (!kept) {
+      qk = per_context_block(ctx, cb, compute, DType::f32,
+                             [&](int64_t n) { return context_score_dims(cb, n, D); },
+                             score_scale(D));
+    }
+    auto dp_mm = per_context_block(ctx, cb, compute, DType::f32,
+                                   [&](int64_t n) { return context_score_dims(cb, n, D); });
+    auto dq_mm = per_context_block(ctx, cb, compute, DType::f32,
+                                   [&](int64_t n) { return context_output_dims(cb, n, D); });
+    auto dkv_mm = per_context_block(ctx, cb, compute, DType::f32,
+                                    [&](int64_t n) { return context_key_grad_dims(cb, n, D); },
+                                    1.0f, true);
+    const auto pad = static_cast<int64_t>(max_pad({&qk, &dp_mm, &dq_mm, &dkv_mm}));
+    const bool f32 = compute == DType::f32;
+    const size_t per_thread = backward_thread_bytes(M, T, D, esize, kept, pad);
+    char* base = static_cast<char*>(
+        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
+    const int64_t block = dims.kv_block(), half_block = block / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < B * KV; ++g) {
+      const int tid = omp_get_thread_num();
+      Carver mine(base + per_thread * tid);
+      E* dout_g = mine.take<E>(M * D);
+      float* dp = mine.take<float>(M * T);
+      E* ds = f32 ? nullptr : mine.take<E>(M * T);
+      float* dq = mine.take<float>(M * D);
+      float* dk = mine.take<float>(T * D);
+      float* dv = mine.take<float>(T * D);
+      float* tmp = mine.take<float>(D);
+      void* pad_g = mine.take<char>(pad);
+      if (f32) ds = reinterpret_cast<E*>(dp);
+      const int64_t b = g / KV, h0 = (g % KV) * rep;
+      const E* probs_g = kept ? probs + g * M * T : nullptr;
+      if (!kept) {
+        E* recomputed = mine.take<E>(M * T);
+        float* scores = f32 ? reinterpret_cast<float*>(recomputed) : dp;
+        context_group_probs(qk, cb, dims, b, tid, q + g * M * D, k + g * T * D, rep, scores,
+                            recomputed, pad_g);
+        probs_g = recomputed;
+      }
+      for (int64_t r = 0; r < M; ++r)
+        simd::store_row(dout_g + r * D, d_out + ((b * L + r % L) * H + h0 + r / L) * D, D);
+      for (int64_t hh = 0; hh < rep; ++hh) {
+        for (int64_t n = 0; n < cb.count(); ++n) {
+          const int64_t r0 = hh * L + cb.row(n);
+          dp_mm[static_cast<size_t>(n)].run(tid, dout_g + r0 * D, v + g * T * D, dp + r0 * T, pad_g);
+        }
+      }
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t i = r % L, gi = dims.split.global(T, i);
+        softmax_backward_row(dp + r * T, probs_g + r * T, ds + r * T,
+                             gi - dims.positions[b * L + i], gi + 1, T, scale);
+      }
+      std::memset(dk, 0, static_cast<size_t>(T * D) * sizeof(float));
+      std::memset(dv, 0, static_cast<size_t>(T * D) * sizeof(float));
+      for (int64_t hh = 0; hh < rep; ++hh) {
+        for (int64_t n = 0; n < cb.count(); ++n) {
+          const auto bn = static_cast<size_t>(n);
+          const int64_t r0 = hh * L + cb.row(n);
+          dq_mm[bn].run(tid, ds + r0 * T, k + g * T * D, dq + r0 * D, pad_g);
+          dkv_mm[bn].run(tid, ds + r0 * T, q + (g * M + r0) * D, dk, pad_g);
+          dkv_mm[bn].run(tid, probs_g + r0 * T, dout_g + r0 * D, dv, pad_g);
+        }
+      }
+      // dQ into d_qkv's q columns, undoing the rotation.
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t i = r % L, p = dims.positions[b * L + i];
+        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
+        put_head(dq + r * D, dqkv + (b * L + i) * W + (h0 + r / L) * D, c, s, D, true, tmp);
+      }
+      // This group's dK, dV rows to their owners' blocks (g's rows of each).
+      for (int64_t rank = 0; rank < dims.split.size; ++rank) {
+        ContextDims one = dims;
+        one.batch = 1;
+        one.n_kv_heads = 1;
+        const int64_t at = (g * L) * D;
+        move_rank_rows(one, rank, dkv_all + rank * block + at, dk, false);
+        move_rank_rows(one, rank, dkv_all + rank * block + half_block + at, dv, false);
+      }
+    }
+  });
+}
+
+size_t context_attention_workspace_bytes(const ContextDims& dims, DType compute,
+                                         bool recompute_probs, bool backward, int threads) {
+  const int64_t T = dims.seq(), D = dims.head_dim;
+  const int64_t M = dims.n_heads / dims.n_kv_heads * dims.local_seq;
+  const auto e = static_cast<int64_t>(dtype_size(compute));
+  const ContextBlocks cb(dims);
+  size_t pad = 0;
+  auto take = [&](const MatmulDims& d, DType c, float alpha = 1.0f, bool accumulate = false) {
+    pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, c, threads, alpha, accumulate));
+  };
+  for (int64_t n = 0; n < cb.count(); ++n) {
+    if (!backward || recompute_probs) take(context_score_dims(cb, n, D), DType::f32, score_scale(D));
+    if (!backward) {
+      take(context_output_dims(cb, n, D), compute);
+      continue;
+    }
+    take(context_score_dims(cb, n, D), DType::f32);
+    take(context_output_dims(cb, n, D), DType::f32);
+    take(context_key_grad_dims(cb, n, D), DType::f32, 1.0f, true);
+  }
+  const size_t per_thread = backward ? backward_thread_bytes(M, T, D, e, !recompute_probs, pad)
+                                     : forward_thread_bytes(M, T, D, e, !recompute_probs, pad);
+  return per_thread * static_cast<size_t>(threads);
+}
+
+void context_attention_finish(CpuContext& /*ctx*/, const ContextDims& dims, const RopeTable* rope,
+                              DType compute, const float* dkv, void* d_qkv) {
+  check_context(dims, rope);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim, W = dims.qkv_width(), half = D / 2;
+  const float* dk = dkv;
+  const float* dv = dkv + dims.kv_block() / 2;
+  simd::dispatch_store(compute, d_qkv, [&](auto* dqkv) {
+#pragma omp parallel
+    {
+      std::vector<float> tmp(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+      for (int64_t bt = 0; bt < B * L; ++bt) {
+        const int64_t b = bt / L, i = bt % L, p = dims.positions[bt];
+        const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
+        const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
+        auto* row = dqkv + bt * W;
+        for (int64_t j = 0; j < KV; ++j) {
+          const int64_t at = ((b * KV + j) * L + i) * D;
+          put_head(dk + at, row + (H + j) * D, c, s, D, true, tmp.data());
+          put_head(dv + at, row + (H + KV + j) * D, nullptr, nullptr, D, true, tmp.data());
+        }
+      }
+    }
+  });
 }
 
 void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,

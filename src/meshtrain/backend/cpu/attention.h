@@ -47,6 +47,26 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
 size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool recompute_probs,
                                  bool backward, int threads);
 
+// Context-parallel attention (ops::ContextDims, backend.h): project, forward
+// over the all-gathered k/v blocks, backward to the blocks' gradients,
+// finish with this rank's (reduce-scattered) block.
+using ops::ContextDims;
+void context_attention_project(CpuContext& ctx, const ContextDims& dims, const RopeTable* rope,
+                               DType compute, const float* qkv, AttentionSaved& saved,
+                               void* kv_send);
+void context_attention_forward(CpuContext& ctx, const ContextDims& dims, DType compute,
+                               const void* kv_all, AttentionSaved& saved, void* out);
+void context_attention_backward(CpuContext& ctx, const ContextDims& dims, const RopeTable* rope,
+                                DType compute, const AttentionSaved& saved, const float* d_out,
+                                void* d_qkv, float* dkv_all);
+void context_attention_finish(CpuContext& ctx, const ContextDims& dims, const RopeTable* rope,
+                              DType compute, const float* dkv, void* d_qkv);
+// The workspace (bytes, the `attention` slot) context_attention_forward or
+// _backward takes: attention_workspace_bytes's layout over rep x local rows
+// and the whole sequence's keys (dims.positions not read).
+size_t context_attention_workspace_bytes(const ContextDims& dims, DType compute,
+                                         bool recompute_probs, bool backward, int threads);
+
 using ops::KVCacheLayer;
 // qkv: [B, T_new, qkv_width] f32 for positions [pos0, pos0 + T_new); appends to the cache,
 // attends causally over [0, pos0 + t]; out: [B, T_new, H*D] f32.

@@ -157,6 +157,32 @@ void CpuBackend::attention_decode(const ops::AttentionDims& dims, const ops::Rop
   cpu::attention_decode(ctx_, dims, rope, qkv, pos0, cache, out);
 }
 
+void CpuBackend::context_attention_project(const ops::ContextDims& dims,
+                                           const ops::RopeTable* rope, DType compute,
+                                           const float* qkv, ops::AttentionSaved& saved,
+                                           void* kv_send) {
+  cpu::context_attention_project(ctx_, dims, rope, compute, qkv, saved, kv_send);
+}
+
+void CpuBackend::context_attention_forward(const ops::ContextDims& dims, DType compute,
+                                           const void* kv_all, ops::AttentionSaved& saved,
+                                           void* out) {
+  cpu::context_attention_forward(ctx_, dims, compute, kv_all, saved, out);
+}
+
+void CpuBackend::context_attention_backward(const ops::ContextDims& dims,
+                                            const ops::RopeTable* rope, DType compute,
+                                            const ops::AttentionSaved& saved, const float* d_out,
+                                            void* d_qkv, float* dkv_all) {
+  cpu::context_attention_backward(ctx_, dims, rope, compute, saved, d_out, d_qkv, dkv_all);
+}
+
+void CpuBackend::context_attention_finish(const ops::ContextDims& dims,
+                                          const ops::RopeTable* rope, DType compute,
+                                          const float* dkv, void* d_qkv) {
+  cpu::context_attention_finish(ctx_, dims, rope, compute, dkv, d_qkv);
+}
+
 void CpuBackend::embedding_forward(const ops::EmbeddingDims& dims, const void* table,
                                    DType table_dtype, const float* positions, const int32_t* ids,
                                    float* out) {

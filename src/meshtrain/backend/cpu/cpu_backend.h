@@ -67,6 +67,16 @@ class CpuBackend final : public Backend {
   void attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,
                         const float* qkv, int64_t pos0, ops::KVCacheLayer& cache,
                         float* out) override;
+  void context_attention_project(const ops::ContextDims& dims, const ops::RopeTable* rope,
+                                 DType compute, const float* qkv, ops::AttentionSaved& saved,
+                                 void* kv_send) override;
+  void context_attention_forward(const ops::ContextDims& dims, DType compute, const void* kv_all,
+                                 ops::AttentionSaved& saved, void* out) override;
+  void context_attention_backward(const ops::ContextDims& dims, const ops::RopeTable* rope,
+                                  DType compute, const ops::AttentionSaved& saved,
+                                  const float* d_out, void* d_qkv, float* dkv_all) override;
+  void context_attention_finish(const ops::ContextDims& dims, const ops::RopeTable* rope,
+                                DType compute, const float* dkv, void* d_qkv) override;
 
   void embedding_forward(const ops::EmbeddingDims& dims, const void* table, DType table_dtype,
                          const float* positions, const int32_t* ids, float* out) override;

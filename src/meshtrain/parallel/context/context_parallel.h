@@ -1,0 +1,35 @@
+// Context parallelism (parallel.cp): every sequence cut over the cp ranks of
+// a replica (comm/mesh.h: cp groups are neighbours after tp), each rank
+// holding two of its 2 x cp chunks (util/context_split.h).
+//
+// Contract:
+// - The data loader gives rank r of the group its tokens of each row, with
+//   each token's position (record-local in packed rows, its global index
+//   otherwise), and the labels shifted on the whole sequence before the cut.
+// - Everything but attention is token-local and runs on the rank's tokens as
+//   it would on whole rows. Attention ("allgather", Llama 3's): K and V after
+//   RoPE are all-gathered over the group, the local queries attend the whole
+//   sequence under the global causal (and record) mask, and dK, dV are
+//   reduce-scattered back to their owners in backward (ops::ContextDims;
+//   model/block.cpp). Every call goes through the cp Communicator: numbered,
+//   traced, under the watchdog.
+// - Gradients of every parameter are partial sums over the rank's tokens:
+//   they are averaged over the dp x cp replicas (DeviceMesh::replicas()), and
+//   the loss is a (sum, count) pair reduced over the same group.
+#pragma once
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/util/context_split.h"
+
+namespace meshtrain {
+
+struct ContextParallel {
+  Communicator* comm = nullptr;  // the cp group; nullptr means cp = 1
+
+  int rank() const { return comm != nullptr ? comm->rank() : 0; }
+  int size() const { return comm != nullptr ? comm->size() : 1; }
+  bool active() const { return size() > 1; }
+  ContextSplit split() const { return ContextSplit{rank(), size()}; }
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,211 @@
+// Context parallelism through whole Trainer runs under mpirun: each sequence
+// cut over the cp ranks (parallel.cp, cp_comm = "allgather") equals one rank
+// on the same global batch — loss trace, gradient norms and final weights —
+// for Llama with grouped-query attention and GPT-2 (learned positions), in
+// fp32 and bf16, with packed SFT rows, with selective and full recompute, and
+// composed with dp, tp + sequence parallelism, pp and ZeRO-3. A checkpoint
+// written at cp 2 resumes at cp 1 (and at cp 4) and continues the trace.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+
+#include "meshtrain/comm/mesh.h"
+#include "meshtrain/train/trainer.h"
+#include "mpi_test.h"
+#include "support/memory_expect.h"
+#include "support/scratch.h"
+#include "support/sft_run.h"
+#include "support/shared_corpus.h"
+#include "support/trainer_run.h"
+
+namespace meshtrain {
+namespace {
+
+using testing::mpi_env;
+
+// fp32: the attention's sums run in another order (the key blocks of the
+// chunks, dK and dV summed over the cp ranks), so traces agree to rounding,
+// not bit for bit. bf16: within bf16 rounding of the same.
+struct Tolerance {
+  double loss = 1e-5, grad_norm = 1e-4;
+  float weight = 1e-5f;
+};
+constexpr Tolerance kBf16{2e-3, 2e-2, 5e-3f};
+
+class ContextParallelTrainer : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::shared_phrase_corpus(*world_, 61); }
+
+  TrainConfig config(const std::string& out, ConfigOverrides extra = {},
+                     const std::string& family = "llama") const {
+    const std::string model = family == "llama" ? R"(
+[model]
+family = "llama"
+dim = 32
+n_layers = 3
+n_heads = 4
+n_kv_heads = 2
+hidden_dim = 48
+vocab_size = 61
+max_seq_len = 64
+tie_embeddings = false
+)"
+                                                : R"(
+[model]
+family = "gpt2"
+dim = 32
+n_layers = 3
+n_heads = 4
+hidden_dim = 128
+vocab_size = 61
+max_seq_len = 64
+)";
+    return testing::tiny_run_config(model + R"(
+[train]
+steps = 8
+batch_size = 4
+micro_batch_size = 2
+seq_len = 32
+threads = 1
+grad_clip = 1.0
+eval_interval = 4
+eval_batches = 1
+peak_flops = 1e11
+checkpoint_interval = -1
+[optim]
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 2
+[data]
+tokenizer = "bytes"
+)",
+                                    dir_, out, std::move(extra), "cp.toml");
+  }
+
+  // The single-rank reference, every rank alone in its own directory.
+  testing::TrainerRun reference(const TrainConfig& c) const {
+    TrainConfig alone = c;
+    alone.parallel = ParallelSettings{};
+    alone.train.out_dir += fmt::format(".ref{}", world_->rank());
+    return testing::run_trainer(alone, nullptr);
+  }
+
+  void expect_close(const testing::TrainerRun& got, const testing::TrainerRun& ref,
+                    const std::string& what, Tolerance tol = Tolerance()) {
+    ASSERT_EQ(got.records.size(), ref.records.size()) << what;
+    for (size_t i = 0; i < ref.records.size(); ++i) {
+      EXPECT_NEAR(got.records[i].loss, ref.records[i].loss,
+                  tol.loss * std::fabs(ref.records[i].loss))
+          << what << ": step " << i + 1;
+      EXPECT_NEAR(got.records[i].grad_norm, ref.records[i].grad_norm,
+                  tol.grad_norm * ref.records[i].grad_norm)
+          << what << ": gradient norm, step " << i + 1;
+      EXPECT_EQ(got.records[i].loss_tokens, ref.records[i].loss_tokens) << what;
+    }
+    ASSERT_EQ(got.weights.size(), ref.weights.size()) << what;
+    float worst = 0;
+    for (size_t i = 0; i < ref.weights.size(); ++i) {
+      worst = std::max(worst, std::fabs(got.weights[i] - ref.weights[i]));
+    }
+    EXPECT_LE(worst, tol.weight) << what << ": largest weight difference";
+    if (world_->rank() == 0) {
+      fmt::print("[cp] {}: final loss {:.6f} (one rank {:.6f}), largest weight difference {:.2e}\n",
+                 what, got.records.back().loss, ref.records.back().loss, worst);
+    }
+  }
+
+  // `c` on `mesh` against one rank.
+  void check(const TrainConfig& c, DeviceMesh& mesh, const std::string& what,
+             Tolerance tol = Tolerance()) {
+    const testing::TrainerRun ref = reference(c);
+    const testing::TrainerRun got = testing::run_trainer(c, &mesh);
+    expect_close(got, ref, what, tol);
+    testing::expect_memory_matches(got.predicted, got.memory, what);
+  }
+
+  std::string dir_;
+  MemoryTracker tracker_;
+  std::unique_ptr<MpiCommunicator> world_ = mpi_env().world(tracker_);
+};
+
+TEST_F(ContextParallelTrainer, TwoRanksEqualOneForLlamaAndGpt2) {
+  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  DeviceMesh mesh(*world_, 1, 1, 1, 2);
+  check(config("cp2_llama", {{"parallel.cp", "2"}}), mesh, "llama GQA cp 2 fp32");
+  check(config("cp2_gpt2", {{"parallel.cp", "2"}}, "gpt2"), mesh, "gpt2 cp 2 fp32");
+  check(config("cp2_llama_bf16", {{"parallel.cp", "2"}, {"train.precision", "bf16"}}), mesh,
+        "llama GQA cp 2 bf16", kBf16);
+  check(config("cp2_gpt2_bf16", {{"parallel.cp", "2"}, {"train.precision", "bf16"}}, "gpt2"),
+        mesh, "gpt2 cp 2 bf16", kBf16);
+}
+
+TEST_F(ContextParallelTrainer, TwoRanksEqualOneWithRecompute) {
+  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  DeviceMesh mesh(*world_, 1, 1, 1, 2);
+  for (const char* mode : {"selective", "full"}) {
+    check(config(fmt::format("cp2_rc_{}", mode),
+                 {{"parallel.cp", "2"}, {"train.recompute", mode}}),
+          mesh, fmt::format("cp 2 recompute {}", mode));
+  }
+}
+
+// Packed SFT rows: records run across the chunk boundaries, each token's
+// record-local position and record mask kept.
+TEST_F(ContextParallelTrainer, PackedSftRowsEqualOneRank) {
+  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  DeviceMesh mesh(*world_, 1, 1, 1, 2);
+  const std::string out = dir_ + "/cp2_sft";
+  const TrainConfig c = testing::sft_run_config(out, {{"parallel.cp", "2"}, {"train.threads", "1"}});
+  check(c, mesh, "packed SFT cp 2");
+}
+
+TEST_F(ContextParallelTrainer, ComposesWithDataTensorPipelineAndZero) {
+  if (world_->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  {
+    DeviceMesh mesh(*world_, 1, 1, 1, 4);
+    check(config("cp4", {{"parallel.cp", "4"}}), mesh, "cp 4");
+  }
+  {
+    DeviceMesh mesh(*world_, 1, 1, 1, 2);
+    check(config("dp2_cp2", {{"parallel.cp", "2"}}), mesh, "dp 2 x cp 2");
+    check(config("dp2_cp2_z3", {{"parallel.cp", "2"}, {"parallel.zero", "3"}}), mesh,
+          "dp 2 x cp 2 ZeRO-3");
+  }
+  {
+    DeviceMesh mesh(*world_, 2, 1, 1, 2);
+    check(config("cp2_tp2_sp", {{"parallel.cp", "2"},
+                                {"parallel.tp", "2"},
+                                {"parallel.sequence_parallel", "true"}}),
+          mesh, "cp 2 x tp 2 + SP");
+  }
+  {
+    DeviceMesh mesh(*world_, 1, 2, 1, 2);
+    check(config("cp2_pp2", {{"parallel.cp", "2"}, {"parallel.pp", "2"}}), mesh, "cp 2 x pp 2");
+  }
+}
+
+// A checkpoint written at cp 2 resumes at cp 1 (one rank) and continues the
+// uninterrupted cp 2 trace; the data position travels with it.
+TEST_F(ContextParallelTrainer, ResumeAcrossACpChangeContinuesTheTrace) {
+  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  DeviceMesh mesh(*world_, 1, 1, 1, 2);
+  const testing::TrainerRun whole = testing::run_trainer(
+      config("resume_whole", {{"parallel.cp", "2"}, {"train.checkpoint_interval", "4"}}), &mesh);
+  const std::string ckpt = dir_ + "/resume_whole/step_4";
+  ASSERT_TRUE(std::filesystem::exists(ckpt)) << ckpt;
+  // Every rank resumes alone (cp 1) in a directory of its own.
+  const testing::TrainerRun rest = testing::run_trainer(
+      config(fmt::format("resume_rest{}", world_->rank())), nullptr, ckpt, false, true);
+  ASSERT_EQ(rest.records.size(), 4u);
+  for (size_t i = 0; i < rest.records.size(); ++i) {
+    EXPECT_EQ(rest.records[i].step, whole.records[i + 4].step);
+    EXPECT_NEAR(rest.records[i].loss, whole.records[i + 4].loss, 1e-5 * whole.records[i + 4].loss)
+        << "step " << rest.records[i].step;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain
