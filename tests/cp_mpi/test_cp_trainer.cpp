@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/train/memory_check.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
 #include "support/memory_expect.h"
@@ -184,6 +185,49 @@ TEST_F(ContextParallelTrainer, ComposesWithDataTensorPipelineAndZero) {
   {
     DeviceMesh mesh(*world_, 1, 2, 1, 2);
     check(config("cp2_pp2", {{"parallel.cp", "2"}, {"parallel.pp", "2"}}), mesh, "cp 2 x pp 2");
+  }
+}
+
+// Long context that does not fit one rank: a 2048-token sequence whose
+// attention activations exceed a rank's memory limit at cp 1 (the check
+// before allocating refuses it and names parallel.cp = 4 as a lever that
+// fits) trains at cp 4 on four ranks, each within the limit, its memory as
+// predicted. The limit is applied per rank, as a GPU's memory would be (the
+// host check sums the ranks of a host against its cgroup).
+TEST_F(ContextParallelTrainer, LongSequenceThatDoesNotFitOneRankTrainsAtCp4) {
+  if (world_->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const ConfigOverrides long_seq{{"train.seq_len", "2048"}, {"model.max_seq_len", "2048"},
+                                 {"train.batch_size", "1"}, {"train.micro_batch_size", "1"},
+                                 {"train.steps", "2"}, {"train.eval_interval", "0"}};
+  TrainConfig one = config("long_cp1", long_seq);
+  ConfigOverrides at_cp4 = long_seq;
+  at_cp4.push_back({"parallel.cp", "4"});
+  TrainConfig four = config("long_cp4", at_cp4);
+  one.data.val.clear();  // the corpus's validation file is shorter than one sequence
+  four.data.val.clear();
+  const double need_one = predict_run_memory(one, 1).front().host_bytes;
+  double need_four = 0;
+  for (const RankMemory& r : predict_run_memory(four, 4)) need_four = std::max(need_four, r.host_bytes);
+  ASSERT_LT(2 * need_four, need_one) << "the sequence should dominate a rank's memory";
+  const double limit = (need_one + need_four) / 2;
+  const std::optional<std::string> why =
+      memory_refusal(one, predict_run_memory(one, 1), {0}, {{limit, "one rank's memory (test)"}});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("parallel.cp = 4 on 4 ranks would need " +
+                      format_bytes(static_cast<size_t>(need_four)) + " per rank"),
+            std::string::npos)
+      << *why;
+  EXPECT_NE(why->find("(fits)"), std::string::npos) << *why;
+  DeviceMesh mesh(*world_, 1, 1, 1, 4);
+  const testing::TrainerRun got = testing::run_trainer(four, &mesh);
+  ASSERT_EQ(got.records.size(), 2u);
+  EXPECT_TRUE(std::isfinite(got.records.back().loss));
+  EXPECT_LE(static_cast<double>(got.memory.peak_total), limit);
+  testing::expect_memory_matches(got.predicted, got.memory, "2048 tokens at cp 4");
+  if (world_->rank() == 0) {
+    fmt::print("[cp] 2048 tokens: cp 1 needs {} on one rank, cp 4 {} per rank (measured {})\n",
+               format_bytes(static_cast<size_t>(need_one)),
+               format_bytes(static_cast<size_t>(need_four)), format_bytes(got.memory.peak_total));
   }
 }
 

@@ -355,7 +355,8 @@ double id_bytes(const TrainConfig& config, const LocalShape& s, const StageLayer
 // (train.peak_flops = 0). Sizes come from the backend kind's queries, which build
 // the primitive descriptors matmul() builds, for the run's thread count.
 double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage,
-                          const std::vector<BlockGemm>& gemms, const ParamSpec* output, int tp_rank) {
+                          const std::vector<BlockGemm>& gemms, const ParamSpec* output, int tp_rank,
+                          int cp_rank) {
   const DType dt = compute_dtype(config.train.precision);
   const BackendKind& kind = backend_kind(config.train.device);
   const int threads = run_threads(config);
@@ -405,7 +406,7 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
                                   config.model.n_heads / tp_size, config.model.n_kv_heads / tp_size,
                                   config.model.head_dim()};
     const ops::ContextDims context{dims.batch, dims.seq, dims.n_heads, dims.n_kv_heads,
-                                   dims.head_dim, ContextSplit{0, config.parallel.cp}};
+                                   dims.head_dim, ContextSplit{cp_rank, config.parallel.cp}};
     auto bytes = [&](bool recompute, bool backward) {
       return context.split.active() ? kind.context_attention_workspace_bytes(
                                           context, dt, recompute, backward, threads)
@@ -855,7 +856,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   const BlockKinds kinds = block_kinds(model.moe, stage, model.n_layers);
   out.peak[idx(MemCategory::workspace)] =
       workspace_bytes(config, s, gemms, held, kinds) + id_bytes(config, s, stage) +
-      scratch_slot_bytes(config, s, stage, gemms, output, coord.tp);
+      scratch_slot_bytes(config, s, stage, gemms, output, coord.tp, coord.cp);
   // On top of those: evaluation's forward and a checkpoint's buffers
   // (ckpt/distributed.h: a sync save's file buffer, or an async save's staging
   // copy of what this rank writes). The trainer evaluates, then saves, at the
