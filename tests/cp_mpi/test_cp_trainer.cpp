@@ -28,13 +28,17 @@ namespace {
 using testing::mpi_env;
 
 // fp32: the attention's sums run in another order (the key blocks of the
-// chunks, dK and dV summed over the cp ranks), so traces agree to rounding,
-// not bit for bit. bf16: within bf16 rounding of the same.
+// chunks, dK and dV summed over the cp ranks; the ring's blocks merged by
+// log-sum-exp), so traces agree to rounding, not bit for bit. bf16: losses
+// within bf16 rounding of the same; weights within 2e-2, as AdamW turns a
+// near-zero gradient's rounding into a full step of either sign (the ring's
+// bf16 probabilities are rounded per block: GPT-2's largest weight
+// difference after 8 steps is 1.4e-2 there, 3e-3 with the all-gather).
 struct Tolerance {
   double loss = 1e-5, grad_norm = 1e-4;
   float weight = 1e-5f;
 };
-constexpr Tolerance kBf16{2e-3, 2e-2, 5e-3f};
+constexpr Tolerance kBf16{2e-3, 2e-2, 2e-2f};
 
 class ContextParallelTrainer : public ::testing::Test {
  protected:
@@ -118,13 +122,18 @@ tokenizer = "bytes"
     }
   }
 
-  // `c` on `mesh` against one rank.
+  // `c` on `mesh`, with each cp_comm, against one rank; the memory as predicted.
   void check(const TrainConfig& c, DeviceMesh& mesh, const std::string& what,
              Tolerance tol = Tolerance()) {
     const testing::TrainerRun ref = reference(c);
-    const testing::TrainerRun got = testing::run_trainer(c, &mesh);
-    expect_close(got, ref, what, tol);
-    testing::expect_memory_matches(got.predicted, got.memory, what);
+    for (const char* method : {"allgather", "ring"}) {
+      TrainConfig run = c;
+      run.parallel.cp_comm = method;
+      run.train.out_dir += std::string(".") + method;
+      const testing::TrainerRun got = testing::run_trainer(run, &mesh);
+      expect_close(got, ref, what + " " + method, tol);
+      testing::expect_memory_matches(got.predicted, got.memory, what + " " + method);
+    }
   }
 
   std::string dir_;

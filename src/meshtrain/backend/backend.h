@@ -142,9 +142,30 @@ class Backend {
                                           const ops::AttentionSaved& saved, const float* d_out,
                                           void* d_qkv, float* dkv_all) = 0;
   // dkv [kv_block()] f32: this rank's k and v gradients (summed over the
-  // group) -> d_qkv's k and v columns.
+  // group) -> d_qkv's k and v columns; and dq [B, H, local, D] f32 (the
+  // ring's; nullptr: the q columns are written already) -> its q columns.
   virtual void context_attention_finish(const ops::ContextDims& dims, const ops::RopeTable* rope,
-                                        DType compute, const float* dkv, void* d_qkv) = 0;
+                                        DType compute, const float* dkv, const float* dq,
+                                        void* d_qkv) = 0;
+  // Ring attention (cp_comm = "ring"): the local queries (saved.q, from
+  // project) against one rank's packed k/v block at a time (`block_rank`'s
+  // tokens), merged into `state` (first: the first block, which resets it);
+  // finish writes out [B, local, H*D] (`compute`) and saved.lse.
+  virtual void ring_attention_forward_block(const ops::ContextDims& dims, DType compute,
+                                            int64_t block_rank, const void* kv_block,
+                                            const ops::AttentionSaved& saved,
+                                            ops::RingState& state, bool first) = 0;
+  virtual void ring_attention_forward_finish(const ops::ContextDims& dims, DType compute,
+                                             ops::RingState& state, ops::AttentionSaved& saved,
+                                             void* out) = 0;
+  // One block's share of backward: the probabilities recomputed from
+  // saved.lse; dq [B, H, local, D] f32 and dkv_block [kv_block()] f32 (the
+  // block's k and v gradients) accumulated. d_out [B, local, H*D] f32, out
+  // the forward's output (`compute`).
+  virtual void ring_attention_backward_block(const ops::ContextDims& dims, DType compute,
+                                             int64_t block_rank, const void* kv_block,
+                                             const ops::AttentionSaved& saved, const float* d_out,
+                                             const void* out, float* dq, float* dkv_block) = 0;
   // qkv: [B, T_new, qkv_width] f32 for positions [pos0, pos0 + T_new); appends
   // to the cache, attends over [0, pos0 + t]; out: [B, T_new, H*D] f32.
   virtual void attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,

@@ -123,10 +123,22 @@ std::vector<float> rope_inv_freq(int64_t head_dim, float theta);
 // recompute_probs (selective activation checkpointing): forward does not keep
 // probs; backward recomputes each (batch, kv head) group's probabilities from
 // q and k with the forward's kernels, so the gradients are bit-identical.
+// Under context parallelism (ContextDims) q is [B, H, local, D] and, with
+// the all-gather, k and v the whole sequence's and probs [B, H, local, seq];
+// in the ring k holds this rank's packed k/v block and lse the queries'
+// log-sum-exp (no probabilities: backward recomputes them block by block).
 struct AttentionSaved {
   Tensor q, k, v;  // post-RoPE, compute dtype: q [B, H, T, D], k and v [B, KV, T, D]
   Tensor probs;    // softmax probabilities [B, H, T, T], compute dtype, zero above the diagonal
+  Tensor lse;      // ring: f32 [B, H, local]
   bool recompute_probs = false;
+};
+
+// Ring attention's running softmax of the local queries over the blocks seen
+// so far (flash attention's online softmax): per query row its score max and
+// exp-sum, f32 [B, H, local], and its unnormalised output f32 [B, H, local, D].
+struct RingState {
+  Tensor max, sum, acc;
 };
 
 // Incremental decoding: post-RoPE k and v for positions [0, len).

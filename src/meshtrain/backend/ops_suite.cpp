@@ -823,7 +823,73 @@ void add_context_attention_cases(std::vector<OpCase>& cases, Random& rng) {
                                        s.heads, s.kv, s.dim, s.cp, dtype_name(dt));
       if (!s.rope) params += " no-rope";
       if (s.packed) params += " packed";
+      const std::string ring_params = params;
       if (s.recompute) params += " recompute";
+      // The ring: each rank's queries against every rank's block in ring
+      // order (r, r - 1, ...), merged by log-sum-exp; backward block by
+      // block, the blocks' k/v gradients summed over the ranks.
+      auto ring = [=](Probe& p, bool backward) {
+        ops::RopeTable table;
+        if (s.rope) table = p.backend().make_rope_table(s.dim, s.seq, *inv_freq);
+        const ops::RopeTable* rope = s.rope ? &table : nullptr;
+        std::vector<ops::ContextDims> dims(static_cast<size_t>(s.cp));
+        std::vector<Probe::Buffer> pos, kv, out_bufs;
+        std::vector<ops::AttentionSaved> saved(static_cast<size_t>(s.cp));
+        for (int64_t r = 0; r < s.cp; ++r) {
+          const auto ur = static_cast<size_t>(r);
+          pos.push_back(p.upload_ids("positions", cut(*positions, r, 1)));
+          dims[ur] = ops::ContextDims{s.batch, L, s.heads, s.kv, s.dim, ContextSplit{r, s.cp},
+                                      pos.back().as<int32_t>()};
+          auto QKV = p.upload("qkv", DType::f32, cut(qkv, r, W));
+          kv.push_back(p.upload("kv_block", dt, Vec(static_cast<size_t>(dims[ur].kv_block()))));
+          p.backend().context_attention_project(dims[ur], rope, dt, QKV.as<float>(), saved[ur],
+                                                kv.back().data());
+        }
+        Vec out(static_cast<size_t>(s.batch * s.seq * HD));
+        for (int64_t r = 0; r < s.cp; ++r) {
+          const auto ur = static_cast<size_t>(r);
+          ops::RingState state;
+          for (int64_t step = 0; step < s.cp; ++step) {
+            const int64_t owner = (r - step + s.cp) % s.cp;
+            p.backend().ring_attention_forward_block(dims[ur], dt, owner,
+                                                     kv[static_cast<size_t>(owner)].data(),
+                                                     saved[ur], state, step == 0);
+          }
+          out_bufs.push_back(p.upload("out", dt, Vec(static_cast<size_t>(s.batch * L * HD))));
+          p.backend().ring_attention_forward_finish(dims[ur], dt, state, saved[ur],
+                                                    out_bufs.back().data());
+          paste(out, p.download(out_bufs.back()), r, HD);
+        }
+        if (!backward) return Outputs{{"out", out}};
+        const auto block = static_cast<size_t>(dims[0].kv_block());
+        std::vector<Vec> dkv(static_cast<size_t>(s.cp), Vec(block, 0.0));
+        std::vector<Vec> dq(static_cast<size_t>(s.cp));
+        for (int64_t r = 0; r < s.cp; ++r) {
+          const auto ur = static_cast<size_t>(r);
+          auto DO = p.upload("d_out", DType::f32, cut(dout, r, HD));
+          auto DQ = p.upload("dq", DType::f32, Vec(static_cast<size_t>(s.batch * L * HD)));
+          for (int64_t owner = 0; owner < s.cp; ++owner) {
+            auto DKV = p.upload("dkv_block", DType::f32, Vec(block));
+            p.backend().ring_attention_backward_block(
+                dims[ur], dt, owner, kv[static_cast<size_t>(owner)].data(), saved[ur],
+                DO.as<float>(), out_bufs[ur].data(), DQ.as<float>(), DKV.as<float>());
+            const Vec part = p.download(DKV);
+            for (size_t i = 0; i < block; ++i) dkv[static_cast<size_t>(owner)][i] += part[i];
+          }
+          dq[ur] = p.download(DQ);
+        }
+        Vec dqkv(qkv.size());
+        for (int64_t r = 0; r < s.cp; ++r) {
+          const auto ur = static_cast<size_t>(r);
+          auto DKV = p.upload("dkv", DType::f32, dkv[ur]);
+          auto DQ = p.upload("dq", DType::f32, dq[ur]);
+          auto DQKV = p.upload("d_qkv", dt, Vec(static_cast<size_t>(s.batch * L * W)));
+          p.backend().context_attention_finish(dims[ur], rope, dt, DKV.as<float>(),
+                                               DQ.as<float>(), DQKV.data());
+          paste(dqkv, p.download(DQKV), r, W);
+        }
+        return Outputs{{"d_qkv", dqkv}};
+      };
       auto run = [=](Probe& p, bool backward) {
         ops::RopeTable table;
         if (s.rope) table = p.backend().make_rope_table(s.dim, s.seq, *inv_freq);
@@ -872,7 +938,8 @@ void add_context_attention_cases(std::vector<OpCase>& cases, Random& rng) {
           auto DKV = p.upload("dkv", DType::f32,
                               Vec(dkv_sum.begin() + r * block, dkv_sum.begin() + (r + 1) * block));
           auto DQKV = p.upload("d_qkv", dt, dq[ur]);
-          p.backend().context_attention_finish(dims[ur], rope, dt, DKV.as<float>(), DQKV.data());
+          p.backend().context_attention_finish(dims[ur], rope, dt, DKV.as<float>(), nullptr,
+                                               DQKV.data());
           paste(dqkv, p.download(DQKV), r, W);
         }
         return Outputs{{"d_qkv", dqkv}};
@@ -895,6 +962,14 @@ void add_context_attention_cases(std::vector<OpCase>& cases, Random& rng) {
                              [=] { return reference(false); }});
       cases.push_back(OpCase{"context_attention_backward", params, tol,
                              [=](Probe& p) { return run(p, true); },
+                             [=] { return reference(true); }});
+      // 16-bit probabilities rounded per block, and dS from the 16-bit output.
+      const double ring_tol = dt == DType::f32 ? 1e-9 : max_nmse(dt) * 8;
+      cases.push_back(OpCase{"ring_attention_forward", ring_params, ring_tol,
+                             [=](Probe& p) { return ring(p, false); },
+                             [=] { return reference(false); }});
+      cases.push_back(OpCase{"ring_attention_backward", ring_params, ring_tol,
+                             [=](Probe& p) { return ring(p, true); },
                              [=] { return reference(true); }});
     }
   }

@@ -23,6 +23,7 @@ const BackendKind kKinds[] = {
         .matmul_workspace = cpu::matmul_workspace,
         .attention_workspace_bytes = cpu::attention_workspace_bytes,
         .context_attention_workspace_bytes = cpu::context_attention_workspace_bytes,
+        .ring_attention_workspace_bytes = cpu::ring_attention_workspace_bytes,
         .classifier_workspace = cpu::classifier_workspace,
         .peak_probe_workspace = cpu::peak_probe_workspace,
     },

@@ -30,6 +30,9 @@ struct BackendKind {
   size_t (*context_attention_workspace_bytes)(const ops::ContextDims& dims, DType compute,
                                               bool recompute_probs, bool backward,
                                               int threads) = nullptr;
+  // ring_attention_forward_block's or _backward_block's.
+  size_t (*ring_attention_workspace_bytes)(const ops::ContextDims& dims, DType compute,
+                                           bool backward, int threads) = nullptr;
   // fused_classifier's over `rows` rows of a [vocab, dim] output layer
   // (trains_w: d(W) is computed).
   ops::ClassifierWorkspace (*classifier_workspace)(int64_t rows, int64_t dim, int64_t vocab,

@@ -20,7 +20,7 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--model", a.model, "Preset: gpt2-124m ... llama3-405b (see docs/plan.md)");
   p.add_option("--config", a.config,
                "A meshtrain TOML run config: prints the engine's predicted memory of every rank "
-               "for the run's [parallel] layout on --dp x tp x pp ranks (--json: as JSON), and "
+               "for the run's [parallel] layout on --dp x cp x tp x pp ranks (--json: as JSON), and "
                "plans that model on GPUs when --gpus is given");
   p.add_option("--layers", a.layers, "Dense model: layers (with --hidden --heads --vocab)");
   p.add_option("--hidden", a.hidden, "Dense model: hidden size");
@@ -178,10 +178,10 @@ int run_plan(const PlanArgs& a) {
 
   std::string engine_json;  // --config --json
   if (run) {
-    // The run's own layout on dp x tp x pp ranks (--dp, default 1).
+    // The run's own layout on dp x cp x tp x pp ranks (--dp, default 1).
     const int dp = a.dp > 0 ? static_cast<int>(a.dp) : 1;
-    const std::vector<RankMemory> ranks =
-        predict_run_memory(*run, dp * run->parallel.tp * run->parallel.pp);
+    const ParallelSettings& p = run->parallel;
+    const std::vector<RankMemory> ranks = predict_run_memory(*run, dp * p.cp * p.tp * p.pp);
     if (a.json) {
       // With --gpus: {"engine": this, "search": the GPU plan} below.
       engine_json = run_memory_json(a.config, *run, ranks);

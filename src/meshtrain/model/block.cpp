@@ -538,6 +538,7 @@ ops::ContextDims Model::Impl::context_dims(int64_t batch, int64_t seq) const {
 
 void Model::Impl::context_attention_forward(BlockActs& a, DType dt, int64_t batch, int64_t seq) {
   const ops::ContextDims d = context_dims(batch, seq);
+  if (model.context_parallel().method == CpComm::ring) return ring_attention_forward(a, dt, d);
   Communicator& group = *model.context_parallel().comm;
   ensure(ws.cp_kv, {d.kv_block()}, dt, MemCategory::comm);
   ensure(ws.cp_kv_all, {d.kv_block() * d.split.size}, dt, MemCategory::comm);
@@ -553,6 +554,7 @@ void Model::Impl::context_attention_forward(BlockActs& a, DType dt, int64_t batc
 void Model::Impl::context_attention_backward(const BlockActs& a, DType dt, int64_t batch,
                                              int64_t seq, const float* d_att) {
   const ops::ContextDims d = context_dims(batch, seq);
+  if (model.context_parallel().method == CpComm::ring) return ring_attention_backward(a, dt, d, d_att);
   Communicator& group = *model.context_parallel().comm;
   ensure(ws.cp_dkv_all, {d.kv_block() * d.split.size}, DType::f32, MemCategory::comm);
   ensure(ws.cp_dkv, {d.kv_block()}, DType::f32, MemCategory::comm);
@@ -563,7 +565,82 @@ void Model::Impl::context_attention_backward(const BlockActs& a, DType dt, int64
     group.reduce_scatter(ws.cp_dkv_all.raw(), ws.cp_dkv.raw(), d.kv_block(), CommDType::f32,
                          ReduceOp::sum);
   }
-  backend.context_attention_finish(d, rope_table(), dt, ws.cp_dkv.data<float>(), ws.dqkv.raw());
+  backend.context_attention_finish(d, rope_table(), dt, ws.cp_dkv.data<float>(), nullptr,
+                                   ws.dqkv.raw());
+}
+
+void Model::Impl::ring_attention_forward(BlockActs& a, DType dt, const ops::ContextDims& d) {
+  Communicator& group = *model.context_parallel().comm;
+  const int rank = group.rank(), n = group.size(), next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  const int64_t block = d.kv_block();
+  const CommDType cdt = comm_dtype(dt);
+  // This rank's block stays (saved for backward, an activation like the
+  // kernels' saved tensors in every pass); two buffers take the others in turn.
+  ensure(a.attn.k, {block}, dt, MemCategory::activations);
+  a.attn.v = Tensor();
+  a.attn.probs = Tensor();
+  ensure(ws.cp_kv_all, {2 * block}, dt, MemCategory::comm);
+  backend.context_attention_project(d, rope_table(), dt, ws.qkv.data<float>(), a.attn,
+                                    a.attn.k.raw());
+  const void* current = a.attn.k.raw();
+  for (int step = 0; step < n; ++step) {
+    Work transfer;
+    void* incoming = nullptr;
+    if (step + 1 < n) {  // the next block arrives while this one is attended
+      incoming = ws.cp_kv_all.view((step % 2) * block, {block}).raw();
+      transfer = group.send_recv_async({P2POp{true, const_cast<void*>(current), block, cdt, next},
+                                        P2POp{false, incoming, block, cdt, prev}});
+    }
+    backend.ring_attention_forward_block(d, dt, (rank + n - step) % n, current, a.attn, ws.ring,
+                                         step == 0);
+    if (incoming != nullptr) {
+      trace::Span span("comm", "cp ring wait");
+      transfer.wait();
+      current = incoming;
+    }
+  }
+  backend.ring_attention_forward_finish(d, dt, ws.ring, a.attn, a.att.raw());
+}
+
+void Model::Impl::ring_attention_backward(const BlockActs& a, DType dt, const ops::ContextDims& d,
+                                          const float* d_att) {
+  Communicator& group = *model.context_parallel().comm;
+  const int rank = group.rank(), n = group.size(), next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  const int64_t block = d.kv_block();
+  const CommDType cdt = comm_dtype(dt);
+  ensure(ws.cp_kv_all, {2 * block}, dt, MemCategory::comm);
+  ensure(ws.cp_dkv_all, {2 * block}, DType::f32, MemCategory::comm);
+  ensure(ws.cp_dq, {d.batch * d.n_heads * d.local_seq * d.head_dim}, DType::f32,
+         MemCategory::workspace);
+  ws.cp_dq.zero();
+  // The accumulator of the block in hand's dK/dV travels with it.
+  float* acc = ws.cp_dkv_all.data<float>();
+  float* arriving = acc + block;
+  std::fill_n(acc, block, 0.0f);
+  const void* current = a.attn.k.raw();
+  for (int step = 0; step < n; ++step) {
+    Work transfer;
+    void* incoming = nullptr;
+    if (step + 1 < n) {
+      incoming = ws.cp_kv_all.view((step % 2) * block, {block}).raw();
+      transfer = group.send_recv_async({P2POp{true, const_cast<void*>(current), block, cdt, next},
+                                        P2POp{false, incoming, block, cdt, prev}});
+    }
+    backend.ring_attention_backward_block(d, dt, (rank + n - step) % n, current, a.attn, d_att,
+                                          a.att.raw(), ws.cp_dq.data<float>(), acc);
+    {
+      // The block's gradients so far go on with it; the previous rank's come in.
+      trace::Span span("comm", "cp ring dk/dv");
+      group.send_recv_async({P2POp{true, acc, block, CommDType::f32, next},
+                             P2POp{false, arriving, block, CommDType::f32, prev}})
+          .wait();
+      if (incoming != nullptr) transfer.wait();
+    }
+    std::swap(acc, arriving);
+    if (incoming != nullptr) current = incoming;
+  }
+  // After n steps the accumulator in hand is this rank's block's, summed over the group.
+  backend.context_attention_finish(d, rope_table(), dt, acc, ws.cp_dq.data<float>(), ws.dqkv.raw());
 }
 
 std::array<ops::GroupNormDims, 2> Model::Impl::qk_norm_dims(const Block& b, int64_t rows) const {

@@ -147,6 +147,8 @@ struct Workspace {
   // Context parallelism: this rank's k and v (dt), the group's, and their
   // gradients (f32) before and after the reduce-scatter.
   Tensor cp_kv, cp_kv_all, cp_dkv_all, cp_dkv;
+  Tensor cp_dq;           // ring: f32 [B, H, local, D]
+  ops::RingState ring;    // ring: the running softmax of the local queries
   // Tensor parallelism.
   Tensor partial;        // f32 [N, d]: a row-parallel layer's (or the embedding's) partial sum
   Tensor partial_shard;  // f32 [N / tp, d]: its reduce-scattered rows (sequence parallel)
@@ -222,6 +224,9 @@ struct Model::Impl {
   void context_attention_forward(BlockActs& a, DType dt, int64_t batch, int64_t seq);
   void context_attention_backward(const BlockActs& a, DType dt, int64_t batch, int64_t seq,
                                   const float* d_att);
+  void ring_attention_forward(BlockActs& a, DType dt, const ops::ContextDims& d);
+  void ring_attention_backward(const BlockActs& a, DType dt, const ops::ContextDims& d,
+                               const float* d_att);
   const ops::RopeTable* rope_table() const { return has_rope ? &rope : nullptr; }
   void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const;
   void check_tokens(const int32_t* ids, int64_t n, bool allow_negative, const char* what) const;

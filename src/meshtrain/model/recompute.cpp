@@ -31,6 +31,7 @@ void swap_unkept(BlockActs& a, BlockActs& shared, Recompute mode) {
   swap(a.attn.k, shared.attn.k);
   swap(a.attn.v, shared.attn.v);
   swap(a.attn.probs, shared.attn.probs);
+  swap(a.attn.lse, shared.attn.lse);
   swap(a.att, shared.att);
   swap(a.mid, shared.mid);
   swap(a.ff_pre, shared.ff_pre);

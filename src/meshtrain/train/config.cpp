@@ -579,8 +579,8 @@ ParallelSettings read_parallel(const Section& s) {
   check_min("parallel.pp", p.pp, 1);
   check_min("parallel.ep", p.ep, 1);
   check_min("parallel.cp", p.cp, 1);
-  MESHTRAIN_CHECK(p.cp_comm == "allgather",
-                  "config: parallel.cp_comm must be \"allgather\" (\"ring\" and \"alltoall\" are "
+  MESHTRAIN_CHECK(p.cp_comm == "allgather" || p.cp_comm == "ring",
+                  "config: parallel.cp_comm must be \"allgather\" or \"ring\" (\"alltoall\" is "
                   "not implemented yet), got \"{}\"",
                   p.cp_comm);
   MESHTRAIN_CHECK(std::isfinite(p.bucket_mb) && p.bucket_mb > 0,

@@ -32,6 +32,7 @@ struct LocalShape {
   double mb = 0, seq = 0, e = 4;  // e: bytes of the compute dtype; seq: this rank's tokens per row
   double whole = 0;  // the keys a query sees: the sequence (seq x cp under context parallelism)
   double cp = 1;
+  bool ring = false;  // parallel.cp_comm = "ring"
   double d = 0, q = 0, kv = 0, heads = 0, f = 0, ff_in = 0, vocab = 0;
   double tp = 1;
   double norm_stats = 1;  // f32 values a norm saves per row
@@ -50,16 +51,23 @@ struct LocalShape {
   double qk_row = 0, qk_weights = 0;
   double stats(double rows) const { return 4 * norm_stats * rows; }
   // Attention's saved state (ops::AttentionSaved): the probabilities [mb,
-  // heads, seq, whole], and q (local) with k and v (the whole sequence's).
-  double probs() const { return e * mb * heads * seq * whole; }
-  double qkv_saved() const { return e * n * q + 2 * e * mb * whole * kv; }
-  // Context parallelism's exchange buffers (model/block.cpp): this rank's k
-  // and v and the group's, in the compute dtype, and their f32 gradients.
+  // heads, seq, whole], and q (local) with k and v (the whole sequence's);
+  // the ring: q, this rank's k and v and the f32 log-sum-exp, no probabilities.
+  double probs() const { return ring ? 0 : e * mb * heads * seq * whole; }
+  double qkv_saved() const {
+    if (ring) return e * n * (q + 2 * kv) + 4 * mb * heads * seq;
+    return e * n * q + 2 * e * mb * whole * kv;
+  }
+  // Context parallelism's exchange buffers (model/block.cpp): all-gather:
+  // this rank's k and v and the group's, in the compute dtype, and their f32
+  // gradients; ring: two blocks in flight of each.
   double cp_buffers() const {
     if (cp <= 1) return 0;
     const double block = 2 * n * kv;
-    return (e + 4) * block * (1 + cp);
+    return (e + 4) * block * (ring ? 2 : 1 + cp);
   }
+  // The ring's workspace: its running softmax (max, sum, output) and dQ.
+  double ring_workspace() const { return ring ? 4 * (2 * mb * heads * seq + 2 * n * q) : 0; }
 };
 
 LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t expert_rows = 0) {
@@ -68,6 +76,7 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t e
   LocalShape s;
   s.mb = static_cast<double>(micro_batch);
   s.cp = static_cast<double>(config.parallel.cp);
+  s.ring = config.parallel.cp > 1 && config.parallel.cp_comm == "ring";
   s.whole = static_cast<double>(config.train.seq_len);
   s.seq = s.whole / s.cp;
   s.n = s.mb * s.seq;
@@ -289,6 +298,7 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
   double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * std::max(s.d, s.q) +
              4 * s.n * std::max({s.f, qkv, s.shared_f}) + s.e * s.n * dff_c + s.e * s.n * qkv;
   if (kinds.moe) w += moe_workspace_bytes(s);
+  w += s.ring_workspace();
   w += 4 * s.qk_weights;  // QK-norm's weight gradients
   if (config.parallel.tp > 1) {
     w += 4 * s.n * s.d;  // partial (row-parallel sums)
@@ -408,6 +418,7 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
     const ops::ContextDims context{dims.batch, dims.seq, dims.n_heads, dims.n_kv_heads,
                                    dims.head_dim, ContextSplit{cp_rank, config.parallel.cp}};
     auto bytes = [&](bool recompute, bool backward) {
+      if (s.ring) return kind.ring_attention_workspace_bytes(context, dt, backward, threads);
       return context.split.active() ? kind.context_attention_workspace_bytes(
                                           context, dt, recompute, backward, threads)
                                     : kind.attention_workspace_bytes(dims, dt, recompute, backward,
@@ -999,6 +1010,7 @@ std::string run_memory_json(const std::string& source, const TrainConfig& config
     nlohmann::json row;
     row["rank"] = r.rank;
     row["dp"] = r.coord.dp;
+    row["cp"] = r.coord.cp;
     row["tp"] = r.coord.tp;
     row["pp"] = r.coord.pp;
     row["role"] = r.role;

@@ -115,7 +115,10 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                    data_parallel_storage(config_), tp,
                                    stage_of(config_, mesh, micro_batches), ep);
   model_->set_recompute({t.recompute, t.recompute_layers});
-  if (mesh != nullptr) model_->set_context_parallel(ContextParallel{&mesh->cp()});
+  if (mesh != nullptr) {
+    model_->set_context_parallel(ContextParallel{
+        &mesh->cp(), config_.parallel.cp_comm == "ring" ? CpComm::ring : CpComm::allgather});
+  }
   dp_ = make_data_parallel(config_, *model_, mesh, config_.parallel.pp > 1 ? micro_batches : 0);
   prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);

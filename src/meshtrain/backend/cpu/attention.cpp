@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -913,7 +914,7 @@ size_t context_attention_workspace_bytes(const ContextDims& dims, DType compute,
 }
 
 void context_attention_finish(CpuContext& /*ctx*/, const ContextDims& dims, const RopeTable* rope,
-                              DType compute, const float* dkv, void* d_qkv) {
+                              DType compute, const float* dkv, const float* dq, void* d_qkv) {
   check_context(dims, rope);
   const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
   const int64_t D = dims.head_dim, W = dims.qkv_width(), half = D / 2;
@@ -929,6 +930,8 @@ void context_attention_finish(CpuContext& /*ctx*/, const ContextDims& dims, cons
         const float* c = rope ? rope->cos.data<float>() + p * half : nullptr;
         const float* s = rope ? rope->sin.data<float>() + p * half : nullptr;
         auto* row = dqkv + bt * W;
+        for (int64_t h = 0; dq != nullptr && h < H; ++h)
+          put_head(dq + ((b * H + h) * L + i) * D, row + h * D, c, s, D, true, tmp.data());
         for (int64_t j = 0; j < KV; ++j) {
           const int64_t at = ((b * KV + j) * L + i) * D;
           put_head(dk + at, row + (H + j) * D, c, s, D, true, tmp.data());
@@ -937,6 +940,240 @@ void context_attention_finish(CpuContext& /*ctx*/, const ContextDims& dims, cons
       }
     }
   });
+}
+
+// ---- Ring attention: one rank's k/v block at a time.
+
+namespace {
+
+// A group's rep x local query rows against a block's local keys: scores (and
+// dP) [M, L] = a b^T; out (and dQ) [M, D] += P b; dK (and dV) [L, D] += dS^T a.
+MatmulDims ring_score_dims(int64_t M, int64_t L, int64_t D) {
+  return MatmulDims{1, M, L, D, false, true, false, D, D, L};
+}
+MatmulDims ring_output_dims(int64_t M, int64_t L, int64_t D) {
+  return MatmulDims{1, M, D, L, false, false, false, L, D, D};
+}
+MatmulDims ring_key_grad_dims(int64_t M, int64_t L, int64_t D) {
+  return MatmulDims{1, L, D, M, true, false, false, L, D, D};
+}
+
+// One thread's scratch: f32 scores (P in f32), P in 16 bits; backward adds
+// dP (f32), dS in 16 bits and the group's dO; then the GEMMs' scratchpad.
+size_t ring_thread_bytes(int64_t M, int64_t L, int64_t D, int64_t e, bool backward, size_t pad) {
+  const int64_t narrow = e == 4 ? 0 : M * L * e;
+  if (!backward) return Carver::bytes({M * L * 4, narrow, static_cast<int64_t>(pad)});
+  return Carver::bytes({M * L * 4, narrow, M * L * 4, narrow, M * D * e, static_cast<int64_t>(pad)});
+}
+
+// Local query i of row b against key j of `block`'s tokens: visible when
+// the key's global index is within [the query's record start, the query].
+struct RingMask {
+  const ContextDims& d;
+  ContextSplit keys;
+  int64_t seq;
+  bool visible(int64_t b, int64_t i, int64_t j) const {
+    const int64_t g = d.split.global(seq, i), first = g - d.positions[b * d.local_seq + i];
+    const int64_t k = keys.global(seq, j);
+    return k >= first && k <= g;
+  }
+};
+
+}  // namespace
+
+void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DType compute,
+                                  int64_t block_rank, const void* kv_block,
+                                  const AttentionSaved& saved, RingState& state, bool first) {
+  check_context(dims, nullptr);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim, rep = H / KV, M = rep * L;
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D,
+                  "ring attention: run project first (saved q does not match)");
+  MESHTRAIN_CHECK(block_rank >= 0 && block_rank < dims.split.size, "ring attention: block {} of {}",
+                  block_rank, dims.split.size);
+  MemoryTracker& tracker = ctx.tracker();
+  if (first) {
+    // Scratch of the forward (workspace), reused by every layer.
+    auto scratch = [&](Tensor& t, const Shape& shape) {
+      if (!t.defined() || t.shape() != shape) t = Tensor(shape, DType::f32, MemCategory::workspace, tracker);
+    };
+    scratch(state.max, {B, H, L});
+    scratch(state.sum, {B, H, L});
+    scratch(state.acc, {B, H, L, D});
+    std::fill_n(state.max.data<float>(), B * H * L, -std::numeric_limits<float>::infinity());
+    std::fill_n(state.sum.data<float>(), B * H * L, 0.0f);
+    std::fill_n(state.acc.data<float>(), B * H * L * D, 0.0f);
+  }
+  const RingMask mask{dims, ContextSplit{block_rank, dims.split.size}, dims.seq()};
+  const int64_t esize = static_cast<int64_t>(dtype_size(compute));
+  simd::dispatch_store(compute, const_cast<void*>(kv_block), [&](auto* kb) {
+    using E = std::remove_pointer_t<decltype(kb)>;
+    const E* k = kb;
+    const E* v = kb + dims.kv_block() / 2;
+    const E* q = saved.q.data<E>();
+    ThreadMatmul qk(ctx, ring_score_dims(M, L, D), compute, DType::f32, score_scale(D));
+    ThreadMatmul pv(ctx, ring_output_dims(M, L, D), compute, DType::f32, 1.0f, true);
+    const size_t pad = std::max(qk.scratchpad_bytes(), pv.scratchpad_bytes());
+    const bool f32 = compute == DType::f32;
+    const size_t per_thread = ring_thread_bytes(M, L, D, esize, false, pad);
+    char* base = static_cast<char*>(
+        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
+    float* mx = state.max.data<float>();
+    float* sum = state.sum.data<float>();
+    float* acc = state.acc.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < B * KV; ++g) {
+      const int tid = omp_get_thread_num();
+      Carver mine(base + per_thread * tid);
+      float* scores = mine.take<float>(M * L);
+      E* probs = f32 ? reinterpret_cast<E*>(scores) : mine.take<E>(M * L);
+      void* pad_g = mine.take<char>(static_cast<int64_t>(pad));
+      const int64_t b = g / KV;
+      qk.run(tid, q + g * M * D, k + g * L * D, scores, pad_g);
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t i = r % L, at = g * M + r;
+        float* s = scores + r * L;
+        float best = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < L; ++j) {
+          if (mask.visible(b, i, j)) best = std::max(best, s[j]);
+        }
+        if (best == -std::numeric_limits<float>::infinity()) {  // nothing of this block visible
+          std::fill_n(s, L, 0.0f);
+        } else {
+          const float m = std::max(mx[at], best), alpha = std::exp(mx[at] - m);
+          float total = 0;
+          for (int64_t j = 0; j < L; ++j) {
+            s[j] = mask.visible(b, i, j) ? std::exp(s[j] - m) : 0.0f;
+            total += s[j];
+          }
+          sum[at] = sum[at] * alpha + total;
+          mx[at] = m;
+          float* a = acc + at * D;
+#pragma omp simd
+          for (int64_t x = 0; x < D; ++x) a[x] *= alpha;
+        }
+        if (!f32) simd::store_row(probs + r * L, s, L);
+      }
+      pv.run(tid, probs, v + g * L * D, acc + g * M * D, pad_g);
+    }
+  });
+}
+
+void ring_attention_forward_finish(CpuContext& ctx, const ContextDims& dims, DType compute,
+                                   RingState& state, AttentionSaved& saved, void* out) {
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, D = dims.head_dim;
+  ensure(saved.lse, {B, H, L}, DType::f32, ctx.tracker());
+  const float* mx = state.max.data<float>();
+  const float* sum = state.sum.data<float>();
+  const float* acc = state.acc.data<float>();
+  float* lse = saved.lse.data<float>();
+  simd::dispatch_store(compute, out, [&](auto* o) {
+#pragma omp parallel
+    {
+      std::vector<float> row(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+      for (int64_t at = 0; at < B * H * L; ++at) {
+        const int64_t b = at / (H * L), h = (at / L) % H, i = at % L;
+        const float inv = 1.0f / sum[at];
+        for (int64_t x = 0; x < D; ++x) row[static_cast<size_t>(x)] = acc[at * D + x] * inv;
+        simd::store_row(o + ((b * L + i) * H + h) * D, row.data(), D);
+        lse[at] = mx[at] + std::log(sum[at]);
+      }
+    }
+  });
+}
+
+void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DType compute,
+                                   int64_t block_rank, const void* kv_block,
+                                   const AttentionSaved& saved, const float* d_out,
+                                   const void* out, float* dq, float* dkv_block) {
+  check_context(dims, nullptr);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim, rep = H / KV, M = rep * L;
+  MESHTRAIN_CHECK(saved.lse.defined() && saved.lse.numel() == B * H * L && saved.q.dtype() == compute,
+                  "ring attention backward: saved tensors do not match dims/compute dtype");
+  const RingMask mask{dims, ContextSplit{block_rank, dims.split.size}, dims.seq()};
+  const float scale = score_scale(D);
+  const int64_t esize = static_cast<int64_t>(dtype_size(compute));
+  simd::dispatch_store(compute, const_cast<void*>(kv_block), [&](auto* kb) {
+    using E = std::remove_pointer_t<decltype(kb)>;
+    const E* k = kb;
+    const E* v = kb + dims.kv_block() / 2;
+    const E* q = saved.q.data<E>();
+    const E* o = static_cast<const E*>(out);
+    const float* lse = saved.lse.data<float>();
+    ThreadMatmul qk(ctx, ring_score_dims(M, L, D), compute, DType::f32, scale);
+    ThreadMatmul dp_mm(ctx, ring_score_dims(M, L, D), compute, DType::f32);
+    ThreadMatmul dq_mm(ctx, ring_output_dims(M, L, D), compute, DType::f32, 1.0f, true);
+    ThreadMatmul dkv_mm(ctx, ring_key_grad_dims(M, L, D), compute, DType::f32, 1.0f, true);
+    const size_t pad = std::max({qk.scratchpad_bytes(), dp_mm.scratchpad_bytes(),
+                                 dq_mm.scratchpad_bytes(), dkv_mm.scratchpad_bytes()});
+    const bool f32 = compute == DType::f32;
+    const size_t per_thread = ring_thread_bytes(M, L, D, esize, true, pad);
+    char* base = static_cast<char*>(
+        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
+    float* dk = dkv_block;
+    float* dv = dkv_block + dims.kv_block() / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < B * KV; ++g) {
+      const int tid = omp_get_thread_num();
+      Carver mine(base + per_thread * tid);
+      float* p = mine.take<float>(M * L);
+      E* p_e = f32 ? reinterpret_cast<E*>(p) : mine.take<E>(M * L);
+      float* dp = mine.take<float>(M * L);
+      E* ds = f32 ? reinterpret_cast<E*>(dp) : mine.take<E>(M * L);
+      E* dout_g = mine.take<E>(M * D);
+      void* pad_g = mine.take<char>(static_cast<int64_t>(pad));
+      const int64_t b = g / KV, h0 = (g % KV) * rep;
+      for (int64_t r = 0; r < M; ++r)
+        simd::store_row(dout_g + r * D, d_out + ((b * L + r % L) * H + h0 + r / L) * D, D);
+      qk.run(tid, q + g * M * D, k + g * L * D, p, pad_g);
+      dp_mm.run(tid, dout_g, v + g * L * D, dp, pad_g);
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t i = r % L, h = h0 + r / L;
+        // D_r = dO . O over the row (the probabilities of every block sum to 1).
+        const float* dor = d_out + ((b * L + i) * H + h) * D;
+        const E* orow = o + ((b * L + i) * H + h) * D;
+        float delta = 0;
+        for (int64_t x = 0; x < D; ++x) delta += dor[x] * simd::load1(orow + x);
+        const float l = lse[g * M + r];
+        float* pr = p + r * L;
+        float* dpr = dp + r * L;
+        for (int64_t j = 0; j < L; ++j) {
+          const float pj = mask.visible(b, i, j) ? std::exp(pr[j] - l) : 0.0f;
+          pr[j] = pj;
+          dpr[j] = pj * (dpr[j] - delta) * scale;
+        }
+        if (!f32) {
+          simd::store_row(p_e + r * L, pr, L);
+          simd::store_row(ds + r * L, dpr, L);
+        }
+      }
+      dq_mm.run(tid, ds, k + g * L * D, dq + g * M * D, pad_g);
+      dkv_mm.run(tid, ds, q + g * M * D, dk + g * L * D, pad_g);
+      dkv_mm.run(tid, p_e, dout_g, dv + g * L * D, pad_g);
+    }
+  });
+}
+
+size_t ring_attention_workspace_bytes(const ContextDims& dims, DType compute, bool backward,
+                                      int threads) {
+  const int64_t L = dims.local_seq, D = dims.head_dim, M = dims.n_heads / dims.n_kv_heads * L;
+  size_t pad = 0;
+  auto take = [&](const MatmulDims& d, float alpha = 1.0f, bool accumulate = false) {
+    pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, DType::f32, threads, alpha,
+                                                       accumulate));
+  };
+  take(ring_score_dims(M, L, D), score_scale(D));
+  if (!backward) {
+    take(ring_output_dims(M, L, D), 1.0f, true);
+  } else {
+    take(ring_score_dims(M, L, D));
+    take(ring_output_dims(M, L, D), 1.0f, true);
+    take(ring_key_grad_dims(M, L, D), 1.0f, true);
+  }
+  const auto e = static_cast<int64_t>(dtype_size(compute));
+  return ring_thread_bytes(M, L, D, e, backward, pad) * static_cast<size_t>(threads);
 }
 
 void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,

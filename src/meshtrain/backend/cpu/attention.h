@@ -60,7 +60,21 @@ void context_attention_backward(CpuContext& ctx, const ContextDims& dims, const 
                                 DType compute, const AttentionSaved& saved, const float* d_out,
                                 void* d_qkv, float* dkv_all);
 void context_attention_finish(CpuContext& ctx, const ContextDims& dims, const RopeTable* rope,
-                              DType compute, const float* dkv, void* d_qkv);
+                              DType compute, const float* dkv, const float* dq, void* d_qkv);
+// Ring attention (backend.h): one rank's k/v block at a time.
+using ops::RingState;
+void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DType compute,
+                                  int64_t block_rank, const void* kv_block,
+                                  const AttentionSaved& saved, RingState& state, bool first);
+void ring_attention_forward_finish(CpuContext& ctx, const ContextDims& dims, DType compute,
+                                   RingState& state, AttentionSaved& saved, void* out);
+void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DType compute,
+                                   int64_t block_rank, const void* kv_block,
+                                   const AttentionSaved& saved, const float* d_out,
+                                   const void* out, float* dq, float* dkv_block);
+// Per thread: the ring kernels' scratch (forward or backward), bytes.
+size_t ring_attention_workspace_bytes(const ContextDims& dims, DType compute, bool backward,
+                                      int threads);
 // The workspace (bytes, the `attention` slot) context_attention_forward or
 // _backward takes: attention_workspace_bytes's layout over rep x local rows
 // and the whole sequence's keys (dims.positions not read).

@@ -179,8 +179,30 @@ void CpuBackend::context_attention_backward(const ops::ContextDims& dims,
 
 void CpuBackend::context_attention_finish(const ops::ContextDims& dims,
                                           const ops::RopeTable* rope, DType compute,
-                                          const float* dkv, void* d_qkv) {
-  cpu::context_attention_finish(ctx_, dims, rope, compute, dkv, d_qkv);
+                                          const float* dkv, const float* dq, void* d_qkv) {
+  cpu::context_attention_finish(ctx_, dims, rope, compute, dkv, dq, d_qkv);
+}
+
+void CpuBackend::ring_attention_forward_block(const ops::ContextDims& dims, DType compute,
+                                              int64_t block_rank, const void* kv_block,
+                                              const ops::AttentionSaved& saved,
+                                              ops::RingState& state, bool first) {
+  cpu::ring_attention_forward_block(ctx_, dims, compute, block_rank, kv_block, saved, state, first);
+}
+
+void CpuBackend::ring_attention_forward_finish(const ops::ContextDims& dims, DType compute,
+                                               ops::RingState& state, ops::AttentionSaved& saved,
+                                               void* out) {
+  cpu::ring_attention_forward_finish(ctx_, dims, compute, state, saved, out);
+}
+
+void CpuBackend::ring_attention_backward_block(const ops::ContextDims& dims, DType compute,
+                                               int64_t block_rank, const void* kv_block,
+                                               const ops::AttentionSaved& saved,
+                                               const float* d_out, const void* out, float* dq,
+                                               float* dkv_block) {
+  cpu::ring_attention_backward_block(ctx_, dims, compute, block_rank, kv_block, saved, d_out, out,
+                                     dq, dkv_block);
 }
 
 void CpuBackend::embedding_forward(const ops::EmbeddingDims& dims, const void* table,

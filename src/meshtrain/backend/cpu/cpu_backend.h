@@ -76,7 +76,19 @@ class CpuBackend final : public Backend {
                                   DType compute, const ops::AttentionSaved& saved,
                                   const float* d_out, void* d_qkv, float* dkv_all) override;
   void context_attention_finish(const ops::ContextDims& dims, const ops::RopeTable* rope,
-                                DType compute, const float* dkv, void* d_qkv) override;
+                                DType compute, const float* dkv, const float* dq,
+                                void* d_qkv) override;
+  void ring_attention_forward_block(const ops::ContextDims& dims, DType compute,
+                                    int64_t block_rank, const void* kv_block,
+                                    const ops::AttentionSaved& saved, ops::RingState& state,
+                                    bool first) override;
+  void ring_attention_forward_finish(const ops::ContextDims& dims, DType compute,
+                                     ops::RingState& state, ops::AttentionSaved& saved,
+                                     void* out) override;
+  void ring_attention_backward_block(const ops::ContextDims& dims, DType compute,
+                                     int64_t block_rank, const void* kv_block,
+                                     const ops::AttentionSaved& saved, const float* d_out,
+                                     const void* out, float* dq, float* dkv_block) override;
 
   void embedding_forward(const ops::EmbeddingDims& dims, const void* table, DType table_dtype,
                          const float* positions, const int32_t* ids, float* out) override;

@@ -6,6 +6,13 @@
 // - The data loader gives rank r of the group its tokens of each row, with
 //   each token's position (record-local in packed rows, its global index
 //   otherwise), and the labels shifted on the whole sequence before the cut.
+// - "ring" (Megatron-Core's p2p variant): no rank holds the whole sequence's
+//   K/V. Each rank's packed K/V block travels around the group (sent to
+//   rank + 1, received from rank - 1, the next block's transfer overlapping
+//   the attention of the one in hand); the local queries' partial outputs
+//   are merged by their log-sum-exp. Backward passes the blocks round again
+//   with their dK/dV accumulators, which end at their owners after cp steps.
+//   Saved per block: the local q, this rank's K/V block, the output and LSE.
 // - Everything but attention is token-local and runs on the rank's tokens as
 //   it would on whole rows. Attention ("allgather", Llama 3's): K and V after
 //   RoPE are all-gathered over the group, the local queries attend the whole
@@ -23,8 +30,15 @@
 
 namespace meshtrain {
 
+// How attention sees the other ranks' chunks (parallel.cp_comm).
+enum class CpComm : uint8_t {
+  allgather,  // K, V all-gathered; dK, dV reduce-scattered
+  ring,       // K, V blocks passed around the group, partial outputs merged by log-sum-exp
+};
+
 struct ContextParallel {
   Communicator* comm = nullptr;  // the cp group; nullptr means cp = 1
+  CpComm method = CpComm::allgather;
 
   int rank() const { return comm != nullptr ? comm->rank() : 0; }
   int size() const { return comm != nullptr ? comm->size() : 1; }
