@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Context parallelism (issue 26): one long sequence on a small Llama (dim
 # 128, 2 layers, 4 heads / 2 kv heads, bf16, no recompute) at cp = 1, 2 and 4
-# (cp_comm = "allgather"): step time, the cp collectives' bytes per step and
+# with each cp_comm ("allgather", "ring"): step time, the cp collectives' bytes per step and
 # their share of the step (the trace's spans), and rank 0's peak memory by
 # category measured next to predicted (train/memory_plan.h). Then, from the
 # memory plan alone (`meshtrain plan --config`), the longest sequence whose
@@ -46,12 +46,15 @@ TOML
 }
 lscpu | grep -m1 'Model name' || true
 echo "sequence $SEQ, $STEPS steps (the first not timed), $(nproc) cores shared by the ranks"
-for cp in 1 2 4; do
+RUNS=("1 allgather" "2 allgather" "2 ring" "4 allgather" "4 ring")
+for run in "${RUNS[@]}"; do
+  read -r cp method <<<"$run"
   model_config "$SEQ" "$cp" >"$work/cp$cp.toml"
   threads=$(( $(nproc) / cp )); [ "$threads" -ge 1 ] || threads=1
   "${MPIRUN[@]/OMP_NUM_THREADS=1/OMP_NUM_THREADS=$threads}" -np "$cp" "$BIN" train \
-    --config "$work/cp$cp.toml" --train.out_dir "$work/cp$cp" --train.threads "$threads" \
-    --train.log_interval 100 >"$work/cp$cp.log" 2>&1 || { cat "$work/cp$cp.log"; exit 1; }
+    --config "$work/cp$cp.toml" --train.out_dir "$work/cp${cp}_$method" --train.threads "$threads" \
+    --parallel.cp_comm "$method" --train.log_interval 100 >"$work/cp${cp}_$method.log" 2>&1 ||
+    { cat "$work/cp${cp}_$method.log"; exit 1; }
 done
 python3 - "$work" "$SEQ" <<'PY'
 import json, sys
@@ -59,19 +62,27 @@ work, seq = sys.argv[1], int(sys.argv[2])
 mib = lambda b: b / 2**20
 cats = ["params", "grads", "optimizer", "activations", "workspace", "comm"]
 layers, kv_width = 2, 2 * 32  # kv heads x head_dim
-print(f"{'cp':>3} {'step s':>8} {'cp MiB/step/rank':>17} {'cp spans':>9}   rank 0 peak MiB measured / predicted")
-for cp in (1, 2, 4):
-    recs = [json.loads(l) for l in open(f"{work}/cp{cp}/metrics.jsonl")]
+print(f"{'cp':>3} {'method':>9} {'step s':>7} {'cp MiB/step/rank':>17} {'cp spans':>9}   rank 0 peak MiB measured / predicted")
+for run in ("1 allgather", "2 allgather", "2 ring", "4 allgather", "4 ring"):
+    cp, method = int(run.split()[0]), run.split()[1]
+    out = f"{work}/cp{cp}_{method}"
+    recs = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
     steps_ms = [r["step_ms"] for r in recs if "step_ms" in r and r.get("step", 0) >= 2]
     end = [r for r in recs if r.get("memory") == "end"][-1]
     mem = " ".join(f"{c} {mib(end['bytes'][c + '_peak']):.1f}/{mib(end['predicted'][c]):.1f}" for c in cats)
-    # Per layer: k and v of the other cp - 1 ranks in (bf16, all-gather),
-    # their f32 gradients out (reduce-scatter): rank-side bytes.
+    # Rank-side bytes per layer: k/v blocks in the compute dtype (bf16), their
+    # gradients in f32. All-gather: cp - 1 blocks in; the reduce-scatter's
+    # cp - 1 blocks out. Ring: cp - 1 blocks forward and again backward,
+    # and cp gradient blocks.
     block = 2 * (seq // cp) * kv_width
-    volume = layers * (cp - 1) * block * (2 + 4)
+    if method == "allgather":
+        volume = layers * (cp - 1) * block * (2 + 4)
+    else:
+        volume = layers * block * (2 * (cp - 1) * 2 + cp * 4)
+    volume = volume if cp > 1 else 0
     span_ms, traced_ms = 0.0, 0.0
     try:
-        t = json.load(open(f"{work}/cp{cp}/trace/rank_0.json"))
+        t = json.load(open(f"{out}/trace/rank_0.json"))
         for e in t.get("traceEvents", []):
             if e.get("name", "").startswith("cp "):
                 span_ms += e.get("dur", 0) / 1e3
@@ -80,9 +91,10 @@ for cp in (1, 2, 4):
     except FileNotFoundError:
         pass
     share = span_ms / traced_ms if traced_ms else 0
-    print(f"{cp:>3} {sum(steps_ms) / len(steps_ms) / 1e3:>8.2f} {mib(volume):>17.1f} {share:>9.1%}   {mem}")
-print("cp spans: the all-gather and reduce-scatter spans' share of the traced steps (rank 0;"
-      " nothing overlaps them: the exposed share)")
+    print(f"{cp:>3} {method:>9} {sum(steps_ms) / len(steps_ms) / 1e3:>7.2f} {mib(volume):>17.1f} {share:>9.1%}   {mem}")
+print("cp spans: rank 0's time in the cp spans over its traced steps: the all-gather and"
+      " reduce-scatter (blocking), the ring's wait for the next block and its dK/dV exchange"
+      " (the exposed part; the ring's transfers otherwise overlap the attention)")
 PY
 echo "longest sequence by the memory plan (bf16, no recompute):"
 avail=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)

@@ -12,7 +12,10 @@
 #include <filesystem>
 #include <memory>
 
+#include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/plan/memory.h"
 #include "meshtrain/train/memory_check.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
@@ -237,6 +240,47 @@ TEST_F(ContextParallelTrainer, LongSequenceThatDoesNotFitOneRankTrainsAtCp4) {
     fmt::print("[cp] 2048 tokens: cp 1 needs {} on one rank, cp 4 {} per rank (measured {})\n",
                format_bytes(static_cast<size_t>(need_one)),
                format_bytes(static_cast<size_t>(need_four)), format_bytes(got.memory.peak_total));
+  }
+}
+
+// The planner's closed form of the engine (plan::engine_memory) with its
+// context-parallel terms against what a cp rank's tracker holds after one
+// forward/backward: params, grads, optimizer, activations and the exchange
+// buffers exactly, for both methods and with recompute.
+TEST_F(ContextParallelTrainer, PlannerEngineMemoryMatchesACpRank) {
+  const int cp = world_->size();
+  if (cp < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  ModelConfig c = model_preset("llama-tiny");
+  c.max_seq_len = 64;
+  const int64_t batch = 2, seq = 16 * cp;
+  for (CpComm method : {CpComm::allgather, CpComm::ring}) {
+    for (Recompute mode : {Recompute::none, Recompute::selective, Recompute::full}) {
+      const bool ring = method == CpComm::ring;
+      SCOPED_TRACE(fmt::format("{} recompute {}", ring ? "ring" : "allgather", recompute_name(mode)));
+      MemoryTracker tracker;
+      cpu::CpuBackend backend(1, tracker);
+      Model model(c, Precision::bf16, backend);
+      model.set_recompute({mode, 0});
+      model.set_context_parallel(ContextParallel{world_.get(), method});
+      model.init_weights(7);
+      AdamW adamw(model, AdamWConfig{});
+      const ContextSplit split{world_->rank(), cp};
+      const int64_t local = split.local(seq);
+      std::vector<int32_t> tokens(static_cast<size_t>(batch * local)), positions(tokens.size());
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<int32_t>((i * 7 + 3) % static_cast<size_t>(c.vocab_size));
+        positions[i] = static_cast<int32_t>(split.global(seq, static_cast<int64_t>(i) % local));
+      }
+      model.zero_grads();
+      model.forward_backward(tokens.data(), tokens.data(), batch, local, 1.0f, positions.data());
+      const plan::MemoryBreakdown want =
+          plan::engine_memory(c, Precision::bf16, batch, seq, {mode, 0}, cp, ring);
+      EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::params)), want.params);
+      EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::grads)), want.grads);
+      EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::optimizer)), want.optimizer);
+      EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::activations)), want.activations);
+      EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::comm)), want.comm);
+    }
   }
 }
 

@@ -141,11 +141,15 @@ std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m)
 }
 
 MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t micro_batch,
-                              int64_t seq, const RecomputePolicy& recompute) {
+                              int64_t seq, const RecomputePolicy& recompute, int64_t cp,
+                              bool ring) {
   c.validate();
   MESHTRAIN_CHECK(micro_batch > 0 && seq > 0 && seq <= c.max_seq_len,
                   "plan: micro-batch {} and seq {} must be > 0 (seq <= max_seq_len {})",
                   micro_batch, seq, c.max_seq_len);
+  MESHTRAIN_CHECK(cp >= 1 && seq % (2 * cp) == 0, "plan: seq {} does not divide by 2 x cp {}", seq,
+                  cp);
+  ring = ring && cp > 1;
   double params = 0, matmul = 0;
   for (const ParamSpec& spec : build_param_specs(c)) {
     params += static_cast<double>(spec.numel());
@@ -159,7 +163,9 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   m.optimizer = 8 * params;  // AdamW exp_avg and exp_avg_sq, f32
 
   // model_impl.h: residuals f32 (L + 1), per block BlockActs, final norm.
-  const double n = static_cast<double>(micro_batch * seq), d = static_cast<double>(c.dim);
+  // This rank's tokens; the keys each one attends to: the whole sequence.
+  const double whole = static_cast<double>(seq);
+  const double n = static_cast<double>(micro_batch * seq / cp), d = static_cast<double>(c.dim);
   const double q = static_cast<double>(c.attention_width());
   const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
   const double f = static_cast<double>(c.hidden_dim);
@@ -167,14 +173,18 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   const double qk_row = qk.row_values, qk_weights = qk.weights;
   const double ff_in = static_cast<double>(c.recipe().ff_in_factor()) * f;
   const double stats = 4 * static_cast<double>(c.recipe().norm_stats()) * n;  // rstd (+ mean) f32
-  const double probs = static_cast<double>(micro_batch * c.n_heads) * static_cast<double>(seq) *
-                       static_cast<double>(seq);
+  // The all-gather keeps probabilities against every key and the whole
+  // sequence's k and v; the ring keeps none, its own k/v block and the LSE.
+  const double heads = static_cast<double>(micro_batch * c.n_heads);
+  const double probs = ring ? 0 : heads * static_cast<double>(seq / cp) * whole;
+  const double qkv_kept = ring ? e * n * (q + 2 * kv) + 4 * heads * static_cast<double>(seq / cp)
+                               : e * (n * q + 2 * static_cast<double>(micro_batch) * whole * kv);
   // What selective recomputation drops (model/recompute.cpp): norm outputs
   // and stats, the MLP activation output and the probabilities.
   const double recomputed = 2 * (e * n * d + stats)  // xn1, xn2
                             + e * n * f;             // ff_act
   const double block = recomputed                  //
-                       + e * (n * q + 2 * n * kv)  // q, k, v
+                       + qkv_kept                  // q, k, v (ring: + LSE)
                        + 4 * n * qk_row            // QK-norm's input and stats
                        + e * probs                 // softmax probabilities
                        + e * n * q                 // attention output
@@ -200,6 +210,14 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   // The CPU backend's fused classifier: its logits chunk (256 rows), in fp32
   // the output layer's gradient accumulated transposed ([dim, vocab]); and
   // RoPE's cos/sin tables.
+  if (cp > 1) {
+    // The exchange buffers: all-gather: this rank's k/v and the group's (e),
+    // their gradients (f32); ring: two blocks of each in flight. Per-token
+    // positions; the ring's running softmax and dQ.
+    m.comm = (e + 4) * 2 * n * kv * (ring ? 2 : static_cast<double>(1 + cp));
+    m.workspace += 4 * n;
+    if (ring) m.workspace += 4 * (2 * heads * static_cast<double>(seq / cp) + 2 * n * q);
+  }
   const double chunk = std::min(n, 256.0), vocab = static_cast<double>(c.vocab_size);
   m.workspace += chunk * vocab * (4 + (mixed ? 2 : 0)) + (mixed ? 0 : 4 * d * vocab);
   if (c.recipe().positions == Positions::rope) {

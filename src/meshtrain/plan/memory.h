@@ -103,8 +103,12 @@ std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m)
 // master + bf16 compute copies of matmul weights (params), f32 grads, AdamW
 // moments, and the activations Model::forward_backward keeps for one
 // micro-batch under `recompute` (model/model_impl.h BlockActs and the one
-// shared set of recomputed tensors; exact). Workspace is estimated.
+// shared set of recomputed tensors; exact). Workspace is estimated. Under
+// context parallelism (`cp` > 1, `ring`: cp_comm = "ring") a rank runs seq /
+// cp tokens against the whole sequence's keys: its activations, and the
+// exchange buffers as comm (exact).
 MemoryBreakdown engine_memory(const ModelConfig& model, Precision precision, int64_t micro_batch,
-                              int64_t seq, const RecomputePolicy& recompute = {});
+                              int64_t seq, const RecomputePolicy& recompute = {}, int64_t cp = 1,
+                              bool ring = false);
 
 }  // namespace meshtrain::plan
