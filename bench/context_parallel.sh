@@ -86,7 +86,7 @@ for run in ("1 allgather", "2 allgather", "2 ring", "4 allgather", "4 ring"):
         for e in t.get("traceEvents", []):
             if e.get("name", "").startswith("cp "):
                 span_ms += e.get("dur", 0) / 1e3
-            if e.get("name") == "step":
+            if e.get("name", "").startswith("step "):
                 traced_ms += e.get("dur", 0) / 1e3
     except FileNotFoundError:
         pass
@@ -97,7 +97,7 @@ print("cp spans: rank 0's time in the cp spans over its traced steps: the all-ga
       " (the exposed part; the ring's transfers otherwise overlap the attention)")
 PY
 echo "longest sequence by the memory plan (bf16, no recompute):"
-avail=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)
+avail=$(awk '/MemAvailable/ {printf "%d", $2 * 1024}' /proc/meminfo)
 for cp in 1 4; do
   best_dev=0; best_host=0
   for seq in 4096 8192 12288 16384 24576 32768 49152 65536 98304 131072; do

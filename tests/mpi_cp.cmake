@@ -5,4 +5,4 @@ file(GLOB cp_mpi_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cp_mpi/test_
 meshtrain_mpi_program(test_cp_mpi DEPS meshtrain_train
                       SOURCES ${cp_mpi_srcs} ${CMAKE_CURRENT_SOURCE_DIR}/comm/mpi_test_main.cpp)
 meshtrain_mpi_test(cp.np2 test_cp_mpi 2 TIMEOUT 300)
-meshtrain_mpi_test(cp.np4 test_cp_mpi 4 TIMEOUT 400 ARGS --gtest_filter=*Composes*:*LongSequence*:*PlannerEngine*)
+meshtrain_mpi_test(cp.np4 test_cp_mpi 4 TIMEOUT 400 ARGS --gtest_filter=*Composes*:*LongSequence*:*PlannerEngine*:*Resume*)

@@ -94,11 +94,22 @@ tokenizer = "bytes"
   }
 
   // The single-rank reference, every rank alone in its own directory.
+  // A mixture of experts on the llama trunk: top-2 of 4 SwiGLU experts, a
+  // gated shared expert, a dense first layer, the load-balancing and z
+  // losses; dropless (a capacity is refused under cp).
+  TrainConfig moe_config(const std::string& out, ConfigOverrides extra) const {
+    extra.insert(extra.begin(), {{"moe.experts", "4"}, {"moe.top_k", "2"}, {"moe.hidden_dim", "24"},
+                                 {"moe.shared_hidden", "16"}, {"moe.shared_gate", "true"},
+                                 {"moe.first_dense", "1"}, {"moe.aux_loss", "0.01"},
+                                 {"moe.z_loss", "0.001"}});
+    return config(out, std::move(extra));
+  }
+
   testing::TrainerRun reference(const TrainConfig& c) const {
     TrainConfig alone = c;
     alone.parallel = ParallelSettings{};
     alone.train.out_dir += fmt::format(".ref{}", world_->rank());
-    return testing::run_trainer(alone, nullptr);
+    return testing::run_trainer(alone, nullptr, "", true);
   }
 
   void expect_close(const testing::TrainerRun& got, const testing::TrainerRun& ref,
@@ -133,8 +144,10 @@ tokenizer = "bytes"
       TrainConfig run = c;
       run.parallel.cp_comm = method;
       run.train.out_dir += std::string(".") + method;
-      const testing::TrainerRun got = testing::run_trainer(run, &mesh);
+      const testing::TrainerRun got = testing::run_trainer(run, &mesh, "", true);
       expect_close(got, ref, what + " " + method, tol);
+      // Evaluation: the validation set's rows cut like training's.
+      EXPECT_NEAR(got.val_loss, ref.val_loss, tol.loss * ref.val_loss) << what << " " << method;
       testing::expect_memory_matches(got.predicted, got.memory, what + " " + method);
     }
   }
@@ -163,6 +176,28 @@ TEST_F(ContextParallelTrainer, TwoRanksEqualOneWithRecompute) {
                  {{"parallel.cp", "2"}, {"train.recompute", mode}}),
           mesh, fmt::format("cp 2 recompute {}", mode));
   }
+}
+
+// LoRA adapters (the frozen base's activations cut like any other) and fp16
+// with dynamic loss scaling (the gates' decision is one collective over the
+// world, so every cp rank skips or applies the same steps).
+TEST_F(ContextParallelTrainer, ComposesWithLoraAndFp16) {
+  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  DeviceMesh mesh(*world_, 1, 1, 1, 2);
+  check(config("cp2_lora", {{"parallel.cp", "2"}, {"lora.rank", "4"}}), mesh, "LoRA cp 2");
+  check(config("cp2_fp16", {{"parallel.cp", "2"}, {"train.precision", "fp16"}}), mesh,
+        "fp16 cp 2", kBf16);
+}
+
+// MoE layers are token-local; the per-micro-batch balancing statistic counts
+// the whole micro-batch's choices (summed over the cp group), the step scope
+// the step's over every replica.
+TEST_F(ContextParallelTrainer, MixtureOfExpertsEqualsOneRank) {
+  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  DeviceMesh mesh(*world_, 1, 1, 1, 2);
+  check(moe_config("cp2_moe", {{"parallel.cp", "2"}}), mesh, "MoE cp 2");
+  check(moe_config("cp2_moe_step", {{"parallel.cp", "2"}, {"moe.aux_scope", "step"}}), mesh,
+        "MoE cp 2, step-scope balancing");
 }
 
 // Packed SFT rows: records run across the chunk boundaries, each token's
@@ -197,6 +232,23 @@ TEST_F(ContextParallelTrainer, ComposesWithDataTensorPipelineAndZero) {
   {
     DeviceMesh mesh(*world_, 1, 2, 1, 2);
     check(config("cp2_pp2", {{"parallel.cp", "2"}, {"parallel.pp", "2"}}), mesh, "cp 2 x pp 2");
+  }
+  {
+    // Interleaved 1F1B: two chunks of two layers per stage. The 4-layer
+    // model's weights land within 2.5e-5 of one rank's under cp 2 with or
+    // without pipelines (dp 2 x cp 2 too): AdamW's step on an element whose
+    // gradient is rounding noise; its loss and gradient norms are as tight.
+    DeviceMesh mesh(*world_, 1, 2, 1, 2);
+    check(config("cp2_pp2_interleaved", {{"parallel.cp", "2"}, {"parallel.pp", "2"},
+                                         {"parallel.schedule", "interleaved"},
+                                         {"parallel.virtual_stages", "2"}, {"model.n_layers", "4"}}),
+          mesh, "cp 2 x pp 2 interleaved", Tolerance{1e-5, 1e-4, 5e-5f});
+  }
+  {
+    // Expert parallelism over the dp x cp replicas.
+    DeviceMesh mesh(*world_, 1, 1, 2, 2);
+    check(moe_config("cp2_ep2", {{"parallel.cp", "2"}, {"parallel.ep", "2"}}), mesh,
+          "MoE dp 2 x cp 2, ep 2");
   }
 }
 
@@ -284,23 +336,45 @@ TEST_F(ContextParallelTrainer, PlannerEngineMemoryMatchesACpRank) {
   }
 }
 
-// A checkpoint written at cp 2 resumes at cp 1 (one rank) and continues the
-// uninterrupted cp 2 trace; the data position travels with it.
+// A checkpoint written at cp 2 resumes bit for bit at cp 2, and at another
+// cp (np 2: cp 1, each rank alone; np 4: cp 4 from dp 2 x cp 2) it continues
+// the trace: cp changes the layout of nothing saved, the data position is
+// the global batch's.
 TEST_F(ContextParallelTrainer, ResumeAcrossACpChangeContinuesTheTrace) {
-  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const int n = world_->size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
   DeviceMesh mesh(*world_, 1, 1, 1, 2);
   const testing::TrainerRun whole = testing::run_trainer(
       config("resume_whole", {{"parallel.cp", "2"}, {"train.checkpoint_interval", "4"}}), &mesh);
   const std::string ckpt = dir_ + "/resume_whole/step_4";
   ASSERT_TRUE(std::filesystem::exists(ckpt)) << ckpt;
-  // Every rank resumes alone (cp 1) in a directory of its own.
-  const testing::TrainerRun rest = testing::run_trainer(
-      config(fmt::format("resume_rest{}", world_->rank())), nullptr, ckpt, false, true);
-  ASSERT_EQ(rest.records.size(), 4u);
-  for (size_t i = 0; i < rest.records.size(); ++i) {
-    EXPECT_EQ(rest.records[i].step, whole.records[i + 4].step);
-    EXPECT_NEAR(rest.records[i].loss, whole.records[i + 4].loss, 1e-5 * whole.records[i + 4].loss)
-        << "step " << rest.records[i].step;
+  auto expect_continues = [&](const testing::TrainerRun& rest, bool exact, const std::string& what) {
+    ASSERT_EQ(rest.records.size(), 4u) << what;
+    for (size_t i = 0; i < rest.records.size(); ++i) {
+      const StepRecord& want = whole.records[i + 4];
+      EXPECT_EQ(rest.records[i].step, want.step) << what;
+      if (exact) {
+        EXPECT_EQ(rest.records[i].loss, want.loss) << what << ": step " << want.step;
+      } else {
+        EXPECT_NEAR(rest.records[i].loss, want.loss, 1e-5 * want.loss) << what << ": step " << want.step;
+      }
+    }
+  };
+  expect_continues(
+      testing::run_trainer(
+          config("resume_same", {{"parallel.cp", "2"}, {"train.checkpoint_interval", "4"}}), &mesh,
+          ckpt),
+      true, "resumed at cp 2");
+  if (n == 2) {
+    // Every rank resumes alone (cp 1) in a directory of its own.
+    expect_continues(testing::run_trainer(config(fmt::format("resume_rest{}", world_->rank())),
+                                          nullptr, ckpt, false, true),
+                     false, "resumed at cp 1");
+  } else {
+    DeviceMesh cp4(*world_, 1, 1, 1, 4);
+    expect_continues(testing::run_trainer(config("resume_cp4", {{"parallel.cp", "4"}}), &cp4, ckpt,
+                                          false, true),
+                     false, "resumed at cp 4");
   }
 }
 

@@ -344,6 +344,25 @@ TEST(Config, MoeKeysParsedSavedAndNamedWhenInvalid) {
   EXPECT_NE(error_of(with, {{"parallel.ep", "0"}}).find("parallel.ep"), std::string::npos);
 }
 
+// Context parallelism: saved with the run, and refused by name where it cannot apply.
+TEST(Config, ContextParallelKeysSavedAndNamedWhenInvalid) {
+  const TrainConfig c = parse_config(kBase, "run.toml", {{"parallel.cp", "2"}, {"parallel.cp_comm", "ring"}});
+  const TrainConfig back = parse_config(config_to_toml(c), "saved.toml");
+  EXPECT_EQ(back.parallel.cp, 2);
+  EXPECT_EQ(back.parallel.cp_comm, "ring");
+  EXPECT_EQ(error_of(kBase, {{"parallel.cp_comm", "alltoall"}}),
+            "config: parallel.cp_comm must be \"allgather\" or \"ring\" (\"alltoall\" is not "
+            "implemented yet), got \"alltoall\"");
+  EXPECT_EQ(error_of(kBase, {{"parallel.cp", "3"}}),
+            "config: train.seq_len = 32 is not divisible by 2 x parallel.cp = 6 (each sequence is "
+            "cut into 2 x cp chunks)");
+  EXPECT_NE(error_of(kBase, {{"parallel.cp", "0"}}).find("parallel.cp"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {{"parallel.cp", "2"}, {"moe.experts", "4"}, {"moe.hidden_dim", "8"},
+                             {"moe.capacity_factor", "1.25"}})
+                .find("moe.capacity_factor = 1.25 with parallel.cp = 2"),
+            std::string::npos);
+}
+
 // Today's attention options (model.head_dim, qkv_bias, qk_norm): parsed,
 // saved with the run, and refused by name where they cannot apply.
 TEST(Config, AttentionKeysParsedSavedAndNamedWhenInvalid) {

@@ -93,6 +93,9 @@ struct MoeActs {
   std::vector<int32_t> counts_host;  // counts (the router's choices) on the host
   std::vector<int32_t> rows_host;    // each expert's rows on the host (kept, or all choices)
   std::vector<float> prob_sums;      // [E] sums over tokens of the scores (load balancing)
+  // Context parallelism: the micro-batch's choices over the whole cp group
+  // (its rows are cut over the group), for the per-micro-batch balancing statistic.
+  std::vector<int32_t> counts_group;
   Tensor xp;                    // dt [S, d]: the rows permuted to their experts
   // Expert parallelism: the exchange with the ep group (at ep 1 the identity,
   // expert_rows = rows_host) and the rows this rank's experts received.

@@ -108,6 +108,12 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   s.counts_host.resize(static_cast<size_t>(E));
   backend.copy_to_host(s.counts, s.counts_host.data());
   s.rows_host = s.counts_host;
+  if (const ContextParallel& cp = model.context_parallel(); cp.active() && m.aux_loss > 0 &&
+                                                            !m.aux_per_step) {
+    // The micro-batch's f_e counts every cp rank's share of its rows.
+    s.counts_group = s.counts_host;
+    cp.comm->all_reduce(s.counts_group.data(), E, CommDType::i32, ReduceOp::sum);
+  }
   if (m.capacity_factor > 0) {
     ensure(s.kept, {E}, DType::i32, cat);
     backend.moe_capacity(dd, m.capacity(rows), s.weights.data<float>(), s.counts.data<int32_t>(),
@@ -245,7 +251,8 @@ Model::Impl::BalanceCounts Model::Impl::balance_counts(int64_t layer, const MoeA
                                              : nullptr;
   BalanceCounts f;
   for (int64_t e = 0; e < E; ++e) {
-    f.counts.push_back(static_cast<double>(step ? step[e] : s.counts_host[static_cast<size_t>(e)]));
+    const std::vector<int32_t>& mine = s.counts_group.empty() ? s.counts_host : s.counts_group;
+    f.counts.push_back(static_cast<double>(step ? step[e] : mine[static_cast<size_t>(e)]));
     f.total += f.counts.back();
   }
   MESHTRAIN_CHECK(f.total > 0, "model: moe.aux_scope = \"step\" but layer {}'s routing of the step "

@@ -726,6 +726,11 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   MESHTRAIN_CHECK(c.parallel.ep == 1 || c.model.moe.experts % c.parallel.ep == 0,
                   "config: parallel.ep = {} does not divide moe.experts = {}", c.parallel.ep,
                   c.model.moe.experts);
+  MESHTRAIN_CHECK(c.parallel.cp == 1 || c.model.moe.capacity_factor <= 0,
+                  "config: moe.capacity_factor = {} with parallel.cp = {}: an expert's capacity "
+                  "over a micro-batch cut across the cp ranks is not implemented (use "
+                  "moe.capacity_factor = 0, dropless)",
+                  c.model.moe.capacity_factor, c.parallel.cp);
   MESHTRAIN_CHECK(c.train.seq_len % (2 * c.parallel.cp) == 0,
                   "config: train.seq_len = {} is not divisible by 2 x parallel.cp = {} (each "
                   "sequence is cut into 2 x cp chunks)",

@@ -966,18 +966,38 @@ size_t ring_thread_bytes(int64_t M, int64_t L, int64_t D, int64_t e, bool backwa
   return Carver::bytes({M * L * 4, narrow, M * L * 4, narrow, M * D * e, static_cast<int64_t>(pad)});
 }
 
-// Local query i of row b against key j of `block`'s tokens: visible when
-// the key's global index is within [the query's record start, the query].
+// Local query i of row b sees the keys of `block`'s tokens whose global
+// index is within [the query's record start, the query]: in each of the
+// block's two chunks one contiguous range of its local keys, [lo, hi).
 struct RingMask {
   const ContextDims& d;
   ContextSplit keys;
   int64_t seq;
-  bool visible(int64_t b, int64_t i, int64_t j) const {
+  struct Ranges {
+    int64_t lo[2], hi[2];
+  };
+  Ranges visible(int64_t b, int64_t i) const {
     const int64_t g = d.split.global(seq, i), first = g - d.positions[b * d.local_seq + i];
-    const int64_t k = keys.global(seq, j);
-    return k >= first && k <= g;
+    const int64_t c = d.local_seq / 2;
+    Ranges r{};
+    for (int64_t k = 0; k < 2; ++k) {
+      const int64_t k0 = keys.global(seq, k * c);  // the chunk's first global index
+      r.lo[k] = k * c + std::clamp<int64_t>(first - k0, 0, c);
+      r.hi[k] = std::max(r.lo[k], k * c + std::clamp<int64_t>(g - k0 + 1, 0, c));
+    }
+    return r;
   }
 };
+
+// Zeroes row[0, n) outside the ranges.
+inline void zero_outside(float* row, int64_t n, const RingMask::Ranges& v) {
+  int64_t at = 0;
+  for (int64_t k = 0; k < 2; ++k) {
+    std::fill(row + at, row + v.lo[k], 0.0f);
+    at = v.hi[k];
+  }
+  std::fill(row + at, row + n, 0.0f);
+}
 
 }  // namespace
 
@@ -1033,19 +1053,22 @@ void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DTyp
       for (int64_t r = 0; r < M; ++r) {
         const int64_t i = r % L, at = g * M + r;
         float* s = scores + r * L;
+        const RingMask::Ranges vis = mask.visible(b, i);
         float best = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < L; ++j) {
-          if (mask.visible(b, i, j)) best = std::max(best, s[j]);
+        for (int64_t part = 0; part < 2; ++part) {
+          const int64_t lo = vis.lo[part], len = vis.hi[part] - lo;
+          if (len > 0) best = std::max(best, simd::max_of(s + lo, len));
         }
         if (best == -std::numeric_limits<float>::infinity()) {  // nothing of this block visible
           std::fill_n(s, L, 0.0f);
         } else {
           const float m = std::max(mx[at], best), alpha = std::exp(mx[at] - m);
           float total = 0;
-          for (int64_t j = 0; j < L; ++j) {
-            s[j] = mask.visible(b, i, j) ? std::exp(s[j] - m) : 0.0f;
-            total += s[j];
+          for (int64_t part = 0; part < 2; ++part) {
+            const int64_t lo = vis.lo[part], len = vis.hi[part] - lo;
+            if (len > 0) total += simd::exp_shift_sum(s + lo, len, m);
           }
+          zero_outside(s, L, vis);
           sum[at] = sum[at] * alpha + total;
           mx[at] = m;
           float* a = acc + at * D;
@@ -1139,11 +1162,14 @@ void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DTy
         const float l = lse[g * M + r];
         float* pr = p + r * L;
         float* dpr = dp + r * L;
-        for (int64_t j = 0; j < L; ++j) {
-          const float pj = mask.visible(b, i, j) ? std::exp(pr[j] - l) : 0.0f;
-          pr[j] = pj;
-          dpr[j] = pj * (dpr[j] - delta) * scale;
+        const RingMask::Ranges vis = mask.visible(b, i);
+        for (int64_t part = 0; part < 2; ++part) {
+          const int64_t lo = vis.lo[part], len = vis.hi[part] - lo;
+          if (len > 0) simd::exp_shift_sum(pr + lo, len, l);
         }
+        zero_outside(pr, L, vis);
+#pragma omp simd
+        for (int64_t j = 0; j < L; ++j) dpr[j] = pr[j] * (dpr[j] - delta) * scale;
         if (!f32) {
           simd::store_row(p_e + r * L, pr, L);
           simd::store_row(ds + r * L, dpr, L);
