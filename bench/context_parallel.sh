@@ -97,11 +97,13 @@ print("cp spans: rank 0's time in the cp spans over its traced steps: the all-ga
       " (the exposed part; the ring's transfers otherwise overlap the attention)")
 PY
 echo "longest sequence by the memory plan (bf16, no recompute):"
-avail=$(awk '/MemAvailable/ {printf "%d", $2 * 1024}' /proc/meminfo)
-for cp in 1 4; do
+avail=$(awk '/MemAvailable/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
+for run in "1 allgather" "4 allgather" "4 ring"; do
+  read -r cp method <<<"$run"
   best_dev=0; best_host=0
-  for seq in 4096 8192 12288 16384 24576 32768 49152 65536 98304 131072; do
+  for seq in 4096 8192 12288 16384 24576 32768 49152 65536 98304 131072 196608 262144; do
     model_config "$seq" "$cp" >"$work/plan.toml"
+    sed -i "s/^cp = $cp\$/cp = $cp\ncp_comm = \"$method\"/" "$work/plan.toml"
     read -r most total < <("$BIN" plan --config "$work/plan.toml" --json | python3 -c '
 import json, sys
 ranks = json.load(sys.stdin)["ranks"]
@@ -109,5 +111,5 @@ print(max(r["bytes"]["total"] for r in ranks), sum(r["host_bytes"] for r in rank
     python3 -c "import sys; sys.exit(0 if $most <= 24 * 2**30 else 1)" && best_dev=$seq
     python3 -c "import sys; sys.exit(0 if $total <= $avail else 1)" && best_host=$seq
   done
-  echo "  cp $cp: a 24 GiB device per rank: $best_dev tokens; this machine's MemAvailable ($((avail / 2**30)) GiB) for all ranks: $best_host tokens"
+  echo "  cp $cp $method: a 24 GiB device per rank: $best_dev tokens; this machine's MemAvailable ($((avail / 2**30)) GiB) for all ranks: $best_host tokens"
 done

@@ -787,6 +787,7 @@ void add_context_attention_cases(std::vector<OpCase>& cases, Random& rng) {
       {1, 4, 1, 1, 2, 2, true, false, false},    {2, 16, 4, 2, 8, 2, true, false, false},
       {2, 24, 4, 1, 16, 3, true, true, true},    {1, 32, 6, 3, 8, 4, false, false, false},
       {2, 40, 4, 2, 16, 2, true, true, false},   {1, 256, 2, 1, 32, 4, true, false, true},
+      {1, 200, 2, 1, 16, 2, true, true, false},  // the ring's row tiles: 128 + 72 rows
   };
   for (const Shape& s : shapes) {
     const ops::AttentionDims whole{s.batch, s.seq, s.heads, s.kv, s.dim, nullptr};

@@ -946,24 +946,59 @@ void context_attention_finish(CpuContext& /*ctx*/, const ContextDims& dims, cons
 
 namespace {
 
-// A group's rep x local query rows against a block's local keys: scores (and
-// dP) [M, L] = a b^T; out (and dQ) [M, D] += P b; dK (and dV) [L, D] += dS^T a.
-MatmulDims ring_score_dims(int64_t M, int64_t L, int64_t D) {
-  return MatmulDims{1, M, L, D, false, true, false, D, D, L};
+// A tile of `rows` of a group's rep x local query rows against a block's
+// local keys: scores (and dP) [rows, L] = a b^T; out (and dQ) [rows, D] += P
+// b; dK (and dV) [L, D] += dS^T a.
+MatmulDims ring_score_dims(int64_t rows, int64_t L, int64_t D) {
+  return MatmulDims{1, rows, L, D, false, true, false, D, D, L};
 }
-MatmulDims ring_output_dims(int64_t M, int64_t L, int64_t D) {
-  return MatmulDims{1, M, D, L, false, false, false, L, D, D};
+MatmulDims ring_output_dims(int64_t rows, int64_t L, int64_t D) {
+  return MatmulDims{1, rows, D, L, false, false, false, L, D, D};
 }
-MatmulDims ring_key_grad_dims(int64_t M, int64_t L, int64_t D) {
-  return MatmulDims{1, L, D, M, true, false, false, L, D, D};
+MatmulDims ring_key_grad_dims(int64_t rows, int64_t L, int64_t D) {
+  return MatmulDims{1, L, D, rows, true, false, false, L, D, D};
 }
 
-// One thread's scratch: f32 scores (P in f32), P in 16 bits; backward adds
-// dP (f32), dS in 16 bits and the group's dO; then the GEMMs' scratchpad.
-size_t ring_thread_bytes(int64_t M, int64_t L, int64_t D, int64_t e, bool backward, size_t pad) {
-  const int64_t narrow = e == 4 ? 0 : M * L * e;
-  if (!backward) return Carver::bytes({M * L * 4, narrow, static_cast<int64_t>(pad)});
-  return Carver::bytes({M * L * 4, narrow, M * L * 4, narrow, M * D * e, static_cast<int64_t>(pad)});
+// A group's M query rows in tiles of at most 128, so a thread's scores are
+// [128, L] whatever the sequence (flash attention's row blocks).
+struct RingTiles {
+  explicit RingTiles(int64_t rows) : M(rows), size(std::min<int64_t>(rows, 128)) {}
+  int64_t count() const { return (M + size - 1) / size; }
+  int64_t begin(int64_t t) const { return t * size; }
+  int64_t rows(int64_t t) const { return std::min(size, M - t * size); }
+  int64_t rest() const { return M % size; }  // the last tile's rows, 0 when all are full
+  int64_t M, size;
+};
+
+// A GEMM for full tiles and one for the shorter last tile (if any).
+class TileMatmul {
+ public:
+  template <typename MakeDims>
+  TileMatmul(CpuContext& ctx, const RingTiles& tiles, DType ab, MakeDims make, float alpha = 1.0f,
+             bool accumulate = false)
+      : size_(tiles.size), full_(ctx, make(tiles.size), ab, DType::f32, alpha, accumulate) {
+    if (tiles.rest() > 0) rest_.emplace(ctx, make(tiles.rest()), ab, DType::f32, alpha, accumulate);
+  }
+  ThreadMatmul& at(int64_t rows) { return rows == size_ ? full_ : *rest_; }
+  size_t pad() const {
+    return std::max(full_.scratchpad_bytes(), rest_ ? rest_->scratchpad_bytes() : size_t{0});
+  }
+
+ private:
+  int64_t size_;
+  ThreadMatmul full_;
+  std::optional<ThreadMatmul> rest_;
+};
+
+// One thread's scratch: f32 scores (P in f32), P in 16 bits of a tile;
+// backward adds dP (f32) and dS in 16 bits of a tile and the group's dO;
+// then the GEMMs' scratchpad.
+size_t ring_thread_bytes(int64_t tile, int64_t M, int64_t L, int64_t D, int64_t e, bool backward,
+                         size_t pad) {
+  const int64_t narrow = e == 4 ? 0 : tile * L * e;
+  if (!backward) return Carver::bytes({tile * L * 4, narrow, static_cast<int64_t>(pad)});
+  return Carver::bytes(
+      {tile * L * 4, narrow, tile * L * 4, narrow, M * D * e, static_cast<int64_t>(pad)});
 }
 
 // Local query i of row b sees the keys of `block`'s tokens whose global
@@ -1007,15 +1042,17 @@ void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DTyp
   check_context(dims, nullptr);
   const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
   const int64_t D = dims.head_dim, rep = H / KV, M = rep * L;
-  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D,
-                  "ring attention: run project first (saved q does not match)");
+  MESHTRAIN_CHECK(
+      saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D,
+      "ring attention: run project first (saved q does not match)");
   MESHTRAIN_CHECK(block_rank >= 0 && block_rank < dims.split.size, "ring attention: block {} of {}",
                   block_rank, dims.split.size);
   MemoryTracker& tracker = ctx.tracker();
   if (first) {
     // Scratch of the forward (workspace), reused by every layer.
     auto scratch = [&](Tensor& t, const Shape& shape) {
-      if (!t.defined() || t.shape() != shape) t = Tensor(shape, DType::f32, MemCategory::workspace, tracker);
+      if (!t.defined() || t.shape() != shape)
+        t = Tensor(shape, DType::f32, MemCategory::workspace, tracker);
     };
     scratch(state.max, {B, H, L});
     scratch(state.sum, {B, H, L});
@@ -1031,13 +1068,16 @@ void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DTyp
     const E* k = kb;
     const E* v = kb + dims.kv_block() / 2;
     const E* q = saved.q.data<E>();
-    ThreadMatmul qk(ctx, ring_score_dims(M, L, D), compute, DType::f32, score_scale(D));
-    ThreadMatmul pv(ctx, ring_output_dims(M, L, D), compute, DType::f32, 1.0f, true);
-    const size_t pad = std::max(qk.scratchpad_bytes(), pv.scratchpad_bytes());
+    const RingTiles tiles(M);
+    TileMatmul qk(
+        ctx, tiles, compute, [&](int64_t n) { return ring_score_dims(n, L, D); }, score_scale(D));
+    TileMatmul pv(
+        ctx, tiles, compute, [&](int64_t n) { return ring_output_dims(n, L, D); }, 1.0f, true);
+    const size_t pad = std::max(qk.pad(), pv.pad());
     const bool f32 = compute == DType::f32;
-    const size_t per_thread = ring_thread_bytes(M, L, D, esize, false, pad);
-    char* base = static_cast<char*>(
-        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
+    const size_t per_thread = ring_thread_bytes(tiles.size, M, L, D, esize, false, pad);
+    char* base = static_cast<char*>(ctx.impl().scratch(
+        Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
     float* mx = state.max.data<float>();
     float* sum = state.sum.data<float>();
     float* acc = state.acc.data<float>();
@@ -1045,39 +1085,42 @@ void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DTyp
     for (int64_t g = 0; g < B * KV; ++g) {
       const int tid = omp_get_thread_num();
       Carver mine(base + per_thread * tid);
-      float* scores = mine.take<float>(M * L);
-      E* probs = f32 ? reinterpret_cast<E*>(scores) : mine.take<E>(M * L);
+      float* scores = mine.take<float>(tiles.size * L);
+      E* probs = f32 ? reinterpret_cast<E*>(scores) : mine.take<E>(tiles.size * L);
       void* pad_g = mine.take<char>(static_cast<int64_t>(pad));
       const int64_t b = g / KV;
-      qk.run(tid, q + g * M * D, k + g * L * D, scores, pad_g);
-      for (int64_t r = 0; r < M; ++r) {
-        const int64_t i = r % L, at = g * M + r;
-        float* s = scores + r * L;
-        const RingMask::Ranges vis = mask.visible(b, i);
-        float best = -std::numeric_limits<float>::infinity();
-        for (int64_t part = 0; part < 2; ++part) {
-          const int64_t lo = vis.lo[part], len = vis.hi[part] - lo;
-          if (len > 0) best = std::max(best, simd::max_of(s + lo, len));
-        }
-        if (best == -std::numeric_limits<float>::infinity()) {  // nothing of this block visible
-          std::fill_n(s, L, 0.0f);
-        } else {
-          const float m = std::max(mx[at], best), alpha = std::exp(mx[at] - m);
-          float total = 0;
+      for (int64_t t = 0; t < tiles.count(); ++t) {
+        const int64_t r0 = tiles.begin(t), n = tiles.rows(t);
+        qk.at(n).run(tid, q + (g * M + r0) * D, k + g * L * D, scores, pad_g);
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t i = (r0 + r) % L, at = g * M + r0 + r;
+          float* s = scores + r * L;
+          const RingMask::Ranges vis = mask.visible(b, i);
+          float best = -std::numeric_limits<float>::infinity();
           for (int64_t part = 0; part < 2; ++part) {
             const int64_t lo = vis.lo[part], len = vis.hi[part] - lo;
-            if (len > 0) total += simd::exp_shift_sum(s + lo, len, m);
+            if (len > 0) best = std::max(best, simd::max_of(s + lo, len));
           }
-          zero_outside(s, L, vis);
-          sum[at] = sum[at] * alpha + total;
-          mx[at] = m;
-          float* a = acc + at * D;
+          if (best == -std::numeric_limits<float>::infinity()) {  // nothing of this block visible
+            std::fill_n(s, L, 0.0f);
+          } else {
+            const float m = std::max(mx[at], best), alpha = std::exp(mx[at] - m);
+            float total = 0;
+            for (int64_t part = 0; part < 2; ++part) {
+              const int64_t lo = vis.lo[part], len = vis.hi[part] - lo;
+              if (len > 0) total += simd::exp_shift_sum(s + lo, len, m);
+            }
+            zero_outside(s, L, vis);
+            sum[at] = sum[at] * alpha + total;
+            mx[at] = m;
+            float* a = acc + at * D;
 #pragma omp simd
-          for (int64_t x = 0; x < D; ++x) a[x] *= alpha;
+            for (int64_t x = 0; x < D; ++x) a[x] *= alpha;
+          }
+          if (!f32) simd::store_row(probs + r * L, s, L);
         }
-        if (!f32) simd::store_row(probs + r * L, s, L);
+        pv.at(n).run(tid, probs, v + g * L * D, acc + (g * M + r0) * D, pad_g);
       }
-      pv.run(tid, probs, v + g * L * D, acc + g * M * D, pad_g);
     }
   });
 }
@@ -1108,13 +1151,14 @@ void ring_attention_forward_finish(CpuContext& ctx, const ContextDims& dims, DTy
 
 void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DType compute,
                                    int64_t block_rank, const void* kv_block,
-                                   const AttentionSaved& saved, const float* d_out,
-                                   const void* out, float* dq, float* dkv_block) {
+                                   const AttentionSaved& saved, const float* d_out, const void* out,
+                                   float* dq, float* dkv_block) {
   check_context(dims, nullptr);
   const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
   const int64_t D = dims.head_dim, rep = H / KV, M = rep * L;
-  MESHTRAIN_CHECK(saved.lse.defined() && saved.lse.numel() == B * H * L && saved.q.dtype() == compute,
-                  "ring attention backward: saved tensors do not match dims/compute dtype");
+  MESHTRAIN_CHECK(
+      saved.lse.defined() && saved.lse.numel() == B * H * L && saved.q.dtype() == compute,
+      "ring attention backward: saved tensors do not match dims/compute dtype");
   const RingMask mask{dims, ContextSplit{block_rank, dims.split.size}, dims.seq()};
   const float scale = score_scale(D);
   const int64_t esize = static_cast<int64_t>(dtype_size(compute));
@@ -1125,59 +1169,65 @@ void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DTy
     const E* q = saved.q.data<E>();
     const E* o = static_cast<const E*>(out);
     const float* lse = saved.lse.data<float>();
-    ThreadMatmul qk(ctx, ring_score_dims(M, L, D), compute, DType::f32, scale);
-    ThreadMatmul dp_mm(ctx, ring_score_dims(M, L, D), compute, DType::f32);
-    ThreadMatmul dq_mm(ctx, ring_output_dims(M, L, D), compute, DType::f32, 1.0f, true);
-    ThreadMatmul dkv_mm(ctx, ring_key_grad_dims(M, L, D), compute, DType::f32, 1.0f, true);
-    const size_t pad = std::max({qk.scratchpad_bytes(), dp_mm.scratchpad_bytes(),
-                                 dq_mm.scratchpad_bytes(), dkv_mm.scratchpad_bytes()});
+    const RingTiles tiles(M);
+    auto scores = [&](int64_t n) { return ring_score_dims(n, L, D); };
+    TileMatmul qk(ctx, tiles, compute, scores, scale);
+    TileMatmul dp_mm(ctx, tiles, compute, scores);
+    TileMatmul dq_mm(
+        ctx, tiles, compute, [&](int64_t n) { return ring_output_dims(n, L, D); }, 1.0f, true);
+    TileMatmul dkv_mm(
+        ctx, tiles, compute, [&](int64_t n) { return ring_key_grad_dims(n, L, D); }, 1.0f, true);
+    const size_t pad = std::max({qk.pad(), dp_mm.pad(), dq_mm.pad(), dkv_mm.pad()});
     const bool f32 = compute == DType::f32;
-    const size_t per_thread = ring_thread_bytes(M, L, D, esize, true, pad);
-    char* base = static_cast<char*>(
-        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
+    const size_t per_thread = ring_thread_bytes(tiles.size, M, L, D, esize, true, pad);
+    char* base = static_cast<char*>(ctx.impl().scratch(
+        Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
     float* dk = dkv_block;
     float* dv = dkv_block + dims.kv_block() / 2;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < B * KV; ++g) {
       const int tid = omp_get_thread_num();
       Carver mine(base + per_thread * tid);
-      float* p = mine.take<float>(M * L);
-      E* p_e = f32 ? reinterpret_cast<E*>(p) : mine.take<E>(M * L);
-      float* dp = mine.take<float>(M * L);
-      E* ds = f32 ? reinterpret_cast<E*>(dp) : mine.take<E>(M * L);
+      float* p = mine.take<float>(tiles.size * L);
+      E* p_e = f32 ? reinterpret_cast<E*>(p) : mine.take<E>(tiles.size * L);
+      float* dp = mine.take<float>(tiles.size * L);
+      E* ds = f32 ? reinterpret_cast<E*>(dp) : mine.take<E>(tiles.size * L);
       E* dout_g = mine.take<E>(M * D);
       void* pad_g = mine.take<char>(static_cast<int64_t>(pad));
       const int64_t b = g / KV, h0 = (g % KV) * rep;
       for (int64_t r = 0; r < M; ++r)
         simd::store_row(dout_g + r * D, d_out + ((b * L + r % L) * H + h0 + r / L) * D, D);
-      qk.run(tid, q + g * M * D, k + g * L * D, p, pad_g);
-      dp_mm.run(tid, dout_g, v + g * L * D, dp, pad_g);
-      for (int64_t r = 0; r < M; ++r) {
-        const int64_t i = r % L, h = h0 + r / L;
-        // D_r = dO . O over the row (the probabilities of every block sum to 1).
-        const float* dor = d_out + ((b * L + i) * H + h) * D;
-        const E* orow = o + ((b * L + i) * H + h) * D;
-        float delta = 0;
-        for (int64_t x = 0; x < D; ++x) delta += dor[x] * simd::load1(orow + x);
-        const float l = lse[g * M + r];
-        float* pr = p + r * L;
-        float* dpr = dp + r * L;
-        const RingMask::Ranges vis = mask.visible(b, i);
-        for (int64_t part = 0; part < 2; ++part) {
-          const int64_t lo = vis.lo[part], len = vis.hi[part] - lo;
-          if (len > 0) simd::exp_shift_sum(pr + lo, len, l);
-        }
-        zero_outside(pr, L, vis);
+      for (int64_t t = 0; t < tiles.count(); ++t) {
+        const int64_t r0 = tiles.begin(t), n = tiles.rows(t);
+        qk.at(n).run(tid, q + (g * M + r0) * D, k + g * L * D, p, pad_g);
+        dp_mm.at(n).run(tid, dout_g + r0 * D, v + g * L * D, dp, pad_g);
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t i = (r0 + r) % L, h = h0 + (r0 + r) / L;
+          // D_r = dO . O over the row (the probabilities of every block sum to 1).
+          const float* dor = d_out + ((b * L + i) * H + h) * D;
+          const E* orow = o + ((b * L + i) * H + h) * D;
+          float delta = 0;
+          for (int64_t x = 0; x < D; ++x) delta += dor[x] * simd::load1(orow + x);
+          const float l = lse[g * M + r0 + r];
+          float* pr = p + r * L;
+          float* dpr = dp + r * L;
+          const RingMask::Ranges vis = mask.visible(b, i);
+          for (int64_t part = 0; part < 2; ++part) {
+            const int64_t lo = vis.lo[part], len = vis.hi[part] - lo;
+            if (len > 0) simd::exp_shift_sum(pr + lo, len, l);
+          }
+          zero_outside(pr, L, vis);
 #pragma omp simd
-        for (int64_t j = 0; j < L; ++j) dpr[j] = pr[j] * (dpr[j] - delta) * scale;
-        if (!f32) {
-          simd::store_row(p_e + r * L, pr, L);
-          simd::store_row(ds + r * L, dpr, L);
+          for (int64_t j = 0; j < L; ++j) dpr[j] = pr[j] * (dpr[j] - delta) * scale;
+          if (!f32) {
+            simd::store_row(p_e + r * L, pr, L);
+            simd::store_row(ds + r * L, dpr, L);
+          }
         }
+        dq_mm.at(n).run(tid, ds, k + g * L * D, dq + (g * M + r0) * D, pad_g);
+        dkv_mm.at(n).run(tid, ds, q + (g * M + r0) * D, dk + g * L * D, pad_g);
+        dkv_mm.at(n).run(tid, p_e, dout_g + r0 * D, dv + g * L * D, pad_g);
       }
-      dq_mm.run(tid, ds, k + g * L * D, dq + g * M * D, pad_g);
-      dkv_mm.run(tid, ds, q + g * M * D, dk + g * L * D, pad_g);
-      dkv_mm.run(tid, p_e, dout_g, dv + g * L * D, pad_g);
     }
   });
 }
@@ -1185,21 +1235,25 @@ void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DTy
 size_t ring_attention_workspace_bytes(const ContextDims& dims, DType compute, bool backward,
                                       int threads) {
   const int64_t L = dims.local_seq, D = dims.head_dim, M = dims.n_heads / dims.n_kv_heads * L;
+  const RingTiles tiles(M);
   size_t pad = 0;
-  auto take = [&](const MatmulDims& d, float alpha = 1.0f, bool accumulate = false) {
-    pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, DType::f32, threads, alpha,
-                                                       accumulate));
-  };
-  take(ring_score_dims(M, L, D), score_scale(D));
-  if (!backward) {
-    take(ring_output_dims(M, L, D), 1.0f, true);
-  } else {
-    take(ring_score_dims(M, L, D));
-    take(ring_output_dims(M, L, D), 1.0f, true);
-    take(ring_key_grad_dims(M, L, D), 1.0f, true);
+  for (int64_t n : {tiles.size, tiles.rest()}) {
+    if (n == 0) continue;
+    auto take = [&](const MatmulDims& d, float alpha = 1.0f, bool accumulate = false) {
+      pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, DType::f32, threads, alpha,
+                                                         accumulate));
+    };
+    take(ring_score_dims(n, L, D), score_scale(D));
+    if (!backward) {
+      take(ring_output_dims(n, L, D), 1.0f, true);
+    } else {
+      take(ring_score_dims(n, L, D));
+      take(ring_output_dims(n, L, D), 1.0f, true);
+      take(ring_key_grad_dims(n, L, D), 1.0f, true);
+    }
   }
   const auto e = static_cast<int64_t>(dtype_size(compute));
-  return ring_thread_bytes(M, L, D, e, backward, pad) * static_cast<size_t>(threads);
+  return ring_thread_bytes(tiles.size, M, L, D, e, backward, pad) * static_cast<size_t>(threads);
 }
 
 void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTable* rope,
