@@ -101,7 +101,7 @@ avail=$(awk '/MemAvailable/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
 for run in "1 allgather" "4 allgather" "4 ring"; do
   read -r cp method <<<"$run"
   best_dev=0; best_host=0
-  for seq in 4096 8192 12288 16384 24576 32768 49152 65536 98304 131072 196608 262144; do
+  for seq in 4096 8192 12288 16384 24576 32768 49152 65536 98304 131072 196608 262144 393216 524288 786432 1048576; do
     model_config "$seq" "$cp" >"$work/plan.toml"
     sed -i "s/^cp = $cp\$/cp = $cp\ncp_comm = \"$method\"/" "$work/plan.toml"
     read -r most total < <("$BIN" plan --config "$work/plan.toml" --json | python3 -c '

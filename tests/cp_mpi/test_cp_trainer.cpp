@@ -37,10 +37,7 @@ using testing::mpi_env;
 // near-zero gradient's rounding into a full step of either sign (the ring's
 // bf16 probabilities are rounded per block: GPT-2's largest weight
 // difference after 8 steps is 1.4e-2 there, 3e-3 with the all-gather).
-struct Tolerance {
-  double loss = 1e-5, grad_norm = 1e-4;
-  float weight = 1e-5f;
-};
+using Tolerance = testing::RunTolerance;
 constexpr Tolerance kBf16{2e-3, 2e-2, 2e-2f};
 
 class ContextParallelTrainer : public ::testing::Test {
@@ -114,26 +111,7 @@ tokenizer = "bytes"
 
   void expect_close(const testing::TrainerRun& got, const testing::TrainerRun& ref,
                     const std::string& what, Tolerance tol = Tolerance()) {
-    ASSERT_EQ(got.records.size(), ref.records.size()) << what;
-    for (size_t i = 0; i < ref.records.size(); ++i) {
-      EXPECT_NEAR(got.records[i].loss, ref.records[i].loss,
-                  tol.loss * std::fabs(ref.records[i].loss))
-          << what << ": step " << i + 1;
-      EXPECT_NEAR(got.records[i].grad_norm, ref.records[i].grad_norm,
-                  tol.grad_norm * ref.records[i].grad_norm)
-          << what << ": gradient norm, step " << i + 1;
-      EXPECT_EQ(got.records[i].loss_tokens, ref.records[i].loss_tokens) << what;
-    }
-    ASSERT_EQ(got.weights.size(), ref.weights.size()) << what;
-    float worst = 0;
-    for (size_t i = 0; i < ref.weights.size(); ++i) {
-      worst = std::max(worst, std::fabs(got.weights[i] - ref.weights[i]));
-    }
-    EXPECT_LE(worst, tol.weight) << what << ": largest weight difference";
-    if (world_->rank() == 0) {
-      fmt::print("[cp] {}: final loss {:.6f} (one rank {:.6f}), largest weight difference {:.2e}\n",
-                 what, got.records.back().loss, ref.records.back().loss, worst);
-    }
+    testing::expect_runs_close(got, ref, what, tol, "cp", world_->rank() == 0);
   }
 
   // `c` on `mesh`, with each cp_comm, against one rank; the memory as predicted.

@@ -35,10 +35,7 @@ using testing::mpi_env;
 
 // Tolerances: fp32 by default; bf16 runs whose layouts round differently
 // (tp's partial sums) within bf16 rounding, as the dense tp tests.
-struct Tolerance {
-  double loss = 1e-5, grad_norm = 1e-4;
-  float weight = 1e-5f;
-};
+using Tolerance = testing::RunTolerance;
 
 class MoeTrainer : public ::testing::Test {
  protected:
@@ -95,26 +92,7 @@ tokenizer = "bytes"
 
   void expect_close(const testing::TrainerRun& got, const testing::TrainerRun& ref,
                     const std::string& what, Tolerance tol = Tolerance()) {
-    ASSERT_EQ(got.records.size(), ref.records.size()) << what;
-    for (size_t i = 0; i < ref.records.size(); ++i) {
-      EXPECT_NEAR(got.records[i].loss, ref.records[i].loss,
-                  tol.loss * std::fabs(ref.records[i].loss))
-          << what << ": step " << i + 1;
-      // AdamW hides a gradient's scale from the weights; the norm does not.
-      EXPECT_NEAR(got.records[i].grad_norm, ref.records[i].grad_norm,
-                  tol.grad_norm * ref.records[i].grad_norm)
-          << what << ": gradient norm, step " << i + 1;
-    }
-    ASSERT_EQ(got.weights.size(), ref.weights.size()) << what;
-    float worst = 0;
-    for (size_t i = 0; i < ref.weights.size(); ++i) {
-      worst = std::max(worst, std::fabs(got.weights[i] - ref.weights[i]));
-    }
-    EXPECT_LE(worst, tol.weight) << what << ": largest weight difference";
-    if (world_->rank() == 0) {
-      fmt::print("[moe] {}: final loss {:.6f} (one rank {:.6f}), largest weight difference {:.2e}\n",
-                 what, got.records.back().loss, ref.records.back().loss, worst);
-    }
+    testing::expect_runs_close(got, ref, what, tol, "moe", world_->rank() == 0);
   }
 
   std::string dir_;

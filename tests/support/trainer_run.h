@@ -2,7 +2,12 @@
 // pipeline tests: the corpus, a config from a test's TOML plus overrides, and a run.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -71,6 +76,41 @@ inline TrainerRun run_trainer(const TrainConfig& c, DeviceMesh* mesh = nullptr,
   r.predicted = trainer.memory_plan().at(mesh != nullptr ? static_cast<size_t>(mesh->rank()) : 0);
   r.weights = trainer.gather_weights();
   return r;
+}
+
+// How close a layout's run must be to the one-rank reference: relative
+// loss and gradient norm, absolute final weights (fp32 defaults).
+struct RunTolerance {
+  double loss = 1e-5, grad_norm = 1e-4;
+  float weight = 1e-5f;
+};
+
+// Every step's loss and gradient norm, and the final weights, of `got`
+// against `ref`; prints "[tag] what: ..." with the largest weight difference
+// when `print` (rank 0).
+inline void expect_runs_close(const TrainerRun& got, const TrainerRun& ref, const std::string& what,
+                              RunTolerance tol, const std::string& tag, bool print) {
+  ASSERT_EQ(got.records.size(), ref.records.size()) << what;
+  for (size_t i = 0; i < ref.records.size(); ++i) {
+    EXPECT_NEAR(got.records[i].loss, ref.records[i].loss, tol.loss * std::fabs(ref.records[i].loss))
+        << what << ": step " << i + 1;
+    // AdamW hides a gradient's scale from the weights; the norm does not.
+    EXPECT_NEAR(got.records[i].grad_norm, ref.records[i].grad_norm,
+                tol.grad_norm * ref.records[i].grad_norm)
+        << what << ": gradient norm, step " << i + 1;
+    EXPECT_EQ(got.records[i].loss_tokens, ref.records[i].loss_tokens) << what;
+  }
+  ASSERT_EQ(got.weights.size(), ref.weights.size()) << what;
+  float worst = 0;
+  for (size_t i = 0; i < ref.weights.size(); ++i) {
+    worst = std::max(worst, std::fabs(got.weights[i] - ref.weights[i]));
+  }
+  EXPECT_LE(worst, tol.weight) << what << ": largest weight difference";
+  if (print) {
+    std::printf("[%s] %s: final loss %.6f (one rank %.6f), largest weight difference %.2e\n",
+                tag.c_str(), what.c_str(), got.records.back().loss, ref.records.back().loss,
+                static_cast<double>(worst));
+  }
 }
 
 }  // namespace meshtrain::testing

@@ -651,6 +651,21 @@ void add_elementwise_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// Whole-sequence float64 attention: its output, or (backward) d_qkv from d_out.
+Outputs reference_attention(ops::AttentionDims dims, const int32_t* positions,
+                            const std::vector<float>& inv_freq, const Vec& qkv, const Vec& dout,
+                            bool backward) {
+  dims.positions = positions;
+  if (!backward) {
+    Vec out(dout.size());
+    ref::attention_forward(dims, inv_freq, qkv, out);
+    return Outputs{{"out", out}};
+  }
+  Vec dq(qkv.size());
+  ref::attention_backward(dims, inv_freq, qkv, dout, dq);
+  return Outputs{{"d_qkv", dq}};
+}
+
 void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
   struct Shape {
     int64_t batch, seq, heads, kv, dim;
@@ -697,16 +712,8 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
         return Outputs{{"d_qkv", p.download(DQKV)}};
       };
       auto reference = [=](bool backward) {
-        ops::AttentionDims dims = d;
-        if (s.packed) dims.positions = positions->data();
-        if (!backward) {
-          Vec out(dout.size());
-          ref::attention_forward(dims, *inv_freq, qkv, out);
-          return Outputs{{"out", out}};
-        }
-        Vec dq(qkv.size());
-        ref::attention_backward(dims, *inv_freq, qkv, dout, dq);
-        return Outputs{{"d_qkv", dq}};
+        return reference_attention(d, s.packed ? positions->data() : nullptr, *inv_freq, qkv,
+                                   dout, backward);
       };
       // Probabilities and q, k, v held in 16 bits: looser than one rounding.
       const double tol = dt == DType::f32 ? 1e-9 : max_nmse(dt) * 4;
@@ -946,16 +953,8 @@ void add_context_attention_cases(std::vector<OpCase>& cases, Random& rng) {
         return Outputs{{"d_qkv", dqkv}};
       };
       auto reference = [=](bool backward) {
-        ops::AttentionDims dims = whole;
-        if (s.packed) dims.positions = positions->data();
-        if (!backward) {
-          Vec out(dout.size());
-          ref::attention_forward(dims, *inv_freq, qkv, out);
-          return Outputs{{"out", out}};
-        }
-        Vec dq(qkv.size());
-        ref::attention_backward(dims, *inv_freq, qkv, dout, dq);
-        return Outputs{{"d_qkv", dq}};
+        return reference_attention(whole, s.packed ? positions->data() : nullptr, *inv_freq, qkv,
+                                   dout, backward);
       };
       const double tol = dt == DType::f32 ? 1e-9 : max_nmse(dt) * 4;
       cases.push_back(OpCase{"context_attention_forward", params, tol,

@@ -561,30 +561,51 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
   });
 }
 
-size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool recompute_probs,
-                                 bool backward, int threads) {
-  check_dims(dims, nullptr, dims.seq);
-  const int64_t T = dims.seq, D = dims.head_dim, M = dims.n_heads / dims.n_kv_heads * T;
-  const auto e = static_cast<int64_t>(dtype_size(compute));
-  const CausalBlocks blk(T);
+namespace {
+
+// The workspace of a blocked attention pass over `count` query blocks with
+// the given GEMMs (block index -> dims), M stacked query rows of a group and
+// T keys: the largest GEMM scratchpad, in the kernels' per-thread layout.
+// first_overwrites: dK/dV's first head overwrites (then, with more than one
+// head per group, the others accumulate); else every head accumulates.
+template <typename Score, typename Output, typename KeyGrad>
+size_t blocked_workspace_bytes(int64_t count, Score score, Output output, KeyGrad key_grad,
+                               bool first_overwrites, int64_t M, int64_t T, int64_t D,
+                               DType compute, bool recompute_probs, bool backward, int threads) {
   size_t pad = 0;
   auto take = [&](const MatmulDims& d, DType c, float alpha = 1.0f, bool accumulate = false) {
     pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, c, threads, alpha, accumulate));
   };
-  for (int64_t i = 0; i < blk.count(); ++i) {
-    if (!backward || recompute_probs) take(score_dims(blk, i, D), DType::f32, score_scale(D));
+  for (int64_t i = 0; i < count; ++i) {
+    if (!backward || recompute_probs) take(score(i), DType::f32, score_scale(D));
     if (!backward) {
-      take(output_dims(blk, i, D), compute);
+      take(output(i), compute);
       continue;
     }
-    take(score_dims(blk, i, D), DType::f32);
-    take(output_dims(blk, i, D), DType::f32);
-    take(key_grad_dims(blk, i, D), DType::f32);
-    if (M > T) take(key_grad_dims(blk, i, D), DType::f32, 1.0f, true);
+    take(score(i), DType::f32);
+    take(output(i), DType::f32);
+    if (first_overwrites) take(key_grad(i), DType::f32);
+    if (!first_overwrites || M > T) take(key_grad(i), DType::f32, 1.0f, true);
   }
+  const auto e = static_cast<int64_t>(dtype_size(compute));
   const size_t per_thread = backward ? backward_thread_bytes(M, T, D, e, !recompute_probs, pad)
                                      : forward_thread_bytes(M, T, D, e, !recompute_probs, pad);
   return per_thread * static_cast<size_t>(threads);
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool recompute_probs,
+                                 bool backward, int threads) {
+  check_dims(dims, nullptr, dims.seq);
+  const int64_t T = dims.seq, D = dims.head_dim, M = dims.n_heads / dims.n_kv_heads * T;
+  const CausalBlocks blk(T);
+  // dK and dV: the group's first head overwrites, the others accumulate.
+  return blocked_workspace_bytes(
+      blk.count(), [&](int64_t i) { return score_dims(blk, i, D); },
+      [&](int64_t i) { return output_dims(blk, i, D); },
+      [&](int64_t i) { return key_grad_dims(blk, i, D); }, true, M, T, D, compute,
+      recompute_probs, backward, threads);
 }
 
 // ---- Context-parallel attention (ops::ContextDims).
@@ -892,25 +913,13 @@ size_t context_attention_workspace_bytes(const ContextDims& dims, DType compute,
                                          bool recompute_probs, bool backward, int threads) {
   const int64_t T = dims.seq(), D = dims.head_dim;
   const int64_t M = dims.n_heads / dims.n_kv_heads * dims.local_seq;
-  const auto e = static_cast<int64_t>(dtype_size(compute));
   const ContextBlocks cb(dims);
-  size_t pad = 0;
-  auto take = [&](const MatmulDims& d, DType c, float alpha = 1.0f, bool accumulate = false) {
-    pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, c, threads, alpha, accumulate));
-  };
-  for (int64_t n = 0; n < cb.count(); ++n) {
-    if (!backward || recompute_probs) take(context_score_dims(cb, n, D), DType::f32, score_scale(D));
-    if (!backward) {
-      take(context_output_dims(cb, n, D), compute);
-      continue;
-    }
-    take(context_score_dims(cb, n, D), DType::f32);
-    take(context_output_dims(cb, n, D), DType::f32);
-    take(context_key_grad_dims(cb, n, D), DType::f32, 1.0f, true);
-  }
-  const size_t per_thread = backward ? backward_thread_bytes(M, T, D, e, !recompute_probs, pad)
-                                     : forward_thread_bytes(M, T, D, e, !recompute_probs, pad);
-  return per_thread * static_cast<size_t>(threads);
+  // dK and dV accumulate into zeroed buffers.
+  return blocked_workspace_bytes(
+      cb.count(), [&](int64_t n) { return context_score_dims(cb, n, D); },
+      [&](int64_t n) { return context_output_dims(cb, n, D); },
+      [&](int64_t n) { return context_key_grad_dims(cb, n, D); }, false, M, T, D, compute,
+      recompute_probs, backward, threads);
 }
 
 void context_attention_finish(CpuContext& /*ctx*/, const ContextDims& dims, const RopeTable* rope,
