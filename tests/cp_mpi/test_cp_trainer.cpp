@@ -193,6 +193,9 @@ TEST_F(ContextParallelTrainer, ComposesWithDataTensorPipelineAndZero) {
   {
     DeviceMesh mesh(*world_, 1, 1, 1, 4);
     check(config("cp4", {{"parallel.cp", "4"}}), mesh, "cp 4");
+    check(config("cp4_gpt2", {{"parallel.cp", "4"}}, "gpt2"), mesh, "gpt2 cp 4");
+    check(config("cp4_bf16", {{"parallel.cp", "4"}, {"train.precision", "bf16"}}), mesh,
+          "cp 4 bf16", kBf16);
   }
   {
     DeviceMesh mesh(*world_, 1, 1, 1, 2);

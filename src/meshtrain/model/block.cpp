@@ -532,8 +532,8 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
 ops::ContextDims Model::Impl::context_dims(int64_t batch, int64_t seq) const {
   MESHTRAIN_CHECK(row_positions != nullptr,
                   "model: a context-parallel pass needs its tokens' positions");
-  return ops::ContextDims{batch, seq, heads, kv_heads, cfg.head_dim(),
-                          model.context_parallel().split(), row_positions};
+  return ops::ContextDims{
+      batch, seq, heads, kv_heads, cfg.head_dim(), model.context_parallel().split(), row_positions};
 }
 
 void Model::Impl::context_attention_forward(BlockActs& a, DType dt, int64_t batch, int64_t seq) {
@@ -554,7 +554,8 @@ void Model::Impl::context_attention_forward(BlockActs& a, DType dt, int64_t batc
 void Model::Impl::context_attention_backward(const BlockActs& a, DType dt, int64_t batch,
                                              int64_t seq, const float* d_att) {
   const ops::ContextDims d = context_dims(batch, seq);
-  if (model.context_parallel().method == CpComm::ring) return ring_attention_backward(a, dt, d, d_att);
+  if (model.context_parallel().method == CpComm::ring)
+    return ring_attention_backward(a, dt, d, d_att);
   Communicator& group = *model.context_parallel().comm;
   ensure(ws.cp_dkv_all, {d.kv_block() * d.split.size}, DType::f32, MemCategory::comm);
   ensure(ws.cp_dkv, {d.kv_block()}, DType::f32, MemCategory::comm);
@@ -614,9 +615,9 @@ void Model::Impl::ring_attention_backward(const BlockActs& a, DType dt, const op
          MemCategory::workspace);
   ws.cp_dq.zero();
   // The accumulator of the block in hand's dK/dV travels with it.
+  ws.cp_dkv_all.view(0, {block}).zero();
   float* acc = ws.cp_dkv_all.data<float>();
   float* arriving = acc + block;
-  std::fill_n(acc, block, 0.0f);
   const void* current = a.attn.k.raw();
   for (int step = 0; step < n; ++step) {
     Work transfer;
@@ -631,8 +632,9 @@ void Model::Impl::ring_attention_backward(const BlockActs& a, DType dt, const op
     {
       // The block's gradients so far go on with it; the previous rank's come in.
       trace::Span span("comm", "cp ring dk/dv");
-      group.send_recv_async({P2POp{true, acc, block, CommDType::f32, next},
-                             P2POp{false, arriving, block, CommDType::f32, prev}})
+      group
+          .send_recv_async({P2POp{true, acc, block, CommDType::f32, next},
+                            P2POp{false, arriving, block, CommDType::f32, prev}})
           .wait();
       if (incoming != nullptr) transfer.wait();
     }
