@@ -114,11 +114,15 @@ tokenizer = "bytes"
     testing::expect_runs_close(got, ref, what, tol, "cp", world_->rank() == 0);
   }
 
-  // `c` on `mesh`, with each cp_comm, against one rank; the memory as predicted.
+  // `c` on `mesh`, with each cp_comm (Ulysses where the tp x cp ranks split
+  // the heads), against one rank; the memory as predicted.
   void check(const TrainConfig& c, DeviceMesh& mesh, const std::string& what,
              Tolerance tol = Tolerance()) {
     const testing::TrainerRun ref = reference(c);
-    for (const char* method : {"allgather", "ring"}) {
+    const int64_t split = static_cast<int64_t>(c.parallel.tp) * c.parallel.cp;
+    const bool heads_split = c.model.n_heads % split == 0 && c.model.n_kv_heads % split == 0;
+    for (const char* method : {"allgather", "ring", "alltoall"}) {
+      if (std::string(method) == "alltoall" && !heads_split) continue;
       TrainConfig run = c;
       run.parallel.cp_comm = method;
       run.train.out_dir += std::string(".") + method;
@@ -279,17 +283,20 @@ TEST_F(ContextParallelTrainer, LongSequenceThatDoesNotFitOneRankTrainsAtCp4) {
 // The planner's closed form of the engine (plan::engine_memory) with its
 // context-parallel terms against what a cp rank's tracker holds after one
 // forward/backward: params, grads, optimizer, activations and the exchange
-// buffers exactly, for both methods and with recompute.
+// buffers exactly, for every method (Ulysses where the heads divide) and
+// with recompute.
 TEST_F(ContextParallelTrainer, PlannerEngineMemoryMatchesACpRank) {
   const int cp = world_->size();
   if (cp < 2) GTEST_SKIP() << "needs 2 or more ranks";
   ModelConfig c = model_preset("llama-tiny");
   c.max_seq_len = 64;
   const int64_t batch = 2, seq = 16 * cp;
-  for (CpComm method : {CpComm::allgather, CpComm::ring}) {
+  const std::pair<CpComm, const char*> methods[] = {
+      {CpComm::allgather, "allgather"}, {CpComm::ring, "ring"}, {CpComm::alltoall, "alltoall"}};
+  for (const auto& [method, name] : methods) {
+    if (method == CpComm::alltoall && (c.n_heads % cp != 0 || c.n_kv_heads % cp != 0)) continue;
     for (Recompute mode : {Recompute::none, Recompute::selective, Recompute::full}) {
-      const bool ring = method == CpComm::ring;
-      SCOPED_TRACE(fmt::format("{} recompute {}", ring ? "ring" : "allgather", recompute_name(mode)));
+      SCOPED_TRACE(fmt::format("{} recompute {}", name, recompute_name(mode)));
       MemoryTracker tracker;
       cpu::CpuBackend backend(1, tracker);
       Model model(c, Precision::bf16, backend);
@@ -307,7 +314,7 @@ TEST_F(ContextParallelTrainer, PlannerEngineMemoryMatchesACpRank) {
       model.zero_grads();
       model.forward_backward(tokens.data(), tokens.data(), batch, local, 1.0f, positions.data());
       const plan::MemoryBreakdown want =
-          plan::engine_memory(c, Precision::bf16, batch, seq, {mode, 0}, cp, ring);
+          plan::engine_memory(c, Precision::bf16, batch, seq, {mode, 0}, cp, name);
       EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::params)), want.params);
       EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::grads)), want.grads);
       EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::optimizer)), want.optimizer);

@@ -350,9 +350,16 @@ TEST(Config, ContextParallelKeysSavedAndNamedWhenInvalid) {
   const TrainConfig back = parse_config(config_to_toml(c), "saved.toml");
   EXPECT_EQ(back.parallel.cp, 2);
   EXPECT_EQ(back.parallel.cp_comm, "ring");
-  EXPECT_EQ(error_of(kBase, {{"parallel.cp_comm", "alltoall"}}),
-            "config: parallel.cp_comm must be \"allgather\" or \"ring\" (\"alltoall\" is not "
-            "implemented yet), got \"alltoall\"");
+  EXPECT_EQ(error_of(kBase, {{"parallel.cp_comm", "ulysses"}}),
+            "config: parallel.cp_comm must be \"allgather\", \"ring\" or \"alltoall\", got "
+            "\"ulysses\"");
+  // Ulysses splits each tp rank's heads over the cp ranks (llama-tiny: 4 heads, 2 kv heads).
+  EXPECT_EQ(parse_config(kBase, "run.toml", {{"parallel.cp", "2"}, {"parallel.cp_comm", "alltoall"}})
+                .parallel.cp_comm,
+            "alltoall");
+  EXPECT_EQ(error_of(kBase, {{"parallel.cp", "4"}, {"parallel.cp_comm", "alltoall"}}),
+            "config: parallel.cp_comm = \"alltoall\" splits the heads over tp x cp = 4: "
+            "model.n_heads = 4 and model.n_kv_heads = 2 must divide by it");
   EXPECT_EQ(error_of(kBase, {{"parallel.cp", "3"}}),
             "config: train.seq_len = 32 is not divisible by 2 x parallel.cp = 6 (each sequence is "
             "cut into 2 x cp chunks)");

@@ -147,6 +147,16 @@ class Backend {
   virtual void context_attention_finish(const ops::ContextDims& dims, const ops::RopeTable* rope,
                                         DType compute, const float* dkv, const float* dq,
                                         void* d_qkv) = 0;
+  // Ulysses' layouts (cp_comm = "alltoall"): rows [rows, width] <-> head
+  // groups [groups][rows][width / groups] (to_groups false: back); and the
+  // cp group's tokens by rank [size][batch][local_seq][width] (as an
+  // all-to-all delivers them) <-> the sequence [batch][seq][width] in global
+  // order (to_sequence false: back). Any dtype (element size); data movement
+  // only.
+  virtual void head_groups(const ops::HeadGroups& g, DType dtype, const void* rows, void* groups,
+                           bool to_groups) = 0;
+  virtual void context_sequence(const ops::ContextDims& dims, int64_t width, DType dtype,
+                                const void* by_rank, void* sequence, bool to_sequence) = 0;
   // Ring attention (cp_comm = "ring"): the local queries (saved.q, from
   // project) against one rank's packed k/v block at a time (`block_rank`'s
   // tokens), merged into `state` (first: the first block, which resets it);

@@ -84,6 +84,22 @@ struct ContextDims {
   int64_t kv_block() const { return 2 * batch * n_kv_heads * local_seq * head_dim; }
 };
 
+// Ulysses (cp_comm = "alltoall") moves rows between two layouts around its
+// all-to-alls: this rank's tokens with every head, and the whole sequence
+// with one head group. HeadGroups: a row of `width` values made of parts
+// (q | k | v, or the attention output), each part split evenly into
+// `groups` column slices; group g is the concatenation of every part's g-th
+// slice ([groups][rows][width / groups] when grouped).
+struct HeadGroups {
+  int64_t rows = 0, groups = 1;
+  std::vector<int64_t> parts;  // each part's width (a multiple of groups)
+  int64_t width() const {
+    int64_t w = 0;
+    for (int64_t p : parts) w += p;
+    return w;
+  }
+};
+
 // RMSNorm over groups of a strided f32 matrix (QK-norm, config.h QkNorm):
 // each of `rows` rows, `stride` values apart, has its first `count` values
 // normalised `width` at a time (a head's head_dim, or the whole

@@ -975,6 +975,86 @@ void add_context_attention_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// Ulysses' layouts: rows <-> head groups, and the cp ranks' tokens <->
+// the sequence (data movement: exact), each way and back.
+void add_ulysses_layout_cases(std::vector<OpCase>& cases, Random& rng) {
+  struct Groups {
+    int64_t rows, groups;
+    std::vector<int64_t> parts;
+  };
+  for (const Groups& g : {Groups{3, 2, {8, 4, 4}}, Groups{5, 4, {16, 8, 8}}, Groups{7, 2, {6}}}) {
+    const ops::HeadGroups hg{g.rows, g.groups, g.parts};
+    const int64_t width = hg.width(), slice = width / g.groups;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Vec x = rounded(rng.uniform(g.rows * width), dt);
+      const std::string params = fmt::format("rows={} groups={} parts={} {}", g.rows, g.groups,
+                                             g.parts.size(), dtype_name(dt));
+      cases.push_back(OpCase{
+          "head_groups", params, max_nmse(DType::f32),
+          [=](Probe& p) {
+            auto X = p.upload("rows", dt, x), G = p.upload("groups", dt, Vec(x.size()));
+            auto Back = p.upload("back", dt, Vec(x.size()));
+            p.backend().head_groups(hg, dt, X.data(), G.data(), true);
+            p.backend().head_groups(hg, dt, Back.data(), G.data(), false);
+            return Outputs{{"groups", p.download(G)}, {"back", p.download(Back)}};
+          },
+          [=] {
+            Vec grouped(x.size());
+            for (int64_t k = 0; k < g.groups; ++k) {
+              for (int64_t r = 0; r < g.rows; ++r) {
+                int64_t at = 0, offset = 0;
+                for (int64_t part : g.parts) {
+                  const int64_t w = part / g.groups;
+                  for (int64_t c = 0; c < w; ++c) {
+                    grouped[static_cast<size_t>((k * g.rows + r) * slice + at + c)] =
+                        x[static_cast<size_t>(r * width + offset + k * w + c)];
+                  }
+                  at += w;
+                  offset += part;
+                }
+              }
+            }
+            return Outputs{{"groups", grouped}, {"back", x}};
+          }});
+    }
+  }
+  struct Sequence {
+    int64_t batch, seq, cp, width;
+  };
+  for (const Sequence& q : {Sequence{1, 8, 2, 3}, Sequence{2, 24, 3, 5}, Sequence{2, 32, 4, 1}}) {
+    const int64_t L = q.seq / q.cp;
+    const Vec by_rank = rounded(rng.uniform(q.cp * q.batch * L * q.width), DType::f32);
+    const std::string params =
+        fmt::format("b={} t={} cp={} width={}", q.batch, q.seq, q.cp, q.width);
+    cases.push_back(OpCase{
+        "context_sequence", params, max_nmse(DType::f32),
+        [=](Probe& p) {
+          const ops::ContextDims d{q.batch, L, 1, 1, 2, ContextSplit{0, q.cp}};
+          auto R = p.upload("by_rank", DType::f32, by_rank);
+          auto S = p.upload("sequence", DType::f32, Vec(by_rank.size()));
+          auto Back = p.upload("back", DType::f32, Vec(by_rank.size()));
+          p.backend().context_sequence(d, q.width, DType::f32, R.data(), S.data(), true);
+          p.backend().context_sequence(d, q.width, DType::f32, Back.data(), S.data(), false);
+          return Outputs{{"sequence", p.download(S)}, {"back", p.download(Back)}};
+        },
+        [=] {
+          Vec seq(by_rank.size());
+          for (int64_t r = 0; r < q.cp; ++r) {
+            const ContextSplit split{r, q.cp};
+            for (int64_t b = 0; b < q.batch; ++b) {
+              for (int64_t i = 0; i < L; ++i) {
+                for (int64_t c = 0; c < q.width; ++c) {
+                  seq[static_cast<size_t>((b * q.seq + split.global(q.seq, i)) * q.width + c)] =
+                      by_rank[static_cast<size_t>(((r * q.batch + b) * L + i) * q.width + c)];
+                }
+              }
+            }
+          }
+          return Outputs{{"sequence", seq}, {"back", by_rank}};
+        }});
+  }
+}
+
 void add_embedding_cases(std::vector<OpCase>& cases, Random& rng) {
   struct Shape {
     int64_t vocab, batch, seq, dim, pos0;
@@ -1410,6 +1490,7 @@ std::vector<OpCase> all_cases(uint32_t seed) {
   add_elementwise_cases(cases, rng);
   add_attention_cases(cases, rng);
   add_context_attention_cases(cases, rng);
+  add_ulysses_layout_cases(cases, rng);
   add_embedding_cases(cases, rng);
   add_classifier_cases(cases, rng);
   add_optimizer_cases(cases, rng);

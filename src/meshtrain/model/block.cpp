@@ -539,6 +539,7 @@ ops::ContextDims Model::Impl::context_dims(int64_t batch, int64_t seq) const {
 void Model::Impl::context_attention_forward(BlockActs& a, DType dt, int64_t batch, int64_t seq) {
   const ops::ContextDims d = context_dims(batch, seq);
   if (model.context_parallel().method == CpComm::ring) return ring_attention_forward(a, dt, d);
+  if (model.context_parallel().method == CpComm::alltoall) return ulysses_forward(a, dt, d);
   Communicator& group = *model.context_parallel().comm;
   ensure(ws.cp_kv, {d.kv_block()}, dt, MemCategory::comm);
   ensure(ws.cp_kv_all, {d.kv_block() * d.split.size}, dt, MemCategory::comm);
@@ -556,6 +557,7 @@ void Model::Impl::context_attention_backward(const BlockActs& a, DType dt, int64
   const ops::ContextDims d = context_dims(batch, seq);
   if (model.context_parallel().method == CpComm::ring)
     return ring_attention_backward(a, dt, d, d_att);
+  if (model.context_parallel().method == CpComm::alltoall) return ulysses_backward(a, dt, d, d_att);
   Communicator& group = *model.context_parallel().comm;
   ensure(ws.cp_dkv_all, {d.kv_block() * d.split.size}, DType::f32, MemCategory::comm);
   ensure(ws.cp_dkv, {d.kv_block()}, DType::f32, MemCategory::comm);
@@ -568,6 +570,72 @@ void Model::Impl::context_attention_backward(const BlockActs& a, DType dt, int64
   }
   backend.context_attention_finish(d, rope_table(), dt, ws.cp_dkv.data<float>(), nullptr,
                                    ws.dqkv.raw());
+}
+
+ops::AttentionDims Model::Impl::ulysses_dims(const ops::ContextDims& d) {
+  Communicator& group = *model.context_parallel().comm;
+  const int64_t n = d.split.size, rows = d.batch * d.local_seq;
+  ensure(ws.ul_pos, {n * rows}, DType::i32, MemCategory::workspace);
+  ensure(ws.ul_pos_seq, {n * rows}, DType::i32, MemCategory::workspace);
+  group.all_gather(d.positions, ws.ul_pos.raw(), rows, CommDType::i32);
+  backend.context_sequence(d, 1, DType::i32, ws.ul_pos.raw(), ws.ul_pos_seq.raw(), true);
+  return ops::AttentionDims{d.batch,        d.seq(),       d.n_heads / n, d.n_kv_heads / n,
+                            d.head_dim, ws.ul_pos_seq.data<int32_t>()};
+}
+
+namespace {
+
+// An all-to-all of `count` elements with every member of `group`.
+void all_to_all_even(Communicator& group, const void* send, void* recv, int64_t count,
+                     CommDType dtype, const char* what) {
+  trace::Span span("comm", what);
+  const std::vector<int64_t> counts(static_cast<size_t>(group.size()), count);
+  group.all_to_all(send, counts, recv, counts, dtype);
+}
+
+}  // namespace
+
+void Model::Impl::ulysses_forward(BlockActs& a, DType dt, const ops::ContextDims& d) {
+  Communicator& group = *model.context_parallel().comm;
+  const int64_t n = d.split.size, rows = d.batch * d.local_seq;
+  const int64_t q = heads * cfg.head_dim(), kv = kv_heads * cfg.head_dim(), width = q + 2 * kv;
+  ensure(ws.ul_send32, {rows * width}, DType::f32, MemCategory::comm);
+  ensure(ws.ul_recv32, {rows * width}, DType::f32, MemCategory::comm);
+  ensure(ws.ul_send16, {rows * width}, dt, MemCategory::comm);
+  ensure(ws.ul_recv16, {rows * width}, dt, MemCategory::comm);
+  ensure(ws.ul_seq32, {rows * width}, DType::f32, MemCategory::workspace);
+  ensure(ws.ul_seq16, {rows * width}, dt, MemCategory::workspace);
+  const ops::AttentionDims whole = ulysses_dims(d);
+  // This rank's tokens, every head -> the sequence, this rank's head group.
+  backend.head_groups({rows, n, {q, kv, kv}}, DType::f32, ws.qkv.raw(), ws.ul_send32.raw(), true);
+  all_to_all_even(group, ws.ul_send32.raw(), ws.ul_recv32.raw(), rows * width / n, CommDType::f32,
+                  "cp all-to-all qkv");
+  backend.context_sequence(d, width / n, DType::f32, ws.ul_recv32.raw(), ws.ul_seq32.raw(), true);
+  backend.attention_forward(whole, rope_table(), dt, ws.ul_seq32.data<float>(), ws.ul_seq16.raw(),
+                            a.attn);
+  // And the output back: this rank's tokens, every head.
+  backend.context_sequence(d, q / n, dt, ws.ul_send16.raw(), ws.ul_seq16.raw(), false);
+  all_to_all_even(group, ws.ul_send16.raw(), ws.ul_recv16.raw(), rows * q / n, comm_dtype(dt),
+                  "cp all-to-all out");
+  backend.head_groups({rows, n, {q}}, dt, a.att.raw(), ws.ul_recv16.raw(), false);
+}
+
+void Model::Impl::ulysses_backward(const BlockActs& a, DType dt, const ops::ContextDims& d,
+                                   const float* d_att) {
+  Communicator& group = *model.context_parallel().comm;
+  const int64_t n = d.split.size, rows = d.batch * d.local_seq;
+  const int64_t q = heads * cfg.head_dim(), kv = kv_heads * cfg.head_dim(), width = q + 2 * kv;
+  const ops::AttentionDims whole = ulysses_dims(d);
+  backend.head_groups({rows, n, {q}}, DType::f32, d_att, ws.ul_send32.raw(), true);
+  all_to_all_even(group, ws.ul_send32.raw(), ws.ul_recv32.raw(), rows * q / n, CommDType::f32,
+                  "cp all-to-all d out");
+  backend.context_sequence(d, q / n, DType::f32, ws.ul_recv32.raw(), ws.ul_seq32.raw(), true);
+  backend.attention_backward(whole, rope_table(), dt, a.attn, ws.ul_seq32.data<float>(),
+                             ws.ul_seq16.raw());
+  backend.context_sequence(d, width / n, dt, ws.ul_send16.raw(), ws.ul_seq16.raw(), false);
+  all_to_all_even(group, ws.ul_send16.raw(), ws.ul_recv16.raw(), rows * width / n, comm_dtype(dt),
+                  "cp all-to-all d qkv");
+  backend.head_groups({rows, n, {q, kv, kv}}, dt, ws.dqkv.raw(), ws.ul_recv16.raw(), false);
 }
 
 void Model::Impl::ring_attention_forward(BlockActs& a, DType dt, const ops::ContextDims& d) {

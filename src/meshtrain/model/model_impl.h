@@ -151,6 +151,9 @@ struct Workspace {
   // gradients (f32) before and after the reduce-scatter.
   Tensor cp_kv, cp_kv_all, cp_dkv_all, cp_dkv;
   Tensor cp_dq;           // ring: f32 [B, H, local, D]
+  // Ulysses: the all-to-alls' send and receive buffers (f32 and the compute
+  // dtype), the sequence-order rows (f32, compute dtype), the positions.
+  Tensor ul_send32, ul_recv32, ul_send16, ul_recv16, ul_seq32, ul_seq16, ul_pos, ul_pos_seq;
   ops::RingState ring;    // ring: the running softmax of the local queries
   // Tensor parallelism.
   Tensor partial;        // f32 [N, d]: a row-parallel layer's (or the embedding's) partial sum
@@ -228,6 +231,11 @@ struct Model::Impl {
   void context_attention_backward(const BlockActs& a, DType dt, int64_t batch, int64_t seq,
                                   const float* d_att);
   void ring_attention_forward(BlockActs& a, DType dt, const ops::ContextDims& d);
+  // Ulysses: the whole sequence's dims for this rank's head group (its
+  // positions in ws.ul_pos_seq, gathered over the cp group), and the two passes.
+  ops::AttentionDims ulysses_dims(const ops::ContextDims& d);
+  void ulysses_forward(BlockActs& a, DType dt, const ops::ContextDims& d);
+  void ulysses_backward(const BlockActs& a, DType dt, const ops::ContextDims& d, const float* d_att);
   void ring_attention_backward(const BlockActs& a, DType dt, const ops::ContextDims& d,
                                const float* d_att);
   const ops::RopeTable* rope_table() const { return has_rope ? &rope : nullptr; }

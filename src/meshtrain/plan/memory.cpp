@@ -142,14 +142,14 @@ std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m)
 
 MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t micro_batch,
                               int64_t seq, const RecomputePolicy& recompute, int64_t cp,
-                              bool ring) {
+                              const std::string& method) {
   c.validate();
   MESHTRAIN_CHECK(micro_batch > 0 && seq > 0 && seq <= c.max_seq_len,
                   "plan: micro-batch {} and seq {} must be > 0 (seq <= max_seq_len {})",
                   micro_batch, seq, c.max_seq_len);
   MESHTRAIN_CHECK(cp >= 1 && seq % (2 * cp) == 0, "plan: seq {} does not divide by 2 x cp {}", seq,
                   cp);
-  ring = ring && cp > 1;
+  const bool ring = cp > 1 && method == "ring", alltoall = cp > 1 && method == "alltoall";
   double params = 0, matmul = 0;
   for (const ParamSpec& spec : build_param_specs(c)) {
     params += static_cast<double>(spec.numel());
@@ -177,8 +177,9 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
   // sequence's k and v; the ring keeps none, its own k/v block and the LSE.
   const double heads = static_cast<double>(micro_batch * c.n_heads);
   const double probs = ring ? 0 : heads * static_cast<double>(seq / cp) * whole;
-  const double qkv_kept = ring ? e * n * (q + 2 * kv) + 4 * heads * static_cast<double>(seq / cp)
-                               : e * (n * q + 2 * static_cast<double>(micro_batch) * whole * kv);
+  const double qkv_kept = ring       ? e * n * (q + 2 * kv) + 4 * heads * static_cast<double>(seq / cp)
+                          : alltoall ? e * n * (q + 2 * kv)
+                                     : e * (n * q + 2 * static_cast<double>(micro_batch) * whole * kv);
   // What selective recomputation drops (model/recompute.cpp): norm outputs
   // and stats, the MLP activation output and the probabilities.
   const double recomputed = 2 * (e * n * d + stats)  // xn1, xn2
@@ -214,9 +215,11 @@ MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t
     // The exchange buffers: all-gather: this rank's k/v and the group's (e),
     // their gradients (f32); ring: two blocks of each in flight. Per-token
     // positions; the ring's running softmax and dQ.
-    m.comm = (e + 4) * 2 * n * kv * (ring ? 2 : static_cast<double>(1 + cp));
+    m.comm = alltoall ? (e + 4) * 2 * n * (q + 2 * kv)
+                      : (e + 4) * 2 * n * kv * (ring ? 2 : static_cast<double>(1 + cp));
     m.workspace += 4 * n;
     if (ring) m.workspace += 4 * (2 * heads * static_cast<double>(seq / cp) + 2 * n * q);
+    if (alltoall) m.workspace += (4 + e) * n * (q + 2 * kv) + 2 * 4 * static_cast<double>(cp) * n;
   }
   const double chunk = std::min(n, 256.0), vocab = static_cast<double>(c.vocab_size);
   m.workspace += chunk * vocab * (4 + (mixed ? 2 : 0)) + (mixed ? 0 : 4 * d * vocab);

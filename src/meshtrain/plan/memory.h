@@ -104,11 +104,11 @@ std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m)
 // moments, and the activations Model::forward_backward keeps for one
 // micro-batch under `recompute` (model/model_impl.h BlockActs and the one
 // shared set of recomputed tensors; exact). Workspace is estimated. Under
-// context parallelism (`cp` > 1, `ring`: cp_comm = "ring") a rank runs seq /
-// cp tokens against the whole sequence's keys: its activations, and the
-// exchange buffers as comm (exact).
+// context parallelism (`cp` > 1, `method`: parallel.cp_comm) a rank runs seq
+// / cp tokens against the whole sequence's keys (Ulysses: the sequence for
+// heads / cp): its activations, and the exchange buffers as comm (exact).
 MemoryBreakdown engine_memory(const ModelConfig& model, Precision precision, int64_t micro_batch,
                               int64_t seq, const RecomputePolicy& recompute = {}, int64_t cp = 1,
-                              bool ring = false);
+                              const std::string& method = "allgather");
 
 }  // namespace meshtrain::plan

@@ -579,9 +579,9 @@ ParallelSettings read_parallel(const Section& s) {
   check_min("parallel.pp", p.pp, 1);
   check_min("parallel.ep", p.ep, 1);
   check_min("parallel.cp", p.cp, 1);
-  MESHTRAIN_CHECK(p.cp_comm == "allgather" || p.cp_comm == "ring",
-                  "config: parallel.cp_comm must be \"allgather\" or \"ring\" (\"alltoall\" is "
-                  "not implemented yet), got \"{}\"",
+  MESHTRAIN_CHECK(p.cp_comm == "allgather" || p.cp_comm == "ring" || p.cp_comm == "alltoall",
+                  "config: parallel.cp_comm must be \"allgather\", \"ring\" or \"alltoall\", got "
+                  "\"{}\"",
                   p.cp_comm);
   MESHTRAIN_CHECK(std::isfinite(p.bucket_mb) && p.bucket_mb > 0,
                   "config: parallel.bucket_mb must be > 0, got {}", p.bucket_mb);
@@ -731,6 +731,14 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
                   "over a micro-batch cut across the cp ranks is not implemented (use "
                   "moe.capacity_factor = 0, dropless)",
                   c.model.moe.capacity_factor, c.parallel.cp);
+  if (c.parallel.cp_comm == "alltoall") {
+    // Ulysses re-shards each tp rank's heads over the cp ranks.
+    const int64_t split = static_cast<int64_t>(c.parallel.tp) * c.parallel.cp;
+    MESHTRAIN_CHECK(c.model.n_heads % split == 0 && c.model.n_kv_heads % split == 0,
+                    "config: parallel.cp_comm = \"alltoall\" splits the heads over tp x cp = {}: "
+                    "model.n_heads = {} and model.n_kv_heads = {} must divide by it",
+                    split, c.model.n_heads, c.model.n_kv_heads);
+  }
   MESHTRAIN_CHECK(c.train.seq_len % (2 * c.parallel.cp) == 0,
                   "config: train.seq_len = {} is not divisible by 2 x parallel.cp = {} (each "
                   "sequence is cut into 2 x cp chunks)",

@@ -32,7 +32,8 @@ struct LocalShape {
   double mb = 0, seq = 0, e = 4;  // e: bytes of the compute dtype; seq: this rank's tokens per row
   double whole = 0;  // the keys a query sees: the sequence (seq x cp under context parallelism)
   double cp = 1;
-  bool ring = false;  // parallel.cp_comm = "ring"
+  bool ring = false;      // parallel.cp_comm = "ring"
+  bool alltoall = false;  // parallel.cp_comm = "alltoall" (Ulysses)
   double d = 0, q = 0, kv = 0, heads = 0, f = 0, ff_in = 0, vocab = 0;
   double tp = 1;
   double norm_stats = 1;  // f32 values a norm saves per row
@@ -56,6 +57,7 @@ struct LocalShape {
   double probs() const { return ring ? 0 : e * mb * heads * seq * whole; }
   double qkv_saved() const {
     if (ring) return e * n * (q + 2 * kv) + 4 * mb * heads * seq;
+    if (alltoall) return e * n * (q + 2 * kv);  // the sequence's, for heads / cp
     return e * n * q + 2 * e * mb * whole * kv;
   }
   // Context parallelism's exchange buffers (model/block.cpp): all-gather:
@@ -63,11 +65,17 @@ struct LocalShape {
   // gradients; ring: two blocks in flight of each.
   double cp_buffers() const {
     if (cp <= 1) return 0;
+    if (alltoall) return (e + 4) * 2 * n * (q + 2 * kv);  // send and receive, f32 and 16-bit
     const double block = 2 * n * kv;
     return (e + 4) * block * (ring ? 2 : 1 + cp);
   }
   // The ring's workspace: its running softmax (max, sum, output) and dQ.
   double ring_workspace() const { return ring ? 4 * (2 * mb * heads * seq + 2 * n * q) : 0; }
+  // Ulysses' workspace: the sequence-order rows (f32 and the compute dtype)
+  // and the gathered positions, in rank and in sequence order.
+  double alltoall_workspace() const {
+    return alltoall ? (4 + e) * n * (q + 2 * kv) + 2 * 4 * cp * n : 0;
+  }
 };
 
 LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t expert_rows = 0) {
@@ -77,6 +85,7 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t e
   s.mb = static_cast<double>(micro_batch);
   s.cp = static_cast<double>(config.parallel.cp);
   s.ring = config.parallel.cp > 1 && config.parallel.cp_comm == "ring";
+  s.alltoall = config.parallel.cp > 1 && config.parallel.cp_comm == "alltoall";
   s.whole = static_cast<double>(config.train.seq_len);
   s.seq = s.whole / s.cp;
   s.n = s.mb * s.seq;
@@ -298,7 +307,7 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
   double w = 4 * s.n * qkv + 4 * s.r * s.d + (bf16 ? s.e * s.n * s.d : 0) + 4 * s.n * std::max(s.d, s.q) +
              4 * s.n * std::max({s.f, qkv, s.shared_f}) + s.e * s.n * dff_c + s.e * s.n * qkv;
   if (kinds.moe) w += moe_workspace_bytes(s);
-  w += s.ring_workspace();
+  w += s.ring_workspace() + s.alltoall_workspace();
   w += 4 * s.qk_weights;  // QK-norm's weight gradients
   if (config.parallel.tp > 1) {
     w += 4 * s.n * s.d;  // partial (row-parallel sums)
@@ -417,8 +426,15 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
                                   config.model.head_dim()};
     const ops::ContextDims context{dims.batch, dims.seq, dims.n_heads, dims.n_kv_heads,
                                    dims.head_dim, ContextSplit{cp_rank, config.parallel.cp}};
+    // Ulysses: the one-rank kernel over the sequence, heads / cp of them.
+    const ops::AttentionDims ulysses{dims.batch, config.train.seq_len,
+                                     dims.n_heads / config.parallel.cp,
+                                     dims.n_kv_heads / config.parallel.cp, dims.head_dim};
     auto bytes = [&](bool recompute, bool backward) {
       if (s.ring) return kind.ring_attention_workspace_bytes(context, dt, backward, threads);
+      if (s.alltoall) {
+        return kind.attention_workspace_bytes(ulysses, dt, recompute, backward, threads);
+      }
       return context.split.active() ? kind.context_attention_workspace_bytes(
                                           context, dt, recompute, backward, threads)
                                     : kind.attention_workspace_bytes(dims, dt, recompute, backward,

@@ -378,6 +378,22 @@ void group_probs(BlockMatmuls& qk, const CausalBlocks& blk, const KeySkip& skip,
 
 }  // namespace
 
+namespace {
+
+// The attention slot a pass requests: its threads' layout, and never less
+// than the unpacked pass's (attention_workspace_bytes), so packed rows that
+// skip key blocks leave the slot at the size the memory plan predicts.
+size_t unskipped_workspace(const AttentionDims& dims, DType compute, bool recompute_probs,
+                           bool backward, size_t per_thread) {
+  const int threads = omp_get_max_threads();
+  AttentionDims unpacked = dims;
+  unpacked.positions = nullptr;
+  return std::max(per_thread * static_cast<size_t>(threads),
+                  attention_workspace_bytes(unpacked, compute, recompute_probs, backward, threads));
+}
+
+}  // namespace
+
 // Work is split by (batch, kv head) group: a thread takes a group and runs its
 // GEMMs single-threaded, stacking the group's rep query heads as rows, so the
 // group's scores ([rep*T, T]) stay in that core's L2 between the GEMMs and
@@ -419,8 +435,8 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
     const bool f32 = compute == DType::f32;
     // Without kept probabilities each thread's group lives in its scratch.
     const size_t per_thread = forward_thread_bytes(M, T, D, esize, keep_probs, pad);
-    char* base = static_cast<char*>(
-        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
+    char* base = static_cast<char*>(ctx.impl().scratch(
+        Scratch::attention, unskipped_workspace(dims, compute, !keep_probs, false, per_thread)));
     E* o = static_cast<E*>(out);
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < B * KV; ++g) {
@@ -489,8 +505,8 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
                                                     dq_mm.pad(), qk ? qk->pad() : size_t{0}}));
     const bool f32 = compute == DType::f32;
     const size_t per_thread = backward_thread_bytes(M, T, D, esize, kept, pad);
-    char* base = static_cast<char*>(
-        ctx.impl().scratch(Scratch::attention, per_thread * static_cast<size_t>(omp_get_max_threads())));
+    char* base = static_cast<char*>(ctx.impl().scratch(
+        Scratch::attention, unskipped_workspace(dims, compute, !kept, true, per_thread)));
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < B * KV; ++g) {
       const int tid = omp_get_thread_num();

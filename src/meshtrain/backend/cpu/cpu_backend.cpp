@@ -183,6 +183,51 @@ void CpuBackend::context_attention_finish(const ops::ContextDims& dims,
   cpu::context_attention_finish(ctx_, dims, rope, compute, dkv, dq, d_qkv);
 }
 
+void CpuBackend::head_groups(const ops::HeadGroups& g, DType dtype, const void* rows, void* groups,
+                             bool to_groups) {
+  const int64_t width = g.width(), slice = width / g.groups;
+  for (int64_t p : g.parts) {
+    MESHTRAIN_CHECK(g.groups >= 1 && p % g.groups == 0,
+                    "head_groups: a part of width {} does not split into {} groups", p, g.groups);
+  }
+  const size_t e = dtype_size(dtype);
+  auto* in = static_cast<char*>(const_cast<void*>(rows));
+  auto* out = static_cast<char*>(groups);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < g.rows; ++r) {
+    for (int64_t k = 0; k < g.groups; ++k) {
+      int64_t at = 0, offset = 0;  // within the group's slice; the part's start in the row
+      for (int64_t p : g.parts) {
+        const int64_t w = p / g.groups;
+        char* row = in + static_cast<size_t>(r * width + offset + k * w) * e;
+        char* grouped = out + static_cast<size_t>((k * g.rows + r) * slice + at) * e;
+        std::memcpy(to_groups ? grouped : row, to_groups ? row : grouped, static_cast<size_t>(w) * e);
+        at += w;
+        offset += p;
+      }
+    }
+  }
+}
+
+void CpuBackend::context_sequence(const ops::ContextDims& dims, int64_t width, DType dtype,
+                                  const void* by_rank, void* sequence, bool to_sequence) {
+  const int64_t B = dims.batch, L = dims.local_seq, T = dims.seq(), n = dims.split.size;
+  const size_t row = static_cast<size_t>(width) * dtype_size(dtype);
+  auto* ranks = static_cast<char*>(const_cast<void*>(by_rank));
+  auto* seq = static_cast<char*>(sequence);
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t b = 0; b < B; ++b) {
+      const ContextSplit split{r, n};
+      for (int64_t i = 0; i < L; ++i) {
+        char* mine = ranks + static_cast<size_t>((r * B + b) * L + i) * row;
+        char* there = seq + static_cast<size_t>(b * T + split.global(T, i)) * row;
+        std::memcpy(to_sequence ? there : mine, to_sequence ? mine : there, row);
+      }
+    }
+  }
+}
+
 void CpuBackend::ring_attention_forward_block(const ops::ContextDims& dims, DType compute,
                                               int64_t block_rank, const void* kv_block,
                                               const ops::AttentionSaved& saved,

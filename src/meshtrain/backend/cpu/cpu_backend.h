@@ -78,6 +78,10 @@ class CpuBackend final : public Backend {
   void context_attention_finish(const ops::ContextDims& dims, const ops::RopeTable* rope,
                                 DType compute, const float* dkv, const float* dq,
                                 void* d_qkv) override;
+  void head_groups(const ops::HeadGroups& g, DType dtype, const void* rows, void* groups,
+                   bool to_groups) override;
+  void context_sequence(const ops::ContextDims& dims, int64_t width, DType dtype,
+                        const void* by_rank, void* sequence, bool to_sequence) override;
   void ring_attention_forward_block(const ops::ContextDims& dims, DType compute,
                                     int64_t block_rank, const void* kv_block,
                                     const ops::AttentionSaved& saved, ops::RingState& state,

@@ -13,6 +13,11 @@
 //   are merged by their log-sum-exp. Backward passes the blocks round again
 //   with their dK/dV accumulators, which end at their owners after cp steps.
 //   Saved per block: the local q, this rank's K/V block, the output and LSE.
+// - "alltoall" (DeepSpeed-Ulysses): an all-to-all turns this rank's tokens
+//   with every head into the whole sequence with 1/cp of the heads; each
+//   rank runs the one-rank attention kernel on it, and a second all-to-all
+//   turns the output back (the reverse in backward). The tp-local query and
+//   kv head counts must divide by cp.
 // - Everything but attention is token-local and runs on the rank's tokens as
 //   it would on whole rows. Attention ("allgather", Llama 3's): K and V after
 //   RoPE are all-gathered over the group, the local queries attend the whole
@@ -34,6 +39,7 @@ namespace meshtrain {
 enum class CpComm : uint8_t {
   allgather,  // K, V all-gathered; dK, dV reduce-scattered
   ring,       // K, V blocks passed around the group, partial outputs merged by log-sum-exp
+  alltoall,   // Ulysses: heads re-sharded so each rank attends the whole sequence for some
 };
 
 struct ContextParallel {
