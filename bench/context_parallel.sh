@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Context parallelism (issue 26): one long sequence on a small Llama (dim
 # 128, 2 layers, 4 heads / 2 kv heads, bf16, no recompute) at cp = 1, 2 and 4
-# with each cp_comm ("allgather", "ring"): step time, the cp collectives' bytes per step and
+# with each cp_comm ("allgather", "ring", and "alltoall" at cp 2: the 2 kv
+# heads do not split 4 ways): step time, the cp collectives' bytes per step and
 # their share of the step (the trace's spans), and rank 0's peak memory by
 # category measured next to predicted (train/memory_plan.h). Then, from the
 # memory plan alone (`meshtrain plan --config`), the longest sequence whose
@@ -46,7 +47,7 @@ TOML
 }
 lscpu | grep -m1 'Model name' || true
 echo "sequence $SEQ, $STEPS steps (the first not timed), $(nproc) cores shared by the ranks"
-RUNS=("1 allgather" "2 allgather" "2 ring" "4 allgather" "4 ring")
+RUNS=("1 allgather" "2 allgather" "2 ring" "2 alltoall" "4 allgather" "4 ring")
 for run in "${RUNS[@]}"; do
   read -r cp method <<<"$run"
   model_config "$SEQ" "$cp" >"$work/cp$cp.toml"
@@ -63,7 +64,7 @@ mib = lambda b: b / 2**20
 cats = ["params", "grads", "optimizer", "activations", "workspace", "comm"]
 layers, kv_width = 2, 2 * 32  # kv heads x head_dim
 print(f"{'cp':>3} {'method':>9} {'step s':>7} {'cp MiB/step/rank':>17} {'cp spans':>9}   rank 0 peak MiB measured / predicted")
-for run in ("1 allgather", "2 allgather", "2 ring", "4 allgather", "4 ring"):
+for run in ("1 allgather", "2 allgather", "2 ring", "2 alltoall", "4 allgather", "4 ring"):
     cp, method = int(run.split()[0]), run.split()[1]
     out = f"{work}/cp{cp}_{method}"
     recs = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
@@ -73,12 +74,18 @@ for run in ("1 allgather", "2 allgather", "2 ring", "4 allgather", "4 ring"):
     # Rank-side bytes per layer: k/v blocks in the compute dtype (bf16), their
     # gradients in f32. All-gather: cp - 1 blocks in; the reduce-scatter's
     # cp - 1 blocks out. Ring: cp - 1 blocks forward and again backward,
-    # and cp gradient blocks.
+    # and cp gradient blocks. Ulysses: the (cp - 1) / cp of q|k|v (f32) and
+    # of the output (bf16) that leave the rank, and their gradients (d out
+    # f32, d qkv bf16).
     block = 2 * (seq // cp) * kv_width
+    tokens, q_width = seq // cp, 4 * 32
     if method == "allgather":
         volume = layers * (cp - 1) * block * (2 + 4)
-    else:
+    elif method == "ring":
         volume = layers * block * (2 * (cp - 1) * 2 + cp * 4)
+    else:
+        qkv = tokens * (q_width + kv_width)
+        volume = layers * (cp - 1) / cp * (qkv * (4 + 2) + tokens * q_width * (2 + 4))
     volume = volume if cp > 1 else 0
     span_ms, traced_ms = 0.0, 0.0
     try:
@@ -94,7 +101,8 @@ for run in ("1 allgather", "2 allgather", "2 ring", "4 allgather", "4 ring"):
     print(f"{cp:>3} {method:>9} {sum(steps_ms) / len(steps_ms) / 1e3:>7.2f} {mib(volume):>17.1f} {share:>9.1%}   {mem}")
 print("cp spans: rank 0's time in the cp spans over its traced steps: the all-gather and"
       " reduce-scatter (blocking), the ring's wait for the next block and its dK/dV exchange"
-      " (the exposed part; the ring's transfers otherwise overlap the attention)")
+      " (the exposed part; the ring's transfers otherwise overlap the attention), Ulysses'"
+      " four all-to-alls (blocking)")
 PY
 echo "longest sequence by the memory plan (bf16, no recompute):"
 avail=$(awk '/MemAvailable/ {printf "%.0f", $2 * 1024}' /proc/meminfo)

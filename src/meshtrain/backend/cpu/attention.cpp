@@ -266,6 +266,28 @@ size_t backward_thread_bytes(int64_t M, int64_t T, int64_t D, int64_t e, bool ke
                         D * 4, static_cast<int64_t>(pad), keep_probs ? 0 : M * T * e});
 }
 
+// A backward thread's pieces of its scratch, carved in backward_thread_bytes'
+// order: the group's dO (E), dP (f32) and dS (E; dP itself in f32), dQ, dK,
+// dV (f32), a rotation row and the GEMMs' scratchpad; a recomputation's
+// probabilities come after (the caller takes them).
+template <typename E>
+struct BackwardScratch {
+  BackwardScratch(Carver& mine, int64_t M, int64_t T, int64_t D, int64_t pad_bytes)
+      : dout(mine.take<E>(M * D)),
+        dp(mine.take<float>(M * T)),
+        ds(std::is_same_v<E, float> ? reinterpret_cast<E*>(dp) : mine.take<E>(M * T)),
+        dq(mine.take<float>(M * D)),
+        dk(mine.take<float>(T * D)),
+        dv(mine.take<float>(T * D)),
+        tmp(mine.take<float>(D)),
+        pad(mine.take<char>(pad_bytes)) {}
+  E* dout;
+  float* dp;
+  E* ds;
+  float *dq, *dk, *dv, *tmp;
+  void* pad;
+};
+
 // One ThreadMatmul per causal block, dims from make(block index).
 template <typename MakeDims>
 std::vector<ThreadMatmul> per_block(CpuContext& ctx, const CausalBlocks& blocks, DType ab, DType c,
@@ -511,15 +533,15 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     for (int64_t g = 0; g < B * KV; ++g) {
       const int tid = omp_get_thread_num();
       Carver mine(base + per_thread * tid);
-      E* dout_g = mine.take<E>(M * D);
-      float* dp = mine.take<float>(M * T);
-      E* ds = f32 ? nullptr : mine.take<E>(M * T);
-      float* dq = mine.take<float>(M * D);
-      float* dk = mine.take<float>(T * D);
-      float* dv = mine.take<float>(T * D);
-      float* tmp = mine.take<float>(D);
-      void* pad_g = mine.take<char>(pad);
-      if (f32) ds = reinterpret_cast<E*>(dp);
+      const BackwardScratch<E> w(mine, M, T, D, pad);
+      E* dout_g = w.dout;
+      float* dp = w.dp;
+      E* ds = w.ds;
+      float* dq = w.dq;
+      float* dk = w.dk;
+      float* dv = w.dv;
+      float* tmp = w.tmp;
+      void* pad_g = w.pad;
       const int64_t b = g / KV, j = g % KV, h0 = j * rep;
       const E* probs_g = kept ? probs + g * M * T : nullptr;
       const int32_t* row_pos = dims.positions ? dims.positions + b * T : nullptr;
@@ -863,15 +885,15 @@ void context_attention_backward(CpuContext& ctx, const ContextDims& dims, const 
     for (int64_t g = 0; g < B * KV; ++g) {
       const int tid = omp_get_thread_num();
       Carver mine(base + per_thread * tid);
-      E* dout_g = mine.take<E>(M * D);
-      float* dp = mine.take<float>(M * T);
-      E* ds = f32 ? nullptr : mine.take<E>(M * T);
-      float* dq = mine.take<float>(M * D);
-      float* dk = mine.take<float>(T * D);
-      float* dv = mine.take<float>(T * D);
-      float* tmp = mine.take<float>(D);
-      void* pad_g = mine.take<char>(pad);
-      if (f32) ds = reinterpret_cast<E*>(dp);
+      const BackwardScratch<E> w(mine, M, T, D, pad);
+      E* dout_g = w.dout;
+      float* dp = w.dp;
+      E* ds = w.ds;
+      float* dq = w.dq;
+      float* dk = w.dk;
+      float* dv = w.dv;
+      float* tmp = w.tmp;
+      void* pad_g = w.pad;
       const int64_t b = g / KV, h0 = (g % KV) * rep;
       const E* probs_g = kept ? probs + g * M * T : nullptr;
       if (!kept) {
