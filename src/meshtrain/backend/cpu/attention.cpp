@@ -78,6 +78,19 @@ void ensure(Tensor& t, const Shape& shape, DType dtype, MemoryTracker& tracker) 
   t = Tensor(shape, dtype, MemCategory::activations, tracker);
 }
 
+// A pass's saved keys and values, and its probabilities unless backward
+// recomputes them (AttentionSaved::recompute_probs).
+void ensure_saved(AttentionSaved& saved, const Shape& kv, const Shape& probs, DType compute,
+                  MemoryTracker& tracker) {
+  ensure(saved.k, kv, compute, tracker);
+  ensure(saved.v, kv, compute, tracker);
+  if (saved.recompute_probs) {
+    saved.probs = Tensor();
+  } else {
+    ensure(saved.probs, probs, compute, tracker);
+  }
+}
+
 // Copies one head of D floats from src to dst (T = float or bf16), rotating
 // it first when cos != nullptr.
 template <typename T>
@@ -427,14 +440,8 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
   const int64_t D = dims.head_dim, rep = H / KV;
   MemoryTracker& tracker = ctx.tracker();
   ensure(saved.q, {B, H, T, D}, compute, tracker);
-  ensure(saved.k, {B, KV, T, D}, compute, tracker);
-  ensure(saved.v, {B, KV, T, D}, compute, tracker);
+  ensure_saved(saved, {B, KV, T, D}, {B, H, T, T}, compute, tracker);
   const bool keep_probs = !saved.recompute_probs;
-  if (keep_probs) {
-    ensure(saved.probs, {B, H, T, T}, compute, tracker);
-  } else {
-    saved.probs = Tensor();
-  }
   const int64_t esize = static_cast<int64_t>(dtype_size(compute));
 
   simd::dispatch_store(compute, saved.q.raw(), [&](auto* q) {
@@ -779,14 +786,8 @@ void context_attention_forward(CpuContext& ctx, const ContextDims& dims, DType c
   MemoryTracker& tracker = ctx.tracker();
   MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D,
                   "context attention: run project first (saved q does not match)");
-  ensure(saved.k, {B, KV, T, D}, compute, tracker);
-  ensure(saved.v, {B, KV, T, D}, compute, tracker);
+  ensure_saved(saved, {B, KV, T, D}, {B, H, L, T}, compute, tracker);
   const bool keep_probs = !saved.recompute_probs;
-  if (keep_probs) {
-    ensure(saved.probs, {B, H, L, T}, compute, tracker);
-  } else {
-    saved.probs = Tensor();
-  }
   const int64_t esize = static_cast<int64_t>(dtype_size(compute));
   simd::dispatch_store(compute, saved.k.raw(), [&](auto* k) {
     using E = std::remove_pointer_t<decltype(k)>;
