@@ -795,6 +795,9 @@ void add_context_attention_cases(std::vector<OpCase>& cases, Random& rng) {
       {2, 24, 4, 1, 16, 3, true, true, true},    {1, 32, 6, 3, 8, 4, false, false, false},
       {2, 40, 4, 2, 16, 2, true, true, false},   {1, 256, 2, 1, 32, 4, true, false, true},
       {1, 200, 2, 1, 16, 2, true, true, false},  // the ring's row tiles: 128 + 72 rows
+      // Tiles of one chunk each (chunks of 128): the ring skips a block's
+      // chunks after a tile's queries.
+      {1, 512, 2, 2, 16, 2, true, false, false}, {1, 512, 4, 2, 8, 2, true, true, false},
   };
   for (const Shape& s : shapes) {
     const ops::AttentionDims whole{s.batch, s.seq, s.heads, s.kv, s.dim, nullptr};

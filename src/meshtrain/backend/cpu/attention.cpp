@@ -994,17 +994,18 @@ void context_attention_finish(CpuContext& /*ctx*/, const ContextDims& dims, cons
 
 namespace {
 
-// A tile of `rows` of a group's rep x local query rows against a block's
-// local keys: scores (and dP) [rows, L] = a b^T; out (and dQ) [rows, D] += P
-// b; dK (and dV) [L, D] += dS^T a.
-MatmulDims ring_score_dims(int64_t rows, int64_t L, int64_t D) {
-  return MatmulDims{1, rows, L, D, false, true, false, D, D, L};
+// A tile of `rows` of a group's rep x local query rows against `keys` of a
+// block's L local keys (rows of the scores L apart): scores (and dP) [rows,
+// keys] = a b^T; out (and dQ) [rows, D] += P b; dK (and dV) [keys, D] +=
+// dS^T a.
+MatmulDims ring_score_dims(int64_t rows, int64_t keys, int64_t L, int64_t D) {
+  return MatmulDims{1, rows, keys, D, false, true, false, D, D, L};
 }
-MatmulDims ring_output_dims(int64_t rows, int64_t L, int64_t D) {
-  return MatmulDims{1, rows, D, L, false, false, false, L, D, D};
+MatmulDims ring_output_dims(int64_t rows, int64_t keys, int64_t L, int64_t D) {
+  return MatmulDims{1, rows, D, keys, false, false, false, L, D, D};
 }
-MatmulDims ring_key_grad_dims(int64_t rows, int64_t L, int64_t D) {
-  return MatmulDims{1, L, D, rows, true, false, false, L, D, D};
+MatmulDims ring_key_grad_dims(int64_t rows, int64_t keys, int64_t L, int64_t D) {
+  return MatmulDims{1, keys, D, rows, true, false, false, L, D, D};
 }
 
 // A group's M query rows in tiles of at most 128, so a thread's scores are
@@ -1018,24 +1019,44 @@ struct RingTiles {
   int64_t M, size;
 };
 
-// A GEMM for full tiles and one for the shorter last tile (if any).
+// The keys of a block a tile of queries sees: one of its chunks or both
+// (the block's local keys are in global order), or none (keys = 0).
+struct KeySpan {
+  int64_t first = 0, keys = 0;
+};
+
+// A GEMM per tile height (full tiles, the shorter last one) and key span
+// (one chunk of the block, c keys, or both, L).
 class TileMatmul {
  public:
   template <typename MakeDims>
-  TileMatmul(CpuContext& ctx, const RingTiles& tiles, DType ab, MakeDims make, float alpha = 1.0f,
-             bool accumulate = false)
-      : size_(tiles.size), full_(ctx, make(tiles.size), ab, DType::f32, alpha, accumulate) {
-    if (tiles.rest() > 0) rest_.emplace(ctx, make(tiles.rest()), ab, DType::f32, alpha, accumulate);
+  TileMatmul(CpuContext& ctx, const RingTiles& tiles, int64_t L, DType ab, MakeDims make,
+             float alpha = 1.0f, bool accumulate = false)
+      : size_(tiles.size), L_(L) {
+    for (int64_t rows : {tiles.size, tiles.rest()}) {
+      for (int64_t keys : {L / 2, L}) {
+        if (rows > 0) {
+          gemms_.emplace_back(std::make_unique<ThreadMatmul>(ctx, make(rows, keys), ab, DType::f32,
+                                                             alpha, accumulate));
+        } else {
+          gemms_.emplace_back();
+        }
+      }
+    }
   }
-  ThreadMatmul& at(int64_t rows) { return rows == size_ ? full_ : *rest_; }
+  ThreadMatmul& at(int64_t rows, int64_t keys) {
+    return *gemms_[static_cast<size_t>((rows == size_ ? 0 : 2) + (keys == L_ ? 1 : 0))];
+  }
   size_t pad() const {
-    return std::max(full_.scratchpad_bytes(), rest_ ? rest_->scratchpad_bytes() : size_t{0});
+    size_t pad = 0;
+    for (const auto& g : gemms_)
+      if (g) pad = std::max(pad, g->scratchpad_bytes());
+    return pad;
   }
 
  private:
-  int64_t size_;
-  ThreadMatmul full_;
-  std::optional<ThreadMatmul> rest_;
+  int64_t size_, L_;
+  std::vector<std::unique_ptr<ThreadMatmul>> gemms_;  // [full, rest] x [one chunk, both]
 };
 
 // One thread's scratch: f32 scores (P in f32), P in 16 bits of a tile;
@@ -1069,6 +1090,20 @@ struct RingMask {
       r.hi[k] = std::max(r.lo[k], k * c + std::clamp<int64_t>(g - k0 + 1, 0, c));
     }
     return r;
+  }
+  // The block's keys any of a group's query rows [r0, r0 + rows) sees
+  // (row r is local token r % local_seq): chunk 0, chunk 1, both or none.
+  KeySpan tile_keys(int64_t b, int64_t r0, int64_t rows) const {
+    bool chunk[2] = {false, false};
+    for (int64_t r = r0; r < r0 + rows; ++r) {
+      const Ranges v = visible(b, r % d.local_seq);
+      for (int64_t k = 0; k < 2; ++k) chunk[k] = chunk[k] || v.hi[k] > v.lo[k];
+    }
+    const int64_t c = d.local_seq / 2;
+    if (chunk[0] && chunk[1]) return {0, 2 * c};
+    if (chunk[0]) return {0, c};
+    if (chunk[1]) return {c, c};
+    return {};
   }
 };
 
@@ -1118,9 +1153,11 @@ void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DTyp
     const E* q = saved.q.data<E>();
     const RingTiles tiles(M);
     TileMatmul qk(
-        ctx, tiles, compute, [&](int64_t n) { return ring_score_dims(n, L, D); }, score_scale(D));
+        ctx, tiles, L, compute,
+        [&](int64_t n, int64_t keys) { return ring_score_dims(n, keys, L, D); }, score_scale(D));
     TileMatmul pv(
-        ctx, tiles, compute, [&](int64_t n) { return ring_output_dims(n, L, D); }, 1.0f, true);
+        ctx, tiles, L, compute,
+        [&](int64_t n, int64_t keys) { return ring_output_dims(n, keys, L, D); }, 1.0f, true);
     const size_t pad = std::max(qk.pad(), pv.pad());
     const bool f32 = compute == DType::f32;
     const size_t per_thread = ring_thread_bytes(tiles.size, M, L, D, esize, false, pad);
@@ -1139,7 +1176,10 @@ void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DTyp
       const int64_t b = g / KV;
       for (int64_t t = 0; t < tiles.count(); ++t) {
         const int64_t r0 = tiles.begin(t), n = tiles.rows(t);
-        qk.at(n).run(tid, q + (g * M + r0) * D, k + g * L * D, scores, pad_g);
+        const KeySpan span = mask.tile_keys(b, r0, n);
+        if (span.keys == 0) continue;  // the block is after (or before) every query of the tile
+        const int64_t j0 = span.first;
+        qk.at(n, span.keys).run(tid, q + (g * M + r0) * D, k + (g * L + j0) * D, scores + j0, pad_g);
         for (int64_t r = 0; r < n; ++r) {
           const int64_t i = (r0 + r) % L, at = g * M + r0 + r;
           float* s = scores + r * L;
@@ -1167,7 +1207,8 @@ void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DTyp
           }
           if (!f32) simd::store_row(probs + r * L, s, L);
         }
-        pv.at(n).run(tid, probs, v + g * L * D, acc + (g * M + r0) * D, pad_g);
+        pv.at(n, span.keys).run(tid, probs + j0, v + (g * L + j0) * D, acc + (g * M + r0) * D,
+                                pad_g);
       }
     }
   });
@@ -1218,13 +1259,15 @@ void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DTy
     const E* o = static_cast<const E*>(out);
     const float* lse = saved.lse.data<float>();
     const RingTiles tiles(M);
-    auto scores = [&](int64_t n) { return ring_score_dims(n, L, D); };
-    TileMatmul qk(ctx, tiles, compute, scores, scale);
-    TileMatmul dp_mm(ctx, tiles, compute, scores);
+    auto scores = [&](int64_t n, int64_t keys) { return ring_score_dims(n, keys, L, D); };
+    TileMatmul qk(ctx, tiles, L, compute, scores, scale);
+    TileMatmul dp_mm(ctx, tiles, L, compute, scores);
     TileMatmul dq_mm(
-        ctx, tiles, compute, [&](int64_t n) { return ring_output_dims(n, L, D); }, 1.0f, true);
+        ctx, tiles, L, compute,
+        [&](int64_t n, int64_t keys) { return ring_output_dims(n, keys, L, D); }, 1.0f, true);
     TileMatmul dkv_mm(
-        ctx, tiles, compute, [&](int64_t n) { return ring_key_grad_dims(n, L, D); }, 1.0f, true);
+        ctx, tiles, L, compute,
+        [&](int64_t n, int64_t keys) { return ring_key_grad_dims(n, keys, L, D); }, 1.0f, true);
     const size_t pad = std::max({qk.pad(), dp_mm.pad(), dq_mm.pad(), dkv_mm.pad()});
     const bool f32 = compute == DType::f32;
     const size_t per_thread = ring_thread_bytes(tiles.size, M, L, D, esize, true, pad);
@@ -1247,8 +1290,11 @@ void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DTy
         simd::store_row(dout_g + r * D, d_out + ((b * L + r % L) * H + h0 + r / L) * D, D);
       for (int64_t t = 0; t < tiles.count(); ++t) {
         const int64_t r0 = tiles.begin(t), n = tiles.rows(t);
-        qk.at(n).run(tid, q + (g * M + r0) * D, k + g * L * D, p, pad_g);
-        dp_mm.at(n).run(tid, dout_g + r0 * D, v + g * L * D, dp, pad_g);
+        const KeySpan span = mask.tile_keys(b, r0, n);
+        if (span.keys == 0) continue;
+        const int64_t j0 = span.first, j1 = j0 + span.keys;
+        qk.at(n, span.keys).run(tid, q + (g * M + r0) * D, k + (g * L + j0) * D, p + j0, pad_g);
+        dp_mm.at(n, span.keys).run(tid, dout_g + r0 * D, v + (g * L + j0) * D, dp + j0, pad_g);
         for (int64_t r = 0; r < n; ++r) {
           const int64_t i = (r0 + r) % L, h = h0 + (r0 + r) / L;
           // D_r = dO . O over the row (the probabilities of every block sum to 1).
@@ -1265,16 +1311,18 @@ void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DTy
             if (len > 0) simd::exp_shift_sum(pr + lo, len, l);
           }
           zero_outside(pr, L, vis);
+          // Only the span's keys were computed (and are read by the GEMMs below).
 #pragma omp simd
-          for (int64_t j = 0; j < L; ++j) dpr[j] = pr[j] * (dpr[j] - delta) * scale;
+          for (int64_t j = j0; j < j1; ++j) dpr[j] = pr[j] * (dpr[j] - delta) * scale;
           if (!f32) {
-            simd::store_row(p_e + r * L, pr, L);
-            simd::store_row(ds + r * L, dpr, L);
+            simd::store_row(p_e + r * L + j0, pr + j0, span.keys);
+            simd::store_row(ds + r * L + j0, dpr + j0, span.keys);
           }
         }
-        dq_mm.at(n).run(tid, ds, k + g * L * D, dq + (g * M + r0) * D, pad_g);
-        dkv_mm.at(n).run(tid, ds, q + (g * M + r0) * D, dk + g * L * D, pad_g);
-        dkv_mm.at(n).run(tid, p_e, dout_g + r0 * D, dv + g * L * D, pad_g);
+        dq_mm.at(n, span.keys).run(tid, ds + j0, k + (g * L + j0) * D, dq + (g * M + r0) * D, pad_g);
+        dkv_mm.at(n, span.keys).run(tid, ds + j0, q + (g * M + r0) * D, dk + (g * L + j0) * D,
+                                    pad_g);
+        dkv_mm.at(n, span.keys).run(tid, p_e + j0, dout_g + r0 * D, dv + (g * L + j0) * D, pad_g);
       }
     }
   });
@@ -1286,18 +1334,20 @@ size_t ring_attention_workspace_bytes(const ContextDims& dims, DType compute, bo
   const RingTiles tiles(M);
   size_t pad = 0;
   for (int64_t n : {tiles.size, tiles.rest()}) {
-    if (n == 0) continue;
-    auto take = [&](const MatmulDims& d, float alpha = 1.0f, bool accumulate = false) {
-      pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, DType::f32, threads, alpha,
-                                                         accumulate));
-    };
-    take(ring_score_dims(n, L, D), score_scale(D));
-    if (!backward) {
-      take(ring_output_dims(n, L, D), 1.0f, true);
-    } else {
-      take(ring_score_dims(n, L, D));
-      take(ring_output_dims(n, L, D), 1.0f, true);
-      take(ring_key_grad_dims(n, L, D), 1.0f, true);
+    for (int64_t keys : {L / 2, L}) {
+      if (n == 0) continue;
+      auto take = [&](const MatmulDims& d, float alpha = 1.0f, bool accumulate = false) {
+        pad = std::max(pad, thread_matmul_scratchpad_bytes(d, compute, DType::f32, threads, alpha,
+                                                           accumulate));
+      };
+      take(ring_score_dims(n, keys, L, D), score_scale(D));
+      if (!backward) {
+        take(ring_output_dims(n, keys, L, D), 1.0f, true);
+      } else {
+        take(ring_score_dims(n, keys, L, D));
+        take(ring_output_dims(n, keys, L, D), 1.0f, true);
+        take(ring_key_grad_dims(n, keys, L, D), 1.0f, true);
+      }
     }
   }
   const auto e = static_cast<int64_t>(dtype_size(compute));
