@@ -314,7 +314,7 @@ TEST_F(ContextParallelTrainer, PlannerEngineMemoryMatchesACpRank) {
       model.zero_grads();
       model.forward_backward(tokens.data(), tokens.data(), batch, local, 1.0f, positions.data());
       const plan::MemoryBreakdown want =
-          plan::engine_memory(c, Precision::bf16, batch, seq, {mode, 0}, cp, name);
+          plan::engine_memory(c, Precision::bf16, batch, seq, {mode, 0}, cp, method);
       EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::params)), want.params);
       EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::grads)), want.grads);
       EXPECT_EQ(static_cast<double>(tracker.live(MemCategory::optimizer)), want.optimizer);

@@ -142,14 +142,15 @@ std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m)
 
 MemoryBreakdown engine_memory(const ModelConfig& c, Precision precision, int64_t micro_batch,
                               int64_t seq, const RecomputePolicy& recompute, int64_t cp,
-                              const std::string& method) {
+                              CpComm method) {
   c.validate();
   MESHTRAIN_CHECK(micro_batch > 0 && seq > 0 && seq <= c.max_seq_len,
                   "plan: micro-batch {} and seq {} must be > 0 (seq <= max_seq_len {})",
                   micro_batch, seq, c.max_seq_len);
   MESHTRAIN_CHECK(cp >= 1 && seq % (2 * cp) == 0, "plan: seq {} does not divide by 2 x cp {}", seq,
                   cp);
-  const bool ring = cp > 1 && method == "ring", alltoall = cp > 1 && method == "alltoall";
+  const bool ring = cp > 1 && method == CpComm::ring;
+  const bool alltoall = cp > 1 && method == CpComm::alltoall;
   double params = 0, matmul = 0;
   for (const ParamSpec& spec : build_param_specs(c)) {
     params += static_cast<double>(spec.numel());

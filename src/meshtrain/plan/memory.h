@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meshtrain/model/config.h"
+#include "meshtrain/parallel/context/context_parallel.h"
 
 namespace meshtrain::plan {
 
@@ -109,6 +110,6 @@ std::vector<std::pair<std::string, double>> categories(const MemoryBreakdown& m)
 // heads / cp): its activations, and the exchange buffers as comm (exact).
 MemoryBreakdown engine_memory(const ModelConfig& model, Precision precision, int64_t micro_batch,
                               int64_t seq, const RecomputePolicy& recompute = {}, int64_t cp = 1,
-                              const std::string& method = "allgather");
+                              CpComm method = CpComm::allgather);
 
 }  // namespace meshtrain::plan

@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/backend/registry.h"
+#include "meshtrain/parallel/context/context_parallel.h"
 #include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/trace_hook.h"
@@ -579,10 +580,7 @@ ParallelSettings read_parallel(const Section& s) {
   check_min("parallel.pp", p.pp, 1);
   check_min("parallel.ep", p.ep, 1);
   check_min("parallel.cp", p.cp, 1);
-  MESHTRAIN_CHECK(p.cp_comm == "allgather" || p.cp_comm == "ring" || p.cp_comm == "alltoall",
-                  "config: parallel.cp_comm must be \"allgather\", \"ring\" or \"alltoall\", got "
-                  "\"{}\"",
-                  p.cp_comm);
+  parse_cp_comm(p.cp_comm);  // validates the name
   MESHTRAIN_CHECK(std::isfinite(p.bucket_mb) && p.bucket_mb > 0,
                   "config: parallel.bucket_mb must be > 0, got {}", p.bucket_mb);
   s.read("zero", p.zero);
@@ -731,7 +729,7 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
                   "over a micro-batch cut across the cp ranks is not implemented (use "
                   "moe.capacity_factor = 0, dropless)",
                   c.model.moe.capacity_factor, c.parallel.cp);
-  if (c.parallel.cp_comm == "alltoall") {
+  if (parse_cp_comm(c.parallel.cp_comm) == CpComm::alltoall) {
     // Ulysses re-shards each tp rank's heads over the cp ranks.
     const int64_t split = static_cast<int64_t>(c.parallel.tp) * c.parallel.cp;
     MESHTRAIN_CHECK(c.model.n_heads % split == 0 && c.model.n_kv_heads % split == 0,

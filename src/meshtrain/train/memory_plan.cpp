@@ -84,8 +84,9 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t e
   LocalShape s;
   s.mb = static_cast<double>(micro_batch);
   s.cp = static_cast<double>(config.parallel.cp);
-  s.ring = config.parallel.cp > 1 && config.parallel.cp_comm == "ring";
-  s.alltoall = config.parallel.cp > 1 && config.parallel.cp_comm == "alltoall";
+  const CpComm method = parse_cp_comm(config.parallel.cp_comm);
+  s.ring = config.parallel.cp > 1 && method == CpComm::ring;
+  s.alltoall = config.parallel.cp > 1 && method == CpComm::alltoall;
   s.whole = static_cast<double>(config.train.seq_len);
   s.seq = s.whole / s.cp;
   s.n = s.mb * s.seq;

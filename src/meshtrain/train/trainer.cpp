@@ -116,11 +116,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
                                    stage_of(config_, mesh, micro_batches), ep);
   model_->set_recompute({t.recompute, t.recompute_layers});
   if (mesh != nullptr) {
-    const std::string& method = config_.parallel.cp_comm;
-    model_->set_context_parallel(ContextParallel{
-        &mesh->cp(), method == "ring"       ? CpComm::ring
-                     : method == "alltoall" ? CpComm::alltoall
-                                            : CpComm::allgather});
+    model_->set_context_parallel(
+        ContextParallel{&mesh->cp(), parse_cp_comm(config_.parallel.cp_comm)});
   }
   dp_ = make_data_parallel(config_, *model_, mesh, config_.parallel.pp > 1 ? micro_batches : 0);
   prepare_out_dir();  // after the layout checks: a bad layout is named first

@@ -30,8 +30,11 @@
 //   the loss is a (sum, count) pair reduced over the same group.
 #pragma once
 
+#include <string_view>
+
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/util/context_split.h"
+#include "meshtrain/util/error.h"
 
 namespace meshtrain {
 
@@ -41,6 +44,17 @@ enum class CpComm : uint8_t {
   ring,       // K, V blocks passed around the group, partial outputs merged by log-sum-exp
   alltoall,   // Ulysses: heads re-sharded so each rank attends the whole sequence for some
 };
+
+// parallel.cp_comm's value; any other is an Error naming the key.
+inline CpComm parse_cp_comm(std::string_view name) {
+  if (name == "allgather") return CpComm::allgather;
+  if (name == "ring") return CpComm::ring;
+  MESHTRAIN_CHECK(name == "alltoall",
+                  "config: parallel.cp_comm must be \"allgather\", \"ring\" or \"alltoall\", got "
+                  "\"{}\"",
+                  name);
+  return CpComm::alltoall;
+}
 
 struct ContextParallel {
   Communicator* comm = nullptr;  // the cp group; nullptr means cp = 1
