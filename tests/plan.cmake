@@ -14,7 +14,7 @@ function(meshtrain_plan_case name rc regex)
 endfunction()
 
 set(seventy --model llama3-70b --seq 8192 --global-batch-tokens 16M --tokens 15T)
-meshtrain_plan_case(unknown_gpu 1 "^meshtrain: plan: unknown GPU 'h300' \\(known: a100-40gb, a100-80gb, h100-sxm, h200\\)$"
+meshtrain_plan_case(unknown_gpu 1 "^meshtrain: plan: unknown GPU 'h300' \\(known: a100-40gb, a100-80gb, h100-sxm, h800, h200\\)$"
                     ${seventy} --gpus 1024 --gpu h300)
 meshtrain_plan_case(tp_not_dividing_heads 1 "^meshtrain: plan: --tp 3 does not divide the 64 attention heads$"
                     ${seventy} --gpus 1536 --tp 3)

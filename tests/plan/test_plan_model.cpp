@@ -20,11 +20,11 @@ namespace {
 
 TEST(Presets, ParameterCountsWithinOnePercentOfPublished) {
   const std::vector<std::string> names = plan_model_names();
-  ASSERT_EQ(names.size(), 14u);
+  ASSERT_EQ(names.size(), 15u);
   for (const std::string& name : names) {
     const PlanModel m = plan_model(name);
     ASSERT_GT(m.published_params, 0) << name;
-    const double n = static_cast<double>(m.config.num_params());
+    const double n = count_transformer(m.config).total_params;  // == num_params(): Counts
     EXPECT_NEAR(n / m.published_params, 1.0, 0.01) << name << ": " << n;
   }
 }
@@ -56,6 +56,45 @@ TEST(Presets, Qwen3MoeCountsItsActiveParameters) {
   EXPECT_NEAR(active / 3.3e9, 1.0, 0.02) << active;
 }
 
+// DeepSeek-V3 counted module by module as HF's modeling_deepseek_v3.py
+// declares them (latent attention: q_a_proj [1536, 7168], q_a_layernorm,
+// q_b_proj [128 x 192, 1536], kv_a_proj_with_mqa [512 + 64, 7168],
+// kv_a_layernorm, kv_b_proj [128 x 256, 512], o_proj [7168, 128 x 128]; the
+// MoE's gate [256, 7168] and its e_score_correction_bias, 256 experts and one
+// shared expert of 3 x 2048 x 7168; 3 dense layers of 3 x 18432 x 7168): the
+// closed form's totals, its active count (37B, the technical report), its
+// attention FLOPs (scores over 192 and values over 128 per head), and the
+// engine refusing to build it.
+TEST(Presets, DeepSeekV3LatentAttentionCountedModuleByModule) {
+  const ModelConfig c = plan_model("deepseek-v3").config;
+  const double d = 7168, heads = 128, expert = 3 * 2048 * d;
+  const double attention = 1536 * d + 1536 + heads * 192 * 1536 + 576 * d + 512 +
+                           heads * 256 * 512 + d * heads * 128;
+  const double moe = 256 * d + 256 + 256 * expert + expert;
+  const double dense = 3 * 18432 * d;
+  const double norms = 2 * d, ends = 2 * 129280 * d + d;
+  const double total = 61 * (attention + norms) + 3 * dense + 58 * moe + ends;
+  const TransformerCounts n = count_transformer(c);
+  EXPECT_NEAR(n.total_params / total, 1.0, 1e-12);
+  EXPECT_NEAR(total / 671e9, 1.0, 0.001);
+  const double active_attention = attention - 1536 - 512;  // the latent norms are no GEMMs
+  const double active = 61 * active_attention + 3 * dense + 58 * (256 * d + 9 * expert);
+  EXPECT_NEAR(61 * n.layer_matmul_params / active, 1.0, 1e-12);
+  EXPECT_NEAR((active + 129280 * d) / 37e9, 1.0, 0.02);  // + the output layer
+  Job job;
+  job.seq = 4096;
+  EXPECT_NEAR(make_context(c, job).model_flops_per_token /
+                  (6 * (active + 129280 * d) + 61 * 6.0 * 4096 * heads * (192 + 128)),
+              1.0, 1e-12);
+  EXPECT_THROW(c.num_params(), Error);
+  try {
+    build_param_specs(c);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.mla:"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Presets, UnknownNameListsTheKnownOnes) {
   try {
     plan_model("llama4-1t");
@@ -69,7 +108,10 @@ TEST(Presets, UnknownNameListsTheKnownOnes) {
 
 TEST(Counts, ClosedFormEqualsTheRegistry) {
   std::vector<ModelConfig> configs;
-  for (const std::string& name : plan_model_names()) configs.push_back(plan_model(name).config);
+  for (const std::string& name : plan_model_names()) {
+    const ModelConfig c = plan_model(name).config;
+    if (!c.mla.enabled()) configs.push_back(c);  // the engine builds no MLA: DeepSeekV3 below
+  }
   for (const std::string& name : model_preset_names()) configs.push_back(model_preset(name));
   // Qwen2's q/k/v biases; OLMoE's QK-norm over the projection, at a head width of its own.
   ModelConfig biased = model_preset("llama-tiny");
@@ -216,7 +258,7 @@ TEST(Catalog, PublishedPeaksAndMemory) {
     gpu_spec("h300");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "plan: unknown GPU 'h300' (known: a100-40gb, a100-80gb, h100-sxm, h200)");
+    EXPECT_STREQ(e.what(), "plan: unknown GPU 'h300' (known: a100-40gb, a100-80gb, h100-sxm, h800, h200)");
   }
 }
 

@@ -30,7 +30,7 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--ffn", a.ffn, "Dense model: MLP width (default 4 x hidden)");
   p.add_option("--family", a.family, "Dense model family")
       ->check(CLI::IsMember(family_names()))->capture_default_str();
-  p.add_option("--gpu", a.gpu, "h100-sxm, h200, a100-80gb, a100-40gb")->capture_default_str();
+  p.add_option("--gpu", a.gpu, "h100-sxm, h800, h200, a100-80gb, a100-40gb")->capture_default_str();
   p.add_option("--gpus", a.gpus,
                "GPU count, a comma list (256,512,1024) or a doubling range (256..16384)");
   p.add_option("--gpus-per-node", a.gpus_per_node)->capture_default_str();

@@ -108,6 +108,18 @@ std::string_view recompute_name(Recompute recompute) {
 
 namespace {
 
+void validate_mla(const ModelConfig& c) {
+  const MlaConfig& m = c.mla;
+  if (!m.enabled()) return;
+  MESHTRAIN_CHECK(c.recipe().positions == Positions::rope,
+                  "model.mla: latent attention needs a RoPE family, not {}", c.recipe().name);
+  MESHTRAIN_CHECK(m.q_rank >= 0 && m.nope_dim > 0 && m.rope_dim > 0 && m.rope_dim % 2 == 0 &&
+                      m.v_dim > 0,
+                  "model.mla: needs q_rank >= 0, nope_dim > 0, an even rope_dim > 0 and v_dim > 0");
+  MESHTRAIN_CHECK(c.n_kv_heads == c.n_heads,
+                  "model.mla: every head has its own key and value (n_kv_heads = n_heads)");
+}
+
 void validate_moe(const ModelConfig& c) {
   const MoeConfig& m = c.moe;
   if (!m.enabled()) {
@@ -224,6 +236,7 @@ void ModelConfig::validate() const {
     }
   }
   validate_moe(*this);
+  validate_mla(*this);
 }
 
 ModelConfig::QkNormSizes ModelConfig::qk_norm_sizes(double q, double kv) const {

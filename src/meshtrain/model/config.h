@@ -203,6 +203,22 @@ std::string_view qk_norm_name(QkNorm norm);  // "none" | "head" | "full"
 QkNorm parse_qk_norm(std::string_view name);  // throws Error naming model.qk_norm
 ops::RouterScore parse_router_score(std::string_view name);  // throws Error naming moe.score
 
+// DeepSeek-V2/V3's multi-head latent attention (MLA), for the planner only:
+// the engine does not build it (build_param_specs refuses it). Per layer,
+// q = q_b(RMSNorm(q_a(x))) (q_a, q_b: ranks q_rank; 0: q projected from x
+// directly), [c_kv, k_rope] = kv_a(x), [k_nope, v] = kv_b(RMSNorm(c_kv)); each
+// head's key is [k_nope, k_rope] (k_rope shared by the heads), its query as
+// wide (nope_dim + rope_dim), its value v_dim; o_proj reads n_heads * v_dim.
+struct MlaConfig {
+  int64_t q_rank = 0;    // q_lora_rank
+  int64_t kv_rank = 0;   // kv_lora_rank; 0: no MLA
+  int64_t nope_dim = 0;  // qk_nope_head_dim
+  int64_t rope_dim = 0;  // qk_rope_head_dim
+  int64_t v_dim = 0;     // v_head_dim
+  bool enabled() const { return kv_rank > 0; }
+  bool operator==(const MlaConfig&) const = default;
+};
+
 struct ModelConfig {
   Family family = Family::llama;
   int64_t dim = 0;
@@ -224,6 +240,7 @@ struct ModelConfig {
   float init_std = 0.02f;
   LoraConfig lora;              // off by default
   MoeConfig moe;                // dense by default
+  MlaConfig mla;                // planner only; off by default
 
   int64_t head_dim() const { return head_width > 0 ? head_width : dim / n_heads; }
   int64_t attention_width() const { return n_heads * head_dim(); }  // q's and o_proj's input

@@ -307,6 +307,9 @@ constexpr RegistryBuilder kRegistryBuilders[] = {llama_registry, gpt2_registry};
 
 Registry build_registry(const ModelConfig& config, int tp_rank, int tp_size, int ep_rank = 0,
                         int ep_size = 1) {
+  MESHTRAIN_CHECK(!config.mla.enabled(),
+                  "model.mla: multi-head latent attention is modelled by the planner only; the "
+                  "engine does not build it");
   MESHTRAIN_CHECK(ep_size >= 1 && (ep_size == 1 || (config.moe.enabled() &&
                                                     config.moe.experts % ep_size == 0)),
                   "expert parallel: parallel.ep = {} must divide moe.experts = {}", ep_size,

@@ -105,37 +105,42 @@ OpTime streaming(std::string name, double bytes, const GpuSpec& gpu, bool recomp
 OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape& x) {
   const Sizes z = sizes(x);
   const double h = static_cast<double>(c.dim), f = active_mlp_width(c);
-  const double q = static_cast<double>(c.n_heads * c.head_dim());
-  const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
-  const bool rope = c.recipe().positions == Positions::rope;
+  const AttentionShape a = attention_shape(c);
   const bool swiglu = c.recipe().feed_forward == FeedForward::swiglu;
   const bool full = x.recompute == Recompute::full;
   OpsTime out;
   const double T = z.tokens, t = z.t, e = z.e;
   const LinearContext lc{gpu, T, e, full, x.finetune};
   const bool all = x.finetune.targets == LoraTargets::all;
+  // A projection on this rank: tp cuts its output or its input, or neither.
+  auto project = [&](const AttentionShape::Projection& p, bool adapted) {
+    using Split = AttentionShape::Split;
+    return linear(p.name, p.split == Split::in ? p.in / t : p.in,
+                  p.split == Split::out ? p.out / t : p.out, adapted, lc);
+  };
 
   out.add(streaming("norms (2)", 2 * 2 * z.norm_tokens * h * e, gpu, full));
-  out.add(linear("qkv", h, (q + 2 * kv) / t, true, lc));
-  if (rope) out.add(streaming("rope", 2 * T * (q + kv) / t * e, gpu, full));
+  for (const AttentionShape::Projection& p : a.in) out.add(project(p, true));
+  if (a.latent > 0) out.add(streaming("latent norms (2)", T * a.latent * e, gpu, full));
+  if (a.rope > 0) out.add(streaming("rope", 2 * T * a.rope / t * e, gpu, full));
 
   if (x.attention == Attention::flash) {
-    // Flash attention: causal, so half of the 4 b s^2 (heads x head_dim) FLOPs
-    // of scores and weighted sum; with cp ranks each computes 1/cp of it
+    // Flash attention: causal, so half of the 2 b s^2 (qk + values) FLOPs of
+    // scores and weighted sum; with cp ranks each computes 1/cp of it
     // (load-balanced chunks). Backward: 5 GEMMs against 2 (dV, dP, dQ, dK and
     // the recomputed scores), unless the scores were stored (recompute none).
-    OpTime attention{"attention", 0.5 * 4 * T * static_cast<double>(x.seq) * q / t};
+    OpTime attention{"attention", 0.5 * 2 * T * static_cast<double>(x.seq) * (a.qk + a.values()) / t};
     attention.forward = attention.flops / (gpu.peak_flops * gpu.attention_efficiency);
     attention.backward = (x.recompute == Recompute::none ? 2.0 : 2.5) * attention.forward;
     if (full) attention.recompute = attention.forward;
     out.add(attention);
   } else {
-    // Unfused: per head, scores S = Q K^T (s_q x s x d), softmax and dropout over
-    // S, then S V; backward two GEMMs per product and the streams again (2x).
-    // Selective recomputation repeats the whole core forward.
-    const double heads = static_cast<double>(x.micro_batch * c.n_heads) / t;
+    // Unfused: per head, scores S = Q K^T (s_q x s x d_qk), softmax and dropout
+    // over S, then S V (d_v); backward two GEMMs per product and the streams
+    // again (2x). Selective recomputation repeats the whole core forward.
+    const double heads = static_cast<double>(x.micro_batch) * a.heads / t;
     const double sq = static_cast<double>(x.seq) / static_cast<double>(x.cp);
-    const double sk = static_cast<double>(x.seq), d = static_cast<double>(c.head_dim());
+    const double sk = static_cast<double>(x.seq);
     const bool again = x.recompute != Recompute::none;
     auto product = [&](std::string name, double m, double n, double k) {
       OpTime op{std::move(name), 2 * heads * m * n * k};
@@ -146,13 +151,13 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
       return op;
     };
     const double scores = heads * sq * sk;
-    out.add(product("scores QK^T", sq, sk, d));
+    out.add(product("scores QK^T", sq, sk, a.qk / a.heads));
     out.add(streaming("softmax", 2 * scores * e, gpu, again));
     if (x.dropout) out.add(streaming("attn dropout", scores * (2 * e + 1), gpu, again));
-    out.add(product("scores x V", sq, d, sk));
+    out.add(product("scores x V", sq, a.values() / a.heads, sk));
   }
 
-  out.add(linear("o-proj", q / t, h, all, lc));
+  out.add(project(a.out, all));
   out.add(streaming("residuals (2)", 2 * 3 * z.norm_tokens * h * e, gpu, full));
   out.add(linear(swiglu ? "gate|up" : "fc1", h,
                  static_cast<double>(c.recipe().ff_in_factor()) * f / t, all, lc));

@@ -9,6 +9,7 @@
 #include "meshtrain/plan/compute.h"
 #include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/plan/planner.h"
+#include "meshtrain/plan/transformer.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::plan {
@@ -89,8 +90,8 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
   mem.workspace = job.reserve_bytes + 2 * e * tokens * mlp_width / t +
                   (l.sequence_parallel ? e * sbh : 0);
   if (l.cp > 1) {  // one layer's K and V gathered over the whole sequence
-    mem.workspace += 2 * e * static_cast<double>(job.seq * l.micro_batch) *
-                     static_cast<double>(ctx.model.n_kv_heads * ctx.model.head_dim()) / t;
+    const AttentionShape at = attention_shape(ctx.model);
+    mem.workspace += e * static_cast<double>(job.seq * l.micro_batch) * (at.k + at.v) / t;
   }
   if (ft.method == FinetuneMethod::qlora) {  // one dequantised MLP weight in bf16
     mem.workspace += 2 * static_cast<double>(ctx.model.dim) * mlp_width / t;
@@ -343,8 +344,8 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   // more in full recomputation), hidden behind the layer's attention.
   if (l.cp > 1) {
     const Link& link = l.tp * l.cp <= cl.gpus_per_node ? cl.intra : cl.inter;
-    const double kv_bytes = 2 * e * static_cast<double>(job.seq * l.micro_batch) *
-                            static_cast<double>(model.n_kv_heads * model.head_dim()) /
+    const AttentionShape at = attention_shape(model);
+    const double kv_bytes = e * static_cast<double>(job.seq * l.micro_batch) * (at.k + at.v) /
                             static_cast<double>(l.tp);
     const double gathers = l.recompute == Recompute::full ? 3 : 2;
     const double per_layer = gathers * all_gather_seconds(kv_bytes, l.cp, link) +
@@ -446,9 +447,11 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
                         ctx.counts.output_matmul_params);
   }
   est.model_flops_per_step = model_flops * tokens_step;
-  const double hd = static_cast<double>(model.n_heads * model.head_dim());
+  const AttentionShape at = attention_shape(model);
   const double seq = static_cast<double>(job.seq);
-  const double recompute_per_layer = l.recompute == Recompute::selective ? 4.0 * seq * hd
+  // Selective: the core's forward again (2 seq (qk + values) FLOPs per token).
+  const double recompute_per_layer = l.recompute == Recompute::selective
+                                         ? 2.0 * seq * (at.qk + at.values())
                                      : l.recompute == Recompute::full
                                          ? ctx.layer_flops_per_token / 3.0
                                          : 0.0;

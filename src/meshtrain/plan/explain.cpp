@@ -4,6 +4,7 @@
 #include "meshtrain/plan/collectives.h"
 #include "meshtrain/plan/compute.h"
 #include "meshtrain/plan/report.h"
+#include "meshtrain/plan/transformer.h"
 
 namespace meshtrain::plan {
 
@@ -51,23 +52,27 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   const double per_layer = layer_activation_bytes(shape);
   const double s = static_cast<double>(j.seq), b = static_cast<double>(l.micro_batch);
   const double h = static_cast<double>(m.dim);
-  o += "Activations (Korthikanti et al. 2022, section 4, generalised to GQA / SwiGLU):\n";
-  o += fmt::format("  s {} b {} h {} a {} kv width {} MLP {} tp {}{}, recompute {}, dropout {}\n",
-                   j.seq, l.micro_batch, m.dim, m.n_heads, m.n_kv_heads * m.head_dim(),
+  const AttentionShape at = attention_shape(m);
+  o += "Activations (Korthikanti et al. 2022, section 4, generalised to GQA / MLA / SwiGLU):\n";
+  o += fmt::format("  s {} b {} h {} a {} q|k|v|o widths {}|{}|{}|{} MLP {} tp {}{}, recompute {}, "
+                   "dropout {}\n",
+                   j.seq, l.micro_batch, m.dim, m.n_heads, at.qk, at.k, at.v, at.values(),
                    m.hidden_dim, l.tp, l.sequence_parallel ? " (sequence parallel)" : "",
                    recompute_name(l.recompute), j.dropout ? "on" : "off");
   if (l.recompute == Recompute::full) {
     o += fmt::format("  per layer = {} s b h{} = {}\n", e_bytes, l.sequence_parallel ? " / t" : "",
                      gib(per_layer));
   } else {
-    const double kv = static_cast<double>(m.n_kv_heads * m.head_dim()) / h;
+    // 2 (q + k + v + o inputs) / h; MLA's latents are never split.
+    const double attention = 2 * (at.qk + at.k + at.v + at.values()) / h;
     const double f = static_cast<double>(m.hidden_dim) / h;
     const double mlp = m.recipe().feed_forward == FeedForward::swiglu
                            ? (l.recompute == Recompute::selective ? 4 : 6)
                            : 4;
     o += fmt::format(
-        "  per layer = sbh x [({}{}){} + ({} + 4x{:.3g} + {}x{:.3g}) / t{}] = {} x {:.4g} = {}\n",
-        8, j.dropout ? " + 2 masks" : "", l.sequence_parallel ? " / t" : "", 4, kv, mlp, f,
+        "  per layer = sbh x [({}{}){} + ({:.4g} + {}x{:.3g}) / t{}{}] = {} x {:.4g} = {}\n",
+        8, j.dropout ? " + 2 masks" : "", l.sequence_parallel ? " / t" : "", attention, mlp, f,
+        at.latent > 0 ? fmt::format(" + {:.3g}", 2 * at.latent / h) : "",
         l.recompute == Recompute::none
             ? fmt::format(" + {} a s / (h t)", j.dropout ? 5 : 2)
             : "",
@@ -90,11 +95,11 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   o += fmt::format("  total {} of {} HBM ({:.0f}%)\n\n", gib(e.memory.device_total()),
                    gib(c.gpu.hbm_bytes), 100 * e.hbm_fraction);
 
-  o += "FLOPs (PaLM appendix B: 6 N_gemm + 12 L s h per token):\n";
-  o += fmt::format("  per token 6 x {} + 12 x {} x {} x {} = {:.4g}\n",
+  o += "FLOPs (PaLM appendix B: 6 N_gemm + 6 L s (qk + values) per token; 12 L s h for MHA):\n";
+  o += fmt::format("  per token 6 x {} + 6 x {} x {} x ({} + {}) = {:.4g}\n",
                    human_count(static_cast<double>(m.n_layers) * n.layer_matmul_params +
                                n.output_matmul_params),
-                   m.n_layers, j.seq, m.dim, ctx.model_flops_per_token);
+                   m.n_layers, j.seq, at.qk, at.values(), ctx.model_flops_per_token);
   o += fmt::format("  per step x {} tokens = {:.4g} model FLOPs; with recomputation {:.4g}\n",
                    j.tokens_per_step(), e.model_flops_per_step, e.hardware_flops_per_step);
   const GpuSpec gpu = effective_gpu(c, j);

@@ -13,7 +13,7 @@ constexpr double kA100GemmEfficiency = 0.672, kH100GemmEfficiency = 0.588;
 
 // Sources (docs/plan.md, "GPU catalog"): NVIDIA A100 / H100 / H200 datasheets
 // for FLOP/s, HBM bandwidth and NVLink; HBM size as nvidia-smi reports it
-// (A100 40960 MiB, A100 80GB 81920 MiB, H100 81559 MiB, H200 143771 MiB). NICs: HDR 200 Gb/s (A100 DGX), NDR 400 Gb/s (H100/H200 DGX),
+// (A100 40960 MiB, A100 80GB 81920 MiB, H100 and H800 81559 MiB, H200 143771 MiB). NICs: HDR 200 Gb/s (A100 DGX), NDR 400 Gb/s (H100/H200 DGX),
 // one per GPU. Prices are placeholders of the order of 2025 cloud list prices.
 std::vector<GpuSpec> catalog() {
   // The datasheet; the compute curve (zeros here) is set below.
@@ -21,6 +21,9 @@ std::vector<GpuSpec> catalog() {
       {"a100-40gb", 312 * kTera, 40960 * kMiB, 1555 * kGiga, 300 * kGiga, 25 * kGiga, 32 * kGiga, 1.50, 0, 0, 0, 0, {}},
       {"a100-80gb", 312 * kTera, 81920 * kMiB, 2039 * kGiga, 300 * kGiga, 25 * kGiga, 32 * kGiga, 1.80, 0, 0, 0, 0, {}},
       {"h100-sxm", 989.4 * kTera, 81559 * kMiB, 3350 * kGiga, 450 * kGiga, 50 * kGiga, 64 * kGiga, 2.50, 0, 0, 0, 0, {}},
+      // H800: the H100 SXM's compute and HBM, NVLink cut to 400 GB/s (200 each way);
+      // DeepSeek-V3's cluster (its report, section 3.1): one 400 Gb/s IB NIC per GPU.
+      {"h800", 989.4 * kTera, 81559 * kMiB, 3350 * kGiga, 200 * kGiga, 50 * kGiga, 64 * kGiga, 2.00, 0, 0, 0, 0, {}},
       {"h200", 989.4 * kTera, 143771 * kMiB, 4800 * kGiga, 450 * kGiga, 50 * kGiga, 64 * kGiga, 3.50, 0, 0, 0, 0, {}},
   };
   // Compute curves (docs/plan.md, "Compute"). gemm_efficiency is fitted, once

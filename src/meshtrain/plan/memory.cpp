@@ -63,23 +63,24 @@ double deepspeed_zero3_gpu_bytes(double params, double largest_layer_params,
 namespace {
 
 struct Dims {
-  double s, b, h, a, kv, f, t, e;
+  double s, b, h, a, f, t, e;
   double full_seq;  // the keys every query attends to (s = this rank's seq / cp)
+  AttentionShape attention;
 };
 
 Dims dims(const ActivationShape& x) {
   const ModelConfig& c = x.model;
   return {static_cast<double>(x.seq) / static_cast<double>(x.cp), static_cast<double>(x.micro_batch),
           static_cast<double>(c.dim), static_cast<double>(c.n_heads),
-          static_cast<double>(c.n_kv_heads * c.head_dim()), static_cast<double>(c.hidden_dim),
-          static_cast<double>(x.tp), x.value_bytes, static_cast<double>(x.seq)};
+          static_cast<double>(c.hidden_dim), static_cast<double>(x.tp), x.value_bytes,
+          static_cast<double>(x.seq), attention_shape(c)};
 }
 
 }  // namespace
 
 double layer_activation_bytes(const ActivationShape& x) {
   const Dims d = dims(x);
-  const double sbh = d.s * d.b * d.h, mask = x.dropout ? 1.0 : 0.0;
+  const double sbh = d.s * d.b * d.h, sb = d.s * d.b, mask = x.dropout ? 1.0 : 0.0;
   // Korthikanti et al. count 2-byte values and 1-byte masks; `e` scales the values.
   const double half = d.e / 2;
   if (x.recompute == Recompute::full) {
@@ -90,9 +91,11 @@ double layer_activation_bytes(const ActivationShape& x) {
   // recomputation recomputes the product from gate|up in backward.
   const bool gated = x.model.recipe().feed_forward == FeedForward::swiglu;
   const double mlp = gated ? (x.recompute == Recompute::selective ? 4 : 6) : 4;
-  const double split = half * (4 * sbh + 4 * d.s * d.b * d.kv + mlp * d.s * d.b * d.f);
+  const AttentionShape& at = d.attention;
+  const double split = half * 2 * sb * (at.qk + at.k + at.v + at.values()) + half * mlp * sb * d.f;
   const double core = (half * 2 + mask * (1 + 2 * half)) * d.a * d.s * d.full_seq * d.b;
-  double bytes = whole / (x.sequence_parallel ? d.t : 1.0) + split / d.t;
+  // MLA's latents: every tp rank computes them from the whole (gathered) input.
+  double bytes = whole / (x.sequence_parallel ? d.t : 1.0) + split / d.t + half * 2 * sb * at.latent;
   if (x.recompute == Recompute::none) bytes += core / d.t;
   return bytes;
 }

@@ -66,12 +66,14 @@ struct ActivationShape {
   double value_bytes = 2; // 16-bit activations
   int64_t cp = 1;         // context parallelism: each rank keeps seq / cp positions
 };
-// Korthikanti et al. 2022, section 4 (generalised to GQA and gated MLPs):
+// Korthikanti et al. 2022, section 4 (generalised to GQA, MLA and gated MLPs):
 //   kept whole under TP without SP: norm inputs 4sbh, attention and MLP inputs
-//   2sbh each, dropout masks sbh each; split by tp: Q 2sbh, K and V 2sb*kv each,
-//   attention output 2sbh, MLP (gated 6sbf, else 4sbf); attention core
-//   (2 + 3*dropout) * a*s^2*b, dropped by selective recomputation, which for a
-//   gated MLP also keeps only gate|up (4sbf) and recomputes their product;
+//   2sbh each, dropout masks sbh each; split by tp: Q 2sb*qk, K and V 2sb*k and
+//   2sb*v, attention output 2sb*values (plan/transformer.h AttentionShape; 2sbh,
+//   2sb*kv, 2sb*kv, 2sbh for MHA), MLP (gated 6sbf, else 4sbf); never split:
+//   MLA's latents 2sb*latent; attention core (2 + 3*dropout) * a*s^2*b,
+//   dropped by selective recomputation, which for a gated MLP also keeps only
+//   gate|up (4sbf) and recomputes their product;
 //   full recomputation keeps only the layer input, 2sbh (/tp with SP).
 //   With context parallelism s is seq / cp (the core: a (seq / cp) seq b).
 double layer_activation_bytes(const ActivationShape& shape);

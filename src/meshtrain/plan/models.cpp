@@ -33,6 +33,31 @@ ModelConfig qwen3_moe(int64_t dim, int64_t layers, int64_t heads, int64_t kv_hea
   return c;
 }
 
+// DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json): 61 layers, the first
+// 3 dense (SwiGLU 18432), the others 256 routed experts of 2048 choosing 8 by
+// sigmoid scores with a selection bias, 8 groups of which 4, weights
+// renormalised and scaled by 2.5, plus one shared expert; multi-head latent
+// attention with 128 heads. Its multi-token-prediction module (one more
+// block, 14B parameters on the hub) is not counted: the 671B main model.
+ModelConfig deepseek_v3() {
+  ModelConfig c = llama_shape(7168, 61, 128, 128, 18432, 129280, 4096, /*tied=*/false, 1e4f);
+  c.norm_eps = 1e-6f;
+  c.mla = {.q_rank = 1536, .kv_rank = 512, .nope_dim = 128, .rope_dim = 64, .v_dim = 128};
+  MoeConfig& m = c.moe;
+  m.experts = 256;
+  m.top_k = 8;
+  m.hidden_dim = 2048;
+  m.score = ops::RouterScore::sigmoid;
+  m.renormalize = true;
+  m.scaling = 2.5f;
+  m.n_groups = 8;
+  m.topk_groups = 4;
+  m.shared_hidden = 2048;
+  m.first_dense = 3;
+  m.bias_update_rate = 0.001f;  // the paper's gamma for the first 14.3T tokens
+  return c;
+}
+
 // Every Llama-2 / Llama-3 model has its own lm_head.
 ModelConfig llama(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
                   int64_t vocab, int64_t seq, float rope_theta) {
@@ -69,6 +94,9 @@ std::vector<PlanModel> published() {
       {"qwen3-30b-a3b", qwen3_moe(2048, 48, 32, 4, 128, 768, 128, 8, 151936, 40960, 1e6f),
        30.5e9,
        "Qwen/Qwen3-30B-A3B HF config.json; 30.5B total, 3.3B activated (its model card)"},
+      {"deepseek-v3", deepseek_v3(), 671e9,
+       "deepseek-ai/DeepSeek-V3 HF config.json; 671B total, 37B activated (DeepSeek-V3 "
+       "technical report, section 2), without the 14B multi-token-prediction module"},
   };
 }
 

@@ -30,6 +30,8 @@ PlanContext make_context(const ModelConfig& model, const Job& job) {
   MESHTRAIN_CHECK(!model.moe.enabled() || !job.finetune.adapters(),
                   "plan: LoRA / QLoRA of a mixture-of-experts model is not modelled "
                   "(--finetune full, or a dense model)");
+  MESHTRAIN_CHECK(!model.mla.enabled() || !job.finetune.adapters(),
+                  "plan: LoRA / QLoRA of latent attention (MLA) is not modelled (--finetune full)");
   PlanContext ctx;
   ctx.model = model;
   ctx.active = active_dense_view(model);

@@ -5,10 +5,37 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "meshtrain/model/config.h"
 
 namespace meshtrain::plan {
+
+// The attention of one layer as the planner prices it: grouped-query
+// attention from the heads, or DeepSeek's latent attention (ModelConfig::mla)
+// from its ranks. Widths are per token, summed over the heads.
+struct AttentionShape {
+  // How tensor parallelism cuts a projection: its output (column parallel),
+  // its input (row parallel), or not at all (MLA's low-rank down-projections).
+  enum class Split : uint8_t { none, out, in };
+  struct Projection {
+    const char* name;
+    double in, out;
+    Split split;
+  };
+  std::vector<Projection> in;  // x -> q, k, v: "qkv", or q_a, q_b, kv_a, kv_b
+  Projection out;              // "o-proj": values -> dim
+  double heads = 0;
+  double qk = 0;       // the queries' width: the scores' inner dimension times heads
+  double k = 0, v = 0; // the keys' and values' widths as attention reads them (kept, gathered)
+  double rope = 0;     // the q and k values RoPE rotates
+  // MLA: the latent RMSNorms' weights, and the values each token keeps for
+  // their backward that tp does not split (the latents before and after the norm).
+  double norm_weights = 0, latent = 0;
+  // The o-projection's input: heads x the value head width.
+  double values() const { return out.in; }
+};
+AttentionShape attention_shape(const ModelConfig& config);
 
 // A mixture of experts (moe.experts > 0) is counted per layer as the average
 // over its layers (dense and MoE ones): exact for the totals and the FLOPs,
@@ -37,8 +64,9 @@ ModelConfig active_dense_view(const ModelConfig& config);
 double active_mlp_width(const ModelConfig& config);
 
 // Training FLOPs per token (forward + backward = 3x forward, 2 FLOPs per MAC),
-// PaLM's convention: 6 x GEMM weights + 12 x seq x (heads x head_dim) per layer
-// for the attention scores and the weighted sum (no causal discount).
+// PaLM's convention: 6 x GEMM weights + 6 x seq x (qk + values) per layer for
+// the attention scores and the weighted sum (no causal discount; 12 x seq x
+// heads x head_dim when queries and values are as wide).
 double layer_train_flops_per_token(const ModelConfig& config, int64_t seq);
 double output_train_flops_per_token(const ModelConfig& config);
 
