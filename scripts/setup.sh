@@ -13,6 +13,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev libcli11-dev libfmt-dev libpcre2-dev
+  libutf8proc-dev libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy libopenblas0-openmp
   python3-venv ca-certificates

@@ -36,3 +36,19 @@ set_tests_properties(tokenizer.tiktoken_parity PROPERTIES
   FIXTURES_REQUIRED "gpt2_ranks;kjv_text;py_venv"
   ENVIRONMENT "MESHTRAIN_GPT2_RANKS=${tok_ranks};MESHTRAIN_REQUIRE_GPT2_RANKS=1;MESHTRAIN_TIKTOKEN_PARITY=${tok_dir};MESHTRAIN_PYPI_PYTHON=${MESHTRAIN_PY_VENV}/bin/python"
   TIMEOUT 300)
+
+# Hugging Face tokenizer.json: the committed fixtures (tests/tokenizer/vocab, real
+# vocabularies; unpack.py needs only Python's standard library) against the ids
+# llama.cpp recorded from the original tokenizers, then against PyPI's tokenizers
+# on every code point, random UTF-8, llama.cpp's edge cases and the KJV.
+add_test(NAME tokenizer.hf_vocab
+         COMMAND python3 ${PROJECT_SOURCE_DIR}/tests/tokenizer/vocab/unpack.py ${tok_dir}/vocab)
+set_tests_properties(tokenizer.hf_vocab PROPERTIES FIXTURES_SETUP hf_vocab TIMEOUT 120)
+add_test(NAME tokenizer.hf_originals COMMAND test_data --gtest_filter=HfTokenizerOriginals.*)
+set_tests_properties(tokenizer.hf_originals PROPERTIES FIXTURES_REQUIRED hf_vocab
+  ENVIRONMENT "MESHTRAIN_HF_VOCAB=${tok_dir}/vocab" TIMEOUT 120)
+add_test(NAME tokenizer.hf_parity COMMAND test_data --gtest_filter=HfTokenizersParity.*)
+set_tests_properties(tokenizer.hf_parity PROPERTIES
+  FIXTURES_REQUIRED "hf_vocab;kjv_text;py_venv"
+  ENVIRONMENT "MESHTRAIN_HF_PARITY=${tok_dir};MESHTRAIN_PYPI_PYTHON=${MESHTRAIN_PY_VENV}/bin/python"
+  TIMEOUT 1200)

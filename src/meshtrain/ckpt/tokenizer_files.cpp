@@ -8,6 +8,7 @@
 
 #include "meshtrain/ckpt/atomic_file.h"
 #include "meshtrain/data/bpe_tokenizer.h"
+#include "meshtrain/data/byte_level.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -15,35 +16,6 @@ namespace meshtrain {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the
-// others map to U+0100 onwards in byte order. Returns UTF-8 strings.
-const std::array<std::string, 256>& byte_chars() {
-  static const std::array<std::string, 256> table = [] {
-    std::array<std::string, 256> t;
-    int next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-      const int code = printable ? b : next++;
-      std::string s;
-      if (code < 0x80) {
-        s.push_back(static_cast<char>(code));
-      } else {
-        s.push_back(static_cast<char>(0xC0 | (code >> 6)));
-        s.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-      }
-      t[static_cast<size_t>(b)] = s;
-    }
-    return t;
-  }();
-  return table;
-}
-
-std::string byte_level(std::string_view bytes) {
-  std::string out;
-  for (unsigned char b : bytes) out += byte_chars()[b];
-  return out;
-}
 
 bool is_gpt2(const Tokenizer& t) { return t.name() == "gpt2"; }
 

@@ -20,6 +20,7 @@
 #include "meshtrain/cli/args.h"
 #include "meshtrain/cli/launch_command.h"
 #include "meshtrain/cli/ops_command.h"
+#include "meshtrain/cli/tokenize_command.h"
 #include "meshtrain/cli/plan_command.h"
 #include "meshtrain/cli/ranks.h"
 #include "meshtrain/comm/flight_dump.h"
@@ -506,6 +507,9 @@ int main_impl(int argc, char** argv) {
   OpsArgs ops_args;
   const OpsCommands ops = add_ops_commands(app, ops_args);
 
+  TokenizeArgs tokenize_args;
+  CLI::App* tokenize = add_tokenize_command(app, tokenize_args);
+
   check_subcommands(app, argc, argv);
   try {
     app.parse(argc, argv);
@@ -527,6 +531,8 @@ int main_impl(int argc, char** argv) {
     return run_launch(launch_args);
   } else if (plan->parsed()) {
     return run_plan(plan_args);
+  } else if (tokenize->parsed()) {
+    return run_tokenize(tokenize_args);
   } else if (ops.test->parsed()) {
     return run_ops_test(ops_args);
   } else if (ops.perf->parsed()) {

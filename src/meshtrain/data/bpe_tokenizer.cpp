@@ -1,8 +1,5 @@
 #include "meshtrain/data/bpe_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -11,6 +8,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "meshtrain/data/regex.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/rng.h"
 
@@ -103,12 +101,7 @@ struct BpeTokenizer::Impl {
   };
   std::vector<Slot> slots;
   uint64_t slot_mask = 0;
-  pcre2_code* regex = nullptr;
-  bool jit = false;
-
-  ~Impl() {
-    if (regex != nullptr) pcre2_code_free(regex);
-  }
+  Regex regex{kGpt2Pattern, "tokenizer gpt2"};
 
   int32_t num_ranks() const { return static_cast<int32_t>(offsets.size()) - 1; }
 
@@ -330,18 +323,6 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_ranks_text(std::string_view tex
                     source, b);
   }
 
-  int error = 0;
-  PCRE2_SIZE error_offset = 0;
-  impl->regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern.data()),
-                              kGpt2Pattern.size(), PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
-                              &error, &error_offset, nullptr);
-  if (impl->regex == nullptr) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(error, message, sizeof message);
-    fail("tokenizer: PCRE2 cannot compile GPT-2's pattern at {}: {}", error_offset,
-         reinterpret_cast<const char*>(message));
-  }
-  impl->jit = pcre2_jit_compile(impl->regex, PCRE2_JIT_COMPLETE) == 0;
   return std::unique_ptr<BpeTokenizer>(new BpeTokenizer(std::move(impl)));
 }
 
@@ -356,27 +337,13 @@ std::string_view BpeTokenizer::token_bytes(int32_t id) const {
 
 void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& ids) const {
   const Impl& im = *impl_;
-  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
-      pcre2_match_data_create_from_pattern(im.regex, nullptr), &pcre2_match_data_free);
-  MESHTRAIN_CHECK(match != nullptr, "tokenizer: out of memory for PCRE2 match data");
-  const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
-  auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  Regex::Scratch scratch(im.regex);
   PieceCache cache;
   std::vector<Part> parts;
   size_t pos = 0;
   while (pos < text.size()) {
-    int rc = im.jit ? pcre2_jit_match(im.regex, subject, text.size(), pos, 0, match.get(), nullptr)
-                    : pcre2_match(im.regex, subject, text.size(), pos, 0, match.get(), nullptr);
-    size_t start = text.size(), end = text.size();
-    if (rc >= 0) {
-      start = ovector[0];
-      end = ovector[1];
-    } else if (rc != PCRE2_ERROR_NOMATCH) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(rc, message, sizeof message);
-      fail("tokenizer: PCRE2 match failed at byte {}: {}", pos,
-           reinterpret_cast<const char*>(message));
-    }
+    const Regex::Match m = im.regex.find(text, pos, scratch);
+    const size_t start = m.found() ? m.start : text.size(), end = m.found() ? m.end : text.size();
     // Bytes the pattern skips (invalid UTF-8) are a piece of their own, so nothing is lost.
     if (start > pos) im.encode_piece(text.substr(pos, start - pos), cache, parts, ids);
     if (end > start) im.encode_piece(text.substr(start, end - start), cache, parts, ids);

@@ -1,6 +1,10 @@
 #include "meshtrain/data/tokenizer.h"
 
+#include <filesystem>
+
 #include "meshtrain/data/bpe_tokenizer.h"
+#include "meshtrain/data/hf_tokenizer.h"
+#include "meshtrain/data/spm_tokenizer.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -21,9 +25,25 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, const std::string& gpt2_ranks) {
+  namespace fs = std::filesystem;
   if (kind == "gpt2") return BpeTokenizer::load(gpt2_ranks);
   if (kind == "bytes") return std::make_unique<ByteTokenizer>();
-  fail("tokenizer '{}': unknown (expected 'gpt2' or 'bytes')", kind);
+  const fs::path path(kind);
+  if (fs::is_directory(path)) {
+    if (fs::exists(path / "tokenizer.json")) return HfTokenizer::load(path.string());
+    if (fs::exists(path / "tokenizer.model")) {
+      TokenizerConfig config;
+      if (fs::exists(path / "tokenizer_config.json")) {
+        config = read_tokenizer_config((path / "tokenizer_config.json").string());
+      }
+      return SpmTokenizer::load((path / "tokenizer.model").string(), std::move(config));
+    }
+    fail("tokenizer '{}': the folder has no tokenizer.json or tokenizer.model", kind);
+  }
+  MESHTRAIN_CHECK(fs::exists(path), "tokenizer '{}': unknown (expected 'gpt2', 'bytes', a "
+                  "tokenizer.json, a tokenizer.model or a folder with one)", kind);
+  if (path.extension() == ".model") return SpmTokenizer::load(path.string());
+  return HfTokenizer::load(path.string());
 }
 
 size_t first_non_text_byte(std::string_view text) {

@@ -1,11 +1,14 @@
-// Tokenizers: text bytes <-> token ids. Two kinds: "gpt2" (byte-level BPE with
-// GPT-2's merge ranks and pre-tokenisation, see bpe_tokenizer.h) and "bytes"
-// (vocabulary 256, id = byte value). Both are immutable after construction, so
-// one instance may encode on many threads at once.
+// Tokenizers: text bytes <-> token ids. Kinds: "gpt2" (byte-level BPE with
+// GPT-2's merge ranks and pre-tokenisation, see bpe_tokenizer.h), "bytes"
+// (vocabulary 256, id = byte value), a Hugging Face tokenizer.json
+// (hf_tokenizer.h) and a SentencePiece model (spm_tokenizer.h). All are
+// immutable after construction, so one instance may encode on many threads at
+// once.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,9 +36,31 @@ class Tokenizer {
     return ids;
   }
 
+  // Hugging Face's encode: tokens written out in `text` ("<|im_start|>")
+  // become their ids; add_special: the tokenizer's own tokens around the result
+  // (its post-processor's BOS / EOS). Tokenizers without written-out tokens
+  // encode ordinarily.
+  virtual void encode(std::string_view text, std::vector<int32_t>& ids, bool add_special) const {
+    (void)add_special;
+    encode_ordinary(text, ids);
+  }
+
   // The bytes of `ids` (special tokens as their text). Throws Error on an id
   // outside the vocabulary.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
+
+  // The id of one token written out ("<|endoftext|>"); nullopt when it is not a token.
+  virtual std::optional<int32_t> token_id(std::string_view token) const {
+    (void)token;
+    return std::nullopt;
+  }
+
+  // The ids around each document of a token stream (prepare, pre-training):
+  // GPT-2 and bytes put their end-of-text before each document.
+  struct DocumentFrame {
+    std::vector<int32_t> before, after;
+  };
+  virtual DocumentFrame document_frame() const { return {{eot_id()}, {}}; }
 };
 
 // Byte offset of the first byte of `text` that does not start or continue a
@@ -56,8 +81,10 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
 };
 
-// "gpt2" (loads `gpt2_ranks`, a gpt2.tiktoken file) or "bytes". Throws Error
-// on an unknown kind or a bad ranks file.
+// "gpt2" (loads `gpt2_ranks`, a gpt2.tiktoken file), "bytes", a
+// tokenizer.json, a tokenizer.model, or a folder with either (tokenizer.json
+// first; its tokenizer_config.json and chat_template.jinja with it). Throws
+// Error on an unknown kind or a bad file.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, const std::string& gpt2_ranks);
 
 }  // namespace meshtrain

@@ -1,0 +1,44 @@
+// SentencePiece models (tokenizer.model: Llama 2, Mistral, Gemma) through
+// Debian's libsentencepiece, with the model's own normalization, byte
+// fallback and unknown-piece rules. Its BOS (when the model has one) starts
+// each sequence and each document, as Hugging Face's Llama tokenizers add it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "meshtrain/data/hf_tokenizer.h"
+#include "meshtrain/data/tokenizer.h"
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace meshtrain {
+
+class SpmTokenizer final : public Tokenizer {
+ public:
+  // `config` adds a tokenizer_config.json's chat template and token names.
+  // Error naming the file when it is not a SentencePiece model.
+  static std::unique_ptr<SpmTokenizer> load(const std::string& path, TokenizerConfig config = {});
+  ~SpmTokenizer() override;
+
+  std::string name() const override { return path_; }
+  int64_t vocab_size() const override;
+  int32_t eot_id() const override;  // the model's </s>
+  using Tokenizer::encode_ordinary;
+  void encode_ordinary(std::string_view text, std::vector<int32_t>& ids) const override;
+  void encode(std::string_view text, std::vector<int32_t>& ids, bool add_special) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
+  std::optional<int32_t> token_id(std::string_view token) const override;
+  DocumentFrame document_frame() const override;
+  const std::string& chat_template() const { return config_.chat_template; }
+
+ private:
+  SpmTokenizer(std::string path, TokenizerConfig config);
+  std::string path_;
+  TokenizerConfig config_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+};
+
+}  // namespace meshtrain
