@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's Python venv for the test references that come from PyPI (tiktoken, for
-# tests/tokenizer/tiktoken_ref.py; tokenizers, for tests/tokenizer/hf_tokenizers_ref.py) and for scripts/get_gpt2_ranks.sh's `pip download`: made
+# tests/tokenizer/tiktoken_ref.py; tokenizers and sentencepiece, for tests/tokenizer/hf_tokenizers_ref.py) and for scripts/get_gpt2_ranks.sh's `pip download`: made
 # from Debian's /usr/bin/python3 (python3-venv), never touching the system Python. The PyTorch
 # references keep using /usr/bin/python3 itself (python3-torch). Idempotent: quick when the
 # venv already imports everything.
@@ -8,8 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-${MESHTRAIN_PY_VENV:-build/py-venv}}
-PACKAGES=(tiktoken tokenizers)
-IMPORTS="import tiktoken, tokenizers"
+PACKAGES=(tiktoken tokenizers sentencepiece)
+IMPORTS="import tiktoken, tokenizers, sentencepiece"
 
 if ! "$VENV/bin/python" -c "$IMPORTS" 2>/dev/null; then
   echo "py_venv: making $VENV (${PACKAGES[*]}) from /usr/bin/python3" >&2

@@ -1,5 +1,6 @@
-// HfTokenizer against PyPI's tokenizers (tests/tokenizer/hf_tokenizers_ref.py)
-// on every fixture of tests/tokenizer/vocab: every Unicode scalar value alone
+// HfTokenizer against PyPI's tokenizers and SpmTokenizer against PyPI's
+// sentencepiece (tests/tokenizer/hf_tokenizers_ref.py) on every fixture of
+// tests/tokenizer/vocab: every Unicode scalar value alone
 // and in context, random UTF-8, llama.cpp's edge cases and the whole KJV;
 // encode with and without the post-processor, and decode. A case may differ
 // only when its text holds a code point of tests/tokenizer/unicode_gaps.txt
@@ -136,7 +137,7 @@ void expect_parity(const std::string& name, RoundTrip round_trip) {
   const std::string path = reference_cases(name);
   ASSERT_FALSE(path.empty());
   Reader r{testing::read_file(path)};
-  const auto tok = HfTokenizer::load(parity_dir() + "/vocab/" + name);
+  const auto tok = make_tokenizer(parity_dir() + "/vocab/" + name, "");
   const auto gaps = unicode_gaps();
   ASSERT_GT(gaps.size(), 10u);
   int64_t cases[5] = {}, wrong[5] = {}, gap[5] = {};
@@ -191,6 +192,9 @@ TEST(HfTokenizersParity, Qwen2Nfc) { expect_parity("qwen2", RoundTrip::none); }
 TEST(HfTokenizersParity, Llama3Pipeline) { expect_parity("qwen2-llama3", RoundTrip::all); }
 TEST(HfTokenizersParity, Phi3ByteFallback) { expect_parity("phi3", RoundTrip::without_u2581); }
 TEST(HfTokenizersParity, Phi3Metaspace) { expect_parity("phi3-metaspace", RoundTrip::none); }
+// SentencePiece models through Debian's libsentencepiece against PyPI's sentencepiece.
+TEST(HfTokenizersParity, MistralV1SentencePiece) { expect_parity("mistral-v1", RoundTrip::none); }
+TEST(HfTokenizersParity, MistralV3SentencePiece) { expect_parity("mistral-v3", RoundTrip::none); }
 
 }  // namespace
 }  // namespace meshtrain

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Reference ids from PyPI's tokenizers (the Rust library behind transformers'
-fast tokenizers), for meshtrain's HfTokenizer tests and benchmarks.
+fast tokenizers) for a tokenizer.json, and from PyPI's sentencepiece for a
+folder with a tokenizer.model (add_special_tokens: its BOS first), for
+meshtrain's HfTokenizer / SpmTokenizer tests and benchmarks.
 
   hf_tokenizers_ref.py cases --tokenizer DIR --out FILE [--text FILE...] [--llama-cpp FILE]
       FILE: for each case, in order: uint8 set, uint32 byte count, the text's
@@ -36,9 +38,34 @@ import sys
 import time
 
 
+class SentencePiece:
+    """tokenizers' batch interface over a sentencepiece model."""
+
+    class Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def __init__(self, path):
+        import sentencepiece  # noqa: PLC0415
+
+        self.sp = sentencepiece.SentencePieceProcessor(model_file=path)
+
+    def encode_batch(self, texts, add_special_tokens):
+        bos = [self.sp.bos_id()] if add_special_tokens and self.sp.bos_id() >= 0 else []
+        return [self.Encoding(bos + ids) for ids in self.sp.encode(texts)]
+
+    def encode(self, text, add_special_tokens):
+        return self.encode_batch([text], add_special_tokens)[0]
+
+    def decode_batch(self, ids, skip_special_tokens):
+        return self.sp.decode(ids)
+
+
 def load(path):
     from tokenizers import Tokenizer  # noqa: PLC0415
 
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "tokenizer.json")):
+        return SentencePiece(os.path.join(path, "tokenizer.model"))
     if os.path.isdir(path):
         path = os.path.join(path, "tokenizer.json")
     return Tokenizer.from_file(path)

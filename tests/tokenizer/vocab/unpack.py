@@ -1,6 +1,7 @@
 """Unpacks the tokenizer fixtures into OUT/<name>/ (tokenizer.json and
 tokenizer_config.json): the xz-compressed conversions, and each variant's
-pipeline set on its base vocabulary (make_fixtures.py, README.md).
+pipeline set on its base vocabulary (make_fixtures.py, README.md); and the
+SentencePiece models as OUT/<name>/tokenizer.model.
 Standard library only. Usage: unpack.py OUT"""
 import glob
 import json
@@ -45,6 +46,11 @@ def main(out):
                 node = node[p]
             node[leaf] = value
         save(out, name, tokenizer)
+        names.append(name)
+    for path in sorted(glob.glob(os.path.join(HERE, "*.tokenizer.model"))):
+        name = os.path.basename(path)[: -len(".tokenizer.model")]
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        shutil.copy(path, os.path.join(out, name, "tokenizer.model"))
         names.append(name)
     print("unpack: " + " ".join(names) + " -> " + out)
 
