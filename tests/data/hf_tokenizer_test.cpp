@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "meshtrain/data/hf_tokenizer.h"
+#include "meshtrain/data/prepare.h"
+#include "meshtrain/data/token_file.h"
 #include "meshtrain/util/error.h"
 #include "tokenizer_test_util.h"
 
@@ -51,6 +53,40 @@ void expect_originals(const std::string& fixture, const std::string& recorded) {
 TEST(HfTokenizerOriginals, Gpt2) { expect_originals("gpt2", "llama_cpp_vocab_cases.gpt-2.out"); }
 TEST(HfTokenizerOriginals, Qwen2) { expect_originals("qwen2", "llama_cpp_vocab_cases.qwen2.out"); }
 TEST(HfTokenizerOriginals, Phi3) { expect_originals("phi3", "llama_cpp_vocab_cases.phi-3.out"); }
+
+// prepare with a real vocabulary past 65536 ids: uint32 token files, each
+// document between the tokenizer's own tokens (a BOS template before it; a
+// tokenizer without one: its eos_token after it).
+TEST(HfTokenizerOriginals, PrepareFramesDocumentsWithTheTokenizersOwnTokens) {
+  const char* vocab = std::getenv("MESHTRAIN_HF_VOCAB");
+  if (vocab == nullptr) GTEST_SKIP() << "run by ctest -R tokenizer.hf_originals";
+  const std::string dir = testing::scratch_dir();
+  const std::string doc = "In the beginning God created the heaven and the earth.";
+  testing::write_file(dir + "/a.txt", doc);
+  for (const char* name : {"qwen2", "qwen2-llama3"}) {
+    PrepareOptions o;
+    o.inputs = {dir + "/a.txt"};
+    o.output_dir = dir + "/" + name;
+    o.tokenizer = std::string(vocab) + "/" + name;
+    o.progress = "none";
+    const PrepareSummary s = prepare_corpus(o, nullptr);
+    ASSERT_EQ(s.train_files.size(), 1u);
+    const TokenFile f(s.train_files[0]);
+    EXPECT_EQ(f.bytes_per_token(), 4);
+    std::vector<int32_t> got(static_cast<size_t>(f.size()));
+    f.read(0, f.size(), got.data());
+    const auto tok = HfTokenizer::load(o.tokenizer);
+    std::vector<int32_t> want = tok->document_frame().before;
+    tok->encode_ordinary(doc, want);
+    for (int32_t id : tok->document_frame().after) want.push_back(id);
+    EXPECT_EQ(got, want) << name;
+  }
+  const auto qwen = HfTokenizer::load(std::string(vocab) + "/qwen2");
+  EXPECT_EQ(qwen->document_frame().after, (std::vector<int32_t>{151643}));  // <|endoftext|>
+  const auto llama3 = HfTokenizer::load(std::string(vocab) + "/qwen2-llama3");
+  EXPECT_EQ(llama3->document_frame().before, (std::vector<int32_t>{151643}));
+  EXPECT_TRUE(llama3->document_frame().after.empty());
+}
 
 // A character-level BPE over a, b, c: merges (a b) then (ab c), in either
 // merges format; `extra` is spliced into the top-level object.

@@ -32,7 +32,7 @@ std::vector<uint16_t> read_tokens(const std::vector<std::string>& files) {
   std::vector<uint16_t> all;
   for (const auto& f : files) {
     TokenFile t(f);
-    all.insert(all.end(), t.tokens(), t.tokens() + t.size());
+    for (int64_t i = 0; i < t.size(); ++i) all.push_back(static_cast<uint16_t>(t.token(i)));
   }
   return all;
 }

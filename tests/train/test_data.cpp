@@ -57,18 +57,33 @@ TEST_F(TokenFileTest, WriteThenRead) {
   write_token_file(path("a.bin"), tokens);
   TokenFile f(path("a.bin"));
   ASSERT_EQ(f.size(), 5);
-  EXPECT_EQ(std::vector<uint16_t>(f.tokens(), f.tokens() + 5), tokens);
+  std::vector<int32_t> back(5);
+  f.read(0, 5, back.data());
+  EXPECT_EQ(back, std::vector<int32_t>(tokens.begin(), tokens.end()));
   EXPECT_EQ(fs::file_size(path("a.bin")), 1024u + 10u);
   TokenFile moved = std::move(f);
-  EXPECT_EQ(moved.tokens()[3], 65535);
+  EXPECT_EQ(moved.token(3), 65535);
+}
+
+// Version 2: uint32 ids for vocabularies past 65536 (Llama 3, Qwen).
+TEST_F(TokenFileTest, WideIdsPastSixtyFiveThousand) {
+  std::vector<uint32_t> tokens = {0, 65536, 151643, 7};
+  write_token_file(path("wide.bin"), tokens);
+  EXPECT_EQ(fs::file_size(path("wide.bin")), 1024u + 16u);
+  TokenFile f(path("wide.bin"), 151646);
+  EXPECT_EQ(f.bytes_per_token(), 4);
+  std::vector<int32_t> back(3);
+  f.read(1, 3, back.data());
+  EXPECT_EQ(back, (std::vector<int32_t>{65536, 151643, 7}));
+  EXPECT_THROW(TokenFile(path("wide.bin"), 151643), Error);  // id 151643 is past the vocabulary
 }
 
 TEST_F(TokenFileTest, EveryHeaderProblemIsOneLineNamingTheFile) {
   std::vector<uint16_t> tokens = {1, 2, 3, 4};
   std::string p = raw("magic.bin", 12345, 1, 4, tokens);
   EXPECT_EQ(error_of(p), "data file '" + p + "': bad magic 12345 (expected 20240520: an llm.c token file)");
-  p = raw("version.bin", kTokenFileMagic, 2, 4, tokens);
-  EXPECT_EQ(error_of(p), "data file '" + p + "': unsupported version 2 (expected 1)");
+  p = raw("version.bin", kTokenFileMagic, 3, 4, tokens);
+  EXPECT_EQ(error_of(p), "data file '" + p + "': unsupported version 3 (expected 1: uint16 tokens, or 2: uint32)");
   p = raw("short_header.bin", kTokenFileMagic, 1, 4, {}, 100);
   EXPECT_EQ(error_of(p), "data file '" + p + "': truncated: 100 bytes, shorter than the 1024-byte header");
   p = raw("short_body.bin", kTokenFileMagic, 1, 10, tokens);

@@ -454,8 +454,9 @@ int main_impl(int argc, char** argv) {
       ->required();
   prepare->add_option("--out", prepare_args.output_dir, "Output directory for the shards")
       ->required();
-  prepare->add_option("--tokenizer", prepare_args.tokenizer)
-      ->check(CLI::IsMember({"gpt2", "bytes"}))->capture_default_str();
+  prepare->add_option("--tokenizer", prepare_args.tokenizer,
+                      "gpt2, bytes, a tokenizer.json, a tokenizer.model, or a model folder")
+      ->capture_default_str();
   prepare->add_option("--gpt2-ranks", prepare_args.gpt2_ranks, "tiktoken ranks file")
       ->capture_default_str();
   prepare->add_option("--shard-tokens", prepare_args.shard_tokens)

@@ -901,7 +901,13 @@ Tokenizer::DocumentFrame parse_post_processor(const Fields& f, const HfTokenizer
     MESHTRAIN_CHECK(specials.contains(name), "{}: special token \"{}\" of the template is not in "
                     "special_tokens", f.where, name);
     std::vector<int32_t>& side = seen_sequence ? frame.after : frame.before;
-    for (const json& id : specials[name].at("ids")) side.push_back(id.get<int32_t>());
+    for (const json& id : specials[name].at("ids")) {
+      MESHTRAIN_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
+                          id.get<int64_t>() < static_cast<int64_t>(im.id_to_token.size()),
+                      "{}: special token \"{}\" has id {} outside the vocabulary", f.where, name,
+                      id.dump());
+      side.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
   }
   return frame;
 }
@@ -962,15 +968,30 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
   return from_json(read_file(file, "tokenizer"), file, std::move(config));
 }
 
+namespace {
+std::unique_ptr<HfTokenizer::Impl> parse_tokenizer(std::string_view text, const std::string& source,
+                                                   TokenizerConfig config);
+}  // namespace
+
 std::unique_ptr<HfTokenizer> HfTokenizer::from_json(std::string_view text, const std::string& source,
                                                     TokenizerConfig config) {
+  try {
+    return std::unique_ptr<HfTokenizer>(new HfTokenizer(parse_tokenizer(text, source, std::move(config))));
+  } catch (const json::exception& e) {  // a field of the wrong shape the checks did not name
+    fail("tokenizer '{}': malformed: {}", source, e.what());
+  }
+}
+
+namespace {
+std::unique_ptr<HfTokenizer::Impl> parse_tokenizer(std::string_view text, const std::string& source,
+                                                   TokenizerConfig config) {
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
     fail("tokenizer '{}': not JSON: {}", source, e.what());
   }
-  auto im = std::make_unique<Impl>();
+  auto im = std::make_unique<HfTokenizer::Impl>();
   im->source = source;
   im->config = std::move(config);
   const Fields root{j, fmt::format("tokenizer '{}'", source)};
@@ -1002,6 +1023,11 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_json(std::string_view text, const
     im->added.push_back(std::move(t));
   }
   MESHTRAIN_CHECK(size > 0, "tokenizer '{}': empty vocabulary", source);
+  // Ids are (nearly) dense in every real vocabulary; a far id is a broken file.
+  const auto tokens = static_cast<int64_t>(im->model.vocab.size() + im->model.unreachable.size() +
+                                           im->added.size());
+  MESHTRAIN_CHECK(size - tokens <= 65536, "tokenizer '{}': ids reach {} for {} tokens (more than "
+                  "65536 ids without a token)", source, size - 1, tokens);
   im->id_to_token.assign(static_cast<size_t>(size), std::string());
   im->is_added.assign(static_cast<size_t>(size), false);
   for (const auto& [token, id] : im->model.vocab) im->id_to_token[static_cast<size_t>(id)] = token;
@@ -1035,8 +1061,9 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_json(std::string_view text, const
   } else if (!im->template_frame.before.empty()) {
     im->end_id = im->template_frame.before.front();
   }
-  return std::unique_ptr<HfTokenizer>(new HfTokenizer(std::move(im)));
+  return im;
 }
+}  // namespace
 
 HfTokenizer::HfTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HfTokenizer::~HfTokenizer() = default;

@@ -164,10 +164,11 @@ class Progress {
 // Cuts one token stream (train or val) into shards named <dir>/<split>_NNNNNN.bin.
 class ShardWriter {
  public:
-  ShardWriter(std::string dir, std::string split, int64_t shard_tokens)
-      : dir_(std::move(dir)), split_(std::move(split)), shard_tokens_(shard_tokens) {}
+  // wide: uint32 tokens (token file version 2), for vocabularies past 65536 ids.
+  ShardWriter(std::string dir, std::string split, int64_t shard_tokens, bool wide)
+      : dir_(std::move(dir)), split_(std::move(split)), shard_tokens_(shard_tokens), wide_(wide) {}
 
-  void append(const std::vector<uint16_t>& tokens) {
+  void append(const std::vector<uint32_t>& tokens) {
     for (size_t pos = 0; pos < tokens.size();) {
       if (buffer_.empty()) buffer_.reserve(static_cast<size_t>(std::min<int64_t>(shard_tokens_, 1 << 24)));
       size_t room = static_cast<size_t>(shard_tokens_) - buffer_.size();
@@ -199,14 +200,19 @@ class ShardWriter {
  private:
   void flush() {
     std::string path = (fs::path(dir_) / fmt::format("{}_{:06}.bin", split_, files_.size())).string();
-    write_token_file(path, buffer_);
+    if (wide_) {
+      write_token_file(path, buffer_);
+    } else {
+      write_token_file(path, std::vector<uint16_t>(buffer_.begin(), buffer_.end()));
+    }
     files_.push_back(path);
     buffer_.clear();
   }
 
   std::string dir_, split_;
   int64_t shard_tokens_;
-  std::vector<uint16_t> buffer_;
+  bool wide_;
+  std::vector<uint32_t> buffer_;
   std::vector<std::string> files_;
   int64_t total_ = 0;
 };
@@ -222,20 +228,21 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
                   "prepare: val_fraction {} is not in [0, 1)", options.val_fraction);
   MESHTRAIN_CHECK(options.threads >= 0, "prepare: threads {} is negative", options.threads);
   auto tokenizer = make_tokenizer(options.tokenizer, options.gpt2_ranks);
-  MESHTRAIN_CHECK(tokenizer->vocab_size() <= 65536,
-                  "prepare: tokenizer '{}' has {} ids; token files hold ids below 65536",
-                  tokenizer->name(), tokenizer->vocab_size());
+  const bool wide = tokenizer->vocab_size() > 65536;
+  // Each document between the tokenizer's own ids: GPT-2's end-of-text
+  // before it, a post-processor's BOS before (Llama) or EOS after (Qwen).
+  const Tokenizer::DocumentFrame frame = tokenizer->document_frame();
 
   std::vector<std::unique_ptr<MappedText>> texts;
   std::vector<std::string_view> docs;
   for (const auto& file : list_input_files(options.inputs)) {
     texts.push_back(std::make_unique<MappedText>(file));
-    // GPT-2's BPE is defined on text; the bytes tokenizer takes any file.
-    if (tokenizer->name() == "gpt2") {
+    // Tokenizers are defined on text; the bytes tokenizer takes any file.
+    if (tokenizer->name() != "bytes") {
       const std::string_view text = texts.back()->text();
       const size_t bad = first_non_text_byte(text);
       MESHTRAIN_CHECK(bad == std::string_view::npos,
-                      "prepare: '{}' is not UTF-8 text (byte 0x{:02x} at offset {}); the gpt2 "
+                      "prepare: '{}' is not UTF-8 text (byte 0x{:02x} at offset {}); the "
                       "tokenizer needs text (--tokenizer bytes takes any file)",
                       file, static_cast<unsigned char>(text[bad]), bad);
     }
@@ -252,8 +259,8 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
   fs::create_directories(options.output_dir, ec);
   MESHTRAIN_CHECK(fs::is_directory(options.output_dir),
                   "prepare: cannot create output directory '{}'", options.output_dir);
-  ShardWriter train(options.output_dir, "train", options.shard_tokens);
-  ShardWriter val(options.output_dir, "val", options.shard_tokens);
+  ShardWriter train(options.output_dir, "train", options.shard_tokens, wide);
+  ShardWriter val(options.output_dir, "val", options.shard_tokens, wide);
 
   int threads = options.threads > 0 ? options.threads
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -262,15 +269,14 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
   // order. A window bounds how far workers run ahead (and so the memory held).
   const int64_t window = 4 * static_cast<int64_t>(threads);
   // Encoded documents waiting to be written; document d sits in slot d % window.
-  std::vector<std::optional<std::vector<uint16_t>>> done(static_cast<size_t>(window));
-  auto slot = [&](int64_t doc) -> std::optional<std::vector<uint16_t>>& {
+  std::vector<std::optional<std::vector<uint32_t>>> done(static_cast<size_t>(window));
+  auto slot = [&](int64_t doc) -> std::optional<std::vector<uint32_t>>& {
     return done[static_cast<size_t>(doc % window)];
   };
   std::mutex mutex;
   std::condition_variable ready, room;
   int64_t next_claim = 0, next_write = 0;
   std::exception_ptr error;
-  const uint16_t eot = static_cast<uint16_t>(tokenizer->eot_id());
 
   auto work = [&] {
     std::vector<int32_t> ids;
@@ -283,12 +289,10 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
         doc = next_claim++;
       }
       try {
-        ids.clear();
+        ids.assign(frame.before.begin(), frame.before.end());
         tokenizer->encode_ordinary(docs[static_cast<size_t>(doc)], ids);
-        std::vector<uint16_t> tokens;
-        tokens.reserve(ids.size() + 1);
-        tokens.push_back(eot);
-        for (int32_t id : ids) tokens.push_back(static_cast<uint16_t>(id));
+        ids.insert(ids.end(), frame.after.begin(), frame.after.end());
+        std::vector<uint32_t> tokens(ids.begin(), ids.end());
         std::lock_guard lock(mutex);
         slot(doc) = std::move(tokens);
       } catch (...) {
@@ -305,7 +309,7 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
   int64_t bytes_done = 0;
   try {
     while (next_write < n_docs) {
-      std::vector<uint16_t> tokens;
+      std::vector<uint32_t> tokens;
       {
         std::unique_lock lock(mutex);
         while (!error && !slot(next_write)) {
@@ -350,6 +354,8 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
   summary.train_files = train.files();
   summary.val_files = val.files();
   summary.threads = threads;
+  summary.frame_tokens = static_cast<int64_t>(frame.before.size() + frame.after.size());
+  summary.bytes_per_token = wide ? 4 : 2;
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return summary;
 }
@@ -357,7 +363,7 @@ PrepareSummary prepare_corpus(const PrepareOptions& options, std::FILE* progress
 int run_prepare(const PrepareOptions& options) {
   PrepareSummary s = prepare_corpus(options, stderr);
   int64_t tokens = s.train_tokens + s.val_tokens;
-  int64_t text_tokens = tokens - s.documents;  // without the end-of-text ids
+  int64_t text_tokens = tokens - s.documents * s.frame_tokens;  // without the framing ids
   std::printf("prepare: %s documents (%s train, %s validation), %s bytes -> %s tokens, "
               "%.2f bytes/token (%s tokenizer)\n",
               with_commas(s.documents).c_str(), with_commas(s.train_documents).c_str(),
@@ -373,6 +379,10 @@ int run_prepare(const PrepareOptions& options) {
   };
   files_line("train", s.train_tokens, s.train_files);
   files_line("val", s.val_tokens, s.val_files);
+  if (s.bytes_per_token == 4) {
+    std::printf("prepare: token files of version %d (uint32 ids: the vocabulary passes 65536)\n",
+                kTokenFileVersionWide);
+  }
   std::printf("prepare: %.2f s, %.2f MB/s on %d thread%s\n", s.seconds,
               s.seconds > 0 ? static_cast<double>(s.text_bytes) / s.seconds / 1e6 : 0.0, s.threads,
               s.threads == 1 ? "" : "s");

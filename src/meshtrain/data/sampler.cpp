@@ -44,11 +44,11 @@ void TokenDataset::read_sample(int64_t index, int32_t* inputs, int32_t* targets)
                   index, total_samples_);
   auto it = std::upper_bound(first_sample_.begin(), first_sample_.end(), index);
   size_t file = static_cast<size_t>(it - first_sample_.begin()) - 1;
-  const uint16_t* window = files_[file].tokens() + (index - first_sample_[file]) * seq_len_;
-  for (int64_t t = 0; t < seq_len_; ++t) {
-    inputs[t] = window[t];
-    targets[t] = window[t + 1];
-  }
+  // seq_len + 1 tokens: the inputs, and the targets one further.
+  const TokenFile& f = files_[file];
+  const int64_t first = (index - first_sample_[file]) * seq_len_;
+  f.read(first, seq_len_, inputs);
+  f.read(first + 1, seq_len_, targets);
 }
 
 KeyedPermutation::KeyedPermutation(uint64_t n, uint64_t key) : n_(n), key_(key) {

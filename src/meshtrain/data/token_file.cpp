@@ -44,25 +44,26 @@ TokenFile::TokenFile(std::string path, int64_t vocab_size) : path_(std::move(pat
     MESHTRAIN_CHECK(header[0] == kTokenFileMagic,
                     "data file '{}': bad magic {} (expected {}: an llm.c token file)", path_,
                     header[0], kTokenFileMagic);
-    MESHTRAIN_CHECK(header[1] == kTokenFileVersion,
-                    "data file '{}': unsupported version {} (expected {})", path_, header[1],
-                    kTokenFileVersion);
+    MESHTRAIN_CHECK(header[1] == kTokenFileVersion || header[1] == kTokenFileVersionWide,
+                    "data file '{}': unsupported version {} (expected {}: uint16 tokens, or {}: "
+                    "uint32)", path_, header[1], kTokenFileVersion, kTokenFileVersionWide);
+    width_ = header[1] == kTokenFileVersion ? 2 : 4;
     count_ = header[2];
     MESHTRAIN_CHECK(count_ >= 0, "data file '{}': negative token count {}", path_, count_);
-    int64_t expected = kTokenFileHeaderBytes + 2 * count_;
+    int64_t expected = kTokenFileHeaderBytes + width_ * count_;
     MESHTRAIN_CHECK(file_bytes >= expected,
                     "data file '{}': truncated: header says {} tokens ({} bytes), file has {} bytes",
                     path_, count_, expected, file_bytes);
     MESHTRAIN_CHECK(file_bytes == expected,
                     "data file '{}': {} bytes after the {} tokens the header announces", path_,
                     file_bytes - expected, count_);
-    tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) +
-                                                kTokenFileHeaderBytes);
+    tokens_ = static_cast<const char*>(map_) + kTokenFileHeaderBytes;
     if (vocab_size > 0) {
       for (int64_t i = 0; i < count_; ++i) {
-        MESHTRAIN_CHECK(tokens_[i] < vocab_size,
+        const int64_t id = width_ == 2 ? int64_t{token(i)} : int64_t{static_cast<uint32_t>(token(i))};
+        MESHTRAIN_CHECK(id < vocab_size,
                         "data file '{}': token {} has id {}, not below the vocabulary size {}",
-                        path_, i, tokens_[i], vocab_size);
+                        path_, i, id, vocab_size);
       }
     }
   } catch (...) {
@@ -72,6 +73,27 @@ TokenFile::TokenFile(std::string path, int64_t vocab_size) : path_(std::move(pat
 }
 
 TokenFile::~TokenFile() { unmap(); }
+
+int32_t TokenFile::token(int64_t i) const {
+  if (width_ == 2) {
+    uint16_t v;
+    std::memcpy(&v, tokens_ + 2 * i, 2);
+    return v;
+  }
+  int32_t v;
+  std::memcpy(&v, tokens_ + 4 * i, 4);
+  return v;
+}
+
+void TokenFile::read(int64_t first, int64_t n, int32_t* out) const {
+  MESHTRAIN_CHECK(first >= 0 && n >= 0 && first + n <= count_,
+                  "data file '{}': tokens [{}, {}) outside its {}", path_, first, first + n, count_);
+  if (width_ == 4) {
+    std::memcpy(out, tokens_ + 4 * first, 4 * static_cast<size_t>(n));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = token(first + i);
+}
 
 void TokenFile::unmap() {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
@@ -84,6 +106,7 @@ TokenFile::TokenFile(TokenFile&& other) noexcept
       map_(std::exchange(other.map_, nullptr)),
       map_bytes_(other.map_bytes_),
       tokens_(std::exchange(other.tokens_, nullptr)),
+      width_(other.width_),
       count_(other.count_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
@@ -93,6 +116,7 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     map_ = std::exchange(other.map_, nullptr);
     map_bytes_ = other.map_bytes_;
     tokens_ = std::exchange(other.tokens_, nullptr);
+    width_ = other.width_;
     count_ = other.count_;
   }
   return *this;
@@ -107,24 +131,36 @@ bool is_token_file(const std::string& path) {
   return read && magic == kTokenFileMagic;
 }
 
-void write_token_file(const std::string& path, std::span<const uint16_t> tokens) {
-  MESHTRAIN_CHECK(tokens.size() <= 0x7fffffffu, "data file '{}': {} tokens exceed the format's limit",
-                  path, tokens.size());
+namespace {
+
+void write_tokens(const std::string& path, const void* tokens, size_t count, int width) {
+  MESHTRAIN_CHECK(count <= 0x7fffffffu, "data file '{}': {} tokens exceed the format's limit",
+                  path, count);
   std::array<int32_t, 256> header{};
   header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
+  header[1] = width == 2 ? kTokenFileVersion : kTokenFileVersionWide;
+  header[2] = static_cast<int32_t>(count);
   std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   MESHTRAIN_CHECK_AS(ErrorKind::io, f != nullptr, "data file '{}': cannot write: {}", tmp,
                      std::strerror(errno));
   bool ok = std::fwrite(header.data(), sizeof header, 1, f) == 1;
-  if (!tokens.empty()) ok = ok && std::fwrite(tokens.data(), 2, tokens.size(), f) == tokens.size();
+  if (count > 0) ok = ok && std::fwrite(tokens, static_cast<size_t>(width), count, f) == count;
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     fail_as(ErrorKind::io, "data file '{}': write failed: {}", path, std::strerror(errno));
   }
+}
+
+}  // namespace
+
+void write_token_file(const std::string& path, std::span<const uint16_t> tokens) {
+  write_tokens(path, tokens.data(), tokens.size(), 2);
+}
+
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens) {
+  write_tokens(path, tokens.data(), tokens.size(), 4);
 }
 
 }  // namespace meshtrain
