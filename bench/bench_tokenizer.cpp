@@ -1,7 +1,9 @@
-// Tokenizer and `prepare` throughput, driven by bench/bench_tokenizer.sh (which
-// times PyPI tiktoken in the same run, alternating A B A B).
-//   bench_tokenizer speed RANKS REPS FILE...      single-threaded encode, MB/s (best of REPS)
-//   bench_tokenizer prepare RANKS THREADS OUT INPUT...   one prepare run, MB/s
+// Tokenizer and `prepare` throughput, driven by bench/bench_tokenizer.sh and
+// bench/tokenizers_hf.sh (which time PyPI tiktoken / tokenizers / sentencepiece
+// in the same run, alternating A B A B). TOKENIZER: make_tokenizer's kind
+// ("gpt2" with RANKS, or a tokenizer file or folder).
+//   bench_tokenizer speed TOKENIZER RANKS REPS FILE...   single-threaded encode, MB/s (best of REPS)
+//   bench_tokenizer prepare TOKENIZER RANKS THREADS OUT INPUT...   one prepare run, MB/s
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -25,8 +27,9 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-int speed(const std::string& ranks, int reps, const std::vector<std::string>& files) {
-  auto tok = meshtrain::BpeTokenizer::load(ranks);
+int speed(const std::string& kind, const std::string& ranks, int reps,
+          const std::vector<std::string>& files) {
+  auto tok = meshtrain::make_tokenizer(kind, ranks);
   std::vector<std::string> texts;
   size_t bytes = 0;
   for (const auto& f : files) {
@@ -42,14 +45,16 @@ int speed(const std::string& ranks, int reps, const std::vector<std::string>& fi
     for (const auto& t : texts) tok->encode_ordinary(t, ids);
     best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
   }
-  std::printf("meshtrain %.2f MB/s (%zu bytes, %zu tokens, best of %d)\n",
-              static_cast<double>(bytes) / best / 1e6, bytes, ids.size(), reps);
+  std::printf("meshtrain %.2f MB/s %.0f tokens/s (%zu bytes, %zu tokens, best of %d)\n",
+              static_cast<double>(bytes) / best / 1e6, static_cast<double>(ids.size()) / best, bytes,
+              ids.size(), reps);
   return 0;
 }
 
-int prepare(const std::string& ranks, int threads, const std::string& out,
+int prepare(const std::string& kind, const std::string& ranks, int threads, const std::string& out,
             const std::vector<std::string>& inputs) {
   meshtrain::PrepareOptions o;
+  o.tokenizer = kind;
   o.inputs = inputs;
   o.output_dir = out;
   o.gpt2_ranks = ranks;
@@ -68,11 +73,11 @@ int prepare(const std::string& ranks, int threads, const std::string& out,
 int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   try {
-    if (a.size() >= 4 && a[0] == "speed") {
-      return speed(a[1], std::stoi(a[2]), {a.begin() + 3, a.end()});
+    if (a.size() >= 5 && a[0] == "speed") {
+      return speed(a[1], a[2], std::stoi(a[3]), {a.begin() + 4, a.end()});
     }
-    if (a.size() >= 5 && a[0] == "prepare") {
-      return prepare(a[1], std::stoi(a[2]), a[3], {a.begin() + 4, a.end()});
+    if (a.size() >= 6 && a[0] == "prepare") {
+      return prepare(a[1], a[2], std::stoi(a[3]), a[4], {a.begin() + 5, a.end()});
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_tokenizer: %s\n", e.what());

@@ -21,7 +21,7 @@ files=("$WORK"/kjv/*.txt)
 
 echo "== encode, one thread, KJV ($(cat "${files[@]}" | wc -c) bytes, ${#files[@]} books), $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
 for _ in $(seq "$ROUNDS"); do
-  "$BIN" speed "$RANKS" 3 "${files[@]}"
+  "$BIN" speed gpt2 "$RANKS" 3 "${files[@]}"
   RAYON_NUM_THREADS=1 "$PY" tests/tokenizer/tiktoken_ref.py bench --ranks "$RANKS" --reps 3 "${files[@]}"
 done
 
@@ -31,7 +31,7 @@ for copy in 1 2 3 4 5 6 7 8; do
 done
 echo "== prepare, KJV x8 ($(cat "$WORK"/kjv8/*.txt | wc -c) bytes; time includes loading the ranks and writing shards)"
 for _ in $(seq "$ROUNDS"); do
-  for t in 1 2; do "$BIN" prepare "$RANKS" "$t" "$WORK/prepare_t$t" "$WORK/kjv8"; done
+  for t in 1 2; do "$BIN" prepare gpt2 "$RANKS" "$t" "$WORK/prepare_t$t" "$WORK/kjv8"; done
 done
 for f in "$WORK"/prepare_t1/*.bin; do
   cmp -s "$f" "$WORK/prepare_t2/$(basename "$f")" || { echo "prepare: $(basename "$f") differs between 1 and 2 threads" >&2; exit 1; }

@@ -43,8 +43,8 @@ set(good ${cli_work}/good.toml)
 # Usage errors: exit code 2.
 meshtrain_cli_case(no_subcommand 2 "^meshtrain: .*subcommand" ARGS)
 # An unknown subcommand is named, even with --help (not the main help and exit 0).
-meshtrain_cli_case(unknown_subcommand 2 "^meshtrain: unknown subcommand 'tokenize' \\(one of: train, .*\\)$"
-                   ARGS tokenize --help)
+meshtrain_cli_case(unknown_subcommand 2 "^meshtrain: unknown subcommand 'frobnicate' \\(one of: train, .*\\)$"
+                   ARGS frobnicate --help)
 # (".", not ";", which would split the CMake argument.)
 meshtrain_cli_case(unknown_ckpt_subcommand 2 "^meshtrain: unknown subcommand 'frobnicate' of 'ckpt' \\(one of: export, inspect, convert, import. see --help\\)$"
                    ARGS ckpt frobnicate --help)

@@ -52,3 +52,8 @@ set_tests_properties(tokenizer.hf_parity PROPERTIES
   FIXTURES_REQUIRED "hf_vocab;kjv_text;py_venv"
   ENVIRONMENT "MESHTRAIN_HF_PARITY=${tok_dir};MESHTRAIN_PYPI_PYTHON=${MESHTRAIN_PY_VENV}/bin/python"
   TIMEOUT 1200)
+
+add_test(NAME tokenizer.hf_e2e
+         COMMAND bash ${PROJECT_SOURCE_DIR}/tests/data/hf_tokenizer_e2e.sh $<TARGET_FILE:meshtrain>
+                 ${tok_dir}/hf_e2e ${tok_dir}/vocab)
+set_tests_properties(tokenizer.hf_e2e PROPERTIES FIXTURES_REQUIRED hf_vocab TIMEOUT 300)

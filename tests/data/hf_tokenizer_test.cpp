@@ -30,7 +30,7 @@ std::vector<int32_t> encode(const Tokenizer& t, std::string_view text, bool add_
 void expect_originals(const std::string& fixture, const std::string& recorded) {
   const char* vocab = std::getenv("MESHTRAIN_HF_VOCAB");
   if (vocab == nullptr) GTEST_SKIP() << "run by ctest -R tokenizer.hf_originals";
-  const auto tok = HfTokenizer::load(std::string(vocab) + "/" + fixture);
+  const auto tok = make_tokenizer(std::string(vocab) + "/" + fixture, "");
   const std::string dir = std::string(MESHTRAIN_SOURCE_DIR) + "/tests/tokenizer/";
   const std::string inputs = testing::read_file(dir + "llama_cpp_vocab_cases.inp");
   const std::string lines = testing::read_file(dir + recorded);  // one line of ids per case
@@ -75,15 +75,15 @@ TEST(HfTokenizerOriginals, PrepareFramesDocumentsWithTheTokenizersOwnTokens) {
     EXPECT_EQ(f.bytes_per_token(), 4);
     std::vector<int32_t> got(static_cast<size_t>(f.size()));
     f.read(0, f.size(), got.data());
-    const auto tok = HfTokenizer::load(o.tokenizer);
+    const auto tok = make_tokenizer(o.tokenizer, "");
     std::vector<int32_t> want = tok->document_frame().before;
     tok->encode_ordinary(doc, want);
     for (int32_t id : tok->document_frame().after) want.push_back(id);
     EXPECT_EQ(got, want) << name;
   }
-  const auto qwen = HfTokenizer::load(std::string(vocab) + "/qwen2");
+  const auto qwen = make_tokenizer(std::string(vocab) + "/qwen2", "");
   EXPECT_EQ(qwen->document_frame().after, (std::vector<int32_t>{151643}));  // <|endoftext|>
-  const auto llama3 = HfTokenizer::load(std::string(vocab) + "/qwen2-llama3");
+  const auto llama3 = make_tokenizer(std::string(vocab) + "/qwen2-llama3", "");
   EXPECT_EQ(llama3->document_frame().before, (std::vector<int32_t>{151643}));
   EXPECT_TRUE(llama3->document_frame().after.empty());
 }

@@ -19,8 +19,10 @@ meshtrain's HfTokenizer / SpmTokenizer tests and benchmarks.
         3 llama.cpp's tokenizer edge cases (spaces, tabs, newline runs, digits,
           emoji, mixed scripts, special-token text);
         4 each --text file whole (long natural text).
-  hf_tokenizers_ref.py bench --tokenizer DIR [--threads N] [--reps R] FILE...
-      prints one line: MB/s and tokens/s of encode over the files' text.
+  hf_tokenizers_ref.py bench --tokenizer DIR [--threads N] [--reps R] [--batch] FILE...
+      prints one line: MB/s and tokens/s (best of R) of encoding each file as
+      one text; --batch: all files in one encode_batch (tokenizers' thread
+      pool, or sentencepiece's num_threads, of N threads).
   hf_tokenizers_ref.py gaps --out FILE
       writes the code points whose Unicode data differ between tokenizers and
       the libraries meshtrain runs on (docs/tokenizers.md, "Unicode versions"):
@@ -189,15 +191,27 @@ def bench(args):
     if args.threads:  # before tokenizers starts its thread pool
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)
     tok = load(args.tokenizer)
-    text = "".join(open(f, encoding="utf-8").read() for f in args.files)
-    best = float("inf")
-    ids = []
+    texts = [open(f, encoding="utf-8").read() for f in args.files]
+    spm = isinstance(tok, SentencePiece)
+    if args.batch:
+        if spm:
+            run = lambda: tok.sp.encode(texts, num_threads=args.threads or -1)  # noqa: E731
+        else:
+            run = lambda: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]  # noqa: E731
+    elif spm:
+        run = lambda: [tok.sp.encode(t) for t in texts]  # noqa: E731
+    else:
+        run = lambda: [tok.encode(t, add_special_tokens=False).ids for t in texts]  # noqa: E731
+    best, ids = float("inf"), []
+    run()  # warm-up
     for _ in range(args.reps):
         t0 = time.perf_counter()
-        ids = tok.encode(text, add_special_tokens=False).ids
+        ids = run()
         best = min(best, time.perf_counter() - t0)
-    mb = len(text.encode("utf-8")) / 1e6
-    print(f"tokenizers {mb / best:.2f} MB/s {len(ids) / best:.0f} tokens/s ({len(ids)} tokens)")
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    n = sum(len(i) for i in ids)
+    name = "sentencepiece" if spm else "tokenizers"
+    print(f"{name} {mb / best:.2f} MB/s {n / best:.0f} tokens/s ({n} tokens, best of {args.reps})")
 
 
 def main():
@@ -212,6 +226,7 @@ def main():
     b.add_argument("--tokenizer", required=True)
     b.add_argument("--threads", type=int, default=0)
     b.add_argument("--reps", type=int, default=3)
+    b.add_argument("--batch", action="store_true")
     b.add_argument("files", nargs="+")
     g = sub.add_parser("gaps")
     g.add_argument("--out", required=True)

@@ -72,7 +72,10 @@ std::string special_text(const Tokenizer& t, int32_t id) {
 }  // namespace
 
 SpecialIds special_ids(const Tokenizer& tokenizer) {
-  return {tokenizer.eot_id(), tokenizer.eot_id()};
+  // A tokenizer whose post-processor starts sequences (Llama's <s>) has its own BOS.
+  const Tokenizer::DocumentFrame frame = tokenizer.document_frame();
+  const int32_t eos = tokenizer.eot_id();
+  return {frame.before.empty() ? eos : frame.before.front(), eos};
 }
 
 std::string hf_tokenizer_json(const Tokenizer& t) {
@@ -126,6 +129,14 @@ std::string hf_generation_config_json(const Tokenizer& t) {
 
 void write_hf_tokenizer(const Tokenizer& t, int64_t model_max_length, const std::string& dir) {
   const std::filesystem::path d(dir);
+  if (const std::vector<Tokenizer::File> files = t.files(); !files.empty()) {
+    // A tokenizer read from files (a Hugging Face folder): those files, as they are.
+    for (const Tokenizer::File& f : files) {
+      write_file_atomic((d / f.name).string(), read_text_file(f.path, "tokenizer file"));
+    }
+    write_file_atomic((d / "generation_config.json").string(), hf_generation_config_json(t));
+    return;
+  }
   write_file_atomic((d / "tokenizer.json").string(), hf_tokenizer_json(t));
   write_file_atomic((d / "tokenizer_config.json").string(),
                     hf_tokenizer_config_json(t, model_max_length));

@@ -1,7 +1,10 @@
 // Tokenizer files that travel with exported weights, so the ids mean the same
 // in the tools that read the export.
 //
-// Hugging Face (tokenizers' tokenizer.json, read by AutoTokenizer): a BPE
+// Hugging Face (tokenizers' tokenizer.json, read by AutoTokenizer): a
+// tokenizer read from files (Tokenizer::files(): a model folder's
+// tokenizer.json or tokenizer.model, tokenizer_config.json,
+// chat_template.jinja) is those files as they are. Otherwise a BPE
 // model behind the ByteLevel pre-tokenizer (GPT-2's regex) and decoder. GPT-2:
 // its 50256 ranks as the vocabulary (bytes written in ByteLevel's printable
 // alphabet) and their merges, <|endoftext|> 50256 as an added special token and
@@ -29,7 +32,8 @@
 
 namespace meshtrain {
 
-// The id that starts (bos) and ends (eos) a document: the tokenizer's eot.
+// The id that starts (bos) and ends (eos) a document: the tokenizer's eot,
+// and its post-processor's first token for bos when it has one.
 struct SpecialIds {
   int32_t bos = 0, eos = 0;
 };

@@ -87,33 +87,31 @@ void print_text(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
 }
 
 // The tokenizer that gives the model's ids their meaning: --tokenizer, else the
-// training run's data.tokenizer, else guessed from the vocabulary (256: bytes,
-// 50257: GPT-2); null when none is known (ids are printed instead).
+// training run's (the files its checkpoint carries, or its data.tokenizer), else
+// guessed from the vocabulary (256: bytes, 50257: GPT-2); null when none is
+// known (ids are printed instead).
 std::unique_ptr<Tokenizer> sample_tokenizer(const SampleArgs& args, int64_t vocab) {
-  std::string kind = args.tokenizer, ranks = args.gpt2_ranks;
-  bool from_run = false;
-  if (!args.checkpoint.empty() &&
-      is_training_checkpoint(args.checkpoint)) {
-    TrainConfig run;
-    read_train_state(args.checkpoint, &run);
-    if (kind.empty()) {
-      kind = run.data.tokenizer;
-      from_run = true;
-    }
-    if (ranks.empty()) ranks = checkpoint_gpt2_ranks(args.checkpoint, run);
+  std::string ranks = args.gpt2_ranks;
+  std::unique_ptr<Tokenizer> tokenizer;
+  const bool run = !args.checkpoint.empty() && is_training_checkpoint(args.checkpoint);
+  if (run && ranks.empty()) {
+    TrainConfig saved;
+    read_train_state(args.checkpoint, &saved);
+    ranks = checkpoint_gpt2_ranks(args.checkpoint, saved);
   }
   if (ranks.empty()) ranks = kDefaultGpt2Ranks;
-  const int64_t kind_vocab = kind == "bytes" ? 256 : kind == "gpt2" ? 50257 : 0;
-  if (kind_vocab > vocab) {
-    if (!from_run) {
-      throw UsageError(fmt::format("sample: tokenizer '{}' has {} ids, the model only {}", kind,
-                                   kind_vocab, vocab));
+  if (!args.tokenizer.empty()) {
+    tokenizer = make_tokenizer(args.tokenizer, ranks);
+    if (tokenizer->vocab_size() > vocab) {
+      throw UsageError(fmt::format("sample: tokenizer '{}' has {} ids, the model only {}",
+                                   args.tokenizer, tokenizer->vocab_size(), vocab));
     }
-    kind.clear();  // a run whose ids are not that tokenizer's: guess below
+    return tokenizer;
   }
-  if (kind.empty()) kind = vocab == 256 ? "bytes" : vocab == 50257 ? "gpt2" : "";
-  if (kind.empty()) return nullptr;
-  return make_tokenizer(kind, ranks);
+  if (run) tokenizer = checkpoint_tokenizer(args.checkpoint);  // null: not the model's ids
+  if (tokenizer) return tokenizer;
+  const std::string guess = vocab == 256 ? "bytes" : vocab == 50257 ? "gpt2" : "";
+  return guess.empty() ? nullptr : make_tokenizer(guess, ranks);
 }
 
 void run_sample(const SampleArgs& args) {
@@ -131,15 +129,18 @@ void run_sample(const SampleArgs& args) {
       throw UsageError(fmt::format("sample: --prompt needs a tokenizer for this model (vocab {}); "
                                    "use --tokenizer or --prompt-ids", model->config().vocab_size));
     }
-    prompt = tokenizer->encode_ordinary(args.prompt);
+    tokenizer->encode(args.prompt, prompt, /*add_special=*/true);  // its BOS, as HF tokenizers add it
   } else if (!args.prompt_ids.empty()) {
     prompt = parse_token_ids(args.prompt_ids);
   } else {
-    // A document start: GPT-2's <|endoftext|>, a newline for bytes, llama2.c's BOS.
+    // A document start: the tokenizer's own (GPT-2's <|endoftext|>, Llama's
+    // BOS), a newline for bytes, llama2.c's BOS.
     default_prompt = true;
-    prompt = {!tokenizer                    ? int32_t{1}
-              : tokenizer->name() == "gpt2" ? tokenizer->eot_id()
-                                            : int32_t{'\n'}};
+    prompt = {!tokenizer                     ? int32_t{1}
+              : tokenizer->name() == "bytes" ? int32_t{'\n'}
+                                             : tokenizer->document_frame().before.empty()
+                                                   ? tokenizer->eot_id()
+                                                   : tokenizer->document_frame().before.front()};
   }
   SampleOptions options;
   options.temperature = args.temperature;
@@ -218,8 +219,8 @@ std::unique_ptr<Tokenizer> export_tokenizer(const CkptArgs& args, const std::str
 
 void add_tokenizer_options(CLI::App& command, CkptArgs& args) {
   command.add_option("--tokenizer", args.tokenizer,
-                     "Tokenizer files to write (default: a training run's data.tokenizer)")
-      ->check(CLI::IsMember({"gpt2", "bytes"}));
+                     "Tokenizer files to write: gpt2, bytes, a tokenizer file or folder (default: "
+                     "a training run's)");
   command.add_option("--gpt2-ranks", args.gpt2_ranks, "GPT-2 ranks file for --tokenizer gpt2")
       ->capture_default_str();
 }
@@ -368,8 +369,7 @@ int main_impl(int argc, char** argv) {
   sample->add_option("--prompt-ids", sample_args.prompt_ids, "Comma-separated token ids");
   sample->add_option("--prompt", sample_args.prompt, "Prompt text, encoded with the tokenizer");
   sample->add_option("--tokenizer", sample_args.tokenizer,
-                     "Token meaning (default: the run's data.tokenizer)")
-      ->check(CLI::IsMember({"gpt2", "bytes"}));
+                     "Token meaning: gpt2, bytes, a tokenizer file or folder (default: the run's)");
   sample->add_option("--gpt2-ranks", sample_args.gpt2_ranks,
                      "GPT-2 ranks file (default: the run's data.gpt2_ranks)");
   sample->add_flag("--print-ids", sample_args.print_ids, "Print the token ids");

@@ -3,8 +3,6 @@
 #include <utf8proc.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -19,21 +17,11 @@ namespace meshtrain {
 namespace {
 
 using json = nlohmann::json;
-namespace fs = std::filesystem;
 
 // tokenizers' ByteLevel regex (GPT-2's).
 constexpr std::string_view kByteLevelPattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581
-
-std::string read_file(const std::string& path, std::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{} '{}': cannot open", what, path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  MESHTRAIN_CHECK(!in.bad(), "{} '{}': read error", what, path);
-  return text.str();
-}
 
 // The length of the UTF-8 character starting at text[i]; 1 for a byte that
 // does not start a well-formed one (it stands alone, as a broken character).
@@ -824,6 +812,7 @@ struct HfTokenizer::Impl {
   DocumentFrame template_frame;  // the post-processor's single template around $A
   TokenizerConfig config;
   int32_t end_id = -1;
+  std::vector<Tokenizer::File> files;
 
   void encode_stretch(std::string_view text, bool first, std::vector<int32_t>& ids,
                       EncodeCache& cache) const {
@@ -921,7 +910,7 @@ std::string token_name(const json& v) {
 }  // namespace
 
 TokenizerConfig read_tokenizer_config(const std::string& path) {
-  const std::string text = read_file(path, "tokenizer config");
+  const std::string text = read_text_file(path, "tokenizer config");
   json j;
   try {
     j = json::parse(text);
@@ -955,17 +944,11 @@ TokenizerConfig read_tokenizer_config(const std::string& path) {
   return c;
 }
 
-std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
-  std::string file = path;
-  TokenizerConfig config;
-  if (fs::is_directory(path)) {
-    file = (fs::path(path) / "tokenizer.json").string();
-    const fs::path cfg = fs::path(path) / "tokenizer_config.json";
-    if (fs::exists(cfg)) config = read_tokenizer_config(cfg.string());
-    const fs::path jinja = fs::path(path) / "chat_template.jinja";
-    if (fs::exists(jinja)) config.chat_template = read_file(jinja.string(), "chat template");
-  }
-  return from_json(read_file(file, "tokenizer"), file, std::move(config));
+std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path, TokenizerConfig config,
+                                               std::vector<File> files) {
+  auto t = from_json(read_text_file(path, "tokenizer"), path, std::move(config));
+  t->impl_->files = files.empty() ? std::vector<File>{{path, "tokenizer.json"}} : std::move(files);
+  return t;
 }
 
 namespace {
@@ -1116,6 +1099,8 @@ Tokenizer::DocumentFrame HfTokenizer::document_frame() const {
   if (f.before.empty() && f.after.empty()) f.after.push_back(eot_id());
   return f;
 }
+
+std::vector<Tokenizer::File> HfTokenizer::files() const { return impl_->files; }
 
 const std::string& HfTokenizer::chat_template() const { return impl_->config.chat_template; }
 

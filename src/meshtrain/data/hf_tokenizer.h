@@ -48,9 +48,11 @@ TokenizerConfig read_tokenizer_config(const std::string& path);
 
 class HfTokenizer final : public Tokenizer {
  public:
-  // `path`: a tokenizer.json, or a folder with one (and, when present, its
-  // tokenizer_config.json and chat_template.jinja).
-  static std::unique_ptr<HfTokenizer> load(const std::string& path);
+  // A tokenizer.json; `config` from its folder's tokenizer_config.json and
+  // chat_template.jinja; `files`: what files() reports (make_tokenizer reads a
+  // folder).
+  static std::unique_ptr<HfTokenizer> load(const std::string& path, TokenizerConfig config = {},
+                                           std::vector<File> files = {});
   // From the file's text; `source` names it in errors.
   static std::unique_ptr<HfTokenizer> from_json(std::string_view json, const std::string& source,
                                                 TokenizerConfig config = {});
@@ -69,6 +71,7 @@ class HfTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   std::optional<int32_t> token_id(std::string_view token) const override;
   DocumentFrame document_frame() const override;
+  std::vector<File> files() const override;
   const std::string& chat_template() const;
 
   struct Impl;

@@ -13,8 +13,10 @@ SpmTokenizer::SpmTokenizer(std::string path, TokenizerConfig config)
 
 SpmTokenizer::~SpmTokenizer() = default;
 
-std::unique_ptr<SpmTokenizer> SpmTokenizer::load(const std::string& path, TokenizerConfig config) {
+std::unique_ptr<SpmTokenizer> SpmTokenizer::load(const std::string& path, TokenizerConfig config,
+                                                 std::vector<File> files) {
   std::unique_ptr<SpmTokenizer> t(new SpmTokenizer(path, std::move(config)));
+  t->files_ = files.empty() ? std::vector<File>{{path, "tokenizer.model"}} : std::move(files);
   const auto status = t->sp_->Load(path);
   MESHTRAIN_CHECK(status.ok(), "tokenizer '{}': not a SentencePiece model: {}", path,
                   status.ToString());

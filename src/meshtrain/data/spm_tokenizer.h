@@ -18,9 +18,11 @@ namespace meshtrain {
 
 class SpmTokenizer final : public Tokenizer {
  public:
-  // `config` adds a tokenizer_config.json's chat template and token names.
-  // Error naming the file when it is not a SentencePiece model.
-  static std::unique_ptr<SpmTokenizer> load(const std::string& path, TokenizerConfig config = {});
+  // `config` adds a tokenizer_config.json's chat template and token names;
+  // `files`: what files() reports. Error naming the file when it is not a
+  // SentencePiece model.
+  static std::unique_ptr<SpmTokenizer> load(const std::string& path, TokenizerConfig config = {},
+                                            std::vector<File> files = {});
   ~SpmTokenizer() override;
 
   std::string name() const override { return path_; }
@@ -32,12 +34,14 @@ class SpmTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   std::optional<int32_t> token_id(std::string_view token) const override;
   DocumentFrame document_frame() const override;
+  std::vector<File> files() const override { return files_; }
   const std::string& chat_template() const { return config_.chat_template; }
 
  private:
   SpmTokenizer(std::string path, TokenizerConfig config);
   std::string path_;
   TokenizerConfig config_;
+  std::vector<File> files_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
 };
 

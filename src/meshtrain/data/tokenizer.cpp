@@ -1,6 +1,8 @@
 #include "meshtrain/data/tokenizer.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "meshtrain/data/bpe_tokenizer.h"
 #include "meshtrain/data/hf_tokenizer.h"
@@ -8,6 +10,15 @@
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
+
+std::string read_text_file(const std::string& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  MESHTRAIN_CHECK(in.good(), "{} '{}': cannot open", what, path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  MESHTRAIN_CHECK(!in.bad(), "{} '{}': read error", what, path);
+  return text.str();
+}
 
 void ByteTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& ids) const {
   ids.reserve(ids.size() + text.size());
@@ -24,26 +35,44 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
   return out;
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, const std::string& gpt2_ranks) {
+std::vector<Tokenizer::File> tokenizer_files(std::string_view kind) {
   namespace fs = std::filesystem;
+  const fs::path path(kind);
+  if (kind == "gpt2" || kind == "bytes" || !fs::exists(path)) return {};
+  if (!fs::is_directory(path)) {
+    return {{path.string(), path.extension() == ".model" ? "tokenizer.model" : "tokenizer.json"}};
+  }
+  std::vector<Tokenizer::File> files;
+  const bool json = fs::exists(path / "tokenizer.json");
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                           "chat_template.jinja"}) {
+    // A folder with both: tokenizer.json is the one read.
+    if (json && std::string_view(name) == "tokenizer.model") continue;
+    if (fs::exists(path / name)) files.push_back({(path / name).string(), name});
+  }
+  return files;
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, const std::string& gpt2_ranks) {
   if (kind == "gpt2") return BpeTokenizer::load(gpt2_ranks);
   if (kind == "bytes") return std::make_unique<ByteTokenizer>();
-  const fs::path path(kind);
-  if (fs::is_directory(path)) {
-    if (fs::exists(path / "tokenizer.json")) return HfTokenizer::load(path.string());
-    if (fs::exists(path / "tokenizer.model")) {
-      TokenizerConfig config;
-      if (fs::exists(path / "tokenizer_config.json")) {
-        config = read_tokenizer_config((path / "tokenizer_config.json").string());
-      }
-      return SpmTokenizer::load((path / "tokenizer.model").string(), std::move(config));
-    }
-    fail("tokenizer '{}': the folder has no tokenizer.json or tokenizer.model", kind);
-  }
-  MESHTRAIN_CHECK(fs::exists(path), "tokenizer '{}': unknown (expected 'gpt2', 'bytes', a "
+  const std::vector<Tokenizer::File> files = tokenizer_files(kind);
+  MESHTRAIN_CHECK(!files.empty(), "tokenizer '{}': unknown (expected 'gpt2', 'bytes', a "
                   "tokenizer.json, a tokenizer.model or a folder with one)", kind);
-  if (path.extension() == ".model") return SpmTokenizer::load(path.string());
-  return HfTokenizer::load(path.string());
+  TokenizerConfig config;
+  std::string json, model;
+  for (const Tokenizer::File& f : files) {
+    if (f.name == "tokenizer_config.json") config = read_tokenizer_config(f.path);
+    if (f.name == "tokenizer.json") json = f.path;
+    if (f.name == "tokenizer.model") model = f.path;
+  }
+  for (const Tokenizer::File& f : files) {  // the template file wins over the config's copy
+    if (f.name == "chat_template.jinja") config.chat_template = read_text_file(f.path, "chat template");
+  }
+  if (!json.empty()) return HfTokenizer::load(json, std::move(config), files);
+  MESHTRAIN_CHECK(!model.empty(), "tokenizer '{}': the folder has no tokenizer.json or "
+                  "tokenizer.model", kind);
+  return SpmTokenizer::load(model, std::move(config), files);
 }
 
 size_t first_non_text_byte(std::string_view text) {

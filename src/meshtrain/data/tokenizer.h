@@ -61,6 +61,15 @@ class Tokenizer {
     std::vector<int32_t> before, after;
   };
   virtual DocumentFrame document_frame() const { return {{eot_id()}, {}}; }
+
+  // The files this tokenizer was read from, with the names a model folder
+  // gives them (tokenizer.json, tokenizer_config.json, chat_template.jinja,
+  // tokenizer.model), for checkpoints and exports to carry; empty for the
+  // built-in kinds.
+  struct File {
+    std::string path, name;
+  };
+  virtual std::vector<File> files() const { return {}; }
 };
 
 // Byte offset of the first byte of `text` that does not start or continue a
@@ -68,6 +77,9 @@ class Tokenizer {
 // U+10FFFF included), or of the first NUL byte, which text files do not hold;
 // std::string_view::npos when the whole text is valid.
 size_t first_non_text_byte(std::string_view text);
+
+// The whole file; Error naming `what` and the path when it cannot be read.
+std::string read_text_file(const std::string& path, std::string_view what);
 
 // Vocabulary 256, id = byte value. Its document separator is the NUL byte
 // (id 0), which plain text does not contain.
@@ -86,5 +98,8 @@ class ByteTokenizer final : public Tokenizer {
 // first; its tokenizer_config.json and chat_template.jinja with it). Throws
 // Error on an unknown kind or a bad file.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, const std::string& gpt2_ranks);
+// Tokenizer::files() of what make_tokenizer(kind) would read, without reading
+// it; empty for "gpt2" and "bytes" (and for a path that does not exist).
+std::vector<Tokenizer::File> tokenizer_files(std::string_view kind);
 
 }  // namespace meshtrain

@@ -157,8 +157,13 @@ class MasterOnly final : public layout::StateAccess {
 }  // namespace
 
 std::vector<std::string> run_tokenizer_files(const DataSettings& data) {
-  if (data.tokenizer != "gpt2" || !fs::is_regular_file(data.gpt2_ranks)) return {};
-  return {data.gpt2_ranks};
+  if (data.tokenizer == "gpt2") {
+    return fs::is_regular_file(data.gpt2_ranks) ? std::vector<std::string>{data.gpt2_ranks}
+                                                : std::vector<std::string>{};
+  }
+  std::vector<std::string> paths;
+  for (const Tokenizer::File& f : tokenizer_files(data.tokenizer)) paths.push_back(f.path);
+  return paths;
 }
 
 std::string checkpoint_gpt2_ranks(const std::string& dir, const TrainConfig& run) {
@@ -166,12 +171,25 @@ std::string checkpoint_gpt2_ranks(const std::string& dir, const TrainConfig& run
   return fs::is_regular_file(carried) ? carried.string() : run.data.gpt2_ranks;
 }
 
+std::string checkpoint_tokenizer_kind(const std::string& dir, const TrainConfig& run) {
+  const std::string& kind = run.data.tokenizer;
+  if (kind == "gpt2" || kind == "bytes") return kind;
+  // A folder's files are carried under their own names, a lone file under its file name.
+  const bool folder = fs::is_directory(kind) || !fs::path(kind).has_extension();
+  if (folder && (fs::exists(fs::path(dir) / "tokenizer.json") ||
+                 fs::exists(fs::path(dir) / "tokenizer.model"))) {
+    return dir;
+  }
+  const fs::path file = fs::path(dir) / fs::path(kind).filename();
+  return !folder && fs::is_regular_file(file) ? file.string() : kind;
+}
+
 std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir) {
   if (!is_training_checkpoint(dir)) return nullptr;
   TrainConfig run;
   read_train_state(dir, &run);
   std::unique_ptr<Tokenizer> tokenizer =
-      make_tokenizer(run.data.tokenizer, checkpoint_gpt2_ranks(dir, run));
+      make_tokenizer(checkpoint_tokenizer_kind(dir, run), checkpoint_gpt2_ranks(dir, run));
   if (tokenizer->vocab_size() > run.model.vocab_size) return nullptr;
   return tokenizer;
 }

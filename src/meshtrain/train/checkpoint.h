@@ -50,7 +50,9 @@ bool is_training_checkpoint(const std::string& dir);
 std::vector<std::string> resume_config_changes(const TrainConfig& saved, const TrainConfig& now);
 
 // The files a run's tokenizer needs (data.gpt2_ranks for "gpt2", when it
-// exists), which every checkpoint carries (dist_ckpt::SaveOptions::carried_files).
+// exists; a tokenizer.json or tokenizer.model with its tokenizer_config.json
+// and chat_template.jinja), which every checkpoint carries
+// (dist_ckpt::SaveOptions::carried_files).
 std::vector<std::string> run_tokenizer_files(const DataSettings& data);
 // The GPT-2 ranks file of the run that wrote checkpoint `dir`: the copy the
 // checkpoint carries, else the path the run recorded (absolute; checkpoints from
@@ -58,7 +60,11 @@ std::vector<std::string> run_tokenizer_files(const DataSettings& data);
 // has its tokenizer.
 std::string checkpoint_gpt2_ranks(const std::string& dir, const TrainConfig& run);
 
-// The training run's tokenizer (data.tokenizer, checkpoint_gpt2_ranks) for a
+// make_tokenizer's kind for the run that wrote checkpoint `dir`: the
+// tokenizer files the checkpoint carries, else the run's data.tokenizer.
+std::string checkpoint_tokenizer_kind(const std::string& dir, const TrainConfig& run);
+
+// The training run's tokenizer (checkpoint_tokenizer_kind, checkpoint_gpt2_ranks) for a
 // training checkpoint whose model holds its ids; null for other directories or
 // a run whose vocabulary is smaller than the tokenizer's. Error when the ranks
 // file cannot be read.

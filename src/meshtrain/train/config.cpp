@@ -465,8 +465,11 @@ DataSettings read_data(const Section& s) {
     MESHTRAIN_CHECK(!path.empty(), "config: data.val must not contain an empty path");
   }
   s.read("tokenizer", d.tokenizer);
-  MESHTRAIN_CHECK(d.tokenizer == "gpt2" || d.tokenizer == "bytes",
-                  "config: data.tokenizer must be \"gpt2\" or \"bytes\", got \"{}\"", d.tokenizer);
+  // "gpt2", "bytes", or a tokenizer file or folder: make_tokenizer names a path
+  // that holds none when the run starts (a saved config's path may be gone:
+  // checkpoints carry the files).
+  MESHTRAIN_CHECK(!d.tokenizer.empty(), "config: data.tokenizer must not be empty (\"gpt2\", "
+                  "\"bytes\", a tokenizer.json, a tokenizer.model or a folder with one)");
   s.read("gpt2_ranks", d.gpt2_ranks);
   MESHTRAIN_CHECK(!d.gpt2_ranks.empty(), "config: data.gpt2_ranks must not be empty");
   s.read("format", d.format);
