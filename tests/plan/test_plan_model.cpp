@@ -20,7 +20,7 @@ namespace {
 
 TEST(Presets, ParameterCountsWithinOnePercentOfPublished) {
   const std::vector<std::string> names = plan_model_names();
-  ASSERT_EQ(names.size(), 15u);
+  ASSERT_EQ(names.size(), 18u);
   for (const std::string& name : names) {
     const PlanModel m = plan_model(name);
     ASSERT_GT(m.published_params, 0) << name;
@@ -43,6 +43,9 @@ TEST(Presets, ExactCountsOfTheOfficialCheckpoints) {
   EXPECT_EQ(plan_model("llama3-8b").config.num_params(), 8030261248);
   EXPECT_EQ(plan_model("llama3-70b").config.num_params(), 70553706496);
   EXPECT_EQ(plan_model("llama3-405b").config.num_params(), 405853388800);
+  EXPECT_EQ(plan_model("mistral-7b").config.num_params(), 7241732096);    // mistralai/Mistral-7B-v0.1
+  EXPECT_EQ(plan_model("qwen2.5-7b").config.num_params(), 7615616512);    // Qwen/Qwen2.5-7B
+  EXPECT_EQ(plan_model("qwen3-8b").config.num_params(), 8190735360);      // Qwen/Qwen3-8B
 }
 
 // Qwen3-30B-A3B's active parameters (its model card: 3.3B activated): the

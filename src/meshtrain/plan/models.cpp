@@ -58,6 +58,25 @@ ModelConfig deepseek_v3() {
   return c;
 }
 
+// Qwen2 / Qwen2.5: a Llama with q, k and v biases.
+ModelConfig qwen2(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                  int64_t vocab, int64_t seq) {
+  ModelConfig c = llama_shape(dim, layers, heads, kv_heads, ffn, vocab, seq, /*tied=*/false, 1e6f);
+  c.qkv_bias = true;
+  c.norm_eps = 1e-6f;
+  return c;
+}
+
+// Qwen3 (dense): per-head QK-norm and a head width of its own.
+ModelConfig qwen3(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                  int64_t ffn, int64_t vocab, int64_t seq) {
+  ModelConfig c = llama_shape(dim, layers, heads, kv_heads, ffn, vocab, seq, /*tied=*/false, 1e6f);
+  c.head_width = head_dim;
+  c.qk_norm = QkNorm::head;
+  c.norm_eps = 1e-6f;
+  return c;
+}
+
 // Every Llama-2 / Llama-3 model has its own lm_head.
 ModelConfig llama(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
                   int64_t vocab, int64_t seq, float rope_theta) {
@@ -94,6 +113,13 @@ std::vector<PlanModel> published() {
       {"qwen3-30b-a3b", qwen3_moe(2048, 48, 32, 4, 128, 768, 128, 8, 151936, 40960, 1e6f),
        30.5e9,
        "Qwen/Qwen3-30B-A3B HF config.json; 30.5B total, 3.3B activated (its model card)"},
+      {"qwen2.5-7b", qwen2(3584, 28, 28, 4, 18944, 152064, 32768), 7.61e9,
+       "Qwen/Qwen2.5-7B HF config.json; 7.61B (its model card)"},
+      {"qwen3-8b", qwen3(4096, 36, 32, 8, 128, 12288, 151936, 40960), 8.2e9,
+       "Qwen/Qwen3-8B HF config.json; 8.2B (its model card)"},
+      // Its sliding window (4096) is not priced: at seq <= 4096 it changes nothing.
+      {"mistral-7b", llama(4096, 32, 32, 8, 14336, 32000, 32768, 1e4f), 7.24e9,
+       "mistralai/Mistral-7B-v0.1 HF config.json; 7.24B (the Mistral 7B paper's table 1: 7.3B)"},
       {"deepseek-v3", deepseek_v3(), 671e9,
        "deepseek-ai/DeepSeek-V3 HF config.json; 671B total, 37B activated (DeepSeek-V3 "
        "technical report, section 2), without the 14B multi-token-prediction module"},
