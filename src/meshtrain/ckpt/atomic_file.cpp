@@ -6,8 +6,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "meshtrain/util/error.h"
 
@@ -85,14 +83,6 @@ void write_file_atomic(const std::string& path, std::string_view text) {
   AtomicFile file(path);
   file.write(text);
   file.commit();
-}
-
-std::string read_file_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "{}: cannot open", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 }  // namespace meshtrain

@@ -3,6 +3,8 @@
 // commit(). A crash or an exception never leaves a half-written checkpoint.
 #pragma once
 
+#include "meshtrain/util/text_file.h"  // read_file_text, the other way
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -38,7 +40,5 @@ class AtomicFile {
 
 // Whole-file convenience for small text files (config.json).
 void write_file_atomic(const std::string& path, std::string_view text);
-// And the other way: a small file's bytes; Error (io) naming the path when unreadable.
-std::string read_file_text(const std::string& path);
 
 }  // namespace meshtrain

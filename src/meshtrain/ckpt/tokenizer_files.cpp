@@ -132,7 +132,7 @@ void write_hf_tokenizer(const Tokenizer& t, int64_t model_max_length, const std:
   if (const std::vector<Tokenizer::File> files = t.files(); !files.empty()) {
     // A tokenizer read from files (a Hugging Face folder): those files, as they are.
     for (const Tokenizer::File& f : files) {
-      write_file_atomic((d / f.name).string(), read_text_file(f.path, "tokenizer file"));
+      write_file_atomic((d / f.name).string(), read_file_text(f.path));
     }
     write_file_atomic((d / "generation_config.json").string(), hf_generation_config_json(t));
     return;

@@ -12,6 +12,7 @@
 #include "meshtrain/data/byte_level.h"
 #include "meshtrain/data/regex.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/text_file.h"
 
 namespace meshtrain {
 namespace {
@@ -329,12 +330,13 @@ void parse_pre_tokenizer(const Fields& f, PreTokenizers& out) {
     out.byte_level = true;
     const bool prefix = f.boolean("add_prefix_space", true);
     const bool use_regex = f.boolean("use_regex", true);
-    auto regex = use_regex ? std::make_shared<Regex>(kByteLevelPattern, f.where) : nullptr;
+    auto regex = use_regex ? std::make_shared<Pattern>(std::make_shared<Regex>(kByteLevelPattern, f.where))
+                           : nullptr;
     out.steps.push_back([prefix, regex](std::vector<Piece>& pieces) {
       split_each(pieces, [&](Piece& p) {
         if (prefix && !p.text.empty() && p.text[0] != ' ') p.text.insert(0, " ");
         if (!regex) return std::vector<std::pair<size_t, size_t>>{{0, p.text.size()}};
-        return split_ranges(Pattern(regex).pieces(p.text, false), Behavior::isolated);
+        return split_ranges(regex->pieces(p.text, false), Behavior::isolated);
       });
     });
     return;
@@ -350,11 +352,11 @@ void parse_pre_tokenizer(const Fields& f, PreTokenizers& out) {
   }
   if (type == "Digits") {
     // Rust's char::is_numeric: the N categories, one match per character.
-    auto digit = std::make_shared<Regex>(R"(\p{N})", f.where);
+    auto digit = std::make_shared<Pattern>(std::make_shared<Regex>(R"(\p{N})", f.where));
     const Behavior behavior =
         f.boolean("individual_digits", false) ? Behavior::isolated : Behavior::contiguous;
     out.steps.push_back([digit, behavior](std::vector<Piece>& pieces) {
-      split_each(pieces, [&](Piece& p) { return split_ranges(Pattern(digit).pieces(p.text, false), behavior); });
+      split_each(pieces, [&](Piece& p) { return split_ranges(digit->pieces(p.text, false), behavior); });
     });
     return;
   }
@@ -808,7 +810,6 @@ struct HfTokenizer::Impl {
   std::vector<AddedToken> added;
   AddedMatcher raw, normalized;  // added tokens looked for before / after normalizing
   std::vector<std::string> id_to_token;  // model tokens (bytes when byte-level) and added ones
-  std::vector<bool> is_added;
   DocumentFrame template_frame;  // the post-processor's single template around $A
   TokenizerConfig config;
   int32_t end_id = -1;
@@ -910,7 +911,7 @@ std::string token_name(const json& v) {
 }  // namespace
 
 TokenizerConfig read_tokenizer_config(const std::string& path) {
-  const std::string text = read_text_file(path, "tokenizer config");
+  const std::string text = read_file_text(path);
   json j;
   try {
     j = json::parse(text);
@@ -946,7 +947,7 @@ TokenizerConfig read_tokenizer_config(const std::string& path) {
 
 std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path, TokenizerConfig config,
                                                std::vector<File> files) {
-  auto t = from_json(read_text_file(path, "tokenizer"), path, std::move(config));
+  auto t = from_json(read_file_text(path), path, std::move(config));
   t->impl_->files = files.empty() ? std::vector<File>{{path, "tokenizer.json"}} : std::move(files);
   return t;
 }
@@ -1012,12 +1013,10 @@ std::unique_ptr<HfTokenizer::Impl> parse_tokenizer(std::string_view text, const 
   MESHTRAIN_CHECK(size - tokens <= 65536, "tokenizer '{}': ids reach {} for {} tokens (more than "
                   "65536 ids without a token)", source, size - 1, tokens);
   im->id_to_token.assign(static_cast<size_t>(size), std::string());
-  im->is_added.assign(static_cast<size_t>(size), false);
   for (const auto& [token, id] : im->model.vocab) im->id_to_token[static_cast<size_t>(id)] = token;
   for (const auto& [id, token] : im->model.unreachable) im->id_to_token[static_cast<size_t>(id)] = token;
   for (const AddedToken& t : im->added) {
     im->id_to_token[static_cast<size_t>(t.id)] = t.content;
-    im->is_added[static_cast<size_t>(t.id)] = true;
   }
   for (const AddedToken& t : im->added) {
     if (t.normalized) {
@@ -1101,7 +1100,5 @@ Tokenizer::DocumentFrame HfTokenizer::document_frame() const {
 }
 
 std::vector<Tokenizer::File> HfTokenizer::files() const { return impl_->files; }
-
-const std::string& HfTokenizer::chat_template() const { return impl_->config.chat_template; }
 
 }  // namespace meshtrain

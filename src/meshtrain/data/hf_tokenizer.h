@@ -72,7 +72,6 @@ class HfTokenizer final : public Tokenizer {
   std::optional<int32_t> token_id(std::string_view token) const override;
   DocumentFrame document_frame() const override;
   std::vector<File> files() const override;
-  const std::string& chat_template() const;
 
   struct Impl;
 

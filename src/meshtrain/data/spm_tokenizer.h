@@ -35,7 +35,6 @@ class SpmTokenizer final : public Tokenizer {
   std::optional<int32_t> token_id(std::string_view token) const override;
   DocumentFrame document_frame() const override;
   std::vector<File> files() const override { return files_; }
-  const std::string& chat_template() const { return config_.chat_template; }
 
  private:
   SpmTokenizer(std::string path, TokenizerConfig config);

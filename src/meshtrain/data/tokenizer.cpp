@@ -1,24 +1,15 @@
 #include "meshtrain/data/tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "meshtrain/data/bpe_tokenizer.h"
 #include "meshtrain/data/hf_tokenizer.h"
 #include "meshtrain/data/spm_tokenizer.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/text_file.h"
 
 namespace meshtrain {
 
-std::string read_text_file(const std::string& path, std::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK(in.good(), "{} '{}': cannot open", what, path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  MESHTRAIN_CHECK(!in.bad(), "{} '{}': read error", what, path);
-  return text.str();
-}
 
 void ByteTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& ids) const {
   ids.reserve(ids.size() + text.size());
@@ -67,7 +58,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, const std::stri
     if (f.name == "tokenizer.model") model = f.path;
   }
   for (const Tokenizer::File& f : files) {  // the template file wins over the config's copy
-    if (f.name == "chat_template.jinja") config.chat_template = read_text_file(f.path, "chat template");
+    if (f.name == "chat_template.jinja") config.chat_template = read_file_text(f.path);
   }
   if (!json.empty()) return HfTokenizer::load(json, std::move(config), files);
   MESHTRAIN_CHECK(!model.empty(), "tokenizer '{}': the folder has no tokenizer.json or "

@@ -78,8 +78,6 @@ class Tokenizer {
 // std::string_view::npos when the whole text is valid.
 size_t first_non_text_byte(std::string_view text);
 
-// The whole file; Error naming `what` and the path when it cannot be read.
-std::string read_text_file(const std::string& path, std::string_view what);
 
 // Vocabulary 256, id = byte value. Its document separator is the NUL byte
 // (id 0), which plain text does not contain.
