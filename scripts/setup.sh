@@ -43,6 +43,8 @@ export MESHTRAIN_PY_VENV=$BUILD_DIR/py-venv
 bash scripts/py_venv.sh "$MESHTRAIN_PY_VENV" >/dev/null
 # GPT-2 BPE ranks (from PyPI's openai-whisper source distribution), verified by SHA-256.
 bash scripts/get_gpt2_ranks.sh
+# llama.cpp's Jinja engine and the chat templates it ships (PyPI's llama-cpp-python sdist), pinned.
+bash scripts/get_llama_jinja.sh
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 target_args=()

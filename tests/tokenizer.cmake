@@ -57,3 +57,20 @@ add_test(NAME tokenizer.hf_e2e
          COMMAND bash ${PROJECT_SOURCE_DIR}/tests/data/hf_tokenizer_e2e.sh $<TARGET_FILE:meshtrain>
                  ${tok_dir}/hf_e2e ${tok_dir}/vocab)
 set_tests_properties(tokenizer.hf_e2e PROPERTIES FIXTURES_REQUIRED hf_vocab TIMEOUT 300)
+
+# Chat templates: the real templates llama.cpp ships (third_party/llama-jinja, fetched by
+# scripts/get_llama_jinja.sh) rendered byte for byte as transformers renders them
+# (tests/chat/expected_renders.json.xz; chat.templates_transformers re-renders them where
+# the optional hf-venv exists).
+set(chat_dir ${PROJECT_BINARY_DIR}/chat_tests)
+add_test(NAME chat.unpack_expected
+         COMMAND python3 -c "import lzma, os, sys; os.makedirs(os.path.dirname(sys.argv[2]), exist_ok=True); open(sys.argv[2], 'wb').write(lzma.open(sys.argv[1]).read())"
+                 ${PROJECT_SOURCE_DIR}/tests/chat/expected_renders.json.xz ${chat_dir}/expected_renders.json)
+set_tests_properties(chat.unpack_expected PROPERTIES FIXTURES_SETUP chat_expected TIMEOUT 60)
+add_test(NAME chat.templates_conformance COMMAND test_data --gtest_filter=ChatTemplateConformance.*)
+set_tests_properties(chat.templates_conformance PROPERTIES FIXTURES_REQUIRED chat_expected
+  ENVIRONMENT "MESHTRAIN_CHAT_EXPECTED=${chat_dir}/expected_renders.json;TZ=UTC" TIMEOUT 120)
+add_test(NAME chat.templates_transformers
+         COMMAND bash ${PROJECT_SOURCE_DIR}/tests/chat/transformers_check.sh ${MESHTRAIN_HF_VENV}/bin/python
+                 ${PROJECT_SOURCE_DIR}/third_party/llama-jinja/models/templates ${chat_dir}/transformers)
+set_tests_properties(chat.templates_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

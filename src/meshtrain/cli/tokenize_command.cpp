@@ -10,6 +10,7 @@
 
 #include "meshtrain/cli/args.h"
 #include "meshtrain/data/bpe_tokenizer.h"
+#include "meshtrain/data/chat_template.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/util/error.h"
 
@@ -24,7 +25,20 @@ CLI::App* add_tokenize_command(CLI::App& app, TokenizeArgs& args) {
   cmd->add_option("--gpt2-ranks", args.gpt2_ranks, "tiktoken ranks file (--tokenizer gpt2)");
   cmd->add_flag("--add-special", args.add_special,
                 "Add the tokenizer's own tokens (its post-processor's BOS / EOS)");
-  cmd->add_flag("--decode", args.decode, "Read space-separated ids, print their text");
+  CLI::Option* decode =
+      cmd->add_flag("--decode", args.decode, "Read space-separated ids, print their text");
+  CLI::Option* chat = cmd->add_flag(
+      "--chat", args.chat,
+      "Read a conversation (JSON: [{role, content}, ...] or {\"messages\": [...]}), print the "
+      "ids of its text as the folder's chat template renders it");
+  chat->excludes(decode);
+  cmd->add_flag("--render", args.render, "With --chat: print the rendered text, not ids")->needs(chat);
+  cmd->add_flag("--mask", args.mask,
+                "With --chat: a second line of 0/1, 1 on the tokens the loss is taken on")
+      ->needs(chat);
+  cmd->add_flag("--add-generation-prompt", args.add_generation_prompt,
+                "With --chat: append the template's prompt for the next assistant turn")
+      ->needs(chat);
   return cmd;
 }
 
@@ -47,6 +61,25 @@ int run_tokenize(const TokenizeArgs& args) {
     }
     const std::string out = tokenizer->decode(ids);
     std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  }
+  if (args.chat) {
+    nlohmann::json conversation;
+    try {
+      conversation = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      fail("tokenize --chat: stdin is not JSON: {}", e.what());
+    }
+    const ChatTemplate tmpl = ChatTemplate::of(*tokenizer);
+    const RenderedChat chat =
+        tmpl.render(read_conversation(conversation, "stdin"), args.add_generation_prompt);
+    if (args.render) {
+      std::fwrite(chat.text.data(), 1, chat.text.size(), stdout);
+      return 0;
+    }
+    const ChatTokens tokens = chat_tokens(*tokenizer, chat);
+    fmt::print("{}\n", fmt::join(tokens.ids, " "));
+    if (args.mask) fmt::print("{}\n", fmt::join(tokens.mask, " "));
     return 0;
   }
   std::vector<int32_t> ids;

@@ -1091,6 +1091,22 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids) const {
 
 std::optional<int32_t> HfTokenizer::token_id(std::string_view token) const { return impl_->find(token); }
 
+bool HfTokenizer::is_special(int32_t id) const {
+  return std::ranges::any_of(impl_->added, [id](const AddedToken& t) { return t.id == id && t.special; });
+}
+
+std::string HfTokenizer::token_text(int32_t id) const {
+  // Decoded after a plain token, so that the decoders' first-token rules
+  // (Metaspace and Strip dropping a leading space) apply to that one.
+  const std::optional<int32_t> anchor = impl_->find("a");
+  if (!anchor) return Tokenizer::token_text(id);
+  const std::array<int32_t, 2> pair{*anchor, id};
+  const std::string head = decode(std::span(pair).first(1)), both = decode(pair);
+  return both.starts_with(head) ? both.substr(head.size()) : Tokenizer::token_text(id);
+}
+
+const TokenizerConfig& HfTokenizer::config() const { return impl_->config; }
+
 Tokenizer::DocumentFrame HfTokenizer::document_frame() const {
   // The post-processor's BOS / EOS; when it adds none, the end-of-sequence
   // token after each document (Qwen, GPT-2).

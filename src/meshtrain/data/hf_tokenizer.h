@@ -36,14 +36,6 @@
 
 namespace meshtrain {
 
-// What tokenizer_config.json adds to tokenizer.json: the names of its
-// beginning / end-of-sequence tokens (bos_token / eos_token, a string or
-// {"content": ...}) and its chat template.
-struct TokenizerConfig {
-  std::optional<std::string> bos_token, eos_token;
-  std::string chat_template;  // empty: none
-};
-// Reads `path` (a tokenizer_config.json); Error naming the file and field.
 TokenizerConfig read_tokenizer_config(const std::string& path);
 
 class HfTokenizer final : public Tokenizer {
@@ -70,8 +62,11 @@ class HfTokenizer final : public Tokenizer {
   void encode(std::string_view text, std::vector<int32_t>& ids, bool add_special) const override;
   std::string decode(std::span<const int32_t> ids) const override;
   std::optional<int32_t> token_id(std::string_view token) const override;
+  bool is_special(int32_t id) const override;  // an added token marked special
+  std::string token_text(int32_t id) const override;
   DocumentFrame document_frame() const override;
   std::vector<File> files() const override;
+  const TokenizerConfig& config() const override;
 
   struct Impl;
 

@@ -2,6 +2,9 @@
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
+#include <functional>
+
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -20,6 +23,13 @@ std::unique_ptr<SpmTokenizer> SpmTokenizer::load(const std::string& path, Tokeni
   const auto status = t->sp_->Load(path);
   MESHTRAIN_CHECK(status.ok(), "tokenizer '{}': not a SentencePiece model: {}", path,
                   status.ToString());
+  for (int id = 0; id < t->sp_->GetPieceSize(); ++id) {
+    if (t->sp_->IsControl(id) && !t->sp_->IdToPiece(id).empty()) {
+      t->controls_.emplace_back(t->sp_->IdToPiece(id), id);
+    }
+  }
+  std::ranges::stable_sort(t->controls_, std::greater{},
+                           [](const auto& c) { return c.first.size(); });
   return t;
 }
 
@@ -39,7 +49,39 @@ void SpmTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& 
 
 void SpmTokenizer::encode(std::string_view text, std::vector<int32_t>& ids, bool add_special) const {
   if (add_special && sp_->bos_id() >= 0) ids.push_back(sp_->bos_id());
-  encode_ordinary(text, ids);
+  size_t begin = 0;  // of the stretch not yet encoded
+  for (size_t i = 0; i < text.size();) {
+    const auto hit = std::ranges::find_if(
+        controls_, [&](const auto& c) { return text.substr(i).starts_with(c.first); });
+    if (hit == controls_.end()) {
+      ++i;
+      continue;
+    }
+    if (i > begin) encode_ordinary(text.substr(begin, i - begin), ids);
+    ids.push_back(hit->second);
+    i += hit->first.size();
+    begin = i;
+  }
+  if (begin < text.size()) encode_ordinary(text.substr(begin), ids);
+}
+
+bool SpmTokenizer::is_special(int32_t id) const { return sp_->IsControl(id); }
+
+std::string SpmTokenizer::token_text(int32_t id) const {
+  MESHTRAIN_CHECK(id >= 0 && id < vocab_size(), "tokenizer '{}': no piece {}", path_, id);
+  std::string piece = sp_->IdToPiece(id);
+  if (sp_->IsByte(id)) return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+  if (sp_->IsControl(id) || sp_->IsUnknown(id)) return piece;
+  std::string out;  // "▁" (U+2581) is the space
+  for (size_t i = 0; i < piece.size();) {
+    if (piece.compare(i, 3, "\xE2\x96\x81") == 0) {
+      out += ' ';
+      i += 3;
+    } else {
+      out += piece[i++];
+    }
+  }
+  return out;
 }
 
 std::string SpmTokenizer::decode(std::span<const int32_t> ids) const {

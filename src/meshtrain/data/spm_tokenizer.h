@@ -2,6 +2,9 @@
 // Debian's libsentencepiece, with the model's own normalization, byte
 // fallback and unknown-piece rules. Its BOS (when the model has one) starts
 // each sequence and each document, as Hugging Face's Llama tokenizers add it.
+// encode() reads control pieces written out in the text ("</s>", "[INST]") as
+// those pieces, as Hugging Face's slow Llama tokenizer does, and encodes the
+// text between them as SentencePiece does (each stretch with its dummy prefix).
 #pragma once
 
 #include <memory>
@@ -33,8 +36,11 @@ class SpmTokenizer final : public Tokenizer {
   void encode(std::string_view text, std::vector<int32_t>& ids, bool add_special) const override;
   std::string decode(std::span<const int32_t> ids) const override;
   std::optional<int32_t> token_id(std::string_view token) const override;
+  bool is_special(int32_t id) const override;  // a control piece (<s>, </s>, [INST])
+  std::string token_text(int32_t id) const override;
   DocumentFrame document_frame() const override;
   std::vector<File> files() const override { return files_; }
+  const TokenizerConfig& config() const override { return config_; }
 
  private:
   SpmTokenizer(std::string path, TokenizerConfig config);
@@ -42,6 +48,7 @@ class SpmTokenizer final : public Tokenizer {
   TokenizerConfig config_;
   std::vector<File> files_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::vector<std::pair<std::string, int32_t>> controls_;  // written-out control pieces, longest first
 };
 
 }  // namespace meshtrain

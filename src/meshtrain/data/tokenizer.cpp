@@ -66,6 +66,44 @@ std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, const std::stri
   return SpmTokenizer::load(model, std::move(config), files);
 }
 
+std::string Tokenizer::token_text(int32_t id) const { return decode(std::span(&id, 1)); }
+
+const TokenizerConfig& Tokenizer::config() const {
+  static const TokenizerConfig none;
+  return none;
+}
+
+std::vector<std::pair<size_t, size_t>> token_offsets(const Tokenizer& tokenizer,
+                                                     std::string_view text,
+                                                     std::span<const int32_t> ids) {
+  std::vector<std::pair<size_t, size_t>> spans;
+  spans.reserve(ids.size());
+  size_t pos = 0;
+  const auto at = [&](size_t p, std::string_view s) {
+    return p <= text.size() && text.substr(p).starts_with(s);
+  };
+  for (int32_t id : ids) {
+    const std::string t = tokenizer.token_text(id);
+    size_t end = 0;
+    if (at(pos, t) && !(t.empty() && at(pos, " "))) {
+      end = pos + t.size();
+    } else if (t.starts_with(' ') && at(pos, std::string_view(t).substr(1))) {
+      end = pos + t.size() - 1;  // the space the tokenizer put in front of the text
+    } else if (at(pos, " ") && at(pos + 1, t)) {
+      end = pos + 1 + t.size();  // a space its decoder drops
+    } else {
+      fail("tokenizer '{}': token {} ({:?}) does not follow the text at byte {} ({:?}): a "
+           "normalizer changed the text there", tokenizer.name(), id, t, pos,
+           text.substr(pos, 16));
+    }
+    spans.emplace_back(pos, end);
+    pos = end;
+  }
+  MESHTRAIN_CHECK(pos == text.size(), "tokenizer '{}': the tokens cover {} of the text's {} bytes",
+                  tokenizer.name(), pos, text.size());
+  return spans;
+}
+
 size_t first_non_text_byte(std::string_view text) {
   const auto* p = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();

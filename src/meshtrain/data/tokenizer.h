@@ -16,6 +16,14 @@
 
 namespace meshtrain {
 
+// What a model folder's tokenizer_config.json (or chat_template.jinja) adds to
+// its tokenizer: the names of its beginning / end-of-sequence tokens
+// (bos_token / eos_token, a string or {"content": ...}) and its chat template.
+struct TokenizerConfig {
+  std::optional<std::string> bos_token, eos_token;
+  std::string chat_template;  // empty: none
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -55,6 +63,15 @@ class Tokenizer {
     return std::nullopt;
   }
 
+  // Whether `id` is a control token (Hugging Face's special added tokens,
+  // SentencePiece's control pieces): a chat's end-of-turn mark.
+  virtual bool is_special(int32_t id) const { return id == eot_id(); }
+
+  // The bytes `id` stands for in the middle of a text: its decoding after
+  // another token, free of the rules decoders apply to a text's first token
+  // (Metaspace's dropped leading space). token_offsets reads it.
+  virtual std::string token_text(int32_t id) const;
+
   // The ids around each document of a token stream (prepare, pre-training):
   // GPT-2 and bytes put their end-of-text before each document.
   struct DocumentFrame {
@@ -70,7 +87,21 @@ class Tokenizer {
     std::string path, name;
   };
   virtual std::vector<File> files() const { return {}; }
+
+  // The folder's tokenizer_config.json / chat_template.jinja; empty for the
+  // built-in kinds.
+  virtual const TokenizerConfig& config() const;
 };
+
+// The byte range [first, second) of `text` that each of `ids` (the encoding of
+// `text`, written-out special tokens included) stands for: the tokens' texts
+// laid along `text` in order, a token being allowed to take one space the
+// tokenizer added (SentencePiece's dummy prefix) or one its decoder dropped.
+// Error naming the token and byte offset where they part, which happens where
+// a normalizer changed the text (NFKC of a ligature, say).
+std::vector<std::pair<size_t, size_t>> token_offsets(const Tokenizer& tokenizer,
+                                                     std::string_view text,
+                                                     std::span<const int32_t> ids);
 
 // Byte offset of the first byte of `text` that does not start or continue a
 // well-formed UTF-8 character (overlong forms, surrogates and code points past
