@@ -74,3 +74,10 @@ add_test(NAME chat.templates_transformers
          COMMAND bash ${PROJECT_SOURCE_DIR}/tests/chat/transformers_check.sh ${MESHTRAIN_HF_VENV}/bin/python
                  ${PROJECT_SOURCE_DIR}/third_party/llama-jinja/models/templates ${chat_dir}/transformers)
 set_tests_properties(chat.templates_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+# chat-jsonl SFT: ids and masks equal transformers' on a template with generation blocks, and a
+# 2-rank run equals the run on transformers' pre-tokenized ids and masks.
+add_test(NAME chat.sft_transformers_parity
+         COMMAND bash ${PROJECT_SOURCE_DIR}/tests/chat/chat_sft_parity.sh ${mpi_run} --
+                 $<TARGET_FILE:meshtrain> ${chat_dir}/sft ${tok_dir}/vocab ${MESHTRAIN_HF_VENV}/bin/python)
+set_tests_properties(chat.sft_transformers_parity PROPERTIES FIXTURES_REQUIRED hf_vocab TIMEOUT 600
+  ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")

@@ -9,6 +9,12 @@
       OUT.json: [{template, conversation, add_generation_prompt, status, text|error}], where
       status is "ok", "raise" (the template called raise_exception) or "error" (jinja2 failed).
 
+  masks MODEL_DIR CONVERSATIONS.jsonl OUT.jsonl
+      each conversation (a list of messages, or {"messages": [...]}) through
+      AutoTokenizer.from_pretrained(MODEL_DIR).apply_chat_template(tokenize=True,
+      return_dict=True, return_assistant_tokens_mask=True): one {"input_ids", "assistant_masks"}
+      line each (the template must have {% generation %} blocks).
+
 Runs in build/hf-venv (scripts/setup_hf_venv.sh); TZ=UTC is set here.
 """
 import datetime
@@ -50,7 +56,23 @@ def render(template, messages, add_generation_prompt):
         return {"status": status, "error": f"{type(e).__name__}: {e}"}
 
 
+def masks(model_dir, conversations, out):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    with open(conversations, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:
+        for line in f:
+            c = json.loads(line)
+            messages = c["messages"] if isinstance(c, dict) else c
+            r = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                              return_assistant_tokens_mask=True)
+            o.write(json.dumps({"input_ids": list(r["input_ids"]),
+                                "assistant_masks": list(r["assistant_masks"])}) + "\n")
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "masks":
+        return masks(*sys.argv[2:])
     if len(sys.argv) != 5 or sys.argv[1] != "render":
         sys.exit(__doc__)
     template_dir, conversations, out = Path(sys.argv[2]), sys.argv[3], sys.argv[4]

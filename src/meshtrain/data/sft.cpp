@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "meshtrain/data/chat_template.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -41,16 +43,63 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
-}  // namespace
-
-SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tokenizer,
-                              const std::string& where) {
-  json record;
+json parse_record(const std::string& json_line, const std::string& where) {
   try {
-    record = json::parse(json_line);
+    return json::parse(json_line);
   } catch (const json::exception& e) {
     fail_as(ErrorKind::corrupt, "data: {}: not a JSON record ({})", where, e.what());
   }
+}
+
+// {"input_ids": [...], "assistant_masks": [...]}: ids below `vocab`, one 0/1 each.
+SftRecord pretokenized_record(const json& record, int64_t vocab, const std::string& where) {
+  const json& ids = record["input_ids"];
+  MESHTRAIN_CHECK(record.contains("assistant_masks"), "data: {}: a record with 'input_ids' needs "
+                  "'assistant_masks'", where);
+  const json& mask = record["assistant_masks"];
+  MESHTRAIN_CHECK(ids.is_array() && mask.is_array() && ids.size() == mask.size(),
+                  "data: {}: 'input_ids' and 'assistant_masks' must be arrays of one length", where);
+  SftRecord r;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    MESHTRAIN_CHECK(ids[i].is_number_integer() && ids[i].get<int64_t>() >= 0 &&
+                        ids[i].get<int64_t>() < vocab,
+                    "data: {}: input_ids[{}] is not a token id below the vocabulary's {}", where,
+                    i, vocab);
+    MESHTRAIN_CHECK(mask[i] == 0 || mask[i] == 1, "data: {}: assistant_masks[{}] must be 0 or 1",
+                    where, i);
+    r.tokens.push_back(ids[i].get<int32_t>());
+    r.in_loss.push_back(mask[i].get<uint8_t>());
+  }
+  return r;
+}
+
+SftRecord chat_record(const json& record, const Tokenizer& tokenizer, const ChatTemplate& tmpl,
+                      const std::string& where) {
+  const ChatTokens t = chat_tokens(
+      tokenizer, tmpl.render(read_conversation(record, fmt::format("data: {}", where)), false));
+  MESHTRAIN_CHECK(std::ranges::find(t.mask, 1) != t.mask.end(), "data: {}: the conversation has "
+                  "no assistant tokens (nothing to learn)", where);
+  return {t.ids, t.mask};
+}
+
+}  // namespace
+
+SftRecordReader sft_record_reader(std::string_view format, const Tokenizer& tokenizer) {
+  std::shared_ptr<const ChatTemplate> tmpl;
+  if (format == "chat-jsonl") tmpl = std::make_shared<ChatTemplate>(ChatTemplate::of(tokenizer));
+  return [&tokenizer, tmpl](const std::string& line, const std::string& where) {
+    const json record = parse_record(line, where);
+    if (record.is_object() && record.contains("input_ids")) {
+      return pretokenized_record(record, tokenizer.vocab_size(), where);
+    }
+    return tmpl ? chat_record(record, tokenizer, *tmpl, where)
+                : tokenize_sft_record(line, tokenizer, where);
+  };
+}
+
+SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tokenizer,
+                              const std::string& where) {
+  const json record = parse_record(json_line, where);
   if (!record.is_object()) fail("data: {}: a record must be a JSON object", where);
   // (role, content) turns.
   std::vector<std::pair<std::string, std::string>> turns;
@@ -96,6 +145,10 @@ SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tok
 
 SftDataset::SftDataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer,
                        const SftOptions& options)
+    : SftDataset(paths, sft_record_reader("sft-jsonl", tokenizer), tokenizer.eot_id(), options) {}
+
+SftDataset::SftDataset(const std::vector<std::string>& paths, const SftRecordReader& read,
+                       int32_t pad, const SftOptions& options)
     : seq_len_(options.seq_len), packed_(options.pack) {
   MESHTRAIN_CHECK(seq_len_ >= 1, "data: train.seq_len must be >= 1, got {}", seq_len_);
   MESHTRAIN_CHECK(!paths.empty(), "data: no SFT files given");
@@ -110,7 +163,7 @@ SftDataset::SftDataset(const std::vector<std::string>& paths, const Tokenizer& t
       begin = end + 1;
       if (row.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
       const std::string where = fmt::format("{}:{}", path, line);
-      SftRecord r = tokenize_sft_record(row, tokenizer, where);
+      SftRecord r = read(row, where);
       const int64_t pairs = static_cast<int64_t>(r.tokens.size()) - 1;
       if (pairs > seq_len_) {
         if (!options.truncate) {
@@ -128,7 +181,6 @@ SftDataset::SftDataset(const std::vector<std::string>& paths, const Tokenizer& t
   records_ = static_cast<int64_t>(records.size());
   MESHTRAIN_CHECK(records_ > 0, "data: the SFT files ({}) hold no record", fmt::join(paths, ", "));
 
-  const int32_t pad = tokenizer.eot_id();
   const int64_t T = seq_len_;
   int64_t fill = T;  // tokens in the current row; T = no open row
   auto close_row = [&] {

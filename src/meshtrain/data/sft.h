@@ -13,10 +13,22 @@
 // prompt/response is the chat [user: prompt, assistant: response]. Loss is on
 // an assistant turn's content and its closing E; everything else (E at the
 // start, role prefixes, system and user turns) is context only.
+//
+// [data] format = "chat-jsonl" reads the same {"messages": [...]} records (or a
+// bare list of messages) with the model's own chat template instead
+// (data/chat_template.h): the conversation rendered once, its text tokenized
+// once, the loss on the assistant content and the token closing each turn, or
+// on the template's {% generation %} blocks where it has them.
+//
+// Both formats also take records already tokenized, in the names transformers'
+// apply_chat_template(return_dict=True, return_assistant_tokens_mask=True)
+// gives them: {"input_ids": [...], "assistant_masks": [0/1 ...]}.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshtrain/data/sampler.h"
@@ -36,6 +48,13 @@ struct SftRecord {
 SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tokenizer,
                               const std::string& where);
 
+// One JSONL line to its record; `where` (file:line) names it in errors.
+using SftRecordReader =
+    std::function<SftRecord(const std::string& json_line, const std::string& where)>;
+// The reader of data.format "sft-jsonl" or "chat-jsonl" (the latter: Error
+// when the tokenizer has no chat template). `tokenizer` must outlive it.
+SftRecordReader sft_record_reader(std::string_view format, const Tokenizer& tokenizer);
+
 struct SftOptions {
   int64_t seq_len = 0;
   bool pack = true;        // several records per row (first records in shuffled order, greedy)
@@ -51,6 +70,10 @@ struct SftOptions {
 // its own). Unpacked rows carry no positions (the token path's kernels).
 class SftDataset final : public SampleSource {
  public:
+  // Records read by `read`; `pad` fills rows (the tokenizer's eot id).
+  SftDataset(const std::vector<std::string>& paths, const SftRecordReader& read, int32_t pad,
+             const SftOptions& options);
+  // sft-jsonl records.
   SftDataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer,
              const SftOptions& options);
 

@@ -473,8 +473,9 @@ DataSettings read_data(const Section& s) {
   s.read("gpt2_ranks", d.gpt2_ranks);
   MESHTRAIN_CHECK(!d.gpt2_ranks.empty(), "config: data.gpt2_ranks must not be empty");
   s.read("format", d.format);
-  MESHTRAIN_CHECK(d.format == "tokens" || d.format == "sft-jsonl",
-                  "config: data.format must be \"tokens\" or \"sft-jsonl\", got \"{}\"", d.format);
+  MESHTRAIN_CHECK(d.format == "tokens" || d.format == "sft-jsonl" || d.format == "chat-jsonl",
+                  "config: data.format must be \"tokens\", \"sft-jsonl\" or \"chat-jsonl\", got "
+                  "\"{}\"", d.format);
   s.read("sft_pack", d.sft_pack);
   s.read("sft_overflow", d.sft_overflow);
   MESHTRAIN_CHECK(d.sft_overflow == "truncate" || d.sft_overflow == "refuse",
@@ -485,8 +486,8 @@ DataSettings read_data(const Section& s) {
   for (const auto& [key, set] : {std::pair{"sft_pack", d.sft_pack != defaults.sft_pack},
                                  std::pair{"sft_overflow", d.sft_overflow != defaults.sft_overflow}}) {
     MESHTRAIN_CHECK(d.sft() || !set,
-                    "config: data.{} applies to data.format = \"sft-jsonl\" only (this run reads "
-                    "\"{}\")",
+                    "config: data.{} applies to data.format = \"sft-jsonl\" or \"chat-jsonl\" "
+                    "only (this run reads \"{}\")",
                     key, d.format);
   }
   return d;

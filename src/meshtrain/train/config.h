@@ -78,11 +78,13 @@ struct DataSettings {
   std::vector<std::string> val;    // the same; empty = no validation
   std::string tokenizer = "gpt2";  // what the token ids mean: "gpt2" or "bytes"
   std::string gpt2_ranks = "data/gpt2.tiktoken";  // the GPT-2 ranks file (tokenizer "gpt2")
-  // "tokens": llm.c token shards; "sft-jsonl": prompt/response or chat records (data/sft.h).
+  // "tokens": llm.c token shards; "sft-jsonl": prompt/response or chat records in
+  // meshtrain's own format; "chat-jsonl": chat records rendered by the
+  // tokenizer folder's chat template (data/sft.h).
   std::string format = "tokens";
   bool sft_pack = true;                  // several records per row, attention kept within each
   std::string sft_overflow = "truncate";  // a record longer than seq_len: "truncate" | "refuse"
-  bool sft() const { return format == "sft-jsonl"; }
+  bool sft() const { return format == "sft-jsonl" || format == "chat-jsonl"; }
 };
 
 // [parallel]: the device mesh (dp = world size / (tp * pp)) and data-parallel

@@ -24,7 +24,8 @@ std::unique_ptr<SampleSource> open_sample_source(const TrainConfig& config,
   options.truncate = config.data.sft_overflow == "truncate";
   options.shuffle = train;
   options.seed = t.seed;
-  return std::make_unique<SftDataset>(files, *tokenizer, options);
+  return std::make_unique<SftDataset>(files, sft_record_reader(config.data.format, *tokenizer),
+                                      tokenizer->eot_id(), options);
 }
 
 }  // namespace meshtrain
