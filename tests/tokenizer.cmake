@@ -81,3 +81,7 @@ add_test(NAME chat.sft_transformers_parity
                  $<TARGET_FILE:meshtrain> ${chat_dir}/sft ${tok_dir}/vocab ${MESHTRAIN_HF_VENV}/bin/python)
 set_tests_properties(chat.sft_transformers_parity PROPERTIES FIXTURES_REQUIRED hf_vocab TIMEOUT 600
   ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+add_test(NAME chat.bad_input
+         COMMAND bash ${PROJECT_SOURCE_DIR}/tests/chat/bad_input.sh $<TARGET_FILE:meshtrain>
+                 ${chat_dir}/bad_input ${tok_dir}/vocab)
+set_tests_properties(chat.bad_input PROPERTIES FIXTURES_REQUIRED hf_vocab TIMEOUT 120)
