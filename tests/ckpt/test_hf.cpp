@@ -155,8 +155,7 @@ TEST(HfConfig, MixtralRoutingIsReadWrittenAndRefusedByKey) {
   EXPECT_EQ(read.moe.aux_loss, 0.0f) << "no router logits output: no auxiliary loss";
   EXPECT_ERROR(parse(mixtral + R"(, "router_jitter_noise": 0.1)"), "cfg/config.json",
                "key 'router_jitter_noise' = 0.1 is not supported");
-  EXPECT_ERROR(parse(mixtral + R"(, "sliding_window": 4096)"), "cfg/config.json",
-               "key 'sliding_window' = 4096 is not supported");
+  EXPECT_EQ(parse(mixtral + R"(, "sliding_window": 4096)").sliding_window, 4096);
   EXPECT_ERROR(parse(mixtral + R"(, "num_experts_per_tok": 9)"), "cfg/config.json", "moe.top_k");
   ModelConfig shared = c;
   shared.moe.shared_hidden = 8;  // ungated: no architecture has it
@@ -192,10 +191,15 @@ TEST(HfConfig, QwenAndOlmoeArchitecturesRoundTripAndRefuseByKey) {
   ModelConfig olmoe = small_mixtral();
   olmoe.qk_norm = QkNorm::full;
   olmoe.moe.renormalize = false;
+  ModelConfig mistral = testing::small_llama(false);
+  mistral.sliding_window = 4;
+  ModelConfig mixtral_window = small_mixtral();
+  mixtral_window.sliding_window = 16;
   const std::pair<ModelConfig, const char*> cases[] = {
       {qwen2, "Qwen2ForCausalLM"},        {qwen3, "Qwen3ForCausalLM"},
       {qwen2_moe, "Qwen2MoeForCausalLM"}, {qwen3_moe, "Qwen3MoeForCausalLM"},
-      {olmoe, "OlmoeForCausalLM"}};
+      {olmoe, "OlmoeForCausalLM"},        {mistral, "MistralForCausalLM"},
+      {mixtral_window, "MixtralForCausalLM"}};
   for (const auto& [c, arch] : cases) {
     SCOPED_TRACE(arch);
     const std::string text = hf_config_json(c);
@@ -205,6 +209,7 @@ TEST(HfConfig, QwenAndOlmoeArchitecturesRoundTripAndRefuseByKey) {
     EXPECT_EQ(back.head_dim(), c.head_dim());
     EXPECT_EQ(back.qkv_bias, c.qkv_bias);
     EXPECT_EQ(back.qk_norm, c.qk_norm);
+    EXPECT_EQ(back.sliding_window, c.sliding_window);
     if (c.moe.enabled()) {
       EXPECT_EQ(back.moe, c.moe);
     }
@@ -234,7 +239,9 @@ TEST(HfConfig, QwenAndOlmoeArchitecturesRoundTripAndRefuseByKey) {
        false},
       {"qwen2_moe", R"("mlp_only_layers": [1])",
        "keys 'mlp_only_layers' = [1] and 'decoder_sparse_step' = 1", true},
-      {"mistral", R"("sliding_window": 4096)", "key 'sliding_window' = 4096 is not supported", false},
+      {"mistral", R"("sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"])",
+       "per-layer attention kinds are not implemented", false},
+      {"mistral", R"("sliding_window": -3)", "key 'sliding_window'", false},
       {"qwen3", R"("head_dim": 15)", "model.head_dim: 15 must be even", false},
       {"qwen2", R"("attention_dropout": 0.1)", "key 'attention_dropout' = 0.1 is not supported",
        false},
@@ -245,6 +252,12 @@ TEST(HfConfig, QwenAndOlmoeArchitecturesRoundTripAndRefuseByKey) {
                  "c/config.json", r.message);
   }
   EXPECT_EQ(parse(R"("model_type": "qwen2", )" + shape + R"(, "attention_dropout": 0)").dim, 64);
+  EXPECT_EQ(parse(R"("model_type": "mistral", "sliding_window": 4096, )" + shape).sliding_window, 4096);
+  EXPECT_EQ(parse(R"("model_type": "mistral", "sliding_window": null, )" + shape).sliding_window, 0);
+  ModelConfig windowed_qwen = qwen2;
+  windowed_qwen.sliding_window = 8;  // Qwen2's window starts at max_window_layers: not expressed
+  EXPECT_ERROR(hf_config_json(windowed_qwen), "no Hugging Face architecture",
+               "qwen2: it has no sliding window");
   EXPECT_ERROR(parse(R"("model_type": "deepseek_v3", )" + shape), "c/config.json",
                "model_type 'deepseek_v3' is not supported");
   const ModelConfig qwen3_read = parse(R"("model_type": "qwen3_moe", )" + moe +

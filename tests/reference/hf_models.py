@@ -16,7 +16,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
+                          MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -73,6 +73,9 @@ def cases():
     yield "qwen2", Qwen2ForCausalLM, Qwen2Config(intermediate_size=48, num_hidden_layers=2, **common), {}
     yield "qwen3", Qwen3ForCausalLM, Qwen3Config(intermediate_size=48, num_hidden_layers=2, head_dim=16,
                                                  **common), {}
+    # Mistral's sliding window (8 of the 40 positions) and a head_dim of its own.
+    yield "mistral_sliding", MistralForCausalLM, MistralConfig(
+        intermediate_size=48, num_hidden_layers=2, head_dim=16, sliding_window=8, **common), {}
     moe = dict(num_experts_per_tok=2, moe_intermediate_size=24, router_aux_loss_coef=0.01)
     yield "qwen2_moe", Qwen2MoeForCausalLM, Qwen2MoeConfig(
         intermediate_size=48, num_hidden_layers=3, num_experts=4, shared_expert_intermediate_size=40,

@@ -6,6 +6,7 @@
 // Pointers in these structs are device pointers of the backend that runs the op.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -58,8 +59,16 @@ struct AttentionDims {
   // Query t attends keys [t - positions[t], t] only (causal AND same record)
   // and RoPE rotates by positions[t]. nullptr: one sequence per row (position t).
   const int32_t* positions = nullptr;
+  // Sliding-window attention (Mistral): a query sees at most the `window`
+  // latest keys, itself included (Hugging Face's sliding_window); 0: no limit.
+  int64_t window = 0;
   int64_t qkv_width() const { return (n_heads + 2 * n_kv_heads) * head_dim; }
   int64_t position(int64_t b, int64_t t) const { return positions ? positions[b * seq + t] : t; }
+  // The first key query t of row b sees (its last is t).
+  int64_t first_key(int64_t b, int64_t t) const {
+    const int64_t first = t - position(b, t);
+    return window > 0 ? std::max(first, t - window + 1) : first;
+  }
 };
 
 // Context-parallel attention (parallel.cp): a rank's queries are its local

@@ -53,7 +53,10 @@ struct AttentionRows {
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < T; ++t) {
         const int64_t pos = d.positions ? d.positions[b * T + t] : pos0 + t;
-        first[static_cast<size_t>(b * T + t)] = d.positions ? t - pos : 0;
+        // The record's first token, or the window's (its last `window` keys).
+        const int64_t record = d.positions ? t - pos : 0;
+        first[static_cast<size_t>(b * T + t)] =
+            d.window > 0 ? std::max(record, t - d.window + 1) : record;
         const double* row = &qkv[static_cast<size_t>((b * T + t) * W)];
         for (int64_t h = 0; h < H; ++h) {
           double* dst = &q[static_cast<size_t>(((b * T + t) * H + h) * D)];

@@ -670,15 +670,19 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
   struct Shape {
     int64_t batch, seq, heads, kv, dim;
     bool rope, packed, recompute;
+    int64_t window = 0;  // sliding window (0: none)
   };
   const Shape shapes[] = {
       {1, 1, 1, 1, 2, true, false, false},   {2, 7, 4, 4, 8, true, false, false},
       {2, 13, 4, 2, 16, true, false, true},  {1, 33, 8, 2, 16, true, true, false},
       {3, 9, 4, 1, 8, false, false, false},  {2, 17, 6, 3, 32, true, true, true},
       {1, 64, 2, 1, 64, true, false, false},
+      // Windows: shorter than a record, across key blocks (blocks of 64), with recompute.
+      {2, 13, 4, 2, 16, true, false, false, 4}, {1, 33, 8, 2, 16, true, true, true, 5},
+      {1, 200, 2, 1, 16, true, false, false, 70}, {2, 150, 4, 2, 8, true, true, true, 33},
   };
   for (const Shape& s : shapes) {
-    ops::AttentionDims d{s.batch, s.seq, s.heads, s.kv, s.dim, nullptr};
+    ops::AttentionDims d{s.batch, s.seq, s.heads, s.kv, s.dim, nullptr, s.window};
     const Vec qkv = rounded(rng.uniform(s.batch * s.seq * d.qkv_width()), DType::f32);
     const Vec dout = rounded(rng.uniform(s.batch * s.seq * s.heads * s.dim), DType::f32);
     const auto positions = std::make_shared<std::vector<int32_t>>(
@@ -691,6 +695,7 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
       if (!s.rope) params += " no-rope";
       if (s.packed) params += " packed";
       if (s.recompute) params += " recompute";
+      if (s.window > 0) params += fmt::format(" window={}", s.window);
       // Forward, and backward from the forward's saved state, on a backend.
       auto run = [=](Probe& p, bool backward) {
         ops::AttentionDims dims = d;
@@ -729,11 +734,12 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
   struct Decode {
     int64_t batch, prompt, fresh, heads, kv, dim;
     bool rope;
+    int64_t window = 0;
   };
   for (const Decode& s : {Decode{1, 1, 1, 2, 1, 4, true}, Decode{2, 5, 3, 4, 2, 8, true},
-                          Decode{2, 9, 1, 6, 3, 16, false}}) {
+                          Decode{2, 9, 1, 6, 3, 16, false}, Decode{2, 9, 4, 4, 2, 8, true, 3}}) {
     const int64_t total = s.prompt + s.fresh;
-    ops::AttentionDims whole{s.batch, total, s.heads, s.kv, s.dim, nullptr};
+    ops::AttentionDims whole{s.batch, total, s.heads, s.kv, s.dim, nullptr, s.window};
     const int64_t W = whole.qkv_width();
     const Vec qkv = rounded(rng.uniform(s.batch * total * W), DType::f32);
     const auto inv_freq = std::make_shared<std::vector<float>>(
@@ -748,8 +754,9 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
       return out;
     };
     const std::string params =
-        fmt::format("b={} prompt={} new={} h={} kv={} d={}{}", s.batch, s.prompt, s.fresh, s.heads,
-                    s.kv, s.dim, s.rope ? "" : " no-rope");
+        fmt::format("b={} prompt={} new={} h={} kv={} d={}{}{}", s.batch, s.prompt, s.fresh,
+                    s.heads, s.kv, s.dim, s.rope ? "" : " no-rope",
+                    s.window > 0 ? fmt::format(" window={}", s.window) : "");
     cases.push_back(OpCase{
         "attention_decode", params, max_nmse(DType::f32),
         [=](Probe& p) {
@@ -762,7 +769,7 @@ void add_attention_cases(std::vector<OpCase>& cases, Random& rng) {
                                          MemCategory::activations);
           Outputs outs;
           for (auto [t0, n] : {std::pair{int64_t{0}, s.prompt}, std::pair{s.prompt, s.fresh}}) {
-            ops::AttentionDims dims{s.batch, n, s.heads, s.kv, s.dim, nullptr};
+            ops::AttentionDims dims{s.batch, n, s.heads, s.kv, s.dim, nullptr, s.window};
             auto Q = p.upload("qkv", DType::f32, part(qkv, t0, n, W));
             auto O = p.upload("out", DType::f32,
                               Vec(static_cast<size_t>(s.batch * n * s.heads * s.dim)));

@@ -379,7 +379,7 @@ struct HfArch {
   bool renormalize_key = false; // "norm_topk_prob" (Mixtral always renormalises)
   bool attention_bias_key = false;  // "attention_bias" (must be false: it would bias o_proj too)
   bool head_dim_key = false;        // "head_dim" of its own
-  bool sliding_window_key = false;  // "sliding_window" (must be null)
+  bool sliding_window_key = false;  // "sliding_window" (null: none)
   bool use_sliding_window_key = false;  // Qwen's "use_sliding_window" (must be false)
 };
 
@@ -415,6 +415,7 @@ std::string arch_mismatch(const HfArch& arch, const ModelConfig& c) {
     return arch.qkv_bias ? "it has q/k/v biases" : "it has no q/k/v biases";
   }
   if (c.head_dim() * c.n_heads != c.dim && !arch.head_dim_key) return "its head_dim is dim / n_heads";
+  if (c.sliding_window > 0 && !arch.sliding_window_key) return "it has no sliding window";
   if (!moe) return "";
   if (arch.shared_experts && (m.shared_hidden == 0 || !m.shared_gate)) {
     return "it always has a gated shared expert (moe.shared_hidden, moe.shared_gate)";
@@ -546,17 +547,20 @@ void read_llama_arch(const HfArch& arch, const json& root, const ConfigFields& f
     f.require("attention_bias", false, "it would bias o_proj as well; not implemented");
   }
   f.require("mlp_bias", false, "feed-forward layers have no bias in meshtrain");
-  if (arch.sliding_window_key) {
-    f.require("sliding_window", nullptr, "sliding-window attention is not implemented");
+  if (arch.sliding_window_key && f.has("sliding_window") && !root["sliding_window"].is_null()) {
+    c.sliding_window = f.positive_int("sliding_window");
   }
   if (arch.use_sliding_window_key) {
-    f.require("use_sliding_window", false, "sliding-window attention is not implemented");
+    f.require("use_sliding_window", false,
+              "Qwen's sliding window (from max_window_layers on) is not implemented");
   }
+  // Every layer the same: full attention, or the sliding window where there is one.
+  const std::string layer_type = c.sliding_window > 0 ? "sliding_attention" : "full_attention";
   if (root.contains("layer_types") && root["layer_types"].is_array()) {
     for (const json& t : root["layer_types"]) {
-      MESHTRAIN_CHECK(t == "full_attention",
-                      "{}: key 'layer_types' has {} (only full_attention is implemented)", source,
-                      t.dump());
+      MESHTRAIN_CHECK(t == layer_type,
+                      "{}: key 'layer_types' has {} (every layer must be {}: per-layer attention "
+                      "kinds are not implemented)", source, t.dump(), layer_type);
     }
   }
   f.require("clip_qkv", nullptr, "clipping q, k and v is not implemented");
@@ -609,7 +613,10 @@ std::string hf_config_json(const ModelConfig& c, DType dtype, const SpecialIds* 
     if (arch.attention_bias_key) j["attention_bias"] = false;
     if (arch.qkv_bias_key) j["qkv_bias"] = c.qkv_bias;
     if (arch.mlp_bias_key) j["mlp_bias"] = false;
-    if (arch.sliding_window_key) j["sliding_window"] = nullptr;
+    if (arch.sliding_window_key) {
+      j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window)
+                                                 : nlohmann::ordered_json(nullptr);
+    }
     if (arch.use_sliding_window_key) j["use_sliding_window"] = false;
     j["tie_word_embeddings"] = c.tie_embeddings;
   } else {

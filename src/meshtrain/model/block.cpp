@@ -188,7 +188,8 @@ Block Model::Impl::make_block(int64_t layer) const {
 }
 
 ops::AttentionDims Model::Impl::attention_dims(int64_t batch, int64_t seq) const {
-  return ops::AttentionDims{batch, seq, heads, kv_heads, cfg.head_dim(), row_positions};
+  return ops::AttentionDims{batch,          seq, heads, kv_heads, cfg.head_dim(), row_positions,
+                            cfg.sliding_window};
 }
 
 const int32_t* Model::Impl::upload(Tensor& slot, const int32_t* host, int64_t n) {

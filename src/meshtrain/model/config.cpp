@@ -213,6 +213,8 @@ void ModelConfig::validate() const {
                     r.name);
     MESHTRAIN_CHECK(qk_norm == QkNorm::none, "model.qk_norm: not implemented for {}", r.name);
   }
+  MESHTRAIN_CHECK(sliding_window >= 0, "model.sliding_window: must be >= 0 (0: none), got {}",
+                  sliding_window);
   MESHTRAIN_CHECK(qk_norm == QkNorm::none || r.norm == NormKind::rms,
                   "model.qk_norm: {} normalises with LayerNorm; QK-norm is an RMSNorm", r.name);
   MESHTRAIN_CHECK(r.grouped_query || n_kv_heads == n_heads,

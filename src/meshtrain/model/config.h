@@ -230,6 +230,10 @@ struct ModelConfig {
   int64_t head_width = 0;
   bool qkv_bias = false;    // q, k and v projections have biases (Qwen2); rope families only
   QkNorm qk_norm = QkNorm::none;
+  // Sliding-window attention (Mistral): each token attends the `sliding_window`
+  // latest tokens, itself included, in training, evaluation and decoding; 0:
+  // the whole causal prefix.
+  int64_t sliding_window = 0;
   int64_t hidden_dim = 0;   // feed-forward width (SwiGLU hidden for llama, 4*dim for gpt2)
   int64_t vocab_size = 0;
   int64_t max_seq_len = 0;

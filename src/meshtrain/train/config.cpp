@@ -38,6 +38,7 @@ constexpr KeySpec kKeys[] = {
     {"model", "rope_theta", Kind::number},    {"model", "tie_embeddings", Kind::boolean},
     {"model", "init_std", Kind::number},      {"model", "head_dim", Kind::integer},
     {"model", "qkv_bias", Kind::boolean},     {"model", "qk_norm", Kind::string},
+    {"model", "sliding_window", Kind::integer},
 
     {"train", "precision", Kind::string},     {"train", "seed", Kind::integer},
     {"train", "steps", Kind::integer},        {"train", "batch_size", Kind::integer},
@@ -301,6 +302,7 @@ ModelConfig read_model(const Section& s, std::string& preset, bool validate) {
   s.read("init_std", m.init_std);
   s.read("head_dim", m.head_width);
   s.read("qkv_bias", m.qkv_bias);
+  s.read("sliding_window", m.sliding_window);
   std::string qk_norm(qk_norm_name(m.qk_norm));
   s.read("qk_norm", qk_norm);
   m.qk_norm = parse_qk_norm(qk_norm);
@@ -741,6 +743,10 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
                     "model.n_heads = {} and model.n_kv_heads = {} must divide by it",
                     split, c.model.n_heads, c.model.n_kv_heads);
   }
+  MESHTRAIN_CHECK(c.parallel.cp == 1 || c.model.sliding_window == 0,
+                  "config: model.sliding_window = {} with parallel.cp = {}: context-parallel "
+                  "attention has no sliding window (not implemented)",
+                  c.model.sliding_window, c.parallel.cp);
   MESHTRAIN_CHECK(c.train.seq_len % (2 * c.parallel.cp) == 0,
                   "config: train.seq_len = {} is not divisible by 2 x parallel.cp = {} (each "
                   "sequence is cut into 2 x cp chunks)",
@@ -774,7 +780,7 @@ toml::table to_table(const TrainConfig& c) {
       {"norm_eps", exact(m.norm_eps)},                {"rope_theta", exact(m.rope_theta)},
       {"tie_embeddings", m.tie_embeddings},           {"init_std", exact(m.init_std)},
       {"head_dim", m.head_width},                     {"qkv_bias", m.qkv_bias},
-      {"qk_norm", std::string(qk_norm_name(m.qk_norm))},
+      {"qk_norm", std::string(qk_norm_name(m.qk_norm))}, {"sliding_window", m.sliding_window},
   };
   const TrainSettings& t = c.train;
   toml::table train{

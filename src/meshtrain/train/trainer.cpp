@@ -36,7 +36,8 @@ bool same_model(const ModelConfig& a, const ModelConfig& b) {
          a.vocab_size == b.vocab_size && a.max_seq_len == b.max_seq_len &&
          a.norm_eps == b.norm_eps && a.rope_theta == b.rope_theta &&
          a.rope_scaling == b.rope_scaling && a.tie_embeddings == b.tie_embeddings &&
-         a.head_dim() == b.head_dim() && a.qkv_bias == b.qkv_bias && a.qk_norm == b.qk_norm;
+         a.head_dim() == b.head_dim() && a.qkv_bias == b.qkv_bias && a.qk_norm == b.qk_norm &&
+         a.sliding_window == b.sliding_window;
 }
 
 // What a run leaves in out_dir: metrics, checkpoints (and their pointer).

@@ -311,19 +311,19 @@ std::vector<ThreadMatmul> per_block(CpuContext& ctx, const CausalBlocks& blocks,
   return out;
 }
 
-// Packed rows (AttentionDims::positions): for row b and query block i, the
-// first key block any of the block's queries sees. Keys before it are masked
+// Packed rows (AttentionDims::positions) or a sliding window: for row b and
+// query block i, the first key block any of the block's queries sees. Keys before it are masked
 // for all of them, so the block's GEMMs start there (fully masked blocks are
 // skipped). Without positions every block starts at key block 0.
 class KeySkip {
  public:
   KeySkip(const AttentionDims& d, const CausalBlocks& blk) : count_(blk.count()) {
-    if (d.positions == nullptr) return;
+    if (d.positions == nullptr && d.window == 0) return;
     first_.resize(static_cast<size_t>(d.batch * count_));
     for (int64_t b = 0; b < d.batch; ++b) {
       for (int64_t i = 0; i < count_; ++i) {
         int64_t first = blk.begin(i);
-        for (int64_t t = blk.begin(i); t < blk.end(i); ++t) first = std::min(first, t - d.position(b, t));
+        for (int64_t t = blk.begin(i); t < blk.end(i); ++t) first = std::min(first, d.first_key(b, t));
         first_[static_cast<size_t>(b * count_ + i)] = first / blk.size;
       }
     }
@@ -388,16 +388,16 @@ BlockMatmuls score_matmuls(CpuContext& ctx, const CausalBlocks& blk, const KeySk
 }
 
 // The causal softmax probabilities of one (batch, kv head) group, its rep
-// query heads stacked as rows: probs_g [rep*T, T], zero above the diagonal.
+// query heads stacked as rows: probs_g [rep*T, T], zero above the diagonal
+// and before each query's first key (AttentionDims::first_key).
 // q_g [rep*T, D], k_g [T, D]; scores: f32 scratch [rep*T, T] (may alias
-// probs_g in f32); row_pos: the group's row of AttentionDims::positions or
-// null; b its row (skip). Scores before a block's first key block are not
+// probs_g in f32); b: the group's batch row. Scores before a block's first key block are not
 // computed (and not read). Forward and the recomputation in backward both
 // run this, so recomputed probabilities are bit-identical.
 template <typename E>
-void group_probs(BlockMatmuls& qk, const CausalBlocks& blk, const KeySkip& skip, int64_t b,
-                 int tid, const E* q_g, const E* k_g, int64_t rep, int64_t D,
-                 const int32_t* row_pos, float* scores, E* probs_g, void* pad) {
+void group_probs(BlockMatmuls& qk, const CausalBlocks& blk, const KeySkip& skip,
+                 const AttentionDims& dims, int64_t b, int tid, const E* q_g, const E* k_g,
+                 int64_t rep, int64_t D, float* scores, E* probs_g, void* pad) {
   const int64_t T = blk.seq;
   for (int64_t hh = 0; hh < rep; ++hh) {
     for (int64_t i = 0; i < blk.count(); ++i) {
@@ -406,8 +406,8 @@ void group_probs(BlockMatmuls& qk, const CausalBlocks& blk, const KeySkip& skip,
     }
   }
   for (int64_t r = 0; r < rep * T; ++r) {
-    const int64_t t = r % T, first = row_pos ? t - row_pos[t] : 0;
-    softmax_row(scores + r * T, probs_g + r * T, first, t + 1, T);
+    const int64_t t = r % T;
+    softmax_row(scores + r * T, probs_g + r * T, dims.first_key(b, t), t + 1, T);
   }
 }
 
@@ -423,6 +423,7 @@ size_t unskipped_workspace(const AttentionDims& dims, DType compute, bool recomp
   const int threads = omp_get_max_threads();
   AttentionDims unpacked = dims;
   unpacked.positions = nullptr;
+  unpacked.window = 0;
   return std::max(per_thread * static_cast<size_t>(threads),
                   attention_workspace_bytes(unpacked, compute, recompute_probs, backward, threads));
 }
@@ -477,8 +478,7 @@ void attention_forward(CpuContext& ctx, const AttentionDims& dims, const RopeTab
       void* pad_g = mine.take<char>(pad);
       if (f32) scores = reinterpret_cast<float*>(probs_g);
       const int64_t row = g / KV;
-      const int32_t* row_pos = dims.positions ? dims.positions + row * T : nullptr;
-      group_probs(qk, blk, skip, row, tid, q + g * M * D, k + g * T * D, rep, D, row_pos, scores,
+      group_probs(qk, blk, skip, dims, row, tid, q + g * M * D, k + g * T * D, rep, D, scores,
                   probs_g, pad_g);
       for (int64_t hh = 0; hh < rep; ++hh) {
         for (int64_t i = 0; i < blk.count(); ++i) {
@@ -551,12 +551,11 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
       void* pad_g = w.pad;
       const int64_t b = g / KV, j = g % KV, h0 = j * rep;
       const E* probs_g = kept ? probs + g * M * T : nullptr;
-      const int32_t* row_pos = dims.positions ? dims.positions + b * T : nullptr;
       if (!kept) {
         // bf16: the f32 scores use dp's space, which dP overwrites next.
         E* recomputed = mine.take<E>(M * T);
         float* scores = f32 ? reinterpret_cast<float*>(recomputed) : dp;
-        group_probs(*qk, blk, skip, b, tid, q + g * M * D, k + g * T * D, rep, D, row_pos, scores,
+        group_probs(*qk, blk, skip, dims, b, tid, q + g * M * D, k + g * T * D, rep, D, scores,
                     recomputed, pad_g);
         probs_g = recomputed;
       }
@@ -572,8 +571,9 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
         }
       }
       for (int64_t r = 0; r < M; ++r) {
-        const int64_t n = r % T + 1, first = row_pos ? r % T - row_pos[r % T] : 0;
-        softmax_backward_row(dp + r * T, probs_g + r * T, ds + r * T, first, n, T, scale);
+        const int64_t n = r % T + 1;
+        softmax_backward_row(dp + r * T, probs_g + r * T, ds + r * T, dims.first_key(b, r % T), n,
+                             T, scale);
       }
       // dQ = dS k; dK = dS^T q and dV = P^T dO (these sum over the group's heads).
       for (int64_t hh = 0; hh < rep; ++hh) {
@@ -1386,7 +1386,7 @@ void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTabl
                   static_cast<size_t>(D) * sizeof(float));
     }
   }
-  // Each query attends over [0, pos].
+  // Each query attends over [first, pos]: from 0, or its window's first key.
 #pragma omp parallel
   {
     std::vector<float> qr(static_cast<size_t>(D)), sc(static_cast<size_t>(pos0 + T));
@@ -1394,6 +1394,7 @@ void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTabl
     for (int64_t bt = 0; bt < B * T; ++bt) {
       for (int64_t h = 0; h < H; ++h) {
         const int64_t b = bt / T, pos = pos0 + bt % T, j = h / rep;
+        const int64_t first = dims.window > 0 ? std::max<int64_t>(0, pos - dims.window + 1) : 0;
         const float* qsrc = qkv + bt * W + h * D;
         if (rope != nullptr) {
           rotate(rope->cos.data<float>() + pos * half, rope->sin.data<float>() + pos * half, qsrc,
@@ -1403,17 +1404,17 @@ void attention_decode(CpuContext& ctx, const AttentionDims& dims, const RopeTabl
         }
         const float* kh = kc + (b * KV + j) * S * D;
         const float* vh = vc + (b * KV + j) * S * D;
-        for (int64_t s = 0; s <= pos; ++s) {
+        for (int64_t s = first; s <= pos; ++s) {
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
           for (int64_t d = 0; d < D; ++d) dot += qr[d] * kh[s * D + d];
           sc[s] = dot * scale;
         }
-        const float mx = simd::max_of(sc.data(), pos + 1);
-        const float inv = 1.0f / simd::exp_shift_sum(sc.data(), pos + 1, mx);
+        const float mx = simd::max_of(sc.data() + first, pos + 1 - first);
+        const float inv = 1.0f / simd::exp_shift_sum(sc.data() + first, pos + 1 - first, mx);
         float* o = out + bt * H * D + h * D;
         std::fill(o, o + D, 0.0f);
-        for (int64_t s = 0; s <= pos; ++s) {
+        for (int64_t s = first; s <= pos; ++s) {
           const float p = sc[s] * inv;
 #pragma omp simd
           for (int64_t d = 0; d < D; ++d) o[d] += p * vh[s * D + d];
