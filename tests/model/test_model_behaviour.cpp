@@ -1,5 +1,6 @@
 // Model behaviour beyond the math: consistency between the passes, decoding,
 // determinism, bf16 and fp16, complete unit gradients and memory accounting.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,7 +25,10 @@ std::vector<ModelConfig> configs() {
   qwen.head_width = 6;
   ModelConfig olmoe = testing::tiny_llama(true);
   olmoe.qk_norm = QkNorm::full;
-  return {testing::tiny_llama(false), testing::tiny_llama(true), testing::tiny_gpt2(), qwen, olmoe};
+  ModelConfig mistral = testing::tiny_llama(false);
+  mistral.sliding_window = 4;  // decoding past it reads only the cache's last 4 positions
+  return {testing::tiny_llama(false), testing::tiny_llama(true), testing::tiny_gpt2(), qwen, olmoe,
+          mistral};
 }
 
 std::vector<float> grads_of(Model& model) {
@@ -86,7 +90,7 @@ TEST(ModelPasses, LossesAgreeAcrossForwardBackwardLossAndLogits) {
 
 TEST(ModelPasses, DecodeTokenByTokenEqualsFullForward) {
   for (const ModelConfig& c : configs()) {
-    SCOPED_TRACE(family_name(c.family));
+    SCOPED_TRACE(fmt::format("{} window {}", family_name(c.family), c.sliding_window));
     testing::CpuModel m(c, Precision::fp32);
     Model& model = m.model;
     testing::init_for_test(model, 9);

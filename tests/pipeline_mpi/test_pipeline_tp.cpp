@@ -31,9 +31,10 @@ TEST(PipelineTensorParallel, StagesWithTpSlicesMatchTheSingleModel) {
   const PipelineShape shape{2, m, 1};
   for (bool tied : {false, true}) {
     for (bool sp : {false, true}) {
-      SCOPED_TRACE(fmt::format("tied {} sequence parallel {} dp {}", tied, sp, dp));
+      SCOPED_TRACE(fmt::format("tied {} sequence parallel {} (window 3) dp {}", tied, sp, dp));
       ModelConfig c = testing::tiny_llama(tied);
       c.n_layers = 3;
+      c.sliding_window = sp ? 3 : 0;  // Mistral's window (3 of 8) with sequence parallelism
       cpu::CpuBackend ctx(1, tracker);
       Model stage(c, Precision::fp32, ctx, ParamStorage::flat, TensorParallel{&mesh.tp(), sp},
                   stage_layers(c.n_layers, shape, mesh.coord().pp, {}));

@@ -38,9 +38,12 @@ class SftParallel : public ::testing::Test {
 
 TEST_F(SftParallel, DataPipelineAndTensorParallelRunsEqualTheSingleRankRun) {
   if (world_->size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
-  for (const char* family : {"llama", "gpt2"}) {
-    ConfigOverrides base = {{"model.family", family}};
-    if (std::string(family) == "gpt2") base.push_back({"model.n_kv_heads", "4"});
+  // Mistral: Llama with a sliding window of 9 tokens, shorter than most records.
+  for (const char* family : {"llama", "gpt2", "mistral"}) {
+    const std::string name = family;
+    ConfigOverrides base = {{"model.family", name == "gpt2" ? "gpt2" : "llama"}};
+    if (name == "gpt2") base.push_back({"model.n_kv_heads", "4"});
+    if (name == "mistral") base.push_back({"model.sliding_window", "9"});
     const testing::TrainerRun ref = testing::run_trainer(
         config(fmt::format("ref_{}.rank{}", family, world_->rank()), base), nullptr, "", true);
     struct Layout {

@@ -13,6 +13,8 @@
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/plan/models.h"
 #include "meshtrain/plan/planner.h"
+#include "meshtrain/plan/report.h"
+#include "meshtrain/plan/search.h"
 #include "meshtrain/plan/transformer.h"
 
 namespace meshtrain::plan {
@@ -174,6 +176,39 @@ TEST(Flops, MatchACountOfTheMatmuls) {
       const double attention = 12.0 * static_cast<double>(c.n_layers * seq * c.dim);
       EXPECT_NEAR((six_n + attention) / counted, 1.0, 1e-12) << name;
     }
+  }
+}
+
+// Mistral's sliding window (4096): attention FLOPs as the causal pairs it keeps, the same
+// below the window; context parallelism, which the engine lacks with a window, not offered.
+TEST(Flops, SlidingWindowCountsTheKeyPairsItKeeps) {
+  const ModelConfig mistral = plan_model("mistral-7b").config;
+  ASSERT_EQ(mistral.sliding_window, 4096);
+  ModelConfig full = mistral;
+  full.sliding_window = 0;
+  EXPECT_EQ(mistral.train_flops_per_token(4096), full.train_flops_per_token(4096));
+  // At 32768: 4096 * 4097 / 2 + 28672 * 4096 pairs of 32768 * 32769 / 2.
+  const double pairs = 4096.0 * 4097 / 2 + 28672.0 * 4096, causal = 32768.0 * 32769 / 2;
+  EXPECT_NEAR(mistral.attention_seq(32768), 32768 * pairs / causal, 1e-9);
+  const double attention = [](const ModelConfig& c, double s) {
+    return 12.0 * static_cast<double>(c.n_layers * c.attention_width()) * s;
+  }(mistral, 32768);
+  EXPECT_NEAR(full.train_flops_per_token(32768) - mistral.train_flops_per_token(32768),
+              attention * (1 - pairs / causal), 1e-3 * attention);
+  Job job;
+  job.seq = 32768;
+  EXPECT_EQ(make_context(mistral, job).model_flops_per_token, mistral.train_flops_per_token(32768));
+  PlanInputs in;
+  in.job = job;
+  in.job.global_batch = 64;
+  in.job.tokens = 1e9;
+  in.ctx = make_context(mistral, in.job);
+  in.cluster = make_cluster(gpu_spec("h100-sxm"), 8, 8);
+  in.options.gpu_counts = {8};
+  const SearchResult r = search(in.ctx, in.cluster, in.job, in.options);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const Estimate& e : r.ranked) {
+    EXPECT_EQ(e.layout.cp, 1);
   }
 }
 

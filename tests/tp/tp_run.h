@@ -52,6 +52,13 @@ inline ModelConfig tp_qwen2() {
   return c;
 }
 
+// Mistral's sliding window, 3 of the 8 positions.
+inline ModelConfig tp_mistral() {
+  ModelConfig c = tp_llama(false);
+  c.sliding_window = 3;
+  return c;
+}
+
 struct TpCase {
   ModelConfig model;
   const char* name;
@@ -62,7 +69,8 @@ inline std::vector<TpCase> tp_cases() {
           {tp_llama(true), "llama tied"},
           {tp_gpt2(), "gpt2"},
           {tp_qwen3(), "qwen3 attention"},
-          {tp_qwen2(), "qwen2 attention"}};
+          {tp_qwen2(), "qwen2 attention"},
+          {tp_mistral(), "mistral sliding window"}};
 }
 
 // The tp sizes a world of `world` ranks can run (dp = world / tp).

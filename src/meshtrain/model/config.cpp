@@ -327,6 +327,13 @@ int64_t ModelConfig::num_params() const {
   return total;
 }
 
+double ModelConfig::attention_seq(double seq) const {
+  const auto w = static_cast<double>(sliding_window);
+  if (w <= 0 || w >= seq) return seq;
+  const double causal = seq * (seq + 1) / 2, windowed = w * (w + 1) / 2 + (seq - w) * w;
+  return seq * windowed / causal;
+}
+
 double ModelConfig::train_flops_per_token(int64_t seq) const {
   // 6 FLOPs per weight (forward, d input, d weight); a frozen weight (LoRA)
   // has no weight gradient: 4.
@@ -338,7 +345,8 @@ double ModelConfig::train_flops_per_token(int64_t seq) const {
   }
   // A tied embedding is a matmul weight already; an untied one is a lookup
   // and lm_head is the output layer.
-  return matmul_flops + 12.0 * static_cast<double>(n_layers) * static_cast<double>(seq) *
+  return matmul_flops + 12.0 * static_cast<double>(n_layers) *
+                            attention_seq(static_cast<double>(seq)) *
                             static_cast<double>(attention_width());
 }
 

@@ -271,6 +271,11 @@ struct ModelConfig {
   // parameters) + 12 * layers * seq * n_heads * head_dim for attention (PaLM
   // convention).
   double train_flops_per_token(int64_t seq) const;
+  // The sequence length attention FLOP counts (s keys per query, PaLM's
+  // convention) take for rows of `seq` tokens: `seq`, or under a sliding
+  // window shorter than it `seq` scaled by the share of the causal (query,
+  // key) pairs the window keeps.
+  double attention_seq(double seq) const;
 };
 
 // A Llama shape: RMSNorm, RoPE, SwiGLU of width `hidden`, `kv_heads` key/value heads.

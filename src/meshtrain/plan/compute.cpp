@@ -129,7 +129,8 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
     // scores and weighted sum; with cp ranks each computes 1/cp of it
     // (load-balanced chunks). Backward: 5 GEMMs against 2 (dV, dP, dQ, dK and
     // the recomputed scores), unless the scores were stored (recompute none).
-    OpTime attention{"attention", 0.5 * 2 * T * static_cast<double>(x.seq) * (a.qk + a.values()) / t};
+    const double keys = c.attention_seq(static_cast<double>(x.seq));
+    OpTime attention{"attention", 0.5 * 2 * T * keys * (a.qk + a.values()) / t};
     attention.forward = attention.flops / (gpu.peak_flops * gpu.attention_efficiency);
     attention.backward = (x.recompute == Recompute::none ? 2.0 : 2.5) * attention.forward;
     if (full) attention.recompute = attention.forward;

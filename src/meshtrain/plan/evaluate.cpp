@@ -451,7 +451,7 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   const double seq = static_cast<double>(job.seq);
   // Selective: the core's forward again (2 seq (qk + values) FLOPs per token).
   const double recompute_per_layer = l.recompute == Recompute::selective
-                                         ? 2.0 * seq * (at.qk + at.values())
+                                         ? 2.0 * model.attention_seq(seq) * (at.qk + at.values())
                                      : l.recompute == Recompute::full
                                          ? ctx.layer_flops_per_token / 3.0
                                          : 0.0;

@@ -83,6 +83,11 @@ ModelConfig llama(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, 
   return llama_shape(dim, layers, heads, kv_heads, ffn, vocab, seq, /*tied=*/false, rope_theta);
 }
 
+ModelConfig with_window(ModelConfig c, int64_t window) {
+  c.sliding_window = window;
+  return c;
+}
+
 // Shapes are the Hugging Face config.json files of the official checkpoints
 // (openai-community/gpt2*, meta-llama/Llama-2-*-hf, meta-llama/Meta-Llama-3-*,
 // Meta-Llama-3.1-405B); sizes as their authors publish them.
@@ -117,8 +122,8 @@ std::vector<PlanModel> published() {
        "Qwen/Qwen2.5-7B HF config.json; 7.61B (its model card)"},
       {"qwen3-8b", qwen3(4096, 36, 32, 8, 128, 12288, 151936, 40960), 8.2e9,
        "Qwen/Qwen3-8B HF config.json; 8.2B (its model card)"},
-      // Its sliding window (4096) is not priced: at seq <= 4096 it changes nothing.
-      {"mistral-7b", llama(4096, 32, 32, 8, 14336, 32000, 32768, 1e4f), 7.24e9,
+      // Its sliding window of 4096 prices attention past 4096 tokens (attention_seq).
+      {"mistral-7b", with_window(llama(4096, 32, 32, 8, 14336, 32000, 32768, 1e4f), 4096), 7.24e9,
        "mistralai/Mistral-7B-v0.1 HF config.json; 7.24B (the Mistral 7B paper's table 1: 7.3B)"},
       {"deepseek-v3", deepseek_v3(), 671e9,
        "deepseek-ai/DeepSeek-V3 HF config.json; 671B total, 37B activated (DeepSeek-V3 "

@@ -240,9 +240,10 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
         if (t <= cl.gpus_per_node) tps.push_back(t);  // TP stays inside a node unless fixed
       }
       for (int64_t tp : choices(f.tp, tps)) {
-        // Context parallelism only for long sequences (>= 16K), unless fixed.
+        // Context parallelism only for long sequences (>= 16K), unless fixed;
+        // never with a sliding window, which meshtrain's cp attention lacks.
         std::vector<int64_t> cps{1};
-        if (job.seq >= 16384) {
+        if (job.seq >= 16384 && model.sliding_window == 0) {
           for (int64_t c = 2; c <= 32 && (gpus / tp) % c == 0; c *= 2) cps.push_back(c);
         }
         for (int64_t cp : choices(f.cp, cps)) {

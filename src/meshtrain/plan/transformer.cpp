@@ -104,7 +104,7 @@ ModelConfig active_dense_view(const ModelConfig& c) {
 
 double layer_train_flops_per_token(const ModelConfig& c, int64_t seq) {
   const AttentionShape a = attention_shape(c);
-  const double attention = 6.0 * static_cast<double>(seq) * (a.qk + a.values());
+  const double attention = 6.0 * c.attention_seq(static_cast<double>(seq)) * (a.qk + a.values());
   return 6.0 * count_transformer(c).layer_matmul_params + attention;
 }
 
