@@ -85,3 +85,11 @@ add_test(NAME chat.bad_input
          COMMAND bash ${PROJECT_SOURCE_DIR}/tests/chat/bad_input.sh $<TARGET_FILE:meshtrain>
                  ${chat_dir}/bad_input ${tok_dir}/vocab)
 set_tests_properties(chat.bad_input PROPERTIES FIXTURES_REQUIRED hf_vocab TIMEOUT 120)
+# docs/finetune.md's worked example: HF folder with a real tokenizer and chat template ->
+# chat-jsonl + LoRA under mpirun -> merged export -> transformers answers a chat (hf-venv).
+add_test(NAME chat.worked_example
+         COMMAND bash ${PROJECT_SOURCE_DIR}/tests/chat/worked_example.sh ${mpi_run} --
+                 $<TARGET_FILE:meshtrain> ${chat_dir}/worked_example ${tok_dir}/vocab
+                 ${MESHTRAIN_HF_VENV}/bin/python)
+set_tests_properties(chat.worked_example PROPERTIES FIXTURES_REQUIRED hf_vocab TIMEOUT 600
+  ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
