@@ -176,14 +176,15 @@ TEST(SftConfig, SftKeysWithTokenShardsAreRefused) {
     parse({{"data.format", "tokens"}, {"data.sft_pack", "false"}});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "config: data.sft_pack applies to data.format = \"sft-jsonl\" only (this "
-                           "run reads \"tokens\")");
+    EXPECT_STREQ(e.what(), "config: data.sft_pack applies to data.format = \"sft-jsonl\" or "
+                           "\"chat-jsonl\" only (this run reads \"tokens\")");
   }
   try {
     parse({{"data.format", "jsonl"}});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("data.format must be \"tokens\" or \"sft-jsonl\""),
+    EXPECT_NE(std::string(e.what()).find(
+                  "data.format must be \"tokens\", \"sft-jsonl\" or \"chat-jsonl\", got \"jsonl\""),
               std::string::npos);
   }
 }
