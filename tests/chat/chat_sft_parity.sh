@@ -4,7 +4,8 @@
 #  1. `meshtrain tokenize --chat --mask` gives, for each, the ids and assistant mask that
 #     transformers' apply_chat_template(return_assistant_tokens_mask=True) gave
 #     (sft_conversations.transformers.jsonl; re-made and compared where HF_PYTHON has
-#     transformers, SKIPPED otherwise).
+#     transformers, SKIPPED otherwise); there also 30 random conversations for each of four
+#     vocabularies (random_masks_check.py).
 #  2. A 2-rank run on the conversations (data.format = "chat-jsonl") equals, loss for loss, the
 #     same run on transformers' ids and masks as pre-tokenized sft-jsonl records, packed and not.
 # usage: chat_sft_parity.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR VOCAB_DIR HF_PYTHON
@@ -23,6 +24,8 @@ if [ -x "$hf_py" ] && "$hf_py" -c "import transformers" 2>/dev/null; then
   "$hf_py" "$here/chat_template_ref.py" masks "$folder" "$convs" "$work/transformers.jsonl"
   cmp "$work/transformers.jsonl" "$ref" || fail "transformers' ids / masks differ from the committed ones"
   echo "transformers: the committed ids and masks are its own"
+  "$hf_py" "$here/random_masks_check.py" "$bin" "$vocab" "$here/templates/qwen2_5_training.jinja" \
+    "$work/random" 30
 else
   echo "transformers re-check: SKIPPED (no venv at $hf_py)"
 fi

@@ -145,6 +145,26 @@ TEST(HfTokenizer, PostProcessorFramesTheIds) {
   EXPECT_EQ(t->document_frame().before, (std::vector<int32_t>{7}));
 }
 
+// Each token's bytes in the text (chat masks read them): where a normalizer
+// rewrote the text ("x" -> "ab" here, NFC in Qwen2), the rewritten stretch's
+// tokens span the original bytes; written-out added tokens span themselves.
+TEST(HfTokenizer, TokenOffsetsFollowTheTextThroughNormalizedStretches) {
+  std::string json = tiny(R"(["a b", "ab c"])");
+  const std::string none = R"("normalizer": null,)";
+  json.replace(json.find(none), none.size(),
+               R"("normalizer": {"type": "Replace", "pattern": {"String": "x"}, "content": "ab"},)");
+  const auto t = HfTokenizer::from_json(json, "tiny");
+  const std::string text = "c x<x>abc xc";
+  const std::vector<int32_t> ids = encode(*t, text);
+  ASSERT_EQ(ids, (std::vector<int32_t>{2, 6, 3, 7, 5, 6, 5}));  // "xc" -> "abc"
+  using Spans = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(token_offsets(*t, text, ids),
+            (Spans{{0, 1}, {1, 2}, {2, 3}, {3, 6}, {6, 9}, {9, 10}, {10, 12}}));
+  // Ids that are not this text's tokens: refused, naming the token and the byte.
+  const std::vector<int32_t> wrong{5, 5, 5, 5, 5};
+  EXPECT_THROW(token_offsets(*t, "ab", wrong), Error);
+}
+
 // One line naming the file and the field for each configuration not implemented.
 TEST(HfTokenizer, RefusesWhatItDoesNotImplementByName) {
   auto refused = [](const std::string& json, const std::string& needle) {

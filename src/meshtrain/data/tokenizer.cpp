@@ -73,31 +73,70 @@ const TokenizerConfig& Tokenizer::config() const {
   return none;
 }
 
-std::vector<std::pair<size_t, size_t>> token_offsets(const Tokenizer& tokenizer,
-                                                     std::string_view text,
-                                                     std::span<const int32_t> ids) {
-  std::vector<std::pair<size_t, size_t>> spans;
-  spans.reserve(ids.size());
-  size_t pos = 0;
+namespace {
+
+// Where token text `t` ends when laid at byte `pos` of `text`: exactly, after
+// a space the tokenizer put in front (its dummy prefix), or taking a space its
+// decoder drops; npos when it does not fit there.
+size_t lay(std::string_view text, size_t pos, std::string_view t) {
   const auto at = [&](size_t p, std::string_view s) {
     return p <= text.size() && text.substr(p).starts_with(s);
   };
-  for (int32_t id : ids) {
-    const std::string t = tokenizer.token_text(id);
-    size_t end = 0;
-    if (at(pos, t) && !(t.empty() && at(pos, " "))) {
-      end = pos + t.size();
-    } else if (t.starts_with(' ') && at(pos, std::string_view(t).substr(1))) {
-      end = pos + t.size() - 1;  // the space the tokenizer put in front of the text
-    } else if (at(pos, " ") && at(pos + 1, t)) {
-      end = pos + 1 + t.size();  // a space its decoder drops
-    } else {
-      fail("tokenizer '{}': token {} ({:?}) does not follow the text at byte {} ({:?}): a "
-           "normalizer changed the text there", tokenizer.name(), id, t, pos,
-           text.substr(pos, 16));
+  if (at(pos, t) && !(t.empty() && at(pos, " "))) return pos + t.size();
+  if (t.starts_with(' ') && at(pos, t.substr(1))) return pos + t.size() - 1;
+  if (at(pos, " ") && at(pos + 1, t)) return pos + 1 + t.size();
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+std::vector<std::pair<size_t, size_t>> token_offsets(const Tokenizer& tokenizer,
+                                                     std::string_view text,
+                                                     std::span<const int32_t> ids) {
+  std::vector<std::string> texts;
+  texts.reserve(ids.size());
+  for (int32_t id : ids) texts.push_back(tokenizer.token_text(id));
+  const size_t n = texts.size();
+  // Whether tokens [k, k + 3) (or to the end) lie along the text from `pos`.
+  const auto follows = [&](size_t k, size_t pos) {
+    for (size_t j = k; j < std::min(n, k + 3); ++j) {
+      pos = lay(text, pos, texts[j]);
+      if (pos == std::string_view::npos) return false;
     }
-    spans.emplace_back(pos, end);
-    pos = end;
+    return k + 3 <= n || pos == text.size();
+  };
+  std::vector<std::pair<size_t, size_t>> spans;
+  spans.reserve(n);
+  size_t pos = 0;
+  for (size_t k = 0; k < n;) {
+    if (const size_t end = lay(text, pos, texts[k]); end != std::string_view::npos) {
+      spans.emplace_back(pos, end);
+      pos = end;
+      ++k;
+      continue;
+    }
+    // A stretch the normalizer changed (NFC of a decomposed accent, NFKC of
+    // a ligature): the fewest tokens m and then the fewest bytes b after
+    // which the two agree again; each of the m tokens spans all b bytes.
+    // Normalizers change a length by a small factor (Hangul's NFC: 3), so a
+    // stretch whose lengths differ by more than 4x is no such change.
+    constexpr size_t kTokens = 32, kBytes = 128;
+    bool found = false;
+    size_t len = 0;  // of the m tokens' texts
+    for (size_t m = 1; m <= kTokens && k + m <= n && !found; ++m) {
+      len += texts[k + m - 1].size();
+      for (size_t b = 1; b <= kBytes && pos + b <= text.size(); ++b) {
+        if (len > 4 * b + 4 || b > 4 * len + 4 || !follows(k + m, pos + b)) continue;
+        for (size_t j = 0; j < m; ++j) spans.emplace_back(pos, pos + b);
+        pos += b;
+        k += m;
+        found = true;
+        break;
+      }
+    }
+    MESHTRAIN_CHECK(found, "tokenizer '{}': token {} ({:?}) does not follow the text at byte {} "
+                    "({:?}), nor do the next tokens within {} bytes", tokenizer.name(), ids[k],
+                    texts[k], pos, text.substr(pos, 16), kBytes);
   }
   MESHTRAIN_CHECK(pos == text.size(), "tokenizer '{}': the tokens cover {} of the text's {} bytes",
                   tokenizer.name(), pos, text.size());
