@@ -52,4 +52,7 @@ tokenizer = "$work/plain"
 TOML
 expect 1 "bad.jsonl:2: message 1 has the unknown role \"bot\"" "$bin" train --config "$work/run.toml"
 expect 1 "no chat template" "$bin" train --config "$work/run.toml" --data.tokenizer "$work/none"
+printf '%s\n' "$conv" >"$work/nosystem.jsonl"
+expect 1 "nosystem.jsonl:1: chat template .*raise_exception: a system prompt first" \
+  "$bin" train --config "$work/run.toml" --data.tokenizer "$work/strict" --data.train "$work/nosystem.jsonl"
 echo "bad_input: ok"

@@ -75,12 +75,19 @@ SftRecord pretokenized_record(const json& record, int64_t vocab, const std::stri
 
 SftRecord chat_record(const json& record, const Tokenizer& tokenizer, const ChatTemplate& tmpl,
                       const std::string& where) {
-  const ChatTokens t = chat_tokens(
-      tokenizer, tmpl.render(read_conversation(record, fmt::format("data: {}", where)), false));
+  const json messages = read_conversation(record, fmt::format("data: {}", where));
+  ChatTokens t;
+  try {
+    t = chat_tokens(tokenizer, tmpl.render(messages, false));
+  } catch (const Error& e) {  // the template's refusal, or tokens that do not follow the text
+    throw Error(fmt::format("data: {}: {}", where, e.what()), e.kind());
+  }
   MESHTRAIN_CHECK(std::ranges::find(t.mask, 1) != t.mask.end(), "data: {}: the conversation has "
                   "no assistant tokens (nothing to learn)", where);
   return {t.ids, t.mask};
 }
+
+SftRecord template_record(const json& record, const Tokenizer& tokenizer, const std::string& where);
 
 }  // namespace
 
@@ -93,13 +100,19 @@ SftRecordReader sft_record_reader(std::string_view format, const Tokenizer& toke
       return pretokenized_record(record, tokenizer.vocab_size(), where);
     }
     return tmpl ? chat_record(record, tokenizer, *tmpl, where)
-                : tokenize_sft_record(line, tokenizer, where);
+                : template_record(record, tokenizer, where);
   };
 }
 
 SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tokenizer,
                               const std::string& where) {
-  const json record = parse_record(json_line, where);
+  return template_record(parse_record(json_line, where), tokenizer, where);
+}
+
+namespace {
+
+// The role-prefix template of an sft-jsonl record.
+SftRecord template_record(const json& record, const Tokenizer& tokenizer, const std::string& where) {
   if (!record.is_object()) fail("data: {}: a record must be a JSON object", where);
   // (role, content) turns.
   std::vector<std::pair<std::string, std::string>> turns;
@@ -142,6 +155,8 @@ SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tok
   }
   return r;
 }
+
+}  // namespace
 
 SftDataset::SftDataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer,
                        const SftOptions& options)
