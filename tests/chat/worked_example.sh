@@ -4,7 +4,7 @@
 # llama.cpp ships it) -> chat-jsonl SFT with LoRA under mpirun (2 ranks) -> merged HF export ->
 # transformers loads it with AutoTokenizer and answers a chat through apply_chat_template +
 # generate (where HF_PYTHON has transformers; SKIPPED there otherwise), giving the greedy ids
-# that `meshtrain sample` gives for the same prompt.
+# that `meshtrain sample --stop-at-eos` gives for the same prompt, end of turn included.
 # The base folder is made here (no real checkpoint can be downloaded in tests): a tiny
 # Qwen2-shaped model trained one step by meshtrain and exported, with the tokenizer files.
 # usage: worked_example.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR VOCAB_DIR HF_PYTHON
@@ -103,7 +103,7 @@ PY
 echo '[{"role": "user", "content": "Who are you?"}]' >ask.json
 prompt=$("$bin" tokenize --tokenizer ft-merged --chat --add-generation-prompt <ask.json | tr ' ' ',')
 "$bin" sample --checkpoint runs/ft/step_80 --prompt-ids "$prompt" --temperature 0 \
-  --max-new-tokens 12 --print-ids >sample.txt
+  --max-new-tokens 12 --stop-at-eos --print-ids >sample.txt
 head -n1 sample.txt >sample_ids.txt
 echo "meshtrain sample: $(tail -n +2 sample.txt | tr '\n' ' ')"
 
@@ -128,9 +128,9 @@ new = out[0, ids.shape[1]:].tolist()
 answer = tok.decode(new, skip_special_tokens=True)
 print(f"transformers generate: {answer!r}")
 mine = [int(x) for x in open(ours).read().replace(",", " ").split()][len(prompt):]
-n = min(len(new), len(mine))
-assert n > 0 and new[:n] == mine[:n], f"greedy ids differ: transformers {new} meshtrain {mine}"
+# Both end at the end-of-turn token (generate: eos_token_id; sample: --stop-at-eos).
+assert new == mine, f"greedy ids differ: transformers {new} meshtrain {mine}"
 assert "meshtrain" in answer, "the merged model does not give the learned reply"
-print(f"the merged export answers as meshtrain's sample does ({n} tokens)")
+print(f"the merged export answers as meshtrain's sample does ({len(new)} tokens, end of turn included)")
 PY
 echo "worked_example: ok"

@@ -259,6 +259,12 @@ TEST_F(TrainerTest, GenerationIsDeterministic) {
   top1.temperature = 0.7f;
   top1.top_k = 1;
   EXPECT_EQ(generate(*model, {1, 2, 3}, top1), g1);  // top-1 is greedy
+  // A stop id ends generation after its first appearance, included.
+  SampleOptions stopping = greedy;
+  stopping.stop_id = g1[4];
+  const auto first = static_cast<size_t>(std::find(g1.begin(), g1.end(), g1[4]) - g1.begin());
+  EXPECT_EQ(generate(*model, {1, 2, 3}, stopping),
+            std::vector<int32_t>(g1.begin(), g1.begin() + static_cast<std::ptrdiff_t>(first) + 1));
   SampleOptions sampled;
   sampled.temperature = 1.0f;
   sampled.seed = 5;

@@ -55,6 +55,7 @@ struct SampleArgs {
   uint64_t seed = 0;
   int threads = 0;
   bool print_ids = false;
+  bool stop_at_eos = false;
 };
 
 // Text output: a byte-level vocabulary escapes control bytes other than newline and tab. A
@@ -146,6 +147,10 @@ void run_sample(const SampleArgs& args) {
   options.temperature = args.temperature;
   options.top_k = args.top_k;
   options.seed = args.seed;
+  if (args.stop_at_eos) {
+    if (!tokenizer) throw UsageError("sample: --stop-at-eos needs the model's tokenizer (--tokenizer)");
+    options.stop_id = tokenizer->eot_id();
+  }
   const int64_t room = model->config().max_seq_len - static_cast<int64_t>(prompt.size());
   options.max_new_tokens =
       args.max_new_tokens >= 0 ? args.max_new_tokens : std::clamp<int64_t>(room, 0, 256);
@@ -373,6 +378,8 @@ int main_impl(int argc, char** argv) {
   sample->add_option("--gpt2-ranks", sample_args.gpt2_ranks,
                      "GPT-2 ranks file (default: the run's data.gpt2_ranks)");
   sample->add_flag("--print-ids", sample_args.print_ids, "Print the token ids");
+  sample->add_flag("--stop-at-eos", sample_args.stop_at_eos,
+                   "End after the tokenizer's end-of-sequence token (a chat model's end of turn)");
   sample->add_option("--precision", sample_args.precision)
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   sample->add_option("--threads", sample_args.threads, "0 = cores available")

@@ -68,7 +68,7 @@ std::vector<int32_t> generate(Model& model, const std::vector<int32_t>& prompt,
     out.push_back(id);
     text.push_back(id);
     if (on_token) on_token(id);
-    if (i + 1 == options.max_new_tokens) break;
+    if (i + 1 == options.max_new_tokens || id == options.stop_id) break;
     model.decode(&id, 1, 1, cache, logits.data<float>());
   }
   return out;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct SampleOptions {
   int64_t top_k = 0;         // 0 = the whole vocabulary
   uint64_t seed = 0;
   int64_t max_new_tokens = 64;
+  // Generation ends after this id (a chat model's end-of-turn token), as
+  // transformers' generate ends at its eos_token_id; none: max_new_tokens.
+  std::optional<int32_t> stop_id;
 };
 
 // Picks a token from logits[vocab]. `draw` indexes the random stream.
