@@ -9,24 +9,13 @@
 
 #include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/util/error.h"
+#include "support/error_of.h"
 #include "support/scratch.h"
 #include "support/tiny_models.h"
 
 namespace meshtrain::ckpt_test {
 
-// The Error message `fn` throws; fails the test when it throws nothing or something else.
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a meshtrain::Error: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no Error thrown";
-  return {};
-}
+using testing::error_of;
 
 // One line that names the file and contains `part`.
 #define EXPECT_ERROR(expr, file, part)                                    \

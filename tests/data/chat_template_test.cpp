@@ -12,6 +12,7 @@
 
 #include "meshtrain/data/chat_template.h"
 #include "meshtrain/util/error.h"
+#include "support/error_of.h"
 #include "tokenizer_test_util.h"
 
 namespace meshtrain {
@@ -27,16 +28,7 @@ std::string text_of(const std::string& text, ByteSpan s) {
   return text.substr(s.first, s.second - s.first);
 }
 
-// The message of the Error `f` throws; empty when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(ChatTemplateConformance, RendersTheRealTemplatesAsTransformers) {
   const char* expected = std::getenv("MESHTRAIN_CHAT_EXPECTED");

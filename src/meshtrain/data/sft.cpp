@@ -3,13 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "meshtrain/data/chat_template.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/text_file.h"
 
 namespace meshtrain {
 namespace {
@@ -32,15 +31,6 @@ void append(SftRecord& r, const Tokenizer& tokenizer, std::string_view text, boo
 void append_id(SftRecord& r, int32_t id, bool in_loss) {
   r.tokens.push_back(id);
   r.in_loss.push_back(in_loss ? 1 : 0);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "data: cannot open SFT file '{}'", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  MESHTRAIN_CHECK_AS(ErrorKind::io, !in.bad(), "data: cannot read SFT file '{}'", path);
-  return s.str();
 }
 
 json parse_record(const std::string& json_line, const std::string& where) {
@@ -169,7 +159,7 @@ SftDataset::SftDataset(const std::vector<std::string>& paths, const SftRecordRea
   MESHTRAIN_CHECK(!paths.empty(), "data: no SFT files given");
   std::vector<SftRecord> records;
   for (const std::string& path : paths) {
-    const std::string text = read_text(path);
+    const std::string text = read_file_text(path);
     size_t begin = 0;
     for (int64_t line = 1; begin < text.size(); ++line) {
       size_t end = text.find('\n', begin);

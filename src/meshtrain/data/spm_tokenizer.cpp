@@ -26,6 +26,7 @@ std::unique_ptr<SpmTokenizer> SpmTokenizer::load(const std::string& path, Tokeni
   for (int id = 0; id < t->sp_->GetPieceSize(); ++id) {
     if (t->sp_->IsControl(id) && !t->sp_->IdToPiece(id).empty()) {
       t->controls_.emplace_back(t->sp_->IdToPiece(id), id);
+      t->control_start_[static_cast<unsigned char>(t->controls_.back().first[0])] = true;
     }
   }
   std::ranges::stable_sort(t->controls_, std::greater{},
@@ -51,6 +52,10 @@ void SpmTokenizer::encode(std::string_view text, std::vector<int32_t>& ids, bool
   if (add_special && sp_->bos_id() >= 0) ids.push_back(sp_->bos_id());
   size_t begin = 0;  // of the stretch not yet encoded
   for (size_t i = 0; i < text.size();) {
+    if (!control_start_[static_cast<unsigned char>(text[i])]) {
+      ++i;
+      continue;
+    }
     const auto hit = std::ranges::find_if(
         controls_, [&](const auto& c) { return text.substr(i).starts_with(c.first); });
     if (hit == controls_.end()) {

@@ -7,6 +7,7 @@
 // text between them as SentencePiece does (each stretch with its dummy prefix).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,7 @@ class SpmTokenizer final : public Tokenizer {
   std::vector<File> files_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::vector<std::pair<std::string, int32_t>> controls_;  // written-out control pieces, longest first
+  std::array<bool, 256> control_start_{};  // bytes a control piece begins with
 };
 
 }  // namespace meshtrain
