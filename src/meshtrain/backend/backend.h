@@ -198,6 +198,12 @@ class Backend {
   // -log softmax(h · W^T)[target], and its backward when dh / dw are given.
   virtual double fused_classifier(const ops::ClassifierArgs& args) = 0;
 
+  // ---- quantised weights
+  // y[0, n) (f32, bf16 or f16) = the values an NF4 buffer of n elements holds
+  // (tensor/nf4.h: its f32 dequantisation, rounded once to `to`). QLoRA's
+  // frozen base weights, dequantised into a workspace before each GEMM.
+  virtual void dequantize_nf4(const void* packed, int64_t n, DType to, void* y) = 0;
+
   // ---- mixture of experts
   // logits [tokens, experts] f32 -> probs [tokens, experts] (the scores p,
   // kept for backward), indices [tokens, top_k] (i32) and weights [tokens,

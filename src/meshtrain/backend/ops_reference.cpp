@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
+
+#include "meshtrain/tensor/nf4.h"
 
 namespace meshtrain::ops::reference {
 namespace {
@@ -529,6 +532,25 @@ void moe_permute_backward(const DispatchDims& dims, const Dispatch& order, const
     if (order.rows[order.slots[r]] != r) continue;  // dropped
     const int64_t t = order.slots[r] / dims.top_k;
     for (int64_t i = 0; i < dims.dim; ++i) dx[t * dims.dim + i] += d_out[r * dims.dim + i];
+  }
+}
+
+void dequantize_nf4(std::span<const uint8_t> packed, int64_t n, Vec& out) {
+  const nf4::Layout l = nf4::layout(n);
+  float offset = 0;
+  std::memcpy(&offset, packed.data() + l.offset_at, 4);
+  out.assign(static_cast<size_t>(n), 0.0);
+  for (int64_t b = 0; b < l.blocks; ++b) {
+    float s = 0;
+    std::memcpy(&s, packed.data() + l.scales_at + 4 * (b / nf4::kScaleBlock), 4);
+    const double absmax =
+        static_cast<double>(nf4::dynamic_map()[packed[static_cast<size_t>(l.codes_at + b)]]) * s +
+        offset;
+    for (int64_t i = b * nf4::kBlock; i < (b + 1) * nf4::kBlock; ++i) {
+      const uint8_t pair = packed[static_cast<size_t>(l.packed_at + i / 2)];
+      const int q = i % 2 == 0 ? pair >> 4 : pair & 0xF;
+      out[static_cast<size_t>(i)] = static_cast<double>(nf4::levels()[q]) * absmax;
+    }
   }
 }
 

@@ -56,6 +56,10 @@ double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> tar
 
 void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, Vec& v);
 
+// NF4 with double quantisation (tensor/nf4.h): the n values a packed buffer
+// holds, NF4[q] * (DYN[c] * s + offset), every product and sum in float64.
+void dequantize_nf4(std::span<const uint8_t> packed, int64_t n, Vec& out);
+
 // MoE routing (ops::RouterDims; dims.bias read as given): probs [tokens,
 // experts], indices and weights [tokens, top_k], lse [tokens]; the
 // backward's d_logits, with the auxiliary terms (ops::RouterAuxGrad: the

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "meshtrain/backend/ops_reference.h"
+#include "meshtrain/tensor/nf4.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -1226,6 +1227,37 @@ void add_optimizer_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// NF4 dequantisation (QLoRA's frozen base weights) to every compute dtype:
+// one block, a few, a second group of one block (64 * 257) and 5 groups. The
+// packed buffer comes from nf4::quantize on the host (weights around 0.02 with
+// one outlier per tensor); its bytes, a multiple of 4, go up as i32 elements.
+void add_quant_cases(std::vector<OpCase>& cases, Random& rng) {
+  for (int64_t n : {int64_t{64}, int64_t{64 * 3}, int64_t{64 * 257}, int64_t{64 * 1031}}) {
+    const Vec x = rounded(rng.uniform(n, -0.05, 0.05), DType::f32);
+    std::vector<float> host(x.begin(), x.end());
+    host[static_cast<size_t>(n / 3)] = 0.75f;
+    std::vector<uint8_t> packed(static_cast<size_t>(nf4::layout(n).bytes));
+    nf4::quantize(host, packed);
+    std::vector<int32_t> words(packed.size() / 4);
+    std::memcpy(words.data(), packed.data(), packed.size());
+    for (DType to : {DType::f32, DType::bf16, DType::f16}) {
+      cases.push_back(OpCase{"dequantize_nf4", fmt::format("n={} to={}", n, dtype_name(to)),
+                             max_nmse(to),
+                             [=](Probe& p) {
+                               auto P = p.upload_ids("packed", words);
+                               auto Y = p.upload("y", to, Vec(static_cast<size_t>(n)));
+                               p.backend().dequantize_nf4(P.data(), n, to, Y.data());
+                               return Outputs{{"y", p.download(Y)}};
+                             },
+                             [=] {
+                               Vec y;
+                               ref::dequantize_nf4(packed, n, y);
+                               return Outputs{{"y", y}};
+                             }});
+    }
+  }
+}
+
 // Every router variant (ops::RouterDims): softmax with and without
 // renormalisation, top_k = experts, one expert, DeepSeek-V3's sigmoid with a
 // selection bias, groups and scaling, and exact ties (logits from two values).
@@ -1506,6 +1538,7 @@ std::vector<OpCase> all_cases(uint32_t seed) {
   add_optimizer_cases(cases, rng);
   add_router_cases(cases, rng);
   add_dispatch_cases(cases, rng);
+  add_quant_cases(cases, rng);  // last: the cases above keep their inputs
   // One block per op, in the order the ops first appear.
   std::vector<std::string> order;
   for (const OpCase& c : cases) {

@@ -242,18 +242,20 @@ void run_export(const CkptArgs& args) {
   const DType dtype = parse_dtype(args.dtype);
   const std::unique_ptr<Tokenizer> tokenizer = export_tokenizer(args, args.checkpoint);
   // A sharded checkpoint is read tensor by tensor (memory stays at one tensor);
-  // anything else through a model in memory.
+  // anything else, and a QLoRA checkpoint (no NF4 base in it: rebuilt from
+  // its run's start), through a model in memory.
   MemoryTracker tracker;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   ModelConfig config;
   TensorSource source;
   dist_ckpt::Manifest manifest;
-  if (dist_ckpt::is_sharded_checkpoint(args.checkpoint)) {
+  TrainConfig run;
+  const bool sharded = dist_ckpt::is_sharded_checkpoint(args.checkpoint);
+  if (sharded) read_train_state(args.checkpoint, &run);
+  if (sharded && run.model.lora.quantize_base == BaseQuant::none) {
     dist_ckpt::verify_checkpoint(args.checkpoint);
     manifest = dist_ckpt::read_manifest(args.checkpoint);
-    TrainConfig run;
-    read_train_state(args.checkpoint, &run);
     config = run.model;
     source = [&](const ParamSpec& spec, float* dst) {
       dist_ckpt::read_global_tensor(manifest, args.checkpoint, spec.name,

@@ -57,6 +57,11 @@ Model::Impl::Impl(Model& owner)
     if (unit_of_layer[l] == kNoUnit) continue;
     const auto layer = static_cast<int64_t>(l);
     blocks[l] = make_block(layer);
+    for (const Linear* lin : {&blocks[l].qkv, &blocks[l].proj, &blocks[l].ff_in, &blocks[l].ff_out}) {
+      if (lin->weight != kNoParam && model.params_[lin->weight].spec.nf4) {
+        dequant_numel = std::max(dequant_numel, lin->in * lin->out);
+      }
+    }
     if (cfg.moe.is_moe_layer(layer)) {
       moe_stats.push_back(MoeLayerStats{
           .layer = layer, .tokens = std::vector<int64_t>(static_cast<size_t>(cfg.moe.experts))});
@@ -96,6 +101,21 @@ const void* Model::Impl::weight(size_t i, DType dt) const {
   MESHTRAIN_CHECK(p.compute.defined(), "model: parameter '{}' has no {} compute copy", p.spec.name,
                   dtype_name(dt));
   return p.compute.raw();
+}
+
+const void* Model::Impl::linear_weight(const Linear& lin, DType dt) {
+  const Parameter& first = model.params_[lin.weight];
+  if (!first.spec.nf4) return weight(lin.weight, dt);
+  trace::Span span("compute", "dequantize_nf4");
+  ensure(ws.dequant, {dequant_numel}, dt, MemCategory::workspace);
+  int64_t at = 0;
+  for (size_t k = 0; k < lin.n_weights; ++k) {
+    const Parameter& p = model.params_[lin.weight + k];
+    backend.dequantize_nf4(p.nf4.raw(), p.spec.numel(), dt,
+                           static_cast<char*>(ws.dequant.raw()) + at * dtype_size(dt));
+    at += p.spec.numel();
+  }
+  return ws.dequant.raw();
 }
 
 void Model::Impl::ready(size_t i) {
@@ -295,7 +315,7 @@ void Model::Impl::linear_forward(const Linear& lin, DType dt, const void* x, int
                                  bool accumulate) {
   ops::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
   const float* bias = lin.bias != kNoParam ? master(lin.bias) : nullptr;
-  backend.matmul(dims, dt, x, weight(lin.weight, dt), DType::f32, y, 1.0f, accumulate, bias);
+  backend.matmul(dims, dt, x, linear_weight(lin, dt), DType::f32, y, 1.0f, accumulate, bias);
   lora_forward(lin, dt, x, rows, y);
 }
 
@@ -481,7 +501,7 @@ void Model::Impl::linear_backward_input(const Linear& lin, DType dt, const void*
                                         float* dx) {
   // dX = dY · W ([out, in]) or dY · W^T ([in, out]).
   ops::MatmulDims dims{.m = rows, .n = lin.in, .k = lin.out, .trans_b = !lin.nn_linear};
-  backend.matmul(dims, dt, dy, weight(lin.weight, dt), DType::f32, dx);
+  backend.matmul(dims, dt, dy, linear_weight(lin, dt), DType::f32, dx);
   lora_backward_input(lin, dt, dy, rows, dx);
 }
 

@@ -223,6 +223,10 @@ void ModelConfig::validate() const {
                   r.name, n_heads, n_kv_heads);
   MESHTRAIN_CHECK(!r.always_tied || tie_embeddings,
                   "model.tie_embeddings: {} always ties its output layer", r.name);
+  MESHTRAIN_CHECK(lora.quantize_base == BaseQuant::none || lora.rank >= 1,
+                  "lora.quantize_base: \"{}\" quantises the frozen base of a LoRA run; it needs "
+                  "lora.rank >= 1",
+                  base_quant_name(lora.quantize_base));
   if (lora.rank != 0 || !lora.targets.empty()) {
     MESHTRAIN_CHECK(lora.rank >= 1, "lora.rank: must be >= 1 (0 or no [lora] section: no LoRA), got {}",
                     lora.rank);
@@ -274,6 +278,15 @@ ops::RouterScore parse_router_score(std::string_view name) {
   fail("moe.score: unknown router score \"{}\" (softmax, sigmoid)", name);
 }
 
+std::string_view base_quant_name(BaseQuant quant) {
+  return quant == BaseQuant::nf4 ? "nf4" : "none";
+}
+
+BaseQuant parse_base_quant(std::string_view name) {
+  if (name == "none") return BaseQuant::none;
+  if (name == "nf4") return BaseQuant::nf4;
+  fail("lora.quantize_base: unknown quantisation \"{}\" (none, nf4)", name);
+}
 
 std::vector<std::string> lora_target_names(Family family) { return recipe(family).lora_targets; }
 

@@ -121,11 +121,20 @@ struct RopeScaling {
 // names (llama: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj;
 // gpt2: c_attn c_proj c_fc, c_proj meaning both the attention and the MLP
 // one). docs/finetune.md#lora.
+// quantize_base = nf4 (QLoRA, docs/finetune.md#qlora): the frozen weights of
+// every block linear (all the modules LoRA can target, adapted or not) are
+// held as NF4 with double quantisation (tensor/nf4.h) and dequantised into a
+// workspace before each GEMM; embeddings, norms, biases and the output layer
+// keep the run's precision (bitsandbytes' and PEFT's usual recipe).
+enum class BaseQuant { none, nf4 };
+std::string_view base_quant_name(BaseQuant quant);  // "none" | "nf4"
+BaseQuant parse_base_quant(std::string_view name);   // throws Error naming lora.quantize_base
 struct LoraConfig {
   int64_t rank = 0;
   float alpha = 16.0f;
   float dropout = 0.0f;
   std::vector<std::string> targets;  // empty: the family's default
+  BaseQuant quantize_base = BaseQuant::none;
   bool enabled() const { return rank > 0; }
   float scale() const { return alpha / static_cast<float>(rank); }
   bool operator==(const LoraConfig&) const = default;

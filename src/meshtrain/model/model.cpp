@@ -5,9 +5,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model_impl.h"
+#include "meshtrain/tensor/nf4.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/trace.h"
 
@@ -32,13 +34,16 @@ Model::Model(const ModelConfig& config, Precision precision, Backend& backend, P
   // q|k|v and gate|up stay adjacent there too).
   const DType narrow = compute_dtype(precision_);
   const bool mixed = narrow != DType::f32;
-  int64_t master_total = 0, compute_total = 0;
+  int64_t master_total = 0, compute_total = 0, nf4_words = 0;
   for (const ParamSpec& spec : specs) {
     num_params_ += spec.numel();
     if (spec.trainable) num_trainable_ += spec.numel();
     if (param_has_master(spec, precision_)) master_total += spec.numel();
-    if (spec.matmul_weight) compute_total += spec.numel();
+    if (spec.matmul_weight && !spec.nf4) compute_total += spec.numel();
+    if (spec.nf4) nf4_words += nf4_layout(spec).bytes / 4;
   }
+  // The packed NF4 base is the model's whatever the storage (ZeRO-3 refuses it).
+  if (nf4_words > 0) flat_nf4_ = backend.allocate({nf4_words}, DType::i32, MemCategory::params);
   const bool flat = storage_ == ParamStorage::flat;
   if (flat) {
     flat_master_ = backend.allocate({master_total}, DType::f32, MemCategory::params);
@@ -47,7 +52,7 @@ Model::Model(const ModelConfig& config, Precision precision, Backend& backend, P
   if (flat && mixed) {
     flat_compute_ = backend.allocate({compute_total}, narrow, MemCategory::params);
   }
-  int64_t offset = 0, master_offset = 0, grad_offset = 0, compute_offset = 0;
+  int64_t offset = 0, master_offset = 0, grad_offset = 0, compute_offset = 0, nf4_offset = 0;
   params_.reserve(specs.size());
   for (ParamSpec& spec : specs) {
     Parameter p;
@@ -57,10 +62,15 @@ Model::Model(const ModelConfig& config, Precision precision, Backend& backend, P
     if (flat) {
       if (has_master) p.master = flat_master_.view(master_offset, spec.shape);
       if (spec.trainable) p.grad = flat_grad_.view(grad_offset, spec.shape);
-      if (mixed && spec.matmul_weight) {
+      if (mixed && spec.matmul_weight && !spec.nf4) {
         p.compute = flat_compute_.view(compute_offset, spec.shape);
         compute_offset += spec.numel();
       }
+    }
+    if (spec.nf4) {
+      const int64_t words = nf4_layout(spec).bytes / 4;
+      p.nf4 = flat_nf4_.view(nf4_offset, {words});
+      nf4_offset += words;
     }
     offset += spec.numel();
     if (has_master) master_offset += spec.numel();
@@ -183,8 +193,8 @@ void Model::init_weights(uint64_t seed) {
   for (Parameter& p : params_) {
     values.resize(static_cast<size_t>(p.spec.numel()));
     init_parameter(p.spec, seed, values.data());
-    if (p.master.defined()) {
-      backend_.copy_from_host(values.data(), p.master);
+    if (p.master.defined() || p.spec.nf4) {
+      copy_master_from_host(p, values.data());
       continue;
     }
     narrow.resize(p.compute.bytes());  // a frozen compute-only weight
@@ -198,15 +208,18 @@ namespace {
 
 // The value views of state-space elements [offset, offset + count): an f32
 // master, or (a frozen mixed-precision weight) its compute copy, converted on
-// the host. to_model: copy `values` into the model, else out of it.
+// the host; an NF4 weight's runs go to `quantized` (Model::nf4_values).
+// to_model: copy `values` into the model, else out of it.
 void copy_values(Backend& backend, std::vector<Parameter>& params, int64_t total, int64_t offset,
-                 int64_t count, float* values, bool to_model) {
+                 int64_t count, float* values, bool to_model,
+                 const std::function<void(Parameter&, int64_t, int64_t, float*)>& quantized) {
   MESHTRAIN_CHECK(offset >= 0 && count >= 0 && offset + count <= total,
                   "model: state range [{}, {}) outside {} elements", offset, offset + count,
                   total);
   if (!to_model) backend.synchronize();
   std::vector<char> narrow;
   for_each_state_run(params, offset, count, [&](Parameter& p, int64_t at, int64_t n, int64_t pos) {
+    if (p.spec.nf4) return quantized(p, at, n, values + pos);
     const Tensor& value = p.master.defined() ? p.master : p.compute;
     const Tensor run = value.view(at, {n});
     if (value.dtype() == DType::f32) {
@@ -232,21 +245,44 @@ void copy_values(Backend& backend, std::vector<Parameter>& params, int64_t total
 
 void Model::read_values(int64_t offset, int64_t count, float* out) {
   require_flat("read_values");
-  copy_values(backend_, params_, num_params_, offset, count, out, false);
+  std::vector<float> whole;
+  copy_values(backend_, params_, num_params_, offset, count, out, false,
+              [&](Parameter& p, int64_t at, int64_t n, float* values) {
+                whole.resize(static_cast<size_t>(p.spec.numel()));
+                copy_master_to_host(p, whole.data());
+                std::copy_n(whole.begin() + at, n, values);
+              });
 }
 
 void Model::write_values(int64_t offset, int64_t count, const float* in) {
   require_flat("write_values");
-  copy_values(backend_, params_, num_params_, offset, count, const_cast<float*>(in), true);
+  copy_values(backend_, params_, num_params_, offset, count, const_cast<float*>(in), true,
+              [&](Parameter& p, int64_t at, int64_t n, float* values) {
+                // Quantised once the whole tensor has arrived (loaders write
+                // each element once, in pieces).
+                NF4Staging& s = nf4_staging_[p.offset];
+                s.values.resize(static_cast<size_t>(p.spec.numel()));
+                std::copy_n(values, n, s.values.begin() + at);
+                s.written += n;
+                if (s.written < p.spec.numel()) return;
+                copy_master_from_host(p, s.values.data());
+                nf4_staging_.erase(p.offset);
+              });
 }
 
 void Model::copy_master_to_host(const Parameter& p, float* dst) const {
   backend_.synchronize();
-  backend_.copy_to_host(p.master, dst);
+  if (!p.spec.nf4) return backend_.copy_to_host(p.master, dst);
+  std::vector<uint8_t> packed(p.nf4.bytes());
+  backend_.copy_to_host(p.nf4, packed.data());
+  nf4::dequantize(packed, {dst, static_cast<size_t>(p.spec.numel())});
 }
 
 void Model::copy_master_from_host(Parameter& p, const float* src) {
-  backend_.copy_from_host(src, p.master);
+  if (!p.spec.nf4) return backend_.copy_from_host(src, p.master);
+  std::vector<uint8_t> packed(p.nf4.bytes());
+  nf4::quantize({src, static_cast<size_t>(p.spec.numel())}, packed);
+  backend_.copy_from_host(packed.data(), p.nf4);
 }
 
 void Model::add_to_master(Parameter& p, std::span<const float> delta) {

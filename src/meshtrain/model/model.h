@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -138,6 +139,7 @@ class Model {
   Tensor& flat_master();  // flat storage only
   Tensor& flat_grad();    // flat storage only
   int64_t num_params() const { return num_params_; }  // this rank's (tp slices)
+  bool holds_nf4() const { return flat_nf4_.defined(); }  // QLoRA: some weights are NF4
   // Of those, the trainable ones (the flat grad buffer's size; all without LoRA).
   int64_t num_trainable() const { return num_trainable_; }
   // The f32 values of state-space elements [offset, offset + count)
@@ -149,6 +151,8 @@ class Model {
   // The f32 master weights of `p` to / from host memory (p.spec.numel()
   // floats) through the backend: how importers and exporters reach the
   // weights, whatever device holds them. After writing, sync_compute_weights.
+  // An NF4 weight (ParamSpec::nf4) reads as its dequantised values and is
+  // quantised on writing.
   void copy_master_to_host(const Parameter& p, float* dst) const;
   void copy_master_from_host(Parameter& p, const float* src);
   // p's master values += delta (p.spec.numel() floats), through the host; an
@@ -300,6 +304,14 @@ class Model {
   std::vector<ParamUnit> units_;
   int64_t num_params_ = 0, num_trainable_ = 0;
   Tensor flat_master_, flat_grad_, flat_compute_;
+  Tensor flat_nf4_;  // the packed NF4 weights (ParamSpec::nf4), bytes in i32 words
+  // write_values of an NF4 weight: its values gathered until all have arrived
+  // (by Parameter::offset).
+  struct NF4Staging {
+    std::vector<float> values;
+    int64_t written = 0;
+  };
+  std::map<int64_t, NF4Staging> nf4_staging_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -172,6 +172,7 @@ struct Workspace {
   Tensor lora_mask;  // f32 [N, in]: an adapter's dropout factors (0 or 1 / (1 - p))
   Tensor lora_x32;   // f32 [N, in]: its dropped input, or d(input) before the mask
   Tensor lora_x;     // dt [N, in]: the dropped input in the compute dtype (mixed precision)
+  Tensor dequant;    // dt [out, in]: QLoRA: one Linear's NF4 weights, dequantised for its GEMM
   // The pass's ids in device memory, uploaded from the caller's host arrays
   // when an op reads them (Impl::upload): i32 [N].
   Tensor tokens, targets, positions;
@@ -209,6 +210,9 @@ struct Model::Impl {
   bool trains(size_t i) const { return model.params_[i].spec.trainable; }
   // The GEMM operand for dtype dt: the bf16 / f16 compute copy or the f32 master.
   const void* weight(size_t i, DType dt) const;
+  // A Linear's weights (all lin.n_weights of them) in dt: weight(), or NF4
+  // weights dequantised into ws.dequant (valid until the next call).
+  const void* linear_weight(const Linear& lin, DType dt);
   // Reports a complete gradient; checks reverse registry order.
   void ready(size_t i);
   // Fire unit_hooks (external storage: before() then checks the unit's views).
@@ -403,6 +407,7 @@ struct Model::Impl {
   const ExpertParallel& ep;
   bool sp = false;                           // sequence parallel (and tp > 1)
   int64_t heads = 0, kv_heads = 0, hidden = 0;  // this rank's
+  int64_t dequant_numel = 0;  // QLoRA: the widest NF4 Linear (ws.dequant's size)
   int64_t vocab_rows = 0, vocab_begin = 0, vocab_valid = 0;  // its vocabulary slice
   std::vector<std::pair<size_t, int64_t>> pending_norm_grads;  // (param, offset in ws.norm_grads)
   bool has_rope = false;

@@ -14,8 +14,17 @@ DType param_compute_dtype(const ParamSpec& spec, Precision precision) {
   return spec.matmul_weight ? compute_dtype(precision) : DType::f32;
 }
 
+nf4::Layout nf4_layout(const ParamSpec& spec) {
+  MESHTRAIN_CHECK_AS(ErrorKind::config, spec.numel() % nf4::kBlock == 0,
+                     "lora.quantize_base = \"nf4\": '{}' holds {} elements on this rank, not a "
+                     "multiple of the NF4 block ({}); choose dimensions (and a tp degree) that keep "
+                     "each rank's slice whole blocks",
+                     spec.name, spec.numel(), nf4::kBlock);
+  return nf4::layout(spec.numel());
+}
+
 bool param_has_master(const ParamSpec& spec, Precision precision) {
-  return spec.trainable || param_compute_dtype(spec, precision) == DType::f32;
+  return spec.trainable || (!spec.nf4 && param_compute_dtype(spec, precision) == DType::f32);
 }
 
 std::string block_param_prefix(Family family, int64_t layer) {
@@ -105,6 +114,7 @@ class Registry {
   // variance, 1 / (3 in); B: zeros (step 0 is the base model).
   void adapter(const std::string& module, const char* target, int64_t in, int64_t out,
                bool column_parallel, int parts = 1) {
+    linear_modules_.push_back(module);
     if (std::find(targets_.begin(), targets_.end(), target) == targets_.end()) return;
     const int64_t r = config_.lora.rank;
     ParamSpec a;
@@ -141,9 +151,16 @@ class Registry {
   }
   void frozen() { specs_.back().trainable = false; }
   // With LoRA on: every parameter but the adapters frozen.
+  // QLoRA: the weights of every block linear (adapted or not) held as NF4.
   void freeze_base() {
     if (!config_.lora.enabled()) return;
     for (ParamSpec& spec : specs_) spec.trainable = spec.lora_adapter;
+    if (config_.lora.quantize_base != BaseQuant::nf4) return;
+    for (ParamSpec& spec : specs_) {
+      spec.nf4 = std::find_if(linear_modules_.begin(), linear_modules_.end(),
+                              [&](const std::string& m) { return spec.name == m + ".weight"; }) !=
+                 linear_modules_.end();
+    }
   }
 
   std::vector<ParamSpec> take_specs() { return std::move(specs_); }
@@ -179,6 +196,7 @@ class Registry {
   static constexpr SplitKind rows = SplitKind::rows, cols = SplitKind::cols;
   const ModelConfig& config_;
   std::vector<std::string> targets_ = lora_targets(config_.lora, config_.family);
+  std::vector<std::string> linear_modules_;  // every block linear, "<prefix><module>"
   int tp_rank_ = 0, tp_size_ = 1, ep_rank_ = 0, ep_size_ = 1;
   std::vector<ParamSpec> specs_;
   std::vector<ParamUnit> units_;

@@ -14,6 +14,7 @@
 
 #include "meshtrain/model/config.h"
 #include "meshtrain/parallel/tensor/split.h"
+#include "meshtrain/tensor/nf4.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain {
@@ -50,15 +51,24 @@ struct ParamSpec {
   // matmul weights) no f32 master, only its compute copy.
   bool trainable = true;
   bool lora_adapter = false;  // a LoRA A or B matrix ("<module>.lora_A.weight")
+  // QLoRA (lora.quantize_base = nf4): a frozen block linear's weight held as
+  // NF4 (Parameter::nf4), neither master nor compute copy. Not checkpoint
+  // state: it is rebuilt from the run's start (init, train.init_from).
+  bool nf4 = false;
   int64_t numel() const { return shape_numel(shape); }
 };
 
 // The dtype the model computes with: compute_dtype(precision) for matmul weights in bf16 / fp16
-// precision (read from Parameter::compute), else f32 (read from master).
+// precision (read from Parameter::compute, or an NF4 weight dequantised to it), else f32 (read
+// from master).
 DType param_compute_dtype(const ParamSpec& spec, Precision precision);
 // Whether the parameter has an f32 master copy: trainable ones always, frozen
 // ones only when they compute in f32 (a frozen bf16 weight is its bf16 copy).
 bool param_has_master(const ParamSpec& spec, Precision precision);
+
+// An NF4 weight's packed layout (its rank's slice); throws a config Error
+// naming it unless that slice is whole NF4 blocks.
+nf4::Layout nf4_layout(const ParamSpec& spec);
 
 struct Parameter {
   ParamSpec spec;
@@ -72,6 +82,7 @@ struct Parameter {
   Tensor master;       // f32 view into the flat master buffer
   Tensor grad;         // f32 view into the flat grad buffer
   Tensor compute;      // bf16 / f16 view (mixed precision, matmul weights only); else undefined
+  Tensor nf4;          // spec.nf4: its packed bytes (nf4::Layout), held in an i32 tensor
 };
 
 // fn(param, first element in it, element count, position in the range) for

@@ -10,6 +10,12 @@ layout::ShardMap params_shard_map(const std::vector<ParamSpec>& specs, int tp_ra
   int64_t offset = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& spec = specs[i];
+    // An NF4 base weight is not state: a run rebuilds it as it started
+    // (init, then train.init_from), exactly, so checkpoints leave it out.
+    if (spec.nf4) {
+      offset += spec.numel();
+      continue;
+    }
     // Replicated over tp: tp rank 0 writes it (routed experts too: their
     // split is over ep); a tied output layer on the last stage: the first
     // stage writes it.

@@ -40,7 +40,7 @@ void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, 
   const int64_t d = cfg.dim, srows = shard_rows(rows);
   ensure(ws.partial, {rows, d}, DType::f32, MemCategory::workspace);
   ops::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
-  backend.matmul(dims, dt, in, weight(lin.weight, dt), DType::f32, ws.partial.data<float>());
+  backend.matmul(dims, dt, in, linear_weight(lin, dt), DType::f32, ws.partial.data<float>());
   lora_forward(lin, dt, in, rows, ws.partial.data<float>());  // added on tp rank 0 only
   const float* sum = ws.partial.data<float>();
   if (sp) {

@@ -248,6 +248,25 @@ void apply_init_from_model(TrainConfig& config, const std::string& from) {
   config.model_preset.clear();
 }
 
+namespace {
+
+// A QLoRA checkpoint holds no NF4 base (ParamSpec::nf4): it is rebuilt as the
+// run started it, from the seed and then train.init_from's weights.
+void rebuild_nf4_base(Model& model, const TrainSettings& run, Backend& backend) {
+  model.init_weights(run.seed);
+  if (run.init_from.empty()) return;
+  const std::unique_ptr<Model> base = load_model_dir(run.init_from, Precision::fp32, backend);
+  std::vector<float> values;
+  for (Parameter& p : model.params()) {
+    if (!p.spec.nf4) continue;
+    values.resize(static_cast<size_t>(p.spec.numel()));
+    base->copy_master_to_host(base->param(p.spec.name), values.data());
+    model.copy_master_from_host(p, values.data());
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
                                       Backend& backend) {
   fs::path root(dir);
@@ -256,6 +275,7 @@ std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precisio
     TrainConfig config;
     read_train_state(dir, &config);
     auto model = std::make_unique<Model>(config.model, precision, backend);
+    if (model->holds_nf4()) rebuild_nf4_base(*model, config.train, backend);
     if (dist_ckpt::is_sharded_checkpoint(dir)) {
       MasterOnly master(*model);
       dist_ckpt::load_checkpoint(dir, layout::master_weights_only(model->shard_map()), master,

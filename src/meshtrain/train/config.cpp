@@ -91,6 +91,7 @@ constexpr KeySpec kKeys[] = {
     {"guard", "max_rollbacks", Kind::integer},
     {"lora", "rank", Kind::integer},          {"lora", "alpha", Kind::number},
     {"lora", "dropout", Kind::number},        {"lora", "targets", Kind::string_list},
+    {"lora", "quantize_base", Kind::string},
     {"moe", "experts", Kind::integer},        {"moe", "top_k", Kind::integer},
     {"moe", "hidden_dim", Kind::integer},     {"moe", "score", Kind::string},
     {"moe", "renormalize", Kind::boolean},    {"moe", "scaling", Kind::number},
@@ -657,8 +658,19 @@ void read_lora(const Section& s, ModelConfig& m) {
   s.read("alpha", l.alpha);
   s.read("dropout", l.dropout);
   s.read("targets", l.targets);
+  std::string quant(base_quant_name(l.quantize_base));
+  s.read("quantize_base", quant);
+  try {
+    l.quantize_base = parse_base_quant(quant);
+  } catch (const Error& e) {
+    fail("config: {}", e.what());
+  }
   check_min<int64_t>("lora.rank", l.rank, 0);
   if (l.rank == 0) {
+    MESHTRAIN_CHECK(l.quantize_base == BaseQuant::none,
+                    "config: lora.quantize_base = \"{}\" quantises the frozen base of a LoRA "
+                    "run; it needs lora.rank >= 1",
+                    quant);
     MESHTRAIN_CHECK(!s.has("alpha") && !s.has("dropout") && !s.has("targets"),
                     "config: [lora] needs lora.rank >= 1 (0 or no [lora] section: no LoRA)");
     return;
@@ -756,6 +768,11 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
                   "parallel.offload = \"none\", or parallel.zero <= 2)",
                   c.model.lora.rank, c.parallel.offload);
+  MESHTRAIN_CHECK(c.model.lora.quantize_base == BaseQuant::none || c.parallel.zero == 0,
+                  "config: lora.quantize_base = \"{}\" with parallel.zero = {}: ZeRO's flats "
+                  "do not hold the packed NF4 base yet (use parallel.zero = 0: the adapters' "
+                  "optimizer state is small, and the packed base ~0.56 byte per parameter)",
+                  base_quant_name(c.model.lora.quantize_base), c.parallel.zero);
   MESHTRAIN_CHECK(c.model.lora.dropout == 0.0f || c.parallel.pp == 1,
                   "config: lora.dropout = {} with parallel.pp = {}: adapter dropout under "
                   "pipeline parallelism is not implemented yet (use lora.dropout = 0)",
@@ -882,7 +899,8 @@ toml::table to_table(const TrainConfig& c) {
     out.insert("lora", toml::table{{"rank", m.lora.rank},
                                    {"alpha", exact(m.lora.alpha)},
                                    {"dropout", exact(m.lora.dropout)},
-                                   {"targets", std::move(targets)}});
+                                   {"targets", std::move(targets)},
+                                   {"quantize_base", std::string(base_quant_name(m.lora.quantize_base))}});
   }
   if (const MoeConfig& e = m.moe; e.enabled()) {
     out.insert("moe", toml::table{{"experts", e.experts},

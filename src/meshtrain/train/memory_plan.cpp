@@ -242,6 +242,7 @@ struct BlockGemm {
     bool row_parallel = false;
   };
   std::vector<Adapter> lora;
+  bool nf4 = false;  // QLoRA: its weights are dequantised into ws.dequant first
 };
 
 const ParamSpec* find_spec(const StageParams& held, const std::string& name) {
@@ -277,6 +278,7 @@ std::vector<BlockGemm> block_gemms(const TrainConfig& config, const LocalShape& 
       if (w == nullptr && config.model.moe.is_moe_layer(layer)) continue;  // only MoE blocks held
       MESHTRAIN_CHECK(w != nullptr, "plan: registry has no '{}{}.weight'", prefix, module);
       gemms[g].trains = w->trainable;
+      gemms[g].nf4 = w->nf4;
       const ParamSpec* a = find_spec(held, prefix + module + ".lora_A.weight");
       const ParamSpec* b = find_spec(held, prefix + module + ".lora_B.weight");
       if (a != nullptr && b != nullptr) gemms[g].lora.push_back({b->shape[0], a->split.split()});
@@ -347,7 +349,12 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
     w += s.e * s.n * r + (row_parallel ? 4 * s.n * r : 0) + 3 * 4 * s.n * r + (bf16 ? s.e * s.n * r : 0);
     if (config.model.lora.dropout > 0) w += (8 + (bf16 ? s.e : 0)) * s.n * lora_in;
   }
-  return w + rope_table_bytes(config.model);
+  // QLoRA: the widest GEMM's weights dequantised (ws.dequant).
+  double dequant = 0;
+  for (const BlockGemm& g : gemms) {
+    if (g.nf4) dequant = std::max(dequant, s.e * static_cast<double>(g.in * g.out));
+  }
+  return w + dequant + rope_table_bytes(config.model);
 }
 
 // The ids a pass uploads to the device (model_impl.h Workspace tokens,
@@ -700,13 +707,15 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   // Model state: the flat buffers (Model, AdamW) or ZeRO's padded shards.
   const Precision precision = config.train.precision;
   // elements: trainable (LoRA: the adapters), with an f32 master; bytes of
-  // the 16-bit compute copies.
+  // the 16-bit compute copies and of QLoRA's packed NF4 weights.
   double trainable = 0, masters = 0, compute_copies = 0;
   for (const ParamSpec& spec : held.specs) {
     if (spec.trainable) trainable += static_cast<double>(spec.numel());
     if (param_has_master(spec, precision)) masters += static_cast<double>(spec.numel());
     const DType dtype = param_compute_dtype(spec, precision);
-    if (dtype != DType::f32) {
+    if (spec.nf4) {
+      compute_copies += static_cast<double>(nf4_layout(spec).bytes);
+    } else if (dtype != DType::f32) {
       compute_copies += static_cast<double>(spec.numel()) * static_cast<double>(dtype_size(dtype));
     }
   }

@@ -124,6 +124,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);
   gates_ = make_update_gates(config_, mesh != nullptr ? &mesh->world() : nullptr);
+  auto start_weights = [&] {
+    dp_->init_weights(t.seed);
+    if (!t.init_from.empty()) checkpointer_->load_weights(t.init_from, *backend_);
+  };
+  // A QLoRA run's NF4 base is not checkpoint state (ParamSpec::nf4): rebuilt
+  // as the run started, exactly, before a resume's load fills in the rest.
+  if (!resumed_from_.empty() && model_->holds_nf4()) start_weights();
   if (!resumed_from_.empty() && options_.resume_dir == "auto") {
     // Checksums are computed while loading: a corrupt file falls back to the
     // next candidate (every rank agreeing), none left to a fresh start.
@@ -151,8 +158,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     checkpointer_->load(resumed_from_);
   }
   if (resumed_from_.empty()) {
-    dp_->init_weights(t.seed);
-    if (!t.init_from.empty()) checkpointer_->load_weights(t.init_from, *backend_);
+    start_weights();
   } else {
     load_ms = checkpointer_->last_load_seconds() * 1e3;
     dp_->set_step_count(resumed.optimizer_step);

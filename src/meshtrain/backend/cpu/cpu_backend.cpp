@@ -13,6 +13,7 @@
 #include "meshtrain/backend/cpu/embedding.h"
 #include "meshtrain/backend/cpu/matmul.h"
 #include "meshtrain/backend/cpu/norm.h"
+#include "meshtrain/backend/cpu/quant.h"
 #include "meshtrain/backend/cpu/router.h"
 #include "meshtrain/util/error.h"
 
@@ -263,6 +264,10 @@ void CpuBackend::embedding_backward(const ops::EmbeddingDims& dims, const int32_
 
 double CpuBackend::fused_classifier(const ops::ClassifierArgs& args) {
   return cpu::fused_classifier(ctx_, args);
+}
+
+void CpuBackend::dequantize_nf4(const void* packed, int64_t n, DType to, void* y) {
+  cpu::dequantize_nf4(static_cast<const uint8_t*>(packed), n, to, y);
 }
 
 void CpuBackend::router_forward(const ops::RouterDims& dims, const float* logits, float* probs,

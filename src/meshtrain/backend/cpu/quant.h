@@ -1,0 +1,12 @@
+// Quantised weights on the CPU: NF4 dequantisation (tensor/nf4.h).
+#pragma once
+
+#include <cstdint>
+
+#include "meshtrain/tensor/dtype.h"
+
+namespace meshtrain::cpu {
+
+void dequantize_nf4(const uint8_t* packed, int64_t n, DType to, void* y);
+
+}  // namespace meshtrain::cpu
