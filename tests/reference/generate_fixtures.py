@@ -15,6 +15,13 @@ For each case (llama_gqa, gpt2):
                                 and grad/<adapter> (base frozen); the same with adapter
                                 dropout under dropout/ (and dropout/samples, the rows' sample
                                 indices); __metadata__ rank, alpha, targets, dropout settings.
+  <case>.qlora.safetensors      QLoRA (lora.quantize_base = nf4): the same adapters on the
+                                base whose block linears (every module LoRA can target) are
+                                their NF4 round trip (tests/tensor/nf4_reference.py: quantise
+                                the f32 weight, dequantise in f32): nf4/<name> those values
+                                (F32), nf4_packed/<name> the packed bytes (I32 words, little
+                                endian), the loss and grad/<adapter> with them (float64);
+                                __metadata__ rank, alpha, targets, quantize_base.
 moe_<case>.weights.safetensors / .reference.safetensors: Llamas with mixture-of-experts
 feed-forwards (MOE_CASES; __metadata__ "moe" = the [moe] settings as JSON): tokens, targets,
 logits, loss (cross-entropy), aux (the auxiliary losses' sum, coefficients applied) and
@@ -27,12 +34,18 @@ import argparse
 import json
 import os
 import struct
+import sys
 
 import numpy as np
 import torch
 
 import reference_model as ref
 import stfile
+
+# NF4 with double quantisation, from its definition (tests/tensor/nf4_reference.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tensor"))
+import nf4_reference as nf4  # noqa: E402
 
 CASES = {
     # GQA, untied, head_dim 8, a hidden size and vocab that are not multiples of 16.
@@ -184,6 +197,14 @@ LORA = {"llama_gqa": dict(rank=4, alpha=8.0, targets=["q_proj", "k_proj", "v_pro
 LORA_DROPOUT = dict(p=0.25, seed=5, step=3, samples=[17, 4])
 
 
+def lora_adapters(c, spec, seed):
+    """The case's adapters (float64 holding f32 values), registry order."""
+    g = torch.Generator().manual_seed(seed + 7)
+    return {k: (0.1 * torch.randn(shape, generator=g, dtype=torch.float64)).to(torch.float32)
+            .to(torch.float64) for k, shape in ref.lora_shapes(c, spec["rank"],
+                                                             spec["targets"]).items()}
+
+
 def lora_case(name, c, out_dir, seed):
     """<case>.lora.safetensors: adapters of the case's base weights (same tokens as the
     reference), the mean loss and the gradients of the adapters only (the base is frozen)."""
@@ -192,10 +213,7 @@ def lora_case(name, c, out_dir, seed):
     tokens = torch.from_numpy(ref_file["tokens"].astype(np.int64))
     targets = torch.from_numpy(ref_file["targets"].astype(np.int64))
     spec = LORA[name]
-    g = torch.Generator().manual_seed(seed + 7)
-    adapters = {k: (0.1 * torch.randn(shape, generator=g, dtype=torch.float64)).to(torch.float32)
-                .to(torch.float64) for k, shape in ref.lora_shapes(c, spec["rank"],
-                                                                 spec["targets"]).items()}
+    adapters = lora_adapters(c, spec, seed)
     scale = spec["alpha"] / spec["rank"]
     tensors = {k: f32(v) for k, v in adapters.items()}
     # Without dropout, then with LORA_DROPOUT's mask (keyed by sample index and position).
@@ -218,6 +236,63 @@ def lora_case(name, c, out_dir, seed):
             "dropout_seed": str(drop["seed"]), "dropout_step": str(drop["step"])}
     stfile.write(os.path.join(out_dir, f"{name}.lora.safetensors"), tensors, meta)
     print(f"{name} lora: loss {loss.item():.6f}, {len(adapters)} adapter tensors")
+
+
+# QLoRA: the weights lora.quantize_base = nf4 stores as NF4 are those of every module LoRA
+# can target (adapted or not).
+LORA_MODULES = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                          "down_proj"],
+                "gpt2": ["c_attn", "c_proj", "c_fc"]}
+
+
+def nf4_round_trip(x):
+    """x (f32 values, any shape) -> (NF4 dequantised values as float64 of the f32 results,
+    packed bytes): quantised flattened row-major, dequantised in f32, as meshtrain does."""
+    levels, dyn = nf4.definition_tables()
+    flat = x.to(torch.float32).reshape(-1).contiguous()
+    packed = nf4.quantize(flat, levels, dyn)["bytes"]
+    values = nf4.dequantize_f32(nf4.unpack(packed, flat.numel()), levels, dyn)
+    return values.reshape(x.shape).to(torch.float64), packed
+
+
+def qlora_case(name, c, out_dir, seed):
+    """<case>.qlora.safetensors: lora_case's adapters on the case's base weights with every
+    block linear replaced by its NF4 round trip; the mean loss and the adapters' gradients."""
+    P0 = init_weights(c, seed)
+    ref_file = stfile.read(os.path.join(out_dir, f"{name}.reference.safetensors"))[0]
+    tokens = torch.from_numpy(ref_file["tokens"].astype(np.int64))
+    targets = torch.from_numpy(ref_file["targets"].astype(np.int64))
+    spec = LORA[name]
+    adapters = lora_adapters(c, spec, seed)
+    scale = spec["alpha"] / spec["rank"]
+    modules = {k[:-len(".lora_A.weight")] + ".weight"
+               for k in ref.lora_shapes(c, 1, LORA_MODULES[c.family]) if k.endswith("lora_A.weight")}
+    P = {k: v.clone() for k, v in P0.items()}
+    tensors = {k: f32(v) for k, v in adapters.items()}
+    worst = 0.0
+    for k in P0:  # registry order
+        if k not in modules:
+            continue
+        assert P0[k].numel() % nf4.BLOCK == 0, \
+            f"{name}: {k} has {P0[k].numel()} elements, not whole NF4 blocks of {nf4.BLOCK}"
+        P[k], packed = nf4_round_trip(P0[k])
+        tensors["nf4/" + k] = f32(P[k])
+        tensors["nf4_packed/" + k] = np.frombuffer(packed, dtype="<i4").copy()
+        worst = max(worst, ((P[k] - P0[k]).norm() / P0[k].norm()).item())
+    assert len(modules) == sum(1 for k in tensors if k.startswith("nf4/")), "a module is missing"
+    P.update({k: v.clone().requires_grad_(True) for k, v in adapters.items()})
+    out = ref.logits(P, c, tokens, lora_scale=scale)
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, c.vocab_size), targets.reshape(-1))
+    loss.backward()
+    tensors["loss"] = np.array([loss.item()])
+    for k in adapters:
+        tensors["grad/" + k] = f32(P[k].grad)
+    meta = {"rank": str(spec["rank"]), "alpha": repr(spec["alpha"]),
+            "targets": ",".join(spec["targets"]), "quantize_base": "nf4",
+            "block": str(nf4.BLOCK), "scale_block": str(nf4.SCALE_BLOCK)}
+    stfile.write(os.path.join(out_dir, f"{name}.qlora.safetensors"), tensors, meta)
+    print(f"{name} qlora: loss {loss.item():.6f}, {len(modules)} NF4 weights "
+          f"(round trip rel. error <= {worst:.3f})")
 
 
 # Mixtures of experts on the llama_gqa shape: Mixtral's routing, Qwen2-MoE's (no
@@ -401,6 +476,7 @@ def main():
     for seed, (name, c) in enumerate(CASES.items()):
         model_case(name, c, args.out, 1000 + 10 * seed)
         lora_case(name, c, args.out, 1000 + 10 * seed)
+        qlora_case(name, c, args.out, 1000 + 10 * seed)
     for seed, (name, m) in enumerate(MOE_CASES.items()):
         moe_case(name, m, args.out, 2000 + 10 * seed)
     stories_case(args.stories, args.out)

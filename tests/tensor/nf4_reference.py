@@ -123,6 +123,15 @@ def linspace_formula(steps, fused):
     return torch.from_numpy(np.array(out, dtype=np.float32))
 
 
+def definition_tables():
+    """(NF4 levels, dynamic map), f32: the tables of the definition, which the C++ tables must
+    equal bit for bit (create_normal_map's f32 arithmetic; create_dynamic_map with torch 2's
+    fused linspace). Importable: tests/reference/generate_fixtures.py quantises with them."""
+    levels = normal_map_f32_as_bitsandbytes()
+    levels = torch.cat([levels[:7], torch.zeros(1), levels[-8:]])  # the 241 padding zeros out
+    return levels, dynamic_map_f32(lambda steps: linspace_formula(steps, fused=True))
+
+
 def midpoints(code):
     return (code[:-1] + code[1:]) / 2  # f32, as bitsandbytes' bounds
 
@@ -291,8 +300,7 @@ def check_tables(directory, index):
     worst = max(abs(float(a) - b) for a, b in zip(cpp_levels, ref))
     if len(cpp_levels) != 16 or worst > 1e-7:
         problems.append(f"NF4 levels differ from the normal quantiles by {worst:.3e} (> 1e-7)")
-    levels = normal_map_f32_as_bitsandbytes()
-    levels = torch.cat([levels[:7], torch.zeros(1), levels[-8:]])  # the 241 padding zeros out
+    levels, fused = definition_tables()
     exact = np.array_equal(levels.numpy().view(np.uint32), cpp_levels.view(np.uint32))
     print(f"tables: NF4 levels within {worst:.2e} of create_normal_map in float64; "
           f"create_normal_map's f32 arithmetic gives the C++ table "
@@ -303,7 +311,6 @@ def check_tables(directory, index):
     # The dynamic map: this torch's linspace (the definition), and torch's kernel written out.
     by_torch = dynamic_map_f32()
     rounded = dynamic_map_f32(lambda steps: linspace_formula(steps, fused=False))
-    fused = dynamic_map_f32(lambda steps: linspace_formula(steps, fused=True))
 
     def differ(a, b):
         return int((a.numpy().view(np.uint32) != np.asarray(b).view(np.uint32)).sum())

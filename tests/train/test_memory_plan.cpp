@@ -14,6 +14,8 @@
 
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/model/config.h"
+#include "meshtrain/tensor/nf4.h"
+#include "meshtrain/plan/finetune.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/plan/models.h"
 #include "meshtrain/train/memory_check.h"
@@ -153,6 +155,34 @@ TEST_F(MemoryPlanTest, TrainerPeaksMatchThePrediction) {
                 trainer.memory_plan()[0].at(MemCategory::activations));
       EXPECT_EQ(j["basis"]["workspace"], "exact");
     }
+  }
+}
+
+// QLoRA (lora.quantize_base = nf4): the packed base in params, its
+// dequantisation workspace, in bf16 and fp32, with and without recompute;
+// and the packed bytes per base parameter are the planner's NF4 figure.
+TEST_F(MemoryPlanTest, QloraPeaksMatchThePredictionAndThePlannersBytes) {
+  for (const char* precision : {"bf16", "fp32"}) {
+    for (const char* mode : {"none", "full"}) {
+      const std::string out = fmt::format("qlora_{}_{}", precision, mode);
+      const TrainConfig c = config("llama", {{"train.precision", precision},
+                                             {"train.recompute", mode},
+                                             {"train.out_dir", dir_ + "/" + out},
+                                             {"lora.rank", "4"},
+                                             {"lora.quantize_base", "nf4"}});
+      SCOPED_TRACE(out);
+      TrainerOptions options;
+      options.console = false;
+      Trainer trainer(c, options);
+      trainer.run();
+      testing::expect_memory_matches(trainer.memory_plan().at(0), trainer.tracker().snapshot(), out);
+    }
+  }
+  // Whole-model sizes: 4 bits, a u8 code per 64 and an f32 scale per 256 of those (the
+  // planner's 4.127 bits), plus one f32 offset per tensor.
+  for (const int64_t n : {int64_t{4096} * 4096, int64_t{4096} * 11008, int64_t{5120} * 13824}) {
+    const double bytes = static_cast<double>(nf4::layout(n).bytes);
+    EXPECT_NEAR(bytes / static_cast<double>(n), plan::kNf4DoubleQuantBits / 8, 1e-6) << n;
   }
 }
 

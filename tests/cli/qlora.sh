@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# QLoRA end to end (lora.quantize_base = "nf4"): a base trained here and exported as a Hugging
+# Face directory, then SFT with [lora] on its NF4-quantised base.
+#  1. the loss falls; the checkpoint holds no NF4 base tensor (it is rebuilt from init_from);
+#  2. a run resumed from its step-3 checkpoint writes a step-6 checkpoint identical byte for byte
+#     to the uninterrupted run's;
+#  3. dp 2 and pp 2 give the one-rank losses (to 1e-12); tp 2 within 1e-2 (each rank quantises
+#     its own slice: the same blocks and codes, but its own second-level scales);
+#  4. exports: --merge-lora equals --base-only plus the PEFT adapter's delta (B A · alpha/r),
+#     and samples the same greedy tokens as the checkpoint; with bitsandbytes (HF_PYTHON),
+#     the base-only export is bitsandbytes' own quantisation of the HF base, dequantised;
+#  5. bad input: one line naming the key, exit 1.
+# usage: qlora.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR FIXTURES HF_PYTHON
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../support/cli_common.sh" "$@"
+rest=("${@:$#-1}")
+fixtures=${rest[0]} hf_py=${rest[1]}
+rm -rf "$work" && mkdir -p "$work"
+
+common() {  # common OUT_DIR: the run's settings
+  cat <<TOML
+[train]
+steps = 6
+batch_size = 4
+seq_len = 128
+eval_interval = 0
+checkpoint_interval = 3
+peak_flops = 1e11
+precision = "bf16"
+init_from = "$work/hf"
+out_dir = "$1"
+[optim]
+lr = 3e-2
+warmup_steps = 0
+[data]
+format = "sft-jsonl"
+tokenizer = "bytes"
+sft_pack = true
+train = "$fixtures/sft_tiny.jsonl"
+[lora]
+rank = 4
+alpha = 8
+targets = ["q_proj", "v_proj", "down_proj"]
+quantize_base = "nf4"
+TOML
+}
+losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1"; }
+
+cat >"$work/base.toml" <<TOML
+[model]
+preset = "llama-tiny"
+[train]
+steps = 2
+batch_size = 4
+seq_len = 128
+eval_interval = 0
+peak_flops = 1e11
+out_dir = "$work/base"
+[data]
+format = "sft-jsonl"
+tokenizer = "bytes"
+train = "$fixtures/sft_tiny.jsonl"
+TOML
+"$bin" train --config "$work/base.toml" >/dev/null
+"$bin" ckpt export --format hf --checkpoint "$work/base/step_2" --out "$work/hf" >/dev/null
+
+# 1. One rank.
+common "$work/one" >"$work/one.toml"
+"$bin" train --config "$work/one.toml" >/dev/null
+read -ra one <<<"$(losses "$work/one/metrics.jsonl")"
+python3 -c "import sys; l = [float(x) for x in sys.argv[1:]]; assert len(l) == 6 and l[-1] < l[0], l; print(f'qlora: loss {l[0]:.4f} -> {l[-1]:.4f}')" "${one[@]}"
+python3 - "$work/one/step_6/manifest.json" <<'PY'
+import json, sys
+names = json.dumps(json.load(open(sys.argv[1])))
+assert "q_proj.weight" not in names and "down_proj.weight" not in names, "an NF4 base tensor was saved"
+assert "q_proj.lora_A.weight" in names and "embed_tokens.weight" in names
+print("checkpoint: adapters and the unquantised tensors, no NF4 base")
+PY
+
+# 2. Resume from step 3: the same step-6 checkpoint, byte for byte.
+mkdir -p "$work/resumed" && cp -r "$work/one/step_3" "$work/resumed/"
+common "$work/resumed" >"$work/resumed.toml"
+"$bin" train --config "$work/resumed.toml" --resume "$work/resumed/step_3" >/dev/null
+cmp "$work/one/step_6/rank_0.safetensors" "$work/resumed/step_6/rank_0.safetensors" ||
+  fail "the resumed run's step-6 state differs"
+echo "resume: step 6 identical byte for byte"
+
+# 3. Layouts.
+for layout in "dp 1 1 1e-12" "pp 1 2 1e-12" "tp 2 1 1e-2"; do
+  read -r name tp pp tol <<<"$layout"
+  { common "$work/$name"; printf '[parallel]\ntp = %s\npp = %s\n' "$tp" "$pp"; } >"$work/$name.toml"
+  "${mpirun[@]}" 2 "$bin" train --config "$work/$name.toml" >/dev/null
+  read -ra got <<<"$(losses "$work/$name/metrics.jsonl")"
+  python3 -c "
+import sys
+n = int(sys.argv[1]); tol = float(sys.argv[2]); a = [float(x) for x in sys.argv[3:3 + n]]; b = [float(x) for x in sys.argv[3 + n:]]
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+assert len(a) == len(b) == 6 and worst <= tol, (a, b)
+print(f'$name 2: losses within {worst:.1e} of one rank')" "${#one[@]}" "$tol" "${one[@]}" "${got[@]}"
+done
+
+# 4. Exports.
+"$bin" ckpt export --format hf --merge-lora --checkpoint "$work/one/step_6" --out "$work/merged" >/dev/null
+"$bin" ckpt export --format hf --base-only --checkpoint "$work/one/step_6" --out "$work/base_only" >/dev/null
+"$bin" ckpt export --format peft --checkpoint "$work/one/step_6" --out "$work/peft" >/dev/null
+/usr/bin/python3 "$here/qlora_exports.py" "$work/merged" "$work/base_only" "$work/peft"
+a=$("$bin" sample --checkpoint "$work/one/step_6" --prompt "User: hi" --temperature 0 --max-new-tokens 16 --print-ids | head -1)
+b=$("$bin" sample --checkpoint "$work/merged" --prompt "User: hi" --temperature 0 --max-new-tokens 16 --print-ids | head -1)
+[ "$a" = "$b" ] || fail "the merged export samples $b, the checkpoint $a"
+echo "merged export: the checkpoint's greedy tokens"
+if [ -x "$hf_py" ] && "$hf_py" -c "import bitsandbytes, peft" 2>/dev/null; then
+  "$hf_py" "$here/qlora_exports.py" --bitsandbytes "$work/hf" "$work/base_only" "$work/peft"
+else
+  echo "bitsandbytes check: SKIPPED (no bitsandbytes in $hf_py)"
+fi
+
+# 5. Bad input.
+expect_error() {  # expect_error PATTERN CONFIG_FILE
+  local rc=0
+  "$bin" train --config "$2" >"$work/out" 2>"$work/err" || rc=$?
+  [ "$rc" -eq 1 ] || fail "$2 exited $rc, not 1: $(cat "$work/err")"
+  [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$2: not one line on stderr: $(cat "$work/err")"
+  grep -qE "$1" "$work/err" || fail "$2: '$(cat "$work/err")' does not match '$1'"
+  echo "ok: $(cat "$work/err")"
+}
+common "$work/bad" | sed 's/^rank = 4$/rank = 0/; /^alpha/d; /^targets/d' >"$work/no_rank.toml"
+expect_error 'lora.quantize_base = "nf4" .*needs lora.rank >= 1' "$work/no_rank.toml"
+common "$work/bad" | sed 's/^quantize_base = "nf4"$/quantize_base = "int3"/' >"$work/unknown.toml"
+expect_error 'lora.quantize_base: unknown quantisation "int3"' "$work/unknown.toml"
+{ common "$work/bad"; printf '[parallel]\nzero = 1\n'; } >"$work/zero.toml"
+expect_error 'lora.quantize_base = "nf4" with parallel.zero = 1' "$work/zero.toml"
+echo "qlora: ok"
