@@ -215,10 +215,13 @@ INSTANTIATE_TEST_SUITE_P(Cases, Lora, ::testing::Values("llama_gqa", "gpt2"));
 // adapter gradients on that base.
 
 // The bf16 model against the float64 reference (bf16 operands and activations,
-// the NF4 values rounded to bf16 before the GEMMs); a stated bound, far below
-// what the NF4 quantisation itself moves (lora vs qlora loss: ~1e-2 relative).
-constexpr double kQloraBf16LossTol = 2e-3;
-constexpr double kQloraBf16GradTol = 3e-2;
+// the NF4 values rounded to bf16 before the GEMMs): stated bounds, about 4x
+// and 2x what it measures (loss <= 2.5e-4, gradients <= 2.2e-2 relative). What
+// the quantisation itself moves is larger (the unquantised base's loss is
+// ~1.6e-3 relative away, its adapter gradients 0.2 to 0.7), and each bf16
+// result must also lie closer to the NF4 reference than to the unquantised one.
+constexpr double kQloraBf16LossTol = 1e-3;
+constexpr double kQloraBf16GradTol = 5e-2;
 
 std::vector<uint8_t> packed_bytes(Backend& backend, const Parameter& p) {
   std::vector<uint8_t> out(p.nf4.bytes());
@@ -332,7 +335,9 @@ TEST_P(Qlora, Nf4BaseEqualsTheDefinitionBitForBit) {
       std::vector<uint8_t> want_packed(packed.size());
       for (size_t i = 0; i < words.size(); ++i) {
         const auto word = static_cast<uint32_t>(static_cast<int32_t>(words[i]));
-        for (size_t b = 0; b < 4; ++b) want_packed[4 * i + b] = static_cast<uint8_t>(word >> (8 * b));
+        for (size_t b = 0; b < 4; ++b) {
+          want_packed[4 * i + b] = static_cast<uint8_t>(word >> (8 * b));
+        }
       }
       EXPECT_TRUE(packed == want_packed) << p.spec.name << ": packed bytes";
       EXPECT_TRUE(packed_bytes(pieces.ctx, pieces.model->param(p.spec.name)) == want_packed)
@@ -367,15 +372,16 @@ TEST_P(Qlora, AdapterGradientsMatchFloat64Reference) {
     SCOPED_TRACE(std::string(precision_name(precision)));
     const bool fp32 = precision == Precision::fp32;
     QloraCase c(name, precision);
-    SafetensorsReader lora_file(fixture_path(name + ".lora.safetensors"));
-    const float lora_loss = SafetensorsReader(fixture_path(name + ".lora.safetensors"))
-                                .read_tensor("loss", DType::f32, MemCategory::workspace, c.tracker)
-                                .data<float>()[0];
+    // lora_case: the same adapters on the unquantised base.
+    SafetensorsReader lora(fixture_path(name + ".lora.safetensors"));
+    const double lora_loss =
+        lora.read_tensor("loss", DType::f32, MemCategory::workspace, c.tracker).data<float>()[0];
     const double loss = c.mean_loss_and_grads();
     const double loss_err = std::abs(loss - c.stored_loss()) / c.stored_loss();
     EXPECT_LE(loss_err, fp32 ? kTol : kQloraBf16LossTol);
-    // The quantisation matters: the loss is not the unquantised base's.
-    EXPECT_GT(std::abs(loss - lora_loss), 1e-2);
+    // The quantisation matters, and the model computed with it.
+    EXPECT_GT(std::abs(c.stored_loss() - lora_loss), 1e-3);
+    EXPECT_LT(std::abs(loss - c.stored_loss()), std::abs(loss - lora_loss));
     double worst = 0;
     int64_t adapters = 0;
     for (const Parameter& p : c.model->params()) {
@@ -390,8 +396,10 @@ TEST_P(Qlora, AdapterGradientsMatchFloat64Reference) {
       const double err = rel_error(p.grad.data<float>(), g.data<float>(), g.numel());
       EXPECT_LE(err, fp32 ? kTol : kQloraBf16GradTol) << "gradient of " << p.spec.name;
       worst = std::max(worst, err);
-      Tensor gl = lora_file.read_tensor("grad/" + p.spec.name, DType::f32, MemCategory::workspace, c.tracker);
-      std::printf("  %s err %.2e vs-unquantised %.2e\n", p.spec.name.c_str(), err, rel_error(p.grad.data<float>(), gl.data<float>(), g.numel()));
+      Tensor unquantised =
+          lora.read_tensor("grad/" + p.spec.name, DType::f32, MemCategory::workspace, c.tracker);
+      EXPECT_LT(err, rel_error(p.grad.data<float>(), unquantised.data<float>(), g.numel()))
+          << "gradient of " << p.spec.name << " is closer to the unquantised base's";
     }
     EXPECT_GT(adapters, 0);
     std::printf("%s qlora %s: loss rel err %.2e, %lld adapter tensors, worst gradient rel err "
@@ -419,7 +427,8 @@ TEST_P(Qlora, TrainingNeverWritesTheNf4Weights) {
     EXPECT_EQ(model.num_trainable(), trainable);
     std::vector<float> before(static_cast<size_t>(model.num_params()));
     model.read_values(0, model.num_params(), before.data());
-    const double loss_before = model.forward_loss(c.tokens.data(), c.targets.data(), c.batch, c.seq);
+    const double loss_before =
+        model.forward_loss(c.tokens.data(), c.targets.data(), c.batch, c.seq);
     AdamW opt(model, AdamWConfig{});
     for (int step = 0; step < 3; ++step) {
       c.mean_loss_and_grads();

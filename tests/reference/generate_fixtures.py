@@ -266,7 +266,8 @@ def qlora_case(name, c, out_dir, seed):
     adapters = lora_adapters(c, spec, seed)
     scale = spec["alpha"] / spec["rank"]
     modules = {k[:-len(".lora_A.weight")] + ".weight"
-               for k in ref.lora_shapes(c, 1, LORA_MODULES[c.family]) if k.endswith("lora_A.weight")}
+               for k in ref.lora_shapes(c, 1, LORA_MODULES[c.family])
+               if k.endswith(".lora_A.weight")}
     P = {k: v.clone() for k, v in P0.items()}
     tensors = {k: f32(v) for k, v in adapters.items()}
     worst = 0.0
