@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/ckpt/weights.h"
 #include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/model/model.h"
@@ -68,8 +69,13 @@ class Checkpointer {
   void load_files(const std::string& dir);
   void load_legacy(const std::string& dir);
 
+  // load_weights' NF4 weights (not in the shard map: not state), each read
+  // whole from `source` and cut to this rank's slice.
+  void load_nf4_weights(const TensorSource& source);
+
   const TrainConfig& config_;
   DeviceMesh* mesh_;
+  Model& model_;
   DataParallel& dp_;
   MemoryTracker& tracker_;
   layout::ShardMap map_;
