@@ -4,7 +4,8 @@
 #  1. the loss falls; the checkpoint holds no NF4 base tensor (it is rebuilt from init_from);
 #  2. a run resumed from its step-3 checkpoint writes a step-6 checkpoint identical byte for byte
 #     to the uninterrupted run's;
-#  3. pp 2 gives the one-rank losses (to 1e-12), dp 2 to 1e-5 (bf16 GEMMs over half the rows);
+#  3. pp 2 and full recompute give the one-rank losses (to 1e-12), dp 2 and ZeRO 1/2/3 to 1e-5
+#     (bf16 GEMMs over half the rows);
 #     tp 2 within 1e-2 (each rank quantises
 #     its own slice: the same blocks and codes, but its own second-level scales);
 #  4. exports: --merge-lora equals --base-only plus the PEFT adapter's delta (B A · alpha/r),
@@ -90,9 +91,10 @@ cmp "$work/one/step_6/rank_0.safetensors" "$work/resumed/step_6/rank_0.safetenso
 echo "resume: step 6 identical byte for byte"
 
 # 3. Layouts.
-for layout in "dp 1 1 1e-5" "pp 1 2 1e-12" "tp 2 1 1e-2"; do
-  read -r name tp pp tol <<<"$layout"
-  { common "$work/$name"; printf '[parallel]\ntp = %s\npp = %s\n' "$tp" "$pp"; } >"$work/$name.toml"
+for layout in "dp 1 1 0 1e-5" "zero1 1 1 1 1e-5" "zero2 1 1 2 1e-5" "zero3 1 1 3 1e-5" \
+              "pp 1 2 0 1e-12" "tp 2 1 0 1e-2"; do
+  read -r name tp pp zero tol <<<"$layout"
+  { common "$work/$name"; printf '[parallel]\ntp = %s\npp = %s\nzero = %s\n' "$tp" "$pp" "$zero"; } >"$work/$name.toml"
   "${mpirun[@]}" 2 "$bin" train --config "$work/$name.toml" >/dev/null
   read -ra got <<<"$(losses "$work/$name/metrics.jsonl")"
   python3 -c "
@@ -102,6 +104,13 @@ worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 assert len(a) == len(b) == 6 and worst <= tol, (a, b)
 print(f'$name 2: losses within {worst:.1e} of one rank')" "${#one[@]}" "$tol" "${one[@]}" "${got[@]}"
 done
+
+# Full recompute (the dequantisation runs again in the recomputed forward): the same losses.
+{ common "$work/recompute" | sed 's/^\[train\]$/[train]\nrecompute = "full"/'; } >"$work/recompute.toml"
+"$bin" train --config "$work/recompute.toml" >/dev/null
+[ "$(losses "$work/recompute/metrics.jsonl")" = "$(losses "$work/one/metrics.jsonl")" ] ||
+  fail "recompute full changes the QLoRA losses"
+echo "recompute full: the same losses"
 
 # 4. Exports.
 "$bin" ckpt export --format hf --merge-lora --checkpoint "$work/one/step_6" --out "$work/merged" >/dev/null
@@ -138,6 +147,6 @@ common "$work/bad" | sed 's/^rank = 4$/rank = 0/; /^alpha/d; /^targets/d' >"$wor
 expect_error 'lora.quantize_base = "nf4" .*needs lora.rank >= 1' "$work/no_rank.toml"
 common "$work/bad" | sed 's/^quantize_base = "nf4"$/quantize_base = "int3"/' >"$work/unknown.toml"
 expect_error 'lora.quantize_base: unknown quantisation "int3"' "$work/unknown.toml"
-{ common "$work/bad"; printf '[parallel]\nzero = 1\n'; } >"$work/zero.toml"
-expect_error 'lora.quantize_base = "nf4" with parallel.zero = 1' "$work/zero.toml"
+{ common "$work/bad" | sed '/^init_from/d'; printf '[model]\npreset = "llama-tiny"\ndim = 40\nn_heads = 4\nn_kv_heads = 2\n'; } >"$work/blocks.toml"
+expect_error "'model.layers.0.self_attn.k_proj.weight' holds 800 elements on this rank, not a multiple of the NF4 block" "$work/blocks.toml"
 echo "qlora: ok"

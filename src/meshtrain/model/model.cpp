@@ -110,6 +110,7 @@ void check_view(const Tensor& view, DType dtype, const Parameter& p, const char*
 
 // q|k|v and gate|up run as one GEMM over adjacent weights.
 void check_adjacent(const std::vector<Parameter>& params, const Linear& lin, Precision precision) {
+  if (params[lin.weight].spec.nf4) return;  // dequantised together into one workspace
   for (size_t k = 1; k < lin.n_weights; ++k) {
     const Parameter& prev = params[lin.weight + k - 1];
     const Parameter& p = params[lin.weight + k];
@@ -134,6 +135,7 @@ void Model::Impl::check_bound(size_t unit, UnitPass pass) const {
   const std::vector<Parameter>& params = model.params_;
   for (size_t i = u.first_param; i < u.end_param; ++i) {
     const Parameter& p = params[i];
+    if (p.spec.nf4) continue;  // the model's own packed bytes
     const DType dt = param_compute_dtype(p.spec, model.precision_);
     check_view(dt == DType::f32 ? p.master : p.compute, dt, p, dt == DType::f32 ? "master" : "compute",
                u);

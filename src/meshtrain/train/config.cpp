@@ -768,11 +768,6 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
                   "the frozen base of a LoRA run cannot be offloaded at ZeRO-3 yet (use "
                   "parallel.offload = \"none\", or parallel.zero <= 2)",
                   c.model.lora.rank, c.parallel.offload);
-  MESHTRAIN_CHECK(c.model.lora.quantize_base == BaseQuant::none || c.parallel.zero == 0,
-                  "config: lora.quantize_base = \"{}\" with parallel.zero = {}: ZeRO's flats "
-                  "do not hold the packed NF4 base yet (use parallel.zero = 0: the adapters' "
-                  "optimizer state is small, and the packed base ~0.56 byte per parameter)",
-                  base_quant_name(c.model.lora.quantize_base), c.parallel.zero);
   MESHTRAIN_CHECK(c.model.lora.dropout == 0.0f || c.parallel.pp == 1,
                   "config: lora.dropout = {} with parallel.pp = {}: adapter dropout under "
                   "pipeline parallelism is not implemented yet (use lora.dropout = 0)",

@@ -730,7 +730,12 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     const zero::ZeroLayout layout = zero::make_zero_layout(
         held.specs, held.units, precision, replicas, expert_dp_size(config, replicas));
     const zero::ModelStateBytes state = zero::layout_model_state_bytes(layout, p.zero);
-    params = static_cast<double>(state.params);
+    // QLoRA's packed base is in no flat (zero/flat_param.h): whole on every rank.
+    double packed = 0;
+    for (const ParamSpec& spec : held.specs) {
+      if (spec.nf4) packed += static_cast<double>(nf4_layout(spec).bytes);
+    }
+    params = static_cast<double>(state.params) + packed;
     grads = static_cast<double>(state.grads);
     optimizer = static_cast<double>(state.optimizer);
     // Transients: stage 3's gathered units; stage 2/3's unit gradients while

@@ -62,6 +62,7 @@ ZeroLayout make_zero_layout(const std::vector<ParamSpec>& specs,
           flat.expert = expert;
           flat.ranks = expert ? expert_dp : dp;
           for (size_t i = unit.first_param; i < unit.end_param; ++i) {
+            if (specs[i].nf4) continue;  // QLoRA's packed base: the model's own, replicated
             if (param_compute_dtype(specs[i], precision) != dtype) continue;
             if (specs[i].trainable != trainable) continue;
             if (expert_dp > 0 && specs[i].expert != expert) continue;

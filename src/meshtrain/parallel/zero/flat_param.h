@@ -12,7 +12,9 @@
 //   (expert_dp > 0) for routed experts' parameters (ParamSpec::expert, in
 //   flats of their own) the expert-data-parallel group: ranks = expert_dp.
 // - Flat parameters are ordered by unit, the f32 ("wide") group before the
-//   compute dtype's (bf16 or f16, "narrow") one; every parameter is in exactly one.
+//   compute dtype's (bf16 or f16, "narrow") one; every parameter is in exactly one,
+//   except QLoRA's NF4 base (ParamSpec::nf4), in none: the model keeps its
+//   packed bytes whole on every rank (param_flat = -1).
 // - Trainable and frozen parameters (ParamSpec::trainable; LoRA's base) are in
 //   separate flat parameters (per unit and dtype: the trainable, then the
 //   frozen). A frozen flat has values only: no gradients, master or optimizer

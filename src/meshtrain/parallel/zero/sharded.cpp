@@ -779,6 +779,13 @@ void ShardedDataParallel::init_weights(uint64_t seed) {
     }
     write_state(i, State::master, 0, layout_.flats[i].shard, values.data());
   }
+  // QLoRA's NF4 base is in no flat: the model holds it whole on every rank.
+  for (Parameter& p : model_.params()) {
+    if (!p.spec.nf4) continue;
+    whole.resize(static_cast<size_t>(p.spec.numel()));
+    init_parameter(p.spec, seed, whole.data());
+    model_.copy_master_from_host(p, whole.data());
+  }
   if (options_.stage <= 2) all_gather_updated(true);
 }
 
