@@ -11,6 +11,8 @@
 #include <random>
 #include <regex>
 
+#include "meshtrain/tensor/nf4.h"
+
 namespace meshtrain {
 namespace {
 
@@ -64,6 +66,25 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
         random_tensor(be, std::move(shape), dtype, static_cast<uint32_t>(keep.size() + 1)));
     return keep.back();
   };
+  // QLoRA: the widest block weight (gate|up) dequantised from NF4 before its GEMMs.
+  {
+    const int64_t n = 2 * s.hidden * d;
+    const Tensor& w = t({n}, DType::f32);
+    std::vector<float> values(static_cast<size_t>(n));
+    be.copy_to_host(w, values.data());
+    const nf4::Layout l = nf4::layout(n);
+    std::vector<uint8_t> bytes(static_cast<size_t>(l.bytes));
+    nf4::quantize(values, bytes);
+    keep.push_back(be.allocate({l.bytes / 4}, DType::i32, MemCategory::workspace));
+    const Tensor& packed = keep.back();
+    be.copy_from_host(bytes.data(), packed);
+    const Tensor& out = t({n}, dt);
+    cases.push_back({"dequantize_nf4", fmt::format("n={} ({}x{}) -> {}", n, 2 * s.hidden, d, name),
+                     0, static_cast<double>(l.bytes) + esize * static_cast<double>(n), dt,
+                     [&be, &packed, &out, n, dt] {
+                       be.dequantize_nf4(packed.raw(), n, dt, out.raw());
+                     }});
+  }
   // The block's GEMMs: forward, input gradient, weight gradient.
   struct Gemm {
     const char* what;
