@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # docs/finetune.md's worked example, end to end: a Hugging Face Qwen2 folder with a real
 # tokenizer (Qwen2's vocabulary, the committed fixture) and a real chat template (Qwen2.5's, as
-# llama.cpp ships it) -> chat-jsonl SFT with LoRA under mpirun (2 ranks) -> merged HF export ->
+# llama.cpp ships it) -> chat-jsonl SFT with QLoRA (an NF4 base) under mpirun (2 ranks) -> merged
+# HF export (the dequantised base plus the adapters) ->
 # transformers loads it with AutoTokenizer and answers a chat through apply_chat_template +
 # generate (where HF_PYTHON has transformers; SKIPPED there otherwise), giving the greedy ids
 # that `meshtrain sample --stop-at-eos` gives for the same prompt, end of turn included.
@@ -89,13 +90,14 @@ tokenizer = "hf/qwen2-tiny"
 [lora]
 rank = 8
 alpha = 16
+quantize_base = "nf4"         # QLoRA: the base's linear weights held in 4 bits
 TOML
-"${mpirun[@]}" 2 "$bin" train --config ft.toml >ft.log 2>&1 || { cat ft.log; fail "LoRA run"; }
+"${mpirun[@]}" 2 "$bin" train --config ft.toml >ft.log 2>&1 || { cat ft.log; fail "QLoRA run"; }
 "$bin" ckpt export --format hf --merge-lora --checkpoint runs/ft/step_80 --out ft-merged >/dev/null
 python3 - runs/ft/metrics.jsonl <<'PY'
 import json, sys
 loss = [r["loss"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
-print(f"chat-jsonl + LoRA on 2 ranks: loss {loss[0]:.3f} -> {loss[-1]:.3f}")
+print(f"chat-jsonl + QLoRA on 2 ranks: loss {loss[0]:.3f} -> {loss[-1]:.3f}")
 assert loss[-1] < 0.5 * loss[0], "the fine-tune did not learn the reply"
 PY
 
