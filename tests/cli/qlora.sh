@@ -105,6 +105,14 @@ assert len(a) == len(b) == 6 and worst <= tol, (a, b)
 print(f'$name 2: losses within {worst:.1e} of one rank')" "${#one[@]}" "$tol" "${one[@]}" "${got[@]}"
 done
 
+# init_from the base's training checkpoint (read tensor by tensor from its shards) instead of its
+# HF export: the same NF4 base, the same losses.
+common "$work/from_ckpt" | sed "s#^init_from = .*#init_from = \"$work/base/step_2\"#" >"$work/from_ckpt.toml"
+"$bin" train --config "$work/from_ckpt.toml" >/dev/null
+[ "$(losses "$work/from_ckpt/metrics.jsonl")" = "$(losses "$work/one/metrics.jsonl")" ] ||
+  fail "init_from the training checkpoint gives other losses than from its HF export"
+echo "init_from a training checkpoint: the same losses as from its HF export"
+
 # Full recompute (the dequantisation runs again in the recomputed forward): the same losses.
 { common "$work/recompute" | sed 's/^\[train\]$/[train]\nrecompute = "full"/'; } >"$work/recompute.toml"
 "$bin" train --config "$work/recompute.toml" >/dev/null
