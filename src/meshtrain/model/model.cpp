@@ -42,7 +42,7 @@ Model::Model(const ModelConfig& config, Precision precision, Backend& backend, P
     if (spec.matmul_weight && !spec.nf4) compute_total += spec.numel();
     if (spec.nf4) nf4_words += nf4_layout(spec).bytes / 4;
   }
-  // The packed NF4 base is the model's whatever the storage (ZeRO-3 refuses it).
+  // The packed NF4 base is the model's whatever the storage (ZeRO keeps it out of its flats).
   if (nf4_words > 0) flat_nf4_ = backend.allocate({nf4_words}, DType::i32, MemCategory::params);
   const bool flat = storage_ == ParamStorage::flat;
   if (flat) {
@@ -210,7 +210,7 @@ namespace {
 
 // The value views of state-space elements [offset, offset + count): an f32
 // master, or (a frozen mixed-precision weight) its compute copy, converted on
-// the host; an NF4 weight's runs go to `quantized` (Model::nf4_values).
+// the host; an NF4 weight's runs go to `quantized` (read_values / write_values).
 // to_model: copy `values` into the model, else out of it.
 void copy_values(Backend& backend, std::vector<Parameter>& params, int64_t total, int64_t offset,
                  int64_t count, float* values, bool to_model,
