@@ -16,7 +16,8 @@ as meshtrain times its steps (warm-up steps first, then the mean over the timed 
 Memory: the process's peak resident set (getrusage ru_maxrss) after the run minus its resident
 set once torch / transformers / peft are imported and before the model is loaded
 ("peak_rss_delta_mib": loading included, and the safetensors file's pages the loader mapped
-count while resident); and the same for the training steps alone ("train_peak_delta_mib":
+count while resident; every tensor that is not bitsandbytes' is copied off that mapping once
+loaded, so it goes, and malloc_trim(0) returns the heap loading freed); and the same for the training steps alone ("train_peak_delta_mib":
 the high-water mark reset (/proc/self/clear_refs 5) once the model and optimizer are built,
 read from /proc/self/status VmHWM after the steps, minus the same import baseline).
 tracemalloc does not see torch's allocations, so it is not used.
@@ -24,8 +25,12 @@ tracemalloc does not see torch's allocations, so it is not used.
 usage: torch_finetune.py --model HF_DIR --method full|lora|qlora [--steps 2] [--warmup 1]
        [--batch 4] [--seq 256] [--threads 2] [--rank 8] [--alpha 16] [--targets q_proj,v_proj]
 prints one JSON line; a method that cannot run prints {"error": ...} instead of timings.
+QLoRA also runs one step more under torch.profiler (not timed): "dequant_share" is the CPU time
+of bitsandbytes' dequantize ops over that step's wall time (the profiler's overhead in both).
 """
 import argparse
+import ctypes
+import gc
 import json
 import os
 import resource
@@ -57,6 +62,8 @@ def main():
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--full-dtype", choices=["fp32", "bf16"], default="fp32",
                    help="full fine-tuning: f32 master weights + bf16 autocast, or bf16 weights")
+    p.add_argument("--no-profile-dequant", dest="profile_dequant", action="store_false",
+                   help="qlora: skip the extra profiled step that measures the dequantisation share")
     a = p.parse_args()
 
     import torch
@@ -89,6 +96,19 @@ def main():
             cfg = LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=0.0, bias="none",
                              target_modules=a.targets.split(","), task_type="CAUSAL_LM")
             model = get_peft_model(model, cfg)
+        # transformers maps the safetensors file and leaves unconverted tensors (and, QLoRA, the
+        # pages the quantiser read) resident in that mapping: copy every tensor that is not
+        # bitsandbytes' to anonymous memory so the mapping goes and the memory counted is the
+        # model's (meshtrain's tracker counts its own buffers, not the file it read).
+        with torch.no_grad():
+            for t in list(model.parameters()) + list(model.buffers()):
+                if t.__class__.__name__ not in ("Params4bit", "Int8Params"):
+                    t.data = t.data.clone()
+        gc.collect()
+        # ... and hand what loading freed back to the system: glibc keeps freed heap (the bf16
+        # weights the quantiser read, in whichever arena a loader thread used) resident, ~0-1.4 GB
+        # more or less from run to run on the 500M model otherwise.
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
         model.train()
         params = list(model.parameters())
         trainable = [q for q in params if q.requires_grad]
@@ -98,9 +118,11 @@ def main():
             # bitsandbytes' bytes per quantised weight: packed codes, the 8-bit absmax per block,
             # the nested f32 absmax, code table and offset (its double quantisation).
             n = nbytes = 0
+            seen = set()  # peft's wrapper and its base_layer share one weight
             for m in model.modules():
                 w = getattr(m, "weight", None)
-                if w is not None and w.__class__.__name__ == "Params4bit":
+                if w is not None and w.__class__.__name__ == "Params4bit" and id(w) not in seen:
+                    seen.add(id(w))
                     qs = w.quant_state
                     n += qs.shape.numel()
                     nbytes += w.numel() * w.element_size() + qs.absmax.numel() * qs.absmax.element_size()
@@ -120,9 +142,12 @@ def main():
         with open("/proc/self/clear_refs", "w") as f:  # the high-water mark from here on
             f.write("5")
         out["model_built_delta_mib"] = round((rss_kib("VmRSS") - base_kib) / 1024, 1)
+        out["model_built_file_mib"] = round(rss_kib("RssFile") / 1024, 1)
+        out["model_built_anon_mib"] = round(rss_kib("RssAnon") / 1024, 1)
         times, losses = [], []
-        for i in range(a.steps + a.warmup):
-            x, y = data[i, :, :-1], data[i, :, 1:]
+
+        def step(i):
+            x, y = data[i % len(data), :, :-1], data[i % len(data), :, 1:]
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -130,9 +155,30 @@ def main():
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
             loss.backward()
             opt.step()
-            times.append(time.perf_counter() - t0)
             losses.append(round(loss.item(), 4))
+            return time.perf_counter() - t0
+
+        for i in range(a.steps + a.warmup):
+            times.append(step(i))
         out["train_peak_delta_mib"] = round((rss_kib("VmHWM") - base_kib) / 1024, 1)
+        out["end_file_mib"] = round(rss_kib("RssFile") / 1024, 1)
+        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, base_maxrss)
+        out["peak_rss_delta_mib"] = round((peak - base_kib) / 1024, 1)
+        if a.method == "qlora" and a.profile_dequant:
+            # One more step, under torch.profiler (after the timed ones: its overhead is in
+            # neither), for bitsandbytes' share of it: its dequantize ops (the 4-bit codes and,
+            # double quantisation, the 8-bit absmax), forward (inside gemm_4bit) and backward.
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                wall = step(a.steps + a.warmup)
+            ops = {e.key: e.cpu_time_total for e in prof.key_averages()}
+            deq = sum(v for k, v in ops.items() if k.startswith("bitsandbytes::dequantize"))
+            out["profiled_step_ms"] = round(wall * 1e3, 1)
+            out["dequant_ms"] = round(deq / 1e3, 1)
+            out["dequant_share"] = round(deq / 1e6 / wall, 4)
+            calls = {e.key: e.count for e in prof.key_averages()}
+            out["dequant_ops"] = {k: [round(v / 1e3, 1), calls[k]] for k, v in ops.items()
+                                  if k.startswith("bitsandbytes::")}
         timed = times[a.warmup:]
         out.update({
             "warmup_ms": [round(t * 1e3, 1) for t in times[:a.warmup]],
@@ -144,8 +190,9 @@ def main():
     except Exception as e:  # noqa: BLE001: the bench reports the failure and goes on
         out["error"] = f"{type(e).__name__}: {e}"
         out["traceback"] = traceback.format_exc(limit=6)
-    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, base_maxrss)
-    out["peak_rss_delta_mib"] = round((peak - base_kib) / 1024, 1)
+    if "peak_rss_delta_mib" not in out:  # failed: the peak up to the failure
+        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, base_maxrss)
+        out["peak_rss_delta_mib"] = round((peak - base_kib) / 1024, 1)
     print(json.dumps(out))
     sys.stdout.flush()
 
