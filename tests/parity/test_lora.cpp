@@ -50,35 +50,45 @@ void load_base_and_adapters(Model& model, const std::string& name,
 
 class Lora : public ::testing::TestWithParam<const char*> {};
 
-// One case's fp32 LoRA model (dropout p) on the reference's tokens.
-struct LoraCase {
-  std::string name;
-  SafetensorsReader lora, ref;
-  MemoryTracker tracker;
-  cpu::CpuBackend ctx{0, tracker};
-  std::unique_ptr<Model> model;
+// A case's reference tokens and targets, and a model's mean loss over them
+// (its gradients left in the grad buffer).
+struct ReferenceBatch {
+  SafetensorsReader ref;
   int64_t batch = 0, seq = 0, n = 0;
   std::vector<int32_t> tokens, targets;
 
-  LoraCase(const std::string& case_name, float dropout)
-      : name(case_name),
-        lora(fixture_path(case_name + ".lora.safetensors")),
-        ref(fixture_path(case_name + ".reference.safetensors")) {
-    ModelConfig config = lora_config(name, lora);
-    config.lora.dropout = dropout;
-    model = std::make_unique<Model>(config, Precision::fp32, ctx);
-    load_base_and_adapters(*model, name, lora);
+  explicit ReferenceBatch(const std::string& case_name)
+      : ref(fixture_path(case_name + ".reference.safetensors")) {
     const auto& shape = ref.info("tokens").shape;
     batch = shape[0], seq = shape[1], n = batch * seq;
     tokens = to_i32(ref.read_ints("tokens"));
     targets = to_i32(ref.read_ints("targets"));
   }
-  double mean_loss_and_grads() {
-    model->zero_grads();
-    return model->forward_backward(tokens.data(), targets.data(), batch, seq,
-                                   1.0f / static_cast<float>(n)) /
+  double mean_loss_and_grads(Model& model) {
+    model.zero_grads();
+    return model.forward_backward(tokens.data(), targets.data(), batch, seq,
+                                  1.0f / static_cast<float>(n)) /
            static_cast<double>(n);
   }
+};
+
+// One case's fp32 LoRA model (dropout p) on the reference's tokens.
+struct LoraCase : ReferenceBatch {
+  std::string name;
+  SafetensorsReader lora;
+  MemoryTracker tracker;
+  cpu::CpuBackend ctx{0, tracker};
+  std::unique_ptr<Model> model;
+
+  LoraCase(const std::string& case_name, float dropout)
+      : ReferenceBatch(case_name), name(case_name),
+        lora(fixture_path(case_name + ".lora.safetensors")) {
+    ModelConfig config = lora_config(name, lora);
+    config.lora.dropout = dropout;
+    model = std::make_unique<Model>(config, Precision::fp32, ctx);
+    load_base_and_adapters(*model, name, lora);
+  }
+  double mean_loss_and_grads() { return ReferenceBatch::mean_loss_and_grads(*model); }
   float stored(const std::string& key) {
     return lora.read_tensor(key, DType::f32, MemCategory::workspace, tracker).data<float>()[0];
   }
@@ -242,19 +252,16 @@ class Qlora : public ::testing::TestWithParam<const char*> {};
 // path (copy_master_from_host quantises an NF4 weight; `pieces` > 0: the whole
 // state through write_values in runs of that many elements instead, which
 // split NF4 weights), adapters from the qlora file.
-struct QloraCase {
+struct QloraCase : ReferenceBatch {
   std::string name;
-  SafetensorsReader qlora, ref, base;
+  SafetensorsReader qlora, base;
   MemoryTracker tracker;
   cpu::CpuBackend ctx{0, tracker};
   std::unique_ptr<Model> model;
-  int64_t batch = 0, seq = 0, n = 0;
-  std::vector<int32_t> tokens, targets;
 
   QloraCase(const std::string& case_name, Precision precision, int64_t pieces = 0)
-      : name(case_name),
+      : ReferenceBatch(case_name), name(case_name),
         qlora(fixture_path(case_name + ".qlora.safetensors")),
-        ref(fixture_path(case_name + ".reference.safetensors")),
         base(fixture_path(case_name + ".weights.safetensors")) {
     ModelConfig config = lora_config(name, qlora);
     config.lora.quantize_base = parse_base_quant(qlora.metadata("quantize_base"));
@@ -278,17 +285,8 @@ struct QloraCase {
       model->write_values(at, count, state.data() + at);
     }
     model->sync_compute_weights();
-    const auto& shape = ref.info("tokens").shape;
-    batch = shape[0], seq = shape[1], n = batch * seq;
-    tokens = to_i32(ref.read_ints("tokens"));
-    targets = to_i32(ref.read_ints("targets"));
   }
-  double mean_loss_and_grads() {
-    model->zero_grads();
-    return model->forward_backward(tokens.data(), targets.data(), batch, seq,
-                                   1.0f / static_cast<float>(n)) /
-           static_cast<double>(n);
-  }
+  double mean_loss_and_grads() { return ReferenceBatch::mean_loss_and_grads(*model); }
   double stored_loss() {
     return qlora.read_tensor("loss", DType::f32, MemCategory::workspace, tracker).data<float>()[0];
   }

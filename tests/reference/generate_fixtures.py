@@ -205,13 +205,18 @@ def lora_adapters(c, spec, seed):
                                                              spec["targets"]).items()}
 
 
+def reference_batch(out_dir, name):
+    """The tokens and targets of the case's reference file."""
+    ref_file = stfile.read(os.path.join(out_dir, f"{name}.reference.safetensors"))[0]
+    return (torch.from_numpy(ref_file["tokens"].astype(np.int64)),
+            torch.from_numpy(ref_file["targets"].astype(np.int64)))
+
+
 def lora_case(name, c, out_dir, seed):
     """<case>.lora.safetensors: adapters of the case's base weights (same tokens as the
     reference), the mean loss and the gradients of the adapters only (the base is frozen)."""
     P0 = init_weights(c, seed)
-    ref_file = stfile.read(os.path.join(out_dir, f"{name}.reference.safetensors"))[0]
-    tokens = torch.from_numpy(ref_file["tokens"].astype(np.int64))
-    targets = torch.from_numpy(ref_file["targets"].astype(np.int64))
+    tokens, targets = reference_batch(out_dir, name)
     spec = LORA[name]
     adapters = lora_adapters(c, spec, seed)
     scale = spec["alpha"] / spec["rank"]
@@ -259,9 +264,7 @@ def qlora_case(name, c, out_dir, seed):
     """<case>.qlora.safetensors: lora_case's adapters on the case's base weights with every
     block linear replaced by its NF4 round trip; the mean loss and the adapters' gradients."""
     P0 = init_weights(c, seed)
-    ref_file = stfile.read(os.path.join(out_dir, f"{name}.reference.safetensors"))[0]
-    tokens = torch.from_numpy(ref_file["tokens"].astype(np.int64))
-    targets = torch.from_numpy(ref_file["targets"].astype(np.int64))
+    tokens, targets = reference_batch(out_dir, name)
     spec = LORA[name]
     adapters = lora_adapters(c, spec, seed)
     scale = spec["alpha"] / spec["rank"]
