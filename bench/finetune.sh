@@ -22,8 +22,10 @@
 # and OMP_NUM_THREADS = 2, the same batch / seq / warm-up / timed steps; its tokens/s the same way
 # and its peak resident memory over the steps (and with loading: ru_maxrss) minus the resident
 # set before the model is loaded (see the script); for QLoRA one extra step under torch.profiler
-# gives bitsandbytes' dequantisation share. Sides alternate (meshtrain, peer, meshtrain, peer: --rounds); the
-# table gives medians over rounds and the median of the per-round ratios meshtrain / peer.
+# gives bitsandbytes' dequantisation share. Sides alternate (meshtrain, peer, meshtrain, peer:
+# --rounds); the table gives medians over rounds and the median of the per-round ratios
+# meshtrain / peer, and the load average before each run is listed below it (the machine is
+# shared: read the ratios of quiet rounds).
 # A second table checks NF4 bytes per base (block linear) parameter: the engine's packed bytes
 # (from the tracker: QLoRA's params peak - LoRA's + 2 bytes x base GEMM weights; and nf4::layout),
 # the planner's (its QLoRA - LoRA params bytes the same way; 4 + 8/64 + 32/(64*256) bits) and
@@ -40,8 +42,9 @@
 #   --no-peer         meshtrain only
 #   --cache DIR       keep the generated HF / imported models in DIR and reuse them
 # needs build/hf-venv (scripts/setup_hf_venv.sh: torch 2.x, transformers, peft, bitsandbytes)
-# for the imported models and the peer; without it only 60m runs. KEEP=1 keeps the runs.
-# Time on the 2-core VM: 100m ~ 3 min, 500m ~ 30 min (full fine-tuning dominates).
+# for the imported models and the peer; without it they are skipped (--models 60m still runs).
+# KEEP=1 keeps the runs (metrics, traces, plans, peer JSON) in the printed directory.
+# Time on the 2-core VM: ~17 min for the defaults (100m ~3 min; 500m full fine-tuning dominates).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh
