@@ -256,16 +256,26 @@ void rebuild_nf4_base(Model& model, const TrainSettings& run, Backend& backend) 
   model.init_weights(run.seed);
   if (run.init_from.empty()) return;
   const std::unique_ptr<Model> base = load_model_dir(run.init_from, Precision::fp32, backend);
-  std::vector<float> values;
-  for (Parameter& p : model.params()) {
-    if (!p.spec.nf4) continue;
-    values.resize(static_cast<size_t>(p.spec.numel()));
-    base->copy_master_to_host(base->param(p.spec.name), values.data());
-    model.copy_master_from_host(p, values.data());
-  }
+  load_nf4_weights(model, model_tensors(*base));
 }
 
 }  // namespace
+
+void load_nf4_weights(Model& model, const TensorSource& source) {
+  std::vector<float> global, local;
+  for (Parameter& p : model.params()) {
+    if (!p.spec.nf4) continue;
+    ParamSpec whole = p.spec;
+    whole.shape = p.spec.split.global_shape;
+    whole.split = TensorSplit{};
+    whole.split.global_shape = whole.shape;
+    global.resize(static_cast<size_t>(whole.numel()));
+    source(whole, global.data());
+    local.resize(static_cast<size_t>(p.spec.numel()));
+    copy_global_to_local(p.spec.split, global.data(), local.data());
+    model.copy_master_from_host(p, local.data());
+  }
+}
 
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
                                       Backend& backend) {

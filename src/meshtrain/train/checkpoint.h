@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "meshtrain/data/sampler.h"
+#include "meshtrain/ckpt/weights.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/train/config.h"
@@ -81,6 +82,10 @@ void apply_init_from_model(TrainConfig& config, const std::string& from);
 
 // A model from a directory: a training step directory (either format) or a
 // Hugging Face one (config.json + model.safetensors).
+// QLoRA: fills `model`'s NF4 weights (ParamSpec::nf4; not in the shard map,
+// not state), each read whole from `source` (global shape), cut to this
+// rank's slice and quantised.
+void load_nf4_weights(Model& model, const TensorSource& source);
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
                                       Backend& backend);
 

@@ -180,7 +180,7 @@ void Checkpointer::load_weights(const std::string& dir, Backend& backend) {
     const layout::ShardMap map = pieces_in_source(
         weights, [&](const std::string& name) { return manifest.find_tensor(name) != nullptr; });
     dist_ckpt::load_checkpoint(dir, map, masters, buffer_bytes(config_));
-    load_nf4_weights([&](const ParamSpec& spec, float* out) {
+    load_nf4_weights(model_, [&](const ParamSpec& spec, float* out) {
       dist_ckpt::read_global_tensor(manifest, dir, spec.name, layout::StateKind::master, out);
     });
   } else {
@@ -224,7 +224,7 @@ void Checkpointer::load_weights(const std::string& dir, Backend& backend) {
       masters.write(layout::StateKind::master, p.local_offset, p.region.numel(), piece.data());
     }
     tensor = Tensor();
-    load_nf4_weights([&](const ParamSpec& spec, float* out) {
+    load_nf4_weights(model_, [&](const ParamSpec& spec, float* out) {
       const auto it = specs.find(spec.name);
       MESHTRAIN_CHECK(it != specs.end(), "init_from '{}': tensor '{}' is missing", dir, spec.name);
       source(it->second, out);
@@ -232,22 +232,6 @@ void Checkpointer::load_weights(const std::string& dir, Backend& backend) {
   }
   dp_.finish_load();
   load_seconds_ = seconds_since(start);
-}
-
-void Checkpointer::load_nf4_weights(const TensorSource& source) {
-  std::vector<float> global, local;
-  for (Parameter& p : model_.params()) {
-    if (!p.spec.nf4) continue;
-    ParamSpec whole = p.spec;
-    whole.shape = p.spec.split.global_shape;
-    whole.split = TensorSplit{};
-    whole.split.global_shape = whole.shape;
-    global.resize(static_cast<size_t>(whole.numel()));
-    source(whole, global.data());
-    local.resize(static_cast<size_t>(p.spec.numel()));
-    copy_global_to_local(p.spec.split, global.data(), local.data());
-    model_.copy_master_from_host(p, local.data());
-  }
 }
 
 // The whole-tensor format: every tensor read whole (one at a time) and this

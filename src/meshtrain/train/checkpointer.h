@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/ckpt/weights.h"
 #include "meshtrain/ckpt/distributed.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/model/model.h"
@@ -68,10 +67,6 @@ class Checkpointer {
   // load() without DataParallel::finish_load (a collective under ZeRO).
   void load_files(const std::string& dir);
   void load_legacy(const std::string& dir);
-
-  // load_weights' NF4 weights (not in the shard map: not state), each read
-  // whole from `source` and cut to this rank's slice.
-  void load_nf4_weights(const TensorSource& source);
 
   const TrainConfig& config_;
   DeviceMesh* mesh_;

@@ -707,14 +707,15 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   // Model state: the flat buffers (Model, AdamW) or ZeRO's padded shards.
   const Precision precision = config.train.precision;
   // elements: trainable (LoRA: the adapters), with an f32 master; bytes of
-  // the 16-bit compute copies and of QLoRA's packed NF4 weights.
-  double trainable = 0, masters = 0, compute_copies = 0;
+  // the 16-bit compute copies and of QLoRA's packed NF4 weights (the model's
+  // own under every ZeRO stage: in no flat, zero/flat_param.h).
+  double trainable = 0, masters = 0, compute_copies = 0, packed = 0;
   for (const ParamSpec& spec : held.specs) {
     if (spec.trainable) trainable += static_cast<double>(spec.numel());
     if (param_has_master(spec, precision)) masters += static_cast<double>(spec.numel());
     const DType dtype = param_compute_dtype(spec, precision);
     if (spec.nf4) {
-      compute_copies += static_cast<double>(nf4_layout(spec).bytes);
+      packed += static_cast<double>(nf4_layout(spec).bytes);
     } else if (dtype != DType::f32) {
       compute_copies += static_cast<double>(spec.numel()) * static_cast<double>(dtype_size(dtype));
     }
@@ -723,18 +724,13 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   double& grads = out.peak[idx(MemCategory::grads)];
   double& optimizer = out.peak[idx(MemCategory::optimizer)];
   if (p.zero == 0) {
-    params = 4 * masters + compute_copies;
+    params = 4 * masters + compute_copies + packed;
     grads = 4 * trainable;
     optimizer = 8 * trainable;
   } else {
     const zero::ZeroLayout layout = zero::make_zero_layout(
         held.specs, held.units, precision, replicas, expert_dp_size(config, replicas));
     const zero::ModelStateBytes state = zero::layout_model_state_bytes(layout, p.zero);
-    // QLoRA's packed base is in no flat (zero/flat_param.h): whole on every rank.
-    double packed = 0;
-    for (const ParamSpec& spec : held.specs) {
-      if (spec.nf4) packed += static_cast<double>(nf4_layout(spec).bytes);
-    }
     params = static_cast<double>(state.params) + packed;
     grads = static_cast<double>(state.grads);
     optimizer = static_cast<double>(state.optimizer);
