@@ -9,23 +9,8 @@ set -euo pipefail
 BIN=$1 WORK=$2/finetune
 FIXTURES="$(cd "$(dirname "$0")/../train/fixtures" && pwd)"
 rm -rf "$WORK" && mkdir -p "$WORK"
-cat >"$WORK/base.toml" <<TOML
-[model]
-preset = "llama-tiny"
-[train]
-steps = 2
-batch_size = 4
-seq_len = 128
-eval_interval = 0
-peak_flops = 1e11
-out_dir = "$WORK/base"
-[data]
-format = "sft-jsonl"
-tokenizer = "bytes"
-train = "$FIXTURES/sft_tiny.jsonl"
-TOML
-"$BIN" train --config "$WORK/base.toml" >/dev/null
-"$BIN" ckpt export --format hf --checkpoint "$WORK/base/step_2" --out "$WORK/hf" >/dev/null
+source "$(dirname "$0")/tiny_base.sh"
+tiny_base "$BIN" "$WORK" "$FIXTURES"
 
 cat >"$WORK/lora.toml" <<TOML
 [train]

@@ -51,23 +51,8 @@ TOML
 }
 losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1"; }
 
-cat >"$work/base.toml" <<TOML
-[model]
-preset = "llama-tiny"
-[train]
-steps = 2
-batch_size = 4
-seq_len = 128
-eval_interval = 0
-peak_flops = 1e11
-out_dir = "$work/base"
-[data]
-format = "sft-jsonl"
-tokenizer = "bytes"
-train = "$fixtures/sft_tiny.jsonl"
-TOML
-"$bin" train --config "$work/base.toml" >/dev/null
-"$bin" ckpt export --format hf --checkpoint "$work/base/step_2" --out "$work/hf" >/dev/null
+source "$here/tiny_base.sh"
+tiny_base "$bin" "$work" "$fixtures"
 
 # 1. One rank.
 common "$work/one" >"$work/one.toml"
