@@ -40,7 +40,7 @@ int main() {
       }
     };
     std::vector<int32_t> ids = testing::random_ids(7, 2 * 8 + 1, config.vocab_size);
-    const std::vector<pipeline::MicroBatchRef> batches(4, {ids.data(), ids.data() + 1});
+    const std::vector<pipeline::MicroBatchRef> batches(4, {ids.data(), ids.data() + 1, nullptr, {}});
     for (step = 0; step < 1000; ++step) {
       model->zero_grads();
       executor->run(batches, 0.01f);

@@ -48,7 +48,7 @@ TEST(PipelineTensorParallel, StagesWithTpSlicesMatchTheSingleModel) {
       std::vector<MicroBatchRef> mine;
       for (int i = 0; i < m; ++i) {
         const int32_t* tokens = ids.data() + (dp_rank * m + i) * (rows + 1);
-        mine.push_back({tokens, tokens + 1});
+        mine.push_back({tokens, tokens + 1, nullptr, {}});
       }
       const float scale = 1.0f / static_cast<float>(m * rows);  // averaged over dp by DDP
       double loss = executor.run(mine, scale);

@@ -180,6 +180,9 @@ struct ClassifierArgs {
   const void* w = nullptr;      // [vocab, dim] (the embedding layout)
   const int32_t* targets = nullptr;  // [rows]; a negative target is ignored (no loss, no grad)
   float grad_scale = 0.0f;      // d(total loss)/d(row loss), e.g. 1/(tokens in the step)
+  // Optional [rows]: row r's d(total loss)/d(row loss) is grad_scale *
+  // row_weights[r] (any sign; preference losses weigh each response's tokens).
+  const float* row_weights = nullptr;
   float* dh = nullptr;          // [rows, dim] f32, overwritten; nullptr = no backward
   float* dw = nullptr;          // [vocab, dim] f32, accumulated; nullptr = no backward
   float* row_losses = nullptr;  // optional [rows]

@@ -341,7 +341,7 @@ void embedding_backward(const EmbeddingDims& dims, std::span<const int32_t> ids,
 
 double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> targets, int64_t rows,
                         int64_t dim, int64_t vocab, int64_t valid, double grad_scale, Vec* dh,
-                        Vec* dw, Vec* row_losses) {
+                        Vec* dw, Vec* row_losses, std::span<const float> row_weights) {
   double total = 0;
   Vec logits(static_cast<size_t>(vocab));
   for (int64_t r = 0; r < rows; ++r) {
@@ -361,9 +361,11 @@ double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> tar
     total += loss;
     if (dh) std::fill_n(dh->begin() + r * dim, dim, 0.0);
     if (target < 0) continue;
+    const double scale =
+        grad_scale * (row_weights.empty() ? 1.0 : row_weights[static_cast<size_t>(r)]);
     for (int64_t v = 0; v < valid; ++v) {
       const double g =
-          grad_scale * (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == target ? 1.0 : 0.0));
+          scale * (std::exp(logits[static_cast<size_t>(v)] - lse) - (v == target ? 1.0 : 0.0));
       for (int64_t i = 0; i < dim; ++i) {
         if (dh) (*dh)[static_cast<size_t>(r * dim + i)] += g * w[static_cast<size_t>(v * dim + i)];
         if (dw) (*dw)[static_cast<size_t>(v * dim + i)] += g * h[static_cast<size_t>(r * dim + i)];

@@ -52,7 +52,7 @@ void embedding_backward(const EmbeddingDims& dims, std::span<const int32_t> ids,
 // the last vocab - valid rows of w are padding.
 double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> targets, int64_t rows,
                         int64_t dim, int64_t vocab, int64_t valid, double grad_scale, Vec* dh,
-                        Vec* dw, Vec* row_losses);
+                        Vec* dw, Vec* row_losses, std::span<const float> row_weights = {});
 
 void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, Vec& v);
 

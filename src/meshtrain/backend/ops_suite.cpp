@@ -1145,15 +1145,29 @@ void add_classifier_cases(std::vector<OpCase>& cases, Random& rng) {
                          Shape{64, 32, 300, 300, 16}}) {
     const auto targets = std::make_shared<std::vector<int32_t>>(
         rng.ints(s.rows, -1, static_cast<int32_t>(s.valid - 1)));
-    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    // Per-row weights (preference losses): any sign, some zero.
+    std::vector<float> weights;
+    for (double x : rng.uniform(s.rows, -2, 2)) {
+      weights.push_back(x < -1.5 ? 0.0f : static_cast<float>(x));
+    }
+    struct Variant {
+      DType dt;
+      bool weighted;
+    };
+    for (const auto [dt, weighted] :
+         {Variant{DType::f32, false}, Variant{DType::bf16, false}, Variant{DType::f16, false},
+          Variant{DType::f32, true}, Variant{DType::bf16, true}}) {
+      if (weighted && s.rows < 7) continue;
       const Vec h = rounded(rng.uniform(s.rows * s.dim, -2, 2), dt),
                 w = rounded(rng.uniform(s.vocab * s.dim), dt);
       const Vec dw0 = rounded(rng.uniform(s.vocab * s.dim), DType::f32);
       const double scale = 1.0 / static_cast<double>(s.rows);
+      const std::vector<float> row_weights = weighted ? weights : std::vector<float>{};
       std::string params =
           fmt::format("rows={} dim={} vocab={} {}", s.rows, s.dim, s.vocab, dtype_name(dt));
       if (s.valid < s.vocab) params += fmt::format(" padding={}", s.vocab - s.valid);
       if (s.chunk) params += fmt::format(" chunk={}", s.chunk);
+      if (weighted) params += " row_weights";
       cases.push_back(
           OpCase{"fused_classifier", params, max_nmse(dt),
                  [=](Probe& p) {
@@ -1168,6 +1182,9 @@ void add_classifier_cases(std::vector<OpCase>& cases, Random& rng) {
                    a.grad_scale = static_cast<float>(scale);
                    a.dh = DH.as<float>(), a.dw = DW.as<float>(), a.row_losses = L.as<float>();
                    a.chunk_rows = s.chunk, a.vocab_valid = s.valid;
+                   auto RW = p.upload("row_weights", DType::f32,
+                                      Vec(row_weights.begin(), row_weights.end()));
+                   if (weighted) a.row_weights = RW.as<float>();
                    const double loss = p.backend().fused_classifier(a);
                    return Outputs{{"loss", {loss}},
                                   {"row_losses", p.download(L)},
@@ -1176,8 +1193,9 @@ void add_classifier_cases(std::vector<OpCase>& cases, Random& rng) {
                  },
                  [=] {
                    Vec dh(h.size()), dw = dw0, losses(static_cast<size_t>(s.rows));
-                   const double loss = ref::fused_classifier(h, w, *targets, s.rows, s.dim, s.vocab,
-                                                             s.valid, scale, &dh, &dw, &losses);
+                   const double loss =
+                       ref::fused_classifier(h, w, *targets, s.rows, s.dim, s.vocab, s.valid,
+                                             scale, &dh, &dw, &losses, row_weights);
                    return Outputs{{"loss", {loss}}, {"row_losses", losses}, {"dh", dh}, {"dw", dw}};
                  }});
     }

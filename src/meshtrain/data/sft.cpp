@@ -94,6 +94,23 @@ SftRecordReader sft_record_reader(std::string_view format, const Tokenizer& toke
   };
 }
 
+void for_each_jsonl_line(const std::vector<std::string>& paths,
+                         const std::function<void(const std::string& line,
+                                                  const std::string& where)>& fn) {
+  for (const std::string& path : paths) {
+    const std::string text = read_file_text(path);
+    size_t begin = 0;
+    for (int64_t line = 1; begin < text.size(); ++line) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      const std::string row = text.substr(begin, end - begin);
+      begin = end + 1;
+      if (row.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+      fn(row, fmt::format("{}:{}", path, line));
+    }
+  }
+}
+
 SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tokenizer,
                               const std::string& where) {
   return template_record(parse_record(json_line, where), tokenizer, where);
@@ -153,39 +170,44 @@ SftDataset::SftDataset(const std::vector<std::string>& paths, const Tokenizer& t
     : SftDataset(paths, sft_record_reader("sft-jsonl", tokenizer), tokenizer.eot_id(), options) {}
 
 SftDataset::SftDataset(const std::vector<std::string>& paths, const SftRecordReader& read,
-                       int32_t pad, const SftOptions& options)
-    : seq_len_(options.seq_len), packed_(options.pack) {
-  MESHTRAIN_CHECK(seq_len_ >= 1, "data: train.seq_len must be >= 1, got {}", seq_len_);
+                       int32_t pad, const SftOptions& options) {
+  MESHTRAIN_CHECK(options.seq_len >= 1, "data: train.seq_len must be >= 1, got {}", options.seq_len);
   MESHTRAIN_CHECK(!paths.empty(), "data: no SFT files given");
-  std::vector<SftRecord> records;
-  for (const std::string& path : paths) {
-    const std::string text = read_file_text(path);
-    size_t begin = 0;
-    for (int64_t line = 1; begin < text.size(); ++line) {
-      size_t end = text.find('\n', begin);
-      if (end == std::string::npos) end = text.size();
-      const std::string row = text.substr(begin, end - begin);
-      begin = end + 1;
-      if (row.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
-      const std::string where = fmt::format("{}:{}", path, line);
-      SftRecord r = read(row, where);
-      const int64_t pairs = static_cast<int64_t>(r.tokens.size()) - 1;
-      if (pairs > seq_len_) {
-        if (!options.truncate) {
-          fail("data: {}: record of {} tokens is longer than train.seq_len + 1 = {} (set "
-               "data.sft_overflow = \"truncate\" to cut it)",
-               where, r.tokens.size(), seq_len_ + 1);
-        }
-        r.tokens.resize(static_cast<size_t>(seq_len_ + 1));
-        r.in_loss.resize(r.tokens.size());
-        ++truncated_;
+  SftGroups records;
+  for_each_jsonl_line(paths, [&](const std::string& row, const std::string& where) {
+    SftRecord r = read(row, where);
+    const int64_t pairs = static_cast<int64_t>(r.tokens.size()) - 1;
+    if (pairs > options.seq_len) {
+      if (!options.truncate) {
+        fail("data: {}: record of {} tokens is longer than train.seq_len + 1 = {} (set "
+             "data.sft_overflow = \"truncate\" to cut it)",
+             where, r.tokens.size(), options.seq_len + 1);
       }
-      records.push_back(std::move(r));
+      r.tokens.resize(static_cast<size_t>(options.seq_len + 1));
+      r.in_loss.resize(r.tokens.size());
+      ++records.truncated;
     }
-  }
-  records_ = static_cast<int64_t>(records.size());
-  MESHTRAIN_CHECK(records_ > 0, "data: the SFT files ({}) hold no record", fmt::join(paths, ", "));
+    records.groups.push_back({std::move(r)});
+  });
+  MESHTRAIN_CHECK(!records.groups.empty(), "data: the SFT files ({}) hold no record",
+                  fmt::join(paths, ", "));
+  build_rows(records, pad, options);
+}
 
+SftDataset::SftDataset(const SftGroups& groups, int32_t pad, const SftOptions& options) {
+  MESHTRAIN_CHECK(options.seq_len >= 1, "data: train.seq_len must be >= 1, got {}", options.seq_len);
+  MESHTRAIN_CHECK(!groups.groups.empty(), "data: no {} to train on", groups.noun);
+  build_rows(groups, pad, options);
+}
+
+void SftDataset::build_rows(const SftGroups& groups, int32_t pad, const SftOptions& options) {
+  seq_len_ = options.seq_len;
+  noun_ = groups.noun;
+  records_ = static_cast<int64_t>(groups.groups.size());
+  truncated_ = groups.truncated;
+  packed_ = options.pack || std::ranges::any_of(groups.groups, [](const auto& g) {
+              return g.size() > 1;
+            });
   const int64_t T = seq_len_;
   int64_t fill = T;  // tokens in the current row; T = no open row
   auto close_row = [&] {
@@ -205,28 +227,35 @@ SftDataset::SftDataset(const std::vector<std::string>& paths, const SftRecordRea
     loss_counts_.push_back(0);
     fill = 0;
   };
+  auto pairs_of = [](const SftRecord& r) { return static_cast<int64_t>(r.tokens.size()) - 1; };
   const KeyedPermutation order(static_cast<uint64_t>(records_), options.seed);
   for (int64_t k = 0; k < records_; ++k) {
-    const SftRecord& r =
-        records[static_cast<size_t>(options.shuffle ? static_cast<int64_t>(order(k)) : k)];
-    const int64_t pairs = static_cast<int64_t>(r.tokens.size()) - 1;
+    const std::vector<SftRecord>& group = groups.groups[static_cast<size_t>(
+        options.shuffle ? static_cast<int64_t>(order(k)) : k)];
+    int64_t pairs = 0;
+    for (const SftRecord& r : group) pairs += std::max<int64_t>(0, pairs_of(r));
     if (pairs <= 0) continue;
-    if (!packed_ || fill + pairs > T) {
+    MESHTRAIN_CHECK(pairs <= T, "data: a group of {} {} tokens does not fit a row of {}", noun_,
+                    pairs, T);
+    if (!options.pack || fill + pairs > T) {
       close_row();
       open_row();
     }
-    const size_t at = inputs_.size() - static_cast<size_t>(T) + static_cast<size_t>(fill);
-    for (int64_t i = 0; i < pairs; ++i) {
-      inputs_[at + i] = r.tokens[static_cast<size_t>(i)];
-      const bool counted = r.in_loss[static_cast<size_t>(i + 1)] != 0;
-      targets_[at + i] = counted ? r.tokens[static_cast<size_t>(i + 1)] : -1;
-      if (packed_) positions_[at + i] = static_cast<int32_t>(i);
-      loss_counts_.back() += counted ? 1 : 0;
+    for (const SftRecord& r : group) {
+      const size_t at = inputs_.size() - static_cast<size_t>(T) + static_cast<size_t>(fill);
+      for (int64_t i = 0; i < pairs_of(r); ++i) {
+        inputs_[at + i] = r.tokens[static_cast<size_t>(i)];
+        const bool counted = r.in_loss[static_cast<size_t>(i + 1)] != 0;
+        targets_[at + i] = counted ? r.tokens[static_cast<size_t>(i + 1)] : -1;
+        if (packed_) positions_[at + i] = static_cast<int32_t>(i);
+        if (counted) ++total_loss_;
+        if (!groups.count_groups) loss_counts_.back() += counted ? 1 : 0;
+      }
+      fill += std::max<int64_t>(0, pairs_of(r));
     }
-    fill += pairs;
+    if (groups.count_groups) ++loss_counts_.back();
   }
   close_row();
-  for (int64_t c : loss_counts_) total_loss_ += c;
 }
 
 void SftDataset::read_sample(int64_t index, int32_t* inputs, int32_t* targets) const {
@@ -248,9 +277,9 @@ int64_t SftDataset::loss_tokens(int64_t index) const {
 }
 
 std::string SftDataset::describe() const {
-  return fmt::format("{} SFT records ({} truncated) in {} {} rows of {}, {} loss tokens (packing "
+  return fmt::format("{} {} ({} truncated) in {} {} rows of {}, {} loss tokens (packing "
                      "efficiency {:.3f})",
-                     records_, truncated_, num_samples(), packed_ ? "packed" : "unpacked", seq_len_,
+                     records_, noun_, truncated_, num_samples(), packed_ ? "packed" : "unpacked", seq_len_,
                      total_loss_, packing_efficiency());
 }
 

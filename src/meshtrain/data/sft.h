@@ -48,6 +48,12 @@ struct SftRecord {
 SftRecord tokenize_sft_record(const std::string& json_line, const Tokenizer& tokenizer,
                               const std::string& where);
 
+// Calls fn(line, where) for each non-blank line of the JSONL files, where =
+// "file:line" (1-based) for its errors.
+void for_each_jsonl_line(const std::vector<std::string>& paths,
+                         const std::function<void(const std::string& line,
+                                                  const std::string& where)>& fn);
+
 // One JSONL line to its record; `where` (file:line) names it in errors.
 using SftRecordReader =
     std::function<SftRecord(const std::string& json_line, const std::string& where)>;
@@ -63,6 +69,18 @@ struct SftOptions {
   uint64_t seed = 0;
 };
 
+// Records that share a row: each a segment of its own (positions restart at
+// its first token), in order, never split over rows (a preference pair's
+// chosen and rejected conversations, data/preference.h). `truncated`: how
+// many were cut to fit; `count_groups`: a row's loss_tokens counts its groups
+// (pairs) instead of its loss tokens; `noun` names the groups in describe().
+struct SftGroups {
+  std::vector<std::vector<SftRecord>> groups;
+  int64_t truncated = 0;
+  bool count_groups = false;
+  std::string noun = "SFT records";
+};
+
 // Rows of seq_len pairs built once at start. Packing: records in a keyed
 // permutation of (seed) (file order without shuffle), each appended to the
 // current row if its pairs fit, else the row is closed (padded) and a new one
@@ -76,6 +94,10 @@ class SftDataset final : public SampleSource {
   // sft-jsonl records.
   SftDataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer,
              const SftOptions& options);
+  // Groups of records, each group packed as one unit (options.pack: several
+  // groups per row); rows hold positions when packed or when a group has
+  // several records.
+  SftDataset(const SftGroups& groups, int32_t pad, const SftOptions& options);
 
   int64_t num_samples() const override { return static_cast<int64_t>(loss_counts_.size()); }
   int64_t seq_len() const override { return seq_len_; }
@@ -85,18 +107,22 @@ class SftDataset final : public SampleSource {
   int64_t loss_tokens(int64_t index) const override;
   std::string describe() const override;
 
-  int64_t num_records() const { return records_; }
+  int64_t num_records() const { return records_; }  // groups (SftGroups), records otherwise
   int64_t truncated_records() const { return truncated_; }
   int64_t total_loss_tokens() const { return total_loss_; }
   // Loss tokens / row tokens: how much of each row trains.
   double packing_efficiency() const;
 
  private:
+  // Lays `groups` out in rows (the constructors' common part).
+  void build_rows(const SftGroups& groups, int32_t pad, const SftOptions& options);
+
   int64_t seq_len_ = 0;
-  bool packed_ = true;
+  bool packed_ = true;  // rows hold positions
+  std::string noun_;
   int64_t records_ = 0, truncated_ = 0, total_loss_ = 0;
   std::vector<int32_t> inputs_, targets_, positions_;  // num_samples x seq_len
-  std::vector<int64_t> loss_counts_;                    // per row
+  std::vector<int64_t> loss_counts_;                    // per row (tokens, or groups)
 };
 
 }  // namespace meshtrain

@@ -219,6 +219,26 @@ const int32_t* Model::Impl::upload(Tensor& slot, const int32_t* host, int64_t n)
   return slot.data<int32_t>();
 }
 
+void Model::Impl::weigh(ops::ClassifierArgs& args, const TokenLoss& loss) {
+  if (loss.weights != nullptr) {
+    ensure(ws.row_weights, {args.rows}, DType::f32, MemCategory::workspace);
+    backend.copy_from_host(loss.weights, ws.row_weights);
+    args.row_weights = ws.row_weights.data<float>();
+  }
+  if (loss.losses != nullptr) {
+    ensure(ws.row_losses, {args.rows}, DType::f32, MemCategory::workspace);
+    args.row_losses = ws.row_losses.data<float>();
+  }
+}
+
+void Model::Impl::fetch_losses(const TokenLoss& loss, int64_t rows) {
+  if (loss.losses == nullptr) return;
+  backend.synchronize();
+  MESHTRAIN_CHECK(ws.row_losses.numel() == rows, "model: {} token losses held for {} rows",
+                  ws.row_losses.numel(), rows);
+  backend.copy_to_host(ws.row_losses, loss.losses);
+}
+
 void Model::Impl::ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) const {
   if (!t.defined() || t.shape() != shape || t.dtype() != dtype) {
     t = Tensor();  // free first, so the peak does not count both
@@ -379,6 +399,7 @@ const void* Model::Impl::lora_input_product(const Linear& lin, const LoraAdapter
 }
 
 void Model::Impl::lora_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y) {
+  if (!adapters_on) return;
   const int64_t r = cfg.lora.rank;
   for (const LoraAdapter& ad : lin.lora) {
     // u = x A^T [rows, r]; y[:, out_begin:] += scale * u B^T.

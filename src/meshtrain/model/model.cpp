@@ -309,6 +309,8 @@ void Model::zero_grads() {
   flat_grad_.zero();
 }
 
+void Model::set_adapters_enabled(bool on) { impl_->adapters_on = on; }
+
 void Model::set_lora_dropout(uint64_t seed, int64_t step, std::vector<int64_t> samples) {
   impl_->dropout.seed = seed;
   impl_->dropout.step = step;
@@ -327,7 +329,8 @@ struct DropoutScope {
 }  // namespace
 
 double Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                               int64_t seq, float grad_scale, const int32_t* positions) {
+                               int64_t seq, float grad_scale, const int32_t* positions,
+                               const TokenLoss& loss_out) {
   require_whole("forward_backward");
   Impl& m = *impl_;
   const Impl::PassPositions pass(m, positions, batch * seq);
@@ -359,8 +362,10 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
   args.grad_scale = grad_scale;
   args.dh = m.ws.dx.data<float>();
   args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;
+  m.weigh(args, loss_out);
   trace::Span classifier_span("backward", "classifier");
   const double loss = backend_.fused_classifier(args);
+  m.fetch_losses(loss_out, rows);
   if (!m.tied) m.ready(m.output);
   m.ws.dres.zero();
   m.norm_backward(m.final_norm, last, m.train.mean_f, m.train.rstd_f, m.reduce_input_grad(rows),
@@ -384,7 +389,7 @@ double Model::forward_backward(const int32_t* tokens, const int32_t* targets, in
 }
 
 double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                           int64_t seq, const int32_t* positions) {
+                           int64_t seq, const int32_t* positions, const TokenLoss& loss_out) {
   require_whole("forward_loss");
   Impl& m = *impl_;
   const Impl::PassPositions pass(m, positions, batch * seq);
@@ -394,7 +399,10 @@ double Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_
   const Tensor& last = m.forward_trunk(acts, tokens, batch, seq, dt, false);
   double loss = 0;
   m.head_forward(acts, last, dt, [&] {
-    loss = backend_.fused_classifier(m.classifier_args(acts.head_input, targets, batch * seq, dt));
+    ops::ClassifierArgs args = m.classifier_args(acts.head_input, targets, batch * seq, dt);
+    m.weigh(args, loss_out);
+    loss = backend_.fused_classifier(args);
+    m.fetch_losses(loss_out, batch * seq);
   });
   return loss;
 }

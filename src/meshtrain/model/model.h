@@ -47,6 +47,17 @@ struct UnitHooks {
   std::function<void(size_t unit, UnitPass pass)> before, after;
 };
 
+// Per-token loss weights and losses of one pass (preference optimisation,
+// train/preference.h): weights [batch * seq]: token i's loss enters the
+// gradient weighted by grad_scale * weights[i] (any sign); losses [batch *
+// seq]: each token's loss written there (0 where the target is negative).
+// Null pointers: weight 1, losses not written. Host arrays; on a pipeline
+// stage only the head chunk reads or writes them.
+struct TokenLoss {
+  const float* weights = nullptr;
+  float* losses = nullptr;
+};
+
 // flat: the model owns three flat buffers in registry order (master f32, grad
 // f32, compute bf16 or f16) and every Parameter views them. Frozen parameters
 // (ParamSpec::trainable false: LoRA's base) have no grad view, and in mixed
@@ -175,8 +186,10 @@ class Model {
   // each token's position in its record; attention never crosses a record
   // and positions (RoPE, learned) restart at 0. nullptr: one sequence per row.
   // Returns the sum of the token losses.
+  // `loss`: per-token weights and losses (TokenLoss).
   double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                          int64_t seq, float grad_scale, const int32_t* positions = nullptr);
+                          int64_t seq, float grad_scale, const int32_t* positions = nullptr,
+                          const TokenLoss& loss = {});
   // LoRA adapter dropout (lora.dropout > 0) in the following forward_backward
   // calls: element (row, j) of an adapter's input is kept iff
   // uniform_at(stream_key(seed, "lora_dropout.<step>.<module>"), (samples[b] *
@@ -187,9 +200,14 @@ class Model {
   // passes never drop. Pipeline stage passes refuse lora.dropout > 0.
   void set_lora_dropout(uint64_t seed, int64_t step, std::vector<int64_t> samples);
 
-  // Forward only: sum of token losses (evaluation).
+  // Forward only: sum of token losses (evaluation); each token's in
+  // loss.losses when set.
   double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
-                      const int32_t* positions = nullptr);
+                      const int32_t* positions = nullptr, const TokenLoss& loss = {});
+  // LoRA: whether the adapters add their terms in the following forward
+  // passes (default on). Off, the model computes its frozen base: the
+  // reference policy of preference optimisation, without a second copy.
+  void set_adapters_enabled(bool on);
   // Forward only: full logits [batch * seq, vocab] f32 (tests, small inputs;
   // under tp the slices are all-gathered, on every rank).
   void forward_logits(const int32_t* tokens, int64_t batch, int64_t seq, float* logits,
@@ -214,12 +232,14 @@ class Model {
   // forward_backward for the chunk's units; with tied embeddings on a last
   // stage that is not the first, the output layer (unit embed) completes at
   // the end of the head chunk's backward.
+  // `loss` as in forward_backward (the head chunk's).
   double stage_backward(int chunk, int64_t micro_batch, const int32_t* tokens,
                         const int32_t* targets, float grad_scale, const float* output_grad,
-                        float* input_grad);
-  // Evaluation: the sum of token losses of a head chunk's held forward;
-  // frees its activations (no gradients).
-  double stage_loss(int chunk, int64_t micro_batch, const int32_t* targets);
+                        float* input_grad, const TokenLoss& loss = {});
+  // Evaluation: the sum of token losses of a head chunk's held forward (each
+  // token's in loss.losses when set); frees its activations (no gradients).
+  double stage_loss(int chunk, int64_t micro_batch, const int32_t* targets,
+                    const TokenLoss& loss = {});
   int64_t stage_rows(int64_t batch, int64_t seq) const;
   // Passes whose activations are held (forward done, backward not yet).
   size_t stage_in_flight() const;

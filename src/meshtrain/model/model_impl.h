@@ -176,6 +176,8 @@ struct Workspace {
   // The pass's ids in device memory, uploaded from the caller's host arrays
   // when an op reads them (Impl::upload): i32 [N].
   Tensor tokens, targets, positions;
+  // Preference passes (TokenLoss): f32 [N] token loss weights and losses.
+  Tensor row_weights, row_losses;
   Tensor position_ids;  // i32 [N / tp]: this rank's rows' positions (tp, learned positions)
   // MoE (model/moe.cpp).
   Tensor router_logits;   // f32 [N, E]; in backward d(logits)
@@ -260,6 +262,11 @@ struct Model::Impl {
   // Host ids [n] copied into `slot` (i32, on the backend's device); returns
   // its data, or nullptr for nullptr. Every id an op reads comes this way.
   const int32_t* upload(Tensor& slot, const int32_t* host, int64_t n);
+  // The classifier call of a pass with `loss` (TokenLoss): its weights
+  // uploaded into args, its losses' device buffer set; then fetch_losses
+  // copies them to loss.losses.
+  void weigh(ops::ClassifierArgs& args, const TokenLoss& loss);
+  void fetch_losses(const TokenLoss& loss, int64_t rows);
   // Final norm of `last` into acts.hn, then `classifier` (reads the output
   // layer), within the inference head hooks.
   template <typename Classifier>
@@ -323,6 +330,7 @@ struct Model::Impl {
   // adapters' gradients from ws.lora_du (under tp first summed over the tp
   // ranks: B's rows are split, A is replicated).
   void lora_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y);
+  bool adapters_on = true;  // Model::set_adapters_enabled
   // ws.lora_u = x A^T (x [rows, lin.in] in dt), summed over tp for a row-parallel adapter.
   const void* lora_input_product(const Linear& lin, const LoraAdapter& ad, DType dt,
                                  const void* x, int64_t rows);

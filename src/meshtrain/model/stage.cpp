@@ -188,7 +188,8 @@ void Model::stage_forward(int chunk, int64_t micro_batch, const int32_t* tokens,
   }
 }
 
-double Model::stage_loss(int chunk, int64_t micro_batch, const int32_t* targets) {
+double Model::stage_loss(int chunk, int64_t micro_batch, const int32_t* targets,
+                         const TokenLoss& loss_out) {
   Impl& m = *impl_;
   const ChunkRole role = chunk_role(stage_, chunk);
   auto found = m.staged.find({chunk, micro_batch});
@@ -200,8 +201,11 @@ double Model::stage_loss(int chunk, int64_t micro_batch, const int32_t* targets)
   m.check_tokens(targets, rows, true, "target");
   m.before(m.head_unit, UnitPass::forward);
   if (m.tied) m.before(m.embed_unit, UnitPass::forward);
-  const double loss = backend_.fused_classifier(
-      m.classifier_args(acts.head_input, targets, rows, compute_dtype(precision_)));
+  ops::ClassifierArgs args =
+      m.classifier_args(acts.head_input, targets, rows, compute_dtype(precision_));
+  m.weigh(args, loss_out);
+  const double loss = backend_.fused_classifier(args);
+  m.fetch_losses(loss_out, rows);
   if (m.tied) m.after(m.embed_unit, UnitPass::forward);
   m.after(m.head_unit, UnitPass::forward);
   m.staged.erase(found);
@@ -210,7 +214,7 @@ double Model::stage_loss(int chunk, int64_t micro_batch, const int32_t* targets)
 
 double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* tokens,
                              const int32_t* targets, float grad_scale, const float* output_grad,
-                             float* input_grad) {
+                             float* input_grad, const TokenLoss& loss_out) {
   Impl& m = *impl_;
   const ChunkRole role = chunk_role(stage_, chunk);
   auto found = m.staged.find({chunk, micro_batch});
@@ -236,7 +240,9 @@ double Model::stage_backward(int chunk, int64_t micro_batch, const int32_t* toke
     args.grad_scale = grad_scale;
     args.dh = m.ws.dx.data<float>();
     args.dw = m.trains(m.output) ? m.grad(m.output) : nullptr;  // frozen (LoRA): none
+    m.weigh(args, loss_out);
     loss = backend_.fused_classifier(args);
+    m.fetch_losses(loss_out, rows);
     if (!m.tied) m.ready(m.output);
     m.ws.dres.zero();
     m.norm_backward(m.final_norm, acts.residual.back(), acts.mean_f, acts.rstd_f,

@@ -101,6 +101,8 @@ constexpr KeySpec kKeys[] = {
     {"moe", "aux_loss", Kind::number},        {"moe", "z_loss", Kind::number},
     {"moe", "aux_scope", Kind::string},
     {"moe", "capacity_factor", Kind::number}, {"moe", "bias_update_rate", Kind::number},
+    {"dpo", "beta", Kind::number},            {"dpo", "loss", Kind::string},
+    {"dpo", "label_smoothing", Kind::number}, {"dpo", "precompute_reference", Kind::boolean},
     {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
     {"comm", "flight_records", Kind::integer},
 };
@@ -476,9 +478,9 @@ DataSettings read_data(const Section& s) {
   s.read("gpt2_ranks", d.gpt2_ranks);
   MESHTRAIN_CHECK(!d.gpt2_ranks.empty(), "config: data.gpt2_ranks must not be empty");
   s.read("format", d.format);
-  MESHTRAIN_CHECK(d.format == "tokens" || d.format == "sft-jsonl" || d.format == "chat-jsonl",
-                  "config: data.format must be \"tokens\", \"sft-jsonl\" or \"chat-jsonl\", got "
-                  "\"{}\"", d.format);
+  MESHTRAIN_CHECK(d.format == "tokens" || d.records(),
+                  "config: data.format must be \"tokens\", \"sft-jsonl\", \"chat-jsonl\" or "
+                  "\"preference-jsonl\", got \"{}\"", d.format);
   s.read("sft_pack", d.sft_pack);
   s.read("sft_overflow", d.sft_overflow);
   MESHTRAIN_CHECK(d.sft_overflow == "truncate" || d.sft_overflow == "refuse",
@@ -488,9 +490,9 @@ DataSettings read_data(const Section& s) {
   const DataSettings defaults;
   for (const auto& [key, set] : {std::pair{"sft_pack", d.sft_pack != defaults.sft_pack},
                                  std::pair{"sft_overflow", d.sft_overflow != defaults.sft_overflow}}) {
-    MESHTRAIN_CHECK(d.sft() || !set,
-                    "config: data.{} applies to data.format = \"sft-jsonl\" or \"chat-jsonl\" "
-                    "only (this run reads \"{}\")",
+    MESHTRAIN_CHECK(d.records() || !set,
+                    "config: data.{} applies to data.format = \"sft-jsonl\", \"chat-jsonl\" or "
+                    "\"preference-jsonl\" only (this run reads \"{}\")",
                     key, d.format);
   }
   return d;
@@ -618,6 +620,46 @@ ParallelSettings read_parallel(const Section& s) {
                   p.schedule);
   check_min("parallel.virtual_stages", p.virtual_stages, 1);
   if (!pp_split_is_rule(p.pp_split)) parse_pp_split(p.pp_split);  // validates the list
+  return p;
+}
+
+PreferenceSettings read_dpo(const Section& s, const TrainConfig& c) {
+  PreferenceSettings p;
+  p.precompute_reference = !c.model.lora.enabled();
+  for (const char* key : {"beta", "loss", "label_smoothing", "precompute_reference"}) {
+    MESHTRAIN_CHECK(c.data.preference() || !s.has(key),
+                    "config: dpo.{} applies to data.format = \"preference-jsonl\" only (this run "
+                    "reads \"{}\")",
+                    key, c.data.format);
+  }
+  s.read("beta", p.loss.beta);
+  MESHTRAIN_CHECK(std::isfinite(p.loss.beta) && p.loss.beta > 0,
+                  "config: dpo.beta must be > 0, got {}", p.loss.beta);
+  std::string loss = "sigmoid";
+  s.read("loss", loss);
+  MESHTRAIN_CHECK(loss == "sigmoid" || loss == "ipo",
+                  "config: dpo.loss must be \"sigmoid\" or \"ipo\", got \"{}\"", loss);
+  p.loss.loss = loss == "ipo" ? DpoLoss::ipo : DpoLoss::sigmoid;
+  s.read("label_smoothing", p.loss.label_smoothing);
+  MESHTRAIN_CHECK(p.loss.label_smoothing >= 0 && p.loss.label_smoothing < 0.5,
+                  "config: dpo.label_smoothing must be in [0, 0.5), got {}",
+                  p.loss.label_smoothing);
+  MESHTRAIN_CHECK(p.loss.label_smoothing == 0 || p.loss.loss == DpoLoss::sigmoid,
+                  "config: dpo.label_smoothing applies to dpo.loss = \"sigmoid\" only");
+  s.read("precompute_reference", p.precompute_reference);
+  MESHTRAIN_CHECK(p.precompute_reference || c.model.lora.enabled(),
+                  "config: dpo.precompute_reference = false needs LoRA (lora.rank > 0: the "
+                  "reference is the model with its adapters off); full fine-tuning keeps no "
+                  "frozen copy of the model, so its reference is precomputed");
+  if (!c.data.preference()) return p;
+  MESHTRAIN_CHECK(c.parallel.cp == 1,
+                  "config: data.format = \"preference-jsonl\" with parallel.cp = {}: a pair's "
+                  "responses cut over context-parallel ranks is not implemented",
+                  c.parallel.cp);
+  MESHTRAIN_CHECK(c.model.lora.dropout == 0.0f,
+                  "config: data.format = \"preference-jsonl\" with lora.dropout = {}: the policy's "
+                  "log-probabilities are taken without dropout (use lora.dropout = 0)",
+                  c.model.lora.dropout);
   return p;
 }
 
@@ -775,6 +817,7 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   c.ckpt = read_ckpt(Section(root, "ckpt"));
   c.guard = read_guard(Section(root, "guard"));
   c.comm = read_comm(Section(root, "comm"));
+  c.dpo = read_dpo(Section(root, "dpo"), c);
   return c;
 }
 
@@ -888,6 +931,13 @@ toml::table to_table(const TrainConfig& c) {
                   {"ckpt", std::move(ckpt)},
                   {"guard", std::move(guard)},
                   {"comm", std::move(comm)}};
+  if (c.data.preference()) {
+    const DpoSettings& d = c.dpo.loss;
+    out.insert("dpo", toml::table{{"beta", d.beta},
+                                  {"loss", d.loss == DpoLoss::ipo ? "ipo" : "sigmoid"},
+                                  {"label_smoothing", d.label_smoothing},
+                                  {"precompute_reference", c.dpo.precompute_reference}});
+  }
   if (m.lora.enabled()) {
     toml::array targets;
     for (const std::string& target : lora_targets(m.lora, m.family)) targets.push_back(target);

@@ -12,6 +12,7 @@
 #include "meshtrain/model/config.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/schedule.h"
+#include "meshtrain/train/preference.h"
 
 namespace meshtrain {
 
@@ -85,6 +86,22 @@ struct DataSettings {
   bool sft_pack = true;                  // several records per row, attention kept within each
   std::string sft_overflow = "truncate";  // a record longer than seq_len: "truncate" | "refuse"
   bool sft() const { return format == "sft-jsonl" || format == "chat-jsonl"; }
+  // "preference-jsonl": {prompt, chosen, rejected} records (data/preference.h)
+  // for preference optimisation ([dpo]).
+  bool preference() const { return format == "preference-jsonl"; }
+  bool records() const { return sft() || preference(); }  // JSONL records, not token shards
+};
+
+// [dpo]: preference optimisation of data.format = "preference-jsonl" rows
+// (train/preference.h; docs/finetune.md#dpo).
+struct PreferenceSettings {
+  DpoSettings loss;  // dpo.beta, dpo.loss ("sigmoid" | "ipo"), dpo.label_smoothing
+  // The reference policy's log-probabilities: computed in one forward pass
+  // over the training data before the first step and stored with the run
+  // (true), or in every step by the model with its LoRA adapters switched off
+  // (false). Default: false with LoRA, true without (full fine-tuning keeps
+  // no frozen copy of the model).
+  bool precompute_reference = false;
 };
 
 // [parallel]: the device mesh (dp = world size / (tp * pp)) and data-parallel
@@ -171,6 +188,7 @@ struct TrainConfig {
   CkptSettings ckpt;
   GuardSettings guard;
   CommSettings comm;
+  PreferenceSettings dpo;
 
   LrSchedule lr_schedule() const;
 };

@@ -1,5 +1,6 @@
 #include "meshtrain/train/data_source.h"
 
+#include "meshtrain/data/preference.h"
 #include "meshtrain/data/sft.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/util/error.h"
@@ -10,7 +11,7 @@ std::unique_ptr<SampleSource> open_sample_source(const TrainConfig& config,
                                                  const std::vector<std::string>& files,
                                                  bool train) {
   const TrainSettings& t = config.train;
-  if (!config.data.sft()) {
+  if (!config.data.records()) {
     return std::make_unique<TokenDataset>(files, config.model.vocab_size, t.seq_len);
   }
   const std::unique_ptr<Tokenizer> tokenizer =
@@ -24,6 +25,7 @@ std::unique_ptr<SampleSource> open_sample_source(const TrainConfig& config,
   options.truncate = config.data.sft_overflow == "truncate";
   options.shuffle = train;
   options.seed = t.seed;
+  if (config.data.preference()) return open_preference_dataset(files, *tokenizer, options);
   return std::make_unique<SftDataset>(files, sft_record_reader(config.data.format, *tokenizer),
                                       tokenizer->eot_id(), options);
 }

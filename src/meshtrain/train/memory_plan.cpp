@@ -364,7 +364,12 @@ double workspace_bytes(const TrainConfig& config, const LocalShape& s,
 double id_bytes(const TrainConfig& config, const LocalShape& s, const StageLayers& stage) {
   double ids = (stage.first ? 4 * s.n : 0) + (stage.last ? 4 * s.n : 0);
   // Per-token positions: packed records, or every context-parallel pass.
-  if ((config.data.sft() && config.data.sft_pack) || s.cp > 1) ids += 4 * s.n;
+  // (Preference rows always: a pair's two conversations are segments of one row.)
+  if ((config.data.sft() && config.data.sft_pack) || config.data.preference() || s.cp > 1) {
+    ids += 4 * s.n;
+  }
+  // Preference optimisation: the head's f32 token weights and token losses.
+  if (config.data.preference() && stage.last) ids += 8 * s.n;
   if (stage.first && config.parallel.tp > 1 &&
       config.model.recipe().positions == Positions::learned) {
     ids += 4 * s.r;
@@ -680,14 +685,17 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   // The stage: the executor's split of the layers over (virtual) stages.
   const int64_t m = micro_batches_per_step(config, dp), rows = micro_batch_rows(config, dp);
   // The run's validation (train.eval_interval with data.val), in micro-batches of the same rows.
-  // A forward-only pass: evaluation, or the step's routing pass (moe.aux_scope = "step").
+  // A forward-only pass: evaluation, the step's routing pass (moe.aux_scope =
+  // "step"), or preference optimisation's reference and policy passes.
   const bool validates = !config.data.val.empty() && config.train.eval_interval > 0;
-  const bool evaluates = validates || config.model.moe.aux_per_step;
+  const bool preference = config.data.preference();
+  const bool evaluates = validates || config.model.moe.aux_per_step || preference;
   // Whether a forward-only pass runs several micro-batches back to back (the
-  // validation set's eval_batches x m, the routing pass's m): ZeRO-3 keeps the
-  // head gathered from one's forward into the next one's.
+  // validation set's eval_batches x m, the routing pass's m, the preference
+  // passes' two or more): ZeRO-3 keeps the head gathered from one's forward
+  // into the next one's.
   const bool forwards_in_a_row = (validates && config.train.eval_batches * m > 1) ||
-                                 (config.model.moe.aux_per_step && m > 1);
+                                 (config.model.moe.aux_per_step && m > 1) || preference;
   const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(p.schedule);
   const pipeline::PipelineShape shape{pp, static_cast<int>(m), p.virtual_stages};
   StageLayers stage;

@@ -28,6 +28,13 @@ void MetricsLog::write(const nlohmann::json& record) {
   out_.append(record.dump());
 }
 
+// The console's preference part: the step's mean rewards and accuracy.
+std::string preference_summary(const StepRecord& r) {
+  if (!r.preference) return "";
+  return fmt::format(" | rewards chosen {:.3f} rejected {:.3f} margin {:.3f} acc {:.2f}",
+                     r.reward_chosen, r.reward_rejected, r.reward_margin, r.reward_accuracy);
+}
+
 // The console's MoE part: the worst layer's expert-load imbalance and the
 // layers' mean load-balancing statistic; empty for a dense model.
 std::string moe_summary(const std::vector<MoeLayerRecord>& layers) {
@@ -76,6 +83,12 @@ void MetricsLog::on_step(const StepRecord& r) {
     record["pp_bubble_theory"] = r.pp_bubble_theory;
     record["pp_in_flight"] = r.pp_in_flight;
   }
+  if (r.preference) {
+    record["rewards_chosen"] = r.reward_chosen;
+    record["rewards_rejected"] = r.reward_rejected;
+    record["rewards_margin"] = r.reward_margin;
+    record["rewards_accuracy"] = r.reward_accuracy;
+  }
   if (!r.moe.empty()) {
     nlohmann::json layers = nlohmann::json::array();
     for (const MoeLayerRecord& m : r.moe) {
@@ -102,7 +115,7 @@ void MetricsLog::on_step(const StepRecord& r) {
                "MFU {:.1f}% | {:.1f} ms{}{}{}{}\n",
                r.step, train_.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.mfu * 100,
                r.step_ms,
-               moe_summary(r.moe) + (r.ep_comm_bytes > 0
+               preference_summary(r) + moe_summary(r.moe) + (r.ep_comm_bytes > 0
                                          ? fmt::format(" | all-to-all {:.1f} ms, {:.2f} MB",
                                                        r.ep_comm_ms, r.ep_comm_bytes / 1e6)
                                          : ""),

@@ -72,6 +72,12 @@ struct StepRecord {
   uint64_t offload_read_bytes = 0, offload_written_bytes = 0;
   uint64_t offload_ready = 0, offload_waited = 0;
   std::vector<MoeLayerRecord> moe;  // this rank's MoE layers (its stage's), in layer order
+  // Preference optimisation ([dpo]; train/preference.h): means over the
+  // step's pairs (every dp rank's) of the chosen and rejected responses'
+  // rewards β (log πθ − log πref), their margin, and the share of pairs whose
+  // chosen reward is the higher.
+  bool preference = false;
+  double reward_chosen = 0, reward_rejected = 0, reward_margin = 0, reward_accuracy = 0;
 };
 
 // Observes the training loop. Every rank's hooks are called at the same

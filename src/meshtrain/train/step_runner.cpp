@@ -36,45 +36,71 @@ void count_step_routing(Model& model, DataParallel& dp, Forward&& forward) {
   }
 }
 
+// The pipeline's view of a micro-batch, its token weights or losses attached.
+pipeline::MicroBatchRef ref_of(const MicroBatch& b, const TokenLoss& loss = {}) {
+  return {b.inputs.data(), b.targets.data(), positions_of(b), loss};
+}
+
+float* token_losses(std::vector<std::vector<float>>& losses, size_t k, const MicroBatch& b) {
+  if (losses.size() <= k) losses.resize(k + 1);
+  losses[k].resize(static_cast<size_t>(b.rows * b.seq_len));
+  return losses[k].data();
+}
+
 // Micro-batch after micro-batch through the whole (tp slice of the) model.
 class LocalSteps final : public StepRunner {
  public:
-  LocalSteps(Model& model, int64_t seq, uint64_t seed) : model_(model), seq_(seq), seed_(seed) {}
+  LocalSteps(Model& model, int64_t seq, uint64_t seed, StepObjective* objective)
+      : model_(model), seq_(seq), seed_(seed), objective_(objective) {}
   std::string describe() const override { return ""; }
   double run(DataLoader& loader, DataParallel& dp, float grad_scale, StepRecord& r) override {
     double loss = 0;
     const int64_t m = loader.micro_batches_per_step();
-    // The step's routing pass (moe.aux_scope = "step") reads every micro-batch
-    // first, so they are kept; otherwise each is used as the loader hands it out.
-    const bool routing_pass = model_.config().moe.aux_per_step;
-    batches_.resize(routing_pass ? static_cast<size_t>(m) : 0);
+    // The step's routing pass (moe.aux_scope = "step") and an objective read
+    // every micro-batch first, so they are kept; otherwise each is used as the
+    // loader hands it out.
+    const bool keep = model_.config().moe.aux_per_step || objective_ != nullptr;
+    batches_.resize(keep ? static_cast<size_t>(m) : 0);
     for (MicroBatch& batch : batches_) batch = loader.next();
     count_step_routing(model_, dp, [&] {
       for (const MicroBatch& b : batches_) {
         model_.forward_loss(b.inputs.data(), b.targets.data(), b.rows, seq_, positions_of(b));
       }
     });
+    const double objective = objective_ ? objective_->prepare(batches_, *this) : 0.0;
     for (int64_t a = 0; a < m; ++a) {
-      const MicroBatch& batch = routing_pass ? batches_[static_cast<size_t>(a)] : loader.next();
+      const MicroBatch& batch = keep ? batches_[static_cast<size_t>(a)] : loader.next();
       dp.begin_micro_batch(a == 0, a + 1 == m);
       // LoRA dropout masks keyed by (seed, step, sample, position): layout-independent.
       if (model_.config().lora.dropout > 0) model_.set_lora_dropout(seed_, r.step, batch.samples);
+      const TokenLoss weights{objective_ ? objective_->weights(static_cast<size_t>(a)) : nullptr};
       loss += model_.forward_backward(batch.inputs.data(), batch.targets.data(), batch.rows, seq_,
-                                      grad_scale, positions_of(batch));
+                                      grad_scale, positions_of(batch), weights);
     }
-    return loss;
+    if (objective_ == nullptr) return loss;
+    objective_->finish(nullptr, dp.group(), r);
+    return objective;
   }
   double evaluate(ValidationSet& val, int64_t& tokens) override {
     return validation_loss_sum(model_, val, batch_, tokens);
   }
   Communicator* stages() override { return nullptr; }
+  void forward_losses(std::span<const MicroBatch> batches,
+                      std::vector<std::vector<float>>& losses) override {
+    for (size_t k = 0; k < batches.size(); ++k) {
+      const MicroBatch& b = batches[k];
+      model_.forward_loss(b.inputs.data(), b.targets.data(), b.rows, seq_, positions_of(b),
+                          {nullptr, token_losses(losses, k, b)});
+    }
+  }
 
  private:
   Model& model_;
   int64_t seq_;
   uint64_t seed_;
+  StepObjective* objective_;
   MicroBatch batch_;
-  std::vector<MicroBatch> batches_;  // the step's, for its routing pass
+  std::vector<MicroBatch> batches_;  // the step's, for its routing pass or objective
 };
 
 // The schedule's actions over this rank's stage; the tied embedding's
@@ -82,8 +108,8 @@ class LocalSteps final : public StepRunner {
 class PipelineSteps final : public StepRunner {
  public:
   PipelineSteps(const TrainConfig& config, Model& model, DeviceMesh& mesh,
-                const pipeline::PipelineShape& shape, int64_t rows)
-      : model_(model), pp_(mesh.pp()), split_(pp_split_layers(config)) {
+                const pipeline::PipelineShape& shape, int64_t rows, StepObjective* objective)
+      : model_(model), pp_(mesh.pp()), split_(pp_split_layers(config)), objective_(objective) {
     const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(config.parallel.schedule);
     executor_ = std::make_unique<pipeline::Executor>(model, pp_, kind, shape, rows,
                                                      rank_seq_len(config));
@@ -118,11 +144,17 @@ class PipelineSteps final : public StepRunner {
     std::vector<pipeline::MicroBatchRef> refs;
     for (MicroBatch& batch : batches_) {
       batch = loader.next();
-      refs.push_back({batch.inputs.data(), batch.targets.data(), positions_of(batch)});
+      refs.push_back(ref_of(batch));
     }
     count_step_routing(model_, dp, [&] { executor_->evaluate(refs); });
+    double loss = 0;
+    if (objective_ != nullptr) {
+      loss = objective_->prepare(batches_, *this);
+      for (size_t k = 0; k < refs.size(); ++k) refs[k].loss.weights = objective_->weights(k);
+    }
     dp.begin_schedule();
-    const double loss = executor_->run(refs, grad_scale);
+    const double losses = executor_->run(refs, grad_scale);
+    if (objective_ == nullptr) loss = losses;
     if (tied_ && model_.params()[0].spec.trainable) {
       // The first stage's embedding and the last stage's output layer are one
       // parameter: both get the sum of their gradients, so both updates agree.
@@ -141,6 +173,7 @@ class PipelineSteps final : public StepRunner {
                       : 0.0;
     r.pp_bubble_theory = pipeline::theoretical_bubble(executor_->shape());
     r.pp_in_flight = static_cast<int64_t>(timing.peak_in_flight);
+    if (objective_ != nullptr) objective_->finish(&pp_, dp.group(), r);
     return sum_over_ranks(pp_, loss);
   }
 
@@ -155,11 +188,19 @@ class PipelineSteps final : public StepRunner {
       MESHTRAIN_CHECK(b.rows == executor_->micro_batch_rows(),
                       "evaluate: validation micro-batch of {} rows; the pipeline runs {}", b.rows,
                       executor_->micro_batch_rows());
-      refs.push_back({b.inputs.data(), b.targets.data(), positions_of(b)});
+      refs.push_back(ref_of(b));
     }
     return sum_over_ranks(pp_, executor_->evaluate(refs));
   }
   Communicator* stages() override { return &pp_; }
+  void forward_losses(std::span<const MicroBatch> batches,
+                      std::vector<std::vector<float>>& losses) override {
+    std::vector<pipeline::MicroBatchRef> refs;
+    for (size_t k = 0; k < batches.size(); ++k) {
+      refs.push_back(ref_of(batches[k], {nullptr, token_losses(losses, k, batches[k])}));
+    }
+    executor_->evaluate(refs);
+  }
 
  private:
   Model& model_;
@@ -167,6 +208,7 @@ class PipelineSteps final : public StepRunner {
   std::vector<int64_t> split_;
   int64_t n_layers_ = 0;
   std::unique_ptr<pipeline::Executor> executor_;
+  StepObjective* objective_;
   std::unique_ptr<Communicator> tied_;  // first and last stages (tied embeddings)
   std::vector<MicroBatch> batches_;
 };
@@ -192,12 +234,14 @@ StageLayers stage_of(const TrainConfig& config, const DeviceMesh* mesh, int64_t 
 
 std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, Model& model,
                                              DeviceMesh* mesh, int64_t micro_batches,
-                                             int64_t micro_batch_rows) {
+                                             int64_t micro_batch_rows,
+                                             StepObjective* objective) {
   if (config.parallel.pp == 1) {
-    return std::make_unique<LocalSteps>(model, rank_seq_len(config), config.train.seed);
+    return std::make_unique<LocalSteps>(model, rank_seq_len(config), config.train.seed, objective);
   }
   return std::make_unique<PipelineSteps>(config, model, *mesh,
-                                         pipeline_shape(config, micro_batches), micro_batch_rows);
+                                         pipeline_shape(config, micro_batches), micro_batch_rows,
+                                         objective);
 }
 
 }  // namespace meshtrain

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/data/loader.h"
@@ -15,6 +17,34 @@
 #include "meshtrain/train/step.h"
 
 namespace meshtrain {
+
+class StepRunner;
+
+// What a step trains on, when it is not the plain sum of token losses
+// (language modelling, SFT): an objective that reads the step's micro-batches
+// first, runs forward-only passes over them (StepRunner::forward_losses) and
+// gives each token a loss weight for the training passes (preference
+// optimisation, train/preference_objective.h). Plugged into a runner; the
+// trainer never asks which.
+class StepObjective {
+ public:
+  virtual ~StepObjective() = default;
+  // Once before the first step, the model holding the run's starting or
+  // resumed weights: what the objective needs of the whole run (a
+  // precomputed reference). Collective over every rank.
+  virtual void start(StepRunner& runner, bool resumed) {}
+  // Before the step's training passes, with all of its micro-batches on this
+  // rank. Returns the step's objective sum over this rank's samples (the
+  // stage holding the head; 0 on the others), the value whose mean over the
+  // step's loss tokens (data/sampler.h loss_tokens) is its loss.
+  virtual double prepare(std::span<const MicroBatch> batches, StepRunner& runner) = 0;
+  // Micro-batch k's token weights [rows * seq] (TokenLoss::weights) for its
+  // training pass, after prepare.
+  virtual const float* weights(size_t k) const = 0;
+  // After the step's passes: its statistics summed over the pipeline's
+  // stages and the dp ranks (either group may be null) into r. Collective.
+  virtual void finish(Communicator* stages, Communicator* dp, StepRecord& r) = 0;
+};
 
 class StepRunner {
  public:
@@ -30,6 +60,11 @@ class StepRunner {
   virtual double evaluate(ValidationSet& val, int64_t& tokens) = 0;
   // The pipeline's pp group (gradient norms sum over it), or null.
   virtual Communicator* stages() = 0;
+  // Forward only, no gradients: each token's loss of `batches` (micro-batches
+  // of the step's shape) into losses[k] (resized to rows * seq), on the stage
+  // holding the head (untouched elsewhere).
+  virtual void forward_losses(std::span<const MicroBatch> batches,
+                              std::vector<std::vector<float>>& losses) = 0;
 };
 
 // The model's pipeline stage (StageLayers) for the config, on this mesh
@@ -37,8 +72,10 @@ class StepRunner {
 StageLayers stage_of(const TrainConfig& config, const DeviceMesh* mesh, int64_t micro_batches);
 
 // mesh may be null (no pipeline). `micro_batch_rows`: rows per micro-batch.
+// `objective` (may be null: the token losses' sum) must outlive the runner.
 std::unique_ptr<StepRunner> make_step_runner(const TrainConfig& config, Model& model,
                                              DeviceMesh* mesh, int64_t micro_batches,
-                                             int64_t micro_batch_rows);
+                                             int64_t micro_batch_rows,
+                                             StepObjective* objective = nullptr);
 
 }  // namespace meshtrain

@@ -15,6 +15,7 @@
 #include "meshtrain/train/memory_check.h"
 #include "meshtrain/train/memory_report.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/preference_objective.h"
 #include "meshtrain/train/update_gate.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/train/trace_hook.h"
@@ -46,7 +47,8 @@ std::vector<fs::path> run_files(const fs::path& out_dir) {
   if (!fs::is_directory(out_dir)) return found;
   for (const fs::directory_entry& e : fs::directory_iterator(out_dir)) {
     const std::string name = e.path().filename().string();
-    if (name.starts_with("metrics") || name.starts_with("step_") || name == "latest") {
+    if (name.starts_with("metrics") || name.starts_with("step_") || name == "latest" ||
+        name == kReferenceLogpsFile) {
       found.push_back(e.path());
     }
   }
@@ -165,7 +167,13 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     gates_->load_state(resumed.update_gates, resumed_from_);
     step_ = resumed.step;
   }
-  runner_ = make_step_runner(config_, *model_, mesh, micro_batches, loader.micro_batch);
+  objective_ = make_step_objective(config_, *model_, *train_data_, loader, mesh);
+  runner_ = make_step_runner(config_, *model_, mesh, micro_batches, loader.micro_batch,
+                             objective_.get());
+  if (objective_) {
+    objective_->start(*runner_, !resumed_from_.empty());
+    dp_->quiesce();  // ZeRO 3: frees what its passes gathered
+  }
   std::string metrics_path = (fs::path(t.out_dir) / metrics_file_name(mesh ? mesh->rank() : 0)).string();
   // A resumed run appends to the trace of the run it continues.
   auto metrics = std::make_unique<MetricsLog>(metrics_path, !resumed_from_.empty(), config_.train,

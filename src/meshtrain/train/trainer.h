@@ -149,7 +149,8 @@ class Trainer {
   std::unique_ptr<ValidationSet> val_set_;  // null without data.val
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;        // after model_ (uses it)
-  std::unique_ptr<StepRunner> runner_;      // after model_
+  std::unique_ptr<StepObjective> objective_;  // null: the token losses' sum
+  std::unique_ptr<StepRunner> runner_;      // after model_ and objective_
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<UpdateGates> gates_;  // whether each step's update is applied
   MetricsLog* metrics_ = nullptr;  // owned by hooks_

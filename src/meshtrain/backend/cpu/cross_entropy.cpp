@@ -79,7 +79,6 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
   // Per row of a chunk: max, then [sum of exp | target logit] (reduced together).
   std::vector<float> mx(static_cast<size_t>(chunk)), sums(static_cast<size_t>(2 * chunk));
   std::vector<double> loss(static_cast<size_t>(chunk));
-  const float gs = args.grad_scale;
   double total_loss = 0.0;
   // The target's column in this slice, or -1.
   auto local_target = [&](int64_t row) -> int64_t {
@@ -116,10 +115,12 @@ double fused_classifier(CpuContext& ctx, const ClassifierArgs& args) {
       }
       return;
     }
-    // d_logits = (softmax - onehot) * grad_scale: in place in f32; in bf16 /
+    // d_logits = (softmax - onehot) * gs (grad_scale, times the row's weight): in place in f32; in bf16 /
     // f16 scaled straight into the narrow copy (same rounding, one pass
     // less; in f16 a large grad_scale overflows to inf here, which the loss
     // scaler sees in the gradient norm). Padding columns get zero.
+    const float gs = args.row_weights != nullptr ? args.grad_scale * args.row_weights[r0 + r]
+                                                 : args.grad_scale;
     const float f = gs / sum;
     const int64_t t = local_target(r0 + r);
     if (narrow) {

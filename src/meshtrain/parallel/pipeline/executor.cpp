@@ -153,7 +153,7 @@ double Executor::run(std::span<const MicroBatchRef> micro_batches, float grad_sc
     if (backward) {
       loss += model_.stage_backward(a.chunk, a.micro_batch, mb.tokens, mb.targets, grad_scale,
                                     in.defined() ? in.data<float>() : nullptr,
-                                    out.defined() ? out.data<float>() : nullptr);
+                                    out.defined() ? out.data<float>() : nullptr, mb.loss);
     } else {
       model_.stage_forward(a.chunk, a.micro_batch, mb.tokens,
                            in.defined() ? in.data<float>() : nullptr, batch_, seq_,

@@ -23,6 +23,7 @@ struct MicroBatchRef {
   const int32_t* tokens = nullptr;   // [batch * seq]
   const int32_t* targets = nullptr;  // [batch * seq]
   const int32_t* positions = nullptr;  // [batch * seq] packed records, or nullptr (Model::stage_forward)
+  TokenLoss loss;  // the head chunk's per-token weights and losses (model.h)
 };
 
 // One step on this rank.

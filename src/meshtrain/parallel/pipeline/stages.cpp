@@ -31,7 +31,7 @@ double Executor::evaluate(std::span<const MicroBatchRef> micro_batches) {
                            in.defined() ? in.data<float>() : nullptr, batch_, seq_,
                            out.defined() ? out.data<float>() : nullptr, micro_batches[i].positions);
       if (vs == last_vs) {
-        loss += model_.stage_loss(c, mb, micro_batches[i].targets);
+        loss += model_.stage_loss(c, mb, micro_batches[i].targets, micro_batches[i].loss);
       } else {
         sends.push_back(pp_.send_recv_async(
             {P2POp{true, out.raw(), message_elems_, CommDType::f32, (vs + 1) % p, tag_base + vs + 1}}));

@@ -1,0 +1,273 @@
+#include "meshtrain/train/preference_objective.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The model's adapters off while it exists: the reference policy.
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(Model& model) : model_(model) { model_.set_adapters_enabled(false); }
+  ~AdaptersOff() { model_.set_adapters_enabled(true); }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  Model& model_;
+};
+
+// Each response's summed log-probability (minus its token losses) and token
+// count in one row.
+struct RowResponses {
+  std::vector<double> logps;
+  std::vector<int64_t> tokens;
+};
+
+RowResponses sum_responses(const int32_t* response, const float* losses, int64_t seq,
+                           int64_t pairs) {
+  RowResponses out{std::vector<double>(static_cast<size_t>(2 * pairs)),
+                   std::vector<int64_t>(static_cast<size_t>(2 * pairs))};
+  for (int64_t t = 0; t < seq; ++t) {
+    if (response[t] < 0) continue;
+    out.logps[static_cast<size_t>(response[t])] -= losses[t];
+    ++out.tokens[static_cast<size_t>(response[t])];
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t row_responses(const int32_t* targets, const int32_t* positions, int64_t seq,
+                      int32_t* response) {
+  MESHTRAIN_CHECK(positions != nullptr, "preference: rows without positions (not preference rows)");
+  int32_t segment_response = -1;  // the current segment's response, once it has a loss token
+  int32_t responses = 0;
+  bool started = false;  // the current segment has its response
+  for (int64_t t = 0; t < seq; ++t) {
+    if (positions[t] == 0) started = false;
+    if (targets[t] < 0) {
+      response[t] = -1;
+      continue;
+    }
+    if (!started) {
+      segment_response = responses++;
+      started = true;
+    }
+    response[t] = segment_response;
+  }
+  MESHTRAIN_CHECK(responses % 2 == 0,
+                  "preference: a row with {} responses (chosen and rejected must pair up)",
+                  responses);
+  return responses / 2;
+}
+
+ReferenceLogps::ReferenceLogps(const SampleSource& source) {
+  offsets_.push_back(0);
+  for (int64_t i = 0; i < source.num_samples(); ++i) {
+    offsets_.push_back(offsets_.back() + 2 * source.loss_tokens(i));
+  }
+  values_.assign(static_cast<size_t>(offsets_.back()), 0.0);
+}
+
+std::span<double> ReferenceLogps::of(int64_t sample) {
+  const auto i = static_cast<size_t>(sample);
+  return std::span(values_).subspan(static_cast<size_t>(offsets_[i]),
+                                    static_cast<size_t>(offsets_[i + 1] - offsets_[i]));
+}
+
+void ReferenceLogps::save(const std::string& path) const {
+  SafetensorsWriter out;
+  out.add("logps", StDType::F64, {static_cast<int64_t>(values_.size())}, values_.data());
+  out.add("offsets", StDType::I64, {static_cast<int64_t>(offsets_.size())}, offsets_.data());
+  out.write(path);
+}
+
+ReferenceLogps ReferenceLogps::load(const std::string& path, const SampleSource& source) {
+  ReferenceLogps table(source);
+  const SafetensorsReader in(path);
+  const std::vector<int64_t> offsets = in.read_ints("offsets");
+  const StTensorInfo& logps = in.info("logps");
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt,
+                     offsets == table.offsets_ && logps.dtype == StDType::F64 &&
+                         logps.numel() == static_cast<int64_t>(table.values_.size()),
+                     "preference: '{}' holds the reference log-probabilities of other data ({} "
+                     "responses; this run's has {})",
+                     path, logps.numel(), table.values_.size());
+  in.read_data(logps.begin, table.values_.data(), table.values_.size() * sizeof(double));
+  return table;
+}
+
+PreferenceObjective::PreferenceObjective(const TrainConfig& config, Model& model,
+                                         const SampleSource& source, const LoaderOptions& loader,
+                                         DeviceMesh* mesh)
+    : settings_(config.dpo.loss),
+      precomputed_(config.dpo.precompute_reference),
+      path_((fs::path(config.train.out_dir) / kReferenceLogpsFile).string()),
+      model_(model),
+      source_(source),
+      loader_(loader),
+      mesh_(mesh) {}
+
+void PreferenceObjective::start(StepRunner& runner, bool resumed) {
+  if (!precomputed_) return;
+  if (fs::exists(path_)) {
+    table_ = ReferenceLogps::load(path_, source_);
+    return;
+  }
+  const bool lora = model_.config().lora.enabled();
+  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, !resumed || lora,
+                     "preference: '{}' is missing: the reference log-probabilities of a resumed "
+                     "full fine-tuning run come from its start and cannot be recomputed",
+                     path_);
+  std::optional<AdaptersOff> reference;
+  if (lora) reference.emplace(model_);
+  precompute(runner);
+  Communicator* world = mesh_ != nullptr ? &mesh_->world() : nullptr;
+  if (world == nullptr || world->rank() == 0) table_.save(path_);
+  if (world != nullptr) world->barrier();
+}
+
+void PreferenceObjective::precompute(StepRunner& runner) {
+  table_ = ReferenceLogps(source_);
+  // Sample i on dp rank i % dp, in micro-batches of the run's rows; every
+  // rank runs as many (ZeRO-3 gathers are collective), padding with sample 0
+  // whose result is dropped.
+  const int64_t n = source_.num_samples(), dp = loader_.dp_size, m = loader_.micro_batch;
+  const int64_t per_rank = (n + dp - 1) / dp, micro = (per_rank + m - 1) / m;
+  constexpr int64_t kGroup = 8;  // micro-batches per forward_losses call
+  const bool head = model_.stage_layers().last;
+  std::vector<MicroBatch> batches;
+  std::vector<std::vector<float>> losses;
+  for (int64_t first = 0; first < micro; first += kGroup) {
+    batches.assign(static_cast<size_t>(std::min(kGroup, micro - first)), MicroBatch{});
+    for (size_t k = 0; k < batches.size(); ++k) {
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t sample = ((first + static_cast<int64_t>(k)) * m + i) * dp + loader_.dp_rank;
+        batches[k].samples.push_back(sample < n ? sample : -1);
+      }
+      std::vector<int64_t> real = batches[k].samples;
+      std::ranges::replace(batches[k].samples, int64_t{-1}, int64_t{0});
+      read_micro_batch(source_, batches[k]);
+      batches[k].samples = std::move(real);
+    }
+    runner.forward_losses(batches, losses);
+    if (!head) continue;
+    for (size_t k = 0; k < batches.size(); ++k) {
+      const MicroBatch& b = batches[k];
+      const int64_t seq = b.seq_len;
+      response_.resize(static_cast<size_t>(seq));
+      for (int64_t row = 0; row < b.rows; ++row) {
+        const int64_t sample = b.samples[static_cast<size_t>(row)];
+        if (sample < 0) continue;
+        const int64_t pairs = row_responses(b.targets.data() + row * seq,
+                                            b.positions.data() + row * seq, seq, response_.data());
+        const RowResponses sums =
+            sum_responses(response_.data(), losses[k].data() + row * seq, seq, pairs);
+        std::span<double> out = table_.of(sample);
+        MESHTRAIN_CHECK(out.size() == sums.logps.size(),
+                        "preference: sample {} has {} responses; its row holds {}", sample,
+                        out.size(), sums.logps.size());
+        std::ranges::copy(sums.logps, out.begin());
+      }
+    }
+  }
+  if (mesh_ != nullptr) {
+    // Each value came from one dp rank's head stage: sums fill in the rest.
+    std::vector<double>& v = table_.values();
+    for (Communicator* group : {&mesh_->pp(), &mesh_->replicas()}) {
+      if (group->size() > 1 && !v.empty()) {
+        group->all_reduce(v.data(), static_cast<int64_t>(v.size()), CommDType::f64, ReduceOp::sum);
+      }
+    }
+  }
+}
+
+double PreferenceObjective::prepare(std::span<const MicroBatch> batches, StepRunner& runner) {
+  chosen_ = rejected_ = correct_ = pairs_ = 0;
+  if (!precomputed_) {
+    const AdaptersOff reference(model_);
+    runner.forward_losses(batches, reference_);
+  }
+  runner.forward_losses(batches, policy_);
+  weights_.resize(batches.size());
+  double loss = 0;
+  for (size_t k = 0; k < batches.size(); ++k) {
+    weights_[k].assign(static_cast<size_t>(batches[k].rows * batches[k].seq_len), 0.0f);
+    if (model_.stage_layers().last) loss += weigh(batches[k], k);
+  }
+  return loss;
+}
+
+double PreferenceObjective::weigh(const MicroBatch& b, size_t k) {
+  const int64_t seq = b.seq_len;
+  response_.resize(static_cast<size_t>(seq));
+  double loss = 0;
+  for (int64_t row = 0; row < b.rows; ++row) {
+    const int64_t pairs = row_responses(b.targets.data() + row * seq,
+                                        b.positions.data() + row * seq, seq, response_.data());
+    const RowResponses policy =
+        sum_responses(response_.data(), policy_[k].data() + row * seq, seq, pairs);
+    std::vector<double> reference;
+    if (precomputed_) {
+      const std::span<double> stored = table_.of(b.samples[static_cast<size_t>(row)]);
+      reference.assign(stored.begin(), stored.end());
+    } else {
+      reference = sum_responses(response_.data(), reference_[k].data() + row * seq, seq, pairs).logps;
+    }
+    MESHTRAIN_CHECK(reference.size() == policy.logps.size(),
+                    "preference: {} reference log-probabilities for a row of {} responses",
+                    reference.size(), policy.logps.size());
+    // d(pair loss) / d(token loss) of each response: −d(loss)/d(log π).
+    std::vector<double> weight(static_cast<size_t>(2 * pairs));
+    for (int64_t p = 0; p < pairs; ++p) {
+      const size_t c = static_cast<size_t>(2 * p), r = c + 1;
+      const PairLoss pair = dpo_pair_loss(
+          settings_, {policy.logps[c], policy.logps[r], reference[c], reference[r],
+                      policy.tokens[c], policy.tokens[r]});
+      loss += pair.loss;
+      chosen_ += pair.chosen_reward;
+      rejected_ += pair.rejected_reward;
+      correct_ += pair.chosen_reward > pair.rejected_reward ? 1 : 0;
+      pairs_ += 1;
+      weight[c] = -pair.d_policy_chosen;
+      weight[r] = -pair.d_policy_rejected;
+    }
+    float* w = weights_[k].data() + row * seq;
+    for (int64_t t = 0; t < seq; ++t) {
+      if (response_[t] >= 0) w[t] = static_cast<float>(weight[static_cast<size_t>(response_[t])]);
+    }
+  }
+  return loss;
+}
+
+void PreferenceObjective::finish(Communicator* stages, Communicator* dp, StepRecord& r) {
+  double sums[4] = {chosen_, rejected_, correct_, pairs_};
+  for (Communicator* group : {stages, dp}) {
+    if (group != nullptr) group->all_reduce(sums, 4, CommDType::f64, ReduceOp::sum);
+  }
+  const double pairs = std::max(1.0, sums[3]);
+  r.preference = true;
+  r.reward_chosen = sums[0] / pairs;
+  r.reward_rejected = sums[1] / pairs;
+  r.reward_margin = (sums[0] - sums[1]) / pairs;
+  r.reward_accuracy = sums[2] / pairs;
+}
+
+std::unique_ptr<StepObjective> make_step_objective(const TrainConfig& config, Model& model,
+                                                   const SampleSource& source,
+                                                   const LoaderOptions& loader, DeviceMesh* mesh) {
+  if (!config.data.preference()) return nullptr;
+  return std::make_unique<PreferenceObjective>(config, model, source, loader, mesh);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,99 @@
+// Preference optimisation as a step objective (step_runner.h StepObjective):
+// for each micro-batch of preference rows (data/preference.h) the reference's
+// and the policy's token losses from forward-only passes, each pair's loss and
+// rewards (preference.h dpo_pair_loss), and per-token loss weights carrying
+// d(loss)/d(log π) into the training pass:
+//   log π(response) = −Σ its token losses, so a token of a pair's chosen
+//   response weighs −∂loss/∂log πθ(c), one of its rejected −∂loss/∂log πθ(r).
+// A step's loss is the mean over its pairs (a preference row's loss_tokens
+// are its pairs, so the trainer's grad_scale is 1 / pairs of the step).
+//
+// The reference: the model with its LoRA adapters switched off (one more
+// forward pass per micro-batch, no second copy), or a table of every sample's
+// reference log-probabilities computed once before the first step and stored
+// with the run in <out_dir>/reference_logps.safetensors
+// (dpo.precompute_reference): a resumed run reads it back; a LoRA run that
+// lacks it recomputes it with the adapters off.
+//
+// Costs per micro-batch: the reference pass (unless precomputed), a
+// forward-only policy pass, and the training pass (a forward again and the
+// backward): the training pass needs the weights before its fused
+// classifier runs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/mesh.h"
+#include "meshtrain/data/sampler.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/step_runner.h"
+
+namespace meshtrain {
+
+// The file in train.out_dir holding a run's precomputed reference.
+inline constexpr const char* kReferenceLogpsFile = "reference_logps.safetensors";
+
+// Each token's response in a preference row: 2k for pair k's chosen, 2k + 1
+// for its rejected, -1 for tokens outside the loss. Segments begin where
+// positions restart at 0; those with loss tokens alternate chosen, rejected.
+// Error when a row's responses do not pair up. Returns the row's pairs.
+int64_t row_responses(const int32_t* targets, const int32_t* positions, int64_t seq,
+                      int32_t* response);
+
+// Every sample's reference log-probabilities (2 per pair, in row order),
+// indexed by sample.
+class ReferenceLogps {
+ public:
+  ReferenceLogps() = default;
+  explicit ReferenceLogps(const SampleSource& source);  // zeros, sized for `source`
+  std::span<double> of(int64_t sample);
+  std::vector<double>& values() { return values_; }
+  void save(const std::string& path) const;
+  // Error (corrupt) when the file does not match `source`'s rows.
+  static ReferenceLogps load(const std::string& path, const SampleSource& source);
+
+ private:
+  std::vector<int64_t> offsets_;  // [samples + 1]
+  std::vector<double> values_;
+};
+
+class PreferenceObjective final : public StepObjective {
+ public:
+  // `mesh` may be null (one process); `source` and `model` outlive it.
+  PreferenceObjective(const TrainConfig& config, Model& model, const SampleSource& source,
+                      const LoaderOptions& loader, DeviceMesh* mesh);
+  void start(StepRunner& runner, bool resumed) override;
+  double prepare(std::span<const MicroBatch> batches, StepRunner& runner) override;
+  const float* weights(size_t k) const override { return weights_[k].data(); }
+  void finish(Communicator* stages, Communicator* dp, StepRecord& r) override;
+
+ private:
+  // Micro-batch `batch`'s pairs: losses, rewards, and the token weights.
+  double weigh(const MicroBatch& batch, size_t k);
+  // The reference table from forward passes over every sample (collective).
+  void precompute(StepRunner& runner);
+
+  DpoSettings settings_;
+  bool precomputed_;
+  std::string path_;  // the stored reference table
+  Model& model_;
+  const SampleSource& source_;
+  LoaderOptions loader_;
+  DeviceMesh* mesh_;
+  ReferenceLogps table_;
+  std::vector<std::vector<float>> policy_, reference_, weights_;
+  std::vector<int32_t> response_;
+  // The step's sums on this rank: chosen and rejected rewards, correct pairs, pairs.
+  double chosen_ = 0, rejected_ = 0, correct_ = 0, pairs_ = 0;
+};
+
+// The objective config asks for (null: the token losses' sum).
+std::unique_ptr<StepObjective> make_step_objective(const TrainConfig& config, Model& model,
+                                                   const SampleSource& source,
+                                                   const LoaderOptions& loader, DeviceMesh* mesh);
+
+}  // namespace meshtrain
