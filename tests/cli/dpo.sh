@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# DPO end to end (data.format = "preference-jsonl", [dpo]) on a base trained here and exported as
+# a Hugging Face directory (tiny_base.sh), fp32:
+#  1. LoRA, the reference being the model with its adapters off: the first step's loss is log 2
+#     (the adapters start at B = 0, so policy = reference) and the loss falls; rewards and
+#     accuracy in metrics.jsonl; a run resumed from its step-3 checkpoint writes a step-6
+#     checkpoint identical byte for byte;
+#  2. dp 2, ZeRO-3, tp 2 and pp 2 give the one-rank losses and rewards (to 1e-5; pp exactly);
+#  3. the reference precomputed (dpo.precompute_reference = true, stored with the run) gives the
+#     adapters-off run's losses; IPO and label smoothing run; QLoRA DPO starts at log 2;
+#  4. full fine-tuning (its reference precomputed): log 2 first, resume byte for byte, and a
+#     resumed run whose stored reference is gone stops with one line naming the file;
+#  5. bad input: one line naming the record or key, exit 1 (a missing stored reference: 4, corrupt).
+# usage: dpo.sh MPIRUN_PREFIX... -- MESHTRAIN WORK_DIR FIXTURES
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../support/cli_common.sh" "$@"
+fixtures=${*: -1}
+rm -rf "$work" && mkdir -p "$work"
+
+common() {  # common OUT_DIR [DATA]: a LoRA DPO run's settings
+  cat <<TOML
+[train]
+steps = 6
+batch_size = 4
+seq_len = 128
+eval_interval = 0
+checkpoint_interval = 3
+peak_flops = 1e11
+init_from = "$work/hf"
+out_dir = "$1"
+[optim]
+lr = 1e-2
+warmup_steps = 0
+[data]
+format = "preference-jsonl"
+tokenizer = "bytes"
+train = "${2:-$fixtures/pref_tiny.jsonl}"
+[dpo]
+beta = 0.5
+[lora]
+rank = 4
+alpha = 8
+targets = ["q_proj", "v_proj", "down_proj"]
+TOML
+}
+full() {  # full OUT_DIR: full fine-tuning, no [lora]
+  common "$1" | sed '/^\[lora\]$/,$d; s/^lr = .*/lr = 1e-3/'
+}
+metric() {  # metric KEY FILE: the key's values over the steps
+  python3 -c "import json,sys; print(' '.join(repr(json.loads(l)[sys.argv[1]]) for l in open(sys.argv[2]) if '\"loss\"' in l))" "$1" "$2"
+}
+close() {  # close NAME TOL A_FILE B_FILE: losses and rewards within TOL (relative)
+  python3 - "$@" <<'PY'
+import json, sys
+name, tol, a, b = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+keys = ("loss", "rewards_chosen", "rewards_rejected", "rewards_accuracy")
+rows = lambda f: [json.loads(l) for l in open(f) if '"loss"' in l]
+ra, rb = rows(a), rows(b)
+assert len(ra) == len(rb) == 6, (len(ra), len(rb))
+worst = max(abs(x[k] - y[k]) / max(abs(x[k]), 1e-3) for x, y in zip(ra, rb) for k in keys)
+assert worst <= tol, (name, worst, [r["loss"] for r in ra], [r["loss"] for r in rb])
+print(f"{name}: losses and rewards within {worst:.1e} of one rank")
+PY
+}
+first_is_log2() {  # first_is_log2 NAME METRICS
+  python3 -c "
+import json, math, sys
+l = [json.loads(x)['loss'] for x in open(sys.argv[2]) if '\"loss\"' in x]
+assert abs(l[0] - math.log(2)) < 1e-6, l
+print(f'{sys.argv[1]}: first loss log 2, then {l[-1]:.4f}')" "$1" "$2"
+}
+
+source "$here/tiny_base.sh"
+tiny_base "$bin" "$work" "$fixtures"
+
+# 1. LoRA, one rank; resume.
+common "$work/one" >"$work/one.toml"
+"$bin" train --config "$work/one.toml" >/dev/null
+first_is_log2 lora "$work/one/metrics.jsonl"
+python3 - "$work/one/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert rows[-1]["loss"] < rows[0]["loss"], [r["loss"] for r in rows]
+last = rows[-1]
+assert abs(last["rewards_margin"] - (last["rewards_chosen"] - last["rewards_rejected"])) < 1e-9
+assert 0 <= last["rewards_accuracy"] <= 1 and rows[0]["rewards_chosen"] == 0
+print(f"metrics: margin {last['rewards_margin']:.4f}, accuracy {last['rewards_accuracy']:.2f}")
+PY
+mkdir -p "$work/resumed" && cp -r "$work/one/step_3" "$work/resumed/"
+common "$work/resumed" >"$work/resumed.toml"
+"$bin" train --config "$work/resumed.toml" --resume "$work/resumed/step_3" >/dev/null
+cmp "$work/one/step_6/rank_0.safetensors" "$work/resumed/step_6/rank_0.safetensors" ||
+  fail "the resumed run's step-6 state differs"
+echo "resume: step 6 identical byte for byte"
+
+# 2. Layouts (2 ranks).
+for layout in "dp 1 1 0 1e-5" "zero3 1 1 3 1e-5" "tp 2 1 0 1e-5" "pp 1 2 0 0"; do
+  read -r name tp pp zero tol <<<"$layout"
+  { common "$work/$name"; printf '[parallel]\ntp = %s\npp = %s\nzero = %s\n' "$tp" "$pp" "$zero"; } >"$work/$name.toml"
+  "${mpirun[@]}" 2 "$bin" train --config "$work/$name.toml" >/dev/null
+  close "$name 2" "$tol" "$work/one/metrics.jsonl" "$work/$name/metrics.jsonl"
+done
+
+# 3. The reference precomputed; IPO; label smoothing; QLoRA.
+common "$work/pre" | sed 's/^beta = .*/&\nprecompute_reference = true/' >"$work/pre.toml"
+"$bin" train --config "$work/pre.toml" >/dev/null
+[ -f "$work/pre/reference_logps.safetensors" ] || fail "no stored reference"
+close "precomputed reference" 1e-5 "$work/one/metrics.jsonl" "$work/pre/metrics.jsonl"
+common "$work/ipo" | sed 's/^beta = .*/beta = 0.5\nloss = "ipo"/' >"$work/ipo.toml"
+"$bin" train --config "$work/ipo.toml" >/dev/null
+python3 -c "
+import json, sys
+l = [json.loads(x)['loss'] for x in open(sys.argv[1]) if '\"loss\"' in x]
+assert abs(l[0] - 1.0) < 1e-6 and l[-1] < l[0], l  # (0 - 1/(2 beta))^2 = 1 at the start
+print(f'ipo: first loss 1 = (1/(2 beta))^2, then {l[-1]:.4f}')" "$work/ipo/metrics.jsonl"
+common "$work/smooth" | sed 's/^beta = .*/&\nlabel_smoothing = 0.1/' >"$work/smooth.toml"
+"$bin" train --config "$work/smooth.toml" >/dev/null
+first_is_log2 "label smoothing 0.1" "$work/smooth/metrics.jsonl"
+common "$work/qlora" | sed 's/^targets = .*/&\nquantize_base = "nf4"/' >"$work/qlora.toml"
+"$bin" train --config "$work/qlora.toml" >/dev/null
+first_is_log2 qlora "$work/qlora/metrics.jsonl"
+
+# 4. Full fine-tuning.
+full "$work/full" >"$work/full.toml"
+"$bin" train --config "$work/full.toml" >/dev/null
+first_is_log2 "full fine-tuning" "$work/full/metrics.jsonl"
+mkdir -p "$work/full_resumed" && cp -r "$work/full/step_3" "$work/full/reference_logps.safetensors" "$work/full_resumed/"
+full "$work/full_resumed" >"$work/full_resumed.toml"
+"$bin" train --config "$work/full_resumed.toml" --resume "$work/full_resumed/step_3" >/dev/null
+cmp "$work/full/step_6/rank_0.safetensors" "$work/full_resumed/step_6/rank_0.safetensors" ||
+  fail "the resumed full fine-tuning run's step-6 state differs"
+echo "full fine-tuning resume (stored reference): step 6 identical byte for byte"
+
+# 5. Bad input.
+expect_error() {  # expect_error PATTERN CONFIG_FILE [ARGS...]; EXIT (default 1): the kind's code
+  local rc=0 pattern=$1 config=$2
+  shift 2
+  "$bin" train --config "$config" "$@" >"$work/out" 2>"$work/err" || rc=$?
+  [ "$rc" -eq "${EXIT:-1}" ] || fail "$config exited $rc, not ${EXIT:-1}: $(cat "$work/err")"
+  [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$config: not one line on stderr: $(cat "$work/err")"
+  grep -qE "$pattern" "$work/err" || fail "$config: '$(cat "$work/err")' does not match '$pattern'"
+  echo "ok: $(cat "$work/err")"
+}
+rm -rf "$work/gone" && mkdir -p "$work/gone" && cp -r "$work/full/step_3" "$work/gone/"
+full "$work/gone" >"$work/gone.toml"
+EXIT=4 expect_error "reference_logps.safetensors' is missing" "$work/gone.toml" --resume "$work/gone/step_3"
+printf '%s\n' '{"prompt": "Hi", "chosen": "Hello."}' >"$work/no_rejected.jsonl"
+common "$work/bad" "$work/no_rejected.jsonl" >"$work/no_rejected.toml"
+expect_error "no_rejected.jsonl:1: field 'rejected' missing" "$work/no_rejected.toml"
+python3 -c "print('{\"prompt\": \"' + 'x' * 150 + '\", \"chosen\": \"Yes.\", \"rejected\": \"No.\"}')" >"$work/long_prompt.jsonl"
+common "$work/bad" "$work/long_prompt.jsonl" >"$work/long_prompt.toml"
+expect_error "long_prompt.jsonl:1: the chosen response is empty after truncation" "$work/long_prompt.toml"
+common "$work/bad" | sed '/^\[lora\]$/,$d; s/^beta = .*/precompute_reference = false/' >"$work/no_lora.toml"
+expect_error "dpo.precompute_reference = false needs LoRA" "$work/no_lora.toml"
+common "$work/bad" | sed 's/^format = .*/format = "sft-jsonl"/; s#^train = .*#train = "'"$fixtures"'/sft_tiny.jsonl"#' >"$work/beta_sft.toml"
+expect_error 'dpo.beta applies to data.format = "preference-jsonl" only' "$work/beta_sft.toml"
+echo "dpo: all checks passed"
