@@ -125,6 +125,27 @@ TEST(ReportSummary, LaterRecordsWinAndEventsAreKept) {
   EXPECT_EQ(html.find("http://www.w3.org/2000/svg\" width"), html.find("http://"));  // only the SVG namespace
 }
 
+TEST(ReportSummary, PreferenceRewardsArePlotted) {
+  const fs::path dir = temp_run("preference");
+  std::vector<json> records;
+  for (int64_t i = 1; i <= 3; ++i) {
+    json r = step(i, 0.7 - 0.01 * i);
+    r["rewards_chosen"] = 0.1 * i, r["rewards_rejected"] = -0.05 * i;
+    r["rewards_margin"] = 0.25 * static_cast<double>(i), r["rewards_accuracy"] = 0.5;
+    records.push_back(r);
+  }
+  write_lines(dir / "metrics.jsonl", records);
+  const json s = summarize_run(dir.string());
+  EXPECT_EQ(s["preference"]["rewards_margin"], json({0.25, 0.5, 0.75}));
+  const std::string html = render_html(s);
+  EXPECT_NE(html.find("id=\"plot-rewards\""), std::string::npos);
+  EXPECT_NE(html.find("id=\"plot-reward-accuracy\""), std::string::npos);
+  // A run without [dpo] says so instead.
+  write_lines(dir / "metrics.jsonl", {step(1, 5.0)});
+  EXPECT_NE(render_html(summarize_run(dir.string())).find("not a preference optimisation run"),
+            std::string::npos);
+}
+
 TEST(ReportSummary, NotARunIsAConfigError) {
   const fs::path dir = temp_run("empty");
   try {

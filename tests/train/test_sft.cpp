@@ -176,15 +176,16 @@ TEST(SftConfig, SftKeysWithTokenShardsAreRefused) {
     parse({{"data.format", "tokens"}, {"data.sft_pack", "false"}});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "config: data.sft_pack applies to data.format = \"sft-jsonl\" or "
-                           "\"chat-jsonl\" only (this run reads \"tokens\")");
+    EXPECT_STREQ(e.what(), "config: data.sft_pack applies to data.format = \"sft-jsonl\", "
+                           "\"chat-jsonl\" or \"preference-jsonl\" only (this run reads \"tokens\")");
   }
   try {
     parse({{"data.format", "jsonl"}});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(
-                  "data.format must be \"tokens\", \"sft-jsonl\" or \"chat-jsonl\", got \"jsonl\""),
+                  "data.format must be \"tokens\", \"sft-jsonl\", \"chat-jsonl\" or "
+                  "\"preference-jsonl\", got \"jsonl\""),
               std::string::npos);
   }
 }

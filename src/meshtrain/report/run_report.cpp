@@ -181,6 +181,22 @@ std::string moe_section(const json& s) {
          "</div>";
 }
 
+// Preference optimisation over the steps: the chosen and rejected rewards,
+// their margin, and the pairs whose chosen reward is the higher.
+std::string preference_section(const json& s) {
+  const json& p = s["preference"];
+  if (p.is_null()) return note("not a preference optimisation run ([dpo])");
+  const json& steps = s["steps"]["step"];
+  return "<div class=\"grid\">" +
+         line_chart("rewards", "rewards: β (log πθ − log πref) of each response", "reward",
+                    {series_of(steps, p["rewards_chosen"], "chosen", kBlue),
+                     series_of(steps, p["rewards_rejected"], "rejected", kOrange),
+                     series_of(steps, p["rewards_margin"], "margin", kGreen)}) +
+         line_chart("reward-accuracy", "pairs whose chosen reward is the higher", "accuracy",
+                    {series_of(steps, p["rewards_accuracy"], "accuracy", kBlue)}) +
+         "</div>";
+}
+
 constexpr const char* kStyle = R"(
 body{font-family:"DejaVu Sans",sans-serif;margin:16px 24px;color:#222;background:#fff}
 h1{font-size:20px} h2{font-size:16px;border-bottom:1px solid #ccc;padding-bottom:2px;margin-top:22px}
@@ -229,6 +245,8 @@ std::string render_html(const json& s) {
   html += section("comm", "communication and exposed communication", comm_section(s));
   html += section("pipeline", "pipeline bubble: measured vs theory", pipeline_section(s));
   html += section("moe", "mixture of experts: expert load per layer", moe_section(s));
+  html += section("preference", "preference optimisation: rewards and accuracy",
+                  preference_section(s));
   html += section("step-time", "step time per rank (stragglers)", step_time_section(s));
   html += section("checkpoints", "checkpoints written", checkpoint_section(s));
   html += section("config",

@@ -217,6 +217,17 @@ nlohmann::json summarize_run(const std::string& run_dir) {
     s["steps"][key] = column(root.steps, key);
   }
   s["moe"] = moe_layers(ranks);
+  // Preference optimisation's rewards (the step records of a [dpo] run; null otherwise).
+  const bool preference = std::ranges::any_of(
+      root.steps, [](const auto& entry) { return entry.second.contains("rewards_chosen"); });
+  s["preference"] = nullptr;
+  if (preference) {
+    s["preference"] = json::object();
+    for (const char* key :
+         {"rewards_chosen", "rewards_rejected", "rewards_margin", "rewards_accuracy"}) {
+      s["preference"][key] = column(root.steps, key);
+    }
+  }
   json skipped = json::array();
   for (const auto& [step, r] : root.steps) {
     if (r.value("skipped", false)) skipped.push_back({{"step", step}, {"reason", r.value("skip_reason", "")}});
