@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,34 @@ inline MoeConfig moe_from_json(const std::string& text) {
   m.z_loss = j.at("z_loss");
   m.capacity_factor = j.at("capacity_factor");
   return m;
+}
+
+inline std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+// The case's config with the [lora] settings of a fixture's metadata (rank,
+// alpha, targets: <case>.lora.safetensors, generate_fixtures.py lora_case).
+inline ModelConfig lora_config(const std::string& name, const SafetensorsReader& lora) {
+  const std::string path = fixture_path(name + ".weights.safetensors");
+  ModelConfig config = parse_hf_config(SafetensorsReader(path).metadata("config"), path);
+  config.lora.rank = std::stoll(lora.metadata("rank"));
+  config.lora.alpha = std::stof(lora.metadata("alpha"));
+  config.lora.targets = split_commas(lora.metadata("targets"));
+  return config;
+}
+
+// Base weights from the case's weights file, adapters from its lora file.
+inline void load_base_and_adapters(Model& model, const std::string& name,
+                                   const SafetensorsReader& lora) {
+  SafetensorsReader base(fixture_path(name + ".weights.safetensors"));
+  for (Parameter& p : model.params()) {
+    (p.spec.lora_adapter ? lora : base).read(p.spec.name, p.master);
+  }
+  model.sync_compute_weights();
 }
 
 // The case's model (config from the weights file's metadata: config.json, and

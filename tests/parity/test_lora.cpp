@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <sstream>
 
 #include "fixtures.h"
 #include "meshtrain/backend/cpu/cpu_backend.h"
@@ -20,33 +19,6 @@ namespace meshtrain::parity {
 namespace {
 
 constexpr double kTol = 1e-5;
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
-  return out;
-}
-
-// The case's config with the fixture's [lora] settings.
-ModelConfig lora_config(const std::string& name, const SafetensorsReader& lora) {
-  const std::string path = fixture_path(name + ".weights.safetensors");
-  ModelConfig config = parse_hf_config(SafetensorsReader(path).metadata("config"), path);
-  config.lora.rank = std::stoll(lora.metadata("rank"));
-  config.lora.alpha = std::stof(lora.metadata("alpha"));
-  config.lora.targets = split_commas(lora.metadata("targets"));
-  return config;
-}
-
-// Base weights from the case's weights file, adapters from its lora file.
-void load_base_and_adapters(Model& model, const std::string& name,
-                            const SafetensorsReader& lora) {
-  SafetensorsReader base(fixture_path(name + ".weights.safetensors"));
-  for (Parameter& p : model.params()) {
-    (p.spec.lora_adapter ? lora : base).read(p.spec.name, p.master);
-  }
-  model.sync_compute_weights();
-}
 
 class Lora : public ::testing::TestWithParam<const char*> {};
 

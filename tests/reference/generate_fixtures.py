@@ -22,6 +22,22 @@ For each case (llama_gqa, gpt2):
                                 (F32), nf4_packed/<name> the packed bytes (I32 words, little
                                 endian), the loss and grad/<adapter> with them (float64);
                                 __metadata__ rank, alpha, targets, quantize_base.
+  <case>.dpo.safetensors        one DPO / IPO step (train/preference.h) on preference rows of
+                                the case's seq length: tokens/targets/positions [B, T] I32
+                                (segments chosen, rejected, chosen, rejected, ... of 1-2
+                                pairs, each a prompt with targets -1 then its response, then
+                                padding: input pad, target -1, positions from 0), responses
+                                [B, T] I32 (2k / 2k + 1: the row's pair k's chosen / rejected,
+                                -1 outside the loss); policy_logps / reference_logps [2 pairs]
+                                F64 (summed response log-probabilities, row order: lora's
+                                adapters on, and the base alone). Per variant V of DPO_VARIANTS
+                                (sigmoid, smooth: label smoothing 0.2, ipo): V/loss (mean over
+                                pairs), V/reward_chosen, V/reward_rejected, V/reward_margin,
+                                V/reward_accuracy and V/grad/<adapter> of the mean loss (base
+                                frozen). full/: full fine-tuning, all base weights trainable
+                                and the reference the same weights (z = 0: loss log 2):
+                                full/loss, full/grad/<name>. __metadata__ variants and full
+                                (the [dpo] settings as JSON), pad, pairs.
 moe_<case>.weights.safetensors / .reference.safetensors: Llamas with mixture-of-experts
 feed-forwards (MOE_CASES; __metadata__ "moe" = the [moe] settings as JSON): tokens, targets,
 logits, loss (cross-entropy), aux (the auxiliary losses' sum, coefficients applied) and
@@ -38,6 +54,7 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 import reference_model as ref
 import stfile
@@ -241,6 +258,144 @@ def lora_case(name, c, out_dir, seed):
             "dropout_seed": str(drop["seed"]), "dropout_step": str(drop["step"])}
     stfile.write(os.path.join(out_dir, f"{name}.lora.safetensors"), tensors, meta)
     print(f"{name} lora: loss {loss.item():.6f}, {len(adapters)} adapter tensors")
+
+
+# DPO / IPO ([dpo] settings per variant; train/preference.h). IPO's beta is larger so its
+# target margin 1 / (2 beta) is of the log-ratios' size.
+DPO_VARIANTS = {"sigmoid": dict(loss="sigmoid", beta=0.1, label_smoothing=0.0),
+                "smooth": dict(loss="sigmoid", beta=0.1, label_smoothing=0.2),
+                "ipo": dict(loss="ipo", beta=0.5, label_smoothing=0.0)}
+DPO_FULL = dict(loss="sigmoid", beta=0.1, label_smoothing=0.0)
+DPO_PAIRS = 5
+
+
+def preference_rows(c, T, g):
+    """DPO_PAIRS random pairs (a prompt shared by chosen and rejected, each response 1-4
+    tokens) packed greedily in order into rows of T as meshtrain's SftDataset packs them
+    (a pair never split; a row closed when the next pair does not fit), padded with the
+    last token id. Returns tokens, targets, positions, responses [B, T] and the pad id.
+    Retries (same generator) until every row holds 1 or 2 pairs, some row 2, some row 1,
+    and some row padding."""
+    pad = c.vocab_size - 1
+    while True:
+        pairs = []
+        while len(pairs) < DPO_PAIRS:
+            prompt = 2 + int(torch.randint(0, 3, (1,), generator=g))
+            chosen, rejected = (1 + int(n) for n in torch.randint(0, 4, (2,), generator=g))
+            size = (prompt + chosen - 1) + (prompt + rejected - 1)
+            if T // 3 < size <= T:
+                pairs.append((torch.randint(0, c.vocab_size, (prompt,), generator=g),
+                              torch.randint(0, c.vocab_size, (chosen,), generator=g),
+                              torch.randint(0, c.vocab_size, (rejected,), generator=g)))
+        rows, fill = [], T
+        for pair in pairs:
+            size = sum(len(pair[0]) + len(r) - 1 for r in pair[1:])
+            if fill + size > T:
+                rows.append([])
+                fill = 0
+            rows[-1].append(pair)
+            fill += size
+        counts = [len(r) for r in rows]
+        padded = any(sum(len(p[0]) + len(r) - 1 for p in row for r in p[1:]) < T for row in rows)
+        if max(counts) == 2 and min(counts) == 1 and padded:
+            break
+    B = len(rows)
+    tokens = torch.full((B, T), pad, dtype=torch.long)
+    targets = torch.full((B, T), -1, dtype=torch.long)
+    positions = torch.zeros(B, T, dtype=torch.long)
+    responses = torch.full((B, T), -1, dtype=torch.long)
+    for b, row in enumerate(rows):
+        at = 0
+        for k, (prompt, *answers) in enumerate(row):
+            for j, answer in enumerate(answers):  # chosen, rejected
+                record = torch.cat([prompt, answer])  # n tokens: n - 1 (input, target) pairs
+                n = len(record) - 1
+                tokens[b, at:at + n] = record[:-1]
+                positions[b, at:at + n] = torch.arange(n)
+                first = at + len(prompt) - 1  # predicts the response's first token
+                targets[b, first:at + n] = answer
+                responses[b, first:at + n] = 2 * k + j
+                at += n
+        positions[b, at:] = torch.arange(T - at)
+    return tokens, targets, positions, responses, pad
+
+
+def response_logps(P, c, tokens, targets, positions, responses, lora_scale):
+    """Each response's summed log-probability, in row order (per row: pair k's chosen at
+    2k, rejected at 2k + 1), and its token count."""
+    out = ref.logits(P, c, tokens, positions=positions, lora_scale=lora_scale)
+    token_logps = -F.cross_entropy(out.reshape(-1, c.vocab_size), targets.reshape(-1),
+                                   ignore_index=-1, reduction="none").reshape(tokens.shape)
+    logps, counts = [], []
+    for b in range(tokens.shape[0]):
+        for r in range(int(responses[b].max()) + 1):
+            mask = responses[b] == r
+            logps.append(token_logps[b][mask].sum())
+            counts.append(int(mask.sum()))
+    return torch.stack(logps), torch.tensor(counts, dtype=torch.float64)
+
+
+def dpo_loss(v, policy, reference, counts):
+    """Mean pair loss and the rewards' means (chosen, rejected, margin, accuracy) of
+    variant v, TRL's DPO / IPO: chosen at even, rejected at odd indices."""
+    beta, eps = v["beta"], v["label_smoothing"]
+    chosen = policy[0::2] - reference[0::2]
+    rejected = policy[1::2] - reference[1::2]
+    if v["loss"] == "sigmoid":
+        x = beta * (chosen - rejected)
+        losses = -(1 - eps) * F.logsigmoid(x) - eps * F.logsigmoid(-x)
+    else:  # IPO: log-ratios averaged over each response's tokens
+        n = counts.clamp(min=1)
+        losses = (chosen / n[0::2] - rejected / n[1::2] - 1 / (2 * beta)) ** 2
+    rc, rr = (beta * chosen).detach(), (beta * rejected).detach()
+    return losses.mean(), (rc.mean(), rr.mean(), (rc - rr).mean(), (rc > rr).double().mean())
+
+
+def dpo_case(name, c, out_dir, seed):
+    """<case>.dpo.safetensors: one step of each DPO_VARIANTS with lora_case's adapters on the
+    base weights (the reference: the base alone), and of full fine-tuning (DPO_FULL, every
+    base weight trainable, the reference the same weights)."""
+    P0 = init_weights(c, seed)
+    spec = LORA[name]
+    adapters = lora_adapters(c, spec, seed)
+    scale = spec["alpha"] / spec["rank"]
+    g = torch.Generator().manual_seed(seed + 3)
+    tokens, targets, positions, responses, pad = preference_rows(c, SEQ[name], g)
+    batch = (tokens, targets, positions, responses)
+    with torch.no_grad():
+        reference, counts = response_logps(P0, c, *batch, lora_scale=0.0)
+    P = {k: v.clone() for k, v in P0.items()}
+    P.update({k: v.clone().requires_grad_(True) for k, v in adapters.items()})
+    policy, _ = response_logps(P, c, *batch, lora_scale=scale)
+    pairs = len(counts) // 2
+    margins = (policy - reference).detach()
+    assert (margins[0::2] - margins[1::2]).abs().min() > 1e-3, "a pair's accuracy is a tie"
+    tensors = {"tokens": tokens.to(torch.int32).numpy(), "targets": targets.to(torch.int32).numpy(),
+               "positions": positions.to(torch.int32).numpy(),
+               "responses": responses.to(torch.int32).numpy(),
+               "policy_logps": policy.detach().numpy(), "reference_logps": reference.numpy()}
+    for variant, v in DPO_VARIANTS.items():
+        loss, rewards = dpo_loss(v, policy, reference, counts)
+        grads = torch.autograd.grad(loss, [P[k] for k in adapters], retain_graph=True)
+        tensors[variant + "/loss"] = np.array([loss.item()])
+        for key, value in zip(("chosen", "rejected", "margin", "accuracy"), rewards):
+            tensors[f"{variant}/reward_{key}"] = np.array([value.item()])
+        for k, grad in zip(adapters, grads):
+            tensors[f"{variant}/grad/{k}"] = f32(grad)
+        print(f"{name} dpo {variant}: loss {loss.item():.6f} over {pairs} pairs in "
+              f"{tokens.shape[0]} rows, accuracy {rewards[3].item():.2f}")
+    # Full fine-tuning at its first step: the policy is the reference (z = 0 for every pair).
+    P = leaf_copy(P0, torch.float64)
+    policy, _ = response_logps(P, c, *batch, lora_scale=0.0)
+    loss, _ = dpo_loss(DPO_FULL, policy, reference, counts)
+    assert abs(loss.item() - np.log(2)) < 1e-12, "full fine-tuning's step 0 is not log 2"
+    loss.backward()
+    tensors["full/loss"] = np.array([loss.item()])
+    for k, v in P.items():
+        tensors["full/grad/" + k] = f32(v.grad)
+    meta = {"variants": json.dumps(DPO_VARIANTS), "full": json.dumps(DPO_FULL), "pad": str(pad),
+            "pairs": str(pairs)}
+    stfile.write(os.path.join(out_dir, f"{name}.dpo.safetensors"), tensors, meta)
 
 
 # QLoRA: the weights lora.quantize_base = nf4 stores as NF4 are those of every module LoRA
@@ -481,6 +636,7 @@ def main():
         model_case(name, c, args.out, 1000 + 10 * seed)
         lora_case(name, c, args.out, 1000 + 10 * seed)
         qlora_case(name, c, args.out, 1000 + 10 * seed)
+        dpo_case(name, c, args.out, 1000 + 10 * seed)
     for seed, (name, m) in enumerate(MOE_CASES.items()):
         moe_case(name, m, args.out, 2000 + 10 * seed)
     stories_case(args.stories, args.out)
