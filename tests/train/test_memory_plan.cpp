@@ -186,6 +186,37 @@ TEST_F(MemoryPlanTest, QloraPeaksMatchThePredictionAndThePlannersBytes) {
   }
 }
 
+// DPO (data.format = "preference-jsonl"): the reference pass with the adapters
+// off (LoRA) and a reference precomputed before the first step (full
+// fine-tuning), the head's token weights and losses: every category to the byte.
+TEST_F(MemoryPlanTest, PreferencePeaksMatchThePrediction) {
+  const std::string data = dir_ + "/pairs.jsonl";
+  {
+    std::ofstream out(data);
+    for (int i = 0; i < 8; ++i) {
+      out << fmt::format(R"({{"prompt": "q{}", "chosen": "yes {}", "rejected": "no"}})", i, i)
+          << "\n";
+    }
+  }
+  for (const char* method : {"lora", "full"}) {
+    for (const char* precision : {"bf16", "fp32"}) {
+      const std::string out = fmt::format("dpo_{}_{}", method, precision);
+      ConfigOverrides o{{"train.precision", precision}, {"train.out_dir", dir_ + "/" + out},
+                        {"model.vocab_size", "300"},     {"model.max_seq_len", "64"},
+                        {"train.seq_len", "64"},         {"data.format", "preference-jsonl"},
+                        {"data.train", data},            {"data.val", data}};
+      if (std::string(method) == "lora") o.push_back({"lora.rank", "4"});
+      const TrainConfig c = config("llama", o);
+      SCOPED_TRACE(out);
+      TrainerOptions options;
+      options.console = false;
+      Trainer trainer(c, options);
+      trainer.run();
+      testing::expect_memory_matches(trainer.memory_plan().at(0), trainer.tracker().snapshot(), out);
+    }
+  }
+}
+
 // Units that fit the numbers: a small run is not 0.00 GiB, and every rank of
 // a layout is listed with its categories.
 TEST_F(MemoryPlanTest, TableUsesUnitsThatFitAndListsEveryRankClass) {

@@ -220,9 +220,25 @@ const int32_t* Model::Impl::upload(Tensor& slot, const int32_t* host, int64_t n)
 }
 
 void Model::Impl::weigh(ops::ClassifierArgs& args, const TokenLoss& loss) {
-  if (loss.weights != nullptr) {
+  const float* weights = loss.weights;
+  if (loss.weigh) {
+    // The pass's own token losses (the classifier's forward alone), then the
+    // weights they give.
+    ops::ClassifierArgs forward = args;
+    forward.dh = nullptr, forward.dw = nullptr, forward.row_weights = nullptr;
+    ensure(ws.row_losses, {args.rows}, DType::f32, MemCategory::workspace);
+    forward.row_losses = ws.row_losses.data<float>();
+    backend.fused_classifier(forward);
+    backend.synchronize();
+    host_losses.resize(static_cast<size_t>(args.rows));
+    host_weights.assign(static_cast<size_t>(args.rows), 0.0f);
+    backend.copy_to_host(ws.row_losses, host_losses.data());
+    loss.weigh(host_losses.data(), host_weights.data());
+    weights = host_weights.data();
+  }
+  if (weights != nullptr) {
     ensure(ws.row_weights, {args.rows}, DType::f32, MemCategory::workspace);
-    backend.copy_from_host(loss.weights, ws.row_weights);
+    backend.copy_from_host(weights, ws.row_weights);
     args.row_weights = ws.row_weights.data<float>();
   }
   if (loss.losses != nullptr) {

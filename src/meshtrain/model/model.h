@@ -48,14 +48,19 @@ struct UnitHooks {
 };
 
 // Per-token loss weights and losses of one pass (preference optimisation,
-// train/preference.h): weights [batch * seq]: token i's loss enters the
-// gradient weighted by grad_scale * weights[i] (any sign); losses [batch *
+// train/preference_objective.h): weights [batch * seq]: token i's loss enters
+// the gradient weighted by grad_scale * weights[i] (any sign); losses [batch *
 // seq]: each token's loss written there (0 where the target is negative).
-// Null pointers: weight 1, losses not written. Host arrays; on a pipeline
-// stage only the head chunk reads or writes them.
+// weigh: the weights from the pass's own token losses (training passes): the
+// classifier runs forward first, weigh(losses, weights) fills the weights
+// (host arrays of batch * seq), then the classifier runs with its gradients
+// (one more logits GEMM, no second forward of the trunk); it replaces
+// `weights`. Null / empty: weight 1, losses not written. Host arrays; on a
+// pipeline stage only the head chunk reads or writes them.
 struct TokenLoss {
   const float* weights = nullptr;
   float* losses = nullptr;
+  std::function<void(const float* losses, float* weights)> weigh;
 };
 
 // flat: the model owns three flat buffers in registry order (master f32, grad

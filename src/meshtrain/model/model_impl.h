@@ -267,6 +267,7 @@ struct Model::Impl {
   // copies them to loss.losses.
   void weigh(ops::ClassifierArgs& args, const TokenLoss& loss);
   void fetch_losses(const TokenLoss& loss, int64_t rows);
+  std::vector<float> host_losses, host_weights;  // TokenLoss::weigh's arrays
   // Final norm of `last` into acts.hn, then `classifier` (reads the output
   // layer), within the inference head hooks.
   template <typename Classifier>

@@ -686,14 +686,15 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   const int64_t m = micro_batches_per_step(config, dp), rows = micro_batch_rows(config, dp);
   // The run's validation (train.eval_interval with data.val), in micro-batches of the same rows.
   // A forward-only pass: evaluation, the step's routing pass (moe.aux_scope =
-  // "step"), or preference optimisation's reference and policy passes.
+  // "step"), or preference optimisation's reference pass (its adapters off;
+  // a precomputed reference runs before the first step, below its peak).
   const bool validates = !config.data.val.empty() && config.train.eval_interval > 0;
-  const bool preference = config.data.preference();
+  const bool preference = config.data.preference() && !config.dpo.precompute_reference;
   const bool evaluates = validates || config.model.moe.aux_per_step || preference;
   // Whether a forward-only pass runs several micro-batches back to back (the
-  // validation set's eval_batches x m, the routing pass's m, the preference
-  // passes' two or more): ZeRO-3 keeps the head gathered from one's forward
-  // into the next one's.
+  // validation set's eval_batches x m, the routing pass's m, the reference
+  // pass and the training forward after it): ZeRO-3 keeps the head gathered
+  // from one's forward into the next one's.
   const bool forwards_in_a_row = (validates && config.train.eval_batches * m > 1) ||
                                  (config.model.moe.aux_per_step && m > 1) || preference;
   const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(p.schedule);

@@ -192,31 +192,29 @@ void PreferenceObjective::precompute(StepRunner& runner) {
   }
 }
 
-double PreferenceObjective::prepare(std::span<const MicroBatch> batches, StepRunner& runner) {
-  chosen_ = rejected_ = correct_ = pairs_ = 0;
-  if (!precomputed_) {
-    const AdaptersOff reference(model_);
-    runner.forward_losses(batches, reference_);
-  }
-  runner.forward_losses(batches, policy_);
-  weights_.resize(batches.size());
-  double loss = 0;
-  for (size_t k = 0; k < batches.size(); ++k) {
-    weights_[k].assign(static_cast<size_t>(batches[k].rows * batches[k].seq_len), 0.0f);
-    if (model_.stage_layers().last) loss += weigh(batches[k], k);
-  }
+void PreferenceObjective::prepare(std::span<const MicroBatch> batches, StepRunner& runner) {
+  batches_ = batches;
+  loss_ = chosen_ = rejected_ = correct_ = pairs_ = 0;
+  if (precomputed_) return;
+  const AdaptersOff reference(model_);
+  runner.forward_losses(batches, reference_);
+}
+
+TokenLoss PreferenceObjective::token_loss(size_t k) {
+  TokenLoss loss;
+  loss.weigh = [this, k](const float* policy, float* weights) { weigh(k, policy, weights); };
   return loss;
 }
 
-double PreferenceObjective::weigh(const MicroBatch& b, size_t k) {
+void PreferenceObjective::weigh(size_t k, const float* policy_losses, float* weights) {
+  const MicroBatch& b = batches_[k];
   const int64_t seq = b.seq_len;
   response_.resize(static_cast<size_t>(seq));
-  double loss = 0;
   for (int64_t row = 0; row < b.rows; ++row) {
     const int64_t pairs = row_responses(b.targets.data() + row * seq,
                                         b.positions.data() + row * seq, seq, response_.data());
     const RowResponses policy =
-        sum_responses(response_.data(), policy_[k].data() + row * seq, seq, pairs);
+        sum_responses(response_.data(), policy_losses + row * seq, seq, pairs);
     std::vector<double> reference;
     if (precomputed_) {
       const std::span<double> stored = table_.of(b.samples[static_cast<size_t>(row)]);
@@ -234,7 +232,7 @@ double PreferenceObjective::weigh(const MicroBatch& b, size_t k) {
       const PairLoss pair = dpo_pair_loss(
           settings_, {policy.logps[c], policy.logps[r], reference[c], reference[r],
                       policy.tokens[c], policy.tokens[r]});
-      loss += pair.loss;
+      loss_ += pair.loss;
       chosen_ += pair.chosen_reward;
       rejected_ += pair.rejected_reward;
       correct_ += pair.chosen_reward > pair.rejected_reward ? 1 : 0;
@@ -242,15 +240,14 @@ double PreferenceObjective::weigh(const MicroBatch& b, size_t k) {
       weight[c] = -pair.d_policy_chosen;
       weight[r] = -pair.d_policy_rejected;
     }
-    float* w = weights_[k].data() + row * seq;
+    float* w = weights + row * seq;
     for (int64_t t = 0; t < seq; ++t) {
       if (response_[t] >= 0) w[t] = static_cast<float>(weight[static_cast<size_t>(response_[t])]);
     }
   }
-  return loss;
 }
 
-void PreferenceObjective::finish(Communicator* stages, Communicator* dp, StepRecord& r) {
+double PreferenceObjective::finish(Communicator* stages, Communicator* dp, StepRecord& r) {
   double sums[4] = {chosen_, rejected_, correct_, pairs_};
   for (Communicator* group : {stages, dp}) {
     if (group != nullptr) group->all_reduce(sums, 4, CommDType::f64, ReduceOp::sum);
@@ -261,6 +258,8 @@ void PreferenceObjective::finish(Communicator* stages, Communicator* dp, StepRec
   r.reward_rejected = sums[1] / pairs;
   r.reward_margin = (sums[0] - sums[1]) / pairs;
   r.reward_accuracy = sums[2] / pairs;
+  batches_ = {};
+  return loss_;
 }
 
 std::unique_ptr<StepObjective> make_step_objective(const TrainConfig& config, Model& model,

@@ -1,8 +1,9 @@
 // Preference optimisation as a step objective (step_runner.h StepObjective):
 // for each micro-batch of preference rows (data/preference.h) the reference's
-// and the policy's token losses from forward-only passes, each pair's loss and
-// rewards (preference.h dpo_pair_loss), and per-token loss weights carrying
-// d(loss)/d(log π) into the training pass:
+// token losses from a forward-only pass (or a precomputed table), then the
+// training pass, whose own token losses give each pair's loss and rewards
+// (preference.h dpo_pair_loss) and the per-token loss weights carrying
+// d(loss)/d(log π) into its backward (TokenLoss::weigh):
 //   log π(response) = −Σ its token losses, so a token of a pair's chosen
 //   response weighs −∂loss/∂log πθ(c), one of its rejected −∂loss/∂log πθ(r).
 // A step's loss is the mean over its pairs (a preference row's loss_tokens
@@ -15,10 +16,9 @@
 // (dpo.precompute_reference): a resumed run reads it back; a LoRA run that
 // lacks it recomputes it with the adapters off.
 //
-// Costs per micro-batch: the reference pass (unless precomputed), a
-// forward-only policy pass, and the training pass (a forward again and the
-// backward): the training pass needs the weights before its fused
-// classifier runs.
+// Costs per micro-batch: the reference forward (unless precomputed) and the
+// training forward + backward with one more classifier forward (the weights
+// must exist before the fused classifier computes its gradients).
 #pragma once
 
 #include <cstdint>
@@ -67,13 +67,14 @@ class PreferenceObjective final : public StepObjective {
   PreferenceObjective(const TrainConfig& config, Model& model, const SampleSource& source,
                       const LoaderOptions& loader, DeviceMesh* mesh);
   void start(StepRunner& runner, bool resumed) override;
-  double prepare(std::span<const MicroBatch> batches, StepRunner& runner) override;
-  const float* weights(size_t k) const override { return weights_[k].data(); }
-  void finish(Communicator* stages, Communicator* dp, StepRecord& r) override;
+  void prepare(std::span<const MicroBatch> batches, StepRunner& runner) override;
+  TokenLoss token_loss(size_t k) override;
+  double finish(Communicator* stages, Communicator* dp, StepRecord& r) override;
 
  private:
-  // Micro-batch `batch`'s pairs: losses, rewards, and the token weights.
-  double weigh(const MicroBatch& batch, size_t k);
+  // Micro-batch k's pairs from the policy's token losses: their losses and
+  // rewards summed, and the token weights.
+  void weigh(size_t k, const float* policy, float* weights);
   // The reference table from forward passes over every sample (collective).
   void precompute(StepRunner& runner);
 
@@ -85,10 +86,12 @@ class PreferenceObjective final : public StepObjective {
   LoaderOptions loader_;
   DeviceMesh* mesh_;
   ReferenceLogps table_;
-  std::vector<std::vector<float>> policy_, reference_, weights_;
+  std::span<const MicroBatch> batches_;  // the step's (prepare to finish)
+  std::vector<std::vector<float>> reference_;  // their reference token losses
   std::vector<int32_t> response_;
-  // The step's sums on this rank: chosen and rejected rewards, correct pairs, pairs.
-  double chosen_ = 0, rejected_ = 0, correct_ = 0, pairs_ = 0;
+  // The step's sums on this rank: pair losses, chosen and rejected rewards,
+  // correct pairs, pairs.
+  double loss_ = 0, chosen_ = 0, rejected_ = 0, correct_ = 0, pairs_ = 0;
 };
 
 // The objective config asks for (null: the token losses' sum).

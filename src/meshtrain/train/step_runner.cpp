@@ -41,10 +41,13 @@ pipeline::MicroBatchRef ref_of(const MicroBatch& b, const TokenLoss& loss = {}) 
   return {b.inputs.data(), b.targets.data(), positions_of(b), loss};
 }
 
-float* token_losses(std::vector<std::vector<float>>& losses, size_t k, const MicroBatch& b) {
+// Micro-batch k's token losses written into losses[k] (resized to it).
+TokenLoss token_losses(std::vector<std::vector<float>>& losses, size_t k, const MicroBatch& b) {
   if (losses.size() <= k) losses.resize(k + 1);
   losses[k].resize(static_cast<size_t>(b.rows * b.seq_len));
-  return losses[k].data();
+  TokenLoss out;
+  out.losses = losses[k].data();
+  return out;
 }
 
 // Micro-batch after micro-batch through the whole (tp slice of the) model.
@@ -67,19 +70,18 @@ class LocalSteps final : public StepRunner {
         model_.forward_loss(b.inputs.data(), b.targets.data(), b.rows, seq_, positions_of(b));
       }
     });
-    const double objective = objective_ ? objective_->prepare(batches_, *this) : 0.0;
+    if (objective_ != nullptr) objective_->prepare(batches_, *this);
     for (int64_t a = 0; a < m; ++a) {
       const MicroBatch& batch = keep ? batches_[static_cast<size_t>(a)] : loader.next();
       dp.begin_micro_batch(a == 0, a + 1 == m);
       // LoRA dropout masks keyed by (seed, step, sample, position): layout-independent.
       if (model_.config().lora.dropout > 0) model_.set_lora_dropout(seed_, r.step, batch.samples);
-      const TokenLoss weights{objective_ ? objective_->weights(static_cast<size_t>(a)) : nullptr};
+      const TokenLoss weights = objective_ ? objective_->token_loss(static_cast<size_t>(a))
+                                           : TokenLoss{};
       loss += model_.forward_backward(batch.inputs.data(), batch.targets.data(), batch.rows, seq_,
                                       grad_scale, positions_of(batch), weights);
     }
-    if (objective_ == nullptr) return loss;
-    objective_->finish(nullptr, dp.group(), r);
-    return objective;
+    return objective_ ? objective_->finish(nullptr, dp.group(), r) : loss;
   }
   double evaluate(ValidationSet& val, int64_t& tokens) override {
     return validation_loss_sum(model_, val, batch_, tokens);
@@ -90,7 +92,7 @@ class LocalSteps final : public StepRunner {
     for (size_t k = 0; k < batches.size(); ++k) {
       const MicroBatch& b = batches[k];
       model_.forward_loss(b.inputs.data(), b.targets.data(), b.rows, seq_, positions_of(b),
-                          {nullptr, token_losses(losses, k, b)});
+                          token_losses(losses, k, b));
     }
   }
 
@@ -147,14 +149,12 @@ class PipelineSteps final : public StepRunner {
       refs.push_back(ref_of(batch));
     }
     count_step_routing(model_, dp, [&] { executor_->evaluate(refs); });
-    double loss = 0;
     if (objective_ != nullptr) {
-      loss = objective_->prepare(batches_, *this);
-      for (size_t k = 0; k < refs.size(); ++k) refs[k].loss.weights = objective_->weights(k);
+      objective_->prepare(batches_, *this);
+      for (size_t k = 0; k < refs.size(); ++k) refs[k].loss = objective_->token_loss(k);
     }
     dp.begin_schedule();
-    const double losses = executor_->run(refs, grad_scale);
-    if (objective_ == nullptr) loss = losses;
+    double loss = executor_->run(refs, grad_scale);
     if (tied_ && model_.params()[0].spec.trainable) {
       // The first stage's embedding and the last stage's output layer are one
       // parameter: both get the sum of their gradients, so both updates agree.
@@ -173,7 +173,7 @@ class PipelineSteps final : public StepRunner {
                       : 0.0;
     r.pp_bubble_theory = pipeline::theoretical_bubble(executor_->shape());
     r.pp_in_flight = static_cast<int64_t>(timing.peak_in_flight);
-    if (objective_ != nullptr) objective_->finish(&pp_, dp.group(), r);
+    if (objective_ != nullptr) loss = objective_->finish(&pp_, dp.group(), r);
     return sum_over_ranks(pp_, loss);
   }
 
@@ -197,7 +197,7 @@ class PipelineSteps final : public StepRunner {
                       std::vector<std::vector<float>>& losses) override {
     std::vector<pipeline::MicroBatchRef> refs;
     for (size_t k = 0; k < batches.size(); ++k) {
-      refs.push_back(ref_of(batches[k], {nullptr, token_losses(losses, k, batches[k])}));
+      refs.push_back(ref_of(batches[k], token_losses(losses, k, batches[k])));
     }
     executor_->evaluate(refs);
   }

@@ -22,10 +22,11 @@ class StepRunner;
 
 // What a step trains on, when it is not the plain sum of token losses
 // (language modelling, SFT): an objective that reads the step's micro-batches
-// first, runs forward-only passes over them (StepRunner::forward_losses) and
-// gives each token a loss weight for the training passes (preference
-// optimisation, train/preference_objective.h). Plugged into a runner; the
-// trainer never asks which.
+// first, may run forward-only passes over them (StepRunner::forward_losses),
+// and weighs each token's loss in the training passes (TokenLoss: from the
+// pass's own token losses; preference optimisation,
+// train/preference_objective.h). Plugged into a runner; the trainer never
+// asks which.
 class StepObjective {
  public:
   virtual ~StepObjective() = default;
@@ -34,16 +35,16 @@ class StepObjective {
   // precomputed reference). Collective over every rank.
   virtual void start(StepRunner& runner, bool resumed) {}
   // Before the step's training passes, with all of its micro-batches on this
-  // rank. Returns the step's objective sum over this rank's samples (the
-  // stage holding the head; 0 on the others), the value whose mean over the
-  // step's loss tokens (data/sampler.h loss_tokens) is its loss.
-  virtual double prepare(std::span<const MicroBatch> batches, StepRunner& runner) = 0;
-  // Micro-batch k's token weights [rows * seq] (TokenLoss::weights) for its
-  // training pass, after prepare.
-  virtual const float* weights(size_t k) const = 0;
+  // rank (they stay valid until finish).
+  virtual void prepare(std::span<const MicroBatch> batches, StepRunner& runner) = 0;
+  // Micro-batch k's TokenLoss for its training pass, after prepare.
+  virtual TokenLoss token_loss(size_t k) = 0;
   // After the step's passes: its statistics summed over the pipeline's
-  // stages and the dp ranks (either group may be null) into r. Collective.
-  virtual void finish(Communicator* stages, Communicator* dp, StepRecord& r) = 0;
+  // stages and the dp ranks (either group may be null) into r (collective).
+  // Returns the step's objective sum over this rank's samples (the stage
+  // holding the head; 0 on the others): the value whose mean over the step's
+  // loss tokens (data/sampler.h loss_tokens) is its loss.
+  virtual double finish(Communicator* stages, Communicator* dp, StepRecord& r) = 0;
 };
 
 class StepRunner {
