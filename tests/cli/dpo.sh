@@ -7,7 +7,8 @@
 #     checkpoint identical byte for byte;
 #  2. dp 2, ZeRO-3, tp 2 and pp 2 give the one-rank losses and rewards (to 1e-5; pp exactly);
 #  3. the reference precomputed (dpo.precompute_reference = true, stored with the run) gives the
-#     adapters-off run's losses; IPO and label smoothing run; QLoRA DPO starts at log 2;
+#     adapters-off run's losses; IPO and label smoothing run; QLoRA DPO starts at log 2; with
+#     adapter dropout dp 2 equals one rank;
 #  4. full fine-tuning (its reference precomputed): log 2 first, resume byte for byte, and a
 #     resumed run whose stored reference is gone stops with one line naming the file;
 #  5. bad input: one line naming the record or key, exit 1 (a missing stored reference: 4, corrupt).
@@ -120,6 +121,13 @@ first_is_log2 "label smoothing 0.1" "$work/smooth/metrics.jsonl"
 common "$work/qlora" | sed 's/^targets = .*/&\nquantize_base = "nf4"/' >"$work/qlora.toml"
 "$bin" train --config "$work/qlora.toml" >/dev/null
 first_is_log2 qlora "$work/qlora/metrics.jsonl"
+# Adapter dropout: the policy's log-probabilities are the training pass's own (masks keyed by
+# sample and position), so dp 2 still equals one rank.
+common "$work/dropout" | sed 's/^targets = .*/&\ndropout = 0.1/' >"$work/dropout.toml"
+"$bin" train --config "$work/dropout.toml" >/dev/null
+{ common "$work/dropout_dp" | sed 's/^targets = .*/&\ndropout = 0.1/'; } >"$work/dropout_dp.toml"
+"${mpirun[@]}" 2 "$bin" train --config "$work/dropout_dp.toml" >/dev/null
+close "lora.dropout 0.1, dp 2" 1e-5 "$work/dropout/metrics.jsonl" "$work/dropout_dp/metrics.jsonl"
 
 # 4. Full fine-tuning.
 full "$work/full" >"$work/full.toml"

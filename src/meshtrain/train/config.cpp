@@ -656,10 +656,6 @@ PreferenceSettings read_dpo(const Section& s, const TrainConfig& c) {
                   "config: data.format = \"preference-jsonl\" with parallel.cp = {}: a pair's "
                   "responses cut over context-parallel ranks is not implemented",
                   c.parallel.cp);
-  MESHTRAIN_CHECK(c.model.lora.dropout == 0.0f,
-                  "config: data.format = \"preference-jsonl\" with lora.dropout = {}: the policy's "
-                  "log-probabilities are taken without dropout (use lora.dropout = 0)",
-                  c.model.lora.dropout);
   return p;
 }
 
