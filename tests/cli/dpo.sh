@@ -141,15 +141,6 @@ cmp "$work/full/step_6/rank_0.safetensors" "$work/full_resumed/step_6/rank_0.saf
 echo "full fine-tuning resume (stored reference): step 6 identical byte for byte"
 
 # 5. Bad input.
-expect_error() {  # expect_error PATTERN CONFIG_FILE [ARGS...]; EXIT (default 1): the kind's code
-  local rc=0 pattern=$1 config=$2
-  shift 2
-  "$bin" train --config "$config" "$@" >"$work/out" 2>"$work/err" || rc=$?
-  [ "$rc" -eq "${EXIT:-1}" ] || fail "$config exited $rc, not ${EXIT:-1}: $(cat "$work/err")"
-  [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$config: not one line on stderr: $(cat "$work/err")"
-  grep -qE "$pattern" "$work/err" || fail "$config: '$(cat "$work/err")' does not match '$pattern'"
-  echo "ok: $(cat "$work/err")"
-}
 rm -rf "$work/gone" && mkdir -p "$work/gone" && cp -r "$work/full/step_3" "$work/gone/"
 full "$work/gone" >"$work/gone.toml"
 EXIT=4 expect_error "reference_logps.safetensors' is missing" "$work/gone.toml" --resume "$work/gone/step_3"

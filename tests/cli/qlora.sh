@@ -128,14 +128,6 @@ else
 fi
 
 # 5. Bad input.
-expect_error() {  # expect_error PATTERN CONFIG_FILE
-  local rc=0
-  "$bin" train --config "$2" >"$work/out" 2>"$work/err" || rc=$?
-  [ "$rc" -eq 1 ] || fail "$2 exited $rc, not 1: $(cat "$work/err")"
-  [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$2: not one line on stderr: $(cat "$work/err")"
-  grep -qE "$1" "$work/err" || fail "$2: '$(cat "$work/err")' does not match '$1'"
-  echo "ok: $(cat "$work/err")"
-}
 common "$work/bad" | sed 's/^rank = 4$/rank = 0/; /^alpha/d; /^targets/d' >"$work/no_rank.toml"
 expect_error 'lora.quantize_base = "nf4" .*needs lora.rank >= 1' "$work/no_rank.toml"
 common "$work/bad" | sed 's/^quantize_base = "nf4"$/quantize_base = "int3"/' >"$work/unknown.toml"

@@ -37,6 +37,16 @@ class MemoryPlanTest : public ::testing::Test {
     dir_ = testing::scratch_dir();
     testing::write_phrase_corpus(dir_, 64);
   }
+  // Trains `c` and expects the tracker's peaks to be its rank-0 memory plan.
+  static void expect_run_matches_plan(const TrainConfig& c, const std::string& name) {
+    SCOPED_TRACE(name);
+    TrainerOptions options;
+    options.console = false;
+    Trainer trainer(c, options);
+    trainer.run();
+    testing::expect_memory_matches(trainer.memory_plan().at(0), trainer.tracker().snapshot(), name);
+  }
+
   TrainConfig config(const std::string& family, ConfigOverrides extra = {}) const {
     const bool llama = family == "llama";
     return testing::tiny_run_config(fmt::format(R"(
@@ -165,17 +175,12 @@ TEST_F(MemoryPlanTest, QloraPeaksMatchThePredictionAndThePlannersBytes) {
   for (const char* precision : {"bf16", "fp32"}) {
     for (const char* mode : {"none", "full"}) {
       const std::string out = fmt::format("qlora_{}_{}", precision, mode);
-      const TrainConfig c = config("llama", {{"train.precision", precision},
-                                             {"train.recompute", mode},
-                                             {"train.out_dir", dir_ + "/" + out},
-                                             {"lora.rank", "4"},
-                                             {"lora.quantize_base", "nf4"}});
-      SCOPED_TRACE(out);
-      TrainerOptions options;
-      options.console = false;
-      Trainer trainer(c, options);
-      trainer.run();
-      testing::expect_memory_matches(trainer.memory_plan().at(0), trainer.tracker().snapshot(), out);
+      expect_run_matches_plan(config("llama", {{"train.precision", precision},
+                                               {"train.recompute", mode},
+                                               {"train.out_dir", dir_ + "/" + out},
+                                               {"lora.rank", "4"},
+                                               {"lora.quantize_base", "nf4"}}),
+                              out);
     }
   }
   // Whole-model sizes: 4 bits, a u8 code per 64 and an f32 scale per 256 of those (the
@@ -206,13 +211,7 @@ TEST_F(MemoryPlanTest, PreferencePeaksMatchThePrediction) {
                         {"train.seq_len", "64"},         {"data.format", "preference-jsonl"},
                         {"data.train", data},            {"data.val", data}};
       if (std::string(method) == "lora") o.push_back({"lora.rank", "4"});
-      const TrainConfig c = config("llama", o);
-      SCOPED_TRACE(out);
-      TrainerOptions options;
-      options.console = false;
-      Trainer trainer(c, options);
-      trainer.run();
-      testing::expect_memory_matches(trainer.memory_plan().at(0), trainer.tracker().snapshot(), out);
+      expect_run_matches_plan(config("llama", o), out);
     }
   }
 }
