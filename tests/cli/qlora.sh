@@ -5,9 +5,8 @@
 #  2. a run resumed from its step-3 checkpoint writes a step-6 checkpoint identical byte for byte
 #     to the uninterrupted run's;
 #  3. pp 2 and full recompute give the one-rank losses (to 1e-12), dp 2 and ZeRO 1/2/3 to 1e-5
-#     (bf16 GEMMs over half the rows);
-#     tp 2 within 1e-2 (each rank quantises
-#     its own slice: the same blocks and codes, but its own second-level scales);
+#     (bf16 GEMMs over half the rows), tp 2 to 1e-5 on a wider base (each rank holds its blocks
+#     of the tensor quantised whole: the one-rank values);
 #  4. exports: --merge-lora equals --base-only plus the PEFT adapter's delta (B A · alpha/r),
 #     and samples the same greedy tokens as the checkpoint; plain LoRA from the base-only export
 #     repeats the QLoRA run loss for loss (the trained base is the exported one); with
@@ -76,19 +75,40 @@ cmp "$work/one/step_6/rank_0.safetensors" "$work/resumed/step_6/rank_0.safetenso
 echo "resume: step 6 identical byte for byte"
 
 # 3. Layouts.
+close() {  # close NAME TOL A... -- B...: the two loss lists within TOL (relative)
+  python3 -c "
+import sys
+n = int(sys.argv[2]); tol = float(sys.argv[3]); a = [float(x) for x in sys.argv[4:4 + n]]; b = [float(x) for x in sys.argv[4 + n:]]
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+assert len(a) == len(b) == 6 and worst <= tol, (a, b)
+print(f'{sys.argv[1]}: losses within {worst:.1e} of one rank')" "$@"
+}
 for layout in "dp 1 1 0 1e-5" "zero1 1 1 1 1e-5" "zero2 1 1 2 1e-5" "zero3 1 1 3 1e-5" \
-              "pp 1 2 0 1e-12" "tp 2 1 0 1e-2"; do
+              "pp 1 2 0 1e-12"; do
   read -r name tp pp zero tol <<<"$layout"
   { common "$work/$name"; printf '[parallel]\ntp = %s\npp = %s\nzero = %s\n' "$tp" "$pp" "$zero"; } >"$work/$name.toml"
   "${mpirun[@]}" 2 "$bin" train --config "$work/$name.toml" >/dev/null
   read -ra got <<<"$(losses "$work/$name/metrics.jsonl")"
-  python3 -c "
-import sys
-n = int(sys.argv[1]); tol = float(sys.argv[2]); a = [float(x) for x in sys.argv[3:3 + n]]; b = [float(x) for x in sys.argv[3 + n:]]
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-assert len(a) == len(b) == 6 and worst <= tol, (a, b)
-print(f'$name 2: losses within {worst:.1e} of one rank')" "${#one[@]}" "$tol" "${one[@]}" "${got[@]}"
+  close "$name 2" "${#one[@]}" "$tol" "${one[@]}" "${got[@]}"
 done
+# tp 2 on a base whose row-parallel layers' rank slices are whole blocks of every row (in
+# features / 2 a multiple of 64): each rank holds its blocks of the tensor quantised whole,
+# so the values are the one-rank ones bit for bit.
+tiny_base "$bin" "$work" "$fixtures" wide "dim = 128
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+hidden_dim = 256
+vocab_size = 256
+max_seq_len = 128
+tie_embeddings = false"
+common "$work/wide_one" | sed "s#^init_from = .*#init_from = \"$work/hf_wide\"#" >"$work/wide_one.toml"
+"$bin" train --config "$work/wide_one.toml" >/dev/null
+{ common "$work/wide_tp" | sed "s#^init_from = .*#init_from = \"$work/hf_wide\"#"; printf '[parallel]\ntp = 2\n'; } >"$work/wide_tp.toml"
+"${mpirun[@]}" 2 "$bin" train --config "$work/wide_tp.toml" >/dev/null
+read -ra wide_one <<<"$(losses "$work/wide_one/metrics.jsonl")"
+read -ra wide_tp <<<"$(losses "$work/wide_tp/metrics.jsonl")"
+close "tp 2" "${#wide_one[@]}" 1e-5 "${wide_one[@]}" "${wide_tp[@]}"
 
 # init_from the base's training checkpoint (read tensor by tensor from its shards) instead of its
 # HF export: the same NF4 base, the same losses.
@@ -133,5 +153,12 @@ expect_error 'lora.quantize_base = "nf4" .*needs lora.rank >= 1' "$work/no_rank.
 common "$work/bad" | sed 's/^quantize_base = "nf4"$/quantize_base = "int3"/' >"$work/unknown.toml"
 expect_error 'lora.quantize_base: unknown quantisation "int3"' "$work/unknown.toml"
 { common "$work/bad" | sed '/^init_from/d'; printf '[model]\npreset = "llama-tiny"\ndim = 40\nn_heads = 4\nn_kv_heads = 2\n'; } >"$work/blocks.toml"
-expect_error "'model.layers.0.self_attn.k_proj.weight' holds 800 elements on this rank, not a multiple of the NF4 block" "$work/blocks.toml"
+expect_error "this rank's slice of 'model.layers.0.self_attn.k_proj.weight' \\(800 of 800 elements\\) cuts NF4 blocks of 64" "$work/blocks.toml"
+# tp 2 on llama-tiny: o_proj's rows (64 inputs) would be cut into halves of 32.
+{ common "$work/bad"; printf '[parallel]\ntp = 2\n'; } >"$work/tp_cut.toml"
+rc=0
+"${mpirun[@]}" 2 "$bin" train --config "$work/tp_cut.toml" >"$work/out" 2>"$work/err" || rc=$?
+[ "$rc" -ne 0 ] && grep -q "this rank's slice of 'model.layers.0.self_attn.o_proj.weight' (2048 of 4096 elements) cuts NF4 blocks" "$work/err" ||
+  fail "tp 2 cutting NF4 blocks: exit $rc, $(head -3 "$work/err")"
+echo "ok: tp 2 refused where its cut falls inside NF4 blocks"
 echo "qlora: ok"

@@ -327,6 +327,48 @@ TEST(Nf4Backend, CpuDequantizeEqualsTheReferenceBitForBit) {
   }
 }
 
+// A slice (nf4::Form::slice) holds the whole tensor's values at its blocks bit
+// for bit, through nf4::dequantize and the CPU kernel, though no slice holds
+// the whole tensor's offset or second-level scales: here the right half of
+// every row of a [12, 512] weight (a row-parallel cut over two ranks), whose
+// blocks come from two second-level groups.
+TEST(Nf4Backend, SliceHoldsTheWholeTensorsValues) {
+  const int64_t rows = 12, cols = 512, n = rows * cols;
+  std::vector<float> x = normal(n, 7, 0.02f);
+  x[100] = 3.0f;
+  const std::vector<uint8_t> whole = quantized(x);
+  const std::vector<float> all = dequantized(whole, n);
+  std::vector<int64_t> blocks;
+  std::vector<float> want;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / 2 / nf4::kBlock; ++b) {
+      blocks.push_back((r * cols + cols / 2) / nf4::kBlock + b);
+    }
+    want.insert(want.end(), all.begin() + r * cols + cols / 2, all.begin() + (r + 1) * cols);
+  }
+  const int64_t m = static_cast<int64_t>(want.size());
+  std::vector<uint8_t> sliced(static_cast<size_t>(nf4::layout(m, nf4::Form::slice).bytes));
+  nf4::slice(whole, n, blocks, sliced);
+  std::vector<float> got(static_cast<size_t>(m));
+  nf4::dequantize(sliced, got, nf4::Form::slice);
+  MemoryTracker tracker;
+  std::unique_ptr<Backend> cpu = make_backend("cpu", 2, tracker);
+  Tensor in = cpu->allocate({static_cast<int64_t>(sliced.size() / 4)}, DType::i32,
+                            MemCategory::workspace);
+  cpu->copy_from_host(sliced.data(), in);
+  Tensor y = cpu->allocate({m}, DType::f32, MemCategory::workspace);
+  cpu->dequantize_nf4(in.raw(), m, DType::f32, y.raw(), nf4::Form::slice);
+  cpu->synchronize();
+  std::vector<float> kernel(static_cast<size_t>(m));
+  cpu->copy_to_host(y, kernel.data());
+  for (int64_t i = 0; i < m; ++i) {
+    ASSERT_EQ(bits(got[static_cast<size_t>(i)]), bits(want[static_cast<size_t>(i)])) << i;
+    ASSERT_EQ(bits(kernel[static_cast<size_t>(i)]), bits(want[static_cast<size_t>(i)])) << i;
+  }
+  // 4 bytes of absmax and 32 of codes per block.
+  EXPECT_EQ(nf4::layout(m, nf4::Form::slice).bytes, m / nf4::kBlock * 36);
+}
+
 TEST(Nf4Backend, RejectsSizesThatAreNotWholeBlocks) {
   MemoryTracker tracker;
   std::unique_ptr<Backend> cpu = make_backend("cpu", 1, tracker);

@@ -66,6 +66,39 @@ TEST_F(Tp, InitialWeightsAreSlicesOfTheSingleRankOnes) {
   }
 }
 
+// QLoRA under tp 2: every rank holds its blocks of each NF4 weight quantised
+// whole (nf4::Form::slice), so its dequantised values are the single rank's
+// slice bit for bit (Llama's column- and row-parallel layers, GPT-2's fused
+// c_attn), and a one-step loss equals the single rank's.
+TEST_F(Tp, QloraBaseIsTheSingleRanksBitForBit) {
+  if (world_->size() % 2 != 0) GTEST_SKIP() << "needs an even world";
+  for (Family family : {Family::llama, Family::gpt2}) {
+    ModelConfig c = testing::tiny_config(family, {.n_heads = 4, .n_kv_heads = 2, .hidden_dim = 256,
+                                                  .vocab_size = 37, .max_seq_len = 16,
+                                                  .tied = family == Family::gpt2});
+    c.dim = 128;
+    if (family == Family::gpt2) c.n_kv_heads = c.n_heads;
+    c.lora.rank = 4;
+    c.lora.quantize_base = BaseQuant::nf4;
+    SCOPED_TRACE(family_name(family));
+    testing::TpTrainer run(*world_, {.model = c, .tp = 2});
+    testing::CpuModel ref(c, Precision::fp32, 1);
+    ref.model.init_weights(11);
+    int checked = 0;
+    for (Parameter& p : run.model.params()) {
+      if (!p.spec.nf4) continue;
+      std::vector<float> whole(static_cast<size_t>(shape_numel(p.spec.split.global_shape)));
+      ref.model.copy_master_to_host(ref.model.param(p.spec.name), whole.data());
+      std::vector<float> want(static_cast<size_t>(p.spec.numel())), got(want.size());
+      copy_global_to_local(p.spec.split, whole.data(), want.data());
+      run.model.copy_master_to_host(p, got.data());
+      ASSERT_EQ(got, want) << p.spec.name;
+      ++checked;
+    }
+    EXPECT_GT(checked, 0);
+  }
+}
+
 // One step: logits, loss and every gathered gradient match the single rank.
 TEST_F(Tp, OneStepMatchesSingleRank) {
   for (int tp : testing::tp_sizes(world_->size())) {

@@ -21,6 +21,7 @@
 
 #include "meshtrain/backend/ops.h"
 #include "meshtrain/tensor/memory_tracker.h"
+#include "meshtrain/tensor/nf4.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain {
@@ -199,10 +200,12 @@ class Backend {
   virtual double fused_classifier(const ops::ClassifierArgs& args) = 0;
 
   // ---- quantised weights
-  // y[0, n) (f32, bf16 or f16) = the values an NF4 buffer of n elements holds
-  // (tensor/nf4.h: its f32 dequantisation, rounded once to `to`). QLoRA's
-  // frozen base weights, dequantised into a workspace before each GEMM.
-  virtual void dequantize_nf4(const void* packed, int64_t n, DType to, void* y) = 0;
+  // y[0, n) (f32, bf16 or f16) = the values an NF4 buffer of n elements in
+  // `form` holds (tensor/nf4.h: its f32 dequantisation, rounded once to `to`).
+  // QLoRA's frozen base weights (a tp rank's: a slice), dequantised into a
+  // workspace before each GEMM.
+  virtual void dequantize_nf4(const void* packed, int64_t n, DType to, void* y,
+                              nf4::Form form = nf4::Form::whole) = 0;
 
   // ---- mixture of experts
   // logits [tokens, experts] f32 -> probs [tokens, experts] (the scores p,

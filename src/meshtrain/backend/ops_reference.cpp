@@ -537,17 +537,24 @@ void moe_permute_backward(const DispatchDims& dims, const Dispatch& order, const
   }
 }
 
-void dequantize_nf4(std::span<const uint8_t> packed, int64_t n, Vec& out) {
-  const nf4::Layout l = nf4::layout(n);
+void dequantize_nf4(std::span<const uint8_t> packed, int64_t n, Vec& out, nf4::Form form) {
+  // The absmax in float64 from its stored parts (a slice stores it in f32).
+  const nf4::Layout l = nf4::layout(n, form);
   float offset = 0;
-  std::memcpy(&offset, packed.data() + l.offset_at, 4);
+  if (form == nf4::Form::whole) std::memcpy(&offset, packed.data() + l.offset_at, 4);
   out.assign(static_cast<size_t>(n), 0.0);
   for (int64_t b = 0; b < l.blocks; ++b) {
-    float s = 0;
-    std::memcpy(&s, packed.data() + l.scales_at + 4 * (b / nf4::kScaleBlock), 4);
-    const double absmax =
-        static_cast<double>(nf4::dynamic_map()[packed[static_cast<size_t>(l.codes_at + b)]]) * s +
-        offset;
+    float stored = 0;
+    double absmax = 0;
+    if (form == nf4::Form::slice) {
+      std::memcpy(&stored, packed.data() + l.absmax_at + 4 * b, 4);
+      absmax = stored;
+    } else {
+      std::memcpy(&stored, packed.data() + l.scales_at + 4 * (b / nf4::kScaleBlock), 4);
+      absmax = static_cast<double>(nf4::dynamic_map()[packed[static_cast<size_t>(l.codes_at + b)]]) *
+                   stored +
+               offset;
+    }
     for (int64_t i = b * nf4::kBlock; i < (b + 1) * nf4::kBlock; ++i) {
       const uint8_t pair = packed[static_cast<size_t>(l.packed_at + i / 2)];
       const int q = i % 2 == 0 ? pair >> 4 : pair & 0xF;

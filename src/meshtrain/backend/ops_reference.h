@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "meshtrain/backend/ops.h"
+#include "meshtrain/tensor/nf4.h"
 
 namespace meshtrain::ops::reference {
 
@@ -58,7 +59,8 @@ void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, 
 
 // NF4 with double quantisation (tensor/nf4.h): the n values a packed buffer
 // holds, NF4[q] * (DYN[c] * s + offset), every product and sum in float64.
-void dequantize_nf4(std::span<const uint8_t> packed, int64_t n, Vec& out);
+void dequantize_nf4(std::span<const uint8_t> packed, int64_t n, Vec& out,
+                    nf4::Form form = nf4::Form::whole);
 
 // MoE routing (ops::RouterDims; dims.bias read as given): probs [tokens,
 // experts], indices and weights [tokens, top_k], lse [tokens]; the

@@ -1245,8 +1245,31 @@ void add_optimizer_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// dequantize_nf4 of one packed buffer (n elements in `form`) to every compute dtype.
+void add_dequantize_cases(std::vector<OpCase>& cases, const std::string& what, int64_t n,
+                          const std::vector<uint8_t>& packed, nf4::Form form) {
+  std::vector<int32_t> words(packed.size() / 4);
+  std::memcpy(words.data(), packed.data(), packed.size());
+  for (DType to : {DType::f32, DType::bf16, DType::f16}) {
+    cases.push_back(OpCase{"dequantize_nf4", fmt::format("n={}{} to={}", n, what, dtype_name(to)),
+                           max_nmse(to),
+                           [=](Probe& p) {
+                             auto P = p.upload_ids("packed", words);
+                             auto Y = p.upload("y", to, Vec(static_cast<size_t>(n)));
+                             p.backend().dequantize_nf4(P.data(), n, to, Y.data(), form);
+                             return Outputs{{"y", p.download(Y)}};
+                           },
+                           [=] {
+                             Vec y;
+                             ref::dequantize_nf4(packed, n, y, form);
+                             return Outputs{{"y", y}};
+                           }});
+  }
+}
+
 // NF4 dequantisation (QLoRA's frozen base weights) to every compute dtype:
-// one block, a few, a second group of one block (64 * 257) and 5 groups. The
+// one block, a few, a second group of one block (64 * 257) and 5 groups, whole
+// and as a slice of every other block. The
 // packed buffer comes from nf4::quantize on the host (weights around 0.02 with
 // one outlier per tensor); its bytes, a multiple of 4, go up as i32 elements.
 void add_quant_cases(std::vector<OpCase>& cases, Random& rng) {
@@ -1256,23 +1279,16 @@ void add_quant_cases(std::vector<OpCase>& cases, Random& rng) {
     host[static_cast<size_t>(n / 3)] = 0.75f;
     std::vector<uint8_t> packed(static_cast<size_t>(nf4::layout(n).bytes));
     nf4::quantize(host, packed);
-    std::vector<int32_t> words(packed.size() / 4);
-    std::memcpy(words.data(), packed.data(), packed.size());
-    for (DType to : {DType::f32, DType::bf16, DType::f16}) {
-      cases.push_back(OpCase{"dequantize_nf4", fmt::format("n={} to={}", n, dtype_name(to)),
-                             max_nmse(to),
-                             [=](Probe& p) {
-                               auto P = p.upload_ids("packed", words);
-                               auto Y = p.upload("y", to, Vec(static_cast<size_t>(n)));
-                               p.backend().dequantize_nf4(P.data(), n, to, Y.data());
-                               return Outputs{{"y", p.download(Y)}};
-                             },
-                             [=] {
-                               Vec y;
-                               ref::dequantize_nf4(packed, n, y);
-                               return Outputs{{"y", y}};
-                             }});
-    }
+    add_dequantize_cases(cases, "", n, packed, nf4::Form::whole);
+    // A tp rank's slice: every other block, backwards (any order is a slice).
+    std::vector<int64_t> blocks;
+    for (int64_t b = n / nf4::kBlock - 1; b >= 0; b -= 2) blocks.push_back(b);
+    std::vector<uint8_t> sliced(
+        static_cast<size_t>(nf4::layout(nf4::kBlock * static_cast<int64_t>(blocks.size()),
+                                        nf4::Form::slice).bytes));
+    nf4::slice(packed, n, blocks, sliced);
+    add_dequantize_cases(cases, " slice", nf4::kBlock * static_cast<int64_t>(blocks.size()), sliced,
+                         nf4::Form::slice);
   }
 }
 

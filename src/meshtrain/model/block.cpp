@@ -112,7 +112,8 @@ const void* Model::Impl::linear_weight(const Linear& lin, DType dt) {
   for (size_t k = 0; k < lin.n_weights; ++k) {
     const Parameter& p = model.params_[lin.weight + k];
     backend.dequantize_nf4(p.nf4.raw(), p.spec.numel(), dt,
-                           static_cast<char*>(ws.dequant.raw()) + at * dtype_size(dt));
+                           static_cast<char*>(ws.dequant.raw()) + at * dtype_size(dt),
+                           nf4_layout(p.spec).form);
     at += p.spec.numel();
   }
   return ws.dequant.raw();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <numeric>
 
 #include "meshtrain/backend/backend.h"
 #include "meshtrain/model/model_impl.h"
@@ -193,9 +194,16 @@ void Model::init_weights(uint64_t seed) {
   std::vector<float> values;
   std::vector<char> narrow;
   for (Parameter& p : params_) {
+    if (p.spec.nf4) {  // quantised whole, then sliced: the tp = 1 values on every layout
+      const ParamSpec whole = whole_spec(p.spec);
+      values.resize(static_cast<size_t>(whole.numel()));
+      init_parameter(whole, seed, values.data());
+      copy_nf4_from_global(p, values.data());
+      continue;
+    }
     values.resize(static_cast<size_t>(p.spec.numel()));
     init_parameter(p.spec, seed, values.data());
-    if (p.master.defined() || p.spec.nf4) {
+    if (p.master.defined()) {
       copy_master_from_host(p, values.data());
       continue;
     }
@@ -277,14 +285,40 @@ void Model::copy_master_to_host(const Parameter& p, float* dst) const {
   if (!p.spec.nf4) return backend_.copy_to_host(p.master, dst);
   std::vector<uint8_t> packed(p.nf4.bytes());
   backend_.copy_to_host(p.nf4, packed.data());
-  nf4::dequantize(packed, {dst, static_cast<size_t>(p.spec.numel())});
+  nf4::dequantize(packed, {dst, static_cast<size_t>(p.spec.numel())}, nf4_layout(p.spec).form);
 }
+
+namespace {
+
+// `n` values quantised as one tensor, in `form` (a slice of all its blocks).
+std::vector<uint8_t> quantize_as(const float* values, int64_t n, nf4::Form form) {
+  std::vector<uint8_t> whole(static_cast<size_t>(nf4::layout(n).bytes));
+  nf4::quantize({values, static_cast<size_t>(n)}, whole);
+  if (form == nf4::Form::whole) return whole;
+  std::vector<int64_t> blocks(static_cast<size_t>(n / nf4::kBlock));
+  std::iota(blocks.begin(), blocks.end(), int64_t{0});
+  std::vector<uint8_t> sliced(static_cast<size_t>(nf4::layout(n, form).bytes));
+  nf4::slice(whole, n, blocks, sliced);
+  return sliced;
+}
+
+}  // namespace
 
 void Model::copy_master_from_host(Parameter& p, const float* src) {
   if (!p.spec.nf4) return backend_.copy_from_host(src, p.master);
-  std::vector<uint8_t> packed(p.nf4.bytes());
-  nf4::quantize({src, static_cast<size_t>(p.spec.numel())}, packed);
-  backend_.copy_from_host(packed.data(), p.nf4);
+  backend_.copy_from_host(quantize_as(src, p.spec.numel(), nf4_layout(p.spec).form).data(), p.nf4);
+}
+
+void Model::copy_nf4_from_global(Parameter& p, const float* global) {
+  MESHTRAIN_CHECK(p.spec.nf4, "model: '{}' is not an NF4 weight", p.spec.name);
+  const int64_t n = shape_numel(p.spec.split.global_shape);
+  std::vector<uint8_t> whole = quantize_as(global, n, nf4::Form::whole);
+  if (nf4_layout(p.spec).form == nf4::Form::whole) {
+    return backend_.copy_from_host(whole.data(), p.nf4);
+  }
+  std::vector<uint8_t> sliced(p.nf4.bytes());
+  nf4::slice(whole, n, nf4_slice_blocks(p.spec), sliced);
+  backend_.copy_from_host(sliced.data(), p.nf4);
 }
 
 void Model::add_to_master(Parameter& p, std::span<const float> delta) {

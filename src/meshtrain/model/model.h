@@ -168,9 +168,14 @@ class Model {
   // floats) through the backend: how importers and exporters reach the
   // weights, whatever device holds them. After writing, sync_compute_weights.
   // An NF4 weight (ParamSpec::nf4) reads as its dequantised values and is
-  // quantised on writing.
+  // quantised on writing: these values as one tensor (under tp not the whole
+  // tensor's quantisation: copy_nf4_from_global is).
   void copy_master_to_host(const Parameter& p, float* dst) const;
   void copy_master_from_host(Parameter& p, const float* src);
+  // An NF4 weight from the whole tensor's values (its global shape): quantised
+  // whole, this rank's slice kept (nf4::Form::slice under tp), so every tp
+  // layout holds the tp = 1 values bit for bit.
+  void copy_nf4_from_global(Parameter& p, const float* global);
   // p's master values += delta (p.spec.numel() floats), through the host; an
   // f32 parameter (its master is what the model reads).
   void add_to_master(Parameter& p, std::span<const float> delta);

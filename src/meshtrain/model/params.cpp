@@ -15,12 +15,34 @@ DType param_compute_dtype(const ParamSpec& spec, Precision precision) {
 }
 
 nf4::Layout nf4_layout(const ParamSpec& spec) {
-  MESHTRAIN_CHECK_AS(ErrorKind::config, spec.numel() % nf4::kBlock == 0,
-                     "lora.quantize_base = \"nf4\": '{}' holds {} elements on this rank, not a "
-                     "multiple of the NF4 block ({}); choose dimensions (and a tp degree) that keep "
-                     "each rank's slice whole blocks",
-                     spec.name, spec.numel(), nf4::kBlock);
-  return nf4::layout(spec.numel());
+  // Every run of the slice (its rows, or all of it) starts and ends on a block boundary.
+  bool whole_blocks = spec.numel() % nf4::kBlock == 0;
+  for_each_local_run(spec.split, [&](int64_t local, int64_t global, int64_t count) {
+    whole_blocks = whole_blocks && local % nf4::kBlock == 0 && global % nf4::kBlock == 0 &&
+                   count % nf4::kBlock == 0;
+  });
+  MESHTRAIN_CHECK_AS(ErrorKind::config, whole_blocks,
+                     "lora.quantize_base = \"nf4\": this rank's slice of '{}' ({} of {} elements) "
+                     "cuts NF4 blocks of {}; choose dimensions (and a tp degree) whose slices are "
+                     "whole blocks of every row",
+                     spec.name, spec.numel(), shape_numel(spec.split.global_shape), nf4::kBlock);
+  return nf4::layout(spec.numel(), spec.split.split() ? nf4::Form::slice : nf4::Form::whole);
+}
+
+std::vector<int64_t> nf4_slice_blocks(const ParamSpec& spec) {
+  std::vector<int64_t> blocks;
+  for_each_local_run(spec.split, [&](int64_t, int64_t global, int64_t count) {
+    for (int64_t b = 0; b < count / nf4::kBlock; ++b) blocks.push_back(global / nf4::kBlock + b);
+  });
+  return blocks;
+}
+
+ParamSpec whole_spec(const ParamSpec& spec) {
+  ParamSpec whole = spec;
+  whole.shape = spec.split.global_shape;
+  whole.split = TensorSplit{};
+  whole.split.global_shape = whole.shape;
+  return whole;
 }
 
 bool param_has_master(const ParamSpec& spec, Precision precision) {

@@ -66,9 +66,14 @@ DType param_compute_dtype(const ParamSpec& spec, Precision precision);
 // ones only when they compute in f32 (a frozen bf16 weight is its bf16 copy).
 bool param_has_master(const ParamSpec& spec, Precision precision);
 
-// An NF4 weight's packed layout (its rank's slice); throws a config Error
-// naming it unless that slice is whole NF4 blocks.
+// An NF4 weight's packed layout: the whole tensor's, or under tensor
+// parallelism its rank's slice of the tensor quantised whole (nf4::Form::slice);
+// throws a config Error naming it unless that slice is whole NF4 blocks.
 nf4::Layout nf4_layout(const ParamSpec& spec);
+// The global blocks a tp slice of `spec` holds, in its order (nf4::slice).
+std::vector<int64_t> nf4_slice_blocks(const ParamSpec& spec);
+// The parameter as one tp rank holds it at tp = 1: the whole tensor.
+ParamSpec whole_spec(const ParamSpec& spec);
 
 struct Parameter {
   ParamSpec spec;

@@ -89,20 +89,38 @@ const std::array<float, 256>& dynamic_map() {
   return map;
 }
 
-Layout layout(int64_t n) {
+Layout layout(int64_t n, Form form) {
   MESHTRAIN_CHECK(n > 0 && n % kBlock == 0,
                   "nf4: a quantised tensor needs a positive multiple of {} elements, got {}",
                   kBlock, n);
   Layout l;
+  l.form = form;
   l.n = n;
   l.blocks = n / kBlock;
-  l.groups = (l.blocks + kScaleBlock - 1) / kScaleBlock;
-  l.scales_at = 0;
-  l.offset_at = l.groups * 4;
-  l.codes_at = l.offset_at + 4;
-  l.packed_at = l.codes_at + l.blocks;
+  if (form == Form::slice) {
+    l.absmax_at = 0;
+    l.packed_at = 4 * l.blocks;
+  } else {
+    l.groups = (l.blocks + kScaleBlock - 1) / kScaleBlock;
+    l.scales_at = 0;
+    l.offset_at = l.groups * 4;
+    l.codes_at = l.offset_at + 4;
+    l.packed_at = l.codes_at + l.blocks;
+  }
   l.bytes = (l.packed_at + n / 2 + 3) / 4 * 4;
   return l;
+}
+
+float block_absmax(std::span<const uint8_t> packed, const Layout& l, int64_t b) {
+  float absmax = 0.0f;
+  if (l.form == Form::slice) {
+    std::memcpy(&absmax, packed.data() + l.absmax_at + 4 * b, 4);
+    return absmax;
+  }
+  float s = 0.0f, offset = 0.0f;
+  std::memcpy(&s, packed.data() + l.scales_at + 4 * (b / kScaleBlock), 4);
+  std::memcpy(&offset, packed.data() + l.offset_at, 4);
+  return dynamic_map()[packed[static_cast<size_t>(l.codes_at + b)]] * s + offset;
 }
 
 void quantize(std::span<const float> x, std::span<uint8_t> out) {
@@ -143,16 +161,30 @@ void quantize(std::span<const float> x, std::span<uint8_t> out) {
   }
 }
 
-void dequantize(std::span<const uint8_t> packed, std::span<float> out) {
-  const Layout l = layout(static_cast<int64_t>(out.size()));
+void slice(std::span<const uint8_t> whole, int64_t n_whole, std::span<const int64_t> blocks,
+           std::span<uint8_t> out) {
+  const Layout w = layout(n_whole);
+  const Layout l = layout(static_cast<int64_t>(blocks.size()) * kBlock, Form::slice);
+  MESHTRAIN_CHECK(static_cast<int64_t>(whole.size()) == w.bytes && static_cast<int64_t>(out.size()) == l.bytes,
+                  "nf4: slice of {} blocks needs {} and {} bytes, got {} and {}", blocks.size(),
+                  w.bytes, l.bytes, whole.size(), out.size());
+  std::fill(out.begin(), out.end(), uint8_t{0});
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const int64_t b = blocks[k];
+    MESHTRAIN_CHECK(b >= 0 && b < w.blocks, "nf4: block {} of a {}-block tensor", b, w.blocks);
+    const float absmax = block_absmax(whole, w, b);
+    std::memcpy(out.data() + l.absmax_at + 4 * static_cast<int64_t>(k), &absmax, 4);
+    std::memcpy(out.data() + l.packed_at + static_cast<int64_t>(k) * kBlock / 2,
+                whole.data() + w.packed_at + b * kBlock / 2, kBlock / 2);
+  }
+}
+
+void dequantize(std::span<const uint8_t> packed, std::span<float> out, Form form) {
+  const Layout l = layout(static_cast<int64_t>(out.size()), form);
   MESHTRAIN_CHECK(static_cast<int64_t>(packed.size()) == l.bytes,
                   "nf4: dequantize needs {} input bytes, got {}", l.bytes, packed.size());
-  float offset = 0.0f;
-  std::memcpy(&offset, packed.data() + l.offset_at, 4);
   for (int64_t b = 0; b < l.blocks; ++b) {
-    float s = 0.0f;
-    std::memcpy(&s, packed.data() + l.scales_at + 4 * (b / kScaleBlock), 4);
-    const float absmax = dynamic_map()[packed[static_cast<size_t>(l.codes_at + b)]] * s + offset;
+    const float absmax = block_absmax(packed, l, b);
     for (int64_t i = 0; i < kBlock; ++i) {
       const uint8_t pair = packed[static_cast<size_t>(l.packed_at + (b * kBlock + i) / 2)];
       const uint8_t q = i % 2 == 0 ? pair >> 4 : pair & 0xF;

@@ -15,8 +15,16 @@
 //
 // Every multiplication and comparison above is in f32, as bitsandbytes does
 // them; the mean is summed in f64 and rounded once. One tensor's packed state is
-// one byte buffer (Nf4Layout): [s f32 x groups][offset f32][c u8 x blocks]
-// [q u8 x n/2], padded to 4 bytes. docs/finetune.md#qlora.
+// one byte buffer (Layout, Form::whole): [s f32 x groups][offset f32]
+// [c u8 x blocks][q u8 x n/2], padded to 4 bytes.
+//
+// A slice (Form::slice; tensor parallelism, whose cuts fall between blocks):
+// some blocks of a tensor quantised whole, each with its absmax as the whole
+// tensor's dequantisation forms it (DYN[c_b] * s_g + offset, f32):
+// [absmax f32 x blocks][q u8 x n/2]. Its values are bit for bit the whole
+// tensor's at those blocks (the offset and the groups' scales are the whole
+// tensor's, which no slice holds alone), for 4.5 bits per weight instead of
+// 4.127. docs/finetune.md#qlora.
 #pragma once
 
 #include <array>
@@ -33,22 +41,33 @@ const std::array<float, 16>& levels();
 // bitsandbytes' create_dynamic_map(signed=True): 256 ascending f32 values in [-1, 1].
 const std::array<float, 256>& dynamic_map();
 
-// Where one tensor's pieces lie in its packed byte buffer.
+enum class Form : uint8_t { whole, slice };
+
+// Where one tensor's pieces lie in its packed byte buffer (-1: not in this form).
 struct Layout {
+  Form form = Form::whole;
   int64_t n = 0;                 // elements (a multiple of kBlock)
   int64_t blocks = 0, groups = 0;
-  int64_t scales_at = 0;         // f32 s_g, `groups` of them
-  int64_t offset_at = 0;         // f32 offset
-  int64_t codes_at = 0;          // u8 c_b, `blocks` of them
+  int64_t scales_at = -1;        // whole: f32 s_g, `groups` of them
+  int64_t offset_at = -1;        // whole: f32 offset
+  int64_t codes_at = -1;         // whole: u8 c_b, `blocks` of them
+  int64_t absmax_at = -1;        // slice: f32 absmax_b, `blocks` of them
   int64_t packed_at = 0;         // u8 q pairs, n / 2 bytes
   int64_t bytes = 0;             // the whole buffer, padded to 4 bytes
 };
 // Throws Error unless n > 0 and n % kBlock == 0.
-Layout layout(int64_t n);
+Layout layout(int64_t n, Form form = Form::whole);
+
+// Block b's absmax in f32: stored (slice), or DYN[c_b] * s_g + offset (whole).
+float block_absmax(std::span<const uint8_t> packed, const Layout& l, int64_t b);
 
 // Quantises x[0, n) into out (layout(n).bytes bytes).
 void quantize(std::span<const float> x, std::span<uint8_t> out);
+// The slice form of the whole tensor `whole` (n_whole elements, Form::whole)
+// at `blocks` (block indices, in the slice's order) into out.
+void slice(std::span<const uint8_t> whole, int64_t n_whole, std::span<const int64_t> blocks,
+           std::span<uint8_t> out);
 // The dequantised values in f32 (the reference the backends' dequantize_nf4 equals).
-void dequantize(std::span<const uint8_t> packed, std::span<float> out);
+void dequantize(std::span<const uint8_t> packed, std::span<float> out, Form form = Form::whole);
 
 }  // namespace meshtrain::nf4

@@ -262,18 +262,13 @@ void rebuild_nf4_base(Model& model, const TrainSettings& run, Backend& backend) 
 }  // namespace
 
 void load_nf4_weights(Model& model, const TensorSource& source) {
-  std::vector<float> global, local;
+  std::vector<float> global;
   for (Parameter& p : model.params()) {
     if (!p.spec.nf4) continue;
-    ParamSpec whole = p.spec;
-    whole.shape = p.spec.split.global_shape;
-    whole.split = TensorSplit{};
-    whole.split.global_shape = whole.shape;
+    const ParamSpec whole = whole_spec(p.spec);
     global.resize(static_cast<size_t>(whole.numel()));
     source(whole, global.data());
-    local.resize(static_cast<size_t>(p.spec.numel()));
-    copy_global_to_local(p.spec.split, global.data(), local.data());
-    model.copy_master_from_host(p, local.data());
+    model.copy_nf4_from_global(p, global.data());
   }
 }
 

@@ -83,8 +83,8 @@ void apply_init_from_model(TrainConfig& config, const std::string& from);
 // A model from a directory: a training step directory (either format) or a
 // Hugging Face one (config.json + model.safetensors).
 // QLoRA: fills `model`'s NF4 weights (ParamSpec::nf4; not in the shard map,
-// not state), each read whole from `source` (global shape), cut to this
-// rank's slice and quantised.
+// not state), each read whole from `source` (global shape), quantised whole
+// and cut to this rank's slice (Model::copy_nf4_from_global).
 void load_nf4_weights(Model& model, const TensorSource& source);
 std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precision,
                                       Backend& backend);

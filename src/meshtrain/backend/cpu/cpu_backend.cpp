@@ -266,8 +266,9 @@ double CpuBackend::fused_classifier(const ops::ClassifierArgs& args) {
   return cpu::fused_classifier(ctx_, args);
 }
 
-void CpuBackend::dequantize_nf4(const void* packed, int64_t n, DType to, void* y) {
-  cpu::dequantize_nf4(static_cast<const uint8_t*>(packed), n, to, y);
+void CpuBackend::dequantize_nf4(const void* packed, int64_t n, DType to, void* y,
+                                nf4::Form form) {
+  cpu::dequantize_nf4(static_cast<const uint8_t*>(packed), n, to, y, form);
 }
 
 void CpuBackend::router_forward(const ops::RouterDims& dims, const float* logits, float* probs,

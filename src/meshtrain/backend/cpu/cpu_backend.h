@@ -101,7 +101,8 @@ class CpuBackend final : public Backend {
 
   double fused_classifier(const ops::ClassifierArgs& args) override;
 
-  void dequantize_nf4(const void* packed, int64_t n, DType to, void* y) override;
+  void dequantize_nf4(const void* packed, int64_t n, DType to, void* y,
+                      nf4::Form form = nf4::Form::whole) override;
   void router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
                       int32_t* indices, float* weights, float* lse) override;
   void router_backward(const ops::RouterDims& dims, const float* probs, const int32_t* indices,

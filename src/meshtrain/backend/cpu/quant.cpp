@@ -41,23 +41,18 @@ void dequantize_block(const uint8_t* pairs, float absmax, const float* levels, T
 
 }  // namespace
 
-// Block by block, in parallel: the block's absmax from its second-level code,
-// then its 64 values.
-void dequantize_nf4(const uint8_t* packed, int64_t n, DType to, void* y) {
-  const nf4::Layout l = nf4::layout(n);
+// Block by block, in parallel: the block's absmax (from its second-level
+// code, or stored in a slice), then its 64 values.
+void dequantize_nf4(const uint8_t* packed, int64_t n, DType to, void* y, nf4::Form form) {
+  const nf4::Layout l = nf4::layout(n, form);
+  const std::span<const uint8_t> bytes(packed, static_cast<size_t>(l.bytes));
   const float* levels = nf4::levels().data();
-  const float* map = nf4::dynamic_map().data();
-  float offset = 0.0f;
-  std::memcpy(&offset, packed + l.offset_at, 4);
-  const uint8_t* codes = packed + l.codes_at;
   const uint8_t* pairs = packed + l.packed_at;
   simd::dispatch_store(to, y, [&](auto* out) {
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < l.blocks; ++b) {
-      float s = 0.0f;
-      std::memcpy(&s, packed + l.scales_at + 4 * (b / nf4::kScaleBlock), 4);
-      const float absmax = map[codes[b]] * s + offset;
-      dequantize_block(pairs + b * nf4::kBlock / 2, absmax, levels, out + b * nf4::kBlock);
+      dequantize_block(pairs + b * nf4::kBlock / 2, nf4::block_absmax(bytes, l, b), levels,
+                       out + b * nf4::kBlock);
     }
   });
 }
