@@ -65,44 +65,12 @@ while [ $# -gt 0 ]; do
     *) sed -n '/^# usage/,/^# Time/p' "$0" >&2; exit 2 ;;
   esac
 done
-VENV_PY=${MESHTRAIN_HF_VENV:-build/hf-venv}/bin/python
-have_venv=0
-[ -x "$VENV_PY" ] && "$VENV_PY" -c "import transformers, peft" 2>/dev/null && have_venv=1
-export OMP_NUM_THREADS=2
-# As bench/train_vs_torch.sh: an OpenBLAS that misdetects this VM gets the AVX-512 kernel
-# (PyPI's torch computes with oneDNN / MKL; harmless there).
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=SkylakeX
-fi
-# One binary for the whole bench, whatever is rebuilt meanwhile.
-echo "meshtrain: $BIN of $(date -r "$BIN" '+%F %T'), tree at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' + uncommitted src changes')" >&2
-cp "$BIN" "$work/meshtrain" && BIN=$work/meshtrain
+hf_peer_env 2 "transformers, peft"
+pin_binary
 models_dir=${CACHE:-$work/models}
 mkdir -p "$models_dir"
 lscpu | grep "Model name" >&2
 [ "$have_venv" = 1 ] && "$VENV_PY" -c "import torch, transformers, peft, bitsandbytes as b; print('peer: torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'bitsandbytes', b.__version__)" 2>/dev/null >&2 || true
-
-# make_hf NAME DIM LAYERS HEADS KV MLP: an HF Llama directory as transformers writes it (bf16,
-# untied vocabulary 32000), and its meshtrain import.
-make_hf() {
-  local name=$1
-  if [ ! -f "$models_dir/hf_$name/config.json" ]; then
-    "$VENV_PY" - "$models_dir/hf_$name" "${@:2}" <<'PY'
-import sys, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-torch.manual_seed(0)
-dim, layers, heads, kv, mlp = map(int, sys.argv[2:7])
-c = LlamaConfig(vocab_size=32000, hidden_size=dim, intermediate_size=mlp, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=512,
-                tie_word_embeddings=False)
-LlamaForCausalLM(c).to(torch.bfloat16).save_pretrained(sys.argv[1])
-PY
-  fi
-  if [ ! -f "$models_dir/imported_$name/config.json" ]; then
-    "$BIN" ckpt import --format hf --in "$models_dir/hf_$name" --out "$models_dir/imported_$name" \
-      --dtype bf16 >/dev/null 2>&1
-  fi
-}
 
 # write_case DIR MODEL VOCAB METHOD BATCH STEPS: DIR/run.toml (MODEL: a preset name or a
 # directory for train.init_from); the timed steps (after WARMUP) are traced.
@@ -115,26 +83,8 @@ write_case() {
     else
       printf '[model]\npreset = "%s"\n[train]\n' "$model"
     fi
-    cat <<TOML
-precision = "bf16"
-steps = $((WARMUP + steps))
-batch_size = $batch
-micro_batch_size = $batch
-seq_len = 256
-threads = 2
-eval_interval = 0
-log_interval = 1
-peak_flops = 1e11
-checkpoint_interval = -1
-trace_steps = "$((WARMUP + 1))-$((WARMUP + steps))"
-out_dir = "$d/run"
-[optim]
-lr = 1e-4
-warmup_steps = 0
-[data]
-train = "$work/train_$vocab.bin"
-tokenizer = "bytes"
-TOML
+    finetune_train_keys "$WARMUP" "$steps" "$batch" "$d/run"
+    printf '[data]\ntrain = "%s"\ntokenizer = "bytes"\n' "$work/train_$vocab.bin"
     if [ "$method" != full ]; then printf '[lora]\nrank = 8\nalpha = 16\ntargets = ["q_proj", "v_proj"]\n'; fi
     if [ "$method" = qlora ]; then printf 'quantize_base = "nf4"\n'; fi
   } >"$d/run.toml"
@@ -176,8 +126,8 @@ for m in ${MODELS//,/ }; do
     60m) vocab=50257 model=llama-60M hf="" batch=4 steps=$STEPS ;;
     100m|500m)
       if [ "$have_venv" != 1 ]; then echo "SKIPPED $m: no $VENV_PY with transformers + peft" >&2; continue; fi
-      if [ "$m" = 100m ]; then make_hf 100m 768 8 12 4 2048; batch=4 steps=$STEPS
-      else make_hf 500m 1536 16 12 4 4096; batch=$BATCH_LARGE steps=$STEPS_LARGE; fi
+      make_hf "$m"
+      if [ "$m" = 100m ]; then batch=4 steps=$STEPS; else batch=$BATCH_LARGE steps=$STEPS_LARGE; fi
       vocab=32000 model=$models_dir/imported_$m hf=$models_dir/hf_$m ;;
     *) echo "unknown model $m (60m, 100m, 500m)" >&2; exit 2 ;;
   esac
