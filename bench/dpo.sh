@@ -58,7 +58,7 @@
 # needs build/hf-venv (scripts/setup_hf_venv.sh: torch 2.x, transformers, peft, trl) to make the
 # models and for the peers.
 # KEEP=1 keeps the runs (metrics, traces, logs, peer JSON) in the printed directory.
-# Time on the 2-core VM: ~25 min for the defaults with --cache warm (500m full ~ 40% of it);
+# Time on the 2-core VM: ~22 min for the defaults with --cache warm (500m full ~ 40% of it);
 # making the models adds ~1 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
