@@ -23,6 +23,8 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/mesh.h"
 #include "meshtrain/model/model.h"
+#include "meshtrain/parallel/zero/memory.h"
+#include "meshtrain/parallel/zero/sharded.h"
 #include "meshtrain/train/distributed.h"
 #include "meshtrain/train/trainer.h"
 #include "mpi_test.h"
@@ -189,6 +191,69 @@ TEST_F(LoraTraining, DataAndTensorAndPipelineParallelMatchSingleRank) {
                          &pp_mesh);
     expect_close(pp, ref, "pp 2");
     testing::expect_memory_matches(pp.predicted, pp.memory, std::string("lora pp 2 ") + family);
+  }
+}
+
+// QLoRA (lora.quantize_base = nf4) under ZeRO: the packed base is a frozen
+// flat like any other (zero/flat_param.h): at stage 3 each rank holds its
+// shard of the packed words, a unit's gather gives the single rank's bytes
+// back bit for bit, and training equals the single-rank run with every
+// memory category as the plan predicts.
+TEST_F(LoraTraining, QloraPackedBaseIsShardedAtZeroThree) {
+  const ConfigOverrides qlora{{"lora.quantize_base", "nf4"}};
+  const TrainConfig c = config(rank_dir("qlora_layout"), "llama", qlora);
+  MemoryTracker flat_tracker, tracker;
+  cpu::CpuBackend flat_ctx(1, flat_tracker), ctx(1, tracker);
+  Model whole(c.model, Precision::bf16, flat_ctx);
+  whole.init_weights(c.train.seed);
+  Model model(c.model, Precision::bf16, ctx, ParamStorage::external);
+  zero::ZeroOptions options;
+  options.stage = 3;
+  zero::ShardedDataParallel dp(model, *world_, AdamWConfig{}, options);
+  dp.init_weights(c.train.seed);
+  int64_t words = 0, held = 0;
+  for (const zero::FlatParam& f : dp.layout().flats) {
+    if (!f.packed) continue;
+    words += f.numel;
+    held += f.shard;
+    EXPECT_FALSE(f.trainable);
+    EXPECT_EQ(f.shard, (f.numel + world_->size() - 1) / world_->size());
+  }
+  int64_t nf4_bytes = 0;
+  for (const Parameter& p : whole.params()) nf4_bytes += p.spec.nf4 ? p.nf4.bytes() : 0;
+  ASSERT_GT(nf4_bytes, 0);
+  EXPECT_EQ(4 * words, nf4_bytes);
+  EXPECT_EQ(tracker.live(MemCategory::params),
+            zero::layout_model_state_bytes(dp.layout(), 3).params);
+  if (world_->size() > 1) {
+    EXPECT_LT(4 * held, nf4_bytes) << "each rank holds a shard of the packed base";
+  }
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    model.unit_hooks.before(u, UnitPass::forward);
+    for (size_t i = model.units()[u].first_param; i < model.units()[u].end_param; ++i) {
+      const Parameter& p = model.params()[i];
+      if (!p.spec.nf4) continue;
+      const Parameter& w = whole.params()[i];
+      ASSERT_TRUE(p.nf4.defined()) << p.spec.name << " is not gathered";
+      EXPECT_EQ(std::memcmp(p.nf4.raw(), w.nf4.raw(), w.nf4.bytes()), 0) << p.spec.name;
+    }
+    model.unit_hooks.after(u, UnitPass::forward);
+  }
+  dp.quiesce();
+
+  LoraRun ref = run_trainer(config(rank_dir("qlora_ref"), "llama", qlora), nullptr);
+  DeviceMesh dp_mesh(*world_, 1, 1);
+  for (const char* zero : {"1", "3"}) {
+    for (const char* precision : {"fp32", "bf16"}) {
+      const std::string what = std::string("qlora zero ") + zero + " " + precision;
+      ConfigOverrides extra = qlora;
+      extra.push_back({"parallel.zero", zero});
+      extra.push_back({"train.precision", precision});
+      LoraRun run = run_trainer(
+          config(std::string("qlora_zero") + zero + precision, "llama", extra), &dp_mesh);
+      if (std::string(precision) == "fp32") expect_close(run, ref, what);
+      testing::expect_memory_matches(run.predicted, run.memory, what);
+    }
   }
 }
 

@@ -43,9 +43,9 @@ Model::Model(const ModelConfig& config, Precision precision, Backend& backend, P
     if (spec.matmul_weight && !spec.nf4) compute_total += spec.numel();
     if (spec.nf4) nf4_words += nf4_layout(spec).bytes / 4;
   }
-  // The packed NF4 base is the model's whatever the storage (ZeRO keeps it out of its flats).
-  if (nf4_words > 0) flat_nf4_ = backend.allocate({nf4_words}, DType::i32, MemCategory::params);
+  holds_nf4_ = nf4_words > 0;
   const bool flat = storage_ == ParamStorage::flat;
+  if (flat && holds_nf4_) flat_nf4_ = backend.allocate({nf4_words}, DType::i32, MemCategory::params);
   if (flat) {
     flat_master_ = backend.allocate({master_total}, DType::f32, MemCategory::params);
     flat_grad_ = backend.allocate({num_trainable_}, DType::f32, MemCategory::grads);
@@ -68,7 +68,7 @@ Model::Model(const ModelConfig& config, Precision precision, Backend& backend, P
         compute_offset += spec.numel();
       }
     }
-    if (spec.nf4) {
+    if (flat && spec.nf4) {
       const int64_t words = nf4_layout(spec).bytes / 4;
       p.nf4 = flat_nf4_.view(nf4_offset, {words});
       nf4_offset += words;
@@ -136,7 +136,14 @@ void Model::Impl::check_bound(size_t unit, UnitPass pass) const {
   const std::vector<Parameter>& params = model.params_;
   for (size_t i = u.first_param; i < u.end_param; ++i) {
     const Parameter& p = params[i];
-    if (p.spec.nf4) continue;  // the model's own packed bytes
+    if (p.spec.nf4) {
+      const int64_t words = nf4_layout(p.spec).bytes / 4;
+      MESHTRAIN_CHECK(p.nf4.defined() && p.nf4.dtype() == DType::i32 && p.nf4.numel() == words,
+                      "model: external storage: NF4 weight '{}' (unit '{}') needs its nf4 view "
+                      "bound (i32 x {}) before the model uses it",
+                      p.spec.name, u.name, words);
+      continue;
+    }
     const DType dt = param_compute_dtype(p.spec, model.precision_);
     check_view(dt == DType::f32 ? p.master : p.compute, dt, p, dt == DType::f32 ? "master" : "compute",
                u);
@@ -283,6 +290,8 @@ void Model::write_values(int64_t offset, int64_t count, const float* in) {
 void Model::copy_master_to_host(const Parameter& p, float* dst) const {
   backend_.synchronize();
   if (!p.spec.nf4) return backend_.copy_to_host(p.master, dst);
+  MESHTRAIN_CHECK(p.nf4.defined(), "model: NF4 weight '{}' is not held here (ZeRO-3 shards it)",
+                  p.spec.name);
   std::vector<uint8_t> packed(p.nf4.bytes());
   backend_.copy_to_host(p.nf4, packed.data());
   nf4::dequantize(packed, {dst, static_cast<size_t>(p.spec.numel())}, nf4_layout(p.spec).form);
@@ -312,13 +321,17 @@ void Model::copy_master_from_host(Parameter& p, const float* src) {
 void Model::copy_nf4_from_global(Parameter& p, const float* global) {
   MESHTRAIN_CHECK(p.spec.nf4, "model: '{}' is not an NF4 weight", p.spec.name);
   const int64_t n = shape_numel(p.spec.split.global_shape);
-  std::vector<uint8_t> whole = quantize_as(global, n, nf4::Form::whole);
-  if (nf4_layout(p.spec).form == nf4::Form::whole) {
-    return backend_.copy_from_host(whole.data(), p.nf4);
+  std::vector<uint8_t> packed = quantize_as(global, n, nf4::Form::whole);
+  const nf4::Layout layout = nf4_layout(p.spec);
+  if (layout.form == nf4::Form::slice) {
+    std::vector<uint8_t> sliced(static_cast<size_t>(layout.bytes));
+    nf4::slice(packed, n, nf4_slice_blocks(p.spec), sliced);
+    packed = std::move(sliced);
   }
-  std::vector<uint8_t> sliced(p.nf4.bytes());
-  nf4::slice(whole, n, nf4_slice_blocks(p.spec), sliced);
-  backend_.copy_from_host(sliced.data(), p.nf4);
+  if (p.nf4.defined()) return backend_.copy_from_host(packed.data(), p.nf4);
+  MESHTRAIN_CHECK(nf4_writer != nullptr, "model: NF4 weight '{}' has no storage bound",
+                  p.spec.name);
+  nf4_writer(static_cast<size_t>(&p - params_.data()), packed);
 }
 
 void Model::add_to_master(Parameter& p, std::span<const float> delta) {

@@ -79,6 +79,9 @@ struct TokenLoss {
 //  - the embedding lookup reads `master` of the token embedding if bound, else
 //    its bf16 `compute` (a tied bf16 embedding): then the embeddings differ from
 //    the flat model's by that bf16 rounding.
+//  - an NF4 weight (ParamSpec::nf4, QLoRA): `nf4`, i32 words of its packed
+//    bytes (nf4_layout(spec).bytes / 4). copy_nf4_from_global writes a weight
+//    whose view is not bound through `nf4_writer`, which the owner sets.
 //  - views share their storage: assign Tensor() to release it.
 // The model checks the bindings at before(u, pass) and throws Error if one is
 // missing. init_weights, sync_compute_weights, zero_grads, flat_master,
@@ -155,7 +158,7 @@ class Model {
   Tensor& flat_master();  // flat storage only
   Tensor& flat_grad();    // flat storage only
   int64_t num_params() const { return num_params_; }  // this rank's (tp slices)
-  bool holds_nf4() const { return flat_nf4_.defined(); }  // QLoRA: some weights are NF4
+  bool holds_nf4() const { return holds_nf4_; }  // QLoRA: some weights are NF4
   // Of those, the trainable ones (the flat grad buffer's size; all without LoRA).
   int64_t num_trainable() const { return num_trainable_; }
   // The f32 values of state-space elements [offset, offset + count)
@@ -289,6 +292,9 @@ class Model {
 
   // Unit indices into units(); used by data parallelism and ZeRO.
   UnitHooks unit_hooks;
+  // External storage: receives an NF4 weight's packed bytes (registry index,
+  // nf4_layout(spec).bytes) when its `nf4` view is not bound.
+  std::function<void(size_t param, std::span<const uint8_t> packed)> nf4_writer;
 
   // Activation checkpointing (config.h RecomputePolicy). Frees every held
   // activation (training and stages) and applies `policy`
@@ -334,7 +340,8 @@ class Model {
   std::vector<ParamUnit> units_;
   int64_t num_params_ = 0, num_trainable_ = 0;
   Tensor flat_master_, flat_grad_, flat_compute_;
-  Tensor flat_nf4_;  // the packed NF4 weights (ParamSpec::nf4), bytes in i32 words
+  Tensor flat_nf4_;  // flat storage: the packed NF4 weights (ParamSpec::nf4), bytes in i32 words
+  bool holds_nf4_ = false;
   // write_values of an NF4 weight: its values gathered until all have arrived
   // (by Parameter::offset).
   struct NF4Staging {

@@ -716,8 +716,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   // Model state: the flat buffers (Model, AdamW) or ZeRO's padded shards.
   const Precision precision = config.train.precision;
   // elements: trainable (LoRA: the adapters), with an f32 master; bytes of
-  // the 16-bit compute copies and of QLoRA's packed NF4 weights (the model's
-  // own under every ZeRO stage: in no flat, zero/flat_param.h).
+  // the 16-bit compute copies and of QLoRA's packed NF4 weights (under ZeRO
+  // in packed flats, zero/flat_param.h: the layout counts them).
   double trainable = 0, masters = 0, compute_copies = 0, packed = 0;
   for (const ParamSpec& spec : held.specs) {
     if (spec.trainable) trainable += static_cast<double>(spec.numel());
@@ -740,7 +740,7 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
     const zero::ZeroLayout layout = zero::make_zero_layout(
         held.specs, held.units, precision, replicas, expert_dp_size(config, replicas));
     const zero::ModelStateBytes state = zero::layout_model_state_bytes(layout, p.zero);
-    params = static_cast<double>(state.params) + packed;
+    params = static_cast<double>(state.params);
     grads = static_cast<double>(state.grads);
     optimizer = static_cast<double>(state.optimizer);
     // Transients: stage 3's gathered units; stage 2/3's unit gradients while

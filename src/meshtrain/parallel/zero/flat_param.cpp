@@ -48,36 +48,46 @@ ZeroLayout make_zero_layout(const std::vector<ParamSpec>& specs,
                     unit.first_param, unit.end_param, expected_first);
     expected_first = unit.end_param;
     // Per dtype (the f32 flat, then in mixed precision the compute dtype's;
-    // empty in fp32) the trainable parameters, then the frozen ones; under
-    // expert parallelism the routed experts' after the others of each.
+    // empty in fp32) the trainable parameters, then the frozen ones, then
+    // QLoRA's packed NF4 weights (frozen, in 4-byte words); under expert
+    // parallelism the routed experts' after the others of each.
+    auto add_flat = [&](DType dtype, bool trainable, bool expert, bool packed) {
+      FlatParam flat;
+      flat.unit = u;
+      flat.dtype = dtype;
+      flat.trainable = trainable;
+      flat.expert = expert;
+      flat.packed = packed;
+      flat.ranks = expert ? expert_dp : dp;
+      for (size_t i = unit.first_param; i < unit.end_param; ++i) {
+        const ParamSpec& spec = specs[i];
+        if (spec.nf4 != packed || (expert_dp > 0 && spec.expert != expert)) continue;
+        if (!packed && (param_compute_dtype(spec, precision) != dtype ||
+                        spec.trainable != trainable)) {
+          continue;
+        }
+        const int64_t n = packed ? nf4_layout(spec).bytes / 4 : spec.numel();
+        flat.members.push_back({i, flat.numel, n});
+        layout.param_flat[i] = layout.flats.size();
+        layout.param_offset[i] = flat.numel;
+        flat.numel += n;
+      }
+      if (flat.members.empty()) return;
+      flat.padded = (flat.numel + flat.ranks - 1) / flat.ranks * flat.ranks;
+      flat.shard = flat.padded / flat.ranks;
+      layout.unit_flats[u].push_back(layout.flats.size());
+      layout.flats.push_back(std::move(flat));
+    };
     const DType narrow = compute_dtype(precision);
     for (DType dtype : {DType::f32, narrow == DType::f32 ? DType::bf16 : narrow}) {
       for (bool trainable : {true, false}) {
         for (bool expert : {false, true}) {
-          if (expert && expert_dp == 0) continue;
-          FlatParam flat;
-          flat.unit = u;
-          flat.dtype = dtype;
-          flat.trainable = trainable;
-          flat.expert = expert;
-          flat.ranks = expert ? expert_dp : dp;
-          for (size_t i = unit.first_param; i < unit.end_param; ++i) {
-            if (specs[i].nf4) continue;  // QLoRA's packed base: the model's own, replicated
-            if (param_compute_dtype(specs[i], precision) != dtype) continue;
-            if (specs[i].trainable != trainable) continue;
-            if (expert_dp > 0 && specs[i].expert != expert) continue;
-            flat.members.push_back({i, flat.numel, specs[i].numel()});
-            layout.param_flat[i] = layout.flats.size();
-            layout.param_offset[i] = flat.numel;
-            flat.numel += specs[i].numel();
-          }
-          if (flat.members.empty()) continue;
-          flat.padded = (flat.numel + flat.ranks - 1) / flat.ranks * flat.ranks;
-          flat.shard = flat.padded / flat.ranks;
-          layout.unit_flats[u].push_back(layout.flats.size());
-          layout.flats.push_back(std::move(flat));
+          if (!expert || expert_dp > 0) add_flat(dtype, trainable, expert, false);
         }
       }
+    }
+    for (bool expert : {false, true}) {
+      if (!expert || expert_dp > 0) add_flat(DType::i32, false, expert, true);
     }
   }
   MESHTRAIN_CHECK(expected_first == specs.size(), "zero: units cover {} of {} parameters",

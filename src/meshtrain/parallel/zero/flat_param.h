@@ -12,9 +12,13 @@
 //   (expert_dp > 0) for routed experts' parameters (ParamSpec::expert, in
 //   flats of their own) the expert-data-parallel group: ranks = expert_dp.
 // - Flat parameters are ordered by unit, the f32 ("wide") group before the
-//   compute dtype's (bf16 or f16, "narrow") one; every parameter is in exactly one,
-//   except QLoRA's NF4 base (ParamSpec::nf4), in none: the model keeps its
-//   packed bytes whole on every rank (param_flat = -1).
+//   compute dtype's (bf16 or f16, "narrow") one, then the unit's packed one;
+//   every parameter is in exactly one.
+// - QLoRA's NF4 base (ParamSpec::nf4) is in a packed flat per unit (`packed`,
+//   frozen, dtype i32): its members are the weights' packed bytes
+//   (nf4_layout(spec).bytes) counted in 4-byte words, sharded and gathered
+//   like any frozen flat but never in the shard space of states (a packed
+//   weight is not checkpoint state: zero/state_layout.cpp gives it no room).
 // - Trainable and frozen parameters (ParamSpec::trainable; LoRA's base) are in
 //   separate flat parameters (per unit and dtype: the trainable, then the
 //   frozen). A frozen flat has values only: no gradients, master or optimizer
@@ -32,7 +36,7 @@ namespace meshtrain::zero {
 struct FlatMember {
   size_t param = 0;    // registry index
   int64_t offset = 0;  // first element within the flat parameter
-  int64_t numel = 0;
+  int64_t numel = 0;   // the parameter's elements (a packed flat's: its words)
 };
 
 // The part of one parameter that lies in one rank's shard.
@@ -48,6 +52,7 @@ struct FlatParam {
   DType dtype = DType::f32;  // the members' compute dtype
   bool trainable = true;     // the members' ParamSpec::trainable
   bool expert = false;       // the members' ParamSpec::expert (expert_dp > 0 only)
+  bool packed = false;       // NF4 weights: elements are i32 words of packed bytes
   int ranks = 1;             // the group it is sharded over: dp or expert_dp
   std::vector<FlatMember> members;
   int64_t numel = 0, padded = 0, shard = 0;

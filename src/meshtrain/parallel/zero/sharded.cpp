@@ -151,6 +151,9 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
                                           std::move(chunks), store, tracker);
   model_.unit_hooks.before = [this](size_t u, UnitPass pass) { before(u, pass); };
   model_.unit_hooks.after = [this](size_t u, UnitPass pass) { after(u, pass); };
+  model_.nf4_writer = [this](size_t param, std::span<const uint8_t> packed) {
+    write_packed(param, packed);
+  };
 }
 
 void ShardedDataParallel::check_offload_budget(const std::vector<OffloadChunkSpec>& chunks) const {
@@ -207,6 +210,7 @@ std::vector<size_t> ShardedDataParallel::predicted_param_schedule() const {
 
 ShardedDataParallel::~ShardedDataParallel() {
   model_.unit_hooks = UnitHooks{};
+  model_.nf4_writer = nullptr;
   // Pending calls use our buffers: let them finish.
   for (Reduce& r : reduces_) {
     try {
@@ -224,6 +228,7 @@ ShardedDataParallel::~ShardedDataParallel() {
     p.master = Tensor();
     p.compute = Tensor();
     p.grad = Tensor();
+    p.nf4 = Tensor();
   }
 }
 
@@ -232,6 +237,10 @@ void ShardedDataParallel::bind_values(size_t flat) {
   const Tensor& full = flats_[flat].full;
   for (const FlatMember& m : fp.members) {
     Parameter& p = model_.params()[m.param];
+    if (fp.packed) {
+      p.nf4 = full.defined() ? full.view(m.offset, {m.numel}) : Tensor();
+      continue;
+    }
     Tensor view = full.defined() ? full.view(m.offset, p.spec.shape) : Tensor();
     (fp.dtype == DType::f32 ? p.master : p.compute) = std::move(view);
   }
@@ -626,7 +635,7 @@ void ShardedDataParallel::all_gather_updated(bool frozen_too) {
   for (size_t i = 0; i < flats_.size(); ++i) {
     const FlatParam& fp = layout_.flats[i];
     Flat& f = flats_[i];
-    if (!fp.trainable && !frozen_too) continue;
+    if ((!fp.trainable && !frozen_too) || fp.packed) continue;  // packed: written whole
     wait_gather(i);
     std::vector<int64_t> counts(static_cast<size_t>(fp.ranks), fp.shard);
     f.gather =
@@ -768,6 +777,7 @@ void ShardedDataParallel::init_weights(uint64_t seed) {
   const std::vector<Parameter>& params = model_.params();
   std::vector<float> values, whole;
   for (size_t i = 0; i < flats_.size(); ++i) {
+    if (layout_.flats[i].packed) continue;  // below
     values.assign(static_cast<size_t>(layout_.flats[i].shard), 0.0f);
     for (const ShardSegment& s : flats_[i].segments) {
       // A parameter's values depend on (seed, name, index) only.
@@ -779,12 +789,14 @@ void ShardedDataParallel::init_weights(uint64_t seed) {
     }
     write_state(i, State::master, 0, layout_.flats[i].shard, values.data());
   }
-  // QLoRA's NF4 base is in no flat: the model holds it whole on every rank.
+  // QLoRA's NF4 base: quantised whole as Model::init_weights does (write_packed keeps
+  // this rank's words).
   for (Parameter& p : model_.params()) {
     if (!p.spec.nf4) continue;
-    whole.resize(static_cast<size_t>(p.spec.numel()));
-    init_parameter(p.spec, seed, whole.data());
-    model_.copy_master_from_host(p, whole.data());
+    const ParamSpec global = whole_spec(p.spec);
+    whole.resize(static_cast<size_t>(global.numel()));
+    init_parameter(global, seed, whole.data());
+    model_.copy_nf4_from_global(p, whole.data());
   }
   if (options_.stage <= 2) all_gather_updated(true);
 }
@@ -794,6 +806,7 @@ void ShardedDataParallel::load_full(State state, const float* full) {
   const std::vector<Parameter>& params = model_.params();
   std::vector<float> values;
   for (size_t i = 0; i < flats_.size(); ++i) {
+    if (layout_.flats[i].packed) continue;  // not state
     values.assign(static_cast<size_t>(layout_.flats[i].shard), 0.0f);
     for (const ShardSegment& s : flats_[i].segments) {
       std::memcpy(values.data() + s.shard_offset, full + params[s.param].offset + s.param_offset,
@@ -811,6 +824,7 @@ void ShardedDataParallel::gather_full(State state, int root, float* full) {
   const std::vector<Parameter>& params = model_.params();
   for (size_t i = 0; i < flats_.size(); ++i) {
     const FlatParam& fp = layout_.flats[i];
+    if (fp.packed) continue;  // not state
     Tensor shard({fp.shard}, DType::f32, MemCategory::workspace, tracker);
     Tensor all({fp.padded}, DType::f32, MemCategory::workspace, tracker);
     read_state(i, state, 0, fp.shard, shard.data<float>());
@@ -820,6 +834,27 @@ void ShardedDataParallel::gather_full(State state, int root, float* full) {
       std::memcpy(full + params[m.param].offset, all.data<float>() + m.offset,
                   static_cast<size_t>(m.numel) * sizeof(float));
     }
+  }
+}
+
+void ShardedDataParallel::write_packed(size_t param, std::span<const uint8_t> packed) {
+  const size_t flat = layout_.param_flat[param];
+  const FlatParam& fp = layout_.flats[flat];
+  Flat& f = flats_[flat];
+  const int64_t words = fp.packed ? nf4_layout(model_.params()[param].spec).bytes / 4 : -1;
+  MESHTRAIN_CHECK(static_cast<int64_t>(packed.size()) == 4 * words,
+                  "zero: '{}' is not a packed NF4 weight of {} bytes",
+                  model_.params()[param].spec.name, packed.size());
+  quiesce();
+  if (options_.stage <= 2) {  // the whole packed flat on every rank
+    std::memcpy(static_cast<char*>(f.full.raw()) + 4 * layout_.param_offset[param], packed.data(),
+                packed.size());
+    return;
+  }
+  for (const ShardSegment& s : f.segments) {
+    if (s.param != param) continue;
+    std::memcpy(static_cast<char*>(f.compute_shard.raw()) + 4 * s.shard_offset,
+                packed.data() + 4 * s.param_offset, static_cast<size_t>(4 * s.numel));
   }
 }
 

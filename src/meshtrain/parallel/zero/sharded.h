@@ -15,6 +15,10 @@
 //            thread at once), after(u, fwd) frees it unless
 //            reshard_after_forward is false (never the head, which backward
 //            needs next), after(u, bwd) frees it.
+// QLoRA's packed NF4 flats (flat_param.h) are frozen flats of i32 words: whole
+// on every rank at stages 1/2, sharded and gathered with their unit at stage 3
+// (Parameter::nf4 bound while gathered); loads reach them through the model's
+// nf4_writer (write_packed).
 // Master shards: a f32 flat parameter's master shard IS its slice of the full
 // compute buffer (stages 1/2) or its compute shard (stage 3): in f32 the
 // values the model computes with are the master values. bf16 / f16 flat parameters
@@ -219,6 +223,8 @@ class ShardedDataParallel : public layout::StateAccess {
   void check_offload_budget(const std::vector<OffloadChunkSpec>& chunks) const;
   // Parameters in the store: the stage-3 gathers' read-ahead (a store pass).
   std::vector<size_t> predicted_param_schedule() const;
+  // The model's nf4_writer: this rank's words of NF4 weight `param`'s packed bytes.
+  void write_packed(size_t param, std::span<const uint8_t> packed);
   void stream_in_params(size_t flat, char* dst);  // the shard into its gathered place
   void announce_params(size_t flat);
   void end_param_pass();

@@ -13,7 +13,7 @@ std::vector<int64_t> shard_bases_of(const ZeroLayout& layout) {
   int64_t base = 0;
   for (const FlatParam& fp : layout.flats) {
     bases.push_back(base);
-    base += fp.shard;
+    if (!fp.packed) base += fp.shard;  // packed NF4 bytes are not state
   }
   bases.push_back(base);
   return bases;
