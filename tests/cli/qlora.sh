@@ -161,4 +161,25 @@ rc=0
 [ "$rc" -ne 0 ] && grep -q "this rank's slice of 'model.layers.0.self_attn.o_proj.weight' (2048 of 4096 elements) cuts NF4 blocks" "$work/err" ||
   fail "tp 2 cutting NF4 blocks: exit $rc, $(head -3 "$work/err")"
 echo "ok: tp 2 refused where its cut falls inside NF4 blocks"
+# A changed train.init_from: the NF4 base is rebuilt from it, so a resume and an export check
+# the digest the checkpoint recorded and stop with one line naming the key.
+cp -r "$work/hf" "$work/hf_changed"
+common "$work/changed" | sed "s#^init_from = .*#init_from = \"$work/hf_changed\"#; s/^steps = 6$/steps = 3/" >"$work/changed.toml"
+"$bin" train --config "$work/changed.toml" >/dev/null
+python3 - "$work/hf_changed/model.safetensors" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:  # one byte of the last tensor's data
+    f.seek(-3, 2)
+    b = f.read(1)
+    f.seek(-3, 2)
+    f.write(bytes([b[0] ^ 0x10]))
+PY
+sed 's/^steps = 3$/steps = 6/' "$work/changed.toml" >"$work/changed_resume.toml"
+expect_error "train.init_from '$work/hf_changed' has changed since the run began .*checkpoint '$work/changed/step_3' recorded" \
+  "$work/changed_resume.toml" --resume "$work/changed/step_3"
+rc=0
+"$bin" ckpt export --format hf --merge-lora --checkpoint "$work/changed/step_3" --out "$work/changed_export" >"$work/out" 2>"$work/err" || rc=$?
+[ "$rc" -eq 1 ] && [ "$(wc -l <"$work/err")" -eq 1 ] && grep -q "train.init_from '$work/hf_changed' has changed" "$work/err" ||
+  fail "export from a changed init_from: exit $rc, $(cat "$work/err")"
+echo "ok: $(cat "$work/err")"
 echo "qlora: ok"

@@ -1,11 +1,13 @@
 #include "meshtrain/train/checkpoint.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "meshtrain/ckpt/distributed.h"
@@ -45,6 +47,12 @@ TrainState parse_train_state(const nlohmann::json& json, const std::string& path
                   "{}: field 'seed' must be a non-negative integer", path);
   state.seed = seed.get<uint64_t>();
   if (json.contains("update_gates")) state.update_gates = json.at("update_gates");
+  if (json.contains("base_digest")) {
+    const nlohmann::json& digest = json.at("base_digest");
+    MESHTRAIN_CHECK(digest.is_string() && digest.get<std::string>().size() == 16,
+                    "{}: field 'base_digest' must be 16 hex digits", path);
+    state.base_digest = std::stoull(digest.get<std::string>(), nullptr, 16);
+  }
   if (config != nullptr) {
     try {
       *config = config_from_json(field(json, "config").dump());
@@ -95,6 +103,7 @@ nlohmann::json train_state_json(const TrainState& state, const TrainConfig& conf
                       {"seed", state.seed},
                       {"config", nlohmann::json::parse(config_to_json(config))}};
   if (!state.update_gates.is_null()) json["update_gates"] = state.update_gates;
+  if (state.base_digest != 0) json["base_digest"] = fmt::format("{:016x}", state.base_digest);
   return json;
 }
 
@@ -251,15 +260,92 @@ void apply_init_from_model(TrainConfig& config, const std::string& from) {
 namespace {
 
 // A QLoRA checkpoint holds no NF4 base (ParamSpec::nf4): it is rebuilt as the
-// run started it, from the seed and then train.init_from's weights.
-void rebuild_nf4_base(Model& model, const TrainSettings& run, Backend& backend) {
+// run started it, from the seed and then train.init_from's weights, one
+// tensor at a time.
+void rebuild_nf4_base(Model& model, const TrainSettings& run, uint64_t digest, Backend& backend,
+                      const std::string& dir) {
   model.init_weights(run.seed);
   if (run.init_from.empty()) return;
-  const std::unique_ptr<Model> base = load_model_dir(run.init_from, Precision::fp32, backend);
-  load_nf4_weights(model, model_tensors(*base));
+  if (digest != 0) {
+    check_base_digest(run.init_from, weights_digest(run.init_from), digest,
+                      fmt::format("checkpoint '{}'", dir));
+  }
+  load_nf4_weights(model, dir_tensors(run.init_from, backend.tracker(), backend).source);
 }
 
 }  // namespace
+
+DirTensors dir_tensors(const std::string& dir, MemoryTracker& tracker, Backend& backend) {
+  DirTensors out;
+  TensorSource read;
+  if (dist_ckpt::is_sharded_checkpoint(dir)) {
+    TrainConfig config;
+    read_train_state(dir, &config);
+    out.config = config.model;
+    read = [dir, manifest = dist_ckpt::read_manifest(dir)](const ParamSpec& spec, float* values) {
+      dist_ckpt::read_global_tensor(manifest, dir, spec.name, layout::StateKind::master, values);
+    };
+  } else if (is_training_checkpoint(dir)) {
+    std::shared_ptr<const Model> whole = load_model_dir(dir, Precision::fp32, backend);
+    out.config = whole->config();
+    read = [whole, source = model_tensors(*whole)](const ParamSpec& spec, float* values) {
+      source(spec, values);
+    };
+  } else {
+    out.config = read_hf_config((fs::path(dir) / "config.json").string());
+    read = hf_tensors(dir, out.config, tracker);
+  }
+  std::map<std::string, ParamSpec> specs;
+  for (ParamSpec& spec : build_param_specs(out.config)) specs.emplace(spec.name, std::move(spec));
+  out.source = [dir, specs = std::move(specs), read](const ParamSpec& want, float* values) {
+    const auto it = specs.find(want.name);
+    MESHTRAIN_CHECK(it != specs.end() && it->second.shape == want.split.global_shape,
+                    "init_from '{}': tensor '{}' {}, the model's is {}", dir, want.name,
+                    it == specs.end() ? "is missing" : "is " + shape_str(it->second.shape),
+                    shape_str(want.split.global_shape));
+    read(it->second, values);
+  };
+  return out;
+}
+
+uint64_t weights_digest(const std::string& dir) {
+  std::vector<fs::path> files;
+  if (dist_ckpt::is_sharded_checkpoint(dir)) {
+    files.push_back(fs::path(dir) / "manifest.json");
+  } else {
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() == ".safetensors") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+  }
+  XXH3_state_t* state = XXH3_createState();
+  MESHTRAIN_CHECK(state != nullptr, "init_from '{}': cannot start a checksum", dir);
+  const std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> owned(state,
+                                                                              XXH3_freeState);
+  XXH3_64bits_reset(state);
+  std::vector<char> buffer(size_t{4} << 20);
+  for (const fs::path& file : files) {
+    const std::string name = file.filename().string();
+    XXH3_64bits_update(state, name.data(), name.size());
+    std::ifstream in(file, std::ios::binary);
+    MESHTRAIN_CHECK_AS(ErrorKind::io, in.good(), "init_from: cannot read '{}'", file.string());
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      XXH3_64bits_update(state, buffer.data(), static_cast<size_t>(in.gcount()));
+    }
+    MESHTRAIN_CHECK_AS(ErrorKind::io, in.eof(), "init_from: reading '{}' failed", file.string());
+  }
+  return XXH3_64bits_digest(state);
+}
+
+void check_base_digest(const std::string& dir, uint64_t now, uint64_t recorded,
+                       const std::string& what) {
+  MESHTRAIN_CHECK(recorded == 0 || now == recorded,
+                  "train.init_from '{}' has changed since the run began (weights digest {:016x}, "
+                  "{} recorded {:016x}): a QLoRA run rebuilds its NF4 base from it; point "
+                  "train.init_from at the weights the run started from",
+                  dir, now, what, recorded);
+}
 
 void load_nf4_weights(Model& model, const TensorSource& source) {
   std::vector<float> global;
@@ -278,9 +364,9 @@ std::unique_ptr<Model> load_model_dir(const std::string& dir, Precision precisio
   check_checkpoint_dir(dir);
   if (is_training_checkpoint(dir)) {
     TrainConfig config;
-    read_train_state(dir, &config);
+    const TrainState state = read_train_state(dir, &config);
     auto model = std::make_unique<Model>(config.model, precision, backend);
-    if (model->holds_nf4()) rebuild_nf4_base(*model, config.train, backend);
+    if (model->holds_nf4()) rebuild_nf4_base(*model, config.train, state.base_digest, backend, dir);
     if (dist_ckpt::is_sharded_checkpoint(dir)) {
       MasterOnly master(*model);
       dist_ckpt::load_checkpoint(dir, layout::master_weights_only(model->shard_map()), master,

@@ -32,6 +32,10 @@ struct TrainState {
   // The update gates' state (UpdateGates::state: loss scale, counters); null
   // in checkpoints from before the gates.
   nlohmann::json update_gates;
+  // A QLoRA run with train.init_from: weights_digest of that directory when
+  // the run began (its NF4 base is rebuilt from it on resume and export);
+  // 0 otherwise and in older checkpoints.
+  uint64_t base_digest = 0;
 };
 
 std::string step_dir_name(int64_t step);  // "step_100"
@@ -79,6 +83,26 @@ ModelConfig model_config_of_dir(const std::string& dir);
 // `from`; Error naming the key when one the config file set
 // (config.model_keys) disagrees with it.
 void apply_init_from_model(TrainConfig& config, const std::string& from);
+
+// The tensors of a directory train.init_from may name, each read whole on
+// request (names and global shapes of `config`'s registry; Error naming a
+// missing tensor or another shape): a Hugging Face directory or a sharded
+// training checkpoint one tensor at a time; an earlier whole-tensor
+// checkpoint through a model loaded first (held by the source).
+struct DirTensors {
+  ModelConfig config;  // the directory's model
+  TensorSource source;
+};
+DirTensors dir_tensors(const std::string& dir, MemoryTracker& tracker, Backend& backend);
+
+// A digest of the weights in `dir`: XXH3-64 of a sharded checkpoint's
+// manifest (which lists every file's XXH3-64), or of every *.safetensors file
+// of a Hugging Face directory or whole-tensor checkpoint, in name order.
+uint64_t weights_digest(const std::string& dir);
+// Error (config) naming train.init_from `dir` when its digest `now` is not
+// the one `what` recorded (0: nothing recorded, nothing checked).
+void check_base_digest(const std::string& dir, uint64_t now, uint64_t recorded,
+                       const std::string& what);
 
 // A model from a directory: a training step directory (either format) or a
 // Hugging Face one (config.json + model.safetensors).

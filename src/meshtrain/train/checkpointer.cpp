@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/lora_export.h"
@@ -175,46 +176,27 @@ void Checkpointer::load_weights(const std::string& dir, Backend& backend) {
   dp_.quiesce();
   layout::StateAccess& masters = dp_.state();
   const layout::ShardMap weights = layout::master_weights_only(map_);
+  const DirTensors tensors = dir_tensors(dir, tracker_, backend);
+  std::set<std::string> names;
+  for (const ParamSpec& spec : build_param_specs(tensors.config)) names.insert(spec.name);
+  const layout::ShardMap map =
+      pieces_in_source(weights, [&](const std::string& name) { return names.count(name) == 1; });
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
-    const dist_ckpt::Manifest manifest = dist_ckpt::read_manifest(dir);
-    const layout::ShardMap map = pieces_in_source(
-        weights, [&](const std::string& name) { return manifest.find_tensor(name) != nullptr; });
     dist_ckpt::load_checkpoint(dir, map, masters, buffer_bytes(config_));
-    load_nf4_weights(model_, [&](const ParamSpec& spec, float* out) {
-      dist_ckpt::read_global_tensor(manifest, dir, spec.name, layout::StateKind::master, out);
-    });
   } else {
-    // An HF directory streams one tensor at a time; a whole-tensor training
-    // checkpoint (earlier versions) is loaded as a model first.
-    std::unique_ptr<Model> whole;
-    ModelConfig source_config;
-    TensorSource source;
-    if (is_training_checkpoint(dir)) {
-      whole = load_model_dir(dir, Precision::fp32, backend);
-      source_config = whole->config();
-      source = model_tensors(*whole);
-    } else {
-      source_config = read_hf_config((fs::path(dir) / "config.json").string());
-      source = hf_tensors(dir, source_config, tracker_);
-    }
-    std::map<std::string, ParamSpec> specs;
-    for (ParamSpec& spec : build_param_specs(source_config)) specs.emplace(spec.name, std::move(spec));
-    const layout::ShardMap map =
-        pieces_in_source(weights, [&](const std::string& name) { return specs.count(name) == 1; });
+    // One tensor at a time, read whole; each rank writes its regions of it.
     std::vector<float> piece;
     Tensor tensor;
     size_t loaded = static_cast<size_t>(-1);
     for (const layout::ShardPiece& p : map.pieces) {
       const layout::GlobalTensor& t = map.tensors[p.tensor];
-      const auto spec = specs.find(t.name);
-      MESHTRAIN_CHECK(spec != specs.end() && spec->second.shape == t.shape,
-                      "init_from '{}': tensor '{}' {}, the model's is {}", dir, t.name,
-                      spec == specs.end() ? "is missing" : "is " + shape_str(spec->second.shape),
-                      shape_str(t.shape));
       if (loaded != p.tensor) {
         tensor = Tensor();
         tensor = Tensor(t.shape, DType::f32, MemCategory::workspace, tracker_);
-        source(spec->second, tensor.data<float>());
+        ParamSpec spec;
+        spec.name = t.name;
+        spec.shape = spec.split.global_shape = t.shape;
+        tensors.source(spec, tensor.data<float>());
         loaded = p.tensor;
       }
       piece.resize(static_cast<size_t>(p.region.numel()));
@@ -223,13 +205,8 @@ void Checkpointer::load_weights(const std::string& dir, Backend& backend) {
       });
       masters.write(layout::StateKind::master, p.local_offset, p.region.numel(), piece.data());
     }
-    tensor = Tensor();
-    load_nf4_weights(model_, [&](const ParamSpec& spec, float* out) {
-      const auto it = specs.find(spec.name);
-      MESHTRAIN_CHECK(it != specs.end(), "init_from '{}': tensor '{}' is missing", dir, spec.name);
-      source(it->second, out);
-    });
   }
+  load_nf4_weights(model_, tensors.source);
   dp_.finish_load();
   load_seconds_ = seconds_since(start);
 }

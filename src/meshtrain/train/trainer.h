@@ -159,6 +159,7 @@ class Trainer {
   LrSchedule schedule_;
   int64_t step_ = 0;
   std::string resumed_from_;
+  uint64_t base_digest_ = 0;  // TrainState::base_digest
   double peak_flops_ = 0;
   std::string peak_source_;
 };
