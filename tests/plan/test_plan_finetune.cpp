@@ -43,6 +43,7 @@ TEST(Finetune, Nf4WithDoubleQuantisationIs4127BitsPerWeight) {
   EXPECT_NEAR(kNf4DoubleQuantBits, 4.127, 5e-4);
   Finetune q{FinetuneMethod::qlora};
   EXPECT_DOUBLE_EQ(frozen_weight_bytes(q), kNf4DoubleQuantBits / 8);
+  EXPECT_DOUBLE_EQ(frozen_weight_bytes(q, 2), 4.5 / 8);  // a tp slice's f32 block scales
   EXPECT_DOUBLE_EQ(frozen_weight_bytes(Finetune{FinetuneMethod::lora}), 2.0);
 }
 

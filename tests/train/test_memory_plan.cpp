@@ -188,6 +188,9 @@ TEST_F(MemoryPlanTest, QloraPeaksMatchThePredictionAndThePlannersBytes) {
   for (const int64_t n : {int64_t{4096} * 4096, int64_t{4096} * 11008, int64_t{5120} * 13824}) {
     const double bytes = static_cast<double>(nf4::layout(n).bytes);
     EXPECT_NEAR(bytes / static_cast<double>(n), plan::kNf4DoubleQuantBits / 8, 1e-6) << n;
+    // A tp rank's slice (nf4::Form::slice): the planner's 4.5 bits exactly.
+    const double slice = static_cast<double>(nf4::layout(n / 2, nf4::Form::slice).bytes);
+    EXPECT_DOUBLE_EQ(slice / static_cast<double>(n / 2), plan::kNf4SliceBits / 8) << n;
   }
 }
 

@@ -63,6 +63,7 @@ struct LinearContext {
   double tokens, e;
   bool recomputed;
   const Finetune& finetune;
+  int64_t tp = 1;
 };
 
 OpTime linear(std::string name, double in, double out, bool adapted, const LinearContext& c) {
@@ -75,7 +76,7 @@ OpTime linear(std::string name, double in, double out, bool adapted, const Linea
     op.backward += gemm_seconds(in, out, T, e, c.gpu);
   } else {
     if (f.method == FinetuneMethod::qlora) {
-      const double dequant = memory_seconds(in * out * (frozen_weight_bytes(f) + e), c.gpu);
+      const double dequant = memory_seconds(in * out * (frozen_weight_bytes(f, c.tp) + e), c.gpu);
       op.forward += dequant;
       op.backward += dequant;
     }
@@ -110,7 +111,7 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
   const bool full = x.recompute == Recompute::full;
   OpsTime out;
   const double T = z.tokens, t = z.t, e = z.e;
-  const LinearContext lc{gpu, T, e, full, x.finetune};
+  const LinearContext lc{gpu, T, e, full, x.finetune, x.tp};
   const bool all = x.finetune.targets == LoraTargets::all;
   // A projection on this rank: tp cuts its output or its input, or neither.
   auto project = [&](const AttentionShape::Projection& p, bool adapted) {

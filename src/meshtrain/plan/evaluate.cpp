@@ -45,7 +45,7 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
     // Frozen base: weights only (GEMM weights of the blocks in bf16 or NF4, the
     // rest in bf16), sharded only by ZeRO-3; the adapters carry the states.
     const double gemm = blocks * n.layer_matmul_params;
-    const double frozen = gemm * frozen_weight_bytes(ft) + (params - gemm) * 2;
+    const double frozen = gemm * frozen_weight_bytes(ft, l.tp) + (params - gemm) * 2;
     out.psi = blocks * lora_layer_params(ctx.model, ft) / t;
     const ModelStates states = model_state_memory(out.psi, bytes, l.zero, l.shards());
     mem.params = frozen / t / (l.zero >= 3 ? static_cast<double>(l.shards()) : 1.0) + states.params;
@@ -205,7 +205,7 @@ std::vector<ShardedUnit> sharded_units(const PlanContext& ctx, const Job& job, c
                     layer.backward + layer.recompute};
   if (ft.adapters()) {
     const double lora = lora_layer_params(ctx.model, ft) / t;
-    block.weight_bytes = (n.layer_matmul_params * frozen_weight_bytes(ft) +
+    block.weight_bytes = (n.layer_matmul_params * frozen_weight_bytes(ft, l.tp) +
                           (n.layer_params - n.layer_matmul_params) * 2) / t +
                          lora * bytes.weights;
     block.grad_bytes = lora * bytes.grads;

@@ -29,8 +29,9 @@ double lora_layer_params(const ModelConfig& c, const Finetune& f) {
   return sum;
 }
 
-double frozen_weight_bytes(const Finetune& f) {
-  return f.method == FinetuneMethod::qlora ? kNf4DoubleQuantBits / 8 : 2.0;
+double frozen_weight_bytes(const Finetune& f, int64_t tp) {
+  if (f.method != FinetuneMethod::qlora) return 2.0;
+  return (tp > 1 ? kNf4SliceBits : kNf4DoubleQuantBits) / 8;
 }
 
 }  // namespace meshtrain::plan

@@ -29,10 +29,16 @@ struct Finetune {
 // scale per block of 64 and an fp32 scale per 256 of those: 4 + 8/64 + 32/(64*256)
 // = 4.127 bits.
 inline constexpr double kNf4DoubleQuantBits = 4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0);
+// A tensor-parallel rank's slice of an NF4 weight (meshtrain's nf4::Form::slice,
+// tensor/nf4.h): each block's scale as the whole tensor's dequantisation forms
+// it, in f32: 4 + 32/64 = 4.5 bits.
+inline constexpr double kNf4SliceBits = 4.0 + 32.0 / 64.0;
 
 // Trainable adapter parameters of one block: r (in + out) per targeted linear.
 double lora_layer_params(const ModelConfig& model, const Finetune& f);
-// Bytes per frozen base GEMM weight: 2 (bf16) or kNf4DoubleQuantBits / 8.
-double frozen_weight_bytes(const Finetune& f);
+// Bytes per frozen base GEMM weight: 2 (bf16), or for QLoRA
+// kNf4DoubleQuantBits / 8 (tp 1) or kNf4SliceBits / 8 (every block GEMM
+// weight split over tp > 1 ranks).
+double frozen_weight_bytes(const Finetune& f, int64_t tp = 1);
 
 }  // namespace meshtrain::plan
