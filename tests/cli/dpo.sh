@@ -9,6 +9,8 @@
 #  3. the reference precomputed (dpo.precompute_reference = true, stored with the run) gives the
 #     adapters-off run's losses; IPO and label smoothing run; QLoRA DPO starts at log 2; with
 #     adapter dropout dp 2 equals one rank;
+#     validation reports the DPO loss over the validation pairs (log 2 while policy = reference,
+#     every reference mode; dp 2 = one rank);
 #  4. full fine-tuning (its reference precomputed): log 2 first, resume byte for byte, and a
 #     resumed run whose stored reference is gone stops with one line naming the file;
 #  5. bad input: one line naming the record or key, exit 1 (a missing stored reference: 4, corrupt).
@@ -128,6 +130,68 @@ common "$work/dropout" | sed 's/^targets = .*/&\ndropout = 0.1/' >"$work/dropout
 { common "$work/dropout_dp" | sed 's/^targets = .*/&\ndropout = 0.1/'; } >"$work/dropout_dp.toml"
 "${mpirun[@]}" 2 "$bin" train --config "$work/dropout_dp.toml" >/dev/null
 close "lora.dropout 0.1, dp 2" 1e-5 "$work/dropout/metrics.jsonl" "$work/dropout_dp/metrics.jsonl"
+
+# Validation (data.val of preference pairs) reports the mean DPO loss over its pairs: log 2 while
+# the policy is the reference (lr 0), for each reference mode and full fine-tuning; trained, it
+# falls, and dp 2 gives the one-rank values.
+with_val() {  # with_val LR: the settings on stdin with validation every 3 steps at learning rate LR
+  sed "s/^eval_interval = 0$/eval_interval = 3\nval = \"$(printf '%s' "$fixtures" | sed 's#/#\\/#g')\/pref_tiny.jsonl\"/; s/^lr = .*/lr = $1\nmin_lr = 0/" |
+    awk '/^val = /{v=$0; next} {print} /^\[data\]$/{print v}'
+}
+val_losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['val_loss']) for l in open(sys.argv[1]) if 'val_loss' in l))" "$1"; }
+for run in "val_off common" "val_pre pre" "val_full full"; do
+  read -r name kind <<<"$run"
+  case $kind in
+    common) common "$work/$name" | with_val 1e-30 ;;
+    pre) common "$work/$name" | sed 's/^beta = .*/&\nprecompute_reference = true/' | with_val 1e-30 ;;
+    full) full "$work/$name" | with_val 1e-30 ;;
+  esac >"$work/$name.toml"
+  "$bin" train --config "$work/$name.toml" >/dev/null
+  python3 -c "
+import math, sys
+v = [float(x) for x in sys.argv[2:]]
+assert len(v) == 2 and all(abs(x - math.log(2)) < 1e-6 for x in v), v
+print(f'{sys.argv[1]}: val_loss log 2 while the policy is the reference')" "$name" $(val_losses "$work/$name/metrics.jsonl")
+done
+python3 - "$work/val_full/reference_logps.safetensors" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    names = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+assert {"logps", "offsets", "val_logps", "val_offsets"} <= names.keys(), names.keys()
+print("stored reference: the training and the validation tables")
+PY
+# Trained on the 4 pairs it validates on (every step trains on all of them), the validation loss
+# after step 3 is step 4's training loss: the same pairs at the same weights, against the same
+# reference (adapters off, and precomputed for full fine-tuning).
+head -4 "$fixtures/pref_tiny.jsonl" >"$work/pref4.jsonl"
+for run in "step4_lora common" "step4_full full"; do
+  read -r name kind <<<"$run"
+  case $kind in
+    common) common "$work/$name" "$work/pref4.jsonl" ;;
+    full) full "$work/$name" | sed "s#^train = .*#train = \"$work/pref4.jsonl\"#" ;;
+  esac | with_val 1e-2 | sed "s#^val = .*#val = \"$work/pref4.jsonl\"#; s/^eval_interval = 3$/&\neval_batches = 1/" >"$work/$name.toml"
+  "$bin" train --config "$work/$name.toml" >/dev/null
+  python3 - "$name" "$work/$name/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[2])]
+val = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
+train = {r["step"]: r["loss"] for r in rows if "loss" in r}
+assert abs(val[3] - train[4]) <= 1e-6 * train[4], (val, train)
+print(f"{sys.argv[1]}: val_loss after step 3 {val[3]:.6f} = step 4's loss {train[4]:.6f}")
+PY
+done
+common "$work/val_one" | with_val 1e-2 >"$work/val_one.toml"
+"$bin" train --config "$work/val_one.toml" >/dev/null
+common "$work/val_dp" | with_val 1e-2 >"$work/val_dp.toml"
+"${mpirun[@]}" 2 "$bin" train --config "$work/val_dp.toml" >/dev/null
+python3 -c "
+import math, sys
+n = len(sys.argv) // 2
+a, b = [float(x) for x in sys.argv[1:n + 1]], [float(x) for x in sys.argv[n + 1:]]
+assert len(a) == len(b) == 2 and a[-1] < math.log(2), (a, b)
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+assert worst < 1e-5, (a, b)
+print(f'val_loss {a[0]:.4f} -> {a[1]:.4f}; dp 2 within {worst:.1e}')" $(val_losses "$work/val_one/metrics.jsonl") $(val_losses "$work/val_dp/metrics.jsonl")
 
 # 4. Full fine-tuning.
 full "$work/full" >"$work/full.toml"

@@ -148,7 +148,7 @@ StepResult run_step(const TrainConfig& config, Model& model, const SampleSource&
   options.seed = t.seed;
   DataLoader loader(data, options);
   std::unique_ptr<StepObjective> objective =
-      make_step_objective(config, model, data, options, nullptr);
+      make_step_objective(config, model, data, nullptr, options, nullptr);
   EXPECT_NE(dynamic_cast<PreferenceObjective*>(objective.get()), nullptr);
   std::unique_ptr<StepRunner> runner =
       make_step_runner(config, model, nullptr, loader.micro_batches_per_step(),
@@ -192,7 +192,7 @@ double check_gradients(const Model& model, const SafetensorsReader& dpo, const s
 double check_reference_table(const std::string& out_dir, const PreferenceRows& rows) {
   const std::string path = (std::filesystem::path(out_dir) / kReferenceLogpsFile).string();
   EXPECT_TRUE(std::filesystem::exists(path)) << path;
-  ReferenceLogps table = ReferenceLogps::load(path, *rows.data);
+  ReferenceLogps table = ReferenceLogps::load(SafetensorsReader(path), "", *rows.data);
   const std::vector<double> want = read_f64(rows.dpo, "reference_logps");
   EXPECT_EQ(table.values().size(), want.size());
   const double err = max_rel_error(table.values(), want);

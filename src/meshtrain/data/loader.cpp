@@ -1,5 +1,6 @@
 #include "meshtrain/data/loader.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "meshtrain/util/error.h"
@@ -219,14 +220,29 @@ ValidationSet::ValidationSet(const SampleSource& source, const LoaderOptions& op
 void ValidationSet::read(int64_t k, MicroBatch& out) const {
   MESHTRAIN_CHECK(k >= 0 && k < num_micro_, "data: validation micro-batch {} out of range [0, {})",
                   k, num_micro_);
-  int64_t batch = k / per_batch_, micro = k % per_batch_;
-  int64_t first = batch * options_.global_batch + options_.dp_rank * share_ +
-                  micro * options_.micro_batch;
   out.samples.resize(static_cast<size_t>(options_.micro_batch));
   for (int64_t row = 0; row < options_.micro_batch; ++row) {
-    out.samples[static_cast<size_t>(row)] = (first + row) % source_.num_samples();
+    out.samples[static_cast<size_t>(row)] = sample(k, options_.dp_rank, row);
   }
   read_micro_batch(source_, out, options_.context);
+}
+
+int64_t ValidationSet::sample(int64_t k, int64_t rank, int64_t row) const {
+  const int64_t batch = k / per_batch_, micro = k % per_batch_;
+  return (batch * options_.global_batch + rank * share_ + micro * options_.micro_batch + row) %
+         source_.num_samples();
+}
+
+std::vector<int64_t> ValidationSet::samples_of_every_rank() const {
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < num_micro_; ++k) {
+    for (int64_t rank = 0; rank < options_.dp_size; ++rank) {
+      for (int64_t row = 0; row < options_.micro_batch; ++row) out.push_back(sample(k, rank, row));
+    }
+  }
+  std::ranges::sort(out);
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 }  // namespace meshtrain

@@ -123,10 +123,16 @@ class ValidationSet {
  public:
   ValidationSet(const SampleSource& source, const LoaderOptions& options, int64_t batches);
   int64_t num_micro_batches() const { return num_micro_; }
+  const SampleSource& source() const { return source_; }
   // Micro-batch k (0 <= k < num_micro_batches()) of this rank.
   void read(int64_t k, MicroBatch& out) const;
+  // Every sample some dp rank's micro-batches read, once each, ascending.
+  std::vector<int64_t> samples_of_every_rank() const;
 
  private:
+  // The sample in `row` of micro-batch k of dp rank `rank`.
+  int64_t sample(int64_t k, int64_t rank, int64_t row) const;
+
   const SampleSource& source_;
   LoaderOptions options_;
   int64_t share_ = 0, per_batch_ = 0, num_micro_ = 0;

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <numeric>
 #include <optional>
 
-#include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -85,64 +85,88 @@ std::span<double> ReferenceLogps::of(int64_t sample) {
                                     static_cast<size_t>(offsets_[i + 1] - offsets_[i]));
 }
 
-void ReferenceLogps::save(const std::string& path) const {
-  SafetensorsWriter out;
-  out.add("logps", StDType::F64, {static_cast<int64_t>(values_.size())}, values_.data());
-  out.add("offsets", StDType::I64, {static_cast<int64_t>(offsets_.size())}, offsets_.data());
-  out.write(path);
+void ReferenceLogps::add_to(SafetensorsWriter& out, const std::string& prefix) const {
+  out.add(prefix + "logps", StDType::F64, {static_cast<int64_t>(values_.size())}, values_.data());
+  out.add(prefix + "offsets", StDType::I64, {static_cast<int64_t>(offsets_.size())},
+          offsets_.data());
 }
 
-ReferenceLogps ReferenceLogps::load(const std::string& path, const SampleSource& source) {
+bool ReferenceLogps::stored_in(const SafetensorsReader& in, const std::string& prefix) {
+  return in.contains(prefix + "logps") && in.contains(prefix + "offsets");
+}
+
+ReferenceLogps ReferenceLogps::load(const SafetensorsReader& in, const std::string& prefix,
+                                    const SampleSource& source) {
   ReferenceLogps table(source);
-  const SafetensorsReader in(path);
-  const std::vector<int64_t> offsets = in.read_ints("offsets");
-  const StTensorInfo& logps = in.info("logps");
+  const std::vector<int64_t> offsets = in.read_ints(prefix + "offsets");
+  const StTensorInfo& logps = in.info(prefix + "logps");
   MESHTRAIN_CHECK_AS(ErrorKind::corrupt,
                      offsets == table.offsets_ && logps.dtype == StDType::F64 &&
                          logps.numel() == static_cast<int64_t>(table.values_.size()),
-                     "preference: '{}' holds the reference log-probabilities of other data ({} "
-                     "responses; this run's has {})",
-                     path, logps.numel(), table.values_.size());
+                     "preference: '{}' holds the reference log-probabilities of other data ({}: "
+                     "{} responses; this run's has {})",
+                     in.path(), prefix + "logps", logps.numel(), table.values_.size());
   in.read_data(logps.begin, table.values_.data(), table.values_.size() * sizeof(double));
   return table;
 }
 
 PreferenceObjective::PreferenceObjective(const TrainConfig& config, Model& model,
-                                         const SampleSource& source, const LoaderOptions& loader,
-                                         DeviceMesh* mesh)
+                                         const SampleSource& source, const ValidationSet* val,
+                                         const LoaderOptions& loader, DeviceMesh* mesh)
     : settings_(config.dpo.loss),
       precomputed_(config.dpo.precompute_reference),
       path_((fs::path(config.train.out_dir) / kReferenceLogpsFile).string()),
       model_(model),
       source_(source),
       loader_(loader),
-      mesh_(mesh) {}
+      mesh_(mesh),
+      val_(val) {}
 
 void PreferenceObjective::start(StepRunner& runner, bool resumed) {
   if (!precomputed_) return;
-  if (fs::exists(path_)) {
-    table_ = ReferenceLogps::load(path_, source_);
-    return;
-  }
+  std::optional<SafetensorsReader> stored;
+  if (fs::exists(path_)) stored.emplace(path_);
   const bool lora = model_.config().lora.enabled();
-  MESHTRAIN_CHECK_AS(ErrorKind::corrupt, !resumed || lora,
-                     "preference: '{}' is missing: the reference log-probabilities of a resumed "
-                     "full fine-tuning run come from its start and cannot be recomputed",
-                     path_);
-  std::optional<AdaptersOff> reference;
-  if (lora) reference.emplace(model_);
-  precompute(runner);
+  bool computed = false;
+  auto fill = [&](const std::string& prefix, const SampleSource& source,
+                  const std::vector<int64_t>& samples, ReferenceLogps& table) {
+    if (stored && ReferenceLogps::stored_in(*stored, prefix)) {
+      table = ReferenceLogps::load(*stored, prefix, source);
+      return;
+    }
+    MESHTRAIN_CHECK_AS(ErrorKind::corrupt, !resumed || lora,
+                       "preference: '{}' {}: the reference log-probabilities of a resumed full "
+                       "fine-tuning run come from its start and cannot be recomputed",
+                       path_, stored ? "lacks " + prefix + "logps" : std::string("is missing"));
+    std::optional<AdaptersOff> reference;
+    if (lora) reference.emplace(model_);
+    precompute(runner, source, samples, table);
+    computed = true;
+  };
+  std::vector<int64_t> every(static_cast<size_t>(source_.num_samples()));
+  std::iota(every.begin(), every.end(), int64_t{0});
+  fill("", source_, every, table_);
+  if (val_ != nullptr) fill("val_", val_->source(), val_->samples_of_every_rank(), val_table_);
+  stored.reset();
+  if (!computed) return;
   Communicator* world = mesh_ != nullptr ? &mesh_->world() : nullptr;
-  if (world == nullptr || world->rank() == 0) table_.save(path_);
+  if (world == nullptr || world->rank() == 0) {
+    SafetensorsWriter out;
+    table_.add_to(out, "");
+    if (val_ != nullptr) val_table_.add_to(out, "val_");
+    out.write(path_);
+  }
   if (world != nullptr) world->barrier();
 }
 
-void PreferenceObjective::precompute(StepRunner& runner) {
-  table_ = ReferenceLogps(source_);
-  // Sample i on dp rank i % dp, in micro-batches of the run's rows; every
+void PreferenceObjective::precompute(StepRunner& runner, const SampleSource& source,
+                                     const std::vector<int64_t>& samples, ReferenceLogps& table) {
+  table = ReferenceLogps(source);
+  // samples[i] on dp rank i % dp, in micro-batches of the run's rows; every
   // rank runs as many (ZeRO-3 gathers are collective), padding with sample 0
   // whose result is dropped.
-  const int64_t n = source_.num_samples(), dp = loader_.dp_size, m = loader_.micro_batch;
+  const auto n = static_cast<int64_t>(samples.size());
+  const int64_t dp = loader_.dp_size, m = loader_.micro_batch;
   const int64_t per_rank = (n + dp - 1) / dp, micro = (per_rank + m - 1) / m;
   constexpr int64_t kGroup = 8;  // micro-batches per forward_losses call
   const bool head = model_.stage_layers().last;
@@ -152,12 +176,12 @@ void PreferenceObjective::precompute(StepRunner& runner) {
     batches.assign(static_cast<size_t>(std::min(kGroup, micro - first)), MicroBatch{});
     for (size_t k = 0; k < batches.size(); ++k) {
       for (int64_t i = 0; i < m; ++i) {
-        const int64_t sample = ((first + static_cast<int64_t>(k)) * m + i) * dp + loader_.dp_rank;
-        batches[k].samples.push_back(sample < n ? sample : -1);
+        const int64_t at = ((first + static_cast<int64_t>(k)) * m + i) * dp + loader_.dp_rank;
+        batches[k].samples.push_back(at < n ? samples[static_cast<size_t>(at)] : -1);
       }
       std::vector<int64_t> real = batches[k].samples;
       std::ranges::replace(batches[k].samples, int64_t{-1}, int64_t{0});
-      read_micro_batch(source_, batches[k]);
+      read_micro_batch(source, batches[k]);
       batches[k].samples = std::move(real);
     }
     runner.forward_losses(batches, losses);
@@ -173,7 +197,7 @@ void PreferenceObjective::precompute(StepRunner& runner) {
                                             b.positions.data() + row * seq, seq, response_.data());
         const RowResponses sums =
             sum_responses(response_.data(), losses[k].data() + row * seq, seq, pairs);
-        std::span<double> out = table_.of(sample);
+        std::span<double> out = table.of(sample);
         MESHTRAIN_CHECK(out.size() == sums.logps.size(),
                         "preference: sample {} has {} responses; its row holds {}", sample,
                         out.size(), sums.logps.size());
@@ -183,7 +207,7 @@ void PreferenceObjective::precompute(StepRunner& runner) {
   }
   if (mesh_ != nullptr) {
     // Each value came from one dp rank's head stage: sums fill in the rest.
-    std::vector<double>& v = table_.values();
+    std::vector<double>& v = table.values();
     for (Communicator* group : {&mesh_->pp(), &mesh_->replicas()}) {
       if (group->size() > 1 && !v.empty()) {
         group->all_reduce(v.data(), static_cast<int64_t>(v.size()), CommDType::f64, ReduceOp::sum);
@@ -206,45 +230,88 @@ TokenLoss PreferenceObjective::token_loss(size_t k) {
   return loss;
 }
 
+std::vector<PairLoss> PreferenceObjective::row_pairs(const MicroBatch& b, int64_t row,
+                                                     const float* policy, const float* reference,
+                                                     ReferenceLogps& table) {
+  const int64_t seq = b.seq_len;
+  response_.resize(static_cast<size_t>(seq));
+  const int64_t pairs = row_responses(b.targets.data() + row * seq, b.positions.data() + row * seq,
+                                      seq, response_.data());
+  const RowResponses mine = sum_responses(response_.data(), policy, seq, pairs);
+  std::vector<double> ref;
+  if (reference == nullptr) {
+    const std::span<double> stored = table.of(b.samples[static_cast<size_t>(row)]);
+    ref.assign(stored.begin(), stored.end());
+  } else {
+    ref = sum_responses(response_.data(), reference, seq, pairs).logps;
+  }
+  MESHTRAIN_CHECK(ref.size() == mine.logps.size(),
+                  "preference: {} reference log-probabilities for a row of {} responses",
+                  ref.size(), mine.logps.size());
+  std::vector<PairLoss> out;
+  for (size_t c = 0; c < ref.size(); c += 2) {
+    out.push_back(dpo_pair_loss(settings_, {mine.logps[c], mine.logps[c + 1], ref[c], ref[c + 1],
+                                            mine.tokens[c], mine.tokens[c + 1]}));
+  }
+  return out;
+}
+
 void PreferenceObjective::weigh(size_t k, const float* policy_losses, float* weights) {
   const MicroBatch& b = batches_[k];
   const int64_t seq = b.seq_len;
-  response_.resize(static_cast<size_t>(seq));
   for (int64_t row = 0; row < b.rows; ++row) {
-    const int64_t pairs = row_responses(b.targets.data() + row * seq,
-                                        b.positions.data() + row * seq, seq, response_.data());
-    const RowResponses policy =
-        sum_responses(response_.data(), policy_losses + row * seq, seq, pairs);
-    std::vector<double> reference;
-    if (precomputed_) {
-      const std::span<double> stored = table_.of(b.samples[static_cast<size_t>(row)]);
-      reference.assign(stored.begin(), stored.end());
-    } else {
-      reference = sum_responses(response_.data(), reference_[k].data() + row * seq, seq, pairs).logps;
-    }
-    MESHTRAIN_CHECK(reference.size() == policy.logps.size(),
-                    "preference: {} reference log-probabilities for a row of {} responses",
-                    reference.size(), policy.logps.size());
+    const std::vector<PairLoss> pairs =
+        row_pairs(b, row, policy_losses + row * seq,
+                  precomputed_ ? nullptr : reference_[k].data() + row * seq, table_);
     // d(pair loss) / d(token loss) of each response: −d(loss)/d(log π).
-    std::vector<double> weight(static_cast<size_t>(2 * pairs));
-    for (int64_t p = 0; p < pairs; ++p) {
-      const size_t c = static_cast<size_t>(2 * p), r = c + 1;
-      const PairLoss pair = dpo_pair_loss(
-          settings_, {policy.logps[c], policy.logps[r], reference[c], reference[r],
-                      policy.tokens[c], policy.tokens[r]});
+    std::vector<double> weight;
+    for (const PairLoss& pair : pairs) {
       loss_ += pair.loss;
       chosen_ += pair.chosen_reward;
       rejected_ += pair.rejected_reward;
       correct_ += pair.chosen_reward > pair.rejected_reward ? 1 : 0;
       pairs_ += 1;
-      weight[c] = -pair.d_policy_chosen;
-      weight[r] = -pair.d_policy_rejected;
+      weight.push_back(-pair.d_policy_chosen);
+      weight.push_back(-pair.d_policy_rejected);
     }
     float* w = weights + row * seq;
     for (int64_t t = 0; t < seq; ++t) {
       if (response_[t] >= 0) w[t] = static_cast<float>(weight[static_cast<size_t>(response_[t])]);
     }
   }
+}
+
+double PreferenceObjective::evaluate(const ValidationSet& val, StepRunner& runner,
+                                     int64_t& units) {
+  std::vector<MicroBatch> batches(static_cast<size_t>(val.num_micro_batches()));
+  for (size_t k = 0; k < batches.size(); ++k) val.read(static_cast<int64_t>(k), batches[k]);
+  std::vector<std::vector<float>> policy, reference;
+  runner.forward_losses(batches, policy);
+  if (!precomputed_) {
+    const AdaptersOff off(model_);
+    runner.forward_losses(batches, reference);
+  }
+  const bool head = model_.stage_layers().last;
+  double loss = 0;
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const MicroBatch& b = batches[k];
+    const int64_t seq = b.seq_len;
+    for (int64_t row = 0; row < b.rows; ++row) {
+      if (!head) {  // the pairs only: this stage has no token losses
+        response_.resize(static_cast<size_t>(seq));
+        units += row_responses(b.targets.data() + row * seq, b.positions.data() + row * seq, seq,
+                               response_.data());
+        continue;
+      }
+      for (const PairLoss& pair :
+           row_pairs(b, row, policy[k].data() + row * seq,
+                     precomputed_ ? nullptr : reference[k].data() + row * seq, val_table_)) {
+        loss += pair.loss;
+        ++units;
+      }
+    }
+  }
+  return loss;
 }
 
 double PreferenceObjective::finish(Communicator* stages, Communicator* dp, StepRecord& r) {
@@ -264,9 +331,10 @@ double PreferenceObjective::finish(Communicator* stages, Communicator* dp, StepR
 
 std::unique_ptr<StepObjective> make_step_objective(const TrainConfig& config, Model& model,
                                                    const SampleSource& source,
+                                                   const ValidationSet* val,
                                                    const LoaderOptions& loader, DeviceMesh* mesh) {
   if (!config.data.preference()) return nullptr;
-  return std::make_unique<PreferenceObjective>(config, model, source, loader, mesh);
+  return std::make_unique<PreferenceObjective>(config, model, source, val, loader, mesh);
 }
 
 }  // namespace meshtrain

@@ -16,6 +16,11 @@
 // (dpo.precompute_reference): a resumed run reads it back; a LoRA run that
 // lacks it recomputes it with the adapters off.
 //
+// Validation (data.val, preference rows too) reports the mean DPO loss over
+// the validation pairs: the policy's forward pass against the reference's
+// (adapters off, or a second table in the same file, over the samples the
+// validation set reads, computed with the training table).
+//
 // Costs per micro-batch: the reference forward (unless precomputed) and the
 // training forward + backward with one more classifier forward (the weights
 // must exist before the fused classifier computes its gradients).
@@ -27,9 +32,12 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/mesh.h"
+#include "meshtrain/data/loader.h"
 #include "meshtrain/data/sampler.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/preference.h"
 #include "meshtrain/train/step_runner.h"
 
 namespace meshtrain {
@@ -45,16 +53,18 @@ int64_t row_responses(const int32_t* targets, const int32_t* positions, int64_t 
                       int32_t* response);
 
 // Every sample's reference log-probabilities (2 per pair, in row order),
-// indexed by sample.
+// indexed by sample. Stored as tensors <prefix>logps and <prefix>offsets.
 class ReferenceLogps {
  public:
   ReferenceLogps() = default;
   explicit ReferenceLogps(const SampleSource& source);  // zeros, sized for `source`
   std::span<double> of(int64_t sample);
   std::vector<double>& values() { return values_; }
-  void save(const std::string& path) const;
-  // Error (corrupt) when the file does not match `source`'s rows.
-  static ReferenceLogps load(const std::string& path, const SampleSource& source);
+  void add_to(SafetensorsWriter& out, const std::string& prefix) const;
+  static bool stored_in(const SafetensorsReader& in, const std::string& prefix);
+  // Error (corrupt) naming `in` when the stored table does not match `source`'s rows.
+  static ReferenceLogps load(const SafetensorsReader& in, const std::string& prefix,
+                             const SampleSource& source);
 
  private:
   std::vector<int64_t> offsets_;  // [samples + 1]
@@ -63,20 +73,28 @@ class ReferenceLogps {
 
 class PreferenceObjective final : public StepObjective {
  public:
-  // `mesh` may be null (one process); `source` and `model` outlive it.
+  // `mesh` and `val` may be null (one process; no validation); `source`,
+  // `val`, its source and `model` outlive it.
   PreferenceObjective(const TrainConfig& config, Model& model, const SampleSource& source,
-                      const LoaderOptions& loader, DeviceMesh* mesh);
+                      const ValidationSet* val, const LoaderOptions& loader, DeviceMesh* mesh);
   void start(StepRunner& runner, bool resumed) override;
   void prepare(std::span<const MicroBatch> batches, StepRunner& runner) override;
   TokenLoss token_loss(size_t k) override;
   double finish(Communicator* stages, Communicator* dp, StepRecord& r) override;
+  double evaluate(const ValidationSet& val, StepRunner& runner, int64_t& units) override;
 
  private:
   // Micro-batch k's pairs from the policy's token losses: their losses and
   // rewards summed, and the token weights.
   void weigh(size_t k, const float* policy, float* weights);
-  // The reference table from forward passes over every sample (collective).
-  void precompute(StepRunner& runner);
+  // Row `row` of `b`: each pair's loss from the policy's token losses of the
+  // row and the reference's (`reference`: its token losses, or null: the
+  // table's); response_ then maps the row's tokens to their responses.
+  std::vector<PairLoss> row_pairs(const MicroBatch& b, int64_t row, const float* policy,
+                                  const float* reference, ReferenceLogps& table);
+  // `table` from forward passes over `samples` of `source` (collective).
+  void precompute(StepRunner& runner, const SampleSource& source,
+                  const std::vector<int64_t>& samples, ReferenceLogps& table);
 
   DpoSettings settings_;
   bool precomputed_;
@@ -85,7 +103,8 @@ class PreferenceObjective final : public StepObjective {
   const SampleSource& source_;
   LoaderOptions loader_;
   DeviceMesh* mesh_;
-  ReferenceLogps table_;
+  const ValidationSet* val_;
+  ReferenceLogps table_, val_table_;
   std::span<const MicroBatch> batches_;  // the step's (prepare to finish)
   std::vector<std::vector<float>> reference_;  // their reference token losses
   std::vector<int32_t> response_;
@@ -97,6 +116,7 @@ class PreferenceObjective final : public StepObjective {
 // The objective config asks for (null: the token losses' sum).
 std::unique_ptr<StepObjective> make_step_objective(const TrainConfig& config, Model& model,
                                                    const SampleSource& source,
+                                                   const ValidationSet* val,
                                                    const LoaderOptions& loader, DeviceMesh* mesh);
 
 }  // namespace meshtrain

@@ -84,6 +84,7 @@ class LocalSteps final : public StepRunner {
     return objective_ ? objective_->finish(nullptr, dp.group(), r) : loss;
   }
   double evaluate(ValidationSet& val, int64_t& tokens) override {
+    if (objective_ != nullptr) return objective_->evaluate(val, *this, tokens);
     return validation_loss_sum(model_, val, batch_, tokens);
   }
   Communicator* stages() override { return nullptr; }
@@ -178,6 +179,7 @@ class PipelineSteps final : public StepRunner {
   }
 
   double evaluate(ValidationSet& val, int64_t& tokens) override {
+    if (objective_ != nullptr) return sum_over_ranks(pp_, objective_->evaluate(val, *this, tokens));
     std::vector<MicroBatch> batches(static_cast<size_t>(val.num_micro_batches()));
     std::vector<pipeline::MicroBatchRef> refs;
     for (int64_t k = 0; k < val.num_micro_batches(); ++k) {

@@ -45,6 +45,10 @@ class StepObjective {
   // holding the head; 0 on the others): the value whose mean over the step's
   // loss tokens (data/sampler.h loss_tokens) is its loss.
   virtual double finish(Communicator* stages, Communicator* dp, StepRecord& r) = 0;
+  // The validation set's objective sum on this rank (the stage holding the
+  // head; 0 on the others) for the model's current weights; adds the units
+  // its mean is over (a preference row's pairs) to `units` on every stage.
+  virtual double evaluate(const ValidationSet& val, StepRunner& runner, int64_t& units) = 0;
 };
 
 class StepRunner {

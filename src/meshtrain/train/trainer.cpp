@@ -175,7 +175,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
     gates_->load_state(resumed.update_gates, resumed_from_);
     step_ = resumed.step;
   }
-  objective_ = make_step_objective(config_, *model_, *train_data_, loader, mesh);
+  objective_ = make_step_objective(config_, *model_, *train_data_, val_set_.get(), loader, mesh);
   runner_ = make_step_runner(config_, *model_, mesh, micro_batches, loader.micro_batch,
                              objective_.get());
   if (objective_) {
