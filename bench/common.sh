@@ -59,6 +59,34 @@ hf_peer_env() {
   fi
 }
 
+# parse_round_options ARGS...: the options of the fine-tuning benches (dpo.sh, finetune.sh):
+# --steps N (or a bare N), --steps-large, --warmup, --models, --methods, --rounds, --no-peer,
+# --cache into STEPS, STEPS_LARGE, WARMUP, MODELS, METHODS, ROUNDS, PEER, CACHE; a script's own
+# options go to its round_option NAME VALUE (returns non-zero for an unknown one). Anything else
+# prints the script's usage and exits 2.
+parse_round_options() {
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --steps) STEPS=$2; shift 2 ;;
+      --steps-large) STEPS_LARGE=$2; shift 2 ;;
+      --warmup) WARMUP=$2; shift 2 ;;
+      --models) MODELS=$2; shift 2 ;;
+      --methods) METHODS=$2; shift 2 ;;
+      --rounds) ROUNDS=$2; shift 2 ;;
+      --no-peer) PEER=0; shift ;;
+      --cache) CACHE=$2; shift 2 ;;
+      [0-9]*) STEPS=$1; shift ;;
+      *)
+        if [ $# -ge 2 ] && round_option "$1" "$2"; then
+          shift 2
+        else
+          sed -n '/^# usage/,/^# Time/p' "$0" >&2
+          exit 2
+        fi ;;
+    esac
+  done
+}
+
 # finetune_train_keys WARMUP STEPS BATCH OUT_DIR: the [train] keys (the table
 # already open) and [optim] of the fine-tuning benches' runs: bf16, seq 256,
 # 2 threads, no evaluation or checkpoints, WARMUP + STEPS steps of BATCH rows

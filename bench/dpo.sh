@@ -64,21 +64,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh
 STEPS=3 STEPS_LARGE=2 WARMUP=1 BATCH=4 MODELS=100m,500m METHODS=lora,full ROUNDS=2 PEER=1 CACHE=""
-while [ $# -gt 0 ]; do
-  case $1 in
-    --steps) STEPS=$2; shift 2 ;;
-    --steps-large) STEPS_LARGE=$2; shift 2 ;;
-    --warmup) WARMUP=$2; shift 2 ;;
-    --batch) BATCH=$2; shift 2 ;;
-    --models) MODELS=$2; shift 2 ;;
-    --methods) METHODS=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
-    --no-peer) PEER=0; shift ;;
-    --cache) CACHE=$2; shift 2 ;;
-    [0-9]*) STEPS=$1; shift ;;
-    *) sed -n '/^# usage/,/^# Time/p' "$0" >&2; exit 2 ;;
-  esac
-done
+round_option() { [ "$1" = --batch ] && BATCH=$2; }
+parse_round_options "$@"
 hf_peer_env 2 "transformers, peft, trl"
 if [ "$have_venv" != 1 ]; then
   echo "needs $VENV_PY with transformers + peft + trl (scripts/setup_hf_venv.sh)" >&2; exit 1
@@ -221,10 +208,9 @@ done
 
 python3 - "$work" "$ROUNDS" "$WARMUP" "$BATCH" <<'PY'
 import json, os, statistics, sys
+sys.path.insert(0, "bench")
+from round_report import CATEGORIES as cats, cases_and_loads, med, mib, peer_json
 work, rounds, warmup, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-cats = ["params", "grads", "optimizer", "activations", "workspace"]
-mib = lambda b: b / 2**20
-med = lambda xs: statistics.median(xs) if xs else None
 tokens_per_step = 2 * batch * 128  # both sides: 2 conversations x pairs x 128 tokens
 
 def meshtrain_round(d, kind, r):
@@ -248,16 +234,9 @@ def meshtrain_round(d, kind, r):
             "losses": [round(x["loss"], 5) for x in recs if "step_ms" in x]}
 
 def peer_round(d, head, r):
-    p = f"{d}/peer_{head}_{r}.json"
-    if not os.path.exists(p) or os.path.getsize(p) == 0:
-        return None
-    return json.loads(open(p).read().splitlines()[-1])
+    return peer_json(f"{d}/peer_{head}_{r}.json")
 
-cases = open(f"{work}/cases.list").read().splitlines()
-loads = {}
-for line in open(f"{work}/loads"):
-    side, c, avg = line.rstrip("\n").split("\t")
-    loads.setdefault(c, []).append(f"{side} {avg}")
+cases, loads = cases_and_loads(work)
 fmt_list = lambda xs, f="{:.2f}": " ".join(f.format(x) for x in xs)
 heads = {"fused": "trl", "plain": "plain"}
 notes, details, speed_rows, step_rows, memory_rows = [], [], [], [], []

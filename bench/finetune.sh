@@ -50,21 +50,8 @@ cd "$(dirname "$0")/.."
 source bench/common.sh
 STEPS=3 STEPS_LARGE=2 WARMUP=1 BATCH_LARGE=4 MODELS=100m,500m METHODS=full,lora,qlora ROUNDS=2
 PEER=1 CACHE=""
-while [ $# -gt 0 ]; do
-  case $1 in
-    --steps) STEPS=$2; shift 2 ;;
-    --steps-large) STEPS_LARGE=$2; shift 2 ;;
-    --warmup) WARMUP=$2; shift 2 ;;
-    --batch-large) BATCH_LARGE=$2; shift 2 ;;
-    --models) MODELS=$2; shift 2 ;;
-    --methods) METHODS=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
-    --no-peer) PEER=0; shift ;;
-    --cache) CACHE=$2; shift 2 ;;
-    [0-9]*) STEPS=$1; shift ;;
-    *) sed -n '/^# usage/,/^# Time/p' "$0" >&2; exit 2 ;;
-  esac
-done
+round_option() { [ "$1" = --batch-large ] && BATCH_LARGE=$2; }
+parse_round_options "$@"
 hf_peer_env 2 "transformers, peft"
 pin_binary
 models_dir=${CACHE:-$work/models}
@@ -154,10 +141,9 @@ done
 
 python3 - "$work" "$ROUNDS" "$WARMUP" <<'PY'
 import json, os, statistics, sys
+sys.path.insert(0, "bench")
+from round_report import CATEGORIES as cats, cases_and_loads, med, mib, peer_json
 work, rounds, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cats = ["params", "grads", "optimizer", "activations", "workspace"]
-mib = lambda b: b / 2**20
-med = lambda xs: statistics.median(xs) if xs else None
 
 def load(path):
     return json.load(open(path)) if os.path.exists(path) else None
@@ -180,16 +166,9 @@ def meshtrain_round(d, r):
             "step_ms": [round(x["step_ms"]) for x in timed], "traced_steps": len(steps)}
 
 def peer_round(d, r):
-    p = f"{d}/peer_{r}.json"
-    if not os.path.exists(p) or os.path.getsize(p) == 0:
-        return None
-    return json.loads(open(p).read().splitlines()[-1])
+    return peer_json(f"{d}/peer_{r}.json")
 
-cases = open(f"{work}/cases.list").read().splitlines()
-loads = {}
-for line in open(f"{work}/loads"):
-    side, c, avg = line.rstrip("\n").split("\t")
-    loads.setdefault(c, []).append(f"{side} {avg}")
+cases, loads = cases_and_loads(work)
 rows, notes, nf4 = [], [], {}
 print("| case | params | grads | optimizer | activations | workspace | total | planner p / g / o "
       "| meshtrain tok/s | peer tok/s | meshtrain / peer | peer peak RSS | dequant share |")
