@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -49,7 +50,9 @@ TrainState parse_train_state(const nlohmann::json& json, const std::string& path
   if (json.contains("update_gates")) state.update_gates = json.at("update_gates");
   if (json.contains("base_digest")) {
     const nlohmann::json& digest = json.at("base_digest");
-    MESHTRAIN_CHECK(digest.is_string() && digest.get<std::string>().size() == 16,
+    MESHTRAIN_CHECK(digest.is_string() && digest.get<std::string>().size() == 16 &&
+                        std::ranges::all_of(digest.get<std::string>(),
+                                            [](char c) { return std::isxdigit(c) != 0; }),
                     "{}: field 'base_digest' must be 16 hex digits", path);
     state.base_digest = std::stoull(digest.get<std::string>(), nullptr, 16);
   }
