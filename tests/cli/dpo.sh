@@ -5,12 +5,13 @@
 #     (the adapters start at B = 0, so policy = reference) and the loss falls; rewards and
 #     accuracy in metrics.jsonl; a run resumed from its step-3 checkpoint writes a step-6
 #     checkpoint identical byte for byte;
-#  2. dp 2, ZeRO-3, tp 2 and pp 2 give the one-rank losses and rewards (to 1e-5; pp exactly);
+#  2. dp 2, ZeRO-3, tp 2, pp 2 and cp 2 give the one-rank losses and rewards (to 1e-5; pp
+#     exactly);
 #  3. the reference precomputed (dpo.precompute_reference = true, stored with the run) gives the
 #     adapters-off run's losses; IPO and label smoothing run; QLoRA DPO starts at log 2; with
 #     adapter dropout dp 2 equals one rank;
 #     validation reports the DPO loss over the validation pairs (log 2 while policy = reference,
-#     every reference mode; dp 2 = one rank);
+#     every reference mode; dp 2 and cp 2 = one rank);
 #  4. full fine-tuning (its reference precomputed): log 2 first, resume byte for byte, and a
 #     resumed run whose stored reference is gone stops with one line naming the file;
 #  5. bad input: one line naming the record or key, exit 1 (a missing stored reference: 4, corrupt).
@@ -98,9 +99,9 @@ cmp "$work/one/step_6/rank_0.safetensors" "$work/resumed/step_6/rank_0.safetenso
 echo "resume: step 6 identical byte for byte"
 
 # 2. Layouts (2 ranks).
-for layout in "dp 1 1 0 1e-5" "zero3 1 1 3 1e-5" "tp 2 1 0 1e-5" "pp 1 2 0 0"; do
-  read -r name tp pp zero tol <<<"$layout"
-  { common "$work/$name"; printf '[parallel]\ntp = %s\npp = %s\nzero = %s\n' "$tp" "$pp" "$zero"; } >"$work/$name.toml"
+for layout in "dp 1 1 0 1 1e-5" "zero3 1 1 3 1 1e-5" "tp 2 1 0 1 1e-5" "pp 1 2 0 1 0" "cp 1 1 0 2 1e-5"; do
+  read -r name tp pp zero cp tol <<<"$layout"
+  { common "$work/$name"; printf '[parallel]\ntp = %s\npp = %s\nzero = %s\ncp = %s\n' "$tp" "$pp" "$zero" "$cp"; } >"$work/$name.toml"
   "${mpirun[@]}" 2 "$bin" train --config "$work/$name.toml" >/dev/null
   close "$name 2" "$tol" "$work/one/metrics.jsonl" "$work/$name/metrics.jsonl"
 done
@@ -110,6 +111,9 @@ common "$work/pre" | sed 's/^beta = .*/&\nprecompute_reference = true/' >"$work/
 "$bin" train --config "$work/pre.toml" >/dev/null
 [ -f "$work/pre/reference_logps.safetensors" ] || fail "no stored reference"
 close "precomputed reference" 1e-5 "$work/one/metrics.jsonl" "$work/pre/metrics.jsonl"
+{ common "$work/pre_cp" | sed 's/^beta = .*/&\nprecompute_reference = true/'; printf '[parallel]\ncp = 2\n'; } >"$work/pre_cp.toml"
+"${mpirun[@]}" 2 "$bin" train --config "$work/pre_cp.toml" >/dev/null
+close "precomputed reference, cp 2" 1e-5 "$work/one/metrics.jsonl" "$work/pre_cp/metrics.jsonl"
 common "$work/ipo" | sed 's/^beta = .*/beta = 0.5\nloss = "ipo"/' >"$work/ipo.toml"
 "$bin" train --config "$work/ipo.toml" >/dev/null
 python3 -c "
@@ -184,6 +188,8 @@ common "$work/val_one" | with_val 1e-2 >"$work/val_one.toml"
 "$bin" train --config "$work/val_one.toml" >/dev/null
 common "$work/val_dp" | with_val 1e-2 >"$work/val_dp.toml"
 "${mpirun[@]}" 2 "$bin" train --config "$work/val_dp.toml" >/dev/null
+{ common "$work/val_cp" | with_val 1e-2; printf '[parallel]\ncp = 2\n'; } >"$work/val_cp.toml"
+"${mpirun[@]}" 2 "$bin" train --config "$work/val_cp.toml" >/dev/null
 python3 -c "
 import math, sys
 n = len(sys.argv) // 2
@@ -192,6 +198,13 @@ assert len(a) == len(b) == 2 and a[-1] < math.log(2), (a, b)
 worst = max(abs(x - y) / x for x, y in zip(a, b))
 assert worst < 1e-5, (a, b)
 print(f'val_loss {a[0]:.4f} -> {a[1]:.4f}; dp 2 within {worst:.1e}')" $(val_losses "$work/val_one/metrics.jsonl") $(val_losses "$work/val_dp/metrics.jsonl")
+python3 -c "
+import sys
+n = len(sys.argv) // 2
+a, b = [float(x) for x in sys.argv[1:n + 1]], [float(x) for x in sys.argv[n + 1:]]
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+assert len(a) == len(b) == 2 and worst < 1e-5, (a, b)
+print(f'val_loss at cp 2 within {worst:.1e} of one rank')" $(val_losses "$work/val_one/metrics.jsonl") $(val_losses "$work/val_cp/metrics.jsonl")
 
 # 4. Full fine-tuning.
 full "$work/full" >"$work/full.toml"

@@ -651,11 +651,6 @@ PreferenceSettings read_dpo(const Section& s, const TrainConfig& c) {
                   "config: dpo.precompute_reference = false needs LoRA (lora.rank > 0: the "
                   "reference is the model with its adapters off); full fine-tuning keeps no "
                   "frozen copy of the model, so its reference is precomputed");
-  if (!c.data.preference()) return p;
-  MESHTRAIN_CHECK(c.parallel.cp == 1,
-                  "config: data.format = \"preference-jsonl\" with parallel.cp = {}: a pair's "
-                  "responses cut over context-parallel ranks is not implemented",
-                  c.parallel.cp);
   return p;
 }
 

@@ -120,7 +120,8 @@ PreferenceObjective::PreferenceObjective(const TrainConfig& config, Model& model
       source_(source),
       loader_(loader),
       mesh_(mesh),
-      val_(val) {}
+      val_(val),
+      cp_(loader.context) {}
 
 void PreferenceObjective::start(StepRunner& runner, bool resumed) {
   if (!precomputed_) return;
@@ -181,7 +182,7 @@ void PreferenceObjective::precompute(StepRunner& runner, const SampleSource& sou
       }
       std::vector<int64_t> real = batches[k].samples;
       std::ranges::replace(batches[k].samples, int64_t{-1}, int64_t{0});
-      read_micro_batch(source, batches[k]);
+      read_micro_batch(source, batches[k], cp_);
       batches[k].samples = std::move(real);
     }
     runner.forward_losses(batches, losses);
@@ -193,8 +194,7 @@ void PreferenceObjective::precompute(StepRunner& runner, const SampleSource& sou
       for (int64_t row = 0; row < b.rows; ++row) {
         const int64_t sample = b.samples[static_cast<size_t>(row)];
         if (sample < 0) continue;
-        const int64_t pairs = row_responses(b.targets.data() + row * seq,
-                                            b.positions.data() + row * seq, seq, response_.data());
+        const int64_t pairs = responses_of(source, b, row, response_.data());
         const RowResponses sums =
             sum_responses(response_.data(), losses[k].data() + row * seq, seq, pairs);
         std::span<double> out = table.of(sample);
@@ -230,28 +230,76 @@ TokenLoss PreferenceObjective::token_loss(size_t k) {
   return loss;
 }
 
-std::vector<PairLoss> PreferenceObjective::row_pairs(const MicroBatch& b, int64_t row,
-                                                     const float* policy, const float* reference,
-                                                     ReferenceLogps& table) {
+int64_t PreferenceObjective::responses_of(const SampleSource& source, const MicroBatch& b,
+                                          int64_t row, int32_t* response) const {
   const int64_t seq = b.seq_len;
-  response_.resize(static_cast<size_t>(seq));
-  const int64_t pairs = row_responses(b.targets.data() + row * seq, b.positions.data() + row * seq,
-                                      seq, response_.data());
-  const RowResponses mine = sum_responses(response_.data(), policy, seq, pairs);
-  std::vector<double> ref;
-  if (reference == nullptr) {
-    const std::span<double> stored = table.of(b.samples[static_cast<size_t>(row)]);
-    ref.assign(stored.begin(), stored.end());
-  } else {
-    ref = sum_responses(response_.data(), reference, seq, pairs).logps;
+  if (!cp_.active()) {
+    return row_responses(b.targets.data() + row * seq, b.positions.data() + row * seq, seq,
+                         response);
   }
-  MESHTRAIN_CHECK(ref.size() == mine.logps.size(),
-                  "preference: {} reference log-probabilities for a row of {} responses",
-                  ref.size(), mine.logps.size());
-  std::vector<PairLoss> out;
-  for (size_t c = 0; c < ref.size(); c += 2) {
-    out.push_back(dpo_pair_loss(settings_, {mine.logps[c], mine.logps[c + 1], ref[c], ref[c + 1],
-                                            mine.tokens[c], mine.tokens[c + 1]}));
+  // This rank holds two chunks of the row: the responses come from the whole
+  // row, cut as its tokens were.
+  const int64_t whole = source.seq_len(), sample = b.samples[static_cast<size_t>(row)];
+  std::vector<int32_t> inputs(static_cast<size_t>(whole)), targets(inputs.size()),
+      positions(inputs.size()), all(inputs.size());
+  source.read_sample(sample, inputs.data(), targets.data());
+  source.read_positions(sample, positions.data());
+  const int64_t pairs = row_responses(targets.data(), positions.data(), whole, all.data());
+  cp_.cut(all.data(), response, 1, whole);
+  return pairs;
+}
+
+std::vector<std::vector<PairLoss>> PreferenceObjective::batch_pairs(const SampleSource& source,
+                                                                    const MicroBatch& b,
+                                                                    const float* policy,
+                                                                    const float* reference,
+                                                                    ReferenceLogps& table) {
+  const int64_t seq = b.seq_len;
+  // Per row: the policy's log-probabilities and token counts of its
+  // responses, then the reference's when it comes from token losses.
+  responses_.assign(static_cast<size_t>(b.rows), std::vector<int32_t>(static_cast<size_t>(seq)));
+  std::vector<int64_t> pairs(static_cast<size_t>(b.rows));
+  std::vector<double> sums;
+  for (int64_t row = 0; row < b.rows; ++row) {
+    int32_t* response = responses_[static_cast<size_t>(row)].data();
+    const int64_t n = responses_of(source, b, row, response);
+    pairs[static_cast<size_t>(row)] = n;
+    const RowResponses mine = sum_responses(response, policy + row * seq, seq, n);
+    sums.insert(sums.end(), mine.logps.begin(), mine.logps.end());
+    sums.insert(sums.end(), mine.tokens.begin(), mine.tokens.end());
+    if (reference != nullptr) {
+      const RowResponses ref = sum_responses(response, reference + row * seq, seq, n);
+      sums.insert(sums.end(), ref.logps.begin(), ref.logps.end());
+    }
+  }
+  // Context parallelism: each rank summed its own tokens of every response.
+  if (cp_.active() && !sums.empty()) {
+    mesh_->cp().all_reduce(sums.data(), static_cast<int64_t>(sums.size()), CommDType::f64,
+                           ReduceOp::sum);
+  }
+  std::vector<std::vector<PairLoss>> out(static_cast<size_t>(b.rows));
+  size_t at = 0;
+  for (int64_t row = 0; row < b.rows; ++row) {
+    const auto responses = static_cast<size_t>(2 * pairs[static_cast<size_t>(row)]);
+    const double* logps = sums.data() + at;
+    const double* tokens = logps + responses;
+    at += 2 * responses;
+    const double* ref = nullptr;
+    if (reference != nullptr) {
+      ref = sums.data() + at;
+      at += responses;
+    } else {
+      const std::span<double> stored = table.of(b.samples[static_cast<size_t>(row)]);
+      MESHTRAIN_CHECK(stored.size() == responses,
+                      "preference: {} reference log-probabilities for a row of {} responses",
+                      stored.size(), responses);
+      ref = stored.data();
+    }
+    for (size_t c = 0; c < responses; c += 2) {
+      out[static_cast<size_t>(row)].push_back(dpo_pair_loss(
+          settings_, {logps[c], logps[c + 1], ref[c], ref[c + 1],
+                      static_cast<int64_t>(tokens[c]), static_cast<int64_t>(tokens[c + 1])}));
+    }
   }
   return out;
 }
@@ -259,24 +307,27 @@ std::vector<PairLoss> PreferenceObjective::row_pairs(const MicroBatch& b, int64_
 void PreferenceObjective::weigh(size_t k, const float* policy_losses, float* weights) {
   const MicroBatch& b = batches_[k];
   const int64_t seq = b.seq_len;
+  const std::vector<std::vector<PairLoss>> pairs = batch_pairs(
+      source_, b, policy_losses, precomputed_ ? nullptr : reference_[k].data(), table_);
+  const bool count = cp_.rank == 0;  // every cp rank has every pair: counted once
   for (int64_t row = 0; row < b.rows; ++row) {
-    const std::vector<PairLoss> pairs =
-        row_pairs(b, row, policy_losses + row * seq,
-                  precomputed_ ? nullptr : reference_[k].data() + row * seq, table_);
     // d(pair loss) / d(token loss) of each response: −d(loss)/d(log π).
     std::vector<double> weight;
-    for (const PairLoss& pair : pairs) {
-      loss_ += pair.loss;
-      chosen_ += pair.chosen_reward;
-      rejected_ += pair.rejected_reward;
-      correct_ += pair.chosen_reward > pair.rejected_reward ? 1 : 0;
-      pairs_ += 1;
+    for (const PairLoss& pair : pairs[static_cast<size_t>(row)]) {
+      if (count) {
+        loss_ += pair.loss;
+        chosen_ += pair.chosen_reward;
+        rejected_ += pair.rejected_reward;
+        correct_ += pair.chosen_reward > pair.rejected_reward ? 1 : 0;
+        pairs_ += 1;
+      }
       weight.push_back(-pair.d_policy_chosen);
       weight.push_back(-pair.d_policy_rejected);
     }
+    const std::vector<int32_t>& response = responses_[static_cast<size_t>(row)];
     float* w = weights + row * seq;
     for (int64_t t = 0; t < seq; ++t) {
-      if (response_[t] >= 0) w[t] = static_cast<float>(weight[static_cast<size_t>(response_[t])]);
+      if (response[t] >= 0) w[t] = static_cast<float>(weight[static_cast<size_t>(response[t])]);
     }
   }
 }
@@ -292,20 +343,23 @@ double PreferenceObjective::evaluate(const ValidationSet& val, StepRunner& runne
     runner.forward_losses(batches, reference);
   }
   const bool head = model_.stage_layers().last;
+  const bool count = cp_.rank == 0;  // every cp rank has every pair: counted once
   double loss = 0;
+  std::vector<int32_t> response;
   for (size_t k = 0; k < batches.size(); ++k) {
     const MicroBatch& b = batches[k];
-    const int64_t seq = b.seq_len;
-    for (int64_t row = 0; row < b.rows; ++row) {
-      if (!head) {  // the pairs only: this stage has no token losses
-        response_.resize(static_cast<size_t>(seq));
-        units += row_responses(b.targets.data() + row * seq, b.positions.data() + row * seq, seq,
-                               response_.data());
-        continue;
+    if (!head) {  // the pairs only: this stage has no token losses
+      response.resize(static_cast<size_t>(b.seq_len));
+      for (int64_t row = 0; count && row < b.rows; ++row) {
+        units += responses_of(val.source(), b, row, response.data());
       }
-      for (const PairLoss& pair :
-           row_pairs(b, row, policy[k].data() + row * seq,
-                     precomputed_ ? nullptr : reference[k].data() + row * seq, val_table_)) {
+      continue;
+    }
+    for (const std::vector<PairLoss>& row :
+         batch_pairs(val.source(), b, policy[k].data(),
+                     precomputed_ ? nullptr : reference[k].data(), val_table_)) {
+      for (const PairLoss& pair : row) {
+        if (!count) continue;
         loss += pair.loss;
         ++units;
       }

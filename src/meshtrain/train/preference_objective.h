@@ -87,11 +87,19 @@ class PreferenceObjective final : public StepObjective {
   // Micro-batch k's pairs from the policy's token losses: their losses and
   // rewards summed, and the token weights.
   void weigh(size_t k, const float* policy, float* weights);
-  // Row `row` of `b`: each pair's loss from the policy's token losses of the
-  // row and the reference's (`reference`: its token losses, or null: the
-  // table's); response_ then maps the row's tokens to their responses.
-  std::vector<PairLoss> row_pairs(const MicroBatch& b, int64_t row, const float* policy,
-                                  const float* reference, ReferenceLogps& table);
+  // Row `row` of `b` (read from `source`): each of this rank's tokens'
+  // response (row_responses; under context parallelism those of the whole
+  // row, cut like its tokens); returns the row's pairs.
+  int64_t responses_of(const SampleSource& source, const MicroBatch& b, int64_t row,
+                       int32_t* response) const;
+  // Each row's pairs' losses from the policy's token losses of `b` and the
+  // reference's (`reference`: its token losses, or null: `table`);
+  // responses_ then holds each row's response map. Under context parallelism
+  // a response's sums are all-reduced over the cp group first (collective),
+  // so every cp rank has every pair's loss.
+  std::vector<std::vector<PairLoss>> batch_pairs(const SampleSource& source, const MicroBatch& b,
+                                                 const float* policy, const float* reference,
+                                                 ReferenceLogps& table);
   // `table` from forward passes over `samples` of `source` (collective).
   void precompute(StepRunner& runner, const SampleSource& source,
                   const std::vector<int64_t>& samples, ReferenceLogps& table);
@@ -104,10 +112,12 @@ class PreferenceObjective final : public StepObjective {
   LoaderOptions loader_;
   DeviceMesh* mesh_;
   const ValidationSet* val_;
+  ContextSplit cp_;  // this rank's part of each row (loader.context)
   ReferenceLogps table_, val_table_;
   std::span<const MicroBatch> batches_;  // the step's (prepare to finish)
   std::vector<std::vector<float>> reference_;  // their reference token losses
   std::vector<int32_t> response_;
+  std::vector<std::vector<int32_t>> responses_;  // batch_pairs' rows
   // The step's sums on this rank: pair losses, chosen and rejected rewards,
   // correct pairs, pairs.
   double loss_ = 0, chosen_ = 0, rejected_ = 0, correct_ = 0, pairs_ = 0;
