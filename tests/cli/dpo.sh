@@ -205,6 +205,16 @@ a, b = [float(x) for x in sys.argv[1:n + 1]], [float(x) for x in sys.argv[n + 1:
 worst = max(abs(x - y) / x for x, y in zip(a, b))
 assert len(a) == len(b) == 2 and worst < 1e-5, (a, b)
 print(f'val_loss at cp 2 within {worst:.1e} of one rank')" $(val_losses "$work/val_one/metrics.jsonl") $(val_losses "$work/val_cp/metrics.jsonl")
+python3 - "$work"/{cp,pre_cp,val_cp}/metrics.jsonl <<'PY'
+import json, sys
+for path in sys.argv[1:]:  # rank 0's peaks at the end against the memory plan's prediction
+    end = [r for r in map(json.loads, open(path)) if r.get("memory") == "end"][-1]
+    cats = ("params", "grads", "optimizer", "activations", "workspace")
+    off = {c: (end["bytes"][c + "_peak"], end["predicted"][c]) for c in cats
+           if end["bytes"][c + "_peak"] != end["predicted"][c]}
+    assert not off, (path, off)
+print("cp 2: every memory category as predicted")
+PY
 
 # 4. Full fine-tuning.
 full "$work/full" >"$work/full.toml"
