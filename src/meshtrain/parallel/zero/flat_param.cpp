@@ -52,13 +52,16 @@ ZeroLayout make_zero_layout(const std::vector<ParamSpec>& specs,
     // QLoRA's packed NF4 weights (frozen, in 4-byte words); under expert
     // parallelism the routed experts' after the others of each.
     auto add_flat = [&](DType dtype, bool trainable, bool expert, bool packed) {
-      FlatParam flat;
-      flat.unit = u;
-      flat.dtype = dtype;
-      flat.trainable = trainable;
-      flat.expert = expert;
-      flat.packed = packed;
-      flat.ranks = expert ? expert_dp : dp;
+      FlatParam flat{.unit = u,
+                     .dtype = dtype,
+                     .trainable = trainable,
+                     .expert = expert,
+                     .packed = packed,
+                     .ranks = expert ? expert_dp : dp,
+                     .members = {},
+                     .numel = 0,
+                     .padded = 0,
+                     .shard = 0};
       for (size_t i = unit.first_param; i < unit.end_param; ++i) {
         const ParamSpec& spec = specs[i];
         if (spec.nf4 != packed || (expert_dp > 0 && spec.expert != expert)) continue;
