@@ -65,8 +65,6 @@ prints one JSON line; a run that fails prints {"error": ...} instead of timings.
 """
 import argparse
 import contextlib
-import ctypes
-import gc
 import json
 import os
 import resource
@@ -75,7 +73,7 @@ import tempfile
 import time
 import traceback
 
-from torch_finetune import rss_kib  # bench/, this script's folder
+from torch_finetune import count_params, own_memory, rss_kib  # bench/, this script's folder
 
 
 def read_pairs(path):
@@ -214,19 +212,10 @@ def main():
                 out["reference"] = (f"frozen copy of --model in {next(ref.parameters()).dtype} "
                                     + ("(trl's default: loaded by DPOTrainer)" if ref_model is None
                                        else "(passed as ref_model)"))
-            # transformers maps the safetensors file and leaves unconverted tensors resident in that
-            # mapping: copy every tensor to anonymous memory so the mapping goes (torch_finetune.py).
-            with torch.no_grad():
-                for m in [model] + ([trainer.ref_model] if trainer.ref_model is not None else []):
-                    for t in list(m.parameters()) + list(m.buffers()):
-                        t.data = t.data.clone()
-            gc.collect()
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            own_memory([model] + ([trainer.ref_model] if trainer.ref_model is not None else []),
+                       torch)
             model.train()
-            params = list(model.parameters())
-            trainable = [q for q in params if q.requires_grad]
-            out["params"] = sum(q.numel() for q in params)
-            out["trainable"] = sum(q.numel() for q in trainable)
+            trainable = count_params(model, out)
             if trainer.ref_model is not None:
                 out["ref_params"] = sum(q.numel() for q in trainer.ref_model.parameters())
             fused = {"fused": True} if all(q.dtype in (torch.float32, torch.bfloat16) for q in trainable) else {}

@@ -47,6 +47,32 @@ def rss_kib(field):  # VmRSS / VmHWM of this process, KiB
     return 0
 
 
+def own_memory(models, torch):
+    """Makes the loaded models' memory their own: transformers maps the safetensors file and
+    leaves unconverted tensors (and, QLoRA, the pages the quantiser read) resident in that
+    mapping, so every tensor that is not bitsandbytes' is copied to anonymous memory and the
+    mapping goes (meshtrain's tracker counts its own buffers, not the file it read). Then what
+    loading freed goes back to the system: glibc keeps freed heap (the bf16 weights the
+    quantiser read, in whichever arena a loader thread used) resident, ~0-1.4 GB more or less
+    from run to run on the 500M model otherwise."""
+    with torch.no_grad():
+        for m in models:
+            for t in list(m.parameters()) + list(m.buffers()):
+                if t.__class__.__name__ not in ("Params4bit", "Int8Params"):
+                    t.data = t.data.clone()
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def count_params(model, out):
+    """out["params"] and out["trainable"] of the model; returns its trainable parameters."""
+    params = list(model.parameters())
+    trainable = [q for q in params if q.requires_grad]
+    out["params"] = sum(q.numel() for q in params)
+    out["trainable"] = sum(q.numel() for q in trainable)
+    return trainable
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -96,24 +122,9 @@ def main():
             cfg = LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=0.0, bias="none",
                              target_modules=a.targets.split(","), task_type="CAUSAL_LM")
             model = get_peft_model(model, cfg)
-        # transformers maps the safetensors file and leaves unconverted tensors (and, QLoRA, the
-        # pages the quantiser read) resident in that mapping: copy every tensor that is not
-        # bitsandbytes' to anonymous memory so the mapping goes and the memory counted is the
-        # model's (meshtrain's tracker counts its own buffers, not the file it read).
-        with torch.no_grad():
-            for t in list(model.parameters()) + list(model.buffers()):
-                if t.__class__.__name__ not in ("Params4bit", "Int8Params"):
-                    t.data = t.data.clone()
-        gc.collect()
-        # ... and hand what loading freed back to the system: glibc keeps freed heap (the bf16
-        # weights the quantiser read, in whichever arena a loader thread used) resident, ~0-1.4 GB
-        # more or less from run to run on the 500M model otherwise.
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        own_memory([model], torch)
         model.train()
-        params = list(model.parameters())
-        trainable = [q for q in params if q.requires_grad]
-        out["params"] = sum(q.numel() for q in params)
-        out["trainable"] = sum(q.numel() for q in trainable)
+        trainable = count_params(model, out)
         if a.method == "qlora":
             # bitsandbytes' bytes per quantised weight: packed codes, the 8-bit absmax per block,
             # the nested f32 absmax, code table and offset (its double quantisation).
