@@ -81,14 +81,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   TrainState resumed;
   double load_ms = 0;
   if (!resumed_from_.empty()) resumed = read_resume_state(resumed_from_);
-  // A QLoRA run rebuilds its NF4 base from train.init_from on resume and
-  // export: its checkpoints record the directory's digest (rank 0 reads it).
-  if (config_.model.lora.quantize_base != BaseQuant::none && !t.init_from.empty()) {
-    if (mesh == nullptr || mesh->rank() == 0) base_digest_ = weights_digest(t.init_from);
-    if (mesh != nullptr) mesh->world().broadcast(&base_digest_, 1, CommDType::i64, 0);
-    check_base_digest(t.init_from, base_digest_, resumed.base_digest,
-                      fmt::format("checkpoint '{}'", resumed_from_));
-  }
 
   // Data first: a bad file should fail before anything slow happens.
   train_data_ = open_sample_source(config_, expand_train_files(config_.data), true);
@@ -134,6 +126,15 @@ Trainer::Trainer(const TrainConfig& config, const TrainerOptions& options)
   prepare_out_dir();  // after the layout checks: a bad layout is named first
   checkpointer_ = std::make_unique<Checkpointer>(config_, mesh, *model_, *dp_, tracker_);
   gates_ = make_update_gates(config_, mesh != nullptr ? &mesh->world() : nullptr);
+  // A QLoRA run rebuilds its NF4 base from train.init_from on resume and
+  // export: its checkpoints record the directory's digest (rank 0 reads it;
+  // after the data and layout checks: it reads the whole base).
+  if (config_.model.lora.quantize_base != BaseQuant::none && !t.init_from.empty()) {
+    if (mesh == nullptr || mesh->rank() == 0) base_digest_ = weights_digest(t.init_from);
+    if (mesh != nullptr) mesh->world().broadcast(&base_digest_, 1, CommDType::i64, 0);
+    check_base_digest(t.init_from, base_digest_, resumed.base_digest,
+                      fmt::format("checkpoint '{}'", resumed_from_));
+  }
   auto start_weights = [&] {
     dp_->init_weights(t.seed);
     if (!t.init_from.empty()) checkpointer_->load_weights(t.init_from, *backend_);
