@@ -51,6 +51,11 @@ class Backend {
   virtual void matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
                       DType c_dtype, void* c, float alpha = 1.0f, bool accumulate = false,
                       const float* bias = nullptr) = 0;
+  // The groups' GEMMs of ops::GroupedMatmulDims, with matmul's dtypes, alpha
+  // and accumulate; one call for the lot, so a device can run them at once.
+  virtual void grouped_matmul(const ops::GroupedMatmulDims& dims, DType ab, const void* a,
+                              const void* b, DType c_dtype, void* c, float alpha = 1.0f,
+                              bool accumulate = false) = 0;
   // This device's sustained matmul FLOP/s with input dtype `ab` (MFU denominators).
   virtual double measure_matmul_peak_flops(DType ab, double seconds = 1.0) = 0;
   // This device's sustained bandwidth copying `bytes` to another buffer (bytes

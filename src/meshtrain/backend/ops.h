@@ -30,6 +30,25 @@ struct MatmulDims {
   int64_t lda = 0, ldb = 0, ldc = 0;
 };
 
+// A grouped matmul (an MoE layer's experts; torch._grouped_mm): one GEMM
+// per group g over its `sizes[g]` consecutive rows of the grouped operands
+// (row offsets are the prefix sums of sizes; a group of 0 rows is skipped).
+//  - along m: the groups split M. C[rows_g] = alpha * A[rows_g] · op(B_g)
+//    (+ C[rows_g]), A [rows, k], C [rows, n] (ldc 0: dense, else its row
+//    stride), B_g = B + g * k * n ([n, k] when trans_b, else [k, n]).
+//  - along k: the groups split K. C_g = alpha * A[rows_g]^T · B[rows_g] (+ C_g),
+//    A [rows, m], B [rows, n], C_g = C + g * m * n ([m, n]).
+// `max_rows` bounds sum(sizes): the rows the grouped buffers hold. The
+// workspace depends on it, not on the sizes, so it is fixed for a buffer.
+struct GroupedMatmulDims {
+  std::vector<int32_t> sizes = {};  // host memory
+  bool along_k = false;
+  int64_t m = 0, n = 0, k = 0;  // the one the groups split is ignored
+  bool trans_b = false;          // along m only
+  int64_t ldc = 0;               // along m only
+  int64_t max_rows = 0;
+};
+
 // The workspace one matmul takes beyond its operands (bytes): the library's
 // scratchpad and, where a dtype is staged through f32, the staging copies.
 struct MatmulWorkspace {

@@ -139,6 +139,44 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
                                  DType::f32, dw.raw(), 1.0f, true);
                      }});
   }
+  // An MoE layer's experts as grouped GEMMs: 16 experts of width `hidden`,
+  // top 2 of the step's rows, loads from 0.5x to 1.5x the mean (fwd gate|up,
+  // dgrad, and the wgrad split along k), against one GEMM of all the rows.
+  {
+    const int64_t E = 16, slots = 2 * rows, f = s.hidden;
+    std::vector<int32_t> sizes(static_cast<size_t>(E));
+    int64_t given = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const double share = (0.5 + static_cast<double>(e) / static_cast<double>(E - 1)) / E;
+      sizes[static_cast<size_t>(e)] = static_cast<int32_t>(share * static_cast<double>(slots));
+      given += sizes[static_cast<size_t>(e)];
+    }
+    sizes.back() += static_cast<int32_t>(slots - given);
+    const Tensor& x = t({slots, d}, dt);
+    const Tensor& w = t({E, 2 * f, d}, dt);
+    const Tensor& y = t({slots, 2 * f}, DType::f32);
+    const Tensor& dy = t({slots, 2 * f}, dt);
+    const Tensor& dx = t({slots, d}, DType::f32);
+    const Tensor& dw = t({E, 2 * f, d}, DType::f32);
+    const double flops = 2.0 * static_cast<double>(slots * 2 * f * d);
+    const std::string shape = fmt::format("{} experts [{}x{}]x[{}x{}]^T {}", E, slots, d, 2 * f, d, name);
+    const ops::GroupedMatmulDims fwd{.sizes = sizes, .n = 2 * f, .k = d, .trans_b = true, .max_rows = slots};
+    const ops::GroupedMatmulDims dgrad{.sizes = sizes, .n = d, .k = 2 * f, .max_rows = slots};
+    const ops::GroupedMatmulDims wgrad{.sizes = sizes, .along_k = true, .m = 2 * f, .n = d,
+                                       .max_rows = slots};
+    cases.push_back({"grouped_matmul", shape + " fwd", flops, 0, dt, [&be, &x, &w, &y, fwd, dt] {
+                       be.grouped_matmul(fwd, dt, x.raw(), w.raw(), DType::f32, y.raw());
+                     }});
+    cases.push_back({"grouped_matmul", shape + " dgrad", flops, 0, dt,
+                     [&be, &dy, &w, &dx, dgrad, dt] {
+                       be.grouped_matmul(dgrad, dt, dy.raw(), w.raw(), DType::f32, dx.raw());
+                     }});
+    cases.push_back({"grouped_matmul", shape + " wgrad", flops, 0, dt,
+                     [&be, &dy, &x, &dw, wgrad, dt] {
+                       be.grouped_matmul(wgrad, dt, dy.raw(), x.raw(), DType::f32, dw.raw(), 1.0f,
+                                         true);
+                     }});
+  }
   // Attention: causal, half of the T x T scores.
   {
     const Tensor& in = t({rows, qkv}, DType::f32);

@@ -130,6 +130,32 @@ void matmul(const MatmulDims& dims, std::span<const double> a, std::span<const d
   }
 }
 
+void grouped_matmul(const GroupedMatmulDims& dims, const Vec& a, const Vec& b, Vec& c, double alpha,
+                    bool accumulate) {
+  const std::span<const double> as(a), bs(b);
+  const int64_t ldc = dims.ldc > 0 ? dims.ldc : dims.n;
+  int64_t first = 0;
+  for (size_t g = 0; g < dims.sizes.size(); ++g) {
+    const int64_t rows = dims.sizes[g];
+    const auto gi = static_cast<int64_t>(g);
+    // The group's C, gathered, computed and put back.
+    const int64_t c0 = dims.along_k ? gi * dims.m * dims.n : first * ldc;
+    const int64_t c_len = dims.along_k ? dims.m * dims.n : rows * ldc;
+    Vec cg(c.begin() + c0, c.begin() + c0 + c_len);
+    if (dims.along_k) {
+      matmul({.m = dims.m, .n = dims.n, .k = rows, .trans_a = true},
+             as.subspan(static_cast<size_t>(first * dims.m)),
+             bs.subspan(static_cast<size_t>(first * dims.n)), cg, alpha, accumulate, nullptr);
+    } else {
+      matmul({.m = rows, .n = dims.n, .k = dims.k, .trans_b = dims.trans_b, .ldc = ldc},
+             as.subspan(static_cast<size_t>(first * dims.k)),
+             bs.subspan(static_cast<size_t>(gi * dims.k * dims.n)), cg, alpha, accumulate, nullptr);
+    }
+    std::copy(cg.begin(), cg.end(), c.begin() + c0);
+    first += rows;
+  }
+}
+
 void rmsnorm_forward(const Vec& x, const Vec& w, Vec& y, Vec& rstd, int64_t rows, int64_t dim,
                      double eps) {
   for (int64_t r = 0; r < rows; ++r) {

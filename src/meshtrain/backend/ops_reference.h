@@ -21,6 +21,11 @@ using Vec = std::vector<double>;
 void matmul(const MatmulDims& dims, std::span<const double> a, std::span<const double> b, Vec& c,
             double alpha, bool accumulate, const double* bias);
 
+// Backend::grouped_matmul: ops::GroupedMatmulDims' GEMM per group, one by
+// one; c holds the whole output.
+void grouped_matmul(const GroupedMatmulDims& dims, const Vec& a, const Vec& b, Vec& c, double alpha,
+                    bool accumulate);
+
 void rmsnorm_forward(const Vec& x, const Vec& w, Vec& y, Vec& rstd, int64_t rows, int64_t dim,
                      double eps);
 void rmsnorm_backward(const Vec& x, const Vec& w, const Vec& dy, Vec& dx, Vec& dw, int64_t rows,

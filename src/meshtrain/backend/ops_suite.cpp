@@ -307,6 +307,72 @@ void add_matmul_cases(std::vector<OpCase>& cases, Random& rng) {
   }
 }
 
+// Groups of rows with empty ones among them, split along m (B per group,
+// [n, k] or [k, n], C dense or strided) and along k (C per group, accumulated).
+void add_grouped_matmul_cases(std::vector<OpCase>& cases, Random& rng) {
+  struct Shape {
+    std::vector<int32_t> sizes;
+    bool along_k, trans_b;
+    int64_t m, n, k, ldc, spare;  // spare: max_rows beyond the groups' rows
+    bool acc;
+    float alpha;
+  };
+  const Shape shapes[] = {
+      {{3, 0, 5, 1}, false, true, 0, 6, 7, 0, 2, false, 1},
+      {{17, 9, 0, 33}, false, false, 0, 13, 20, 16, 0, false, 1},
+      {{64, 1, 30}, false, true, 0, 65, 48, 0, 0, false, 1},
+      {{4, 0, 11, 6}, true, false, 5, 9, 0, 0, 3, true, 0.5f},
+      {{40, 23, 0, 8, 1}, true, false, 33, 17, 0, 0, 0, true, 1},
+      {{0, 0}, false, true, 0, 4, 4, 0, 1, false, 1},
+  };
+  for (const Shape& s : shapes) {
+    int64_t rows = 0;
+    for (const int32_t r : s.sizes) rows += r;
+    const auto groups = static_cast<int64_t>(s.sizes.size());
+    for (DType ab : {DType::f32, DType::bf16, DType::f16}) {
+      std::vector<DType> outputs{DType::f32};
+      if (ab != DType::f32 && !s.acc) outputs.push_back(ab);
+      for (DType c : outputs) {
+        const ops::GroupedMatmulDims d{.sizes = s.sizes, .along_k = s.along_k, .m = s.m, .n = s.n,
+                                       .k = s.k, .trans_b = s.trans_b, .ldc = s.ldc,
+                                       .max_rows = rows + s.spare};
+        const int64_t ldc = s.ldc > 0 ? s.ldc : s.n;
+        const int64_t a_len = rows * (s.along_k ? s.m : s.k);
+        const int64_t b_len = s.along_k ? rows * s.n : groups * s.k * s.n;
+        const int64_t c_len = s.along_k ? groups * s.m * s.n : rows * ldc;
+        const Vec a = rounded(rng.uniform(a_len), ab), b = rounded(rng.uniform(b_len), ab);
+        const Vec c0 = rounded(rng.uniform(c_len), c);
+        std::string sizes;
+        for (const int32_t r : s.sizes) sizes += fmt::format("{}{}", sizes.empty() ? "" : ",", r);
+        std::string params = fmt::format(
+            "sizes={} {} max_rows={}{} ab={} c={}", sizes,
+            s.along_k ? fmt::format("along_k m={} n={}", s.m, s.n)
+                      : fmt::format("along_m n={} k={}", s.n, s.k),
+            d.max_rows, s.trans_b ? " trans_b" : "", dtype_name(ab), dtype_name(c));
+        if (s.ldc > 0) params += fmt::format(" ldc={}", s.ldc);
+        if (s.acc) params += fmt::format(" acc alpha={}", s.alpha);
+        cases.push_back(OpCase{
+            "grouped_matmul", params, max_nmse(c == DType::f32 ? ab : c),
+            [=](Probe& p) {
+              auto A = p.upload("a", ab, a), B = p.upload("b", ab, b), C = p.upload("c", c, c0);
+              p.backend().grouped_matmul(d, ab, A.data(), B.data(), c, C.data(), s.alpha, s.acc);
+              return Outputs{{"c", p.download(C)}};
+            },
+            [=] {
+              Vec out = c0;
+              ref::grouped_matmul(d, a, b, out, s.alpha, s.acc);
+              if (s.ldc > 0) {  // the gaps between C's rows stay as they were
+                for (int64_t i = 0; i < c_len; ++i) {
+                  if (i % s.ldc >= s.n) out[static_cast<size_t>(i)] = c0[static_cast<size_t>(i)];
+                }
+              }
+              return Outputs{{"c", out}};
+            }});
+      }
+    }
+  }
+}
+
 void add_norm_cases(std::vector<OpCase>& cases, Random& rng) {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {5, 7}, {33, 64}, {3, 4099}};
   const double eps = 1e-5;
@@ -1561,6 +1627,7 @@ std::vector<OpCase> all_cases(uint32_t seed) {
   Random rng(seed);
   std::vector<OpCase> cases;
   add_matmul_cases(cases, rng);
+  add_grouped_matmul_cases(cases, rng);
   add_norm_cases(cases, rng);
   add_group_norm_cases(cases, rng);
   add_elementwise_cases(cases, rng);

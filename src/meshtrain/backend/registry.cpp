@@ -21,6 +21,7 @@ const BackendKind kKinds[] = {
         },
         .threads = cpu::context_threads,
         .matmul_workspace = cpu::matmul_workspace,
+        .grouped_matmul_workspace = cpu::grouped_matmul_workspace,
         .attention_workspace_bytes = cpu::attention_workspace_bytes,
         .context_attention_workspace_bytes = cpu::context_attention_workspace_bytes,
         .ring_attention_workspace_bytes = cpu::ring_attention_workspace_bytes,

@@ -23,6 +23,9 @@ struct BackendKind {
   ops::MatmulWorkspace (*matmul_workspace)(const ops::MatmulDims& dims, DType ab, DType c_dtype,
                                            int threads, float alpha, bool accumulate,
                                            bool bias) = nullptr;
+  // The workspace one grouped_matmul takes with `threads` threads.
+  size_t (*grouped_matmul_workspace)(const ops::GroupedMatmulDims& dims, DType ab, DType c_dtype,
+                                     int threads, float alpha, bool accumulate) = nullptr;
   // attention_forward's (backward = false) or attention_backward's workspace.
   size_t (*attention_workspace_bytes)(const ops::AttentionDims& dims, DType compute,
                                       bool recompute_probs, bool backward, int threads) = nullptr;

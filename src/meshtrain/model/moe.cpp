@@ -1,7 +1,7 @@
 // A mixture-of-experts feed-forward (config.h MoeConfig), on one rank:
 // route (f32 router GEMM, ops router), dispatch (sort by expert, permute),
-// one GEMM per expert over its contiguous rows (oneDNN has no grouped GEMM
-// on CPU), combine with the routing weights; shared experts added, gated or
+// the experts as grouped GEMMs over their contiguous rows (grouped_matmul),
+// combine with the routing weights; shared experts added, gated or
 // not. The backward runs the same steps in reverse and adds the auxiliary
 // losses' gradients at the router (they never travel as activations).
 #include <fmt/format.h>
@@ -17,25 +17,6 @@
 namespace meshtrain {
 
 namespace {
-
-// Element `offset` of a buffer of `dt` values.
-const void* at(const void* p, DType dt, int64_t offset) {
-  return static_cast<const char*>(p) + offset * static_cast<int64_t>(dtype_size(dt));
-}
-void* at(void* p, DType dt, int64_t offset) {
-  return static_cast<char*>(p) + offset * static_cast<int64_t>(dtype_size(dt));
-}
-
-// fn(e, first, rows) for every expert with rows: its rows [first, first +
-// rows) of the permuted order (experts in order, contiguous).
-template <typename Fn>
-void for_each_expert(const std::vector<int32_t>& rows, Fn&& fn) {
-  int64_t first = 0;
-  for (size_t e = 0; e < rows.size(); ++e) {
-    if (rows[e] > 0) fn(static_cast<int64_t>(e), first, static_cast<int64_t>(rows[e]));
-    first += rows[e];
-  }
-}
 
 // The rows this rank's experts compute: their kept slots (of every rank of
 // the ep group under expert parallelism).
@@ -135,7 +116,7 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   }
 
   dispatch.end();
-  // The experts: gate|up, SwiGLU, down, one GEMM per (local) expert and projection.
+  // The experts: gate|up, SwiGLU, down, a grouped GEMM over the (local) experts per projection.
   trace::Span experts("moe", "experts", layer);
   ensure(s.pre, {R, 2 * I}, DType::f32, cat);
   ensure(s.y, {S, d}, DType::f32, cat);
@@ -146,19 +127,16 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
   }
   const void* w_in = weight(b.moe.experts_in, dt);
   const void* w_out = weight(b.moe.experts_out, dt);
-  for_each_expert(s.exchange.expert_rows, [&](int64_t e, int64_t first, int64_t c) {
-    backend.matmul({.m = c, .n = 2 * I, .k = d, .trans_b = true}, dt, at(xe, dt, first * d),
-                   at(w_in, dt, e * 2 * I * d), DType::f32, s.pre.data<float>() + first * 2 * I);
-  });
+  const std::vector<int32_t>& sizes = s.exchange.expert_rows;
+  backend.grouped_matmul({.sizes = sizes, .n = 2 * I, .k = d, .trans_b = true, .max_rows = R}, dt,
+                         xe, w_in, DType::f32, s.pre.raw());
   // The activation over the kept rows only (they come first; dropped ones
   // follow); at ep 1 act keeps all S rows, so its size does not depend on the routing.
   const int64_t kept = kept_rows(s);
   ensure(s.act, {R, I}, dt, cat);
   backend.swiglu_forward(s.pre.data<float>(), dt, s.act.raw(), kept, I);
-  for_each_expert(s.exchange.expert_rows, [&](int64_t e, int64_t first, int64_t c) {
-    backend.matmul({.m = c, .n = d, .k = I, .trans_b = true}, dt, at(s.act.raw(), dt, first * I),
-                   at(w_out, dt, e * d * I), DType::f32, ye + first * d);
-  });
+  backend.grouped_matmul({.sizes = sizes, .n = d, .k = I, .trans_b = true, .max_rows = R}, dt,
+                         s.act.raw(), w_out, DType::f32, ye);
 
   experts.end();
   // Combine: the outputs back to their tokens' ranks, out = mid + sum_j w_j y_j.
@@ -344,7 +322,7 @@ const float* Model::Impl::moe_backward(int64_t layer, const Block& b, BlockActs&
   }
 
   combine.end();
-  // The experts, down then gate|up, one GEMM per expert for each of d(W) and
+  // The experts, down then gate|up, a grouped GEMM over the experts for each of d(W) and
   // d(input). Expert gradients sum the whole ep group's tokens: scaled by
   // 1 / ep (expert_parallel.h), so their average over the expert-data-parallel
   // group is the dp average.
@@ -356,23 +334,18 @@ const float* Model::Impl::moe_backward(int64_t layer, const Block& b, BlockActs&
   const void* w_out = weight(b.moe.experts_out, dt);
   float* g_in = grad(b.moe.experts_in);
   float* g_out = grad(b.moe.experts_out);
-  for_each_expert(s.exchange.expert_rows, [&](int64_t e, int64_t first, int64_t c) {
-    const void* dye = at(d_ye, dt, first * d);
-    backend.matmul({.m = d, .n = I, .k = c, .trans_a = true}, dt, dye,
-                   at(s.act.raw(), dt, first * I), DType::f32, g_out + e * d * I, g_scale, true);
-    backend.matmul({.m = c, .n = I, .k = d}, dt, dye, at(w_out, dt, e * d * I), DType::f32,
-                   ws.moe_d_act.data<float>() + first * I);
-  });
+  const std::vector<int32_t>& sizes = s.exchange.expert_rows;
+  backend.grouped_matmul({.sizes = sizes, .along_k = true, .m = d, .n = I, .max_rows = R}, dt, d_ye,
+                         s.act.raw(), DType::f32, g_out, g_scale, true);
+  backend.grouped_matmul({.sizes = sizes, .n = I, .k = d, .max_rows = R}, dt, d_ye, w_out,
+                         DType::f32, ws.moe_d_act.raw());
   ready(b.moe.experts_out);
   backend.swiglu_backward(s.pre.data<float>(), ws.moe_d_act.data<float>(), dt, ws.moe_d_pre.raw(),
                           kept_rows(s), I);
-  for_each_expert(s.exchange.expert_rows, [&](int64_t e, int64_t first, int64_t c) {
-    const void* dpe = at(ws.moe_d_pre.raw(), dt, first * 2 * I);
-    backend.matmul({.m = 2 * I, .n = d, .k = c, .trans_a = true}, dt, dpe, at(xe, dt, first * d),
-                   DType::f32, g_in + e * 2 * I * d, g_scale, true);
-    backend.matmul({.m = c, .n = d, .k = 2 * I}, dt, dpe, at(w_in, dt, e * 2 * I * d),
-                   DType::f32, d_xe + first * d);
-  });
+  backend.grouped_matmul({.sizes = sizes, .along_k = true, .m = 2 * I, .n = d, .max_rows = R}, dt,
+                         ws.moe_d_pre.raw(), xe, DType::f32, g_in, g_scale, true);
+  backend.grouped_matmul({.sizes = sizes, .n = d, .k = 2 * I, .max_rows = R}, dt,
+                         ws.moe_d_pre.raw(), w_in, DType::f32, d_xe);
   ready(b.moe.experts_in);
   experts.end();
   if (ep.active()) {

@@ -477,6 +477,29 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
   return static_cast<double>(onednn + staging + attention + classifier);
 }
 
+// The backend's grouped-GEMM slot (Scratch::grouped): the routed experts'
+// six grouped GEMMs (model/moe.cpp), each sized by the expert side's rows R.
+double grouped_slot_bytes(const TrainConfig& config, const LocalShape& s) {
+  const DType dt = compute_dtype(config.train.precision);
+  const BackendKind& kind = backend_kind(config.train.device);
+  const int threads = run_threads(config);
+  const auto d = static_cast<int64_t>(s.d), I = static_cast<int64_t>(s.moe_f),
+             R = static_cast<int64_t>(s.expert_rows);
+  const float g_scale = 1.0f / static_cast<float>(config.parallel.ep);
+  size_t bytes = 0;
+  auto grouped = [&](const ops::GroupedMatmulDims& dims, float alpha = 1.0f, bool accumulate = false) {
+    bytes = std::max(bytes, kind.grouped_matmul_workspace(dims, dt, DType::f32, threads, alpha,
+                                                          accumulate));
+  };
+  grouped({.n = 2 * I, .k = d, .trans_b = true, .max_rows = R});
+  grouped({.n = d, .k = I, .trans_b = true, .max_rows = R});
+  grouped({.along_k = true, .m = d, .n = I, .max_rows = R}, g_scale, true);
+  grouped({.n = I, .k = d, .max_rows = R});
+  grouped({.along_k = true, .m = 2 * I, .n = d, .max_rows = R}, g_scale, true);
+  grouped({.n = d, .k = 2 * I, .max_rows = R});
+  return static_cast<double>(bytes);
+}
+
 // Evaluation without a pipeline (Model::forward_loss): its activations keep
 // nothing for a backward, so they are workspace while one micro-batch runs:
 // two residuals, one block's tensors (the attention kernel's saved q, k, v
@@ -903,7 +926,8 @@ RankMemory predict_rank_memory(const TrainConfig& config, const MeshLayout& mesh
   const BlockKinds kinds = block_kinds(model.moe, stage, model.n_layers);
   out.peak[idx(MemCategory::workspace)] =
       workspace_bytes(config, s, gemms, held, kinds) + id_bytes(config, s, stage) +
-      scratch_slot_bytes(config, s, stage, gemms, output, coord.tp, coord.cp);
+      scratch_slot_bytes(config, s, stage, gemms, output, coord.tp, coord.cp) +
+      (kinds.moe ? grouped_slot_bytes(config, s) : 0);
   // On top of those: evaluation's forward and a checkpoint's buffers
   // (ckpt/distributed.h: a sync save's file buffer, or an async save's staging
   // copy of what this rank writes). The trainer evaluates, then saves, at the

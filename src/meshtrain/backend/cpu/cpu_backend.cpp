@@ -53,6 +53,12 @@ void CpuBackend::matmul(const ops::MatmulDims& dims, DType ab, const void* a, co
   cpu::matmul(ctx_, dims, ab, a, b, c_dtype, c, alpha, accumulate, bias);
 }
 
+void CpuBackend::grouped_matmul(const ops::GroupedMatmulDims& dims, DType ab, const void* a,
+                                const void* b, DType c_dtype, void* c, float alpha,
+                                bool accumulate) {
+  cpu::grouped_matmul(ctx_, dims, ab, a, b, c_dtype, c, alpha, accumulate);
+}
+
 double CpuBackend::measure_matmul_peak_flops(DType ab, double seconds) {
   return cpu::measure_matmul_peak_flops(ctx_, ab, seconds);
 }

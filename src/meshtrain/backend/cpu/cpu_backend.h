@@ -25,6 +25,8 @@ class CpuBackend final : public Backend {
 
   void matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b, DType c_dtype,
               void* c, float alpha, bool accumulate, const float* bias) override;
+  void grouped_matmul(const ops::GroupedMatmulDims& dims, DType ab, const void* a, const void* b,
+                      DType c_dtype, void* c, float alpha, bool accumulate) override;
   double measure_matmul_peak_flops(DType ab, double seconds) override;
   double measure_copy_bandwidth(size_t bytes, double seconds) override;
 

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -338,6 +339,122 @@ size_t thread_matmul_scratchpad_bytes(const MatmulDims& dims, DType ab, DType c_
 
 size_t thread_pad_bytes(const F16Staging& staging, size_t onednn_bytes) {
   return staging.bytes() + round64(onednn_bytes);
+}
+
+namespace {
+
+// One group's GEMM of a grouped matmul: `rows` of its dimension split by the groups.
+MatmulDims group_dims(const GroupedMatmulDims& dims, int64_t rows) {
+  if (dims.along_k) return {.m = dims.m, .n = dims.n, .k = rows, .trans_a = true};
+  return {.m = rows, .n = dims.n, .k = dims.k, .trans_b = dims.trans_b, .ldc = dims.ldc};
+}
+
+void check_grouped(const GroupedMatmulDims& dims, DType c_dtype) {
+  int64_t rows = 0;
+  for (const int32_t r : dims.sizes) {
+    MESHTRAIN_CHECK(r >= 0, "grouped_matmul: a group of {} rows", r);
+    rows += r;
+  }
+  MESHTRAIN_CHECK(rows <= dims.max_rows, "grouped_matmul: {} rows over max_rows {}", rows,
+                  dims.max_rows);
+  MESHTRAIN_CHECK(!dims.along_k || (!dims.trans_b && dims.ldc == 0 && c_dtype == DType::f32),
+                  "grouped_matmul: along k takes neither trans_b nor ldc, and an f32 C");
+}
+
+// A group's rows as at most two GEMMs: the multiple of kGroupBlock rows, then
+// the rest. The primitives (one per row count, created on first use) are then
+// at most max_rows / kGroupBlock + kGroupBlock - 1 per shape, not one per
+// count a routing gives. Along k the tail adds to what the bulk wrote.
+constexpr int64_t kGroupBlock = 32;
+struct GroupPiece {
+  int64_t offset, rows;
+  bool accumulate;
+};
+struct GroupPieces {
+  std::array<GroupPiece, 2> piece{};
+  size_t count = 0;
+  const GroupPiece* begin() const { return piece.data(); }
+  const GroupPiece* end() const { return piece.data() + count; }
+};
+GroupPieces group_pieces(int64_t rows, bool along_k, bool accumulate) {
+  const int64_t bulk = rows / kGroupBlock * kGroupBlock;
+  GroupPieces p;
+  if (bulk > 0) p.piece[p.count++] = {0, bulk, accumulate};
+  if (rows > bulk) p.piece[p.count++] = {bulk, rows - bulk, accumulate || (along_k && bulk > 0)};
+  return p;
+}
+
+}  // namespace
+
+void grouped_matmul(CpuContext& ctx, const GroupedMatmulDims& dims, DType ab, const void* a,
+                    const void* b, DType c_dtype, void* c, float alpha, bool accumulate) {
+  check_grouped(dims, c_dtype);
+  if (dims.n == 0 || (dims.along_k && dims.m == 0)) return;
+  const auto ea = static_cast<int64_t>(dtype_size(ab)), ec = static_cast<int64_t>(dtype_size(c_dtype));
+  struct Group {
+    int64_t index, first, rows;
+    size_t gemm;  // its pieces' GEMMs: gemms[gemm], and gemms[gemm + 1] when it has a tail
+  };
+  std::vector<Group> groups;
+  int64_t first = 0;
+  for (size_t g = 0; g < dims.sizes.size(); ++g) {
+    if (dims.sizes[g] > 0) groups.push_back({static_cast<int64_t>(g), first, dims.sizes[g], 0});
+    first += dims.sizes[g];
+  }
+  if (groups.empty()) return;
+  // Largest first, so the last groups taken fill the threads' gaps.
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const Group& x, const Group& y) { return x.rows > y.rows; });
+  std::vector<ThreadMatmul> gemms;
+  gemms.reserve(2 * groups.size());
+  size_t pad = 0;
+  for (Group& g : groups) {
+    g.gemm = gemms.size();
+    for (const GroupPiece& piece : group_pieces(g.rows, dims.along_k, accumulate)) {
+      gemms.emplace_back(ctx, group_dims(dims, piece.rows), ab, c_dtype, alpha, piece.accumulate);
+      pad = std::max(pad, gemms.back().scratchpad_bytes());
+    }
+  }
+  const int threads = omp_get_max_threads();
+  pad = std::max(pad, grouped_matmul_workspace(dims, ab, c_dtype, threads, alpha, accumulate) /
+                          static_cast<size_t>(threads));
+  char* pads = static_cast<char*>(
+      ctx.impl().scratch(Scratch::grouped, pad * static_cast<size_t>(threads)));
+  const auto* a8 = static_cast<const char*>(a);
+  const auto* b8 = static_cast<const char*>(b);
+  auto* c8 = static_cast<char*>(c);
+  const int64_t ldc = dims.ldc > 0 ? dims.ldc : dims.n;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Group& g = groups[i];
+    const int t = omp_get_thread_num();
+    size_t gemm = g.gemm;
+    for (const GroupPiece& piece : group_pieces(g.rows, dims.along_k, accumulate)) {
+      const int64_t row = g.first + piece.offset;
+      const void* pa = a8 + row * (dims.along_k ? dims.m : dims.k) * ea;
+      const void* pb = dims.along_k ? b8 + row * dims.n * ea : b8 + g.index * dims.k * dims.n * ea;
+      void* pc = dims.along_k ? c8 + g.index * dims.m * dims.n * ec : c8 + row * ldc * ec;
+      gemms[gemm++].run(t, pa, pb, pc, pads + static_cast<size_t>(t) * pad);
+    }
+  }
+}
+
+size_t grouped_matmul_workspace(const GroupedMatmulDims& dims, DType ab, DType c_dtype, int threads,
+                                float alpha, bool accumulate) {
+  if (dims.max_rows == 0 || dims.n == 0 || (dims.along_k && dims.m == 0)) return 0;
+  // The largest bulk and the largest tail a group of at most max_rows rows has.
+  size_t pad = 0;
+  auto add = [&](int64_t rows, bool acc) {
+    if (rows > 0) {
+      pad = std::max(pad, thread_matmul_scratchpad_bytes(group_dims(dims, rows), ab, c_dtype,
+                                                         threads, alpha, acc));
+    }
+  };
+  add(dims.max_rows / kGroupBlock * kGroupBlock, accumulate);
+  for (const bool acc : {accumulate, dims.along_k || accumulate}) {
+    add(std::min(kGroupBlock - 1, dims.max_rows), acc);
+  }
+  return static_cast<size_t>(threads) * pad;
 }
 
 namespace {

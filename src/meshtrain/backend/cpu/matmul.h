@@ -30,6 +30,19 @@ using ops::MatmulWorkspace;
 MatmulWorkspace matmul_workspace(const MatmulDims& dims, DType ab, DType c_dtype, int threads,
                                  float alpha = 1.0f, bool accumulate = false, bool bias = false);
 
+// Backend::grouped_matmul: the groups' GEMMs spread over the OpenMP threads,
+// each run single-threaded (ThreadMatmul), largest first; one thread or one
+// group: matmul() per group. Small-m GEMMs keep more of the peak this way
+// than each one split over the threads (docs/benchmarks.md, grouped GEMM).
+using ops::GroupedMatmulDims;
+void grouped_matmul(CpuContext& ctx, const GroupedMatmulDims& dims, DType ab, const void* a,
+                    const void* b, DType c_dtype, void* c, float alpha = 1.0f,
+                    bool accumulate = false);
+// Its workspace with `threads` threads: per thread, the largest ThreadMatmul
+// scratchpad of a group of dims.max_rows rows (the context's `grouped` slot).
+size_t grouped_matmul_workspace(const GroupedMatmulDims& dims, DType ab, DType c_dtype, int threads,
+                                float alpha = 1.0f, bool accumulate = false);
+
 // Measures this process's sustained matmul FLOP/s with the given input dtype
 // (square-ish GEMMs of the sizes a transformer uses), for MFU denominators:
 // rounds of seconds / 2 until two in a row agree within 3% (at most 4).

@@ -59,6 +59,7 @@ enum class Scratch : uint8_t {
   dlogits,
   dw_t,  // the fused classifier's d(W)^T
   f16_staging,  // f32 copies of an f16 GEMM's operands and result (matmul.cpp)
+  grouped,  // grouped_matmul's per-thread scratchpads
   count
 };
 
