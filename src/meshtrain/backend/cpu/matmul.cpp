@@ -384,6 +384,21 @@ GroupPieces group_pieces(int64_t rows, bool along_k, bool accumulate) {
   return p;
 }
 
+// The largest per-thread scratchpad a group of at most max_rows rows takes:
+// its largest bulk and its largest tail, pad_of(rows, accumulate) each.
+template <typename PadOf>
+size_t largest_group_pad(const GroupedMatmulDims& dims, bool accumulate, PadOf pad_of) {
+  size_t pad = 0;
+  const int64_t bulk = dims.max_rows / kGroupBlock * kGroupBlock;
+  if (bulk > 0) pad = std::max(pad, pad_of(bulk, accumulate));
+  if (dims.max_rows > 0) {
+    for (const bool acc : {accumulate, dims.along_k || accumulate}) {
+      pad = std::max(pad, pad_of(std::min(kGroupBlock - 1, dims.max_rows), acc));
+    }
+  }
+  return pad;
+}
+
 }  // namespace
 
 void grouped_matmul(CpuContext& ctx, const GroupedMatmulDims& dims, DType ab, const void* a,
@@ -415,9 +430,12 @@ void grouped_matmul(CpuContext& ctx, const GroupedMatmulDims& dims, DType ab, co
       pad = std::max(pad, gemms.back().scratchpad_bytes());
     }
   }
+  // The slot is sized for the buffer's rows, whatever this routing gave (the memory plan's size).
+  pad = std::max(pad, largest_group_pad(dims, accumulate, [&](int64_t rows, bool acc) {
+                   return ThreadMatmul(ctx, group_dims(dims, rows), ab, c_dtype, alpha, acc)
+                       .scratchpad_bytes();
+                 }));
   const int threads = omp_get_max_threads();
-  pad = std::max(pad, grouped_matmul_workspace(dims, ab, c_dtype, threads, alpha, accumulate) /
-                          static_cast<size_t>(threads));
   char* pads = static_cast<char*>(
       ctx.impl().scratch(Scratch::grouped, pad * static_cast<size_t>(threads)));
   const auto* a8 = static_cast<const char*>(a);
@@ -442,19 +460,11 @@ void grouped_matmul(CpuContext& ctx, const GroupedMatmulDims& dims, DType ab, co
 size_t grouped_matmul_workspace(const GroupedMatmulDims& dims, DType ab, DType c_dtype, int threads,
                                 float alpha, bool accumulate) {
   if (dims.max_rows == 0 || dims.n == 0 || (dims.along_k && dims.m == 0)) return 0;
-  // The largest bulk and the largest tail a group of at most max_rows rows has.
-  size_t pad = 0;
-  auto add = [&](int64_t rows, bool acc) {
-    if (rows > 0) {
-      pad = std::max(pad, thread_matmul_scratchpad_bytes(group_dims(dims, rows), ab, c_dtype,
-                                                         threads, alpha, acc));
-    }
-  };
-  add(dims.max_rows / kGroupBlock * kGroupBlock, accumulate);
-  for (const bool acc : {accumulate, dims.along_k || accumulate}) {
-    add(std::min(kGroupBlock - 1, dims.max_rows), acc);
-  }
-  return static_cast<size_t>(threads) * pad;
+  return static_cast<size_t>(threads) *
+         largest_group_pad(dims, accumulate, [&](int64_t rows, bool acc) {
+           return thread_matmul_scratchpad_bytes(group_dims(dims, rows), ab, c_dtype, threads,
+                                                 alpha, acc);
+         });
 }
 
 namespace {
