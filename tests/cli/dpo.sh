@@ -128,12 +128,13 @@ common "$work/qlora" | sed 's/^targets = .*/&\nquantize_base = "nf4"/' >"$work/q
 "$bin" train --config "$work/qlora.toml" >/dev/null
 first_is_log2 qlora "$work/qlora/metrics.jsonl"
 # Adapter dropout: the policy's log-probabilities are the training pass's own (masks keyed by
-# sample and position), so dp 2 still equals one rank.
+# sample and position), so dp 2 still equals one rank (5e-5: rewards near zero, relative to
+# max(|r|, 1e-3), measured 1.9e-5 on an Intel Xeon VM with AMX).
 common "$work/dropout" | sed 's/^targets = .*/&\ndropout = 0.1/' >"$work/dropout.toml"
 "$bin" train --config "$work/dropout.toml" >/dev/null
 { common "$work/dropout_dp" | sed 's/^targets = .*/&\ndropout = 0.1/'; } >"$work/dropout_dp.toml"
 "${mpirun[@]}" 2 "$bin" train --config "$work/dropout_dp.toml" >/dev/null
-close "lora.dropout 0.1, dp 2" 1e-5 "$work/dropout/metrics.jsonl" "$work/dropout_dp/metrics.jsonl"
+close "lora.dropout 0.1, dp 2" 5e-5 "$work/dropout/metrics.jsonl" "$work/dropout_dp/metrics.jsonl"
 
 # Validation (data.val of preference pairs) reports the mean DPO loss over its pairs: log 2 while
 # the policy is the reference (lr 0), for each reference mode and full fine-tuning; trained, it

@@ -5,8 +5,9 @@
 #  2. a run resumed from its step-3 checkpoint writes a step-6 checkpoint identical byte for byte
 #     to the uninterrupted run's;
 #  3. pp 2 and full recompute give the one-rank losses (to 1e-12), dp 2 and ZeRO 1/2/3 to 1e-5
-#     (bf16 GEMMs over half the rows), tp 2 to 1e-5 on a wider base (each rank holds its blocks
-#     of the tensor quantised whole: the one-rank values);
+#     (bf16 GEMMs over half the rows), tp 2 to 1e-4 on a wider base (each rank holds its blocks
+#     of the tensor quantised whole: the one-rank values; its bf16 row-parallel partial sums
+#     round differently: 2.6e-5 by step 5 on an Intel Xeon VM with AMX, under 1e-5 on Zen 4);
 #  4. exports: --merge-lora equals --base-only plus the PEFT adapter's delta (B A · alpha/r),
 #     and samples the same greedy tokens as the checkpoint; plain LoRA from the base-only export
 #     repeats the QLoRA run loss for loss (the trained base is the exported one); with
@@ -108,7 +109,7 @@ common "$work/wide_one" | sed "s#^init_from = .*#init_from = \"$work/hf_wide\"#"
 "${mpirun[@]}" 2 "$bin" train --config "$work/wide_tp.toml" >/dev/null
 read -ra wide_one <<<"$(losses "$work/wide_one/metrics.jsonl")"
 read -ra wide_tp <<<"$(losses "$work/wide_tp/metrics.jsonl")"
-close "tp 2" "${#wide_one[@]}" 1e-5 "${wide_one[@]}" "${wide_tp[@]}"
+close "tp 2" "${#wide_one[@]}" 1e-4 "${wide_one[@]}" "${wide_tp[@]}"
 
 # init_from the base's training checkpoint (read tensor by tensor from its shards) instead of its
 # HF export: the same NF4 base, the same losses.

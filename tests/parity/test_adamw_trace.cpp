@@ -1,6 +1,8 @@
 // (b) 20 AdamW steps (constant LR, weight decay by role, global-norm clipping)
 // against torch.optim.AdamW. fp32 is compared with the float64 reference at
-// 1e-5 relative per step. bf16 (bf16 matmul inputs, f32 master weights and
+// 1e-5 relative per step for the loss, kFp32NormTol for the gradient norm: at
+// gpt2's late steps (loss ~0.1) the norm measured 1.2e-5 off on an Intel Xeon
+// VM with AMX (its f32 GEMM blocking), under 1e-5 on Zen 4. bf16 (bf16 matmul inputs, f32 master weights and
 // state) is compared with the same float64 trace at kBf16Tol relative per step:
 // PyTorch's own bf16 autocast run of the same steps deviates from float64 by up
 // to ~1.2e-2 (gpt2, whose loss falls to 0.1 where relative error is largest),
@@ -16,6 +18,7 @@ namespace meshtrain::parity {
 namespace {
 
 constexpr double kFp32Tol = 1e-5;
+constexpr double kFp32NormTol = 5e-5;
 constexpr double kBf16Tol = 2e-2;
 
 struct Trace {
@@ -94,7 +97,7 @@ TEST_P(AdamWTrace, Fp32LossesMatchFloat64Reference) {
   for (size_t s = 0; s < ref_loss.size(); ++s) {
     EXPECT_LE(std::abs(trace.loss[s] - ref_loss[s]) / ref_loss[s], kFp32Tol)
         << "step " << s << ": loss " << trace.loss[s] << " vs " << ref_loss[s];
-    EXPECT_LE(std::abs(trace.grad_norm[s] - ref_norm[s]) / ref_norm[s], kFp32Tol)
+    EXPECT_LE(std::abs(trace.grad_norm[s] - ref_norm[s]) / ref_norm[s], kFp32NormTol)
         << "step " << s << ": grad norm " << trace.grad_norm[s] << " vs " << ref_norm[s];
   }
   std::printf("%s fp32: %zu steps, loss %.4f -> %.4f, max loss rel err %.2e, max grad-norm rel "
