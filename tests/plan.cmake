@@ -55,3 +55,7 @@ meshtrain_plan_case(bad_lora_rank 1 "^meshtrain: plan: --lora-rank must be >= 1,
                     ${seventy} --gpus 8 --finetune lora --lora-rank 0)
 meshtrain_plan_case(bad_ckpt_interval 1 "^meshtrain: plan: --ckpt-every-min 'soon'"
                     ${seventy} --gpus 1024 --ckpt-every-min soon)
+meshtrain_plan_case(fp8_without_fp8_cores 1 "^meshtrain: plan: --fp8: the a100-80gb has no FP8 tensor cores$"
+                    --model llama3-8b --seq 4096 --global-batch 64 --gpus 8 --gpu a100-80gb --fp8)
+meshtrain_plan_case(fp8_in_fp32 1 "^meshtrain: plan: --fp8 needs --precision bf16"
+                    --model llama3-8b --seq 4096 --global-batch 64 --gpus 8 --precision fp32 --fp8)

@@ -43,6 +43,10 @@ struct PublishedRun {
   double published = 0;
   // 10%, except where docs/plan.md reports a larger residual and why.
   double tolerance = 0.10;
+  // DeepSeek-V3's recipe (Job::fp8, Job::mtp, Schedule::dualpipe).
+  bool fp8 = false;
+  int64_t mtp = 0;
+  std::optional<Schedule> schedule = std::nullopt;
 };
 
 inline ModelConfig gpt(int64_t layers, int64_t hidden, int64_t heads) {
@@ -155,6 +159,31 @@ inline std::vector<PublishedRun> published_runs() {
   mixtral.published = 438;
   runs.push_back(mixtral);
   return runs;
+}
+
+// DeepSeek-V3's technical report (sections 3.1-3.3, table 1): 2,048 H800
+// (8 per node, one 400 Gb/s IB NIC per GPU), pp 16 with DualPipe, ep 64 over
+// 8 nodes, ZeRO-1 over dp 128, no tp; seq 4K, batch 15,360; FP8 GEMMs; one MTP
+// module; 180K H800 GPU-hours per trillion tokens = 1,543 tokens/s per GPU.
+// Not in published_runs(): its residual is larger than 10% (docs/plan.md).
+inline PublishedRun deepseek_v3_run() {
+  PublishedRun r{"DeepSeek-V3 pre-training", "DeepSeek-V3 technical report, section 3 and table 1",
+                 plan_model("deepseek-v3").config, 671e9, 1e9, "h800"};
+  r.gpus = 2048;
+  r.pp = 16;
+  r.ep = 64;
+  r.dp = 128;
+  r.zero = 1;
+  r.seq = 4096;
+  r.global_batch = 15360;
+  r.micro_batch = 1;
+  r.metric = Metric::tokens_per_gpu;
+  r.published = 1e12 / (180e3 * 3600);
+  r.fp8 = true;
+  r.mtp = 1;
+  r.schedule = Schedule::dualpipe;
+  r.tolerance = 0.30;
+  return r;
 }
 
 }  // namespace meshtrain::plan

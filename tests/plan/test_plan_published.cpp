@@ -27,6 +27,8 @@ Prediction predict(const PublishedRun& r) {
   job.dropout = r.model.family == Family::gpt2;
   job.checkpoint_interval_seconds = 0;  // the published throughputs exclude checkpoints
   job.attention = r.attention;
+  job.fp8 = r.fp8;
+  job.mtp = r.mtp;
   ModelConfig model = r.model;
   model.max_seq_len = std::max(model.max_seq_len, r.seq);
   const PlanContext ctx = make_context(model, job);
@@ -42,6 +44,7 @@ Prediction predict(const PublishedRun& r) {
   opt.fixed.zero = r.zero;
   opt.fixed.recompute = r.recompute;
   opt.fixed.micro_batch = r.micro_batch;
+  opt.fixed.schedule = r.schedule;
   opt.fixed.sequence_parallel = r.sequence_parallel && r.tp > 1;
   opt.top = 1;
   const SearchResult res = search(ctx, cl, job, opt);
@@ -83,6 +86,23 @@ TEST(Published, ThroughputWithinTenPercentWithTheLayoutFixed) {
       EXPECT_NE(p.best.layout.recompute, Recompute::full) << r.name;
     }
   }
+}
+
+// Every mechanism of DeepSeek-V3's recipe that its report quantifies is
+// modelled (FP8 GEMMs, DualPipe with its overlap and the 20 SMs it gives the
+// all-to-alls, node-limited FP8 dispatch, MTP); what is left (docs/plan.md) is
+// a residual of +25%, held here so that it cannot silently grow.
+TEST(Published, DeepSeekV3WithItsRecipeWithinItsDocumentedResidual) {
+  const PublishedRun r = deepseek_v3_run();
+  const Prediction p = predict(r);
+  ASSERT_GT(p.value, 0) << "nothing fits";
+  EXPECT_TRUE(p.best.fits);
+  std::printf("%-30s %10.4g %10.4g %+6.1f%%  %s, %.0f%% HBM\n", r.name.c_str(), r.published,
+              p.value, 100 * p.error, describe(p.best.layout).c_str(), 100 * p.best.hbm_fraction);
+  EXPECT_LT(std::fabs(p.error), r.tolerance) << describe(p.best.layout);
+  // DeepSeek recomputes only norms and MLA's up-projections: selective fits.
+  EXPECT_EQ(p.best.layout.recompute, Recompute::selective);
+  EXPECT_EQ(p.best.time.ep, 0) << "DualPipe hides the all-to-alls on this layout";
 }
 
 TEST(Published, ParameterCountsWithinOnePercent) {

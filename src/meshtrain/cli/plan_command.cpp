@@ -48,6 +48,15 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--tokens", a.tokens, "Tokens to train on (default 20 x params, Chinchilla)");
   p.add_option("--precision", a.precision)->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
+  p.add_flag("--fp8", a.fp8,
+             "The blocks' linear GEMMs in FP8 at the GPU's FP8 peak (DeepSeek-V3's recipe; "
+             "attention, router, embedding and output stay bf16)");
+  p.add_option("--mtp", a.mtp,
+               "Multi-token-prediction modules trained with the model, on the last stage "
+               "(DeepSeek-V3: 1)");
+  p.add_option("--comm-sms", a.comm_sms,
+               "SMs the dualpipe schedule's overlapped all-to-alls take from compute")
+      ->capture_default_str();
   p.add_option("--optimizer", a.optimizer)->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
   p.add_option("--dropout", a.dropout, "Dropout masks in activations (auto: gpt2 on, llama off)")
@@ -96,8 +105,10 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--sp", a.sp, "Fix sequence parallelism")->check(CLI::IsMember({"on", "off"}));
   p.add_option("--offload", a.offload, "Optimizer state on the host")
       ->check(CLI::IsMember({"none", "optimizer"}));
-  p.add_option("--schedule", a.schedule, "Pipeline schedule (default 1f1b / interleaved)")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  p.add_option("--schedule", a.schedule,
+               "Pipeline schedule (default 1f1b / interleaved; dualpipe: DeepSeek-V3's, "
+               "all-to-alls and sends behind the other direction's compute)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "dualpipe"}));
   p.add_option("--rank-by", a.rank_by)->check(CLI::IsMember({"time", "cost"}))
       ->capture_default_str();
   p.add_option("--top", a.top, "Rows in the table")->capture_default_str();
@@ -228,6 +239,9 @@ int run_plan(const PlanArgs& a) {
   MESHTRAIN_CHECK(job.global_batch > 0,
                   "plan: --global-batch (sequences) or --global-batch-tokens is required");
   job.precision = parse_precision(a.precision);
+  job.fp8 = a.fp8;
+  job.mtp = a.mtp;
+  job.comm_sms = a.comm_sms;
   job.optimizer = parse_optimizer(a.optimizer);
   job.dropout = a.dropout == "auto" ? model.recipe().dropout : a.dropout == "on";
   job.compute_efficiency = a.efficiency;

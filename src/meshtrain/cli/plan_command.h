@@ -20,6 +20,8 @@ struct PlanArgs {
   int64_t seq = 0, global_batch = 0;
   std::string global_batch_tokens, tokens;
   std::string precision = "bf16", optimizer = "adamw", dropout = "auto";
+  bool fp8 = false;
+  int64_t mtp = 0, comm_sms = 20;
   double efficiency = 0, fragmentation = 0.10, reserve_gib = 1.0;  // 0 = the GPU's curve
   std::string ckpt_every_min = "auto";  // minutes, 0 = none, auto = Daly's optimum
   double ckpt_bw = 100, cpu_adam_rate = 1e9;

@@ -37,6 +37,7 @@ void OpsTime::add(OpTime op) {
   forward += op.forward;
   backward += op.backward;
   recompute += op.recompute;
+  weight += op.weight;
   ops.push_back(std::move(op));
 }
 
@@ -64,16 +65,28 @@ struct LinearContext {
   bool recomputed;
   const Finetune& finetune;
   int64_t tp = 1;
+  bool fp8 = false;
 };
 
 OpTime linear(std::string name, double in, double out, bool adapted, const LinearContext& c) {
   const double T = c.tokens, e = c.e;
   OpTime op{std::move(name), 2 * T * in * out};
-  op.forward = gemm_seconds(T, out, in, e, c.gpu);
-  op.backward = gemm_seconds(T, in, out, e, c.gpu);
+  // FP8: the GEMMs at the FP8 peak on 1-byte operands; the input (forward)
+  // and the output gradient (backward) are quantised first.
+  GpuSpec gemm = c.gpu;
+  double operand = e;
+  if (c.fp8) {
+    gemm.peak_flops = c.gpu.fp8_peak_flops;
+    operand = 1;
+    op.forward += memory_seconds(T * in * (e + 1), c.gpu);
+    op.backward += memory_seconds(T * out * (e + 1), c.gpu);
+  }
+  op.forward += gemm_seconds(T, out, in, operand, gemm);
+  op.backward += gemm_seconds(T, in, out, operand, gemm);
   const Finetune& f = c.finetune;
   if (!f.adapters()) {
-    op.backward += gemm_seconds(in, out, T, e, c.gpu);
+    op.weight = gemm_seconds(in, out, T, operand, gemm);
+    op.backward += op.weight;
   } else {
     if (f.method == FinetuneMethod::qlora) {
       const double dequant = memory_seconds(in * out * (frozen_weight_bytes(f, c.tp) + e), c.gpu);
@@ -111,13 +124,16 @@ OpsTime layer_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape&
   const bool full = x.recompute == Recompute::full;
   OpsTime out;
   const double T = z.tokens, t = z.t, e = z.e;
-  const LinearContext lc{gpu, T, e, full, x.finetune, x.tp};
+  const LinearContext lc{gpu, T, e, full, x.finetune, x.tp, x.fp8};
   const bool all = x.finetune.targets == LoraTargets::all;
   // A projection on this rank: tp cuts its output or its input, or neither.
+  // Selective recomputation repeats MLA's up-projections from the latents.
   auto project = [&](const AttentionShape::Projection& p, bool adapted) {
     using Split = AttentionShape::Split;
-    return linear(p.name, p.split == Split::in ? p.in / t : p.in,
-                  p.split == Split::out ? p.out / t : p.out, adapted, lc);
+    OpTime op = linear(p.name, p.split == Split::in ? p.in / t : p.in,
+                       p.split == Split::out ? p.out / t : p.out, adapted, lc);
+    if (p.from_latent && x.recompute == Recompute::selective) op.recompute = op.forward;
+    return op;
   };
 
   out.add(streaming("norms (2)", 2 * 2 * z.norm_tokens * h * e, gpu, full));
@@ -202,15 +218,36 @@ OpsTime head_time(const ModelConfig& c, const GpuSpec& gpu, const ComputeShape& 
   const Sizes z = sizes(x);
   const double h = static_cast<double>(c.dim), vocab = static_cast<double>(c.vocab_size);
   OpsTime out;
-  out.add(streaming("final norm", 2 * z.norm_tokens * h * z.e, gpu, false));
   Finetune frozen_head = x.finetune;  // QLoRA keeps the output layer in bf16
   if (frozen_head.method == FinetuneMethod::qlora) frozen_head.method = FinetuneMethod::lora;
-  out.add(linear("output", h, vocab / z.t, false, {gpu, z.tokens, z.e, false, frozen_head}));
-  // fp32 logits: softmax reads them and writes the probabilities; the gradient
-  // is probabilities minus one-hot, written in the compute dtype.
-  OpTime loss = streaming("cross-entropy", z.tokens * vocab / z.t * (4 + 4), gpu, false);
-  loss.backward = memory_seconds(z.tokens * vocab / z.t * (4 + z.e), gpu);
-  out.add(loss);
+  // The output layer (16-bit, tp-split vocabulary) and the fp32 loss: softmax
+  // reads the logits and writes the probabilities; the gradient is
+  // probabilities minus one-hot, written in the compute dtype.
+  auto output_and_loss = [&](const std::string& prefix) {
+    out.add(linear(prefix + "output", h, vocab / z.t, false,
+                   {gpu, z.tokens, z.e, false, frozen_head}));
+    OpTime loss = streaming(prefix + "cross-entropy", z.tokens * vocab / z.t * (4 + 4), gpu, false);
+    loss.backward = memory_seconds(z.tokens * vocab / z.t * (4 + z.e), gpu);
+    out.add(loss);
+  };
+  out.add(streaming("final norm", 2 * z.norm_tokens * h * z.e, gpu, false));
+  output_and_loss("");
+  // Multi-token prediction (DeepSeek-V3 section 2.2): each module normalises
+  // the hidden state and the next token's embedding, projects their
+  // concatenation (2h -> h), runs one block and the shared output layer.
+  for (int64_t d = 0; d < x.mtp; ++d) {
+    out.add(streaming("mtp norms (3)", 3 * 2 * z.norm_tokens * h * z.e, gpu, false));
+    out.add(linear("mtp proj", 2 * h, h, false, {gpu, z.tokens, z.e, false, x.finetune, x.tp, x.fp8}));
+    const OpsTime block = layer_time(c, gpu, x);
+    OpTime whole{"mtp block", 0};
+    for (const OpTime& op : block.ops) whole.flops += op.flops;
+    whole.forward = block.forward;
+    whole.backward = block.backward;
+    whole.recompute = block.recompute;
+    whole.weight = block.weight;
+    out.add(whole);
+    output_and_loss("mtp ");
+  }
   return out;
 }
 

@@ -49,18 +49,27 @@ struct ComputeShape {
   // each NF4 weight to bf16 before its GEMMs; adapters add two thin GEMMs.
   Finetune finetune;
   Attention attention = Attention::flash;
+  // The blocks' linear GEMMs in FP8 (DeepSeek-V3's recipe, section 3.3):
+  // e4m3 inputs with fine-grained scales at the GPU's FP8 peak, each input and
+  // output gradient quantised on the way; attention, router, norms, the
+  // embedding and the output layer stay 16-bit.
+  bool fp8 = false;
+  // Multi-token-prediction modules trained with the model (DeepSeek-V3: 1),
+  // on the last stage with the output layer they share.
+  int64_t mtp = 0;
 };
 
 struct OpTime {
   std::string name;
   double flops = 0;  // per pass as executed (causal attention: the half it computes)
   double forward = 0, backward = 0, recompute = 0;  // seconds
+  double weight = 0;  // of backward, the weight gradient's GEMM (what DualPipe defers)
   double total() const { return forward + backward + recompute; }
 };
 
 struct OpsTime {
   std::vector<OpTime> ops;
-  double forward = 0, backward = 0, recompute = 0;
+  double forward = 0, backward = 0, recompute = 0, weight = 0;
   double total() const { return forward + backward + recompute; }
   void add(OpTime op);
 };
@@ -69,13 +78,16 @@ struct OpsTime {
 // weight gradients), flash attention (backward 2.5x forward; none: 2x, the
 // scores are stored), memory-bound norms, residuals, RoPE, activation, dropout.
 // Recomputation repeats: selective the MLP activation (llama: from the kept
-// gate|up output), full the whole forward. With adapters: the base GEMMs lose
+// gate|up output) and, for latent attention, the up-projections q_b and kv_b
+// from the kept latents (DeepSeek-V3 section 3.2.3); full the whole forward. With adapters: the base GEMMs lose
 // their weight gradient, QLoRA adds a dequantisation per weight and pass, and
 // each adapted linear adds x A (T x r) and (xA) B.
 OpsTime layer_time(const ModelConfig& model, const GpuSpec& gpu, const ComputeShape& shape);
 // Token embedding lookup (and its scatter-add gradient).
 OpsTime embedding_time(const ModelConfig& model, const GpuSpec& gpu, const ComputeShape& shape);
-// Final norm, output GEMM (tp-split vocabulary), fp32 softmax cross-entropy.
+// Final norm, output GEMM (tp-split vocabulary), fp32 softmax cross-entropy;
+// then each multi-token-prediction module (shape.mtp): its norms, projection,
+// one block and the shared output layer with its own loss.
 OpsTime head_time(const ModelConfig& model, const GpuSpec& gpu, const ComputeShape& shape);
 
 }  // namespace meshtrain::plan

@@ -25,16 +25,26 @@ struct StageMemory {
 // reduced over: the expert-data-parallel group, dp / ep of the shard group.
 int64_t expert_shards(const Layout& l) { return std::max<int64_t>(1, l.shards() / l.ep); }
 
-// Memory of pipeline stage `stage` holding `layers` blocks.
+// Memory of the rank of pipeline stage `stage` holding `layers` blocks. Under
+// DualPipe it also holds the mirrored stage p - 1 - stage (`mirror` blocks):
+// its model states, not its micro-batches (the schedule's in-flight count
+// covers both directions).
 StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l,
-                         int64_t microbatches, int64_t layers, int64_t stage) {
+                         int64_t microbatches, int64_t layers, int64_t mirror, int64_t stage) {
   const TransformerCounts& n = ctx.counts;
-  const bool first = stage == 0, last = stage == l.pp - 1;
-  const double t = static_cast<double>(l.tp), blocks = static_cast<double>(layers);
+  const bool dual = l.schedule == Schedule::dualpipe && l.pp > 1;
+  const bool first = stage == 0 || (dual && stage == l.pp - 1);
+  const bool last = stage == l.pp - 1 || (dual && stage == 0);
+  const double t = static_cast<double>(l.tp);
+  // The multi-token-prediction modules: a block each (counted with the
+  // blocks) and a 2h -> h projection, on the last stage.
+  const double mtp = last ? static_cast<double>(job.mtp) : 0.0;
+  const double dim = static_cast<double>(ctx.model.dim);
+  const double blocks = static_cast<double>(layers + (dual ? mirror : 0)) + mtp;
   double params = blocks * n.layer_params;
   if (first) params += n.embedding_params;
   if (last) {
-    params += n.head_params;
+    params += n.head_params + mtp * (2 * dim * dim + 3 * dim);
     if (!first && ctx.model.tie_embeddings) params += n.output_matmul_params;  // tied copy
   }
   StageMemory out;
@@ -69,13 +79,21 @@ StageMemory stage_memory(const PlanContext& ctx, const Job& job, const Layout& l
   }
 
   const double e = job.precision == Precision::bf16 ? 2 : 4;
-  ActivationShape shape{ctx.active, job.seq, l.micro_batch, l.tp, l.sequence_parallel,
-                        l.recompute, job.dropout, e, l.cp};
-  const Schedule schedule = l.pp == 1 ? Schedule::one_f_one_b : l.schedule;
-  const double inflight = inflight_microbatches(schedule, l.pp, l.vpp, microbatches, stage);
-  mem.activations = inflight * blocks * layer_activation_bytes(shape);
-  if (first) mem.activations += inflight * first_stage_activation_bytes(shape);
-  if (last) mem.activations += inflight * last_stage_activation_bytes(shape);
+  const ActivationShape shape = activation_shape(ctx, job, l);
+  // Under DualPipe each direction keeps what 1F1B keeps on its stage: p - r
+  // micro-batches of stage r, r + 1 of the mirrored one (p + 1 in all).
+  const Schedule schedule = l.pp == 1 || dual ? Schedule::one_f_one_b : l.schedule;
+  auto kept = [&](int64_t r, int64_t blocks_r) {
+    const double inflight = inflight_microbatches(schedule, l.pp, l.vpp, microbatches, r);
+    double held = inflight * static_cast<double>(blocks_r) * layer_activation_bytes(shape);
+    if (r == 0) held += inflight * first_stage_activation_bytes(shape);
+    if (r == l.pp - 1) {
+      held += inflight * (1 + static_cast<double>(job.mtp)) * last_stage_activation_bytes(shape) +
+              inflight * static_cast<double>(job.mtp) * layer_activation_bytes(shape);
+    }
+    return held;
+  };
+  mem.activations = kept(stage, layers) + (dual ? kept(l.pp - 1 - stage, mirror) : 0.0);
   if (l.recompute == Recompute::full) {
     // Backward rematerialises one layer at a time (with unfused attention, its scores too).
     ActivationShape one = shape;
@@ -222,6 +240,64 @@ std::vector<ShardedUnit> sharded_units(const PlanContext& ctx, const Job& job, c
   return units;
 }
 
+struct EpTraffic {
+  double bytes = 0;    // one rank's all-to-all bytes per MoE layer and micro-batch
+  double seconds = 0;  // their time, not overlapped
+};
+
+// The expert all-to-alls of one MoE layer and micro-batch on one rank: each
+// call moves the rank's tokens (/ tp with SP, / cp) x dim values:
+// - inside a node (ep x tp x cp GPUs fit): top_k copies, a flat all-to-all
+//   over the node's links;
+// - over N nodes, with group-limited routing (DeepSeek-V3 section 2.1.2 and
+//   3.2.2): a token reaches at most M = min(top_k, N, topk_groups x
+//   max(1, N / n_groups)) nodes; it crosses the network once per remote target
+//   node ((N - 1) / N of M copies) and is forwarded to its top_k experts over
+//   NVLink; both run at once, so the slower sets the time;
+// - over N nodes without it: top_k copies over the network.
+// Values are 16-bit, but with FP8 GEMMs the dispatch and the gradient sent
+// back before the experts' down-projection are FP8 with one f32 scale per 128
+// values (DeepSeek-V3 3.3.3; combine and its gradient stay bf16).
+EpTraffic ep_traffic(const PlanContext& ctx, const Cluster& cl, const Job& job, const Layout& l) {
+  const MoeConfig& moe = ctx.model.moe;
+  const double tokens = static_cast<double>(job.seq * l.micro_batch) /
+                        static_cast<double>(l.cp) /
+                        (l.sequence_parallel ? static_cast<double>(l.tp) : 1.0);
+  const double values = tokens * static_cast<double>(ctx.model.dim);
+  const double e = job.precision == Precision::bf16 ? 2 : 4;
+  const double fp8 = 1 + 4.0 / 128;
+  // forward dispatch, forward combine, their gradients; full recomputation
+  // repeats the forward pair.
+  std::vector<double> calls{job.fp8 ? fp8 : e, e, job.fp8 ? fp8 : e, e};
+  if (l.recompute == Recompute::full) calls.insert(calls.end(), {calls[0], e});
+  const double k = static_cast<double>(moe.top_k);
+  const int64_t span = l.ep * l.tp * l.cp;
+  EpTraffic out;
+  for (double bytes : calls) {
+    if (span <= cl.gpus_per_node) {
+      out.bytes += k * values * bytes;
+      out.seconds += all_to_all_seconds(k * values * bytes, l.ep, cl.intra);
+      continue;
+    }
+    const int64_t nodes = span / cl.gpus_per_node;
+    if (moe.topk_groups >= moe.n_groups) {  // no node limit
+      out.bytes += k * values * bytes;
+      out.seconds += all_to_all_seconds(k * values * bytes, l.ep, cl.inter);
+      continue;
+    }
+    const double n = static_cast<double>(nodes);
+    const double reach =
+        std::min({k, n, static_cast<double>(moe.topk_groups) *
+                            std::max(1.0, n / static_cast<double>(moe.n_groups))});
+    const double network = reach * values * bytes, forward = k * values * bytes;
+    out.bytes += network * (n - 1) / n + forward;
+    const int64_t local = std::max<int64_t>(1, cl.gpus_per_node / (l.tp * l.cp));
+    out.seconds += std::max(all_to_all_seconds(network, nodes, cl.inter),
+                            all_to_all_seconds(forward, local, cl.intra));
+  }
+  return out;
+}
+
 void name_bottleneck(Estimate& est) {
   const std::array<std::pair<const char*, double>, 10> overheads{
       {{"bubble", est.time.bubble},
@@ -254,6 +330,18 @@ GpuSpec effective_gpu(const Cluster& cl, const Job& job) {
   return gpu;
 }
 
+GpuSpec layout_gpu(const Cluster& cl, const Job& job, const Layout& l) {
+  GpuSpec gpu = effective_gpu(cl, job);
+  if (l.schedule == Schedule::dualpipe && l.pp > 1 && l.ep > 1) {
+    MESHTRAIN_CHECK(job.comm_sms < gpu.sms, "plan: --comm-sms {} leaves none of the {}'s {} SMs",
+                    job.comm_sms, gpu.name, gpu.sms);
+    const double left = static_cast<double>(gpu.sms - job.comm_sms) / static_cast<double>(gpu.sms);
+    gpu.peak_flops *= left;
+    gpu.fp8_peak_flops *= left;
+  }
+  return gpu;
+}
+
 ComputeShape compute_shape(const Job& job, const Layout& l) {
   ComputeShape shape;
   shape.seq = job.seq;
@@ -266,6 +354,18 @@ ComputeShape compute_shape(const Job& job, const Layout& l) {
   shape.value_bytes = job.precision == Precision::bf16 ? 2 : 4;
   shape.finetune = job.finetune;
   shape.attention = job.attention;
+  shape.fp8 = job.fp8;
+  shape.mtp = job.mtp;
+  return shape;
+}
+
+ActivationShape activation_shape(const PlanContext& ctx, const Job& job, const Layout& l) {
+  ActivationShape shape{ctx.active, job.seq, l.micro_batch, l.tp, l.sequence_parallel,
+                        l.recompute};
+  shape.dropout = job.dropout;
+  shape.value_bytes = job.precision == Precision::bf16 ? 2 : 4;
+  shape.cp = l.cp;
+  shape.linear_input_bytes = job.fp8 ? 1 : 0;
   return shape;
 }
 
@@ -276,7 +376,7 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   est.gpus = cl.gpus;
   est.microbatches = job.global_batch / (l.dp * l.micro_batch);
   const int64_t m = est.microbatches;
-  const GpuSpec gpu = effective_gpu(cl, job);
+  const GpuSpec gpu = layout_gpu(cl, job, l);
   const ComputeShape shape = compute_shape(job, l);
 
   // Per-layer costs, the split of layers over stages, each stage's time.
@@ -288,8 +388,10 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   } else if (!job.pipeline_split.empty()) {
     est.split = chunks_from_stages(job.pipeline_split, l.vpp);
   } else {
-    est.split = job.balance_pipeline ? balanced_pipeline_split(costs, model.n_layers, l.pp, l.vpp)
-                                     : uniform_pipeline_split(model.n_layers, l.pp, l.vpp);
+    const bool dual = l.schedule == Schedule::dualpipe;
+    est.split = !job.balance_pipeline ? uniform_pipeline_split(model.n_layers, l.pp, l.vpp)
+                : dual                ? balanced_dualpipe_split(costs, model.n_layers, l.pp)
+                                      : balanced_pipeline_split(costs, model.n_layers, l.pp, l.vpp);
   }
   const std::vector<int64_t> per_stage = stage_layers(est.split, l.pp);
   est.layers_per_stage = *std::max_element(per_stage.begin(), per_stage.end());
@@ -302,7 +404,8 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   if (l.pp > 1) stages.push_back(l.pp - 1);
   StageMemory worst;
   for (int64_t r : stages) {
-    StageMemory mem = stage_memory(ctx, job, l, m, per_stage[static_cast<size_t>(r)], r);
+    StageMemory mem = stage_memory(ctx, job, l, m, per_stage[static_cast<size_t>(r)],
+                                   per_stage[static_cast<size_t>(l.pp - 1 - r)], r);
     if (r == 0 || mem.memory.device_total() > worst.memory.device_total()) {
       worst = mem;
       est.memory_stage_layers = per_stage[static_cast<size_t>(r)];
@@ -318,14 +421,26 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
   // drain (Narayanan et al.), split into work, recomputation and idle time.
   const double mb = static_cast<double>(m), p = static_cast<double>(l.pp);
   const bool interleaved = l.pp > 1 && l.schedule == Schedule::interleaved;
-  const double pipe = pipeline_step(est.stage_seconds, m, interleaved ? l.vpp : 1);
+  const bool dual = l.pp > 1 && l.schedule == Schedule::dualpipe;
+  // One micro-batch on the pacing rank (DualPipe: the mean of a rank's two stages).
+  const double t_mb = dual ? dualpipe_pace(est.stage_seconds)
+                           : *std::max_element(est.stage_seconds.begin(), est.stage_seconds.end());
+  double pipe = pipeline_step(est.stage_seconds, m, interleaved ? l.vpp : 1);
+  if (dual) {
+    // DeepSeek-V3 table 2: bubble (p/2 - 1)(F&B + B - 3W) with the slowest
+    // stage's forward F, backward B (with recomputation) and its weight
+    // gradients W, F&B = F + B (overlap hides communication, not compute).
+    const double share = t_mb / layer.total();
+    const double f = share * layer.forward, w = share * layer.weight;
+    const double b = t_mb - f;
+    pipe = mb * t_mb + (p / 2 - 1) * std::max(0.0, f + 2 * b - 3 * w);
+  }
   double stage_sum = 0;
   for (double s : est.stage_seconds) stage_sum += s;
   const double busy = mb * stage_sum / p;  // every stage's own work, averaged
   est.time.recompute = mb * static_cast<double>(model.n_layers) / p * layer.recompute;
   est.time.compute = busy - est.time.recompute;
   est.time.bubble = pipe - busy;  // fill, drain and the imbalance between stages
-  const double t_mb = *std::max_element(est.stage_seconds.begin(), est.stage_seconds.end());
   const double layers = static_cast<double>(est.layers_per_stage);
 
   const double e = shape.value_bytes;
@@ -382,28 +497,28 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
                                 : std::max(0.0, est.dp_comm_raw - est.dp_overlap_window);
     }
   }
-  // EP: per MoE layer and micro-batch, the dispatch and combine all-to-alls of
-  // this rank's top_k copies of its tokens forward, their gradients backward
-  // (and the forward's again under full recomputation); not overlapped.
+  // EP: per MoE layer and micro-batch, the dispatch and combine all-to-alls
+  // forward, their gradients backward (and the forward's again under full
+  // recomputation): ep_traffic. DualPipe hides them behind the other
+  // direction's chunk: only what exceeds the layer's compute is exposed.
   if (l.ep > 1) {
-    const Link& link = l.tp * l.cp * l.ep <= cl.gpus_per_node ? cl.intra : cl.inter;
-    const double tokens = static_cast<double>(job.seq * l.micro_batch) /
-                          static_cast<double>(l.cp) /
-                          (l.sequence_parallel ? static_cast<double>(l.tp) : 1.0);
-    const double per_call = tokens * static_cast<double>(model.moe.top_k) *
-                            static_cast<double>(model.dim) * e;
+    const EpTraffic ep = ep_traffic(ctx, cl, job, l);
     const double moe_layers =
         layers * ctx.counts.moe_layers / static_cast<double>(model.n_layers);
-    const double per_layer = l.recompute == Recompute::full ? 6 : 4;
-    est.ep_bytes_per_step = mb * moe_layers * per_layer * per_call;
-    est.time.ep = mb * moe_layers * per_layer * all_to_all_seconds(per_call, l.ep, link);
+    est.ep_bytes_per_step = mb * moe_layers * ep.bytes;
+    est.ep_comm_raw = mb * moe_layers * ep.seconds;
+    est.time.ep = dual ? mb * moe_layers * std::max(0.0, ep.seconds - layer.total())
+                       : est.ep_comm_raw;
   }
   // PP: one activation forward and one gradient backward per micro-batch and
-  // stage boundary on the critical path (scatter-gather: 1/tp of it each).
+  // stage boundary on the critical path (scatter-gather: 1/tp of it each);
+  // under DualPipe each behind a forward chunk of the other direction.
   if (l.pp > 1) {
     const Link& link = l.tp * l.cp * l.dp >= cl.gpus_per_node ? cl.inter : cl.intra;
     const double v = static_cast<double>(l.vpp);
-    est.time.pp = 2 * (mb * v + p - 1) * send_recv_seconds(e * sbh / static_cast<double>(l.tp), link);
+    const double send = send_recv_seconds(e * sbh / static_cast<double>(l.tp), link);
+    est.time.pp = 2 * (mb * v + p - 1) *
+                  (dual ? std::max(0.0, send - layers * layer.forward) : send);
   }
   // The optimizer step streams its shard of the states through HBM once: read
   // the gradient, read and write the optimizer state (incl. the fp32 master),

@@ -1,8 +1,11 @@
 // --explain: the arithmetic behind one estimate, each formula with its numbers.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "meshtrain/plan/collectives.h"
 #include "meshtrain/plan/compute.h"
+#include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/plan/report.h"
 #include "meshtrain/plan/transformer.h"
 
@@ -47,32 +50,37 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                    gib(e.memory.optimizer + e.memory.offloaded),
                    l.offload == Offload::optimizer ? " (on the host: offload)" : "");
 
-  ActivationShape shape{m, j.seq, l.micro_batch, l.tp, l.sequence_parallel, l.recompute,
-                        j.dropout, e_bytes, l.cp};
+  const ActivationShape shape = activation_shape(ctx, j, l);
   const double per_layer = layer_activation_bytes(shape);
   const double s = static_cast<double>(j.seq), b = static_cast<double>(l.micro_batch);
   const double h = static_cast<double>(m.dim);
   const AttentionShape at = attention_shape(m);
+  const double f_width = static_cast<double>(shape.model.hidden_dim);
   o += "Activations (Korthikanti et al. 2022, section 4, generalised to GQA / MLA / SwiGLU):\n";
   o += fmt::format("  s {} b {} h {} a {} q|k|v|o widths {}|{}|{}|{} MLP {} tp {}{}, recompute {}, "
                    "dropout {}\n",
-                   j.seq, l.micro_batch, m.dim, m.n_heads, at.qk, at.k, at.v, at.values(),
-                   m.hidden_dim, l.tp, l.sequence_parallel ? " (sequence parallel)" : "",
+                   j.seq, l.micro_batch, m.dim, m.n_heads, at.qk, at.k, at.v, at.values(), f_width,
+                   l.tp, l.sequence_parallel ? " (sequence parallel)" : "",
                    recompute_name(l.recompute), j.dropout ? "on" : "off");
   if (l.recompute == Recompute::full) {
     o += fmt::format("  per layer = {} s b h{} = {}\n", e_bytes, l.sequence_parallel ? " / t" : "",
                      gib(per_layer));
   } else {
-    // 2 (q + k + v + o inputs) / h; MLA's latents are never split.
-    const double attention = 2 * (at.qk + at.k + at.v + at.values()) / h;
-    const double f = static_cast<double>(m.hidden_dim) / h;
+    // Bytes per sbh: e (q + k + v) and q_lin (o + MLP values x f), split by tp;
+    // the norm inputs (2e) and the attention and MLP inputs (2 q_lin) whole;
+    // MLA's latents never split.
+    const double lin = shape.linear_input_bytes > 0 ? shape.linear_input_bytes : e_bytes;
+    const double qkv = at.qk + at.k + at.v -
+                       (l.recompute == Recompute::selective ? at.from_latent : 0);
     const double mlp = m.recipe().feed_forward == FeedForward::swiglu
-                           ? (l.recompute == Recompute::selective ? 4 : 6)
-                           : 4;
+                           ? (l.recompute == Recompute::selective ? 2 : 3)
+                           : 2;
     o += fmt::format(
-        "  per layer = sbh x [({}{}){} + ({:.4g} + {}x{:.3g}) / t{}{}] = {} x {:.4g} = {}\n",
-        8, j.dropout ? " + 2 masks" : "", l.sequence_parallel ? " / t" : "", attention, mlp, f,
-        at.latent > 0 ? fmt::format(" + {:.3g}", 2 * at.latent / h) : "",
+        "  per layer = sbh x [({}{}){} + ({:.4g} + {:.4g} + {}x{}x{:.3g}) / t{}{}] = {} x {:.4g} "
+        "= {}\n",
+        2 * e_bytes + 2 * lin, j.dropout ? " + 2 masks" : "", l.sequence_parallel ? " / t" : "",
+        e_bytes * qkv / h, lin * at.values() / h, lin, mlp, f_width / h,
+        at.latent > 0 ? fmt::format(" + {:.3g}", e_bytes * at.latent / h) : "",
         l.recompute == Recompute::none
             ? fmt::format(" + {} a s / (h t)", j.dropout ? 5 : 2)
             : "",
@@ -83,10 +91,21 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   const double inflight = inflight_microbatches(sched, l.pp, l.vpp, e.microbatches, stage);
   o += fmt::format("  in flight on the {} stage ({}, p {} v {} m {}): {:.4g} micro-batches\n",
                    e.memory_stage, schedule_name(sched), l.pp, l.vpp, e.microbatches, inflight);
-  o += fmt::format("  activations = {:.4g} x {} layers x {} + embedding / logits ends{} = {}\n\n",
-                   inflight, e.memory_stage_layers, gib(per_layer),
-                   l.recompute == Recompute::full ? " + one rematerialised layer" : "",
-                   gib(e.memory.activations));
+  const std::string rematerialised =
+      l.recompute == Recompute::full ? " + one rematerialised layer" : "";
+  if (sched == Schedule::dualpipe) {
+    const int64_t mirror = stage_layers(e.split, l.pp)[static_cast<size_t>(l.pp - 1 - stage)];
+    o += fmt::format(
+        "  activations = ({} x {} layers of stage {} + {} x {} of its mirror stage {}) x {} + "
+        "embedding / logits ends{} = {}\n\n",
+        std::min(l.pp - stage, e.microbatches), e.memory_stage_layers, stage,
+        std::min(stage + 1, e.microbatches), mirror, l.pp - 1 - stage, gib(per_layer),
+        rematerialised, gib(e.memory.activations));
+  } else {
+    o += fmt::format("  activations = {:.4g} x {} layers x {} + embedding / logits ends{} = {}\n\n",
+                     inflight, e.memory_stage_layers, gib(per_layer), rematerialised,
+                     gib(e.memory.activations));
+  }
   o += fmt::format(
       "Other memory: workspace {} (reserve {} + GEMM temporaries), comm {}, fragmentation "
       "{:.0f}% of {} = {}\n",
@@ -102,15 +121,23 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
                    m.n_layers, j.seq, at.qk, at.values(), ctx.model_flops_per_token);
   o += fmt::format("  per step x {} tokens = {:.4g} model FLOPs; with recomputation {:.4g}\n",
                    j.tokens_per_step(), e.model_flops_per_step, e.hardware_flops_per_step);
-  const GpuSpec gpu = effective_gpu(c, j);
+  const GpuSpec gpu = layout_gpu(c, j, l);
   const ComputeShape ops_shape = compute_shape(j, l);
   o += fmt::format(
       "\nCompute (roofline per op, one micro-batch of {} tokens{} on one rank; {}: GEMMs at {:.2f} "
       "of {:.4g} FLOP/s or HBM {:.0f} GB/s x {:.2f}, + {:.0f} us per kernel; flash attention at "
-      "{:.2f} of peak):\n",
+      "{:.2f} of peak{}{}):\n",
       j.seq * l.micro_batch, l.cp > 1 ? fmt::format(" / cp {}", l.cp) : "", gpu.name,
       gpu.gemm_efficiency, gpu.peak_flops, gpu.hbm_bandwidth / 1e9, gpu.memory_efficiency,
-      gpu.kernel_overhead_seconds * 1e6, gpu.attention_efficiency);
+      gpu.kernel_overhead_seconds * 1e6, gpu.attention_efficiency,
+      j.fp8 ? fmt::format("; the blocks' GEMMs in FP8 at {:.4g} FLOP/s (their 'of peak' is "
+                          "against the 16-bit peak)",
+                          gpu.fp8_peak_flops)
+            : "",
+      gpu.peak_flops < c.gpu.peak_flops
+          ? fmt::format("; peaks of the {} of {} SMs the overlapped all-to-alls leave",
+                        gpu.sms - j.comm_sms, gpu.sms)
+          : "");
   o += fmt::format("  {:<16} {:>10} {:>9} {:>9} {:>9} {:>7}\n", "op", "GFLOP fwd", "fwd ms",
                    "bwd ms", "recomp ms", "of peak");
   auto print_ops = [&](const char* title, const OpsTime& ops) {
@@ -132,12 +159,19 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
   for (double t : e.stage_seconds) stage_times += fmt::format(" {:.3f}", t);
   o += fmt::format("  stages (layers per chunk {}): seconds per micro-batch{}\n",
                    fmt::join(e.split, " "), stage_times);
+  const bool dual = sched == Schedule::dualpipe;
   o += fmt::format(
-      "  pipeline = m x max(t) + (sum(t) - max(t)) / v = {} x max + ... = {:.3f} s: compute {:.3f} "
-      "+ recompute {:.3f} + bubble and imbalance {:.3f} (uniform-stage fraction (p-1)/(v m) = "
-      "{:.4f})\n\n",
-      e.microbatches, e.time.compute + e.time.recompute + e.time.bubble, e.time.compute,
-      e.time.recompute, e.time.bubble, bubble_fraction(l.pp, l.vpp, e.microbatches));
+      "  pipeline = {} = {} x {:.3f} + ... = {:.3f} s: compute {:.3f} + recompute {:.3f} + bubble "
+      "and imbalance {:.3f}{}\n\n",
+      dual ? "m x t + (p/2 - 1)(F + 2B - 3W), t the slower rank's mean of its two stages "
+             "(DeepSeek-V3 table 2)"
+           : "m x max(t) + (sum(t) - max(t)) / v",
+      e.microbatches, dual ? dualpipe_pace(e.stage_seconds)
+                           : *std::max_element(e.stage_seconds.begin(), e.stage_seconds.end()),
+      e.time.compute + e.time.recompute + e.time.bubble, e.time.compute, e.time.recompute,
+      e.time.bubble,
+      dual ? "" : fmt::format(" (uniform-stage fraction (p-1)/(v m) = {:.4f})",
+                              bubble_fraction(l.pp, l.vpp, e.microbatches)));
   o += "Communication (alpha-beta, nccl-tests bus bandwidth factors):\n";
   if (l.tp > 1) {
     const Link& link = l.tp <= c.gpus_per_node ? c.intra : c.inter;
@@ -168,9 +202,22 @@ std::string format_explain(const PlanInputs& in, const Estimate& e) {
     const double message = e_bytes * s * b * h / static_cast<double>(l.tp * l.cp);
     o += fmt::format(
         "  PP: 2 (m v + p - 1) x (alpha + {} sbh / t / B) = 2 x ({} x {} + {} - 1) x ({:.0f} us + "
-        "{} B / {:.0f} GB/s) = {:.3f} s (not overlapped)\n",
+        "{} B / {:.0f} GB/s){}: exposed {:.3f} s\n",
         e_bytes, e.microbatches, l.vpp, l.pp, link.latency * 1e6, human_count(message),
-        link.bus_bandwidth / 1e9, e.time.pp);
+        link.bus_bandwidth / 1e9,
+        dual ? ", each behind a forward chunk of the other direction" : ", not overlapped",
+        e.time.pp);
+  }
+  if (l.ep > 1) {
+    o += fmt::format(
+        "  EP: per MoE layer and micro-batch, dispatch + combine forward and their gradients{} "
+        "(docs/plan.md): {} per rank per step in {:.3f} s{}; exposed {:.3f} s\n",
+        l.recompute == Recompute::full ? " (+ the forward pair again)" : "",
+        gib(e.ep_bytes_per_step), e.ep_comm_raw,
+        l.schedule == Schedule::dualpipe && l.pp > 1
+            ? " (DualPipe: behind the other direction's compute)"
+            : " (not overlapped)",
+        e.time.ep);
   }
   if (e.time.optimizer > 0) {
     o += fmt::format("Optimizer step: {} params x {} bytes read and written / {:.0f} GB/s HBM = {:.3f} s\n",

@@ -40,6 +40,8 @@ std::vector<GpuSpec> catalog() {
     g.attention_efficiency = ampere ? 0.50 : 0.40;
     g.memory_efficiency = 0.85;
     g.kernel_overhead_seconds = 4e-6;
+    g.fp8_peak_flops = ampere ? 0 : 2 * g.peak_flops;  // H100 / H800 / H200 datasheets: 1979 dense
+    g.sms = ampere ? 108 : 132;                          // SXM parts
     g.compute_source = ampere ? "gemm efficiency fitted to Megatron-LM 1T, 163 TFLOP/s/GPU"
                               : "gemm efficiency fitted to Llama 3 405B on 8K H100, 430 TFLOP/s/GPU";
   }

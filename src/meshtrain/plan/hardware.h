@@ -27,6 +27,12 @@ struct GpuSpec {
   double memory_efficiency = 0;       // streaming kernels' fraction of HBM bandwidth
   double kernel_overhead_seconds = 0; // launch + ramp per kernel
   std::string compute_source;
+  // Dense FP8 tensor-core FLOP/s (Hopper: twice bf16); 0 where the GPU has
+  // none (Ampere). Read by --fp8 (plan/compute.h).
+  double fp8_peak_flops = 0;
+  // Streaming multiprocessors: kernels that overlap communication with
+  // compute take some of them (Job::comm_sms).
+  int64_t sms = 0;
 };
 
 // Throws Error naming the known GPUs when `name` is not in the catalog.

@@ -15,7 +15,8 @@ namespace meshtrain::plan {
 
 namespace {
 
-constexpr OptionNames<Schedule, 3> kSchedule{"schedule", {"gpipe", "1f1b", "interleaved"}};
+constexpr OptionNames<Schedule, 4> kSchedule{"schedule",
+                                             {"gpipe", "1f1b", "interleaved", "dualpipe"}};
 constexpr OptionNames<Offload, 2> kOffload{"offload", {"none", "optimizer"}};
 constexpr OptionNames<Optimizer, 2> kOptimizer{"optimizer", {"adamw", "sgd"}};
 
@@ -86,13 +87,18 @@ double layer_activation_bytes(const ActivationShape& x) {
   if (x.recompute == Recompute::full) {
     return d.e * sbh / (x.sequence_parallel ? d.t : 1.0);
   }
-  const double whole = half * 8 * sbh + mask * 2 * sbh;
-  // Gated MLP: gate|up (4sbf) and their product (2sbf); selective
+  // What the linear layers keep: 16-bit values unless their GEMMs run in FP8.
+  const double q = x.linear_input_bytes > 0 ? x.linear_input_bytes : d.e;
+  // The two norms' inputs (4sbh), the attention and MLP inputs (2sbh each), masks.
+  const double whole = half * 4 * sbh + q * 2 * sbh + mask * 2 * sbh;
+  // Gated MLP: gate|up (2sbf values) and their product (sbf); selective
   // recomputation recomputes the product from gate|up in backward.
   const bool gated = x.model.recipe().feed_forward == FeedForward::swiglu;
-  const double mlp = gated ? (x.recompute == Recompute::selective ? 4 : 6) : 4;
+  const double mlp = gated ? (x.recompute == Recompute::selective ? 2 : 3) : 2;
   const AttentionShape& at = d.attention;
-  const double split = half * 2 * sb * (at.qk + at.k + at.v + at.values()) + half * mlp * sb * d.f;
+  const double qkv = at.qk + at.k + at.v -
+                     (x.recompute == Recompute::selective ? at.from_latent : 0);
+  const double split = d.e * sb * qkv + q * sb * at.values() + q * mlp * sb * d.f;
   const double core = (half * 2 + mask * (1 + 2 * half)) * d.a * d.s * d.full_seq * d.b;
   // MLA's latents: every tp rank computes them from the whole (gathered) input.
   double bytes = whole / (x.sequence_parallel ? d.t : 1.0) + split / d.t + half * 2 * sb * at.latent;
@@ -124,6 +130,8 @@ double inflight_microbatches(Schedule schedule, int64_t p, int64_t v, int64_t m,
       const int64_t chunks = std::min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
       return static_cast<double>(chunks) / static_cast<double>(v);
     }
+    case Schedule::dualpipe:
+      return static_cast<double>(std::min(p + 1, m));
   }
   return 0;
 }

@@ -19,7 +19,10 @@ using meshtrain::Recompute;
 using meshtrain::RecomputePolicy;
 using meshtrain::recompute_name;
 // Printed and parsed by these names, in this order (memory.cpp).
-enum class Schedule { gpipe, one_f_one_b, interleaved };
+// DualPipe (DeepSeek-V3 section 3.2.1): two pipelines in opposite directions,
+// each rank holding stage r and stage p - 1 - r, a forward chunk of one
+// micro-batch overlapped with a backward chunk of another.
+enum class Schedule { gpipe, one_f_one_b, interleaved, dualpipe };
 enum class Offload { none, optimizer };
 enum class Optimizer { adamw, sgd };
 
@@ -65,6 +68,10 @@ struct ActivationShape {
   bool dropout = false;   // GPT-style dropout masks (1 byte per value)
   double value_bytes = 2; // 16-bit activations
   int64_t cp = 1;         // context parallelism: each rank keeps seq / cp positions
+  // Bytes per value of what the linear layers keep for their weight gradient
+  // (their inputs, and SwiGLU's, whose output is one): FP8 GEMMs keep them
+  // in 8 bits (1; DeepSeek-V3 section 3.3.3); 0: value_bytes.
+  double linear_input_bytes = 0;
 };
 // Korthikanti et al. 2022, section 4 (generalised to GQA, MLA and gated MLPs):
 //   kept whole under TP without SP: norm inputs 4sbh, attention and MLP inputs
@@ -76,6 +83,10 @@ struct ActivationShape {
 //   gate|up (4sbf) and recomputes their product;
 //   full recomputation keeps only the layer input, 2sbh (/tp with SP).
 //   With context parallelism s is seq / cp (the core: a (seq / cp) seq b).
+//   MLA under selective recomputation keeps the latents, not the Q, K and V
+//   its up-projections write (AttentionShape::from_latent). FP8 GEMMs keep
+//   the attention and MLP inputs, the o-projection's input and the MLP's
+//   values at linear_input_bytes.
 double layer_activation_bytes(const ActivationShape& shape);
 // Extra activation bytes per micro-batch on the first stage (embedding dropout
 // mask) and the last stage (final norm input, output-layer input, fp32 logits 4sbv/t).
@@ -86,7 +97,8 @@ double last_stage_activation_bytes(const ActivationShape& shape);
 // peak (Narayanan et al. 2021; Korthikanti et al. 2022, section 4.2.3):
 //   GPipe m; 1F1B min(p - stage, m);
 //   interleaved (v chunks) min(2(p - stage - 1) + (v - 1)p + 1, m v) / v,
-//   which for stage 0 is p (1 + (p - 1)/(p v)).
+//   which for stage 0 is p (1 + (p - 1)/(p v)); DualPipe min(p + 1, m)
+//   (DeepSeek-V3 table 2).
 double inflight_microbatches(Schedule schedule, int64_t p, int64_t v, int64_t m, int64_t stage);
 // Idle fraction of the ideal step: (p - 1) / (v m).
 double bubble_fraction(int64_t p, int64_t v, int64_t m);

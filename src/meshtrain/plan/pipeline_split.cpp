@@ -28,13 +28,13 @@ GpuSpec flop_counting_gpu() {
 
 namespace {
 
-// Layers of stage r: water-filling from the continuous optimum, then one layer
-// at a time to the stage that stays cheapest (or from the dearest) until they sum to L.
-std::vector<int64_t> stage_counts(const LayerCosts& c, int64_t layers, int64_t pp, int64_t least) {
-  const double unit = c.layer > 0 ? c.layer : 1.0;
-  std::vector<double> offset(static_cast<size_t>(pp), 0.0);
-  offset.front() += c.embedding;
-  offset.back() += c.head;
+// Layers of stage r, whose fixed cost is offset[r]: water-filling from the
+// continuous optimum, then one layer at a time to the stage that stays
+// cheapest (or from the dearest) until they sum to L.
+std::vector<int64_t> stage_counts(double layer_cost, const std::vector<double>& offset,
+                                  int64_t layers, int64_t least) {
+  const double unit = layer_cost > 0 ? layer_cost : 1.0;
+  const int64_t pp = static_cast<int64_t>(offset.size());
   double sum_offset = 0;
   for (double o : offset) sum_offset += o;
   const double level = (static_cast<double>(layers) * unit + sum_offset) / static_cast<double>(pp);
@@ -93,7 +93,35 @@ void check_split_args(int64_t layers, int64_t pp, int64_t v) {
 std::vector<int64_t> balanced_pipeline_split(const LayerCosts& costs, int64_t layers, int64_t pp,
                                              int64_t v) {
   check_split_args(layers, pp, v);
-  return chunks_from_stages(stage_counts(costs, layers, pp, v), v);
+  std::vector<double> offset(static_cast<size_t>(pp), 0.0);
+  offset.front() += costs.embedding;
+  offset.back() += costs.head;
+  return chunks_from_stages(stage_counts(costs.layer, offset, layers, v), v);
+}
+
+std::vector<int64_t> balanced_dualpipe_split(const LayerCosts& costs, int64_t layers, int64_t pp) {
+  check_split_args(layers, pp, 1);
+  MESHTRAIN_CHECK(pp % 2 == 0, "plan: dualpipe needs an even pp, got {}", pp);
+  // Rank r holds stages r and pp - 1 - r: balance the pairs (rank 0 holds
+  // both ends), then halve each pair's layers.
+  std::vector<double> offset(static_cast<size_t>(pp / 2), 0.0);
+  offset.front() = costs.embedding + costs.head;
+  const std::vector<int64_t> pairs = stage_counts(costs.layer, offset, layers, 2);
+  std::vector<int64_t> stages(static_cast<size_t>(pp));
+  for (size_t r = 0; r < pairs.size(); ++r) {
+    stages[r] = (pairs[r] + 1) / 2;
+    stages[static_cast<size_t>(pp) - 1 - r] = pairs[r] / 2;
+  }
+  return stages;
+}
+
+double dualpipe_pace(const std::vector<double>& stage_seconds) {
+  double most = 0;
+  const size_t p = stage_seconds.size();
+  for (size_t r = 0; r < p / 2; ++r) {
+    most = std::max(most, 0.5 * (stage_seconds[r] + stage_seconds[p - 1 - r]));
+  }
+  return most;
 }
 
 std::vector<int64_t> balanced_pipeline_split(const ModelConfig& config, int64_t pp, int64_t v,

@@ -38,6 +38,14 @@ std::vector<int64_t> balanced_pipeline_split(const LayerCosts& costs, int64_t la
 std::vector<int64_t> balanced_pipeline_split(const ModelConfig& config, int64_t pp,
                                              int64_t virtual_stages, int64_t seq,
                                              const GpuSpec& gpu);
+// DualPipe (rank r holds stages r and pp - 1 - r, one micro-batch of each
+// direction in turn): layers per stage minimising the dearest rank's pair of
+// stages; pp even, every stage at least one layer.
+std::vector<int64_t> balanced_dualpipe_split(const LayerCosts& costs, int64_t layers, int64_t pp);
+// The pace of one micro-batch under DualPipe: the dearest rank's mean of its
+// two stages' costs.
+double dualpipe_pace(const std::vector<double>& stage_seconds);
+
 // ceil(L / pp) per stage with the remainder taken from the last stages, each
 // stage's layers spread evenly over its chunks (Megatron's default when L divides).
 std::vector<int64_t> uniform_pipeline_split(int64_t layers, int64_t pp, int64_t virtual_stages);

@@ -23,6 +23,11 @@ void Job::validate() const {
   MESHTRAIN_CHECK(reserve_bytes >= 0, "plan: --reserve-gib must be >= 0");
   MESHTRAIN_CHECK(checkpoint_write_bandwidth > 0, "plan: --ckpt-bw must be > 0");
   MESHTRAIN_CHECK(cpu_adam_params_per_second > 0, "plan: --cpu-adam-rate must be > 0");
+  MESHTRAIN_CHECK(!fp8 || precision == Precision::bf16,
+                  "plan: --fp8 needs --precision bf16 (FP8 GEMMs, bf16 everything else)");
+  MESHTRAIN_CHECK(!fp8 || !finetune.adapters(), "plan: --fp8 with LoRA / QLoRA is not modelled");
+  MESHTRAIN_CHECK(mtp >= 0, "plan: --mtp must be >= 0, got {}", mtp);
+  MESHTRAIN_CHECK(comm_sms >= 0, "plan: --comm-sms must be >= 0, got {}", comm_sms);
 }
 
 PlanContext make_context(const ModelConfig& model, const Job& job) {
@@ -139,6 +144,11 @@ std::string check_layout(const PlanContext& ctx, const Cluster& cl, const Job& j
     }
   }
   if (l.schedule == Schedule::interleaved && l.vpp == 1) return "interleaved needs v > 1";
+  if (l.schedule == Schedule::dualpipe && (l.pp < 2 || l.pp % 2 != 0 || m_count % 2 != 0)) {
+    return fmt::format("dualpipe needs an even pp >= 2 and an even number of micro-batches "
+                       "(pp {}, {} micro-batches)",
+                       l.pp, m_count);
+  }
   if (l.zero >= 2 && l.pp > 1) {
     return "ZeRO-2/3 with pp > 1 (gradients sharded every micro-batch; DeepSpeed refuses it)";
   }

@@ -36,6 +36,12 @@ struct Job {
   FailureModel failures;
   Finetune finetune;  // method none = pre-training
   Attention attention = Attention::flash;
+  // --fp8: the blocks' linear GEMMs in FP8 (ComputeShape::fp8), bf16 otherwise.
+  bool fp8 = false;
+  int64_t mtp = 0;  // --mtp: multi-token-prediction modules (ComputeShape::mtp)
+  // SMs the DualPipe schedule gives the expert all-to-alls it overlaps with
+  // compute (DeepSeek-V3 section 3.2.2: 20 of the H800's 132).
+  int64_t comm_sms = 20;
   bool balance_pipeline = true;  // layers per stage by cost (pipeline_split.h), else uniform
   std::vector<int64_t> pipeline_split;  // given layers per stage (overrides both when set)
   void validate() const;
@@ -105,6 +111,7 @@ struct Estimate {
   double dp_comm_raw = 0, dp_overlap_window = 0;
   double cp_comm_raw = 0;
   double ep_bytes_per_step = 0;  // one rank's all-to-all bytes per step (MoE, ep > 1)
+  double ep_comm_raw = 0;        // their time; time.ep is what is exposed
   double model_flops_per_step = 0, hardware_flops_per_step = 0;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0;
   double checkpoint_bytes = 0, checkpoint_seconds = 0;  // one save
@@ -125,8 +132,13 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cluster, const Job& job
 
 // The cluster's GPU with the job's --efficiency override applied.
 GpuSpec effective_gpu(const Cluster& cluster, const Job& job);
+// What compute of `layout` gets of it: under DualPipe with expert
+// parallelism, the peaks of the SMs left beside the job's comm_sms.
+GpuSpec layout_gpu(const Cluster& cluster, const Job& job, const Layout& layout);
 // One micro-batch of `layout` as the compute model sees it.
 ComputeShape compute_shape(const Job& job, const Layout& layout);
+// One micro-batch through one layer as the activation-memory model sees it.
+ActivationShape activation_shape(const PlanContext& ctx, const Job& job, const Layout& layout);
 
 // The compute efficiency at which `layout` takes `measured_step_seconds` per
 // step (bisection; the step time falls as the efficiency rises). Throws Error

@@ -63,7 +63,9 @@ std::string job_line(const PlanInputs& in) {
       grouped(static_cast<double>(j.tokens_per_step())),
       in.batch_note.empty() ? "" : " (" + in.batch_note + ")", human_count(j.tokens),
       grouped(std::ceil(j.tokens / static_cast<double>(j.tokens_per_step()))),
-      precision_name(j.precision), optimizer_name(j.optimizer),
+      std::string(precision_name(j.precision)) + (j.fp8 ? " (FP8 GEMMs)" : "") +
+          (j.mtp > 0 ? fmt::format(" + {} MTP", j.mtp) : std::string()),
+      optimizer_name(j.optimizer),
       j.finetune.method == FinetuneMethod::none
           ? ""
           : j.finetune.adapters()
@@ -176,8 +178,8 @@ std::string format_table(const PlanInputs& in, const SearchResult& r) {
         s, t.compute, t.recompute, t.bubble, t.tp,
         (b.layout.cp > 1 ? fmt::format(" + CP {:.2f} (of {:.2f})", t.cp, b.cp_comm_raw)
                          : std::string()) +
-            (b.layout.ep > 1 ? fmt::format(" + EP all-to-all {:.2f} ({} sent per rank)", t.ep,
-                                           gib(b.ep_bytes_per_step))
+            (b.layout.ep > 1 ? fmt::format(" + EP all-to-all {:.2f} (of {:.2f}; {} sent per rank)",
+                                           t.ep, b.ep_comm_raw, gib(b.ep_bytes_per_step))
                              : std::string()),
         t.dp, b.dp_comm_raw, t.pp, t.optimizer,
         t.offload > 0 ? fmt::format(" + offload {:.2f}", t.offload) : "",
@@ -274,6 +276,8 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
                 {"tokens_per_step", j.tokens_per_step()},
                 {"tokens", j.tokens},
                 {"precision", std::string(precision_name(j.precision))},
+                {"fp8_gemms", j.fp8},
+                {"mtp", j.mtp},
                 {"optimizer", std::string(optimizer_name(j.optimizer))},
                 {"gemm_efficiency", effective_gpu(in.cluster, j).gemm_efficiency},
                 {"finetune", std::string(finetune_name(j.finetune.method))},
@@ -324,7 +328,7 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
            {"bubble", e.time.bubble}, {"tp", e.time.tp}, {"cp", e.time.cp},
            {"cp_raw", e.cp_comm_raw}, {"dp", e.time.dp},
            {"dp_raw", e.dp_comm_raw}, {"pp", e.time.pp}, {"ep", e.time.ep},
-           {"ep_bytes", e.ep_bytes_per_step}, {"offload", e.time.offload},
+           {"ep_bytes", e.ep_bytes_per_step}, {"ep_raw", e.ep_comm_raw}, {"offload", e.time.offload},
            {"optimizer", e.time.optimizer}, {"checkpoint", e.time.checkpoint},
            {"step", e.step_seconds}}},
          {"tokens_per_second", e.tokens_per_second},

@@ -234,6 +234,8 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
       Cluster cl = base;
       cl.gpus = gpus;
       validate(cl);
+      MESHTRAIN_CHECK(!job.fp8 || cl.gpu.fp8_peak_flops > 0,
+                      "plan: --fp8: the {} has no FP8 tensor cores", cl.gpu.name);
       check_fixed(ctx, cl, f);
       std::vector<int64_t> tps;
       for (int64_t t : divisors(gpus)) {

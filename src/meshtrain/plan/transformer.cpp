@@ -15,18 +15,19 @@ AttentionShape attention_shape(const ModelConfig& c) {
     const double qh = width(m.nope_dim + m.rope_dim), qr = width(m.q_rank);
     const double kvr = width(m.kv_rank), rope_dim = width(m.rope_dim);
     if (m.q_rank > 0) {
-      a.in = {{"q_a", d, qr, Split::none}, {"q_b", qr, heads * qh, Split::out}};
+      a.in = {{"q_a", d, qr, Split::none}, {"q_b", qr, heads * qh, Split::out, true}};
     } else {
       a.in = {{"q", d, heads * qh, Split::out}};
     }
     a.in.push_back({"kv_a", d, kvr + rope_dim, Split::none});
-    a.in.push_back({"kv_b", kvr, heads * width(m.nope_dim + m.v_dim), Split::out});
+    a.in.push_back({"kv_b", kvr, heads * width(m.nope_dim + m.v_dim), Split::out, true});
     a.out = {"o-proj", heads * width(m.v_dim), d, Split::in};
     a.qk = a.k = heads * qh;
     a.v = a.values();
     a.rope = heads * rope_dim + rope_dim;  // the shared k_rope once
     a.norm_weights = qr + kvr;
     a.latent = 2 * qr + 2 * kvr + rope_dim;  // q_a's and kv_a's outputs, the normed latents
+    a.from_latent = (m.q_rank > 0 ? a.qk : 0) + a.k + a.v;
     return a;
   }
   const double q = static_cast<double>(c.attention_width());

@@ -22,6 +22,9 @@ struct AttentionShape {
     const char* name;
     double in, out;
     Split split;
+    // MLA's q_b and kv_b: recomputable from the kept latents (selective
+    // recomputation does, so Q, K and V are not kept; DeepSeek-V3 3.2.3).
+    bool from_latent = false;
   };
   std::vector<Projection> in;  // x -> q, k, v: "qkv", or q_a, q_b, kv_a, kv_b
   Projection out;              // "o-proj": values -> dim
@@ -32,6 +35,9 @@ struct AttentionShape {
   // MLA: the latent RMSNorms' weights, and the values each token keeps for
   // their backward that tp does not split (the latents before and after the norm).
   double norm_weights = 0, latent = 0;
+  // Of qk + k + v, the widths the from_latent projections write: what
+  // selective recomputation does not keep.
+  double from_latent = 0;
   // The o-projection's input: heads x the value head width.
   double values() const { return out.in; }
 };
