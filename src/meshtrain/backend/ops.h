@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "meshtrain/tensor/dtype.h"
@@ -161,6 +162,12 @@ struct RopeTable {
 // Unscaled inverse frequencies theta^(-2i/head_dim), i < head_dim / 2, in float
 // in the order of Meta's precompute_freqs_cis, so angles match PyTorch's.
 std::vector<float> rope_inv_freq(int64_t head_dim, float theta);
+
+// A RopeTable's values in host memory: cos and sin [max_seq, inv_freq.size()]
+// of the float angle p * inv_freq[i] (every backend's table, whatever memory
+// it then lives in). Checks head_dim == 2 * inv_freq.size() and max_seq > 0.
+void rope_table_values(int64_t head_dim, int64_t max_seq, std::span<const float> inv_freq,
+                       float* cos, float* sin);
 
 // What attention's backward needs, allocated by attention_forward (category
 // activations), reused across calls when shapes and dtype match.

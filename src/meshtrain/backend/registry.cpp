@@ -7,6 +7,7 @@
 #include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/backend/cpu/cross_entropy.h"
 #include "meshtrain/backend/cpu/matmul.h"
+#include "meshtrain/backend/cuda/kind.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -28,10 +29,7 @@ const BackendKind kKinds[] = {
         .classifier_workspace = cpu::classifier_workspace,
         .peak_probe_workspace = cpu::peak_probe_workspace,
     },
-    {
-        .name = "cuda",
-        .unavailable = [] { return std::string("this build has no CUDA backend"); },
-    },
+    cuda_backend_kind(),
 };
 
 }  // namespace

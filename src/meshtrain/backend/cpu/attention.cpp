@@ -175,23 +175,13 @@ RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, std::span<const flo
   MESHTRAIN_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim {} must be even", head_dim);
   MESHTRAIN_CHECK(max_seq > 0, "rope: max_seq {} must be positive", max_seq);
   const int64_t half = head_dim / 2;
-  MESHTRAIN_CHECK(static_cast<int64_t>(inv_freq.size()) == half,
-                  "rope: {} frequencies for head_dim {}", inv_freq.size(), head_dim);
   RopeTable table;
   table.head_dim = head_dim;
   table.max_seq = max_seq;
   table.cos = Tensor({max_seq, half}, DType::f32, MemCategory::workspace, tracker);
   table.sin = Tensor({max_seq, half}, DType::f32, MemCategory::workspace, tracker);
-  float* c = table.cos.data<float>();
-  float* s = table.sin.data<float>();
-  for (int64_t i = 0; i < half; ++i) {
-    const float freq = inv_freq[static_cast<size_t>(i)];
-    for (int64_t p = 0; p < max_seq; ++p) {
-      const float angle = static_cast<float>(p) * freq;
-      c[p * half + i] = std::cos(angle);
-      s[p * half + i] = std::sin(angle);
-    }
-  }
+  ops::rope_table_values(head_dim, max_seq, inv_freq, table.cos.data<float>(),
+                         table.sin.data<float>());
   return table;
 }
 

@@ -1,0 +1,625 @@
+#include "meshtrain/backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/cuda/matmul.h"
+#include "meshtrain/backend/cuda/runtime.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::cuda {
+
+namespace {
+
+[[noreturn]] void not_yet(const char* op) {
+  fail("train.device = \"cuda\": the cuda backend does not implement {} yet (docs/gpu.md)", op);
+}
+
+const char* bytes_of(const void* p, int64_t elements, DType d) {
+  return static_cast<const char*>(p) + elements * static_cast<int64_t>(dtype_size(d));
+}
+char* bytes_of(void* p, int64_t elements, DType d) {
+  return static_cast<char*>(p) + elements * static_cast<int64_t>(dtype_size(d));
+}
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;      // every kernel, copy and GEMM
+  cudaStream_t comm_stream = nullptr; // collectives (comm/, NCCL), ordered by events
+  std::unique_ptr<CachingAllocator> allocator;
+  Tensor gemm_workspace;
+  std::unique_ptr<Gemms> gemms;
+  cudaDeviceProp props{};
+};
+
+CudaBackend::CudaBackend(MemoryTracker& tracker) : Backend(tracker), impl_(std::make_unique<Impl>()) {
+  const std::string why = device_unavailable();
+  MESHTRAIN_CHECK_AS(ErrorKind::resource, why.empty(), "backend 'cuda' is not available: {}", why);
+  Impl& m = *impl_;
+  m.device = choose_device();
+  check(cudaSetDevice(m.device), "cudaSetDevice");
+  check(cudaGetDeviceProperties(&m.props, m.device), "cudaGetDeviceProperties");
+  check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  m.allocator = std::make_unique<CachingAllocator>(m.device, m.stream);
+  m.gemm_workspace = Tensor({static_cast<int64_t>(kGemmWorkspace / sizeof(float))}, DType::f32,
+                            MemCategory::workspace, tracker, *m.allocator);
+  m.gemms = std::make_unique<Gemms>(m.stream, m.gemm_workspace.raw());
+}
+
+CudaBackend::~CudaBackend() {
+  Impl& m = *impl_;
+  cudaStreamSynchronize(m.stream);
+  m.gemms.reset();
+  m.gemm_workspace = Tensor();
+  m.allocator.reset();
+  cudaStreamDestroy(m.comm_stream);
+  cudaStreamDestroy(m.stream);
+}
+
+Device CudaBackend::device() const { return {DeviceKind::cuda, impl_->device}; }
+
+std::string CudaBackend::device_name() const { return impl_->props.name; }
+
+Tensor CudaBackend::allocate(Shape shape, DType dtype, MemCategory category) {
+  return Tensor(std::move(shape), dtype, category, tracker(), *impl_->allocator);
+}
+
+void CudaBackend::copy_to_host(const Tensor& src, void* dst) {
+  MESHTRAIN_CHECK(src.device() == device(), "cuda backend: copy_to_host of a {} tensor",
+                  src.device().str());
+  check(cudaMemcpyAsync(dst, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, impl_->stream),
+        "cudaMemcpyAsync to host");
+  synchronize();
+}
+
+void CudaBackend::copy_from_host(const void* src, const Tensor& dst) {
+  MESHTRAIN_CHECK(dst.device() == device(), "cuda backend: copy_from_host into a {} tensor",
+                  dst.device().str());
+  check(cudaMemcpyAsync(dst.raw(), src, dst.bytes(), cudaMemcpyHostToDevice, impl_->stream),
+        "cudaMemcpyAsync from host");
+  synchronize();  // src may go away when this returns
+}
+
+void CudaBackend::synchronize() { check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize"); }
+
+// ---- GEMMs
+void CudaBackend::matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
+                         DType c_dtype, void* c, float alpha, bool accumulate, const float* bias) {
+  impl_->gemms->run(dims, ab, a, b, c_dtype, c, alpha, accumulate, bias);
+}
+
+void CudaBackend::grouped_matmul(const ops::GroupedMatmulDims& dims, DType ab, const void* a,
+                                 const void* b, DType c_dtype, void* c, float alpha,
+                                 bool accumulate) {
+  int64_t row0 = 0;
+  for (size_t g = 0; g < dims.sizes.size(); ++g) {
+    const int64_t rows = dims.sizes[g];
+    if (rows > 0) {
+      const auto gi = static_cast<int64_t>(g);
+      if (dims.along_k) {
+        // C_g = alpha A[rows_g]^T B[rows_g]: A [rows, m], B [rows, n].
+        const ops::MatmulDims d{1, dims.m, dims.n, rows, true, false, false};
+        matmul(d, ab, bytes_of(a, row0 * dims.m, ab), bytes_of(b, row0 * dims.n, ab), c_dtype,
+               bytes_of(c, gi * dims.m * dims.n, c_dtype), alpha, accumulate, nullptr);
+      } else {
+        const ops::MatmulDims d{1, rows, dims.n, dims.k, false, dims.trans_b, false, 0, 0, dims.ldc};
+        const int64_t ldc = dims.ldc > 0 ? dims.ldc : dims.n;
+        matmul(d, ab, bytes_of(a, row0 * dims.k, ab), bytes_of(b, gi * dims.k * dims.n, ab),
+               c_dtype, bytes_of(c, row0 * ldc, c_dtype), alpha, accumulate, nullptr);
+      }
+    }
+    row0 += rows;
+  }
+}
+
+double CudaBackend::measure_matmul_peak_flops(DType ab, double seconds) {
+  const int64_t n = ab == DType::f32 ? 4096 : 8192;
+  Tensor a = allocate({n, n}, ab, MemCategory::workspace);
+  Tensor b = allocate({n, n}, ab, MemCategory::workspace);
+  Tensor c = allocate({n, n}, DType::f32, MemCategory::workspace);
+  const ops::MatmulDims d{1, n, n, n};
+  auto gemm = [&] { matmul(d, ab, a.raw(), b.raw(), DType::f32, c.raw(), 1.0f, false, nullptr); };
+  gemm();  // plan and warm up
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  int64_t iterations = 0;
+  float elapsed_ms = 0;
+  check(cudaEventRecord(start, impl_->stream), "cudaEventRecord");
+  while (elapsed_ms < seconds * 1e3 || iterations < 3) {
+    for (int i = 0; i < 4; ++i) gemm();
+    iterations += 4;
+    check(cudaEventRecord(stop, impl_->stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    check(cudaEventElapsedTime(&elapsed_ms, start, stop), "cudaEventElapsedTime");
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(n) * n * n * static_cast<double>(iterations) /
+         (static_cast<double>(elapsed_ms) * 1e-3);
+}
+
+double CudaBackend::measure_copy_bandwidth(size_t bytes, double seconds) {
+  const auto n = static_cast<int64_t>(std::max<size_t>(bytes / 4, 1));
+  Tensor src = allocate({n}, DType::f32, MemCategory::workspace);
+  Tensor dst = allocate({n}, DType::f32, MemCategory::workspace);
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  int64_t iterations = 0;
+  float elapsed_ms = 0;
+  check(cudaEventRecord(start, impl_->stream), "cudaEventRecord");
+  while (elapsed_ms < seconds * 1e3 || iterations < 3) {
+    check(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToDevice,
+                          impl_->stream),
+          "cudaMemcpyAsync");
+    ++iterations;
+    check(cudaEventRecord(stop, impl_->stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    check(cudaEventElapsedTime(&elapsed_ms, start, stop), "cudaEventElapsedTime");
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(src.bytes()) * static_cast<double>(iterations) /
+         (static_cast<double>(elapsed_ms) * 1e-3);
+}
+
+// ---- norms and elementwise
+void CudaBackend::rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y,
+                                  float* rstd, int64_t rows, int64_t dim, float eps) {
+  launch_rmsnorm_forward(impl_->stream, x, w, elem(out_dtype), y, rstd, rows, dim, eps);
+}
+
+void CudaBackend::rmsnorm_backward(const float* x, const float* w, const float* rstd,
+                                   const float* dy, float* dx, float* dw, int64_t rows,
+                                   int64_t dim) {
+  launch_rmsnorm_backward(impl_->stream, x, w, rstd, dy, dx, dw, rows, dim);
+}
+
+void CudaBackend::layernorm_forward(const float* x, const float* w, const float* b,
+                                    DType out_dtype, void* y, float* mean, float* rstd,
+                                    int64_t rows, int64_t dim, float eps) {
+  launch_layernorm_forward(impl_->stream, x, w, b, elem(out_dtype), y, mean, rstd, rows, dim, eps);
+}
+
+void CudaBackend::layernorm_backward(const float* x, const float* w, const float* mean,
+                                     const float* rstd, const float* dy, float* dx, float* dw,
+                                     float* db, int64_t rows, int64_t dim) {
+  launch_layernorm_backward(impl_->stream, x, w, mean, rstd, dy, dx, dw, db, rows, dim);
+}
+
+void CudaBackend::group_rmsnorm_forward(const ops::GroupNormDims& dims, float* x, const float* w,
+                                        float* saved, float* rstd) {
+  launch_group_rmsnorm_forward(impl_->stream, {dims.rows, dims.stride, dims.count, dims.width, dims.eps},
+                               x, w, saved, rstd);
+}
+
+void CudaBackend::group_rmsnorm_backward(const ops::GroupNormDims& dims, const float* saved,
+                                         const float* w, const float* rstd, DType grad_dtype,
+                                         void* dy, float* dw) {
+  launch_group_rmsnorm_backward(impl_->stream,
+                                {dims.rows, dims.stride, dims.count, dims.width, dims.eps}, saved,
+                                w, rstd, elem(grad_dtype), dy, dw);
+}
+
+void CudaBackend::swiglu_forward(const float* gate_up, DType out_dtype, void* out, int64_t rows,
+                                 int64_t hidden) {
+  launch_swiglu_forward(impl_->stream, gate_up, elem(out_dtype), out, rows, hidden);
+}
+
+void CudaBackend::swiglu_backward(const float* gate_up, const float* d_out, DType grad_dtype,
+                                  void* d_gate_up, int64_t rows, int64_t hidden) {
+  launch_swiglu_backward(impl_->stream, gate_up, d_out, elem(grad_dtype), d_gate_up, rows, hidden);
+}
+
+void CudaBackend::gelu_forward(const float* x, DType out_dtype, void* y, int64_t n) {
+  launch_gelu_forward(impl_->stream, x, elem(out_dtype), y, n);
+}
+
+void CudaBackend::gelu_backward(const float* x, const float* dy, DType grad_dtype, void* dx,
+                                int64_t n) {
+  launch_gelu_backward(impl_->stream, x, dy, elem(grad_dtype), dx, n);
+}
+
+void CudaBackend::add_inplace(float* x, const float* y, int64_t n) {
+  launch_add_inplace(impl_->stream, x, y, n);
+}
+
+void CudaBackend::mul_inplace(float* x, const float* y, int64_t n) {
+  launch_mul_inplace(impl_->stream, x, y, n);
+}
+
+void CudaBackend::add_product(float* x, const float* a, const float* b, int64_t n) {
+  launch_add_product(impl_->stream, x, a, b, n);
+}
+
+void CudaBackend::residual_add(const float* residual, const float* y, const float* bias, float* out,
+                               int64_t rows, int64_t n) {
+  launch_residual_add(impl_->stream, residual, y, bias, out, rows, n);
+}
+
+void CudaBackend::convert(DType from, const void* src, DType to, void* dst, int64_t n) {
+  impl_->allocator->copy(from, src, to, dst, static_cast<size_t>(n));
+}
+
+void CudaBackend::bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) {
+  launch_bias_backward(impl_->stream, dy, dbias, rows, n);
+}
+
+// ---- RoPE and attention
+ops::RopeTable CudaBackend::make_rope_table(int64_t head_dim, int64_t max_seq,
+                                            std::span<const float> inv_freq) {
+  const int64_t half = head_dim / 2;
+  std::vector<float> cos(static_cast<size_t>(max_seq * half)), sin(cos.size());
+  ops::rope_table_values(head_dim, max_seq, inv_freq, cos.data(), sin.data());
+  ops::RopeTable table;
+  table.head_dim = head_dim;
+  table.max_seq = max_seq;
+  table.cos = allocate({max_seq, half}, DType::f32, MemCategory::workspace);
+  table.sin = allocate({max_seq, half}, DType::f32, MemCategory::workspace);
+  copy_from_host(cos.data(), table.cos);
+  copy_from_host(sin.data(), table.sin);
+  return table;
+}
+
+namespace {
+
+AttentionShape attention_shape(const ops::AttentionDims& d, const ops::RopeTable* rope) {
+  MESHTRAIN_CHECK(d.batch > 0 && d.seq > 0 && d.n_heads > 0 && d.n_kv_heads > 0 &&
+                      d.head_dim > 0 && d.head_dim % 2 == 0 && d.n_heads % d.n_kv_heads == 0,
+                  "attention: bad dims batch={} seq={} heads={} kv_heads={} head_dim={}", d.batch,
+                  d.seq, d.n_heads, d.n_kv_heads, d.head_dim);
+  if (rope != nullptr) {
+    MESHTRAIN_CHECK(rope->head_dim == d.head_dim && d.seq <= rope->max_seq,
+                    "attention: rope table (head_dim {}, {} positions) does not fit head_dim {} "
+                    "seq {}",
+                    rope->head_dim, rope->max_seq, d.head_dim, d.seq);
+  }
+  AttentionShape a;
+  a.batch = d.batch;
+  a.seq = d.seq;
+  a.heads = d.n_heads;
+  a.kv_heads = d.n_kv_heads;
+  a.head_dim = d.head_dim;
+  a.window = d.window;
+  a.positions = d.positions;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+  return a;
+}
+
+}  // namespace
+
+void CudaBackend::attention_forward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                    DType compute, const float* qkv, void* out,
+                                    ops::AttentionSaved& saved) {
+  const AttentionShape a = attention_shape(dims, rope);
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, impl_->device),
+        "cudaDeviceGetAttribute");
+  MESHTRAIN_CHECK_AS(ErrorKind::resource,
+                     attention_shared_bytes(a) <= static_cast<size_t>(optin),
+                     "cuda attention: seq {} needs {} bytes of shared memory per block, the device "
+                     "allows {}",
+                     dims.seq, attention_shared_bytes(a), optin);
+  const int64_t B = dims.batch, T = dims.seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim;
+  auto ensure = [&](Tensor& t, const Shape& shape) {
+    if (t.defined() && t.shape() == shape && t.dtype() == compute && t.device() == device()) return;
+    t = Tensor();
+    t = allocate(shape, compute, MemCategory::activations);
+  };
+  ensure(saved.q, {B, H, T, D});
+  ensure(saved.k, {B, KV, T, D});
+  ensure(saved.v, {B, KV, T, D});
+  if (saved.recompute_probs) {
+    saved.probs = Tensor();
+  } else {
+    ensure(saved.probs, {B, H, T, T});
+  }
+  const Elem e = elem(compute);
+  launch_attention_split(impl_->stream, a, qkv, rope ? rope->cos.data<float>() : nullptr,
+                         rope ? rope->sin.data<float>() : nullptr, e, saved.q.raw(), saved.k.raw(),
+                         saved.v.raw());
+  launch_attention_forward(impl_->stream, a, e, saved.q.raw(), saved.k.raw(), saved.v.raw(),
+                           saved.probs.defined() ? saved.probs.raw() : nullptr, out);
+}
+
+void CudaBackend::attention_backward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                     DType compute, const ops::AttentionSaved& saved,
+                                     const float* d_out, void* d_qkv) {
+  const AttentionShape a = attention_shape(dims, rope);
+  const int64_t B = dims.batch, T = dims.seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim;
+  const bool kept = !saved.recompute_probs;
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * T * D &&
+                      (!kept || (saved.probs.defined() && saved.probs.numel() == B * H * T * T)),
+                  "attention_backward: saved tensors do not match dims/compute dtype");
+  Tensor ds = allocate({B, H, T, T}, DType::f32, MemCategory::workspace);
+  Tensor p = kept ? Tensor() : allocate({B, H, T, T}, DType::f32, MemCategory::workspace);
+  Tensor dq = allocate({B, H, T, D}, DType::f32, MemCategory::workspace);
+  Tensor dk = allocate({B, KV, T, D}, DType::f32, MemCategory::workspace);
+  Tensor dv = allocate({B, KV, T, D}, DType::f32, MemCategory::workspace);
+  const Elem e = elem(compute);
+  launch_attention_backward(impl_->stream, a, e, saved.q.raw(), saved.k.raw(), saved.v.raw(),
+                            kept ? saved.probs.raw() : nullptr,
+                            kept ? nullptr : p.data<float>(), d_out, ds.data<float>(),
+                            dq.data<float>(), dk.data<float>(), dv.data<float>());
+  launch_attention_merge(impl_->stream, a, dq.data<float>(), dk.data<float>(), dv.data<float>(),
+                         rope ? rope->cos.data<float>() : nullptr,
+                         rope ? rope->sin.data<float>() : nullptr, e, d_qkv);
+}
+
+void CudaBackend::attention_decode(const ops::AttentionDims&, const ops::RopeTable*, const float*,
+                                   int64_t, ops::KVCacheLayer&, float*) {
+  not_yet("attention_decode (sampling)");
+}
+
+void CudaBackend::context_attention_project(const ops::ContextDims&, const ops::RopeTable*, DType,
+                                            const float*, ops::AttentionSaved&, void*) {
+  not_yet("context parallelism (context_attention_project)");
+}
+
+void CudaBackend::context_attention_forward(const ops::ContextDims&, DType, const void*,
+                                            ops::AttentionSaved&, void*) {
+  not_yet("context parallelism (context_attention_forward)");
+}
+
+void CudaBackend::context_attention_backward(const ops::ContextDims&, const ops::RopeTable*, DType,
+                                             const ops::AttentionSaved&, const float*, void*,
+                                             float*) {
+  not_yet("context parallelism (context_attention_backward)");
+}
+
+void CudaBackend::context_attention_finish(const ops::ContextDims&, const ops::RopeTable*, DType,
+                                           const float*, const float*, void*) {
+  not_yet("context parallelism (context_attention_finish)");
+}
+
+void CudaBackend::head_groups(const ops::HeadGroups&, DType, const void*, void*, bool) {
+  not_yet("Ulysses context parallelism (head_groups)");
+}
+
+void CudaBackend::context_sequence(const ops::ContextDims&, int64_t, DType, const void*, void*,
+                                   bool) {
+  not_yet("Ulysses context parallelism (context_sequence)");
+}
+
+void CudaBackend::ring_attention_forward_block(const ops::ContextDims&, DType, int64_t,
+                                               const void*, const ops::AttentionSaved&,
+                                               ops::RingState&, bool) {
+  not_yet("ring attention");
+}
+
+void CudaBackend::ring_attention_forward_finish(const ops::ContextDims&, DType, ops::RingState&,
+                                                ops::AttentionSaved&, void*) {
+  not_yet("ring attention");
+}
+
+void CudaBackend::ring_attention_backward_block(const ops::ContextDims&, DType, int64_t,
+                                                const void*, const ops::AttentionSaved&,
+                                                const float*, const void*, float*, float*) {
+  not_yet("ring attention");
+}
+
+// ---- embeddings
+void CudaBackend::embedding_forward(const ops::EmbeddingDims& dims, const void* table,
+                                    DType table_dtype, const float* positions, const int32_t* ids,
+                                    float* out) {
+  EmbeddingShape e;
+  e.batch = dims.batch;
+  e.seq = dims.seq;
+  e.dim = dims.dim;
+  e.pos0 = dims.pos0;
+  e.vocab_begin = dims.vocab_begin;
+  e.vocab_end = dims.vocab_end;
+  e.pos_ids = dims.pos_ids;
+  launch_embedding_forward(impl_->stream, e, table, elem(table_dtype), positions, ids, out);
+}
+
+namespace {
+
+// Tokens grouped by the row each adds to (a stable counting sort on the
+// host): order, starts [groups + 1], rows [groups].
+struct RowGroups {
+  std::vector<int32_t> order, starts, rows;
+};
+
+RowGroups group_rows(const std::vector<int64_t>& row_of) {
+  RowGroups g;
+  std::vector<std::pair<int64_t, int32_t>> keyed;
+  for (size_t i = 0; i < row_of.size(); ++i) {
+    if (row_of[i] >= 0) keyed.emplace_back(row_of[i], static_cast<int32_t>(i));
+  }
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  for (size_t k = 0; k < keyed.size(); ++k) {
+    if (k == 0 || keyed[k].first != keyed[k - 1].first) {
+      g.starts.push_back(static_cast<int32_t>(k));
+      g.rows.push_back(static_cast<int32_t>(keyed[k].first));
+    }
+    g.order.push_back(keyed[k].second);
+  }
+  g.starts.push_back(static_cast<int32_t>(keyed.size()));
+  return g;
+}
+
+}  // namespace
+
+void CudaBackend::embedding_backward(const ops::EmbeddingDims& dims, const int32_t* ids,
+                                     const float* dout, float* dtable, float* dpositions) {
+  const int64_t n = dims.batch * dims.seq;
+  if (n == 0) return;
+  std::vector<int32_t> host_ids(static_cast<size_t>(n)), host_pos;
+  check(cudaMemcpyAsync(host_ids.data(), ids, host_ids.size() * sizeof(int32_t),
+                        cudaMemcpyDeviceToHost, impl_->stream),
+        "cudaMemcpyAsync ids");
+  if (dpositions != nullptr && dims.pos_ids != nullptr) {
+    host_pos.resize(static_cast<size_t>(n));
+    check(cudaMemcpyAsync(host_pos.data(), dims.pos_ids, host_pos.size() * sizeof(int32_t),
+                          cudaMemcpyDeviceToHost, impl_->stream),
+          "cudaMemcpyAsync positions");
+  }
+  synchronize();
+  auto add = [&](const std::vector<int64_t>& row_of, float* table) {
+    const RowGroups g = group_rows(row_of);
+    if (g.rows.empty()) return;
+    auto upload = [&](const std::vector<int32_t>& v) {
+      Tensor t = allocate({static_cast<int64_t>(v.size())}, DType::i32, MemCategory::workspace);
+      copy_from_host(v.data(), t);
+      return t;
+    };
+    const Tensor order = upload(g.order), starts = upload(g.starts), rows = upload(g.rows);
+    launch_add_rows(impl_->stream, order.data<int32_t>(), starts.data<int32_t>(),
+                    rows.data<int32_t>(), static_cast<int64_t>(g.rows.size()), dout, dims.dim,
+                    table);
+    synchronize();  // the index tensors go away here
+  };
+  std::vector<int64_t> row_of(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = host_ids[static_cast<size_t>(i)];
+    row_of[static_cast<size_t>(i)] = dims.holds(id) ? id - dims.vocab_begin : -1;
+  }
+  add(row_of, dtable);
+  if (dpositions != nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
+      row_of[static_cast<size_t>(i)] =
+          host_pos.empty() ? dims.pos0 + i % dims.seq : host_pos[static_cast<size_t>(i)];
+    }
+    add(row_of, dpositions);
+  }
+}
+
+// ---- the fused classifier
+double CudaBackend::fused_classifier(const ops::ClassifierArgs& args) {
+  const int64_t rows = args.rows, dim = args.dim, V = args.vocab;
+  const int64_t valid = args.vocab_valid < 0 ? V : args.vocab_valid;
+  MESHTRAIN_CHECK(rows >= 0 && dim > 0 && V > 0 && valid <= V && args.vocab_offset >= 0,
+                  "fused_classifier: bad dims rows={} dim={} vocab={} (valid {})", rows, dim, V,
+                  valid);
+  if (args.reduce_max || args.reduce_sum) not_yet("the vocabulary-parallel classifier (tp > 1)");
+  if (rows == 0) return 0.0;
+  const int64_t chunk = std::min(rows, args.chunk_rows > 0 ? args.chunk_rows : kClassifierRows);
+  const bool backward = args.dh != nullptr || args.dw != nullptr;
+  const DType compute = args.compute;
+  Tensor logits = allocate({chunk, V}, DType::f32, MemCategory::workspace);
+  Tensor d_logits = backward ? allocate({chunk, V}, compute, MemCategory::workspace) : Tensor();
+  Tensor losses = allocate({2 * chunk}, DType::f32, MemCategory::workspace);  // chunk doubles
+  std::vector<double> host(static_cast<size_t>(chunk));
+  std::vector<float> row_losses;
+  double total = 0.0;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    const void* h = bytes_of(args.h, r0 * dim, compute);
+    matmul({1, n, V, dim, false, true, false}, compute, h, args.w, DType::f32, logits.raw(), 1.0f,
+           false, nullptr);
+    ClassifierRows c;
+    c.rows = n;
+    c.ld = V;
+    c.valid = valid;
+    c.offset = args.vocab_offset;
+    c.targets = args.targets + r0;
+    c.grad_scale = args.grad_scale;
+    c.row_weights = args.row_weights != nullptr ? args.row_weights + r0 : nullptr;
+    auto* loss = static_cast<double*>(losses.raw());
+    launch_classifier_rows(impl_->stream, c, logits.data<float>(), loss, elem(compute),
+                           backward ? d_logits.raw() : nullptr);
+    if (args.dh != nullptr) {
+      matmul({1, n, dim, V, false, false, false}, compute, d_logits.raw(), args.w, DType::f32,
+             args.dh + r0 * dim, 1.0f, false, nullptr);
+    }
+    if (args.dw != nullptr) {
+      matmul({1, V, dim, n, true, false, false}, compute, d_logits.raw(), h, DType::f32, args.dw,
+             1.0f, true, nullptr);
+    }
+    check(cudaMemcpyAsync(host.data(), loss, static_cast<size_t>(n) * sizeof(double),
+                          cudaMemcpyDeviceToHost, impl_->stream),
+          "cudaMemcpyAsync losses");
+    synchronize();
+    for (int64_t r = 0; r < n; ++r) total += host[static_cast<size_t>(r)];
+    if (args.row_losses != nullptr) {
+      row_losses.assign(host.begin(), host.begin() + n);
+      check(cudaMemcpyAsync(args.row_losses + r0, row_losses.data(),
+                            static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice,
+                            impl_->stream),
+            "cudaMemcpyAsync row losses");
+      synchronize();
+    }
+  }
+  return total;
+}
+
+// ---- not yet on this device
+void CudaBackend::dequantize_nf4(const void*, int64_t, DType, void*, nf4::Form) {
+  not_yet("NF4 dequantisation (QLoRA)");
+}
+
+void CudaBackend::router_forward(const ops::RouterDims&, const float*, float*, int32_t*, float*,
+                                 float*) {
+  not_yet("the MoE router");
+}
+
+void CudaBackend::router_backward(const ops::RouterDims&, const float*, const int32_t*,
+                                  const float*, const ops::RouterAuxGrad&, float*) {
+  not_yet("the MoE router");
+}
+
+void CudaBackend::moe_capacity(const ops::DispatchDims&, int64_t, const float*, const int32_t*,
+                               int32_t*, int32_t*, int32_t*) {
+  not_yet("MoE token dropping");
+}
+
+void CudaBackend::moe_sort(const ops::DispatchDims&, const int32_t*, int32_t*, int32_t*,
+                           int32_t*) {
+  not_yet("the MoE token dispatch");
+}
+
+void CudaBackend::moe_permute(const ops::DispatchDims&, const int32_t*, const float*, DType,
+                              void*) {
+  not_yet("the MoE token dispatch");
+}
+
+void CudaBackend::moe_permute_backward(const ops::DispatchDims&, const int32_t*, const float*,
+                                       float*) {
+  not_yet("the MoE token dispatch");
+}
+
+void CudaBackend::moe_combine(const ops::DispatchDims&, const int32_t*, const float*, const float*,
+                              float*) {
+  not_yet("the MoE combine");
+}
+
+void CudaBackend::moe_combine_backward(const ops::DispatchDims&, const int32_t*, const float*,
+                                       const float*, const float*, DType, void*, float*) {
+  not_yet("the MoE combine");
+}
+
+// ---- optimizer
+void CudaBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,
+                               float* m, float* v, ops::ComputeCopy compute, int64_t n) {
+  const math::AdamWStep step = math::adamw_step(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
+                                                hyper.weight_decay, hyper.step, hyper.grad_scale);
+  launch_adamw(impl_->stream, step, param, grad, m, v,
+               compute.data != nullptr ? elem(compute.dtype) : Elem::f32, compute.data, n);
+}
+
+double CudaBackend::sum_squares(const float* x, int64_t n) {
+  const int64_t partials = sum_squares_partials(n);
+  Tensor work = allocate({2 * (partials + 1)}, DType::f32, MemCategory::workspace);  // doubles
+  auto* d = static_cast<double*>(work.raw());
+  launch_sum_squares(impl_->stream, x, n, d, d + partials);
+  double total = 0.0;
+  check(cudaMemcpyAsync(&total, d + partials, sizeof total, cudaMemcpyDeviceToHost, impl_->stream),
+        "cudaMemcpyAsync sum of squares");
+  synchronize();
+  return total;
+}
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,122 @@
+// The CUDA backend's kernels as host functions that launch them on a stream
+// (the .cu files of this folder). Plain pointers and sizes: the backend
+// (cuda_backend.cpp) checks arguments and owns memory; these only launch.
+// Every reduction runs in a fixed order, so results do not depend on timing.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "meshtrain/backend/cuda/math.h"
+
+namespace meshtrain::cuda {
+
+// The float element types, in DType's order (tensor/dtype.h).
+enum class Elem : uint8_t { f32, bf16, f16 };
+
+// ---- elementwise (elementwise.cu)
+void launch_convert(cudaStream_t s, Elem from, const void* src, Elem to, void* dst, int64_t n);
+void launch_add_inplace(cudaStream_t s, float* x, const float* y, int64_t n);
+void launch_mul_inplace(cudaStream_t s, float* x, const float* y, int64_t n);
+void launch_add_product(cudaStream_t s, float* x, const float* a, const float* b, int64_t n);
+void launch_residual_add(cudaStream_t s, const float* residual, const float* y, const float* bias,
+                         float* out, int64_t rows, int64_t n);
+// dbias[j] += sum over rows, in row order.
+void launch_bias_backward(cudaStream_t s, const float* dy, float* dbias, int64_t rows, int64_t n);
+void launch_swiglu_forward(cudaStream_t s, const float* gate_up, Elem out_dtype, void* out,
+                           int64_t rows, int64_t hidden);
+void launch_swiglu_backward(cudaStream_t s, const float* gate_up, const float* d_out,
+                            Elem grad_dtype, void* d_gate_up, int64_t rows, int64_t hidden);
+void launch_gelu_forward(cudaStream_t s, const float* x, Elem out_dtype, void* y, int64_t n);
+void launch_gelu_backward(cudaStream_t s, const float* x, const float* dy, Elem grad_dtype,
+                          void* dx, int64_t n);
+void launch_adamw(cudaStream_t s, const math::AdamWStep& step, float* param, const float* grad,
+                  float* m, float* v, Elem copy_dtype, void* copy, int64_t n);
+// sum of x^2 in double: fixed blocks of the input, each summed in a fixed
+// tree, then the blocks in a fixed tree: the bits depend on n only.
+int64_t sum_squares_partials(int64_t n);
+void launch_sum_squares(cudaStream_t s, const float* x, int64_t n, double* partials,
+                        double* total);
+
+// ---- norms (norm.cu); backward ADDS into dx, dw, db.
+void launch_rmsnorm_forward(cudaStream_t s, const float* x, const float* w, Elem out_dtype,
+                            void* y, float* rstd, int64_t rows, int64_t dim, float eps);
+void launch_rmsnorm_backward(cudaStream_t s, const float* x, const float* w, const float* rstd,
+                             const float* dy, float* dx, float* dw, int64_t rows, int64_t dim);
+void launch_layernorm_forward(cudaStream_t s, const float* x, const float* w, const float* b,
+                              Elem out_dtype, void* y, float* mean, float* rstd, int64_t rows,
+                              int64_t dim, float eps);
+void launch_layernorm_backward(cudaStream_t s, const float* x, const float* w, const float* mean,
+                               const float* rstd, const float* dy, float* dx, float* dw,
+                               float* db, int64_t rows, int64_t dim);
+// QK-norm: groups of `width` within the first `count` of each row, rows
+// `stride` apart (ops::GroupNormDims).
+struct GroupNorm {
+  int64_t rows = 0, stride = 0, count = 0, width = 0;
+  float eps = 0;
+};
+void launch_group_rmsnorm_forward(cudaStream_t s, const GroupNorm& g, float* x, const float* w,
+                                  float* saved, float* rstd);
+void launch_group_rmsnorm_backward(cudaStream_t s, const GroupNorm& g, const float* saved,
+                                   const float* w, const float* rstd, Elem grad_dtype, void* dy,
+                                   float* dw);
+
+// ---- embeddings (embedding.cu). Backward: the tokens grouped by the row they
+// add to (on the host): group r adds dout[order[starts[r]..starts[r+1])] to
+// row rows[r] of `table`, in token order (no atomics).
+struct EmbeddingShape {
+  int64_t batch = 0, seq = 0, dim = 0, pos0 = 0;
+  int64_t vocab_begin = 0, vocab_end = 0;
+  const int32_t* pos_ids = nullptr;  // device, or nullptr
+};
+void launch_embedding_forward(cudaStream_t s, const EmbeddingShape& e, const void* table,
+                              Elem table_dtype, const float* positions, const int32_t* ids,
+                              float* out);
+void launch_add_rows(cudaStream_t s, const int32_t* order, const int32_t* starts,
+                     const int32_t* rows, int64_t groups, const float* dout, int64_t dim,
+                     float* table);
+
+// ---- attention (attention.cu): causal GQA with optional record positions
+// and sliding window, q [B, H, T, D], k and v [B, KV, T, D] in `e`.
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, window = 0;
+  const int32_t* positions = nullptr;  // device [B * T], or nullptr
+  float scale = 1;                     // 1 / sqrt(head_dim)
+};
+// qkv [B, T, (H + 2KV) D] f32 -> q, k (rotated when cos is given), v.
+void launch_attention_split(cudaStream_t s, const AttentionShape& a, const float* qkv,
+                            const float* cos, const float* sin, Elem e, void* q, void* k, void* v);
+// The bytes of dynamic shared memory a row kernel needs, and whether the device allows it.
+size_t attention_shared_bytes(const AttentionShape& a);
+// out [B, T, H D] in e; probs [B, H, T, T] in e (nullptr: not kept).
+void launch_attention_forward(cudaStream_t s, const AttentionShape& a, Elem e, const void* q,
+                              const void* k, const void* v, void* probs, void* out);
+// From the kept probabilities (or, probs nullptr, the forward's recomputed
+// into p_work [B, H, T, T] f32): ds_work [B, H, T, T] f32 = dS, then dq [B,
+// H, T, D], dk and dv [B, KV, T, D] f32 (overwritten).
+void launch_attention_backward(cudaStream_t s, const AttentionShape& a, Elem e, const void* q,
+                               const void* k, const void* v, const void* probs, float* p_work,
+                               const float* d_out, float* ds_work, float* dq, float* dk,
+                               float* dv);
+// dq, dk (rotated back when cos is given) and dv -> d_qkv [B, T, (H + 2KV) D] in e.
+void launch_attention_merge(cudaStream_t s, const AttentionShape& a, const float* dq,
+                            const float* dk, const float* dv, const float* cos, const float* sin,
+                            Elem e, void* d_qkv);
+
+// ---- the classifier's rows (classifier.cu): over logits [rows, ld] f32 (the
+// first `valid` columns real, column j the vocabulary's offset + j), each
+// row's loss lse - logit[target] in double into losses[rows] (0 for an
+// ignored target < 0) and, when d_logits is given, (softmax - onehot) *
+// grad_scale * row_weights[r] in grad_dtype (0 in the padding columns and
+// for ignored rows).
+struct ClassifierRows {
+  int64_t rows = 0, ld = 0, valid = 0, offset = 0;
+  const int32_t* targets = nullptr;
+  float grad_scale = 0;
+  const float* row_weights = nullptr;
+};
+void launch_classifier_rows(cudaStream_t s, const ClassifierRows& c, const float* logits,
+                            double* losses, Elem grad_dtype, void* d_logits);
+
+}  // namespace meshtrain::cuda
