@@ -5,3 +5,10 @@ set_tests_properties(ops.test_cpu PROPERTIES TIMEOUT 120 PROCESSORS 2)
 add_test(NAME ops.refusals COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ops/refusals.sh $<TARGET_FILE:meshtrain>)
 set_tests_properties(ops.refusals PROPERTIES TIMEOUT 60)
 meshtrain_label_tests(threads ops.test_cpu ops.refusals)
+# meshtrain-ops, the backend-only executable (cli/ops_main.cpp): the same suite, and its
+# refusal and usage exits (scripts/gpu_check.sh runs it on GPU machines).
+add_test(NAME ops.meshtrain_ops
+         COMMAND bash -c "set -e; \"$0\" ops test --op '^(swiglu|rmsnorm)_' | tail -1 | grep -qx 'ops test: all [0-9]* cases passed'; \
+                 set +e; \"$0\" ops test --backend tpu 2>/dev/null; test $? -eq 1 || exit 1; \"$0\" 2>/dev/null; test $? -eq 2"
+                 $<TARGET_FILE:meshtrain-ops>)
+set_tests_properties(ops.meshtrain_ops PROPERTIES TIMEOUT 60)

@@ -50,6 +50,8 @@ inline constexpr const char* kHostBackend = "cpu";
 
 // Every backend name, built or not ("cpu", "cuda").
 std::vector<std::string> backend_names();
+// "" when this build and machine can make a backend called `name`, else why not.
+std::string backend_unavailable(const std::string& name);
 // The kind called `name`: a config error naming train.device for an unknown
 // one, a resource error saying why for one this build or machine cannot make.
 const BackendKind& backend_kind(const std::string& name);

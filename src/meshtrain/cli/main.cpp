@@ -333,13 +333,6 @@ void check_subcommands(const CLI::App& app, int argc, char** argv) {
   }
 }
 
-// Errors are single lines: join anything multi-line a library might produce.
-std::string one_line(std::string message) {
-  for (char& c : message) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return message;
-}
 
 int main_impl(int argc, char** argv) {
   CLI::App app{"meshtrain: trains decoder-only language models (Llama, GPT-2)"};
@@ -521,18 +514,9 @@ int main_impl(int argc, char** argv) {
   CLI::App* tokenize = add_tokenize_command(app, tokenize_args);
 
   check_subcommands(app, argc, argv);
-  try {
-    app.parse(argc, argv);
-    if (sample->parsed() && sample_args.checkpoint.empty() && sample_args.model_file.empty()) {
-      throw UsageError("sample: --checkpoint or --model-file is required");
-    }
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "meshtrain: %s (see --help)\n", one_line(e.what()).c_str());
-    return 2;
+  if (const std::optional<int> done = parse_command_line(app, argc, argv)) return *done;
+  if (sample->parsed() && sample_args.checkpoint.empty() && sample_args.model_file.empty()) {
+    throw UsageError("sample: --checkpoint or --model-file is required");
   }
 
   if (train->parsed()) {
@@ -585,19 +569,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace meshtrain
 
 int main(int argc, char** argv) {
-  try {
-    return meshtrain::main_impl(argc, argv);
-  } catch (const meshtrain::UsageError& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "meshtrain: %s\n", meshtrain::one_line(e.what()).c_str());
-    return 2;
-  } catch (const meshtrain::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "meshtrain: %s\n", meshtrain::one_line(e.what()).c_str());
-    return meshtrain::exit_code(e.kind());
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "meshtrain: %s\n", meshtrain::one_line(e.what()).c_str());
-    return 1;
-  }
+  return meshtrain::run_guarded([&] { return meshtrain::main_impl(argc, argv); });
 }

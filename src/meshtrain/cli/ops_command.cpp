@@ -64,9 +64,10 @@ int run_ops_test(const OpsArgs& args) {
   }
   MemoryTracker tracker, reference_tracker;
   const std::unique_ptr<Backend> backend = make_backend(args.backend, args.threads, tracker);
-  // Another backend is held to the CPU backend's results, the CPU one to float64.
+  // Another backend is held to the CPU backend's results, the CPU one (and any
+  // backend in a build without it: MESHTRAIN_BACKEND_ONLY without oneDNN) to float64.
   std::unique_ptr<Backend> reference;
-  if (args.backend != kHostBackend)
+  if (args.backend != kHostBackend && backend_unavailable(kHostBackend).empty())
     reference = make_backend(kHostBackend, args.threads, reference_tracker);
   fmt::print("ops test: backend {} ({}: {}, {} threads) against {}\n", backend->name(),
              backend->device().str(), backend->device_name(), backend->threads(),

@@ -1,6 +1,6 @@
 // `meshtrain ops test`: the backend test suite (backend/ops_suite.h) on one
-// backend, against float64 (the CPU backend) or against the CPU backend (any
-// other). Exit 0 when every case passes, 1 naming the failed ops, 8 (resource)
+// backend, against float64 (the CPU backend, or any backend in a build without
+// it) or against the CPU backend (any other). Exit 0 when every case passes, 1 naming the failed ops, 8 (resource)
 // with one line when the backend is not built or has no device.
 // `meshtrain ops perf`: every op timed at a training step's shapes, with its
 // fraction of the backend's measured roofline (backend/ops_perf.h).

@@ -1,13 +1,13 @@
 // The CUDA backend's registry entry: available where the runtime sees a
 // device; the workspaces the memory plan asks a kind for, as the backend
 // takes them (cuda_backend.cpp).
-#include "meshtrain/backend/cuda/kind.h"
 
 #include <algorithm>
 
 #include "meshtrain/backend/cuda/cuda_backend.h"
 #include "meshtrain/backend/cuda/matmul.h"
 #include "meshtrain/backend/cuda/runtime.h"
+#include "meshtrain/backend/kinds.h"
 
 namespace meshtrain {
 

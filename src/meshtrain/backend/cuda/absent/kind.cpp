@@ -1,6 +1,6 @@
 // The CUDA backend's registry entry in a build without it (MESHTRAIN_CUDA=OFF
 // or no toolkit found): known by name, never available.
-#include "meshtrain/backend/cuda/kind.h"
+#include "meshtrain/backend/kinds.h"
 
 namespace meshtrain {
 
