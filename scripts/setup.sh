@@ -45,6 +45,9 @@ bash scripts/py_venv.sh "$MESHTRAIN_PY_VENV" >/dev/null
 bash scripts/get_gpt2_ranks.sh
 # llama.cpp's Jinja engine and the chat templates it ships (PyPI's llama-cpp-python sdist), pinned.
 bash scripts/get_llama_jinja.sh
+# The cuDNN frontend's headers (PyPI's nvidia-cudnn-frontend wheel), pinned; only where the CUDA
+# toolkit is (the CUDA backend's attention graphs, docs/gpu.md).
+bash scripts/get_cudnn_frontend.sh
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 target_args=()

@@ -1,6 +1,8 @@
 #include "meshtrain/backend/ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "meshtrain/util/error.h"
 
@@ -29,6 +31,70 @@ void rope_table_values(int64_t head_dim, int64_t max_seq, std::span<const float>
       cos[p * half + i] = std::cos(angle);
       sin[p * half + i] = std::sin(angle);
     }
+  }
+}
+
+void check_router(const RouterDims& d) {
+  MESHTRAIN_CHECK(d.tokens >= 0 && d.experts >= 1, "router: tokens {} and experts {} out of range",
+                  d.tokens, d.experts);
+  MESHTRAIN_CHECK(d.top_k >= 1 && d.top_k <= d.experts,
+                  "router: top_k = {} must be in [1, experts = {}]", d.top_k, d.experts);
+  MESHTRAIN_CHECK(d.n_groups >= 1 && d.experts % d.n_groups == 0,
+                  "router: n_groups = {} must divide experts = {}", d.n_groups, d.experts);
+  MESHTRAIN_CHECK(d.topk_groups >= 1 && d.topk_groups <= d.n_groups &&
+                      d.top_k <= d.topk_groups * (d.experts / d.n_groups),
+                  "router: topk_groups = {} of n_groups = {} must hold top_k = {} experts",
+                  d.topk_groups, d.n_groups, d.top_k);
+}
+
+// A counting sort of the slots by expert: stable, so slot order within one.
+void sort_slots(const DispatchDims& d, const int32_t* indices, int32_t* slots, int32_t* rows,
+              int32_t* counts) {
+  const int64_t n = d.slots();
+  std::fill(counts, counts + d.experts, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    MESHTRAIN_CHECK(indices[s] >= 0 && indices[s] < d.experts,
+                    "moe dispatch: token {} chose expert {}, outside [0, {})", s / d.top_k,
+                    indices[s], d.experts);
+    ++counts[indices[s]];
+  }
+  std::vector<int64_t> next(static_cast<size_t>(d.experts), 0);
+  for (int64_t e = 1; e < d.experts; ++e) next[e] = next[e - 1] + counts[e - 1];
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t r = next[indices[s]]++;
+    slots[r] = static_cast<int32_t>(s);
+    rows[s] = static_cast<int32_t>(r);
+  }
+}
+
+void apply_capacity(const DispatchDims& d, int64_t capacity, const float* weights,
+                  const int32_t* counts, int32_t* slots, int32_t* rows, int32_t* kept) {
+  MESHTRAIN_CHECK(capacity >= 0, "moe dispatch: capacity {} must be >= 0", capacity);
+  const int64_t n = d.slots();
+  std::vector<int32_t> order(slots, slots + n), dropped, segment;
+  int64_t first = 0, out = 0;
+  for (int64_t e = 0; e < d.experts; ++e) {
+    const int64_t c = counts[e];
+    segment.assign(order.begin() + first, order.begin() + first + c);
+    if (c > capacity) {
+      // The `capacity` highest weights (ties: the lower slot), back in slot order.
+      std::stable_sort(segment.begin(), segment.end(),
+                       [weights](int32_t a, int32_t b) { return weights[a] > weights[b]; });
+      dropped.insert(dropped.end(), segment.begin() + capacity, segment.end());
+      segment.resize(static_cast<size_t>(capacity));
+      std::sort(segment.begin(), segment.end());
+    }
+    kept[e] = static_cast<int32_t>(segment.size());
+    for (int32_t s : segment) {
+      slots[out] = s;
+      rows[s] = static_cast<int32_t>(out++);
+    }
+    first += c;
+  }
+  std::sort(dropped.begin(), dropped.end());
+  for (int32_t s : dropped) {
+    slots[out++] = s;
+    rows[s] = -1;
   }
 }
 

@@ -244,6 +244,10 @@ struct RouterDims {
   const float* bias = nullptr;  // [experts]
 };
 
+// Throws Error naming the field when `dims` is out of range (top_k > experts,
+// groups that do not divide the experts or cannot hold top_k of them).
+void check_router(const RouterDims& dims);
+
 // The auxiliary losses' gradients router_backward adds to the routing's.
 // score_grad [experts]: added to d p[t, e] of every token t (the
 // load-balancing loss, linear in the scores with per-expert slopes); nullptr:
@@ -264,6 +268,13 @@ struct DispatchDims {
   int64_t tokens = 0, top_k = 1, experts = 0, dim = 0;
   int64_t slots() const { return tokens * top_k; }
 };
+
+// backend.h's moe_sort and moe_capacity on host arrays: the integer bookkeeping
+// every backend shares (a device one copies the indices in and the result out).
+void sort_slots(const DispatchDims& dims, const int32_t* indices, int32_t* slots, int32_t* rows,
+                int32_t* counts);
+void apply_capacity(const DispatchDims& dims, int64_t capacity, const float* weights,
+                    const int32_t* counts, int32_t* slots, int32_t* rows, int32_t* kept);
 
 // AdamW (decoupled weight decay, bias correction); all state f32.
 struct AdamWHyper {

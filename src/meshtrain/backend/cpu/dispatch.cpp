@@ -7,55 +7,14 @@
 
 namespace meshtrain::cpu {
 
-// A counting sort of the slots by expert: stable, so slot order within one.
 void moe_sort(const ops::DispatchDims& d, const int32_t* indices, int32_t* slots, int32_t* rows,
               int32_t* counts) {
-  const int64_t n = d.slots();
-  std::fill(counts, counts + d.experts, 0);
-  for (int64_t s = 0; s < n; ++s) {
-    MESHTRAIN_CHECK(indices[s] >= 0 && indices[s] < d.experts,
-                    "moe dispatch: token {} chose expert {}, outside [0, {})", s / d.top_k,
-                    indices[s], d.experts);
-    ++counts[indices[s]];
-  }
-  std::vector<int64_t> next(static_cast<size_t>(d.experts), 0);
-  for (int64_t e = 1; e < d.experts; ++e) next[e] = next[e - 1] + counts[e - 1];
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t r = next[indices[s]]++;
-    slots[r] = static_cast<int32_t>(s);
-    rows[s] = static_cast<int32_t>(r);
-  }
+  ops::sort_slots(d, indices, slots, rows, counts);
 }
 
 void moe_capacity(const ops::DispatchDims& d, int64_t capacity, const float* weights,
                   const int32_t* counts, int32_t* slots, int32_t* rows, int32_t* kept) {
-  MESHTRAIN_CHECK(capacity >= 0, "moe dispatch: capacity {} must be >= 0", capacity);
-  const int64_t n = d.slots();
-  std::vector<int32_t> order(slots, slots + n), dropped, segment;
-  int64_t first = 0, out = 0;
-  for (int64_t e = 0; e < d.experts; ++e) {
-    const int64_t c = counts[e];
-    segment.assign(order.begin() + first, order.begin() + first + c);
-    if (c > capacity) {
-      // The `capacity` highest weights (ties: the lower slot), back in slot order.
-      std::stable_sort(segment.begin(), segment.end(),
-                       [weights](int32_t a, int32_t b) { return weights[a] > weights[b]; });
-      dropped.insert(dropped.end(), segment.begin() + capacity, segment.end());
-      segment.resize(static_cast<size_t>(capacity));
-      std::sort(segment.begin(), segment.end());
-    }
-    kept[e] = static_cast<int32_t>(segment.size());
-    for (int32_t s : segment) {
-      slots[out] = s;
-      rows[s] = static_cast<int32_t>(out++);
-    }
-    first += c;
-  }
-  std::sort(dropped.begin(), dropped.end());
-  for (int32_t s : dropped) {
-    slots[out++] = s;
-    rows[s] = -1;
-  }
+  ops::apply_capacity(d, capacity, weights, counts, slots, rows, kept);
 }
 
 void moe_permute(const ops::DispatchDims& d, const int32_t* slots, const float* x, DType out_dtype,

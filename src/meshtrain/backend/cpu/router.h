@@ -8,8 +8,7 @@
 
 namespace meshtrain::cpu {
 
-// Throws Error naming the field for a shape the router cannot take.
-void check_router(const ops::RouterDims& dims);
+// Both refuse dims ops::check_router refuses; the per-token math is backend/routing.h's.
 void router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
                     int32_t* indices, float* weights, float* lse);
 void router_backward(const ops::RouterDims& dims, const float* probs, const int32_t* indices,

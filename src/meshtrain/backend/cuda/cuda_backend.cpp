@@ -10,6 +10,7 @@
 #include "meshtrain/backend/cuda/kernels.h"
 #include "meshtrain/backend/cuda/matmul.h"
 #include "meshtrain/backend/cuda/runtime.h"
+#include "meshtrain/tensor/nf4.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::cuda {
@@ -283,16 +284,8 @@ AttentionShape attention_shape(const ops::AttentionDims& d, const ops::RopeTable
                     "seq {}",
                     rope->head_dim, rope->max_seq, d.head_dim, d.seq);
   }
-  AttentionShape a;
-  a.batch = d.batch;
-  a.seq = d.seq;
-  a.heads = d.n_heads;
-  a.kv_heads = d.n_kv_heads;
-  a.head_dim = d.head_dim;
-  a.window = d.window;
-  a.positions = d.positions;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
-  return a;
+  return {d.batch,  d.seq,       d.n_heads, d.n_kv_heads,
+          d.head_dim, d.window, d.positions, 1.0f / std::sqrt(static_cast<float>(d.head_dim))};
 }
 
 }  // namespace
@@ -413,14 +406,8 @@ void CudaBackend::ring_attention_backward_block(const ops::ContextDims&, DType, 
 void CudaBackend::embedding_forward(const ops::EmbeddingDims& dims, const void* table,
                                     DType table_dtype, const float* positions, const int32_t* ids,
                                     float* out) {
-  EmbeddingShape e;
-  e.batch = dims.batch;
-  e.seq = dims.seq;
-  e.dim = dims.dim;
-  e.pos0 = dims.pos0;
-  e.vocab_begin = dims.vocab_begin;
-  e.vocab_end = dims.vocab_end;
-  e.pos_ids = dims.pos_ids;
+  const EmbeddingShape e{dims.batch,       dims.seq,       dims.dim,    dims.pos0,
+                         dims.vocab_begin, dims.vocab_end, dims.pos_ids};
   launch_embedding_forward(impl_->stream, e, table, elem(table_dtype), positions, ids, out);
 }
 
@@ -556,49 +543,118 @@ double CudaBackend::fused_classifier(const ops::ClassifierArgs& args) {
   return total;
 }
 
-// ---- not yet on this device
-void CudaBackend::dequantize_nf4(const void*, int64_t, DType, void*, nf4::Form) {
-  not_yet("NF4 dequantisation (QLoRA)");
+// ---- quantised weights and mixtures of experts
+void CudaBackend::dequantize_nf4(const void* packed, int64_t n, DType to, void* y,
+                                 nf4::Form form) {
+  static const Nf4Tables tables = [] {
+    Nf4Tables t{};
+    std::copy(nf4::levels().begin(), nf4::levels().end(), t.levels);
+    std::copy(nf4::dynamic_map().begin(), nf4::dynamic_map().end(), t.dynamic);
+    return t;
+  }();
+  const nf4::Layout l = nf4::layout(n, form);
+  const Nf4Layout layout{l.n, l.scales_at, l.offset_at, l.codes_at, l.absmax_at, l.packed_at};
+  launch_dequantize_nf4(impl_->stream, tables, layout, packed, elem(to), y);
 }
 
-void CudaBackend::router_forward(const ops::RouterDims&, const float*, float*, int32_t*, float*,
-                                 float*) {
-  not_yet("the MoE router");
+namespace {
+
+routing::Params router_params(const ops::RouterDims& d) {
+  ops::check_router(d);
+  MESHTRAIN_CHECK(d.experts <= kMaxExperts,
+                  "train.device = \"cuda\": the router takes at most {} experts, not {}",
+                  kMaxExperts, d.experts);
+  return {d.experts, d.top_k, d.n_groups, d.topk_groups, d.score == ops::RouterScore::softmax,
+          d.renormalize, d.scaling, d.bias};
 }
 
-void CudaBackend::router_backward(const ops::RouterDims&, const float*, const int32_t*,
-                                  const float*, const ops::RouterAuxGrad&, float*) {
-  not_yet("the MoE router");
+}  // namespace
+
+void CudaBackend::router_forward(const ops::RouterDims& dims, const float* logits, float* probs,
+                                 int32_t* indices, float* weights, float* lse) {
+  launch_router_forward(impl_->stream, router_params(dims), dims.tokens, logits, probs, indices,
+                        weights, lse);
 }
 
-void CudaBackend::moe_capacity(const ops::DispatchDims&, int64_t, const float*, const int32_t*,
-                               int32_t*, int32_t*, int32_t*) {
-  not_yet("MoE token dropping");
+void CudaBackend::router_backward(const ops::RouterDims& dims, const float* probs,
+                                  const int32_t* indices, const float* d_weights,
+                                  const ops::RouterAuxGrad& aux, float* d_logits) {
+  launch_router_backward(impl_->stream, router_params(dims), dims.tokens, probs, indices,
+                         d_weights, aux.score_grad, aux.z, aux.lse, d_logits);
 }
 
-void CudaBackend::moe_sort(const ops::DispatchDims&, const int32_t*, int32_t*, int32_t*,
-                           int32_t*) {
-  not_yet("the MoE token dispatch");
+namespace {
+
+template <typename T>
+std::vector<T> to_host(cudaStream_t stream, const T* device, int64_t n) {
+  std::vector<T> host(static_cast<size_t>(n));
+  if (n > 0) {
+    check(cudaMemcpyAsync(host.data(), device, host.size() * sizeof(T), cudaMemcpyDeviceToHost,
+                          stream),
+          "cudaMemcpyAsync to host");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  return host;
 }
 
-void CudaBackend::moe_permute(const ops::DispatchDims&, const int32_t*, const float*, DType,
-                              void*) {
-  not_yet("the MoE token dispatch");
+template <typename T>
+void to_device(cudaStream_t stream, const std::vector<T>& host, T* device) {
+  if (host.empty()) return;
+  check(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice,
+                        stream),
+        "cudaMemcpyAsync from host");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // host goes away on return
 }
 
-void CudaBackend::moe_permute_backward(const ops::DispatchDims&, const int32_t*, const float*,
-                                       float*) {
-  not_yet("the MoE token dispatch");
+}  // namespace
+
+// The sort and the capacity are integer bookkeeping over tokens x top_k
+// values: done on the host by the code every backend shares (ops.h), the
+// indices copied in and the result out.
+void CudaBackend::moe_sort(const ops::DispatchDims& dims, const int32_t* indices, int32_t* slots,
+                           int32_t* rows, int32_t* counts) {
+  const std::vector<int32_t> idx = to_host(impl_->stream, indices, dims.slots());
+  std::vector<int32_t> s(idx.size()), r(idx.size()), c(static_cast<size_t>(dims.experts));
+  ops::sort_slots(dims, idx.data(), s.data(), r.data(), c.data());
+  to_device(impl_->stream, s, slots);
+  to_device(impl_->stream, r, rows);
+  to_device(impl_->stream, c, counts);
 }
 
-void CudaBackend::moe_combine(const ops::DispatchDims&, const int32_t*, const float*, const float*,
-                              float*) {
-  not_yet("the MoE combine");
+void CudaBackend::moe_capacity(const ops::DispatchDims& dims, int64_t capacity,
+                               const float* weights, const int32_t* counts, int32_t* slots,
+                               int32_t* rows, int32_t* kept) {
+  const std::vector<float> w = to_host(impl_->stream, weights, dims.slots());
+  const std::vector<int32_t> c = to_host(impl_->stream, counts, dims.experts);
+  std::vector<int32_t> s = to_host(impl_->stream, slots, dims.slots());
+  std::vector<int32_t> r(s.size()), k(c.size());
+  ops::apply_capacity(dims, capacity, w.data(), c.data(), s.data(), r.data(), k.data());
+  to_device(impl_->stream, s, slots);
+  to_device(impl_->stream, r, rows);
+  to_device(impl_->stream, k, kept);
 }
 
-void CudaBackend::moe_combine_backward(const ops::DispatchDims&, const int32_t*, const float*,
-                                       const float*, const float*, DType, void*, float*) {
-  not_yet("the MoE combine");
+void CudaBackend::moe_permute(const ops::DispatchDims& dims, const int32_t* slots, const float* x,
+                              DType out_dtype, void* out) {
+  launch_moe_permute(impl_->stream, dims.slots(), dims.top_k, dims.dim, slots, x, elem(out_dtype),
+                     out);
+}
+
+void CudaBackend::moe_permute_backward(const ops::DispatchDims& dims, const int32_t* rows,
+                                       const float* d_out, float* dx) {
+  launch_moe_gather_sum(impl_->stream, dims.tokens, dims.top_k, dims.dim, rows, nullptr, d_out, dx);
+}
+
+void CudaBackend::moe_combine(const ops::DispatchDims& dims, const int32_t* rows,
+                              const float* weights, const float* y, float* out) {
+  launch_moe_gather_sum(impl_->stream, dims.tokens, dims.top_k, dims.dim, rows, weights, y, out);
+}
+
+void CudaBackend::moe_combine_backward(const ops::DispatchDims& dims, const int32_t* rows,
+                                       const float* weights, const float* y, const float* d_out,
+                                       DType grad_dtype, void* d_y, float* d_weights) {
+  launch_moe_combine_backward(impl_->stream, dims.tokens, dims.top_k, dims.dim, rows, weights, y,
+                              d_out, elem(grad_dtype), d_y, d_weights);
 }
 
 // ---- optimizer

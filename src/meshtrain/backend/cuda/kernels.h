@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "meshtrain/backend/cuda/math.h"
+#include "meshtrain/backend/routing.h"
 
 namespace meshtrain::cuda {
 
@@ -118,5 +119,42 @@ struct ClassifierRows {
 };
 void launch_classifier_rows(cudaStream_t s, const ClassifierRows& c, const float* logits,
                             double* losses, Elem grad_dtype, void* d_logits);
+
+// ---- mixture of experts (moe.cu): one thread per token for the router
+// (backend/routing.h, experts <= kMaxExperts: its scratch is per thread);
+// the dispatch's permute, gathers and combine backward without atomics (each
+// permuted row belongs to one slot). The sort and capacity run on the host
+// (ops::sort_slots, ops::apply_capacity).
+inline constexpr int64_t kMaxExperts = 512;
+void launch_router_forward(cudaStream_t s, const routing::Params& p, int64_t tokens,
+                           const float* logits, float* probs, int32_t* indices, float* weights,
+                           float* lse);
+void launch_router_backward(cudaStream_t s, const routing::Params& p, int64_t tokens,
+                            const float* probs, const int32_t* indices, const float* d_weights,
+                            const float* score_grad, float z, const float* lse, float* d_logits);
+// y [slots, dim] in out_dtype: row r = x[slot_of_row[r] / top_k].
+void launch_moe_permute(cudaStream_t s, int64_t slots, int64_t top_k, int64_t dim,
+                        const int32_t* slot_of_row, const float* x, Elem out_dtype, void* y);
+// out [tokens, dim] = sum over j of (weights ? weights[t, j] : 1) y[rows[t, j]] (rows < 0 skipped).
+void launch_moe_gather_sum(cudaStream_t s, int64_t tokens, int64_t top_k, int64_t dim,
+                           const int32_t* rows, const float* weights, const float* y, float* out);
+// d_y[rows[t, j]] = weights[t, j] d_out[t] in grad_dtype; d_weights[t, j] = <d_out[t], y[rows[t, j]]>.
+void launch_moe_combine_backward(cudaStream_t s, int64_t tokens, int64_t top_k, int64_t dim,
+                                 const int32_t* rows, const float* weights, const float* y,
+                                 const float* d_out, Elem grad_dtype, void* d_y, float* d_weights);
+
+// ---- NF4 (quant.cu): a packed buffer (tensor/nf4.h's Layout, offsets in
+// bytes; -1 where the form has no such piece) to n values in `to`, each
+// NF4[q] * absmax rounded once: bit for bit nf4::dequantize (no fused
+// multiply-adds: the products and sums are rounded one by one, as bitsandbytes').
+struct Nf4Tables {
+  float levels[16];
+  float dynamic[256];
+};
+struct Nf4Layout {
+  int64_t n = 0, scales_at = -1, offset_at = -1, codes_at = -1, absmax_at = -1, packed_at = 0;
+};
+void launch_dequantize_nf4(cudaStream_t s, const Nf4Tables& tables, const Nf4Layout& layout,
+                           const void* packed, Elem to, void* y);
 
 }  // namespace meshtrain::cuda

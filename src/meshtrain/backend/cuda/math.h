@@ -10,11 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define MESHTRAIN_HD __host__ __device__ __forceinline__
-#else
-#define MESHTRAIN_HD inline
-#endif
+#include "meshtrain/backend/host_device.h"
 
 namespace meshtrain::cuda::math {
 
