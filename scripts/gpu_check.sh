@@ -70,7 +70,7 @@ ops=$build/meshtrain-ops
 section "ops test --backend cuda"
 "$ops" ops test --backend cuda > "$out/ops_test.txt" 2>&1
 rc=$?
-cat "$out/ops_test.txt" | tail -60
+tail -60 "$out/ops_test.txt"
 passed=$(grep -o 'cases passed' "$out/ops_test.txt" | wc -l)
 failed_line=$(grep -E 'cases failed' "$out/ops_test.txt" | tail -1)
 if (( rc == 0 )); then

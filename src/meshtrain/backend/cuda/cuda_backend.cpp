@@ -121,6 +121,33 @@ void CudaBackend::grouped_matmul(const ops::GroupedMatmulDims& dims, DType ab, c
   }
 }
 
+namespace {
+
+// Runs `batch` (which issues `per_batch` operations on `stream`) until at
+// least `seconds` have passed on the device and at least 3 operations ran:
+// operations per second, timed by events around the whole run.
+template <typename Batch>
+double rate_on_device(cudaStream_t stream, double seconds, int64_t per_batch, Batch batch) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  int64_t operations = 0;
+  float elapsed_ms = 0;
+  check(cudaEventRecord(start, stream), "cudaEventRecord");
+  while (elapsed_ms < seconds * 1e3 || operations < 3) {
+    batch();
+    operations += per_batch;
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    check(cudaEventElapsedTime(&elapsed_ms, start, stop), "cudaEventElapsedTime");
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return static_cast<double>(operations) / (static_cast<double>(elapsed_ms) * 1e-3);
+}
+
+}  // namespace
+
 double CudaBackend::measure_matmul_peak_flops(DType ab, double seconds) {
   const int64_t n = ab == DType::f32 ? 4096 : 8192;
   Tensor a = allocate({n, n}, ab, MemCategory::workspace);
@@ -129,48 +156,22 @@ double CudaBackend::measure_matmul_peak_flops(DType ab, double seconds) {
   const ops::MatmulDims d{1, n, n, n};
   auto gemm = [&] { matmul(d, ab, a.raw(), b.raw(), DType::f32, c.raw(), 1.0f, false, nullptr); };
   gemm();  // plan and warm up
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  int64_t iterations = 0;
-  float elapsed_ms = 0;
-  check(cudaEventRecord(start, impl_->stream), "cudaEventRecord");
-  while (elapsed_ms < seconds * 1e3 || iterations < 3) {
+  const double per_second = rate_on_device(impl_->stream, seconds, 4, [&] {
     for (int i = 0; i < 4; ++i) gemm();
-    iterations += 4;
-    check(cudaEventRecord(stop, impl_->stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    check(cudaEventElapsedTime(&elapsed_ms, start, stop), "cudaEventElapsedTime");
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 2.0 * static_cast<double>(n) * n * n * static_cast<double>(iterations) /
-         (static_cast<double>(elapsed_ms) * 1e-3);
+  });
+  return 2.0 * static_cast<double>(n) * n * n * per_second;
 }
 
 double CudaBackend::measure_copy_bandwidth(size_t bytes, double seconds) {
   const auto n = static_cast<int64_t>(std::max<size_t>(bytes / 4, 1));
   Tensor src = allocate({n}, DType::f32, MemCategory::workspace);
   Tensor dst = allocate({n}, DType::f32, MemCategory::workspace);
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  int64_t iterations = 0;
-  float elapsed_ms = 0;
-  check(cudaEventRecord(start, impl_->stream), "cudaEventRecord");
-  while (elapsed_ms < seconds * 1e3 || iterations < 3) {
+  const double per_second = rate_on_device(impl_->stream, seconds, 1, [&] {
     check(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToDevice,
                           impl_->stream),
           "cudaMemcpyAsync");
-    ++iterations;
-    check(cudaEventRecord(stop, impl_->stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    check(cudaEventElapsedTime(&elapsed_ms, start, stop), "cudaEventElapsedTime");
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 2.0 * static_cast<double>(src.bytes()) * static_cast<double>(iterations) /
-         (static_cast<double>(elapsed_ms) * 1e-3);
+  });
+  return 2.0 * static_cast<double>(src.bytes()) * per_second;
 }
 
 // ---- norms and elementwise
