@@ -1,7 +1,6 @@
 #include "meshtrain/backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
