@@ -57,5 +57,7 @@ meshtrain_plan_case(bad_ckpt_interval 1 "^meshtrain: plan: --ckpt-every-min 'soo
                     ${seventy} --gpus 1024 --ckpt-every-min soon)
 meshtrain_plan_case(fp8_without_fp8_cores 1 "^meshtrain: plan: --fp8: the a100-80gb has no FP8 tensor cores$"
                     --model llama3-8b --seq 4096 --global-batch 64 --gpus 8 --gpu a100-80gb --fp8)
+meshtrain_plan_case(ep_fold_dense 1 "^meshtrain: plan: --ep-fold needs a mixture-of-experts model$"
+                    --model llama3-8b --seq 4096 --global-batch 64 --gpus 8 --ep-fold)
 meshtrain_plan_case(fp8_in_fp32 1 "^meshtrain: plan: --fp8 needs --precision bf16"
                     --model llama3-8b --seq 4096 --global-batch 64 --gpus 8 --precision fp32 --fp8)

@@ -22,7 +22,7 @@ namespace {
 
 TEST(Presets, ParameterCountsWithinOnePercentOfPublished) {
   const std::vector<std::string> names = plan_model_names();
-  ASSERT_EQ(names.size(), 18u);
+  ASSERT_EQ(names.size(), 19u);
   for (const std::string& name : names) {
     const PlanModel m = plan_model(name);
     ASSERT_GT(m.published_params, 0) << name;
@@ -48,6 +48,10 @@ TEST(Presets, ExactCountsOfTheOfficialCheckpoints) {
   EXPECT_EQ(plan_model("mistral-7b").config.num_params(), 7241732096);    // mistralai/Mistral-7B-v0.1
   EXPECT_EQ(plan_model("qwen2.5-7b").config.num_params(), 7615616512);    // Qwen/Qwen2.5-7B
   EXPECT_EQ(plan_model("qwen3-8b").config.num_params(), 8190735360);      // Qwen/Qwen3-8B
+  // Qwen/Qwen3-235B-A22B: 94 x (attention 71,303,424 + QK-norms 256 + norms
+  // 8,192 + router 524,288 + 128 experts x 3 x 1536 x 4096) + 2 x 151936 x
+  // 4096 + 4096, the 235.09B its checkpoint holds.
+  EXPECT_EQ(plan_model("qwen3-235b-a22b").config.num_params(), 235093634560);
 }
 
 // Qwen3-30B-A3B's active parameters (its model card: 3.3B activated): the

@@ -248,6 +248,40 @@ TEST(NodeLimitedDispatch, CrossesTheNetworkOncePerTargetNode) {
   EXPECT_GT(open.ep_comm_raw, 1.5 * e.ep_comm_raw);
 }
 
+// Megatron-Core's folding on Megatron-Bridge's H100 layout (tp 2, pp 8, ep 64,
+// dp 64): the ep group is 64 consecutive GPUs (8 nodes) instead of 64 ranks
+// two apart (16 nodes), and the experts' state is sharded over tp x dp / ep.
+TEST(EpFold, TheGroupSpansEpGpusAndShardsExpertStateOverTpTimesDp) {
+  Fixture f("deepseek-v3", "h100-sxm", 1024, 8192, {.tp = 2, .pp = 8, .dp = 64, .ep = 64, .zero = 1});
+  f.base.sequence_parallel = true;
+  Layout folded = f.layout(Schedule::one_f_one_b);
+  folded.ep_fold = true;
+  const Estimate drawn = f.at(f.job, f.layout(Schedule::one_f_one_b)), fold = f.at(f.job, folded);
+  const double values = 4096.0 / 2 * 7168;  // SP: a rank's half of the sequence
+  const double calls = static_cast<double>(fold.microbatches * fold.layers_per_stage) * 58 / 61 * 4 * 2;
+  // 16 nodes: 8 target nodes (4 of 8 groups x 2 nodes each), 15/16 remote; 8 nodes: 4, 7/8.
+  EXPECT_NEAR(drawn.ep_bytes_per_step / (calls * values), 8.0 * 15 / 16 + 8, 1e-9);
+  EXPECT_NEAR(fold.ep_bytes_per_step / (calls * values), 4.0 * 7 / 8 + 8, 1e-9);
+  EXPECT_LT(fold.ep_comm_raw, 0.6 * drawn.ep_comm_raw);
+  // Expert optimizer state over 2 ranks instead of 1; the dense part unchanged.
+  const double expert_states = drawn.memory.optimizer - fold.memory.optimizer;
+  EXPECT_GT(expert_states, 0);
+  Layout dense_only = folded;
+  dense_only.ep_fold = false;
+  EXPECT_EQ(folded.expert_dp(), 2);
+  EXPECT_EQ(dense_only.expert_dp(), 1);
+  // ep 128 divides tp x dp but not dp; a shard group is not modelled folded.
+  folded.ep = 128;
+  EXPECT_EQ(check_layout(f.ctx, f.cl, f.job, folded), "");
+  folded.ep_fold = false;
+  EXPECT_NE(check_layout(f.ctx, f.cl, f.job, folded).find("does not divide dp"), std::string::npos);
+  Layout sharded = f.layout(Schedule::one_f_one_b);
+  sharded.ep_fold = true;
+  sharded.zero = 3;
+  sharded.shard = 8;
+  EXPECT_NE(check_layout(f.ctx, f.cl, f.job, sharded).find("--ep-fold"), std::string::npos);
+}
+
 TEST(DualPipe, HidesTheAllToAllsAndPaysTheirSms) {
   const DeepSeekFixture f;
   const Estimate one = f.at(f.job, f.layout(Schedule::one_f_one_b));

@@ -92,6 +92,9 @@ void add_plan_options(CLI::App& p, PlanArgs& a) {
   p.add_option("--tp", a.tp, "Fix tensor parallelism");
   p.add_option("--cp", a.cp, "Fix context parallelism (sequence split, all-gathered K/V)");
   p.add_option("--ep", a.ep, "Fix expert parallelism (MoE models: experts split over ep of the dp ranks)");
+  p.add_flag("--ep-fold", a.ep_fold,
+             "Megatron-Core's MoE parallel folding: ep drawn from tp x cp x dp (expert TP 1), "
+             "an ep group spans ep GPUs; the engine draws ep from dp");
   p.add_option("--pp", a.pp, "Fix pipeline parallelism");
   p.add_option("--vpp", a.vpp, "Fix virtual pipeline stages (interleaved schedule)");
   p.add_option("--dp", a.dp, "Fix data parallelism (with --config: the run's dp size, default 1)");
@@ -299,6 +302,7 @@ int run_plan(const PlanArgs& a) {
   if (!a.sp.empty()) f.sequence_parallel = a.sp == "on";
   if (!a.offload.empty()) f.offload = parse_offload(a.offload);
   if (!a.schedule.empty()) f.schedule = parse_schedule(a.schedule);
+  f.ep_fold = a.ep_fold;
   opt.rank_by = parse_rank_by(a.rank_by);
   opt.top = a.top;
   opt.max_train_seconds = a.max_days * 86400;

@@ -33,6 +33,7 @@ struct PlanArgs {
   std::string shard;  // a group size, or "dp" (full sharding)
   int zero = -1;
   std::string recompute, sp, offload, schedule;
+  bool ep_fold = false;  // --ep-fold: Megatron's MoE parallel folding
   std::string rank_by = "time";
   double max_days = 0;
   double measured_step_s = 0;  // calibrate --efficiency from a measured step of #1

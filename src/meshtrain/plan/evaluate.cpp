@@ -23,7 +23,9 @@ struct StageMemory {
 
 // The ranks a layout's expert state is sharded over (ZeRO) and its gradients
 // reduced over: the expert-data-parallel group, dp / ep of the shard group.
-int64_t expert_shards(const Layout& l) { return std::max<int64_t>(1, l.shards() / l.ep); }
+int64_t expert_shards(const Layout& l) {
+  return std::max<int64_t>(1, l.ep_fold ? l.tp * l.shards() / l.ep : l.shards() / l.ep);
+}
 
 // Memory of the rank of pipeline stage `stage` holding `layers` blocks. Under
 // DualPipe it also holds the mirrored stage p - 1 - stage (`mirror` blocks):
@@ -271,7 +273,7 @@ EpTraffic ep_traffic(const PlanContext& ctx, const Cluster& cl, const Job& job, 
   std::vector<double> calls{job.fp8 ? fp8 : e, e, job.fp8 ? fp8 : e, e};
   if (l.recompute == Recompute::full) calls.insert(calls.end(), {calls[0], e});
   const double k = static_cast<double>(moe.top_k);
-  const int64_t span = l.ep * l.tp * l.cp;
+  const int64_t span = l.ep_span();
   EpTraffic out;
   for (double bytes : calls) {
     if (span <= cl.gpus_per_node) {
@@ -291,7 +293,7 @@ EpTraffic ep_traffic(const PlanContext& ctx, const Cluster& cl, const Job& job, 
                             std::max(1.0, n / static_cast<double>(moe.n_groups))});
     const double network = reach * values * bytes, forward = k * values * bytes;
     out.bytes += network * (n - 1) / n + forward;
-    const int64_t local = std::max<int64_t>(1, cl.gpus_per_node / (l.tp * l.cp));
+    const int64_t local = std::max<int64_t>(1, cl.gpus_per_node * l.ep / span);
     out.seconds += std::max(all_to_all_seconds(network, nodes, cl.inter),
                             all_to_all_seconds(forward, local, cl.intra));
   }
@@ -484,12 +486,14 @@ Estimate evaluate(const PlanContext& ctx, const Cluster& cl, const Job& job, con
     dp_time(cl, l, bytes, worst.psi - worst.psi_experts, units, mb, t_mb, est);
     if (worst.psi_experts > 0) {
       // The routed experts' gradients (and ZeRO state) over the
-      // expert-data-parallel group: dp / ep ranks, ep x tp x cp apart (the
-      // link of a group that wide).
+      // expert-data-parallel group: dp / ep ranks (x cp), ep x tp x cp apart;
+      // folded, tp x cp x dp / ep ranks, ep apart (the link of a group that
+      // wide).
       Layout group = l;
-      group.dp = l.dp / l.ep;
+      group.dp = l.expert_dp();
       group.shard = l.shard > 0 ? l.shard / l.ep : 0;
-      group.tp = l.tp * l.ep;
+      group.tp = l.ep_fold ? l.ep : l.tp * l.ep;
+      if (l.ep_fold) group.cp = 1;
       Estimate experts;
       dp_time(cl, group, bytes, worst.psi_experts, expert_units, mb, t_mb, experts);
       est.dp_comm_raw += experts.dp_comm_raw;

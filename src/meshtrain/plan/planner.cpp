@@ -55,7 +55,7 @@ std::string zero_label(const Layout& l) {
 std::string describe(const Layout& l) {
   std::string s = fmt::format("tp {}", l.tp);
   if (l.cp > 1) s += fmt::format(" cp {}", l.cp);
-  if (l.ep > 1) s += fmt::format(" ep {}", l.ep);
+  if (l.ep > 1) s += fmt::format(" ep {}{}", l.ep, l.ep_fold ? " folded" : "");
   s += fmt::format(" pp {}", l.pp);
   if (l.vpp > 1) s += fmt::format(" v {}", l.vpp);
   s += fmt::format(" dp {} zero {} mb {} {}", l.dp, zero_label(l), l.micro_batch,
@@ -75,7 +75,15 @@ std::string check_layout(const PlanContext& ctx, const Cluster& cl, const Job& j
   }
   if (l.ep > 1) {
     if (!m.moe.enabled()) return "ep > 1 needs a mixture-of-experts model";
-    if (l.dp % l.ep != 0) return fmt::format("ep {} does not divide dp {}", l.ep, l.dp);
+    if (l.ep_fold) {
+      if (l.tp * l.cp * l.dp % l.ep != 0) {
+        return fmt::format("ep {} does not divide tp x cp x dp = {} (--ep-fold)", l.ep,
+                           l.tp * l.cp * l.dp);
+      }
+      if (l.shard > 0) return "--ep-fold with a ZeRO-3 shard group is not modelled";
+    } else if (l.dp % l.ep != 0) {
+      return fmt::format("ep {} does not divide dp {}", l.ep, l.dp);
+    }
     if (m.moe.experts % l.ep != 0) {
       return fmt::format("ep {} does not divide the {} experts", l.ep, m.moe.experts);
     }

@@ -55,6 +55,17 @@ struct Layout {
   // dp ranks (ep divides dp and the experts); their state is sharded over the
   // expert-data-parallel group of dp / ep ranks; tokens move by all-to-alls.
   int64_t ep = 1;
+  // Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv 2504.14960),
+  // with expert TP 1: the ep group is ep consecutive GPUs of the tp x cp x dp
+  // ranks, so it spans ep GPUs rather than ep x tp x cp, and the expert state
+  // is sharded over tp x cp x dp / ep ranks. The engine draws ep from dp
+  // (docs/moe.md); the search never folds unless told (--ep-fold), like
+  // DualPipe it describes another framework's runs.
+  bool ep_fold = false;
+  // GPUs one ep group spans, and the ranks that hold the same experts (the
+  // expert-data-parallel group).
+  int64_t ep_span() const { return ep_fold ? ep : ep * tp * cp; }
+  int64_t expert_dp() const { return ep_fold ? tp * cp * dp / ep : dp / ep; }
   int zero = 0;
   // ZeRO-3 only: shard over groups of this many DP ranks and replicate across
   // the groups (HSDP / hybrid sharding); 0 = over the whole DP group.

@@ -301,7 +301,8 @@ std::string format_json(const PlanInputs& in, const SearchResult& r) {
     ranked.push_back(
         {{"gpus", e.gpus},
          {"layout",
-          {{"tp", l.tp}, {"cp", l.cp}, {"ep", l.ep}, {"pp", l.pp}, {"vpp", l.vpp}, {"dp", l.dp},
+          {{"tp", l.tp}, {"cp", l.cp}, {"ep", l.ep}, {"ep_fold", l.ep_fold}, {"pp", l.pp},
+           {"vpp", l.vpp}, {"dp", l.dp},
            {"zero", l.zero},
            {"zero_shard_group", l.shards()},
            {"micro_batch", l.micro_batch}, {"microbatches", e.microbatches},

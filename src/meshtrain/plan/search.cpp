@@ -103,6 +103,9 @@ void check_fixed(const PlanContext& ctx, const Cluster& cl, const FixedChoices& 
     MESHTRAIN_CHECK(*f.ep == 1 || m.moe.experts % *f.ep == 0,
                     "plan: --ep {} does not divide the {} experts", *f.ep, m.moe.experts);
   }
+  if (f.ep_fold) {
+    MESHTRAIN_CHECK(m.moe.enabled(), "plan: --ep-fold needs a mixture-of-experts model");
+  }
   if (f.shard) {
     MESHTRAIN_CHECK(*f.shard >= 0, "plan: --shard must be >= 2 or 'dp', got {}", *f.shard);
     MESHTRAIN_CHECK(!f.zero || *f.zero == 3, "plan: --shard (hybrid sharding) needs --zero 3");
@@ -190,11 +193,12 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
           if (dp % g == 0) shardings.emplace_back(zero, g);
         }
       }
-      // Expert parallelism: every ep that divides dp and the experts (MoE only).
+      // Expert parallelism: every ep that divides dp (folded: tp x cp x dp)
+      // and the experts (MoE only).
       std::vector<int64_t> eps{1};
       if (model.moe.enabled()) {
         eps.clear();
-        for (int64_t e : divisors(dp)) {
+        for (int64_t e : divisors(f.ep_fold ? tp * cp * dp : dp)) {
           if (model.moe.experts % e == 0) eps.push_back(e);
         }
       }
@@ -209,6 +213,7 @@ SearchResult search(const PlanContext& ctx, const Cluster& base, const Job& job,
                   l.tp = tp;
                   l.cp = cp;
                   l.ep = ep;
+                  l.ep_fold = f.ep_fold && ep > 1;
                   l.pp = pp;
                   l.vpp = vpp;
                   l.dp = dp;

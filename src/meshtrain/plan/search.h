@@ -24,6 +24,7 @@ struct FixedChoices {
   std::optional<bool> sequence_parallel;
   std::optional<Offload> offload;
   std::optional<Schedule> schedule;
+  bool ep_fold = false;  // Layout::ep_fold: ep drawn from tp x cp x dp (Megatron's folding)
 };
 
 enum class RankBy { time, cost };
