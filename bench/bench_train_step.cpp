@@ -11,6 +11,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
+#include <map>
 #include <chrono>
 #include <ctime>
 #include <random>
@@ -21,6 +23,30 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/plan/memory.h"
+#include "meshtrain/util/trace.h"
+
+namespace {
+
+// Mean milliseconds per step of each traced span name (a layer's index
+// dropped), inclusive of the spans nested in it, largest first.
+void print_breakdown(int steps) {
+  using namespace meshtrain;
+  trace::stop();
+  std::map<std::string, double> ms;
+  for (const auto& thread : trace::take())
+    for (const auto& event : thread.events) {
+      if (event.ph != 'X') continue;
+      std::string name = event.name;
+      while (!name.empty() && (std::isdigit(static_cast<unsigned char>(name.back())) || name.back() == ' '))
+        name.pop_back();
+      ms[fmt::format("{}: {}", event.cat, name)] += static_cast<double>(event.dur_ns) / 1e6 / steps;
+    }
+  std::vector<std::pair<std::string, double>> rows(ms.begin(), ms.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  for (const auto& [name, value] : rows) fmt::print(stderr, "{:>10.1f} ms  {}\n", value, name);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace meshtrain;
@@ -54,6 +80,9 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", config.moe.top_k);
   app.add_option("--moe-hidden", config.moe.hidden_dim);
   app.add_option("--aux-loss", config.moe.aux_loss);
+  bool breakdown = false;
+  app.add_flag("--breakdown", breakdown,
+               "print the timed steps' mean milliseconds per traced span name to stderr");
   CLI11_PARSE(app, argc, argv);
   config.max_seq_len = seq;
   config.tie_embeddings = tied;
@@ -91,16 +120,25 @@ int main(int argc, char** argv) {
   double loss = 0;
   const int64_t tokens = batch * seq;
   for (int s = 0; s <= steps; ++s) {
+    if (breakdown && s == 1) trace::start(trace::Clock::now());
     auto t0 = std::chrono::steady_clock::now();
     const double c0 = cpu_ms();
     model.zero_grads();
     loss = model.forward_backward(inputs.data(), targets.data(), batch, seq,
                                   1.0f / static_cast<float>(tokens)) / static_cast<double>(tokens);
-    float scale = clip_factor(global_grad_norm(model), 1.0f);
-    optimizer.step(3e-4f, scale);
+    float scale = 1;
+    {
+      trace::Span span("optimizer", "gradient norm");
+      scale = clip_factor(global_grad_norm(model), 1.0f);
+    }
+    {
+      trace::Span span("optimizer", "adamw");
+      optimizer.step(3e-4f, scale);
+    }
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     cpu_times.push_back(cpu_ms() - c0);
   }
+  if (breakdown) print_breakdown(steps);
   std::vector<double> timed(times.begin() + 1, times.end());
   std::sort(timed.begin(), timed.end());
   double median = timed[timed.size() / 2];
