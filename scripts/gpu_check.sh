@@ -7,8 +7,9 @@
 #      CUDA backend for sm_90) with fmt / CLI11 headers carried in
 #      build/gpu-vendor (scripts/gpu_prepare.sh makes it on a CPU machine);
 #   3. runs `ops test --backend cuda` (every op vs float64, every dtype the suite has);
-#   4. times GEMMs (bf16 4096^3 and 8192^3, the model's shapes) and attention;
-#   5. the 20-step CUDA-vs-CPU training runs, which need the whole engine:
+#   4. runs `ops nccl`: the NCCL communicator on one rank, every call checked;
+#   5. times GEMMs (bf16 4096^3 and 8192^3, the model's shapes) and attention;
+#   6. the 20-step CUDA-vs-CPU training runs, which need the whole engine:
 #      SKIPPED with the reason until a bundle of it is carried (docs/gpu.md);
 # and writes a summary table to OUT/summary.md whose last line is the verdict.
 # usage: bash scripts/gpu_check.sh [OUT]      (OUT: $OUT, else build/gpu-check)
@@ -40,22 +41,32 @@ if [[ -z $gpu ]]; then
   exit 0
 fi
 
+wheel() {  # a file under site-packages/nvidia
+  python3 -c 'import glob, site, sys
+for p in site.getsitepackages():
+    for m in sorted(glob.glob(p + "/nvidia/" + sys.argv[1], recursive=True)): print(m)' "$1" 2>/dev/null | head -1
+}
 # cuBLASLt: the toolkit's, else the one PyTorch's wheels ship (backend/cuda/cublaslt.h).
 lt=$(ls /usr/local/cuda/lib64/libcublasLt.so.* /usr/local/cuda/lib/libcublasLt.so.* 2>/dev/null | head -1)
 if [[ -z $lt ]]; then
-  lt=$(python3 -c 'import glob, site
-for p in site.getsitepackages():
-    for m in sorted(glob.glob(p + "/nvidia/**/libcublasLt.so.*", recursive=True)): print(m)' 2>/dev/null | head -1)
+  lt=$(wheel '**/libcublasLt.so.*')
 fi
 [[ -n $lt ]] && export MESHTRAIN_CUBLASLT=$lt
 echo "cuBLASLt: ${lt:-not found}"
+# NCCL likewise (comm/nccl/nccl.h): its header for the build, its library for the run.
+nccl_h=$(ls /usr/local/cuda/include/nccl.h 2>/dev/null || wheel 'nccl/include/nccl.h')
+nccl_so=$(ls /usr/local/cuda/lib64/libnccl.so.2 /usr/local/cuda/lib/libnccl.so.2 2>/dev/null | head -1)
+[[ -z $nccl_so ]] && nccl_so=$(wheel 'nccl/lib/libnccl.so.2')
+[[ -n $nccl_so ]] && export MESHTRAIN_NCCL=$nccl_so
+echo "NCCL: header ${nccl_h:-not found}, library ${nccl_so:-not found}"
 
 section "build (backend only)"
 vendor=$PWD/build/gpu-vendor
 build=build/gpu
 if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_BACKEND_ONLY=ON \
       -DMESHTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DMESHTRAIN_NATIVE=OFF \
-      -DMESHTRAIN_VENDOR_INCLUDE="$vendor" >"$out/configure.log" 2>&1 &&
+      -DMESHTRAIN_VENDOR_INCLUDE="$vendor" ${nccl_h:+-DMESHTRAIN_NCCL_INCLUDE="$(dirname "$nccl_h")"} \
+      >"$out/configure.log" 2>&1 &&
    cmake --build "$build" -j "$(nproc)" --target meshtrain-ops >"$out/build.log" 2>&1; then
   row "build" "PASS" "meshtrain-ops with the CUDA backend, sm_90, $((SECONDS - started)) s"
 else
@@ -78,6 +89,16 @@ if (( rc == 0 )); then
 else
   row "ops test --backend cuda" "FAIL" "${failed_line:-exit $rc} ($passed ops listed)"
 fi
+
+section "ops nccl (one rank)"
+"$ops" ops nccl > "$out/nccl.txt" 2>&1
+rc=$?
+cat "$out/nccl.txt"
+case $rc in
+  0) row "NCCL, one rank" "PASS" "$(tail -1 "$out/nccl.txt")" ;;
+  8) row "NCCL, one rank" "SKIPPED" "$(tail -1 "$out/nccl.txt")" ;;
+  *) row "NCCL, one rank" "FAIL" "$(grep -m1 '^FAIL' "$out/nccl.txt" || tail -1 "$out/nccl.txt")" ;;
+esac
 
 section "timings"
 perf() {  # label args...

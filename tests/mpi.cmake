@@ -26,7 +26,8 @@ function(meshtrain_mpi_test name program ranks)
 endfunction()
 
 file(GLOB comm_test_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/comm/*.cpp)
-meshtrain_mpi_program(test_comm DEPS meshtrain_comm SOURCES ${comm_test_srcs})
+meshtrain_mpi_program(test_comm DEPS meshtrain_comm $<TARGET_NAME_IF_EXISTS:meshtrain_comm_nccl>
+                      SOURCES ${comm_test_srcs})
 # Async.WaitingForALatePeerDoesNotSpin asserts on CPU seconds: a timing assertion
 # that fails on a loaded 2-core machine, so CI leaves it out; run it by hand.
 set(comm_filter --gtest_filter=-Async.WaitingForALatePeerDoesNotSpin)

@@ -93,14 +93,19 @@ TEST(Published, ThroughputWithinTenPercentWithTheLayoutFixed) {
 // modelled (FP8 GEMMs, DualPipe with its overlap and the 20 SMs it gives the
 // all-to-alls, node-limited FP8 dispatch, MTP); what is left (docs/plan.md) is
 // a residual of +25%, held here so that it cannot silently grow.
-TEST(Published, DeepSeekV3WithItsRecipeWithinItsDocumentedResidual) {
-  const PublishedRun r = deepseek_v3_run();
+// A run outside 10%, held within the residual docs/plan.md reports for it.
+Prediction expect_within_documented_residual(const PublishedRun& r) {
   const Prediction p = predict(r);
-  ASSERT_GT(p.value, 0) << "nothing fits";
-  EXPECT_TRUE(p.best.fits);
+  EXPECT_GT(p.value, 0) << r.name << ": nothing fits";
+  EXPECT_TRUE(p.best.fits) << r.name;
   std::printf("%-36s %10.4g %10.4g %+6.1f%%  %s, %.0f%% HBM\n", r.name.c_str(), r.published,
               p.value, 100 * p.error, describe(p.best.layout).c_str(), 100 * p.best.hbm_fraction);
   EXPECT_LT(std::fabs(p.error), r.tolerance) << describe(p.best.layout);
+  return p;
+}
+
+TEST(Published, DeepSeekV3WithItsRecipeWithinItsDocumentedResidual) {
+  const Prediction p = expect_within_documented_residual(deepseek_v3_run());
   // DeepSeek recomputes only norms and MLA's up-projections: selective fits.
   EXPECT_EQ(p.best.layout.recompute, Recompute::selective);
   EXPECT_EQ(p.best.time.ep, 0) << "DualPipe hides the all-to-alls on this layout";
@@ -110,13 +115,7 @@ TEST(Published, DeepSeekV3WithItsRecipeWithinItsDocumentedResidual) {
 // at the large GEMMs' efficiency: over its published throughput by the
 // documented residual (docs/plan.md), held here so that it cannot grow.
 TEST(Published, Qwen3ThirtyBWithinItsDocumentedResidual) {
-  const PublishedRun r = qwen3_30b_run();
-  const Prediction p = predict(r);
-  ASSERT_GT(p.value, 0) << "nothing fits";
-  EXPECT_TRUE(p.best.fits);
-  std::printf("%-36s %10.4g %10.4g %+6.1f%%  %s, %.0f%% HBM\n", r.name.c_str(), r.published,
-              p.value, 100 * p.error, describe(p.best.layout).c_str(), 100 * p.best.hbm_fraction);
-  EXPECT_LT(std::fabs(p.error), r.tolerance) << describe(p.best.layout);
+  expect_within_documented_residual(qwen3_30b_run());
 }
 
 TEST(Published, ParameterCountsWithinOnePercent) {

@@ -315,11 +315,14 @@ TEST(WatchdogDeathTest, PastTheDeadlineItDumpsNamesTheCallAndEndsTheProcess) {
         o.world_size = 2;
         o.poll = std::chrono::milliseconds(20);
         o.gather = std::chrono::milliseconds(200);
+        // What an NCCL run passes (abort_nccl_communicators): called before the report.
+        o.abort_comms = [] { std::fputs("device communicators aborted\n", stderr); };
         Watchdog watchdog(rec, o, [](int code) { std::_Exit(code); });
         std::this_thread::sleep_for(std::chrono::seconds(20));
         std::_Exit(0);
       },
       ::testing::ExitedWithCode(7),
+      "device communicators aborted\n"
       "rank 0: timeout: comm dp all_reduce seq 3 \\(4.00 KiB\\) not finished after 0\\.[0-9] s "
       "\\(comm.timeout_s = 0.2\\); ranks not arrived: 1 \\(no flight record");
   EXPECT_TRUE(std::filesystem::exists(dir / "deadline_passed"));

@@ -527,10 +527,8 @@ int main_impl(int argc, char** argv) {
     return run_plan(plan_args);
   } else if (tokenize->parsed()) {
     return run_tokenize(tokenize_args);
-  } else if (ops.test->parsed()) {
-    return run_ops_test(ops_args);
-  } else if (ops.perf->parsed()) {
-    return run_ops_perf(ops_args);
+  } else if (ops.test->parsed() || ops.perf->parsed() || ops.nccl->parsed()) {
+    return run_ops(ops, ops_args);
   } else if (eval->parsed()) {
     if (eval_args.logits_ids.empty() != eval_args.logits_out.empty()) {
       throw UsageError("eval: --logits-ids and --logits-out go together");

@@ -8,6 +8,10 @@
 
 #include "meshtrain/backend/ops_suite.h"
 #include "meshtrain/backend/registry.h"
+#include "meshtrain/util/error.h"
+#ifdef MESHTRAIN_HAVE_NCCL
+#include "meshtrain/comm/nccl/self_test.h"
+#endif
 
 namespace meshtrain {
 
@@ -40,7 +44,29 @@ OpsCommands add_ops_commands(CLI::App& app, OpsArgs& args) {
   perf->add_option("--kv-heads", s.kv_heads, "Key/value heads (default 8)");
   perf->add_option("--hidden", s.hidden, "Feed-forward width (default 1536)");
   perf->add_option("--vocab", s.vocab, "Vocabulary (default 50257)");
-  return {test, perf};
+  CLI::App* nccl = ops->add_subcommand(
+      "nccl", "The NCCL communicator on one rank and one GPU: every call against known results");
+  nccl->add_option("--device", args.device, "The GPU (default: the process's, docs/gpu.md)");
+  return {test, perf, nccl};
+}
+
+int run_ops(const OpsCommands& commands, const OpsArgs& args) {
+  if (commands.test->parsed()) return run_ops_test(args);
+  if (commands.perf->parsed()) return run_ops_perf(args);
+  return run_ops_nccl(args);
+}
+
+int run_ops_nccl([[maybe_unused]] const OpsArgs& args) {
+#ifdef MESHTRAIN_HAVE_NCCL
+  const NcclCheck check = nccl_self_test(args.device);
+  MESHTRAIN_CHECK_AS(ErrorKind::resource, check.skipped.empty(), "ops nccl: SKIPPED: {}",
+                     check.skipped);
+  for (const std::string& line : check.lines) fmt::print("{}\n", line);
+  fmt::print("ops nccl: {} of {} checks failed\n", check.failed, check.lines.size());
+  return check.failed == 0 ? 0 : 1;
+#else
+  fail_as(ErrorKind::resource, "ops nccl: SKIPPED: this build has no NCCL (docs/gpu.md)");
+#endif
 }
 
 int run_ops_perf(const OpsArgs& args) {

@@ -17,6 +17,6 @@ int main(int argc, char** argv) {
     if (const std::optional<int> done = meshtrain::parse_command_line(app, argc, argv)) {
       return *done;
     }
-    return commands.test->parsed() ? meshtrain::run_ops_test(args) : meshtrain::run_ops_perf(args);
+    return meshtrain::run_ops(commands, args);
   });
 }

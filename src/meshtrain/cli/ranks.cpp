@@ -15,6 +15,9 @@
 #include "meshtrain/comm/abort.h"
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/comm/mesh.h"
+#ifdef MESHTRAIN_HAVE_NCCL
+#include "meshtrain/comm/nccl/nccl.h"
+#endif
 #include "meshtrain/comm/watchdog.h"
 #include "meshtrain/train/comm_deadlines.h"
 #include "meshtrain/train/generate.h"
@@ -72,6 +75,9 @@ std::unique_ptr<Watchdog> start_watchdog(RankJob& job, const TrainConfig& config
   options.dir = config.train.out_dir + "/flight/" + options.job;
   options.world_rank = job.env.world_rank();
   options.world_size = job.env.world_size();
+#ifdef MESHTRAIN_HAVE_NCCL
+  options.abort_comms = [] { abort_nccl_communicators(); };
+#endif
   return std::make_unique<Watchdog>(job.env.flight(), options,
                                     [&job](int code) { job.env.abort(code); });
 }

@@ -150,4 +150,26 @@ void check_reduce(const Communicator& comm, std::string_view call, CommDType dty
                   comm_dtype_name(dtype));
 }
 
+bool all_equal(std::span<const int64_t> counts) {
+  for (int64_t c : counts) {
+    if (c != counts[0]) return false;
+  }
+  return true;
+}
+
+int64_t sum_of(std::span<const int64_t> counts) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return total;
+}
+
+CallRecord call_record(CommOp op, CommDType dtype, size_t bytes, int peer) {
+  CallRecord r;
+  r.op = op;
+  r.dtype = dtype;
+  r.bytes = bytes;
+  r.peer = peer;
+  return r;
+}
+
 }  // namespace meshtrain

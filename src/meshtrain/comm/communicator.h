@@ -252,4 +252,9 @@ void check_counts(const Communicator& comm, std::string_view call, std::span<con
 void check_peer(const Communicator& comm, std::string_view call, int peer, std::string_view what);
 void check_reduce(const Communicator& comm, std::string_view call, CommDType dtype, ReduceOp op);
 
+// Helpers every backend's calls share.
+bool all_equal(std::span<const int64_t> counts);
+int64_t sum_of(std::span<const int64_t> counts);
+CallRecord call_record(CommOp op, CommDType dtype, size_t bytes, int peer = -1);
+
 }  // namespace meshtrain

@@ -269,28 +269,6 @@ void f32_to_bf16(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
 }
 
-bool all_equal(std::span<const int64_t> counts) {
-  for (int64_t c : counts) {
-    if (c != counts[0]) return false;
-  }
-  return true;
-}
-
-int64_t sum_of(std::span<const int64_t> counts) {
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  return total;
-}
-
-CallRecord call_record(CommOp op, CommDType dtype, size_t bytes, int peer = -1) {
-  CallRecord r;
-  r.op = op;
-  r.dtype = dtype;
-  r.bytes = bytes;
-  r.peer = peer;
-  return r;
-}
-
 void check_int_range(const Communicator& comm, std::string_view call, int64_t total) {
   MESHTRAIN_CHECK(total <= INT_MAX, "comm {}: {} of {} elements exceeds MPI's int counts",
                   comm.name(), call, total);

@@ -113,6 +113,7 @@ void Watchdog::on_deadline(const FlightEntry& stuck) {
   const int code = exit_code(ErrorKind::timeout);
   std::string line;
   try {
+    if (options_.abort_comms) options_.abort_comms();
     fs::create_directories(options_.dir);
     if (!exists(options_.dir + "/" + kMarker)) {
       std::ofstream(options_.dir + "/" + kMarker) << options_.world_rank << '\n';

@@ -11,7 +11,8 @@
 //   2. every other rank's watchdog sees the marker within a poll and writes
 //      its dump too (a stopped or dead rank cannot: its dump stays missing, or
 //      comes late, when mpirun's SIGCONT before the kill wakes it: marked so);
-//   3. the timed-out rank waits up to `gather` for the dumps, names the call
+//   3. the timed-out rank (its device communicators aborted first,
+//      WatchdogOptions::abort_comms) waits up to `gather` for the dumps, names the call
 //      (communicator, op, seq, bytes) and the members that have not arrived
 //      (no dump, or behind in that communicator's sequence) in one line on
 //      stderr, and calls end_job(exit code of ErrorKind::timeout), which must
@@ -41,6 +42,10 @@ struct WatchdogOptions {
   std::chrono::milliseconds poll{100};
   // How long a timed-out rank waits for the others' dumps (kFlightGatherSeconds).
   std::chrono::milliseconds gather{2000};
+  // Called first when this rank's deadline passes, before the dumps and the
+  // report: device communicators are aborted here (abort_nccl_communicators)
+  // so that no GPU kernel keeps waiting for a peer while the job ends.
+  std::function<void()> abort_comms;
 };
 
 // A job name shared by the ranks: "<UTC start>-<rank 0's pid>", sortable by time.

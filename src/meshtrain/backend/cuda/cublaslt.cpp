@@ -1,59 +1,32 @@
 #include "meshtrain/backend/cuda/cublaslt.h"
 
-#include <dlfcn.h>
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <mutex>
-#include <string>
-#include <vector>
 
-#include "meshtrain/util/error.h"
+#include "meshtrain/backend/cuda/library.h"
 
 namespace meshtrain::cuda {
 namespace {
 
-template <typename F>
-void bind(void* library, const char* symbol, F& out) {
-  void* address = dlsym(library, symbol);
-  MESHTRAIN_CHECK_AS(ErrorKind::resource, address != nullptr, "cuBLASLt: {} not found ({})",
-                     symbol, dlerror());
-  out = reinterpret_cast<F>(address);
-}
-
 CublasLt load() {
-  const std::string soname = fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR);
-  std::vector<std::string> tried;
-  if (const char* path = std::getenv("MESHTRAIN_CUBLASLT"); path != nullptr && *path != '\0') {
-    tried.emplace_back(path);
-  }
-  tried.push_back(soname);
-  tried.push_back(std::string(MESHTRAIN_CUDA_LIBDIR) + "/" + soname);
-  void* library = nullptr;
-  std::string errors;
-  for (const std::string& name : tried) {
-    library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (library != nullptr) break;
-    errors += fmt::format("{}{}", errors.empty() ? "" : "; ", dlerror());
-  }
-  MESHTRAIN_CHECK_AS(ErrorKind::resource, library != nullptr,
-                     "cuBLASLt could not be loaded (set MESHTRAIN_CUBLASLT to the file): {}",
-                     errors);
+  constexpr const char* what = "cuBLASLt";
+  void* library = open_library(what, "MESHTRAIN_CUBLASLT", fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR));
   CublasLt api{};
-  bind(library, "cublasLtCreate", api.create);
-  bind(library, "cublasLtDestroy", api.destroy);
-  bind(library, "cublasLtMatmul", api.matmul);
-  bind(library, "cublasLtMatmulAlgoGetHeuristic", api.heuristic);
-  bind(library, "cublasLtMatmulDescCreate", api.desc_create);
-  bind(library, "cublasLtMatmulDescDestroy", api.desc_destroy);
-  bind(library, "cublasLtMatmulDescSetAttribute", api.desc_set);
-  bind(library, "cublasLtMatmulPreferenceCreate", api.preference_create);
-  bind(library, "cublasLtMatmulPreferenceDestroy", api.preference_destroy);
-  bind(library, "cublasLtMatmulPreferenceSetAttribute", api.preference_set);
-  bind(library, "cublasLtMatrixLayoutCreate", api.layout_create);
-  bind(library, "cublasLtMatrixLayoutDestroy", api.layout_destroy);
-  bind(library, "cublasLtMatrixLayoutSetAttribute", api.layout_set);
-  bind(library, "cublasLtGetVersion", api.version);
+  bind(library, what, "cublasLtCreate", api.create);
+  bind(library, what, "cublasLtDestroy", api.destroy);
+  bind(library, what, "cublasLtMatmul", api.matmul);
+  bind(library, what, "cublasLtMatmulAlgoGetHeuristic", api.heuristic);
+  bind(library, what, "cublasLtMatmulDescCreate", api.desc_create);
+  bind(library, what, "cublasLtMatmulDescDestroy", api.desc_destroy);
+  bind(library, what, "cublasLtMatmulDescSetAttribute", api.desc_set);
+  bind(library, what, "cublasLtMatmulPreferenceCreate", api.preference_create);
+  bind(library, what, "cublasLtMatmulPreferenceDestroy", api.preference_destroy);
+  bind(library, what, "cublasLtMatmulPreferenceSetAttribute", api.preference_set);
+  bind(library, what, "cublasLtMatrixLayoutCreate", api.layout_create);
+  bind(library, what, "cublasLtMatrixLayoutDestroy", api.layout_destroy);
+  bind(library, what, "cublasLtMatrixLayoutSetAttribute", api.layout_set);
+  bind(library, what, "cublasLtGetVersion", api.version);
   return api;  // the library stays loaded for the process
 }
 

@@ -1,6 +1,6 @@
-// cuBLASLt, loaded when the first CUDA backend needs it rather than linked:
-// the library is half a gigabyte, and mapping it cost every meshtrain
-// process ~90 ms at start-up (CPU runs included). Searched as
+// cuBLASLt, loaded when the first CUDA backend needs it rather than linked
+// (library.h: the library is half a gigabyte, and mapping it cost every
+// meshtrain process ~90 ms at start-up, CPU runs included). Searched as
 // $MESHTRAIN_CUBLASLT (a file), then libcublasLt.so.<major> on the loader's
 // path, then in the toolkit's library folder this build was configured with.
 #pragma once

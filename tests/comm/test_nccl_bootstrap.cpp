@@ -1,0 +1,73 @@
+// NCCL's bootstrap over the MPI world, run up to the point that needs a GPU:
+// every rank holds rank 0's id; creating the communicator then needs a
+// device (one per rank: NCCL refuses two ranks on one GPU), and without one
+// it is a resource error naming the reason, and the test says SKIPPED.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "mpi_test.h"
+
+#ifdef MESHTRAIN_HAVE_NCCL
+#include "meshtrain/backend/cuda/runtime.h"
+#include "meshtrain/comm/nccl/nccl.h"
+#include "meshtrain/util/error.h"
+#endif
+
+namespace meshtrain {
+namespace {
+
+#ifdef MESHTRAIN_HAVE_NCCL
+TEST(NcclBootstrap, EveryRankHoldsRankZerosId) {
+  MemoryTracker tracker;
+  const auto world = testing::mpi_env().world(tracker);
+  const NcclId id = share_nccl_id(*world);
+  EXPECT_NE(id.bytes, NcclId{}.bytes);
+  const int n = world->size();
+  std::vector<char> all(id.bytes.size() * static_cast<size_t>(n));
+  world->all_gather(id.bytes.data(), all.data(), static_cast<int64_t>(id.bytes.size() / 4),
+                    CommDType::i32);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(std::string(all.data() + r * id.bytes.size(), id.bytes.size()),
+              std::string(id.bytes.data(), id.bytes.size()))
+        << "rank " << r;
+  }
+}
+
+TEST(NcclBootstrap, TheCommunicatorNeedsOneDevicePerRank) {
+  MemoryTracker tracker;
+  const auto world = testing::mpi_env().world(tracker);
+  const NcclId id = share_nccl_id(*world);
+  const std::string why = cuda::device_unavailable();
+  if (!why.empty()) {
+    try {
+      NcclCommunicator::create(id, world->rank(), world->size(), "world", {});
+      ADD_FAILURE() << "created an NCCL communicator without a device";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::resource) << e.what();
+    }
+    GTEST_SKIP() << why;
+  }
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  if (devices < world->size()) GTEST_SKIP() << "NCCL needs a GPU per rank: " << devices << " for " << world->size();
+  NcclCommunicator::Options options;
+  options.device = world->rank();
+  const auto comm = NcclCommunicator::create(id, world->rank(), world->size(), "world", options);
+  float* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, sizeof(float)), cudaSuccess);
+  const float one = 1;
+  cudaMemcpy(x, &one, sizeof one, cudaMemcpyHostToDevice);
+  comm->all_reduce(x, 1, CommDType::f32, ReduceOp::sum);
+  float sum = 0;
+  cudaMemcpy(&sum, x, sizeof sum, cudaMemcpyDeviceToHost);
+  cudaFree(x);
+  EXPECT_EQ(sum, static_cast<float>(world->size()));
+}
+#else
+TEST(NcclBootstrap, NotInThisBuild) { GTEST_SKIP() << "this build has no NCCL"; }
+#endif
+
+}  // namespace
+}  // namespace meshtrain
