@@ -1,7 +1,8 @@
 // NCCL's bootstrap over the MPI world, run up to the point that needs a GPU:
 // every rank holds rank 0's id; creating the communicator then needs a
 // device (one per rank: NCCL refuses two ranks on one GPU), and without one
-// it is a resource error naming the reason, and the test says SKIPPED.
+// it is a resource error naming the reason, and the test says SKIPPED; ranks
+// sharing one GPU go through MPI with the CUDA copier (SKIPPED without one).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -11,6 +12,7 @@
 
 #ifdef MESHTRAIN_HAVE_NCCL
 #include "meshtrain/backend/cuda/runtime.h"
+#include "meshtrain/comm/nccl/cuda_copier.h"
 #include "meshtrain/comm/nccl/nccl.h"
 #include "meshtrain/util/error.h"
 #endif
@@ -64,6 +66,25 @@ TEST(NcclBootstrap, TheCommunicatorNeedsOneDevicePerRank) {
   cudaMemcpy(&sum, x, sizeof sum, cudaMemcpyDeviceToHost);
   cudaFree(x);
   EXPECT_EQ(sum, static_cast<float>(world->size()));
+}
+// Ranks sharing one GPU (what NCCL refuses): MPI on the host with the CUDA copier.
+TEST(NcclBootstrap, RanksSharingOneGpuStageThroughTheHost) {
+  if (const std::string why = cuda::device_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  MemoryTracker tracker;
+  const CudaCopier copier(0, nullptr);
+  StagedCommunicator world(testing::mpi_env().world(tracker), copier, tracker);
+  float* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 4 * sizeof(float)), cudaSuccess);
+  const float mine[4] = {1, 2, 3, static_cast<float>(world.rank())};
+  cudaMemcpy(x, mine, sizeof mine, cudaMemcpyHostToDevice);
+  world.all_reduce(x, 4, CommDType::f32, ReduceOp::sum);
+  float sum[4] = {};
+  cudaMemcpy(sum, x, sizeof sum, cudaMemcpyDeviceToHost);
+  cudaFree(x);
+  const float n = static_cast<float>(world.size());
+  EXPECT_EQ(sum[0], n);
+  EXPECT_EQ(sum[2], 3 * n);
+  EXPECT_EQ(sum[3], n * (n - 1) / 2);
 }
 #else
 TEST(NcclBootstrap, NotInThisBuild) { GTEST_SKIP() << "this build has no NCCL"; }
