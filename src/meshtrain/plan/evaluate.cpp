@@ -22,7 +22,8 @@ struct StageMemory {
 };
 
 // The ranks a layout's expert state is sharded over (ZeRO) and its gradients
-// reduced over: the expert-data-parallel group, dp / ep of the shard group.
+// reduced over: the expert-data-parallel group, the shard group / ep (folded:
+// tp x the shard group / ep).
 int64_t expert_shards(const Layout& l) {
   return std::max<int64_t>(1, l.ep_fold ? l.tp * l.shards() / l.ep : l.shards() / l.ep);
 }

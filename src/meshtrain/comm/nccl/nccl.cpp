@@ -112,7 +112,12 @@ NcclId share_nccl_id(Communicator& bootstrap) {
 }
 
 // One issued call: its completion event and the Work state a caller waits on.
+// The event lives as long as the call (the progress thread may still query it
+// while an abort completes the call on another thread).
 struct NcclCommunicator::Pending final : Work::State {
+  ~Pending() override {
+    if (done != nullptr) cudaEventDestroy(done);
+  }
   uint64_t flight_id = 0;
   cudaEvent_t done = nullptr;
   mutable std::mutex mutex;
@@ -258,7 +263,6 @@ Work NcclCommunicator::submit(CallRecord record, bool p2p,
   } catch (...) {
     record.started = record.finished = CommClock::now();
     if (flight != nullptr) flight->finish(pending->flight_id, record, true);
-    if (pending->done != nullptr) cudaEventDestroy(pending->done);
     throw;
   }
   // The stream runs the call once what precedes it has: the deadline counts
@@ -339,7 +343,6 @@ void NcclCommunicator::finish(const std::shared_ptr<Pending>& p, std::exception_
                       args);
     }
   }
-  if (p->done != nullptr) cudaEventDestroy(p->done);
   {
     std::lock_guard lock(p->mutex);
     p->error = std::move(error);
