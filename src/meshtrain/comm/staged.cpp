@@ -51,6 +51,12 @@ size_t bytes_of(int64_t count, CommDType dtype) {
   return static_cast<size_t>(count) * comm_dtype_size(dtype);
 }
 
+// A host buffer of at least `bytes` (category comm).
+Tensor host_buffer(size_t bytes, MemoryTracker& tracker) {
+  return Tensor({static_cast<int64_t>(std::max<size_t>((bytes + 3) / 4, 1))}, DType::i32,
+                MemCategory::comm, tracker);
+}
+
 char* at(const Tensor& buffer, int64_t count, CommDType dtype) {
   return static_cast<char*>(buffer.raw()) + bytes_of(count, dtype);
 }
@@ -60,16 +66,6 @@ char* at(const Tensor& buffer, int64_t count, CommDType dtype) {
 StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> host,
                                        const DeviceCopier& copier, MemoryTracker& tracker)
     : host_(std::move(host)), copier_(copier), tracker_(tracker) {}
-
-namespace {
-
-// A host buffer of at least `bytes` (category comm).
-Tensor host_buffer(size_t bytes, MemoryTracker& tracker) {
-  return Tensor({static_cast<int64_t>(std::max<size_t>((bytes + 3) / 4, 1))}, DType::i32,
-                MemCategory::comm, tracker);
-}
-
-}  // namespace
 
 Work StagedCommunicator::all_reduce_async(void* data, int64_t count, CommDType dtype, ReduceOp op) {
   check_reduce(*this, "all_reduce", dtype, op);
