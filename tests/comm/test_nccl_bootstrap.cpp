@@ -13,6 +13,7 @@
 #ifdef MESHTRAIN_HAVE_NCCL
 #include "meshtrain/backend/cuda/runtime.h"
 #include "meshtrain/comm/nccl/cuda_copier.h"
+#include "meshtrain/comm/nccl/device_world.h"
 #include "meshtrain/comm/nccl/nccl.h"
 #include "meshtrain/util/error.h"
 #endif
@@ -85,6 +86,36 @@ TEST(NcclBootstrap, RanksSharingOneGpuStageThroughTheHost) {
   EXPECT_EQ(sum[0], n);
   EXPECT_EQ(sum[2], 3 * n);
   EXPECT_EQ(sum[3], n * (n - 1) / 2);
+}
+
+// The world a multi-rank CUDA run's mesh splits: tensors through NCCL (a GPU
+// per rank) or staged through MPI (ranks sharing a GPU), host data through
+// MPI, each on its own side.
+TEST(NcclBootstrap, TheCudaWorldRoutesTensorsAndHostData) {
+  MemoryTracker tracker;
+  const auto host_world = testing::mpi_env().world(tracker);
+  if (const std::string why = cuda::device_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  const CudaWorld w = make_cuda_world(*host_world, "auto", host_world->size(), tracker,
+                                      testing::mpi_env().flight());
+  EXPECT_EQ(w.backend, host_world->size() > devices ? "mpi" : "nccl");
+  auto& routed = dynamic_cast<RoutedCommunicator&>(*w.world);
+  float* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, sizeof(float)), cudaSuccess);
+  const float one = 1;
+  cudaMemcpy(x, &one, sizeof one, cudaMemcpyHostToDevice);
+  w.world->all_reduce(x, 1, CommDType::f32, ReduceOp::sum);
+  float sum = 0;
+  cudaMemcpy(&sum, x, sizeof sum, cudaMemcpyDeviceToHost);
+  cudaFree(x);
+  int64_t votes = 1;
+  w.world->all_reduce(&votes, 1, CommDType::i64, ReduceOp::sum);
+  const float n = static_cast<float>(host_world->size());
+  EXPECT_EQ(sum, n);
+  EXPECT_EQ(static_cast<float>(votes), n);
+  EXPECT_EQ(routed.device().calls_issued(), 1u);
+  EXPECT_EQ(routed.host().calls_issued(), 1u);
 }
 #else
 TEST(NcclBootstrap, NotInThisBuild) { GTEST_SKIP() << "this build has no NCCL"; }

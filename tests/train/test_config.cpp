@@ -249,6 +249,17 @@ TEST(Config, CommDeadlinesAndRecorder) {
             std::string::npos);
 }
 
+TEST(Config, CommBackendNamesTheKey) {
+  EXPECT_EQ(parse_config(kBase, "test.toml").comm.backend, "auto");
+  const TrainConfig c = parse_config(kBase, "test.toml", {{"comm.backend", "mpi"}});
+  EXPECT_EQ(parse_config(config_to_toml(c), "saved.toml").comm.backend, "mpi");
+  EXPECT_EQ(error_of(kBase, {{"comm.backend", "gloo"}}),
+            "config: comm.backend must be \"auto\", \"mpi\" or \"nccl\", got \"gloo\"");
+  EXPECT_NE(error_of(kBase, {{"comm.backend", "nccl"}})
+                .find("comm.backend = \"nccl\" moves device memory, and train.device = \"cpu\""),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace meshtrain
 

@@ -104,7 +104,7 @@ constexpr KeySpec kKeys[] = {
     {"dpo", "beta", Kind::number},            {"dpo", "loss", Kind::string},
     {"dpo", "label_smoothing", Kind::number}, {"dpo", "precompute_reference", Kind::boolean},
     {"comm", "timeout_s", Kind::number},      {"comm", "long_timeout_s", Kind::number},
-    {"comm", "flight_records", Kind::integer},
+    {"comm", "flight_records", Kind::integer}, {"comm", "backend", Kind::string},
 };
 
 std::string_view kind_name(Kind kind) {
@@ -563,6 +563,10 @@ CommSettings read_comm(const Section& s) {
   s.read("timeout_s", c.timeout_s);
   s.read("long_timeout_s", c.long_timeout_s);
   s.read("flight_records", c.flight_records);
+  s.read("backend", c.backend);
+  MESHTRAIN_CHECK(c.backend == "auto" || c.backend == "mpi" || c.backend == "nccl",
+                  "config: comm.backend must be \"auto\", \"mpi\" or \"nccl\", got \"{}\"",
+                  c.backend);
   MESHTRAIN_CHECK(std::isfinite(c.timeout_s) && c.timeout_s >= 0,
                   "config: comm.timeout_s must be >= 0 (0 = no deadline), got {}", c.timeout_s);
   MESHTRAIN_CHECK(std::isfinite(c.long_timeout_s) && c.long_timeout_s >= 0,
@@ -808,6 +812,10 @@ TrainConfig from_table(const toml::table& root, bool resolve_init_from) {
   c.ckpt = read_ckpt(Section(root, "ckpt"));
   c.guard = read_guard(Section(root, "guard"));
   c.comm = read_comm(Section(root, "comm"));
+  MESHTRAIN_CHECK(c.comm.backend != "nccl" || c.train.device != kHostBackend,
+                  "config: comm.backend = \"nccl\" moves device memory, and train.device = \"{}\" "
+                  "keeps tensors on the host: use comm.backend = \"auto\" or \"mpi\"",
+                  c.train.device);
   c.dpo = read_dpo(Section(root, "dpo"), c);
   return c;
 }
@@ -913,7 +921,8 @@ toml::table to_table(const TrainConfig& c) {
                     {"max_rollbacks", g.max_rollbacks}};
   toml::table comm{{"timeout_s", c.comm.timeout_s},
                    {"long_timeout_s", c.comm.long_timeout_s},
-                   {"flight_records", c.comm.flight_records}};
+                   {"flight_records", c.comm.flight_records},
+                   {"backend", c.comm.backend}};
   toml::table out{{"model", std::move(model)},
                   {"train", std::move(train)},
                   {"optim", std::move(optim)},

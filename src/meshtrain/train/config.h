@@ -173,6 +173,10 @@ struct CommSettings {
   double timeout_s = 300;
   double long_timeout_s = 3600;
   int64_t flight_records = 1024;  // completed calls kept per rank; 0 = no recorder and no watchdog
+  // How device tensors move between the ranks of a train.device = "cuda" run
+  // (comm/nccl/device_world.h): "auto", "nccl", or "mpi" (host staging). Host
+  // data always moves through MPI; a "cpu" run moves everything through MPI.
+  std::string backend = "auto";
 };
 
 struct TrainConfig {

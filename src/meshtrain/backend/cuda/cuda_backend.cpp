@@ -31,8 +31,7 @@ char* bytes_of(void* p, int64_t elements, DType d) {
 
 struct CudaBackend::Impl {
   int device = 0;
-  cudaStream_t stream = nullptr;      // every kernel, copy and GEMM
-  cudaStream_t comm_stream = nullptr; // collectives (comm/, NCCL), ordered by events
+  cudaStream_t stream = nullptr;  // every kernel, copy and GEMM: the device's compute_stream()
   std::unique_ptr<CachingAllocator> allocator;
   Tensor gemm_workspace;
   std::unique_ptr<Gemms> gemms;
@@ -46,8 +45,7 @@ CudaBackend::CudaBackend(MemoryTracker& tracker) : Backend(tracker), impl_(std::
   m.device = choose_device();
   check(cudaSetDevice(m.device), "cudaSetDevice");
   check(cudaGetDeviceProperties(&m.props, m.device), "cudaGetDeviceProperties");
-  check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  check(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  m.stream = compute_stream(m.device);
   m.allocator = std::make_unique<CachingAllocator>(m.device, m.stream);
   m.gemm_workspace = Tensor({static_cast<int64_t>(kGemmWorkspace / sizeof(float))}, DType::f32,
                             MemCategory::workspace, tracker, *m.allocator);
@@ -60,8 +58,6 @@ CudaBackend::~CudaBackend() {
   m.gemms.reset();
   m.gemm_workspace = Tensor();
   m.allocator.reset();
-  cudaStreamDestroy(m.comm_stream);
-  cudaStreamDestroy(m.stream);
 }
 
 Device CudaBackend::device() const { return {DeviceKind::cuda, impl_->device}; }

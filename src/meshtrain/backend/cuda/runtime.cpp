@@ -50,6 +50,21 @@ int choose_device() {
   return 0;
 }
 
+cudaStream_t compute_stream(int device) {
+  static std::mutex mutex;
+  static std::map<int, cudaStream_t> streams;
+  const std::lock_guard lock(mutex);
+  cudaStream_t& stream = streams[device];
+  if (stream == nullptr) {
+    int current = 0;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaSetDevice(current), "cudaSetDevice");
+  }
+  return stream;
+}
+
 Elem elem(DType dtype) {
   switch (dtype) {
     case DType::f32: return Elem::f32;

@@ -27,6 +27,12 @@ std::string device_unavailable();
 // the devices, else 0.
 int choose_device();
 
+// The compute stream of `device` (non-blocking, made on first use, kept for the
+// process): every backend on the device runs its kernels, copies and GEMMs on
+// it, and the communicators made before the backend (comm/nccl/device_world.h)
+// order their calls after it.
+cudaStream_t compute_stream(int device);
+
 Elem elem(DType dtype);  // a float DType's element kind; throws for i32
 
 // Device memory in blocks that are kept for reuse when a tensor frees them
