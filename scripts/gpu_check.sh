@@ -9,8 +9,10 @@
 #   3. runs `ops test --backend cuda` (every op vs float64, every dtype the suite has);
 #   4. runs `ops nccl`: the NCCL communicator on one rank, every call checked;
 #   5. times GEMMs (bf16 4096^3 and 8192^3, the model's shapes) and attention;
-#   6. the 20-step CUDA-vs-CPU training runs, which need the whole engine:
-#      SKIPPED with the reason until a bundle of it is carried (docs/gpu.md);
+#   6. with the engine's bundle carried (build/gpu-bundle.tar.xz, made by
+#      scripts/gpu_bundle.sh: the binary, its libraries and loader, the data),
+#      the 20-step training runs on CUDA against CPU and the GPT-2 124M step
+#      (scripts/gpu_train_check.sh); SKIPPED, saying so, without it;
 # and writes a summary table to OUT/summary.md whose last line is the verdict.
 # usage: bash scripts/gpu_check.sh [OUT]      (OUT: $OUT, else build/gpu-check)
 set -uo pipefail
@@ -121,13 +123,10 @@ perf llama8b --op 'matmul|attention' --batch 4 --seq 2048 --dim 4096 --heads 32 
 row "attention fwd (GPT-2 shape)" "$(rate "$out/perf_gpt2.txt" '^attention_forward .*bf16')" "reference kernel, bf16"
 row "attention bwd (GPT-2 shape)" "$(rate "$out/perf_gpt2.txt" '^attention_backward .*bf16')" "reference kernel, bf16"
 
-section "training runs"
-if [[ -x build/gpu-bundle/bin/meshtrain ]]; then
-  row "train 20 steps cuda vs cpu" "SKIPPED" "a bundle is carried but its comparison is not written yet"
-else
-  row "train 20 steps cuda vs cpu" "SKIPPED" "the engine needs Open MPI and oneDNN, which this image lacks and no bundle was carried (docs/gpu.md)"
-fi
-row "GPT-2 124M training step" "SKIPPED" "needs the engine (as above)"
+section "training runs (the engine's bundle)"
+while IFS='|' read -r tag check result detail; do
+  [[ $tag == ROW ]] && row "$check" "$result" "$detail"
+done < <(bash scripts/gpu_train_check.sh "$out" cpu cuda)
 
 verdict=PASS
 for r in "${rows[@]}"; do [[ $r == *"| FAIL |"* ]] && verdict=FAIL; done

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Run on a CPU machine set up by scripts/setup.sh, before scripts/gpu_check.sh
-# is sent to a GPU machine: copies the header-only libraries the backend-only
-# build takes (fmt, CLI11, from Debian's packages here) to build/gpu-vendor,
-# an ignored folder the device tool carries (docs/gpu.md).
+# Run on a CPU machine set up by scripts/setup.sh and built, before
+# scripts/gpu_check.sh is sent to a GPU machine: copies the header-only
+# libraries the backend-only build takes (fmt, CLI11, from Debian's packages
+# here) to build/gpu-vendor, and packs the engine's bundle for the training
+# runs (scripts/gpu_bundle.sh: build/gpu-bundle.tar.xz). The device tool
+# carries both ignored paths (docs/gpu.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vendor=build/gpu-vendor
@@ -10,3 +12,4 @@ rm -rf "$vendor"
 mkdir -p "$vendor"
 cp -r /usr/include/fmt /usr/include/CLI "$vendor/"
 du -sh "$vendor"
+bash scripts/gpu_bundle.sh
