@@ -9,5 +9,6 @@ namespace meshtrain {
 
 BackendKind cpu_backend_kind();   // backend/cpu: needs oneDNN
 BackendKind cuda_backend_kind();  // backend/cuda: needs the CUDA toolkit
+BackendKind guarded_backend_kind();  // backend/guarded: the CPU backend in guarded memory
 
 }  // namespace meshtrain

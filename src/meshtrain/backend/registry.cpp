@@ -9,7 +9,8 @@ namespace meshtrain {
 namespace {
 
 const std::vector<BackendKind>& kinds() {
-  static const std::vector<BackendKind> all{cpu_backend_kind(), cuda_backend_kind()};
+  static const std::vector<BackendKind> all{cpu_backend_kind(), cuda_backend_kind(),
+                                            guarded_backend_kind()};
   return all;
 }
 

@@ -16,10 +16,9 @@
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/comm/mesh.h"
 #ifdef MESHTRAIN_HAVE_NCCL
-#include "meshtrain/comm/nccl/device_world.h"
 #include "meshtrain/comm/nccl/nccl.h"
 #endif
-#include "meshtrain/backend/registry.h"
+#include "meshtrain/cli/rank_world.h"
 #include "meshtrain/comm/watchdog.h"
 #include "meshtrain/train/comm_deadlines.h"
 #include "meshtrain/train/generate.h"
@@ -84,33 +83,6 @@ std::unique_ptr<Watchdog> start_watchdog(RankJob& job, const TrainConfig& config
                                     [&job](int code) { job.env.abort(code); });
 }
 
-// The world a multi-rank run's mesh splits: MPI's when its tensors are in
-// host memory; for a device backend, MPI's for host buffers routed beside a
-// device communicator for tensors (comm/routed.h, comm.backend).
-struct RankWorld {
-#ifdef MESHTRAIN_HAVE_NCCL
-  CudaWorld cuda;
-#endif
-  Communicator* world = nullptr;
-};
-
-std::unique_ptr<RankWorld> rank_world(RankJob& job, const TrainConfig& config) {
-  auto w = std::make_unique<RankWorld>();
-  w->world = job.world.get();
-  if (config.train.device == kHostBackend || job.env.world_size() == 1) return w;
-#ifdef MESHTRAIN_HAVE_NCCL
-  w->cuda = make_cuda_world(*job.world, config.comm.backend, job.env.local_size(), job.tracker,
-                            job.env.flight());
-  w->world = w->cuda.world.get();
-  return w;
-#else
-  fail_as(ErrorKind::resource,
-          "train.device = \"{}\" with {} ranks: this build has no device communicator (NCCL's "
-          "header was not found at build time, docs/gpu.md)",
-          config.train.device, job.env.world_size());
-#endif
-}
-
 // MESHTRAIN_LAUNCH_ATTEMPT / MESHTRAIN_LAUNCH_TIME, set by `meshtrain launch`.
 void read_launch_env(TrainerOptions& options) {
   if (const char* attempt = std::getenv("MESHTRAIN_LAUNCH_ATTEMPT")) {
@@ -140,8 +112,9 @@ int run_train_ranks(const std::string& config_path, const ConfigOverrides& overr
     if (multi && config.train.threads == 0) {
       config.train.threads = default_threads_per_rank(job.env.local_size(), available_cores());
     }
-    world = rank_world(job, config);
-    mesh = std::make_unique<DeviceMesh>(*world->world, config.parallel.tp, config.parallel.pp,
+    world = make_rank_world(*job.world, config, job.env.local_size(), job.tracker,
+                            job.env.flight());
+    mesh = std::make_unique<DeviceMesh>(world->world(), config.parallel.tp, config.parallel.pp,
                                         config.parallel.ep, config.parallel.cp);
     TrainerOptions options = base;
     options.mesh = multi ? mesh.get() : nullptr;

@@ -33,10 +33,10 @@ ops::AdamWHyper adamw_hyper(const AdamWConfig& config, const ParamSpec& spec, fl
 AdamW::AdamW(Model& model, const AdamWConfig& config)
     : model_(model),
       config_(config),
-      exp_avg_({model.num_trainable()}, DType::f32, MemCategory::optimizer,
-               model.backend().tracker()),
-      exp_avg_sq_({model.num_trainable()}, DType::f32, MemCategory::optimizer,
-                  model.backend().tracker()) {
+      exp_avg_(model.backend().allocate({model.num_trainable()}, DType::f32,
+                                        MemCategory::optimizer)),
+      exp_avg_sq_(model.backend().allocate({model.num_trainable()}, DType::f32,
+                                           MemCategory::optimizer)) {
   check_adamw_config(config);
 }
 

@@ -71,9 +71,7 @@ OffloadStore::OffloadStore(std::string name, std::vector<OffloadChunkSpec> chunk
   }
   switch (options_.tier) {
     case OffloadTier::none:
-      for (auto& c : chunks_) {
-        c.home = Tensor({c.spec.numel}, c.spec.dtype, options_.resident_category, *tracker_);
-      }
+      for (auto& c : chunks_) c.home = new_buffer(c);
       return;  // no I/O thread
     case OffloadTier::cpu:
       for (auto& c : chunks_) {
@@ -271,7 +269,7 @@ void OffloadStore::release(size_t id, bool dirty) {
     }
     return;
   }
-  if (dirty) run_io(lock, [&] { transfer(c, c.buffer.raw(), true); });
+  if (dirty) run_io(lock, [&] { transfer(c, c.buffer, true); });
   c.state = State::stored;
   resident_bytes_ -= c.bytes;
   c.buffer = Tensor();
@@ -353,6 +351,10 @@ Tensor OffloadStore::take_buffer(const Chunk& chunk) {
 }
 
 Tensor OffloadStore::new_buffer(const Chunk& chunk) {
+  if (options_.device != nullptr) {
+    return options_.device->allocate({chunk.spec.numel}, chunk.spec.dtype,
+                                     options_.resident_category);
+  }
   return Tensor({chunk.spec.numel}, chunk.spec.dtype, options_.resident_category, *tracker_);
 }
 
@@ -376,7 +378,7 @@ void OffloadStore::load(Chunk& c, std::unique_lock<std::mutex>& lock) {
   c.state = State::reading;
   run_io(lock, [&] {
     if (!c.buffer.defined()) c.buffer = new_buffer(c);
-    transfer(c, c.buffer.raw(), false);
+    transfer(c, c.buffer, false);
   });
 }
 
@@ -389,7 +391,7 @@ void OffloadStore::read_next(std::unique_lock<std::mutex>& lock) {
 void OffloadStore::write_next(std::unique_lock<std::mutex>& lock) {
   Chunk& c = chunks_[writes_.front()];
   writes_.pop_front();
-  run_io(lock, [&] { transfer(c, c.buffer.raw(), true); });
+  run_io(lock, [&] { transfer(c, c.buffer, true); });
   if (error_) return;
   c.state = State::stored;
   spare_bytes_ += c.bytes;
@@ -413,35 +415,51 @@ void OffloadStore::run_io(std::unique_lock<std::mutex>& lock, const std::functio
   done_cv_.notify_all();
 }
 
-void OffloadStore::transfer(const Chunk& c, void* buffer, bool to_tier) {
+void OffloadStore::transfer(const Chunk& c, const Tensor& buffer, bool to_tier) {
   trace::Span span("offload", to_tier ? "write" : "read");
   span.args(R"("chunk":{},"bytes":{})", trace::quote(c.spec.name), c.bytes);
   auto start = Clock::now();
+  Backend* device = options_.device;
   if (options_.tier == OffloadTier::cpu) {
-    std::memcpy(to_tier ? c.home.raw() : buffer, to_tier ? buffer : c.home.raw(), c.bytes);
-  } else {
-    auto* bytes = static_cast<char*>(buffer);
-    size_t done = 0;
-    while (done < c.bytes) {  // pread/pwrite may move fewer bytes than asked
-      const auto at = static_cast<off_t>(c.file_offset + done);
-      ssize_t n = to_tier ? ::pwrite(fd_, bytes + done, c.bytes - done, at)
-                          : ::pread(fd_, bytes + done, c.bytes - done, at);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        fail_as(ErrorKind::io, "offload store '{}': {} chunk '{}' ({} at offset {}) {} '{}': {}",
-                name_, to_tier ? "writing" : "reading", c.spec.name, describe_bytes(c.bytes),
-                c.file_offset, to_tier ? "to" : "from", path_,
-                n < 0     ? std::string(std::strerror(errno))
-                : to_tier ? std::string("nothing written")
-                          : fmt::format("file ends after {} of its bytes", done));
-      }
-      done += static_cast<size_t>(n);
+    if (device == nullptr) {
+      std::memcpy(to_tier ? c.home.raw() : buffer.raw(), to_tier ? buffer.raw() : c.home.raw(),
+                  c.bytes);
+    } else if (to_tier) {
+      device->copy_to_host(buffer, c.home.raw());
+    } else {
+      device->copy_from_host(c.home.raw(), buffer);
     }
+  } else if (device == nullptr) {
+    file_io(c, static_cast<char*>(buffer.raw()), to_tier);
+  } else {
+    const Tensor staging({c.spec.numel}, c.spec.dtype, MemCategory::offloaded, *tracker_);
+    if (to_tier) device->copy_to_host(buffer, staging.raw());
+    file_io(c, static_cast<char*>(staging.raw()), to_tier);
+    if (!to_tier) device->copy_from_host(staging.raw(), buffer);
   }
   std::lock_guard lock(mu_);
   stats_.io_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   (to_tier ? stats_.writes : stats_.reads) += 1;
   (to_tier ? stats_.bytes_written : stats_.bytes_read) += c.bytes;
+}
+
+void OffloadStore::file_io(const Chunk& c, char* bytes, bool to_tier) {
+  size_t done = 0;
+  while (done < c.bytes) {  // pread/pwrite may move fewer bytes than asked
+    const auto at = static_cast<off_t>(c.file_offset + done);
+    ssize_t n = to_tier ? ::pwrite(fd_, bytes + done, c.bytes - done, at)
+                        : ::pread(fd_, bytes + done, c.bytes - done, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      fail_as(ErrorKind::io, "offload store '{}': {} chunk '{}' ({} at offset {}) {} '{}': {}",
+              name_, to_tier ? "writing" : "reading", c.spec.name, describe_bytes(c.bytes),
+              c.file_offset, to_tier ? "to" : "from", path_,
+              n < 0     ? std::string(std::strerror(errno))
+              : to_tier ? std::string("nothing written")
+                        : fmt::format("file ends after {} of its bytes", done));
+    }
+    done += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace meshtrain::zero

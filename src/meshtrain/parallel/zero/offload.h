@@ -9,7 +9,10 @@
 //   cpu   a host copy per chunk (pinned host memory on GPUs; RAM here), copied into
 //         and out of separate resident working buffers.
 //   disk  one file per store in `directory`, read and written with pread/pwrite
-//         (like ZeRO-Infinity's NVMe tier).
+//         (like ZeRO-Infinity's NVMe tier); on a device through a host staging
+//         buffer per transfer (category offloaded).
+// Resident buffers are options.device's memory (Backend::allocate), moved to and
+// from the tier with its copy_to_host / copy_from_host.
 //
 // Use, one caller thread:
 //   OffloadStore store("opt", {{"layers.0.exp_avg", n0}, ...}, options, tracker);
@@ -42,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "meshtrain/backend/backend.h"
 #include "meshtrain/tensor/memory_tracker.h"
 #include "meshtrain/tensor/tensor.h"
 
@@ -63,6 +67,9 @@ struct OffloadOptions {
   // cpu/disk: most bytes of resident chunk buffers at once (0 = no limit).
   size_t budget_bytes = 0;
   MemCategory resident_category = MemCategory::optimizer;
+  // Where resident buffers live (the tier none's chunks included), and what
+  // copies them to and from the slower tier; nullptr: host memory.
+  Backend* device = nullptr;
 };
 
 // Removes the files in `directory` whose names start with `prefix` (a killed
@@ -150,9 +157,11 @@ class OffloadStore {
   void write_next(std::unique_lock<std::mutex>& lock);          // writes_.front()
   // Runs `io` unlocked, counted in io_in_flight_; a failure becomes error_.
   void run_io(std::unique_lock<std::mutex>& lock, const std::function<void()>& io);
-  Tensor new_buffer(const Chunk& chunk);
+  Tensor new_buffer(const Chunk& chunk);  // resident memory for the chunk
   // Copies the chunk between `buffer` and its tier (to_tier: a write), counts it in stats_.
-  void transfer(const Chunk& chunk, void* buffer, bool to_tier);
+  void transfer(const Chunk& chunk, const Tensor& buffer, bool to_tier);
+  // The disk tier's pread / pwrite of the chunk's bytes at `bytes` (host memory).
+  void file_io(const Chunk& chunk, char* bytes, bool to_tier);
   void open_file();
 
   std::string name_;

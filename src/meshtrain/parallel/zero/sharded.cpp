@@ -105,21 +105,21 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
     Flat& f = flats_[i];
     f.segments = fp.segments(group_rank(i));
     if (stage <= 2) {
-      f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, tracker);
+      f.full = model_.backend().allocate({fp.padded}, fp.dtype, MemCategory::params);
       if (fp.dtype == DType::f32) {
         f.master_alias = f.full.view(fp.shard_begin(group_rank(i)), {fp.shard});
       }
       bind_values(i);
     } else if (!params_in_store_) {
-      f.compute_shard = Tensor({fp.shard}, fp.dtype, MemCategory::params, tracker);
+      f.compute_shard = model_.backend().allocate({fp.shard}, fp.dtype, MemCategory::params);
       if (fp.dtype == DType::f32) f.master_alias = f.compute_shard;
     }
     if (!fp.trainable) continue;  // frozen: values only
     if (stage == 1) {
-      f.grad_full = Tensor({fp.padded}, DType::f32, MemCategory::grads, tracker);
+      f.grad_full = model_.backend().allocate({fp.padded}, DType::f32, MemCategory::grads);
       bind_grads(i, true);
     } else {
-      f.grad_shard = Tensor({fp.shard}, DType::f32, MemCategory::grads, tracker);
+      f.grad_shard = model_.backend().allocate({fp.shard}, DType::f32, MemCategory::grads);
     }
     const std::string name = fmt::format("{}.{}{}", model.units()[fp.unit].name,
                                          dtype_name(fp.dtype), fp.expert ? ".experts" : "");
@@ -147,6 +147,7 @@ ShardedDataParallel::ShardedDataParallel(Model& model, Communicator& dp, const A
   param_schedule_ = predicted_param_schedule();
   OffloadOptions store = options.offload;
   store.resident_category = MemCategory::optimizer;
+  store.device = &model.backend();
   store_ = std::make_unique<OffloadStore>(fmt::format("zero_state.rank{}", rank_),
                                           std::move(chunks), store, tracker);
   model_.unit_hooks.before = [this](size_t u, UnitPass pass) { before(u, pass); };
@@ -268,15 +269,14 @@ void ShardedDataParallel::gather_async(size_t flat) {
   trace::Span span("zero", "gather issue", static_cast<int64_t>(flat));
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
-  f.full = Tensor({fp.padded}, fp.dtype, MemCategory::params, model_.backend().tracker());
+  f.full = model_.backend().allocate({fp.padded}, fp.dtype, MemCategory::params);
   std::vector<int64_t> counts(static_cast<size_t>(fp.ranks), fp.shard);
   const void* send = nullptr;
   if (params_in_store_) {
     // The shard streams from the store into its place in the gathered unit: in place.
-    char* own = static_cast<char*>(f.full.raw()) +
-                static_cast<size_t>(fp.shard_begin(group_rank(flat))) * dtype_size(fp.dtype);
+    const Tensor own = f.full.view(fp.shard_begin(group_rank(flat)), {fp.shard});
     stream_in_params(flat, own);
-    send = own;
+    send = own.raw();
   } else {
     send = f.compute_shard.raw();
   }
@@ -305,15 +305,14 @@ void ShardedDataParallel::release_params(size_t flat) {
   bind_values(flat);  // unbinds: the views held the storage
 }
 
-void ShardedDataParallel::stream_in_params(size_t flat, char* dst) {
+void ShardedDataParallel::stream_in_params(size_t flat, const Tensor& dst) {
   Flat& f = flats_[flat];
-  const size_t elem = dtype_size(layout_.flats[flat].dtype);
   if (recording_) recorded_.push_back(flat);
   if (store_->next_in_pass() != f.pieces.front().values()) announce_params(flat);
   for (const Piece& p : f.pieces) {
     const size_t id = p.values();
     Tensor t = store_->acquire(id);
-    std::memcpy(dst + static_cast<size_t>(p.begin) * elem, t.raw(), t.bytes());
+    dst.view(p.begin, {t.numel()}).copy_from(t);  // on the device, through its allocator
     t = Tensor();
     store_->release(id, false);
   }
@@ -372,8 +371,7 @@ void ShardedDataParallel::before(size_t unit, UnitPass pass) {
     }
     if (pass == UnitPass::backward && stage >= 2 && layout_.flats[i].trainable &&
         !f.grad_full.defined()) {
-      f.grad_full = Tensor({layout_.flats[i].padded}, DType::f32, MemCategory::grads,
-                           model_.backend().tracker());
+      f.grad_full = model_.backend().allocate({layout_.flats[i].padded}, DType::f32, MemCategory::grads);
       bind_grads(i, true);
     }
   }
@@ -421,7 +419,6 @@ void ShardedDataParallel::after(size_t unit, UnitPass pass) {
 void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
-  MemoryTracker& tracker = model_.backend().tracker();
   // The limiter: the oldest call's buffers go before this one's receive shard comes.
   while (static_cast<int64_t>(reduces_.size()) >= options_.max_inflight_reduces) {
     finish_oldest_reduce();
@@ -430,13 +427,13 @@ void ShardedDataParallel::reduce_scatter_grads(size_t flat) {
   r.flat = flat;
   r.send = f.grad_full;
   if (options_.stage == 1) {
-    r.recv = Tensor({fp.shard}, DType::f32, MemCategory::grads, tracker);
+    r.recv = model_.backend().allocate({fp.shard}, DType::f32, MemCategory::grads);
     r.then = Reduce::Then::copy_to_full;
   } else if (!f.shard_written) {
     r.recv = f.grad_shard;  // the step's first contribution: no addition needed
     f.shard_written = true;
   } else {
-    r.recv = Tensor({fp.shard}, DType::f32, MemCategory::grads, tracker);
+    r.recv = model_.backend().allocate({fp.shard}, DType::f32, MemCategory::grads);
     r.then = Reduce::Then::add_to_shard;
   }
   std::vector<int64_t> counts(static_cast<size_t>(fp.ranks), fp.shard);
@@ -558,12 +555,11 @@ double ShardedDataParallel::grad_norm(Communicator* stages) {
   return std::sqrt(sum);
 }
 
-void* ShardedDataParallel::compute_values(size_t flat) {
+Tensor ShardedDataParallel::compute_values(size_t flat) {
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
-  if (options_.stage == 3) return f.compute_shard.raw();
-  return static_cast<char*>(f.full.raw()) +
-         static_cast<size_t>(fp.shard_begin(group_rank(flat))) * dtype_size(fp.dtype);
+  if (options_.stage == 3) return f.compute_shard;
+  return f.full.view(fp.shard_begin(group_rank(flat)), {fp.shard});
 }
 
 void ShardedDataParallel::step(float lr, float grad_scale) {
@@ -592,7 +588,7 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
     const DType dtype = layout_.flats[i].dtype;
     const auto esize = static_cast<int64_t>(dtype_size(dtype));
     char* resident_compute = dtype != DType::f32 && !params_in_store_
-                                 ? static_cast<char*>(compute_values(i))
+                                 ? static_cast<char*>(compute_values(i).raw())
                                  : nullptr;
     for (const Piece& p : f.pieces) {
       Tensor m = store_->acquire(p.exp_avg);
@@ -639,7 +635,8 @@ void ShardedDataParallel::all_gather_updated(bool frozen_too) {
     wait_gather(i);
     std::vector<int64_t> counts(static_cast<size_t>(fp.ranks), fp.shard);
     f.gather =
-        group(i).all_gather_async(compute_values(i), f.full.raw(), counts, comm_dtype(fp.dtype));
+        group(i).all_gather_async(compute_values(i).raw(), f.full.raw(), counts,
+                                  comm_dtype(fp.dtype));
     timing_.bytes += f.full.bytes();
     f.gather_pending = true;
   }
@@ -705,21 +702,20 @@ void ShardedDataParallel::read_state(size_t flat, State state, int64_t begin, in
                                      float* out) {
   const Flat& f = flats_[flat];
   const FlatParam& fp = layout_.flats[flat];
+  Backend& backend = model_.backend();
+  const int64_t n = end - begin;
   if (state == State::master && f.master_alias.defined()) {
-    std::memcpy(out, f.master_alias.data<float>() + begin,
-                static_cast<size_t>(end - begin) * sizeof(float));
+    backend.copy_to_host(f.master_alias.view(begin, {n}), out);
     return;
   }
   if (!fp.trainable) {  // frozen: no moments; a 2-byte flat's values are its compute copy
-    const auto n = static_cast<size_t>(end - begin);
     if (state != State::master) {
-      std::fill(out, out + n, 0.0f);
+      std::fill_n(out, n, 0.0f);
       return;
     }
-    convert(fp.dtype,
-            static_cast<const char*>(compute_values(flat)) +
-                static_cast<size_t>(begin) * dtype_size(fp.dtype),
-            DType::f32, out, n);
+    std::vector<char> values(static_cast<size_t>(n) * dtype_size(fp.dtype));
+    backend.copy_to_host(compute_values(flat).view(begin, {n}), values.data());
+    convert(fp.dtype, values.data(), DType::f32, out, static_cast<size_t>(n));
     return;
   }
   for (const Piece& p : f.pieces) {
@@ -727,8 +723,7 @@ void ShardedDataParallel::read_state(size_t flat, State state, int64_t begin, in
     if (lo >= hi) continue;
     const size_t id = p.chunk(state);
     Tensor t = store_->acquire(id);
-    std::memcpy(out + (lo - begin), t.data<float>() + (lo - p.begin),
-                static_cast<size_t>(hi - lo) * sizeof(float));
+    backend.copy_to_host(t.view(lo - p.begin, {hi - lo}), out + (lo - begin));
     t = Tensor();
     store_->release(id, false);
   }
@@ -738,25 +733,29 @@ void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, i
                                       const float* in) {
   const FlatParam& fp = layout_.flats[flat];
   Flat& f = flats_[flat];
-  const auto n = static_cast<size_t>(end - begin);
+  Backend& backend = model_.backend();
+  const int64_t n = end - begin;
   if (state == State::master) {
-    const size_t elem = dtype_size(fp.dtype);
+    // The compute copy: rounded on the host, then copied in.
+    std::vector<char> rounded;
+    auto write_compute = [&](const float* from, int64_t count, const Tensor& to) {
+      rounded.resize(static_cast<size_t>(count) * dtype_size(fp.dtype));
+      convert(DType::f32, from, fp.dtype, rounded.data(), static_cast<size_t>(count));
+      backend.copy_from_host(rounded.data(), to);
+    };
     if (fp.dtype != DType::f32 && !params_in_store_) {
-      convert(DType::f32, in, fp.dtype,
-              static_cast<char*>(compute_values(flat)) + static_cast<size_t>(begin) * elem, n);
+      write_compute(in, n, compute_values(flat).view(begin, {n}));
     }
     for (const Piece& p : f.pieces) {  // parameters in the store: the compute chunks
       const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
       if (p.compute == kNone || lo >= hi) continue;
       Tensor t = store_->acquire(p.compute);
-      convert(DType::f32, in + (lo - begin), fp.dtype,
-              static_cast<char*>(t.raw()) + static_cast<size_t>(lo - p.begin) * elem,
-              static_cast<size_t>(hi - lo));
+      write_compute(in + (lo - begin), hi - lo, t.view(lo - p.begin, {hi - lo}));
       t = Tensor();
       store_->release(p.compute, true);
     }
     if (f.master_alias.defined()) {
-      std::memcpy(f.master_alias.data<float>() + begin, in, n * sizeof(float));
+      backend.copy_from_host(in, f.master_alias.view(begin, {n}));
       return;
     }
   }
@@ -765,8 +764,7 @@ void ShardedDataParallel::write_state(size_t flat, State state, int64_t begin, i
     if (lo >= hi) continue;
     const size_t id = p.chunk(state);
     Tensor t = store_->acquire(id);
-    std::memcpy(t.data<float>() + (lo - p.begin), in + (lo - begin),
-                static_cast<size_t>(hi - lo) * sizeof(float));
+    backend.copy_from_host(in + (lo - begin), t.view(lo - p.begin, {hi - lo}));
     t = Tensor();
     store_->release(id, true);
   }
@@ -846,15 +844,15 @@ void ShardedDataParallel::write_packed(size_t param, std::span<const uint8_t> pa
                   "zero: '{}' is not a packed NF4 weight of {} bytes",
                   model_.params()[param].spec.name, packed.size());
   quiesce();
+  Backend& backend = model_.backend();
   if (options_.stage <= 2) {  // the whole packed flat on every rank
-    std::memcpy(static_cast<char*>(f.full.raw()) + 4 * layout_.param_offset[param], packed.data(),
-                packed.size());
+    backend.copy_from_host(packed.data(), f.full.view(layout_.param_offset[param], {words}));
     return;
   }
   for (const ShardSegment& s : f.segments) {
     if (s.param != param) continue;
-    std::memcpy(static_cast<char*>(f.compute_shard.raw()) + 4 * s.shard_offset,
-                packed.data() + 4 * s.param_offset, static_cast<size_t>(4 * s.numel));
+    backend.copy_from_host(packed.data() + 4 * s.param_offset,
+                           f.compute_shard.view(s.shard_offset, {s.numel}));
   }
 }
 

@@ -210,7 +210,7 @@ class ShardedDataParallel : public layout::StateAccess {
   // Waits for a call, adds it to timing_'s timeline, resets it.
   void finish(Work& work);
   float* grad_shard(size_t flat);
-  void* compute_values(size_t flat);  // this rank's shard of the compute values
+  Tensor compute_values(size_t flat);  // this rank's shard of the compute values (a view)
   // A state's [shard] values (master writes also update the compute values).
   void read_state(size_t flat, State state, int64_t begin, int64_t end, float* out);
   void write_state(size_t flat, State state, int64_t begin, int64_t end, const float* in);
@@ -225,7 +225,7 @@ class ShardedDataParallel : public layout::StateAccess {
   std::vector<size_t> predicted_param_schedule() const;
   // The model's nf4_writer: this rank's words of NF4 weight `param`'s packed bytes.
   void write_packed(size_t param, std::span<const uint8_t> packed);
-  void stream_in_params(size_t flat, char* dst);  // the shard into its gathered place
+  void stream_in_params(size_t flat, const Tensor& dst);  // the shard into its gathered place
   void announce_params(size_t flat);
   void end_param_pass();
 
