@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
+#include "meshtrain/util/context_split.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::ops {
@@ -96,6 +98,68 @@ void apply_capacity(const DispatchDims& d, int64_t capacity, const float* weight
     slots[out++] = s;
     rows[s] = -1;
   }
+}
+
+namespace {
+
+// The plan's buffers: `a` -> `b` forward, `b` -> `a` back (a is const in the
+// Backend signature, which writes it only going back).
+CopyPlan plan_between(const void* a, void* b, bool forward) {
+  CopyPlan plan;
+  plan.src = forward ? a : b;
+  plan.dst = forward ? b : const_cast<void*>(a);
+  return plan;
+}
+
+}  // namespace
+
+CopyPlan head_group_copies(const HeadGroups& g, DType dtype, const void* rows, void* groups,
+                           bool to_groups) {
+  const int64_t width = g.width(), slice = width / g.groups;
+  const auto e = static_cast<int64_t>(dtype_size(dtype));
+  CopyPlan plan = plan_between(rows, groups, to_groups);
+  for (int64_t p : g.parts) {
+    MESHTRAIN_CHECK(g.groups >= 1 && p % g.groups == 0,
+                    "head_groups: a part of width {} does not split into {} groups", p, g.groups);
+  }
+  for (int64_t k = 0; k < g.groups; ++k) {
+    int64_t at = 0, offset = 0;  // within the group's slice; the part's start in the row
+    for (int64_t p : g.parts) {
+      const int64_t w = p / g.groups;
+      Copy2D c{(offset + k * w) * e, (k * g.rows * slice + at) * e, w * e, g.rows, width * e,
+               slice * e};
+      if (!to_groups) {
+        std::swap(c.src_offset, c.dst_offset);
+        std::swap(c.src_pitch, c.dst_pitch);
+      }
+      plan.copies.push_back(c);
+      at += w;
+      offset += p;
+    }
+  }
+  return plan;
+}
+
+CopyPlan context_sequence_copies(const ContextDims& dims, int64_t width, DType dtype,
+                                 const void* by_rank, void* sequence, bool to_sequence) {
+  const int64_t B = dims.batch, L = dims.local_seq, T = dims.seq(), n = dims.split.size;
+  const int64_t row = width * static_cast<int64_t>(dtype_size(dtype));
+  CopyPlan plan = plan_between(by_rank, sequence, to_sequence);
+  for (int64_t r = 0; r < n; ++r) {
+    const ContextSplit split{r, n};
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < L;) {
+        int64_t run = 1;  // local tokens i, i + 1, ... at consecutive global positions
+        while (i + run < L && split.global(T, i + run) == split.global(T, i) + run) ++run;
+        Copy2D c{((r * B + b) * L + i) * row, (b * T + split.global(T, i)) * row, run * row, 1,
+                 run * row, run * row};
+        if (!to_sequence) std::swap(c.src_offset, c.dst_offset);
+        plan.copies.push_back(c);
+        i += run;
+      }
+    }
+  }
+  return plan;
 }
 
 }  // namespace meshtrain::ops

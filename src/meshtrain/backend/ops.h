@@ -129,6 +129,29 @@ struct HeadGroups {
   }
 };
 
+// One strided copy of data movement: `rows` rows of `bytes` bytes each, from
+// src + src_offset (rows src_pitch bytes apart) to dst + dst_offset (dst_pitch
+// apart). Ulysses' layouts are lists of these that every backend runs with its
+// own copy (the CPU: memcpy; CUDA: cudaMemcpy2DAsync), so the lists, made and
+// checked once here, are what the CPU tests check for every backend.
+struct Copy2D {
+  int64_t src_offset = 0, dst_offset = 0, bytes = 0, rows = 1, src_pitch = 0, dst_pitch = 0;
+};
+struct CopyPlan {
+  std::vector<Copy2D> copies;
+  const void* src = nullptr;
+  void* dst = nullptr;
+};
+// Backend::head_groups' copies (rows -> groups when to_groups, else back);
+// throws Error for a part that does not split into g.groups.
+CopyPlan head_group_copies(const HeadGroups& g, DType dtype, const void* rows, void* groups,
+                           bool to_groups);
+// Backend::context_sequence's copies (by rank -> sequence when to_sequence,
+// else back): each rank's rows of one batch row in runs of consecutive
+// sequence positions.
+CopyPlan context_sequence_copies(const ContextDims& dims, int64_t width, DType dtype,
+                                 const void* by_rank, void* sequence, bool to_sequence);
+
 // RMSNorm over groups of a strided f32 matrix (QK-norm, config.h QkNorm):
 // each of `rows` rows, `stride` values apart, has its first `count` values
 // normalised `width` at a time (a head's head_dim, or the whole

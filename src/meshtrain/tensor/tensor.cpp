@@ -19,8 +19,12 @@ int64_t shape_numel(const Shape& shape) {
 std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 std::string Device::str() const {
-  if (kind == DeviceKind::cpu) return "cpu";
-  return fmt::format("cuda:{}", index);
+  switch (kind) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return fmt::format("cuda:{}", index);
+    case DeviceKind::guarded: return "guarded";
+  }
+  return "?";
 }
 
 namespace {

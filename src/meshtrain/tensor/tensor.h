@@ -20,7 +20,8 @@ using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 
-enum class DeviceKind : uint8_t { cpu, cuda };
+// guarded: host memory the host may not touch (backend/guarded, a check of the engine).
+enum class DeviceKind : uint8_t { cpu, cuda, guarded };
 
 struct Device {
   DeviceKind kind = DeviceKind::cpu;

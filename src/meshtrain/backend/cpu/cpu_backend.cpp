@@ -190,49 +190,30 @@ void CpuBackend::context_attention_finish(const ops::ContextDims& dims,
   cpu::context_attention_finish(ctx_, dims, rope, compute, dkv, dq, d_qkv);
 }
 
-void CpuBackend::head_groups(const ops::HeadGroups& g, DType dtype, const void* rows, void* groups,
-                             bool to_groups) {
-  const int64_t width = g.width(), slice = width / g.groups;
-  for (int64_t p : g.parts) {
-    MESHTRAIN_CHECK(g.groups >= 1 && p % g.groups == 0,
-                    "head_groups: a part of width {} does not split into {} groups", p, g.groups);
-  }
-  const size_t e = dtype_size(dtype);
-  auto* in = static_cast<char*>(const_cast<void*>(rows));
-  auto* out = static_cast<char*>(groups);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < g.rows; ++r) {
-    for (int64_t k = 0; k < g.groups; ++k) {
-      int64_t at = 0, offset = 0;  // within the group's slice; the part's start in the row
-      for (int64_t p : g.parts) {
-        const int64_t w = p / g.groups;
-        char* row = in + static_cast<size_t>(r * width + offset + k * w) * e;
-        char* grouped = out + static_cast<size_t>((k * g.rows + r) * slice + at) * e;
-        std::memcpy(to_groups ? grouped : row, to_groups ? row : grouped, static_cast<size_t>(w) * e);
-        at += w;
-        offset += p;
-      }
+namespace {
+
+void run_copies(const ops::CopyPlan& plan) {
+  const auto* from = static_cast<const char*>(plan.src);
+  auto* to = static_cast<char*>(plan.dst);
+  for (const ops::Copy2D& c : plan.copies) {
+#pragma omp parallel for schedule(static) if (c.rows > 64)
+    for (int64_t r = 0; r < c.rows; ++r) {
+      std::memcpy(to + c.dst_offset + r * c.dst_pitch, from + c.src_offset + r * c.src_pitch,
+                  static_cast<size_t>(c.bytes));
     }
   }
 }
 
+}  // namespace
+
+void CpuBackend::head_groups(const ops::HeadGroups& g, DType dtype, const void* rows, void* groups,
+                             bool to_groups) {
+  run_copies(ops::head_group_copies(g, dtype, rows, groups, to_groups));
+}
+
 void CpuBackend::context_sequence(const ops::ContextDims& dims, int64_t width, DType dtype,
                                   const void* by_rank, void* sequence, bool to_sequence) {
-  const int64_t B = dims.batch, L = dims.local_seq, T = dims.seq(), n = dims.split.size;
-  const size_t row = static_cast<size_t>(width) * dtype_size(dtype);
-  auto* ranks = static_cast<char*>(const_cast<void*>(by_rank));
-  auto* seq = static_cast<char*>(sequence);
-#pragma omp parallel for schedule(static) collapse(2)
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t b = 0; b < B; ++b) {
-      const ContextSplit split{r, n};
-      for (int64_t i = 0; i < L; ++i) {
-        char* mine = ranks + static_cast<size_t>((r * B + b) * L + i) * row;
-        char* there = seq + static_cast<size_t>(b * T + split.global(T, i)) * row;
-        std::memcpy(to_sequence ? there : mine, to_sequence ? mine : there, row);
-      }
-    }
-  }
+  run_copies(ops::context_sequence_copies(dims, width, dtype, by_rank, sequence, to_sequence));
 }
 
 void CpuBackend::ring_attention_forward_block(const ops::ContextDims& dims, DType compute,

@@ -372,13 +372,27 @@ void CudaBackend::context_attention_finish(const ops::ContextDims&, const ops::R
   not_yet("context parallelism (context_attention_finish)");
 }
 
-void CudaBackend::head_groups(const ops::HeadGroups&, DType, const void*, void*, bool) {
-  not_yet("Ulysses context parallelism (head_groups)");
+// Ulysses' layouts: ops.h's copy lists, each copy one cudaMemcpy2DAsync on the stream.
+void CudaBackend::run_copies(const ops::CopyPlan& plan) {
+  const auto* from = static_cast<const char*>(plan.src);
+  auto* to = static_cast<char*>(plan.dst);
+  for (const ops::Copy2D& c : plan.copies) {
+    check(cudaMemcpy2DAsync(to + c.dst_offset, static_cast<size_t>(c.dst_pitch),
+                            from + c.src_offset, static_cast<size_t>(c.src_pitch),
+                            static_cast<size_t>(c.bytes), static_cast<size_t>(c.rows),
+                            cudaMemcpyDeviceToDevice, impl_->stream),
+          "cudaMemcpy2DAsync");
+  }
 }
 
-void CudaBackend::context_sequence(const ops::ContextDims&, int64_t, DType, const void*, void*,
-                                   bool) {
-  not_yet("Ulysses context parallelism (context_sequence)");
+void CudaBackend::head_groups(const ops::HeadGroups& g, DType dtype, const void* rows,
+                              void* groups, bool to_groups) {
+  run_copies(ops::head_group_copies(g, dtype, rows, groups, to_groups));
+}
+
+void CudaBackend::context_sequence(const ops::ContextDims& dims, int64_t width, DType dtype,
+                                   const void* by_rank, void* sequence, bool to_sequence) {
+  run_copies(ops::context_sequence_copies(dims, width, dtype, by_rank, sequence, to_sequence));
 }
 
 void CudaBackend::ring_attention_forward_block(const ops::ContextDims&, DType, int64_t,

@@ -140,6 +140,7 @@ class CudaBackend final : public Backend {
   double sum_squares(const float* x, int64_t n) override;
 
  private:
+  void run_copies(const ops::CopyPlan& plan);  // on the stream, device to device
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -35,7 +35,7 @@ class GuardedMemory final : public Allocator {
     Open& operator=(const Open&) = delete;
   };
 
-  Device device() const override { return {DeviceKind::cpu, 0}; }
+  Device device() const override { return {DeviceKind::guarded, 0}; }
   void* allocate(size_t bytes) const override;
   void release(void* data, size_t bytes) const override;
   void fill_zero(void* data, size_t bytes) const override;

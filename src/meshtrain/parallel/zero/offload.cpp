@@ -419,7 +419,10 @@ void OffloadStore::transfer(const Chunk& c, const Tensor& buffer, bool to_tier) 
   trace::Span span("offload", to_tier ? "write" : "read");
   span.args(R"("chunk":{},"bytes":{})", trace::quote(c.spec.name), c.bytes);
   auto start = Clock::now();
-  Backend* device = options_.device;
+  // A device whose memory is the host's needs no copies through its backend.
+  Backend* device = options_.device != nullptr && !options_.device->device().is_host()
+                        ? options_.device
+                        : nullptr;
   if (options_.tier == OffloadTier::cpu) {
     if (device == nullptr) {
       std::memcpy(to_tier ? c.home.raw() : buffer.raw(), to_tier ? buffer.raw() : c.home.raw(),
