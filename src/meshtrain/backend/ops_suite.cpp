@@ -1216,13 +1216,17 @@ void add_classifier_cases(std::vector<OpCase>& cases, Random& rng) {
     for (double x : rng.uniform(s.rows, -2, 2)) {
       weights.push_back(x < -1.5 ? 0.0f : static_cast<float>(x));
     }
+    // sliced: the vocabulary-parallel path (per-row statistics combined by
+    // the callbacks between passes) over one slice, whose combine is the identity.
     struct Variant {
       DType dt;
-      bool weighted;
+      bool weighted, sliced;
     };
-    for (const auto [dt, weighted] :
-         {Variant{DType::f32, false}, Variant{DType::bf16, false}, Variant{DType::f16, false},
-          Variant{DType::f32, true}, Variant{DType::bf16, true}}) {
+    for (const auto [dt, weighted, sliced] :
+         {Variant{DType::f32, false, false}, Variant{DType::bf16, false, false},
+          Variant{DType::f16, false, false}, Variant{DType::f32, true, false},
+          Variant{DType::bf16, true, false}, Variant{DType::f32, false, true},
+          Variant{DType::bf16, true, true}}) {
       if (weighted && s.rows < 7) continue;
       const Vec h = rounded(rng.uniform(s.rows * s.dim, -2, 2), dt),
                 w = rounded(rng.uniform(s.vocab * s.dim), dt);
@@ -1234,6 +1238,7 @@ void add_classifier_cases(std::vector<OpCase>& cases, Random& rng) {
       if (s.valid < s.vocab) params += fmt::format(" padding={}", s.vocab - s.valid);
       if (s.chunk) params += fmt::format(" chunk={}", s.chunk);
       if (weighted) params += " row_weights";
+      if (sliced) params += " one_vocab_slice";
       cases.push_back(
           OpCase{"fused_classifier", params, max_nmse(dt),
                  [=](Probe& p) {
@@ -1251,6 +1256,11 @@ void add_classifier_cases(std::vector<OpCase>& cases, Random& rng) {
                    auto RW = p.upload("row_weights", DType::f32,
                                       Vec(row_weights.begin(), row_weights.end()));
                    if (weighted) a.row_weights = RW.as<float>();
+                   if (sliced) {
+                     a.vocab_total = s.vocab;
+                     a.reduce_max = [](float*, int64_t) {};
+                     a.reduce_sum = [](float*, int64_t) {};
+                   }
                    const double loss = p.backend().fused_classifier(a);
                    return Outputs{{"loss", {loss}},
                                   {"row_losses", p.download(L)},

@@ -501,7 +501,9 @@ double CudaBackend::fused_classifier(const ops::ClassifierArgs& args) {
   MESHTRAIN_CHECK(rows >= 0 && dim > 0 && V > 0 && valid <= V && args.vocab_offset >= 0,
                   "fused_classifier: bad dims rows={} dim={} vocab={} (valid {})", rows, dim, V,
                   valid);
-  if (args.reduce_max || args.reduce_sum) not_yet("the vocabulary-parallel classifier (tp > 1)");
+  // Vocabulary parallel: each row's max, exp-sum and target logit combined
+  // over the slices through the callbacks (on device memory) between kernels.
+  const bool parallel = args.reduce_max || args.reduce_sum;
   if (rows == 0) return 0.0;
   const int64_t chunk = std::min(rows, args.chunk_rows > 0 ? args.chunk_rows : kClassifierRows);
   const bool backward = args.dh != nullptr || args.dw != nullptr;
@@ -509,6 +511,7 @@ double CudaBackend::fused_classifier(const ops::ClassifierArgs& args) {
   Tensor logits = allocate({chunk, V}, DType::f32, MemCategory::workspace);
   Tensor d_logits = backward ? allocate({chunk, V}, compute, MemCategory::workspace) : Tensor();
   Tensor losses = allocate({2 * chunk}, DType::f32, MemCategory::workspace);  // chunk doubles
+  Tensor stats = parallel ? allocate({3 * chunk}, DType::f32, MemCategory::workspace) : Tensor();
   std::vector<double> host(static_cast<size_t>(chunk));
   std::vector<float> row_losses;
   double total = 0.0;
@@ -525,6 +528,14 @@ double CudaBackend::fused_classifier(const ops::ClassifierArgs& args) {
     c.targets = args.targets + r0;
     c.grad_scale = args.grad_scale;
     c.row_weights = args.row_weights != nullptr ? args.row_weights + r0 : nullptr;
+    if (parallel) {  // stats: max [n] | exp-sums [n] | target logits [n]
+      float* s = stats.data<float>();
+      launch_classifier_stats(impl_->stream, c, logits.data<float>(), s, false);
+      if (args.reduce_max) args.reduce_max(s, n);
+      launch_classifier_stats(impl_->stream, c, logits.data<float>(), s, true);
+      if (args.reduce_sum) args.reduce_sum(s + n, 2 * n);
+      c.stats = s;
+    }
     auto* loss = static_cast<double*>(losses.raw());
     launch_classifier_rows(impl_->stream, c, logits.data<float>(), loss, elem(compute),
                            backward ? d_logits.raw() : nullptr);

@@ -110,15 +110,25 @@ void launch_attention_merge(cudaStream_t s, const AttentionShape& a, const float
 // row's loss lse - logit[target] in double into losses[rows] (0 for an
 // ignored target < 0) and, when d_logits is given, (softmax - onehot) *
 // grad_scale * row_weights[r] in grad_dtype (0 in the padding columns and
-// for ignored rows).
+// for ignored rows). With `stats` (the vocabulary-parallel form) the row's
+// max, exp-sum and target logit are the whole vocabulary's, read from
+// stats: max [rows], then sums [2 * rows] = exp-sums | target logits, as
+// launch_classifier_stats leaves them once the ranks' values are combined.
 struct ClassifierRows {
   int64_t rows = 0, ld = 0, valid = 0, offset = 0;
   const int32_t* targets = nullptr;
   float grad_scale = 0;
   const float* row_weights = nullptr;
+  const float* stats = nullptr;
 };
 void launch_classifier_rows(cudaStream_t s, const ClassifierRows& c, const float* logits,
                             double* losses, Elem grad_dtype, void* d_logits);
+// The vocabulary-parallel statistics of this slice, in stats [3 * rows]
+// (max | exp-sums | target logits): exp_sums false: each row's max and its
+// target's logit (0 where the target is another slice's); true: each row's
+// sum of exp(logit - max) with the max already combined over the slices.
+void launch_classifier_stats(cudaStream_t s, const ClassifierRows& c, const float* logits,
+                             float* stats, bool exp_sums);
 
 // ---- mixture of experts (moe.cu): one thread per token for the router
 // (backend/routing.h, experts <= kMaxExperts: its scratch is per thread);
