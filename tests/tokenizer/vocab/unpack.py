@@ -3,12 +3,12 @@ tokenizer_config.json): the xz-compressed conversions, and each variant's
 pipeline set on its base vocabulary (make_fixtures.py, README.md); and the
 SentencePiece models as OUT/<name>/tokenizer.model.
 Standard library only. Usage: unpack.py OUT"""
+import argparse
 import glob
 import json
 import lzma
 import os
 import shutil
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -56,4 +56,6 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="the directory to unpack into")
+    main(parser.parse_args().out)
