@@ -6,6 +6,7 @@
 // is the ops suite's to bound on a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -14,6 +15,7 @@
 #include "meshtrain/backend/cpu/cpu_backend.h"
 #include "meshtrain/backend/cuda/math.h"
 #include "meshtrain/tensor/dtype.h"
+#include "meshtrain/util/context_split.h"
 
 namespace meshtrain::cuda {
 namespace {
@@ -188,6 +190,43 @@ TEST(CudaMath, OnlineSoftmaxIsTheLogSumExp) {
   math::SoftmaxSum empty;
   empty.merge(math::SoftmaxSum{});
   EXPECT_EQ(empty.sum, 0.0f);
+}
+
+TEST(CudaMath, ContextIndexIsTheSplitsGlobalIndex) {
+  for (int64_t size : {1, 2, 3, 4, 8}) {
+    const int64_t seq = 2 * size * 5;
+    for (int64_t rank = 0; rank < size; ++rank) {
+      const ContextSplit split{rank, size};
+      for (int64_t i = 0; i < split.local(seq); ++i)
+        EXPECT_EQ(math::context_global(seq, rank, size, i), split.global(seq, i))
+            << "rank " << rank << " of " << size << ", token " << i;
+    }
+  }
+}
+
+// Ring attention's merge of a row's blocks: each block's exp-sum taken at the
+// running max and the earlier sum rescaled gives the whole row's log-sum-exp.
+TEST(CudaMath, RingRescaleMergesBlocksToTheRowsLogSumExp) {
+  const std::vector<float> x = normal(3000, 6.0f, 11);
+  double mx = -1e30;
+  for (float xi : x) mx = std::max(mx, static_cast<double>(xi));
+  double exact = 0;
+  for (float xi : x) exact += std::exp(static_cast<double>(xi) - mx);
+  float m = -std::numeric_limits<float>::infinity(), sum = 0;
+  for (size_t b0 = 0; b0 < x.size(); b0 += 700) {
+    const size_t b1 = std::min(x.size(), b0 + 700);
+    float best = -std::numeric_limits<float>::infinity();
+    for (size_t i = b0; i < b1; ++i) best = std::max(best, x[i]);
+    const math::RingRescale r = math::ring_rescale(m, best);
+    float total = 0;
+    for (size_t i = b0; i < b1; ++i) total += std::exp(x[i] - r.max);
+    sum = sum * r.alpha + total;
+    m = r.max;
+  }
+  const double lse = mx + std::log(exact);
+  EXPECT_NEAR(m + std::log(sum), lse, 1e-5 * std::fabs(lse));
+  EXPECT_EQ(m, static_cast<float>(mx));
+  EXPECT_EQ(math::ring_rescale(-std::numeric_limits<float>::infinity(), 2.0f).alpha, 0.0f);
 }
 
 }  // namespace

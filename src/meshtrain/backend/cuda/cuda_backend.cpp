@@ -16,10 +16,6 @@ namespace meshtrain::cuda {
 
 namespace {
 
-[[noreturn]] void not_yet(const char* op) {
-  fail("train.device = \"cuda\": the cuda backend does not implement {} yet (docs/gpu.md)", op);
-}
-
 const char* bytes_of(const void* p, int64_t elements, DType d) {
   return static_cast<const char*>(p) + elements * static_cast<int64_t>(dtype_size(d));
 }
@@ -267,6 +263,17 @@ ops::RopeTable CudaBackend::make_rope_table(int64_t head_dim, int64_t max_seq,
   return table;
 }
 
+// The reference attention kernels hold a query's row of scores in shared memory.
+void CudaBackend::require_shared(size_t bytes, const char* op, int64_t keys) const {
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, impl_->device),
+        "cudaDeviceGetAttribute");
+  MESHTRAIN_CHECK_AS(ErrorKind::resource, bytes <= static_cast<size_t>(optin),
+                     "cuda {}: {} keys need {} bytes of shared memory per block, the device "
+                     "allows {}",
+                     op, keys, bytes, optin);
+}
+
 namespace {
 
 AttentionShape attention_shape(const ops::AttentionDims& d, const ops::RopeTable* rope) {
@@ -290,29 +297,11 @@ void CudaBackend::attention_forward(const ops::AttentionDims& dims, const ops::R
                                     DType compute, const float* qkv, void* out,
                                     ops::AttentionSaved& saved) {
   const AttentionShape a = attention_shape(dims, rope);
-  int optin = 0;
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, impl_->device),
-        "cudaDeviceGetAttribute");
-  MESHTRAIN_CHECK_AS(ErrorKind::resource,
-                     attention_shared_bytes(a) <= static_cast<size_t>(optin),
-                     "cuda attention: seq {} needs {} bytes of shared memory per block, the device "
-                     "allows {}",
-                     dims.seq, attention_shared_bytes(a), optin);
+  require_shared(attention_shared_bytes(a), "attention", dims.seq);
   const int64_t B = dims.batch, T = dims.seq, H = dims.n_heads, KV = dims.n_kv_heads;
   const int64_t D = dims.head_dim;
-  auto ensure = [&](Tensor& t, const Shape& shape) {
-    if (t.defined() && t.shape() == shape && t.dtype() == compute && t.device() == device()) return;
-    t = Tensor();
-    t = allocate(shape, compute, MemCategory::activations);
-  };
-  ensure(saved.q, {B, H, T, D});
-  ensure(saved.k, {B, KV, T, D});
-  ensure(saved.v, {B, KV, T, D});
-  if (saved.recompute_probs) {
-    saved.probs = Tensor();
-  } else {
-    ensure(saved.probs, {B, H, T, T});
-  }
+  ensure(saved.q, {B, H, T, D}, compute, MemCategory::activations);
+  ensure_saved(saved, {B, KV, T, D}, {B, H, T, T}, compute);
   const Elem e = elem(compute);
   launch_attention_split(impl_->stream, a, qkv, rope ? rope->cos.data<float>() : nullptr,
                          rope ? rope->sin.data<float>() : nullptr, e, saved.q.raw(), saved.k.raw(),
@@ -346,30 +335,150 @@ void CudaBackend::attention_backward(const ops::AttentionDims& dims, const ops::
                          rope ? rope->sin.data<float>() : nullptr, e, d_qkv);
 }
 
-void CudaBackend::attention_decode(const ops::AttentionDims&, const ops::RopeTable*, const float*,
-                                   int64_t, ops::KVCacheLayer&, float*) {
-  not_yet("attention_decode (sampling)");
+void CudaBackend::attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,
+                                   const float* qkv, int64_t pos0, ops::KVCacheLayer& cache,
+                                   float* out) {
+  // Token t is at position pos0 + t (dims.positions are not read, as on the CPU).
+  ops::AttentionDims whole = dims;
+  whole.seq = pos0 + dims.seq;
+  whole.positions = nullptr;
+  attention_shape(whole, rope);  // checks the dims and that the table covers every position
+  const int64_t B = dims.batch, KV = dims.n_kv_heads, D = dims.head_dim;
+  MESHTRAIN_CHECK(cache.k.defined() && cache.k.rank() == 4 && cache.k.dim(0) == B &&
+                      cache.k.dim(1) == KV && cache.k.dim(3) == D &&
+                      cache.v.shape() == cache.k.shape() && cache.k.dtype() == DType::f32,
+                  "attention_decode: cache shape {} does not match batch {} kv_heads {} head_dim {}",
+                  shape_str(cache.k.shape()), B, KV, D);
+  const int64_t S = cache.k.dim(2);
+  MESHTRAIN_CHECK(pos0 >= 0 && pos0 + dims.seq <= S,
+                  "attention_decode: positions [{}, {}) exceed cache ({})", pos0, pos0 + dims.seq, S);
+  AttentionShape a = attention_shape(dims, nullptr);
+  a.positions = nullptr;
+  require_shared(decode_shared_bytes(a, pos0), "attention_decode", pos0 + dims.seq);
+  launch_attention_decode(impl_->stream, a, qkv, rope ? rope->cos.data<float>() : nullptr,
+                          rope ? rope->sin.data<float>() : nullptr, pos0, S,
+                          cache.k.data<float>(), cache.v.data<float>(), out);
 }
 
-void CudaBackend::context_attention_project(const ops::ContextDims&, const ops::RopeTable*, DType,
-                                            const float*, ops::AttentionSaved&, void*) {
-  not_yet("context parallelism (context_attention_project)");
+namespace {
+
+// Context parallelism (ops::ContextDims): `local` = the rank's tokens as a
+// sequence of their own (the split into heads, the merge back into rows);
+// otherwise the rank's queries against the whole sequence's keys.
+AttentionShape context_shape(const ops::ContextDims& d, const ops::RopeTable* rope, bool local) {
+  MESHTRAIN_CHECK(d.batch > 0 && d.local_seq > 0 && d.n_heads > 0 && d.n_kv_heads > 0 &&
+                      d.head_dim > 0 && d.head_dim % 2 == 0 && d.n_heads % d.n_kv_heads == 0,
+                  "context attention: bad dims batch={} local_seq={} heads={} kv_heads={} "
+                  "head_dim={}",
+                  d.batch, d.local_seq, d.n_heads, d.n_kv_heads, d.head_dim);
+  MESHTRAIN_CHECK(d.split.size >= 1 && d.split.rank >= 0 && d.split.rank < d.split.size &&
+                      d.local_seq % 2 == 0,
+                  "context attention: rank {} of {} with {} local tokens (two chunks each)",
+                  d.split.rank, d.split.size, d.local_seq);
+  MESHTRAIN_CHECK(d.positions != nullptr, "context attention: positions are required");
+  MESHTRAIN_CHECK(rope == nullptr || (rope->head_dim == d.head_dim && d.seq() <= rope->max_seq),
+                  "context attention: rope table (head_dim {}, {} positions) does not fit "
+                  "head_dim {} seq {}",
+                  rope ? rope->head_dim : 0, rope ? rope->max_seq : 0, d.head_dim, d.seq());
+  AttentionShape a{d.batch,   local ? d.local_seq : d.seq(), d.n_heads, d.n_kv_heads,
+                   d.head_dim, 0, d.positions, 1.0f / std::sqrt(static_cast<float>(d.head_dim))};
+  if (!local) {
+    a.queries = d.local_seq;
+    a.cp_rank = d.split.rank;
+    a.cp_size = d.split.size;
+  }
+  return a;
 }
 
-void CudaBackend::context_attention_forward(const ops::ContextDims&, DType, const void*,
-                                            ops::AttentionSaved&, void*) {
-  not_yet("context parallelism (context_attention_forward)");
+const float* cos_of(const ops::RopeTable* rope) { return rope ? rope->cos.data<float>() : nullptr; }
+const float* sin_of(const ops::RopeTable* rope) { return rope ? rope->sin.data<float>() : nullptr; }
+
+}  // namespace
+
+// Keeps `t` when it has this shape and dtype on this device; allocates it otherwise.
+void CudaBackend::ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category) {
+  if (t.defined() && t.shape() == shape && t.dtype() == dtype && t.device() == device()) return;
+  t = Tensor();
+  t = allocate(shape, dtype, category);
 }
 
-void CudaBackend::context_attention_backward(const ops::ContextDims&, const ops::RopeTable*, DType,
-                                             const ops::AttentionSaved&, const float*, void*,
-                                             float*) {
-  not_yet("context parallelism (context_attention_backward)");
+void CudaBackend::ensure_saved(ops::AttentionSaved& saved, const Shape& kv, const Shape& probs,
+                               DType compute) {
+  ensure(saved.k, kv, compute, MemCategory::activations);
+  ensure(saved.v, kv, compute, MemCategory::activations);
+  if (saved.recompute_probs) {
+    saved.probs = Tensor();
+  } else {
+    ensure(saved.probs, probs, compute, MemCategory::activations);
+  }
 }
 
-void CudaBackend::context_attention_finish(const ops::ContextDims&, const ops::RopeTable*, DType,
-                                           const float*, const float*, void*) {
-  not_yet("context parallelism (context_attention_finish)");
+void CudaBackend::context_attention_project(const ops::ContextDims& dims,
+                                            const ops::RopeTable* rope, DType compute,
+                                            const float* qkv, ops::AttentionSaved& saved,
+                                            void* kv_send) {
+  const AttentionShape a = context_shape(dims, rope, true);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim;
+  ensure(saved.q, {B, H, L, D}, compute, MemCategory::activations);
+  launch_attention_split(impl_->stream, a, qkv, cos_of(rope), sin_of(rope), elem(compute),
+                         saved.q.raw(), kv_send,
+                         const_cast<char*>(bytes_of(kv_send, B * KV * L * D, compute)));
+}
+
+void CudaBackend::context_attention_forward(const ops::ContextDims& dims, DType compute,
+                                            const void* kv_all, ops::AttentionSaved& saved,
+                                            void* out) {
+  const AttentionShape a = context_shape(dims, nullptr, false);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim, T = dims.seq();
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D,
+                  "context attention: run project first (saved q does not match)");
+  require_shared(attention_shared_bytes(a), "context attention", T);
+  ensure_saved(saved, {B, KV, T, D}, {B, H, L, T}, compute);
+  launch_context_rows(impl_->stream, B * KV, L, D, dims.split.size, dtype_size(compute),
+                      const_cast<void*>(kv_all), saved.k.raw(), saved.v.raw(), true);
+  launch_attention_forward(impl_->stream, a, elem(compute), saved.q.raw(), saved.k.raw(),
+                           saved.v.raw(), saved.probs.defined() ? saved.probs.raw() : nullptr,
+                           out);
+}
+
+void CudaBackend::context_attention_backward(const ops::ContextDims& dims,
+                                             const ops::RopeTable* rope, DType compute,
+                                             const ops::AttentionSaved& saved, const float* d_out,
+                                             void* d_qkv, float* dkv_all) {
+  const AttentionShape a = context_shape(dims, rope, false);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
+  const int64_t D = dims.head_dim, T = dims.seq();
+  const bool kept = !saved.recompute_probs;
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D &&
+                      saved.k.defined() && saved.k.numel() == B * KV * T * D &&
+                      (!kept || (saved.probs.defined() && saved.probs.dtype() == compute &&
+                                 saved.probs.numel() == B * H * L * T)),
+                  "context attention backward: saved tensors do not match dims/compute dtype");
+  Tensor ds = allocate({B, H, L, T}, DType::f32, MemCategory::workspace);
+  Tensor p = kept ? Tensor() : allocate({B, H, L, T}, DType::f32, MemCategory::workspace);
+  Tensor dq = allocate({B, H, L, D}, DType::f32, MemCategory::workspace);
+  Tensor dk = allocate({B, KV, T, D}, DType::f32, MemCategory::workspace);
+  Tensor dv = allocate({B, KV, T, D}, DType::f32, MemCategory::workspace);
+  const Elem e = elem(compute);
+  launch_attention_backward(impl_->stream, a, e, saved.q.raw(), saved.k.raw(), saved.v.raw(),
+                            kept ? saved.probs.raw() : nullptr, kept ? nullptr : p.data<float>(),
+                            d_out, ds.data<float>(), dq.data<float>(), dk.data<float>(),
+                            dv.data<float>());
+  // dQ into the q columns (rotated back); the k and v columns are finish's.
+  launch_attention_merge(impl_->stream, context_shape(dims, rope, true), dq.data<float>(),
+                         nullptr, nullptr, cos_of(rope), sin_of(rope), e, d_qkv, 0, H);
+  launch_context_rows(impl_->stream, B * KV, L, D, dims.split.size, sizeof(float), dkv_all,
+                      dk.data<float>(), dv.data<float>(), false);
+}
+
+void CudaBackend::context_attention_finish(const ops::ContextDims& dims,
+                                           const ops::RopeTable* rope, DType compute,
+                                           const float* dkv, const float* dq, void* d_qkv) {
+  const AttentionShape a = context_shape(dims, rope, true);
+  launch_attention_merge(impl_->stream, a, dq, dkv, dkv + dims.kv_block() / 2, cos_of(rope),
+                         sin_of(rope), elem(compute), d_qkv, dq != nullptr ? 0 : dims.n_heads);
 }
 
 // Ulysses' layouts: ops.h's copy lists, each copy one cudaMemcpy2DAsync on the stream.
@@ -395,21 +504,58 @@ void CudaBackend::context_sequence(const ops::ContextDims& dims, int64_t width, 
   run_copies(ops::context_sequence_copies(dims, width, dtype, by_rank, sequence, to_sequence));
 }
 
-void CudaBackend::ring_attention_forward_block(const ops::ContextDims&, DType, int64_t,
-                                               const void*, const ops::AttentionSaved&,
-                                               ops::RingState&, bool) {
-  not_yet("ring attention");
+void CudaBackend::ring_attention_forward_block(const ops::ContextDims& dims, DType compute,
+                                               int64_t block_rank, const void* kv_block,
+                                               const ops::AttentionSaved& saved,
+                                               ops::RingState& state, bool first) {
+  const AttentionShape a = context_shape(dims, nullptr, false);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, D = dims.head_dim;
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D,
+                  "ring attention: run project first (saved q does not match)");
+  MESHTRAIN_CHECK(block_rank >= 0 && block_rank < dims.split.size, "ring attention: block {} of {}",
+                  block_rank, dims.split.size);
+  require_shared(static_cast<size_t>(L + D) * sizeof(float), "ring attention", L);
+  if (first) {
+    ensure(state.max, {B, H, L}, DType::f32, MemCategory::workspace);
+    ensure(state.sum, {B, H, L}, DType::f32, MemCategory::workspace);
+    ensure(state.acc, {B, H, L, D}, DType::f32, MemCategory::workspace);
+  }
+  launch_ring_forward_block(impl_->stream, a, block_rank, elem(compute), saved.q.raw(), kv_block,
+                            bytes_of(kv_block, dims.kv_block() / 2, compute),
+                            state.max.data<float>(), state.sum.data<float>(),
+                            state.acc.data<float>(), first);
 }
 
-void CudaBackend::ring_attention_forward_finish(const ops::ContextDims&, DType, ops::RingState&,
-                                                ops::AttentionSaved&, void*) {
-  not_yet("ring attention");
+void CudaBackend::ring_attention_forward_finish(const ops::ContextDims& dims, DType compute,
+                                                ops::RingState& state, ops::AttentionSaved& saved,
+                                                void* out) {
+  const AttentionShape a = context_shape(dims, nullptr, false);
+  ensure(saved.lse, {dims.batch, dims.n_heads, dims.local_seq}, DType::f32,
+         MemCategory::activations);
+  launch_ring_forward_finish(impl_->stream, a, elem(compute), state.max.data<float>(),
+                             state.sum.data<float>(), state.acc.data<float>(), out,
+                             saved.lse.data<float>());
 }
 
-void CudaBackend::ring_attention_backward_block(const ops::ContextDims&, DType, int64_t,
-                                                const void*, const ops::AttentionSaved&,
-                                                const float*, const void*, float*, float*) {
-  not_yet("ring attention");
+void CudaBackend::ring_attention_backward_block(const ops::ContextDims& dims, DType compute,
+                                                int64_t block_rank, const void* kv_block,
+                                                const ops::AttentionSaved& saved,
+                                                const float* d_out, const void* out, float* dq,
+                                                float* dkv_block) {
+  const AttentionShape a = context_shape(dims, nullptr, false);
+  const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, D = dims.head_dim;
+  MESHTRAIN_CHECK(saved.lse.defined() && saved.lse.numel() == B * H * L && saved.q.dtype() == compute,
+                  "ring attention backward: saved tensors do not match dims/compute dtype");
+  MESHTRAIN_CHECK(block_rank >= 0 && block_rank < dims.split.size, "ring attention: block {} of {}",
+                  block_rank, dims.split.size);
+  require_shared(static_cast<size_t>(L + 2 * D) * sizeof(float), "ring attention", L);
+  Tensor p = allocate({B, H, L, L}, DType::f32, MemCategory::workspace);
+  Tensor ds = allocate({B, H, L, L}, DType::f32, MemCategory::workspace);
+  const int64_t half = dims.kv_block() / 2;
+  launch_ring_backward_block(impl_->stream, a, block_rank, elem(compute), saved.q.raw(), kv_block,
+                             bytes_of(kv_block, half, compute), saved.lse.data<float>(), d_out,
+                             out, p.data<float>(), ds.data<float>(), dq, dkv_block,
+                             dkv_block + half);
 }
 
 // ---- embeddings

@@ -4,8 +4,7 @@
 // whose tensors count every byte in the MemoryTracker. Operations are issued
 // on the stream and return; copies to and from the host and the ops that
 // return a value on the host synchronize. docs/gpu.md says what runs here
-// and how it was checked. Ops this backend does not implement yet throw a
-// config Error naming the op and train.device.
+// and how it was checked.
 #pragma once
 
 #include <memory>
@@ -141,6 +140,14 @@ class CudaBackend final : public Backend {
 
  private:
   void run_copies(const ops::CopyPlan& plan);  // on the stream, device to device
+  // Keeps `t` when it has this shape and dtype on this device, else allocates it.
+  void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category);
+  // A pass's keys and values, and its probabilities unless backward recomputes them.
+  void ensure_saved(ops::AttentionSaved& saved, const Shape& kv, const Shape& probs,
+                    DType compute);
+  // Throws a resource error when a kernel needs more shared memory per block
+  // than the device allows (the reference attention kernels: a row of `keys` scores).
+  void require_shared(size_t bytes, const char* op, int64_t keys) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

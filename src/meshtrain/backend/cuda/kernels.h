@@ -79,11 +79,16 @@ void launch_add_rows(cudaStream_t s, const int32_t* order, const int32_t* starts
                      float* table);
 
 // ---- attention (attention.cu): causal GQA with optional record positions
-// and sliding window, q [B, H, T, D], k and v [B, KV, T, D] in `e`.
+// and sliding window, q [B, H, Q, D], k and v [B, KV, T, D] in `e`, where T =
+// seq and Q = queries: the whole sequence (queries 0), or under context
+// parallelism (cp_size > 1) the Q local tokens of rank cp_rank, local token
+// i at math::context_global(T, cp_rank, cp_size, i) of the sequence.
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, window = 0;
-  const int32_t* positions = nullptr;  // device [B * T], or nullptr
+  const int32_t* positions = nullptr;  // device [B * Q], or nullptr (position = index)
   float scale = 1;                     // 1 / sqrt(head_dim)
+  int64_t queries = 0, cp_rank = 0, cp_size = 1;
+  MESHTRAIN_HD int64_t query_rows() const { return queries > 0 ? queries : seq; }
 };
 // qkv [B, T, (H + 2KV) D] f32 -> q, k (rotated when cos is given), v.
 void launch_attention_split(cudaStream_t s, const AttentionShape& a, const float* qkv,
@@ -100,10 +105,43 @@ void launch_attention_backward(cudaStream_t s, const AttentionShape& a, Elem e, 
                                const void* k, const void* v, const void* probs, float* p_work,
                                const float* d_out, float* ds_work, float* dq, float* dk,
                                float* dv);
-// dq, dk (rotated back when cos is given) and dv -> d_qkv [B, T, (H + 2KV) D] in e.
+// dq, dk (rotated back when cos is given) and dv -> d_qkv [B, T, (H + 2KV) D]
+// in e: the head slots [slot_begin, slot_end) of each row (q heads, then k,
+// then v; slot_end -1: all), the others left as they are.
 void launch_attention_merge(cudaStream_t s, const AttentionShape& a, const float* dq,
                             const float* dk, const float* dv, const float* cos, const float* sin,
-                            Elem e, void* d_qkv);
+                            Elem e, void* d_qkv, int64_t slot_begin = 0, int64_t slot_end = -1);
+
+// Context parallelism's blocks: `size` ranks' packed k and v, each
+// [2][groups][L][D] (groups = B KV; `bytes` per element) <-> the whole
+// sequence's rows of k and v [groups][size L][D]; to_whole false: back.
+void launch_context_rows(cudaStream_t s, int64_t groups, int64_t L, int64_t D, int64_t size,
+                         size_t bytes, void* packed, void* whole_k, void* whole_v, bool to_whole);
+// Ring attention (a: the context shape, Q = L local queries): the local
+// queries q [B, H, L, D] against rank block_rank's keys k, v [B, KV, L, D],
+// merged into the running max, sum [B, H, L] and unnormalised output acc
+// [B, H, L, D] f32 (first: the first block, which sets them).
+void launch_ring_forward_block(cudaStream_t s, const AttentionShape& a, int64_t block_rank,
+                               Elem e, const void* q, const void* k, const void* v, float* max,
+                               float* sum, float* acc, bool first);
+// out [B, L, H D] in e = acc / sum; lse [B, H, L] = max + log(sum).
+void launch_ring_forward_finish(cudaStream_t s, const AttentionShape& a, Elem e, const float* max,
+                                const float* sum, const float* acc, void* out, float* lse);
+// One block's share of backward, probabilities recomputed from lse: dq [B,
+// H, L, D], dk and dv [B, KV, L, D] f32 accumulated; p_work and ds_work [B,
+// H, L, L] f32 scratch. d_out [B, L, H D] f32, out the forward's (in e).
+void launch_ring_backward_block(cudaStream_t s, const AttentionShape& a, int64_t block_rank,
+                                Elem e, const void* q, const void* k, const void* v,
+                                const float* lse, const float* d_out, const void* out,
+                                float* p_work, float* ds_work, float* dq, float* dk, float* dv);
+// Decoding (a.seq = the new tokens, at positions [pos0, pos0 + seq)): their k
+// (rotated) and v appended to the caches k, v [B, KV, S, D] f32, then each
+// query over the keys [0 or its window's first, its position]; qkv [B, seq,
+// (H + 2KV) D] f32, out [B, seq, H D] f32.
+size_t decode_shared_bytes(const AttentionShape& a, int64_t pos0);
+void launch_attention_decode(cudaStream_t s, const AttentionShape& a, const float* qkv,
+                             const float* cos, const float* sin, int64_t pos0, int64_t S,
+                             float* k_cache, float* v_cache, float* out);
 
 // ---- the classifier's rows (classifier.cu): over logits [rows, ld] f32 (the
 // first `valid` columns real, column j the vocabulary's offset + j), each

@@ -119,6 +119,25 @@ MESHTRAIN_HD void rope_rotate(float& x0, float& x1, float c, float s, bool inver
   x1 = a * sn + b * c;
 }
 
+// ---- context parallelism (util/context_split.h's ContextSplit::global):
+// the sequence index of local token i of `rank` in a group of `size` ranks,
+// each holding two chunks of seq / (2 size) tokens, its own and its mirror's.
+MESHTRAIN_HD int64_t context_global(int64_t seq, int64_t rank, int64_t size, int64_t i) {
+  const int64_t c = seq / (2 * size), k = i / c;
+  return (k == 0 ? rank : 2 * size - 1 - rank) * c + i % c;
+}
+
+// Ring attention's online softmax (backend/cpu/attention.cpp): a query's
+// running max `m` before a block whose visible scores peak at `best` (not
+// -inf) becomes `max`, and what was summed so far is scaled by `alpha`.
+struct RingRescale {
+  float max = 0, alpha = 0;
+};
+MESHTRAIN_HD RingRescale ring_rescale(float m, float best) {
+  const float to = m > best ? m : best;
+  return {to, expf(m - to)};
+}
+
 // ---- norms: 1 / sqrt(mean of squares + eps) from the row's sum of squares
 // (RMSNorm) or sum of squared deviations (LayerNorm).
 MESHTRAIN_HD float inverse_rms(float sum_squares, int64_t n, float eps) {
