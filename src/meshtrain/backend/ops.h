@@ -113,6 +113,13 @@ struct ContextDims {
   int64_t kv_block() const { return 2 * batch * n_kv_heads * local_seq * head_dim; }
 };
 
+// Throws Error naming what is wrong with `d`'s sizes, its rank of the group
+// (two chunks of local_seq / 2 tokens each), missing positions or a rope
+// table of another head width (rope may be nullptr). The positions
+// themselves are each backend's to check where it can read them.
+struct RopeTable;
+void check_context_dims(const ContextDims& d, const RopeTable* rope);
+
 // Ulysses (cp_comm = "alltoall") moves rows between two layouts around its
 // all-to-alls: this rank's tokens with every head, and the whole sequence
 // with one head group. HeadGroups: a row of `width` values made of parts

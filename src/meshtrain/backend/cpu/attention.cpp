@@ -648,19 +648,7 @@ size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool 
 namespace {
 
 void check_context(const ContextDims& d, const RopeTable* rope) {
-  MESHTRAIN_CHECK(d.batch > 0 && d.local_seq > 0 && d.n_heads > 0 && d.n_kv_heads > 0 &&
-                      d.head_dim > 0 && d.n_heads % d.n_kv_heads == 0,
-                  "context attention: bad dims batch={} local_seq={} heads={} kv_heads={} "
-                  "head_dim={}",
-                  d.batch, d.local_seq, d.n_heads, d.n_kv_heads, d.head_dim);
-  MESHTRAIN_CHECK(d.split.size >= 1 && d.split.rank >= 0 && d.split.rank < d.split.size &&
-                      d.local_seq % 2 == 0,
-                  "context attention: rank {} of {} with {} local tokens (two chunks each)",
-                  d.split.rank, d.split.size, d.local_seq);
-  MESHTRAIN_CHECK(d.positions != nullptr, "context attention: positions are required");
-  MESHTRAIN_CHECK(rope == nullptr || rope->head_dim == d.head_dim,
-                  "context attention: rope table head_dim {} != head_dim {}",
-                  rope ? rope->head_dim : 0, d.head_dim);
+  ops::check_context_dims(d, rope);
   const int64_t T = d.seq();
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t i = 0; i < d.local_seq; ++i) {

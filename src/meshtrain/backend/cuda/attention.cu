@@ -386,6 +386,12 @@ __global__ void ring_backward_key_kernel(AttentionShape a, const typename E::T* 
 }
 
 // ---- decoding over a KV cache [B, KV, S, D] f32.
+// The most keys one query sees: every position so far, or its window.
+__host__ __device__ inline int64_t decode_keys(const AttentionShape& a, int64_t pos0) {
+  const int64_t all = pos0 + a.seq;
+  return a.window > 0 && a.window < all ? a.window : all;
+}
+
 __global__ void decode_append_kernel(AttentionShape a, const float* qkv, const float* cos,
                                      const float* sin, int64_t pos0, int64_t S, float* kc,
                                      float* vc) {
@@ -409,14 +415,14 @@ __global__ void decode_append_kernel(AttentionShape a, const float* qkv, const f
 __global__ void decode_kernel(AttentionShape a, const float* qkv, const float* cos,
                               const float* sin, int64_t pos0, int64_t S, const float* kc,
                               const float* vc, float* out) {
-  extern __shared__ float smem[];  // scores [pos0 + T], qrow [D]
+  extern __shared__ float smem[];  // scores [decode_keys], qrow [D]
   __shared__ float scratch[kThreads / 32];
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t H = a.heads, KV = a.kv_heads, D = a.head_dim, T = a.seq, half = D / 2;
   const int64_t bt = b * T + t, pos = pos0 + t, j = h / (H / KV);
   const int64_t first = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-  float* sc = smem;
-  float* qrow = smem + pos0 + T;
+  float* sc = smem;  // key s's score at sc[s - first]
+  float* qrow = smem + decode_keys(a, pos0);
   const float* qsrc = qkv + bt * (H + 2 * KV) * D + h * D;
   for (int64_t x = threadIdx.x; x < half; x += kThreads) {
     float x0 = qsrc[2 * x], x1 = qsrc[2 * x + 1];
@@ -431,19 +437,19 @@ __global__ void decode_kernel(AttentionShape a, const float* qkv, const float* c
   for (int64_t s = first + threadIdx.x; s <= pos; s += kThreads) {
     float dot = 0.0f;
     for (int64_t d = 0; d < D; ++d) dot += qrow[d] * kh[s * D + d];
-    sc[s] = dot * a.scale;
-    mx = fmaxf(mx, sc[s]);
+    sc[s - first] = dot * a.scale;
+    mx = fmaxf(mx, sc[s - first]);
   }
   mx = block_max(mx, scratch);
   float total = 0.0f;
   for (int64_t s = first + threadIdx.x; s <= pos; s += kThreads) {
-    sc[s] = expf(sc[s] - mx);
-    total += sc[s];
+    sc[s - first] = expf(sc[s - first] - mx);
+    total += sc[s - first];
   }
   const float inv = 1.0f / block_sum(total, scratch);  // its barriers publish sc
   for (int64_t d = threadIdx.x; d < D; d += kThreads) {
     float o = 0.0f;
-    for (int64_t s = first; s <= pos; ++s) o += sc[s] * inv * vh[s * D + d];
+    for (int64_t s = first; s <= pos; ++s) o += sc[s - first] * inv * vh[s * D + d];
     out[(bt * H + h) * D + d] = o;
   }
 }
@@ -599,7 +605,7 @@ void launch_ring_backward_block(cudaStream_t s, const AttentionShape& a, int64_t
 }
 
 size_t decode_shared_bytes(const AttentionShape& a, int64_t pos0) {
-  return static_cast<size_t>(pos0 + a.seq + a.head_dim) * sizeof(float);
+  return static_cast<size_t>(decode_keys(a, pos0) + a.head_dim) * sizeof(float);
 }
 
 void launch_attention_decode(cudaStream_t s, const AttentionShape& a, const float* qkv,

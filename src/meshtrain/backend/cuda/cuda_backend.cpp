@@ -268,6 +268,7 @@ void CudaBackend::require_shared(size_t bytes, const char* op, int64_t keys) con
   int optin = 0;
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, impl_->device),
         "cudaDeviceGetAttribute");
+  bytes += kStaticSharedBytes;
   MESHTRAIN_CHECK_AS(ErrorKind::resource, bytes <= static_cast<size_t>(optin),
                      "cuda {}: {} keys need {} bytes of shared memory per block, the device "
                      "allows {}",
@@ -314,25 +315,34 @@ void CudaBackend::attention_backward(const ops::AttentionDims& dims, const ops::
                                      DType compute, const ops::AttentionSaved& saved,
                                      const float* d_out, void* d_qkv) {
   const AttentionShape a = attention_shape(dims, rope);
-  const int64_t B = dims.batch, T = dims.seq, H = dims.n_heads, KV = dims.n_kv_heads;
-  const int64_t D = dims.head_dim;
+  const AttentionGrads g = reference_backward(a, compute, saved, d_out);
+  launch_attention_merge(impl_->stream, a, g.dq.data<float>(), g.dk.data<float>(),
+                         g.dv.data<float>(), rope ? rope->cos.data<float>() : nullptr,
+                         rope ? rope->sin.data<float>() : nullptr, elem(compute), d_qkv);
+}
+
+CudaBackend::AttentionGrads CudaBackend::reference_backward(const AttentionShape& a,
+                                                            DType compute,
+                                                            const ops::AttentionSaved& saved,
+                                                            const float* d_out) {
+  const int64_t B = a.batch, Q = a.query_rows(), T = a.seq, H = a.heads, KV = a.kv_heads;
+  const int64_t D = a.head_dim;
   const bool kept = !saved.recompute_probs;
-  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * T * D &&
-                      (!kept || (saved.probs.defined() && saved.probs.numel() == B * H * T * T)),
-                  "attention_backward: saved tensors do not match dims/compute dtype");
-  Tensor ds = allocate({B, H, T, T}, DType::f32, MemCategory::workspace);
-  Tensor p = kept ? Tensor() : allocate({B, H, T, T}, DType::f32, MemCategory::workspace);
-  Tensor dq = allocate({B, H, T, D}, DType::f32, MemCategory::workspace);
-  Tensor dk = allocate({B, KV, T, D}, DType::f32, MemCategory::workspace);
-  Tensor dv = allocate({B, KV, T, D}, DType::f32, MemCategory::workspace);
-  const Elem e = elem(compute);
-  launch_attention_backward(impl_->stream, a, e, saved.q.raw(), saved.k.raw(), saved.v.raw(),
-                            kept ? saved.probs.raw() : nullptr,
+  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * Q * D &&
+                      saved.k.defined() && saved.k.numel() == B * KV * T * D &&
+                      (!kept || (saved.probs.defined() && saved.probs.dtype() == compute &&
+                                 saved.probs.numel() == B * H * Q * T)),
+                  "attention backward: saved tensors do not match dims/compute dtype");
+  Tensor ds = allocate({B, H, Q, T}, DType::f32, MemCategory::workspace);
+  Tensor p = kept ? Tensor() : allocate({B, H, Q, T}, DType::f32, MemCategory::workspace);
+  AttentionGrads g{allocate({B, H, Q, D}, DType::f32, MemCategory::workspace),
+                   allocate({B, KV, T, D}, DType::f32, MemCategory::workspace),
+                   allocate({B, KV, T, D}, DType::f32, MemCategory::workspace)};
+  launch_attention_backward(impl_->stream, a, elem(compute), saved.q.raw(), saved.k.raw(),
+                            saved.v.raw(), kept ? saved.probs.raw() : nullptr,
                             kept ? nullptr : p.data<float>(), d_out, ds.data<float>(),
-                            dq.data<float>(), dk.data<float>(), dv.data<float>());
-  launch_attention_merge(impl_->stream, a, dq.data<float>(), dk.data<float>(), dv.data<float>(),
-                         rope ? rope->cos.data<float>() : nullptr,
-                         rope ? rope->sin.data<float>() : nullptr, e, d_qkv);
+                            g.dq.data<float>(), g.dk.data<float>(), g.dv.data<float>());
+  return g;
 }
 
 void CudaBackend::attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,
@@ -365,21 +375,13 @@ namespace {
 // Context parallelism (ops::ContextDims): `local` = the rank's tokens as a
 // sequence of their own (the split into heads, the merge back into rows);
 // otherwise the rank's queries against the whole sequence's keys.
+// The positions stay on the device: a table as long as the sequence covers them.
 AttentionShape context_shape(const ops::ContextDims& d, const ops::RopeTable* rope, bool local) {
-  MESHTRAIN_CHECK(d.batch > 0 && d.local_seq > 0 && d.n_heads > 0 && d.n_kv_heads > 0 &&
-                      d.head_dim > 0 && d.head_dim % 2 == 0 && d.n_heads % d.n_kv_heads == 0,
-                  "context attention: bad dims batch={} local_seq={} heads={} kv_heads={} "
-                  "head_dim={}",
-                  d.batch, d.local_seq, d.n_heads, d.n_kv_heads, d.head_dim);
-  MESHTRAIN_CHECK(d.split.size >= 1 && d.split.rank >= 0 && d.split.rank < d.split.size &&
-                      d.local_seq % 2 == 0,
-                  "context attention: rank {} of {} with {} local tokens (two chunks each)",
-                  d.split.rank, d.split.size, d.local_seq);
-  MESHTRAIN_CHECK(d.positions != nullptr, "context attention: positions are required");
-  MESHTRAIN_CHECK(rope == nullptr || (rope->head_dim == d.head_dim && d.seq() <= rope->max_seq),
-                  "context attention: rope table (head_dim {}, {} positions) does not fit "
-                  "head_dim {} seq {}",
-                  rope ? rope->head_dim : 0, rope ? rope->max_seq : 0, d.head_dim, d.seq());
+  ops::check_context_dims(d, rope);
+  MESHTRAIN_CHECK(d.head_dim % 2 == 0, "context attention: head_dim {} is odd", d.head_dim);
+  MESHTRAIN_CHECK(rope == nullptr || d.seq() <= rope->max_seq,
+                  "context attention: rope table of {} positions for a sequence of {}",
+                  rope ? rope->max_seq : 0, d.seq());
   AttentionShape a{d.batch,   local ? d.local_seq : d.seq(), d.n_heads, d.n_kv_heads,
                    d.head_dim, 0, d.positions, 1.0f / std::sqrt(static_cast<float>(d.head_dim))};
   if (!local) {
@@ -449,28 +451,13 @@ void CudaBackend::context_attention_backward(const ops::ContextDims& dims,
                                              void* d_qkv, float* dkv_all) {
   const AttentionShape a = context_shape(dims, rope, false);
   const int64_t B = dims.batch, L = dims.local_seq, H = dims.n_heads, KV = dims.n_kv_heads;
-  const int64_t D = dims.head_dim, T = dims.seq();
-  const bool kept = !saved.recompute_probs;
-  MESHTRAIN_CHECK(saved.q.defined() && saved.q.dtype() == compute && saved.q.numel() == B * H * L * D &&
-                      saved.k.defined() && saved.k.numel() == B * KV * T * D &&
-                      (!kept || (saved.probs.defined() && saved.probs.dtype() == compute &&
-                                 saved.probs.numel() == B * H * L * T)),
-                  "context attention backward: saved tensors do not match dims/compute dtype");
-  Tensor ds = allocate({B, H, L, T}, DType::f32, MemCategory::workspace);
-  Tensor p = kept ? Tensor() : allocate({B, H, L, T}, DType::f32, MemCategory::workspace);
-  Tensor dq = allocate({B, H, L, D}, DType::f32, MemCategory::workspace);
-  Tensor dk = allocate({B, KV, T, D}, DType::f32, MemCategory::workspace);
-  Tensor dv = allocate({B, KV, T, D}, DType::f32, MemCategory::workspace);
-  const Elem e = elem(compute);
-  launch_attention_backward(impl_->stream, a, e, saved.q.raw(), saved.k.raw(), saved.v.raw(),
-                            kept ? saved.probs.raw() : nullptr, kept ? nullptr : p.data<float>(),
-                            d_out, ds.data<float>(), dq.data<float>(), dk.data<float>(),
-                            dv.data<float>());
+  const int64_t D = dims.head_dim;
+  const AttentionGrads g = reference_backward(a, compute, saved, d_out);
   // dQ into the q columns (rotated back); the k and v columns are finish's.
-  launch_attention_merge(impl_->stream, context_shape(dims, rope, true), dq.data<float>(),
-                         nullptr, nullptr, cos_of(rope), sin_of(rope), e, d_qkv, 0, H);
+  launch_attention_merge(impl_->stream, context_shape(dims, rope, true), g.dq.data<float>(),
+                         nullptr, nullptr, cos_of(rope), sin_of(rope), elem(compute), d_qkv, 0, H);
   launch_context_rows(impl_->stream, B * KV, L, D, dims.split.size, sizeof(float), dkv_all,
-                      dk.data<float>(), dv.data<float>(), false);
+                      g.dk.data<float>(), g.dv.data<float>(), false);
 }
 
 void CudaBackend::context_attention_finish(const ops::ContextDims& dims,

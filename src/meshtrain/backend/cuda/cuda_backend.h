@@ -14,6 +14,8 @@
 
 namespace meshtrain::cuda {
 
+struct AttentionShape;  // kernels.h
+
 // Rows of logits the fused classifier takes at a time: [rows, vocab] f32 and
 // their gradient in the compute dtype (1024 x 128K x 6 bytes = 0.8 GB).
 inline constexpr int64_t kClassifierRows = 1024;
@@ -148,6 +150,13 @@ class CudaBackend final : public Backend {
   // Throws a resource error when a kernel needs more shared memory per block
   // than the device allows (the reference attention kernels: a row of `keys` scores).
   void require_shared(size_t bytes, const char* op, int64_t keys) const;
+  // The reference attention kernels' backward for `a` (kernels.h): dq [B, H,
+  // Q, D], dk and dv [B, KV, T, D] in f32 workspace.
+  struct AttentionGrads {
+    Tensor dq, dk, dv;
+  };
+  AttentionGrads reference_backward(const AttentionShape& a, DType compute,
+                                    const ops::AttentionSaved& saved, const float* d_out);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

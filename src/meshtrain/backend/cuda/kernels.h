@@ -93,7 +93,9 @@ struct AttentionShape {
 // qkv [B, T, (H + 2KV) D] f32 -> q, k (rotated when cos is given), v.
 void launch_attention_split(cudaStream_t s, const AttentionShape& a, const float* qkv,
                             const float* cos, const float* sin, Elem e, void* q, void* k, void* v);
-// The bytes of dynamic shared memory a row kernel needs, and whether the device allows it.
+// The bytes of dynamic shared memory a row kernel needs (its static part,
+// the block reductions' scratch, is at most kStaticSharedBytes more).
+inline constexpr size_t kStaticSharedBytes = 64;
 size_t attention_shared_bytes(const AttentionShape& a);
 // out [B, T, H D] in e; probs [B, H, T, T] in e (nullptr: not kept).
 void launch_attention_forward(cudaStream_t s, const AttentionShape& a, Elem e, const void* q,
