@@ -1,0 +1,219 @@
+// The CUDA execution model on the CPU, for tests: a .cu file of the CUDA
+// backend, rewritten by tests/cuda_emu.cmake (launches `k<<<g, b, s, st>>>(…)`
+// become `::emu::launch(k, g, b, s, st)(…)`, and `extern __shared__` a call
+// for the launch's dynamic shared memory), compiles with the host compiler
+// against this header, and its launchers run each kernel here, with host
+// pointers for device memory.
+//
+// A launch runs its blocks one after another. A block's threads are fibers
+// (ucontext) on the calling thread, each running until it waits at a
+// barrier: __syncthreads waits for the whole block, and __shfl_down_sync for
+// the thread's warp (two waits around an exchange through a per-thread slot).
+// A barrier opens when every thread it waits for has arrived.
+//
+// Blocks running one at a time make `static` a valid stand-in for
+// __shared__. The dynamic shared memory is filled with NaN before each block,
+// so reading it unwritten shows in the results. A barrier that some threads
+// leave the kernel without reaching (the hang or undefined behaviour of a
+// real launch) is an Error naming the kernel's launch.
+//
+// It checks what the kernels compute: their indices, masks, barriers and
+// reductions. It does not check their speed, the hardware's memory model
+// (no data race can occur), or anything that needs a device.
+#pragma once
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+enum cudaError_t { cudaSuccess = 0 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+
+namespace emu {
+
+inline constexpr int kWarp = 32;
+inline constexpr size_t kStackBytes = 64 * 1024;
+
+// What a block's thread is doing between the scheduler's turns.
+enum class State : unsigned char { ready, at_warp_barrier, at_block_barrier, done };
+
+// The launch being run: the block's fibers and what its threads see.
+struct Launch {
+  dim3 grid, block, thread_idx, block_idx;
+  std::vector<ucontext_t> fibers;
+  std::vector<std::unique_ptr<char[]>> stacks;
+  std::vector<State> state;
+  std::vector<double> slots;    // one value per thread for the warp shuffles
+  std::vector<double> dynamic;  // the dynamic shared memory, 8-byte aligned
+  ucontext_t scheduler{};
+  unsigned current = 0;
+  std::function<void()> body;
+};
+
+inline Launch*& active() {
+  static Launch* launch = nullptr;
+  return launch;
+}
+
+// The calling thread waits at a barrier of its warp or of its block.
+inline void wait(State at) {
+  Launch& l = *active();
+  l.state[l.current] = at;
+  swapcontext(&l.fibers[l.current], &l.scheduler);
+}
+
+inline void fiber_entry() {
+  Launch& l = *active();
+  l.body();
+  wait(State::done);
+}
+
+// Opens the barriers every unfinished thread of has reached (the block's, or
+// a warp's); false when none opens.
+inline bool open_barriers(Launch& l) {
+  const unsigned n = l.block.x;
+  bool opened = false;
+  auto open = [&](unsigned first, unsigned end, State at) {
+    bool waiting = false;
+    for (unsigned i = first; i < end; ++i) {
+      if (l.state[i] == State::done) continue;
+      if (l.state[i] != at) return;
+      waiting = true;
+    }
+    if (!waiting) return;
+    for (unsigned i = first; i < end; ++i)
+      if (l.state[i] == at) l.state[i] = State::ready;
+    opened = true;
+  };
+  for (unsigned w = 0; w < n; w += kWarp) open(w, std::min(n, w + kWarp), State::at_warp_barrier);
+  open(0, n, State::at_block_barrier);
+  return opened;
+}
+
+// Runs `body` as every thread of every block of `grid` x `block` (1-D blocks).
+inline void run(dim3 grid, dim3 block, size_t shared_bytes, const char* name,
+                std::function<void()> body) {
+  if (block.y != 1 || block.z != 1) throw std::logic_error("emu: only 1-D blocks");
+  const unsigned n = block.x;
+  Launch l;
+  l.grid = grid;
+  l.block = block;
+  l.fibers.resize(n);
+  l.state.resize(n);
+  l.slots.resize(n);
+  l.dynamic.resize((shared_bytes + sizeof(double) - 1) / sizeof(double));
+  for (unsigned i = 0; i < n; ++i) l.stacks.emplace_back(new char[kStackBytes]);
+  l.body = std::move(body);
+  Launch* outer = active();
+  active() = &l;
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        l.block_idx = dim3(x, y, z);
+        std::fill(l.dynamic.begin(), l.dynamic.end(), std::numeric_limits<double>::quiet_NaN());
+        for (unsigned i = 0; i < n; ++i) {
+          getcontext(&l.fibers[i]);
+          l.fibers[i].uc_stack.ss_sp = l.stacks[i].get();
+          l.fibers[i].uc_stack.ss_size = kStackBytes;
+          l.fibers[i].uc_link = nullptr;
+          makecontext(&l.fibers[i], fiber_entry, 0);
+          l.state[i] = State::ready;
+        }
+        // Every ready thread runs to its next barrier or its end; then the
+        // barriers that every thread they wait for has reached open.
+        for (;;) {
+          for (unsigned i = 0; i < n; ++i) {
+            if (l.state[i] != State::ready) continue;
+            l.current = i;
+            l.thread_idx = dim3(i);
+            swapcontext(&l.scheduler, &l.fibers[i]);
+          }
+          if (std::all_of(l.state.begin(), l.state.end(), [](State s) { return s == State::done; }))
+            break;
+          if (!open_barriers(l)) {
+            active() = outer;
+            throw std::runtime_error(std::string("emu: ") + name + ": block (" +
+                                     std::to_string(x) + ", " + std::to_string(y) + ", " +
+                                     std::to_string(z) +
+                                     "): threads wait at barriers that will never open "
+                                     "(some left without them, or wait at another)");
+          }
+        }
+      }
+    }
+  }
+  active() = outer;
+}
+
+// What `k<<<grid, block, shared, stream>>>(args...)` becomes.
+template <typename... Params>
+auto launch_named(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                  size_t shared = 0, cudaStream_t = nullptr) {
+  return [=](auto&&... args) {
+    // Each thread gets its own copies of the parameters, as a kernel's are.
+    run(grid, block, shared, name, [&] { kernel(args...); });
+  };
+}
+
+template <typename T>
+T* dynamic_shared() {
+  return reinterpret_cast<T*>(active()->dynamic.data());
+}
+
+template <typename V>
+V shfl_down(V v, int offset) {
+  Launch& l = *active();
+  const unsigned i = l.current;
+  static_assert(sizeof(V) <= sizeof(double));
+  std::memcpy(&l.slots[i], &v, sizeof v);
+  wait(State::at_warp_barrier);
+  V out = v;
+  const unsigned lane = i % kWarp, source = i + static_cast<unsigned>(offset);
+  if (lane + static_cast<unsigned>(offset) < kWarp && source < l.block.x) {
+    std::memcpy(&out, &l.slots[source], sizeof out);
+  }
+  wait(State::at_warp_barrier);  // the slots are free again
+  return out;
+}
+
+}  // namespace emu
+
+#define EMU_LAUNCH(kernel, ...) ::emu::launch_named(#kernel, kernel, __VA_ARGS__)
+#define threadIdx (::emu::active()->thread_idx)
+#define blockIdx (::emu::active()->block_idx)
+#define blockDim (::emu::active()->block)
+#define gridDim (::emu::active()->grid)
+
+inline void __syncthreads() { emu::wait(emu::State::at_block_barrier); }
+template <typename V>
+V __shfl_down_sync(unsigned /*mask*/, V v, int offset) {
+  return emu::shfl_down(v, offset);
+}
