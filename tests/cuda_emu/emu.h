@@ -6,8 +6,8 @@
 // pointers for device memory.
 //
 // A launch runs its blocks one after another. A block's threads are fibers
-// (ucontext) on the calling thread, each running until it waits at a
-// barrier: __syncthreads waits for the whole block, and __shfl_down_sync for
+// (made with ucontext, switched with _setjmp / _longjmp) on the calling
+// thread, each running until it waits at a barrier: __syncthreads waits for the whole block, and __shfl_down_sync for
 // the thread's warp (two waits around an exchange through a per-thread slot).
 // A barrier opens when every thread it waits for has arrived.
 //
@@ -22,12 +22,14 @@
 // (no data race can occur), or anything that needs a device.
 #pragma once
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -36,18 +38,111 @@
 #include <string>
 #include <vector>
 
+// ---- the runtime API the backend calls, on host memory: one emulated device
+// whose streams run everything at once (so synchronizing is a no-op). These
+// are C++ functions (the real ones are extern "C"), so a test links beside
+// the real runtime.
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
-enum cudaError_t { cudaSuccess = 0 };
+struct CUevent_st;
+using cudaEvent_t = CUevent_st*;
+enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3
+};
+inline constexpr unsigned cudaStreamNonBlocking = 1;
+struct cudaDeviceProp {
+  char name[256] = "emulated CUDA device (tests/cuda_emu)";
+  int major = 9, minor = 0;
+  size_t totalGlobalMem = size_t{1} << 34;
+};
+namespace emu {
+// What a device of compute capability 9.0 allows a block (227 KiB).
+inline constexpr int kSharedOptin = 227 * 1024;
+}  // namespace emu
+
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+inline const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : "out of memory";
+}
+inline const char* cudaGetErrorName(cudaError_t e) {
+  return e == cudaSuccess ? "cudaSuccess" : "cudaErrorMemoryAllocation";
+}
 template <typename Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* props, int) {
+  *props = cudaDeviceProp{};
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
+  *value = emu::kSharedOptin;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  static char streams[16];
+  static unsigned next = 0;
+  *stream = reinterpret_cast<cudaStream_t>(&streams[next++ % 16]);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                                   cudaStream_t = nullptr) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                                     size_t width, size_t height, cudaMemcpyKind,
+                                     cudaStream_t = nullptr) {
+  for (size_t r = 0; r < height; ++r)
+    std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                 width);
+  return cudaSuccess;
+}
+// Events time nothing here: every interval is 1 ms.
+inline cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  static char events[16];
+  static unsigned next = 0;
+  *event = reinterpret_cast<cudaEvent_t>(&events[next++ % 16]);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 1.0f;
   return cudaSuccess;
 }
 
@@ -65,15 +160,24 @@ inline constexpr size_t kStackBytes = 64 * 1024;
 // What a block's thread is doing between the scheduler's turns.
 enum class State : unsigned char { ready, at_warp_barrier, at_block_barrier, done };
 
-// The launch being run: the block's fibers and what its threads see.
+// Where a suspended fiber (or the scheduler) continues.
+struct Resume {
+  jmp_buf at;
+};
+
+// The launch being run: the block's fibers and what its threads see. A fiber
+// lives for the whole launch and runs the kernel once per block.
 struct Launch {
   dim3 grid, block, thread_idx, block_idx;
-  std::vector<ucontext_t> fibers;
+  std::vector<ucontext_t> fibers;  // only to enter each fiber the first time
   std::vector<std::unique_ptr<char[]>> stacks;
+  std::vector<Resume> resume;
+  std::vector<bool> started;
   std::vector<State> state;
   std::vector<double> slots;    // one value per thread for the warp shuffles
   std::vector<double> dynamic;  // the dynamic shared memory, 8-byte aligned
-  ucontext_t scheduler{};
+  Resume scheduler;
+  ucontext_t scheduler_context{};
   unsigned current = 0;
   std::function<void()> body;
 };
@@ -83,17 +187,21 @@ inline Launch*& active() {
   return launch;
 }
 
-// The calling thread waits at a barrier of its warp or of its block.
+// The calling thread waits at a barrier of its warp or of its block (or, done,
+// for the next block). _setjmp / _longjmp switch fibers without the signal
+// mask's system calls that swapcontext makes.
 inline void wait(State at) {
   Launch& l = *active();
   l.state[l.current] = at;
-  swapcontext(&l.fibers[l.current], &l.scheduler);
+  if (_setjmp(l.resume[l.current].at) == 0) _longjmp(l.scheduler.at, 1);
 }
 
 inline void fiber_entry() {
   Launch& l = *active();
-  l.body();
-  wait(State::done);
+  for (;;) {
+    l.body();
+    wait(State::done);
+  }
 }
 
 // Opens the barriers every unfinished thread of has reached (the block's, or
@@ -118,6 +226,15 @@ inline bool open_barriers(Launch& l) {
   return opened;
 }
 
+// Runs thread l.current until it waits or finishes the block.
+inline void step(Launch& l) {
+  const unsigned i = l.current;
+  if (_setjmp(l.scheduler.at) != 0) return;
+  if (l.started[i]) _longjmp(l.resume[i].at, 1);
+  l.started[i] = true;
+  swapcontext(&l.scheduler_context, &l.fibers[i]);
+}
+
 // Runs `body` as every thread of every block of `grid` x `block` (1-D blocks).
 inline void run(dim3 grid, dim3 block, size_t shared_bytes, const char* name,
                 std::function<void()> body) {
@@ -127,11 +244,20 @@ inline void run(dim3 grid, dim3 block, size_t shared_bytes, const char* name,
   l.grid = grid;
   l.block = block;
   l.fibers.resize(n);
+  l.resume.resize(n);
+  l.started.assign(n, false);
   l.state.resize(n);
   l.slots.resize(n);
   l.dynamic.resize((shared_bytes + sizeof(double) - 1) / sizeof(double));
-  for (unsigned i = 0; i < n; ++i) l.stacks.emplace_back(new char[kStackBytes]);
   l.body = std::move(body);
+  for (unsigned i = 0; i < n; ++i) {
+    l.stacks.emplace_back(new char[kStackBytes]);
+    getcontext(&l.fibers[i]);
+    l.fibers[i].uc_stack.ss_sp = l.stacks[i].get();
+    l.fibers[i].uc_stack.ss_size = kStackBytes;
+    l.fibers[i].uc_link = nullptr;
+    makecontext(&l.fibers[i], fiber_entry, 0);
+  }
   Launch* outer = active();
   active() = &l;
   for (unsigned z = 0; z < grid.z; ++z) {
@@ -139,14 +265,7 @@ inline void run(dim3 grid, dim3 block, size_t shared_bytes, const char* name,
       for (unsigned x = 0; x < grid.x; ++x) {
         l.block_idx = dim3(x, y, z);
         std::fill(l.dynamic.begin(), l.dynamic.end(), std::numeric_limits<double>::quiet_NaN());
-        for (unsigned i = 0; i < n; ++i) {
-          getcontext(&l.fibers[i]);
-          l.fibers[i].uc_stack.ss_sp = l.stacks[i].get();
-          l.fibers[i].uc_stack.ss_size = kStackBytes;
-          l.fibers[i].uc_link = nullptr;
-          makecontext(&l.fibers[i], fiber_entry, 0);
-          l.state[i] = State::ready;
-        }
+        std::fill(l.state.begin(), l.state.end(), State::ready);
         // Every ready thread runs to its next barrier or its end; then the
         // barriers that every thread they wait for has reached open.
         for (;;) {
@@ -154,7 +273,7 @@ inline void run(dim3 grid, dim3 block, size_t shared_bytes, const char* name,
             if (l.state[i] != State::ready) continue;
             l.current = i;
             l.thread_idx = dim3(i);
-            swapcontext(&l.scheduler, &l.fibers[i]);
+            step(l);
           }
           if (std::all_of(l.state.begin(), l.state.end(), [](State s) { return s == State::done; }))
             break;
@@ -212,6 +331,8 @@ V shfl_down(V v, int offset) {
 #define blockDim (::emu::active()->block)
 #define gridDim (::emu::active()->grid)
 
+inline float __fadd_rn(float a, float b) { return a + b; }  // no contraction: -ffp-contract=off
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline void __syncthreads() { emu::wait(emu::State::at_block_barrier); }
 template <typename V>
 V __shfl_down_sync(unsigned /*mask*/, V v, int offset) {
