@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # gpu_check.sh's training runs, with the engine's bundle (scripts/gpu_bundle.sh):
 #   - a small Llama and a small GPT-2 (configs/gpu-check-*.toml), 20 steps in
-#     fp32 and in bf16, once on device A and once on device B; the loss traces
-#     must agree within fp32: 1e-4 relative, bf16: 1e-2 relative at every step;
+#     fp32 and in bf16, once on device A and once on device B; the loss and
+#     gradient-norm traces must agree within fp32: 1e-4 relative, bf16: 1e-2
+#     relative at every step (AdamW divides a gradient by its own scale, so a
+#     gradient off by a constant factor shows in the norms, hardly in the losses);
 #   - with B = cuda, the GPT-2 124M step (configs/gpu-check-gpt2-124M.toml):
 #     tokens/s and MFU over its steps after the second.
 # Prints one "ROW|check|result|detail" line per check for gpu_check.sh's table.
@@ -27,17 +29,19 @@ train() {  # name config device precision [overrides...]
     --train.precision "$precision" --train.out_dir "$runs/$name" "$@" > "$out/train_$name.txt" 2>&1
 }
 
-# The largest relative loss difference of two runs' metrics, or why there is none.
+# The largest relative loss and gradient-norm differences of two runs'
+# metrics, or why there are none.
 compare() {  # dir_a dir_b tolerance
   python3 - "$@" <<'EOF'
 import json, sys
 
-def losses(run):
+def trace(run):
     rows = (json.loads(line) for line in open(run + "/metrics.jsonl"))
-    return {r["step"]: r["loss"] for r in rows if "loss" in r and "memory" not in r}
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in rows
+            if "loss" in r and "grad_norm" in r and "memory" not in r}
 
 try:
-    a, b = losses(sys.argv[1]), losses(sys.argv[2])
+    a, b = trace(sys.argv[1]), trace(sys.argv[2])
 except OSError as e:
     print(f"FAIL|no metrics: {e}")
     sys.exit(0)
@@ -45,11 +49,13 @@ tolerance = float(sys.argv[3])
 if sorted(a) != sorted(b) or len(a) < 20:
     print(f"FAIL|steps differ: {len(a)} and {len(b)} logged")
     sys.exit(0)
-worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+loss = max(abs(a[s][0] - b[s][0]) / abs(a[s][0]) for s in a)
+norm = max(abs(a[s][1] - b[s][1]) / abs(a[s][1]) for s in a)
 last = max(a)
-verdict = "PASS" if worst <= tolerance else "FAIL"
-print(f"{verdict}|max relative loss difference {worst:.1e} over {len(a)} steps "
-      f"(tolerance {tolerance:g}); loss {a[1]:.4f} -> {a[last]:.4f} / {b[last]:.4f}")
+verdict = "PASS" if max(loss, norm) <= tolerance else "FAIL"
+print(f"{verdict}|max relative difference over {len(a)} steps: loss {loss:.1e}, gradient norm "
+      f"{norm:.1e} (tolerance {tolerance:g}); loss {a[1][0]:.4f} -> {a[last][0]:.4f} / "
+      f"{b[last][0]:.4f}")
 EOF
 }
 

@@ -4,8 +4,8 @@
 # host compiler together with the backend's host code (cuda_backend.cpp,
 # runtime.cpp) against the emulated runtime, its namespace renamed
 # meshtrain::cuda_emu so that it links beside a real CUDA backend. The GEMMs
-# are the CPU backend's (cuda_emu/gemms_emu.cpp). test_cuda_emu runs the
-# kernels and the ops suite through it against the CPU backend. Needs no CUDA
+# are the CPU backend's (cuda_emu/gemms_emu.cpp). test_cuda_emu runs the ops
+# suite and training runs through it against the CPU backend. Needs no CUDA
 # toolkit: every build runs it.
 set(emu_out ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu)
 set(emu_sources)
@@ -37,10 +37,11 @@ endforeach()
 file(GLOB emu_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/*.cpp)
 add_executable(test_cuda_emu ${emu_sources} ${emu_tests})
 target_include_directories(test_cuda_emu BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/include
-                                                        ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu)
+                                                        ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu
+                                                        ${CMAKE_CURRENT_SOURCE_DIR})
 # Products and sums rounded one by one, as __fmul_rn / __fadd_rn promise.
 target_compile_options(test_cuda_emu PRIVATE -ffp-contract=off)
-target_link_libraries(test_cuda_emu PRIVATE meshtrain_backend GTest::gtest GTest::gtest_main
-                                            meshtrain_warnings)
+target_link_libraries(test_cuda_emu PRIVATE meshtrain_optim meshtrain_model meshtrain_backend
+                                            GTest::gtest GTest::gtest_main meshtrain_warnings)
 # Its own label, not `unit`: the sanitizers' runs would see its fibers' stack switches.
 gtest_discover_tests(test_cuda_emu DISCOVERY_TIMEOUT 60 PROPERTIES LABELS cuda_emu)
