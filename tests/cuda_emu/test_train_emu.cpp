@@ -1,5 +1,5 @@
-// Training on the emulated CUDA device (tests/cuda_emu/emu.h): the model, the
-// optimizer and the clipping norm on the CUDA backend's kernels and host code,
+// Training on the emulated CUDA device (tests/cuda_emu/emu.h): the model (dense,
+// MoE, QLoRA), the optimizer and the clipping norm on the CUDA backend's kernels and host code,
 // step by step against the same run on the CPU backend — what
 // scripts/gpu_train_check.sh compares on a GPU, here with the CPU backend's
 // GEMMs on both sides.
@@ -68,6 +68,10 @@ std::vector<Case> cases() {
   moe.moe.hidden_dim = 12;
   ModelConfig window = testing::tiny_llama(true);
   window.sliding_window = 5;
+  ModelConfig qlora = testing::tiny_llama(false);
+  qlora.lora.rank = 4;
+  qlora.lora.targets = {"q_proj", "v_proj", "down_proj"};
+  qlora.lora.quantize_base = BaseQuant::nf4;
   return {
       {"llama fp32", testing::tiny_llama(false), Precision::fp32, {}},
       {"llama bf16", testing::tiny_llama(false), Precision::bf16, {}},
@@ -77,6 +81,7 @@ std::vector<Case> cases() {
        {Recompute::selective, 0}},
       {"gpt2 fp32", testing::tiny_gpt2(), Precision::fp32, {}},
       {"llama MoE fp32 (4 experts, top 2)", moe, Precision::fp32, {}},
+      {"llama QLoRA bf16 (NF4 base, rank 4)", qlora, Precision::bf16, {}},
   };
 }
 
