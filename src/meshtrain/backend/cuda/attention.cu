@@ -309,20 +309,23 @@ __global__ void ring_finish_kernel(AttentionShape a, const float* mx, const floa
   }
 }
 
-// Backward of one block for local query (b, h, i): P = exp(S - lse) over the
-// visible keys, dS = P (dP - dO·O) scale; dq += dS k; P and dS (rounded to
-// E) into p_work and ds_work [.., L] for the keys' kernel.
+// Backward of one block for local query (b, h, i0 + blockIdx.x) of a tile of
+// `tile` queries: P = exp(S - lse) over the visible keys, dS = P (dP - dO·O)
+// scale; dq += dS k; P and dS (rounded to E) into p_work and ds_work [B, H,
+// tile, L] for the keys' kernel.
 template <typename E>
 __global__ void ring_backward_query_kernel(AttentionShape a, int64_t block_rank,
                                            const typename E::T* q, const typename E::T* k,
                                            const typename E::T* v, const float* lse,
                                            const float* d_out, const typename E::T* out,
-                                           float* p_work, float* ds_work, float* dq) {
+                                           int64_t i0, int64_t tile, float* p_work,
+                                           float* ds_work, float* dq) {
   extern __shared__ float smem[];  // ds [L], qrow [D], dO [D]
   __shared__ float scratch[kThreads / 32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t i = i0 + blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t L = a.query_rows(), D = a.head_dim, g = h / (a.heads / a.kv_heads);
   const int64_t row = (b * a.heads + h) * L + i, at = ((b * L + i) * a.heads + h) * D;
+  const int64_t work = ((b * a.heads + h) * tile + blockIdx.x) * L;
   const int64_t first = first_key(a, b, i), last = query_index(a, i);
   float* ds = smem;
   float* qrow = smem + L;
@@ -350,8 +353,8 @@ __global__ void ring_backward_query_kernel(AttentionShape a, int64_t block_rank,
       pj = E::load(E::store(pj));
     }
     ds[j] = dsj;
-    p_work[row * L + j] = pj;
-    ds_work[row * L + j] = dsj;
+    p_work[work + j] = pj;
+    ds_work[work + j] = dsj;
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < D; d += kThreads) {
@@ -362,21 +365,23 @@ __global__ void ring_backward_query_kernel(AttentionShape a, int64_t block_rank,
 }
 
 // Per key j of the block and kv head g: dk += dS^T q, dv += P^T dO over the
-// group's heads and local queries.
+// group's heads and the tile's local queries [i0, i0 + rows).
 template <typename E>
-__global__ void ring_backward_key_kernel(AttentionShape a, const typename E::T* q,
-                                         const float* p_work, const float* ds_work,
-                                         const float* d_out, float* dk, float* dv) {
+__global__ void ring_backward_key_kernel(AttentionShape a, const typename E::T* q, int64_t i0,
+                                         int64_t tile, int64_t rows, const float* p_work,
+                                         const float* ds_work, const float* d_out, float* dk,
+                                         float* dv) {
   const int64_t j = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
   const int64_t L = a.query_rows(), D = a.head_dim, rep = a.heads / a.kv_heads;
   for (int64_t d = threadIdx.x; d < D; d += kThreads) {
     float gk = 0.0f, gv = 0.0f;
     for (int64_t hh = 0; hh < rep; ++hh) {
       const int64_t h = g * rep + hh;
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t row = (b * a.heads + h) * L + i;
-        gk += ds_work[row * L + j] * E::load(q[row * D + d]);
-        gv += p_work[row * L + j] * E::load(E::store(d_out[((b * L + i) * a.heads + h) * D + d]));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r, row = (b * a.heads + h) * L + i;
+        const int64_t work = ((b * a.heads + h) * tile + r) * L + j;
+        gk += ds_work[work] * E::load(q[row * D + d]);
+        gv += p_work[work] * E::load(E::store(d_out[((b * L + i) * a.heads + h) * D + d]));
       }
     }
     const int64_t o = ((b * a.kv_heads + g) * L + j) * D + d;
@@ -584,22 +589,33 @@ void launch_ring_forward_finish(cudaStream_t s, const AttentionShape& a, Elem e,
   check_launch("ring attention finish");
 }
 
+int64_t ring_backward_tile(const AttentionShape& a) {
+  return a.query_rows() < kRingTile ? a.query_rows() : kRingTile;
+}
+
 void launch_ring_backward_block(cudaStream_t s, const AttentionShape& a, int64_t block_rank,
                                 Elem e, const void* q, const void* k, const void* v,
                                 const float* lse, const float* d_out, const void* out,
                                 float* p_work, float* ds_work, float* dq, float* dk, float* dv) {
-  const size_t shared = static_cast<size_t>(a.query_rows() + 2 * a.head_dim) * sizeof(float);
+  const int64_t L = a.query_rows(), tile = ring_backward_tile(a);
+  const size_t shared = static_cast<size_t>(L + 2 * a.head_dim) * sizeof(float);
   with_elem(e, [&](auto tag) {
     using E = decltype(tag);
     using T = typename E::T;
     const auto* qq = static_cast<const T*>(q);
     allow_shared(ring_backward_query_kernel<E>, shared);
-    ring_backward_query_kernel<E><<<query_grid(a), kThreads, shared, s>>>(
-        a, block_rank, qq, static_cast<const T*>(k), static_cast<const T*>(v), lse, d_out,
-        static_cast<const T*>(out), p_work, ds_work, dq);
-    const dim3 keys(static_cast<unsigned>(a.query_rows()), static_cast<unsigned>(a.kv_heads),
-                    static_cast<unsigned>(a.batch));
-    ring_backward_key_kernel<E><<<keys, kThreads, 0, s>>>(a, qq, p_work, ds_work, d_out, dk, dv);
+    for (int64_t i0 = 0; i0 < L; i0 += tile) {
+      const int64_t rows = L - i0 < tile ? L - i0 : tile;
+      const dim3 queries(static_cast<unsigned>(rows), static_cast<unsigned>(a.heads),
+                         static_cast<unsigned>(a.batch));
+      ring_backward_query_kernel<E><<<queries, kThreads, shared, s>>>(
+          a, block_rank, qq, static_cast<const T*>(k), static_cast<const T*>(v), lse, d_out,
+          static_cast<const T*>(out), i0, tile, p_work, ds_work, dq);
+      const dim3 keys(static_cast<unsigned>(L), static_cast<unsigned>(a.kv_heads),
+                      static_cast<unsigned>(a.batch));
+      ring_backward_key_kernel<E><<<keys, kThreads, 0, s>>>(a, qq, i0, tile, rows, p_work,
+                                                             ds_work, d_out, dk, dv);
+    }
   });
   check_launch("ring attention backward");
 }

@@ -536,8 +536,9 @@ void CudaBackend::ring_attention_backward_block(const ops::ContextDims& dims, DT
   MESHTRAIN_CHECK(block_rank >= 0 && block_rank < dims.split.size, "ring attention: block {} of {}",
                   block_rank, dims.split.size);
   require_shared(static_cast<size_t>(L + 2 * D) * sizeof(float), "ring attention", L);
-  Tensor p = allocate({B, H, L, L}, DType::f32, MemCategory::workspace);
-  Tensor ds = allocate({B, H, L, L}, DType::f32, MemCategory::workspace);
+  const int64_t tile = ring_backward_tile(a);
+  Tensor p = allocate({B, H, tile, L}, DType::f32, MemCategory::workspace);
+  Tensor ds = allocate({B, H, tile, L}, DType::f32, MemCategory::workspace);
   const int64_t half = dims.kv_block() / 2;
   launch_ring_backward_block(impl_->stream, a, block_rank, elem(compute), saved.q.raw(), kv_block,
                              bytes_of(kv_block, half, compute), saved.lse.data<float>(), d_out,

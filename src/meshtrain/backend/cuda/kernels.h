@@ -130,8 +130,12 @@ void launch_ring_forward_block(cudaStream_t s, const AttentionShape& a, int64_t 
 void launch_ring_forward_finish(cudaStream_t s, const AttentionShape& a, Elem e, const float* max,
                                 const float* sum, const float* acc, void* out, float* lse);
 // One block's share of backward, probabilities recomputed from lse: dq [B,
-// H, L, D], dk and dv [B, KV, L, D] f32 accumulated; p_work and ds_work [B,
-// H, L, L] f32 scratch. d_out [B, L, H D] f32, out the forward's (in e).
+// H, L, D], dk and dv [B, KV, L, D] f32 accumulated. The local queries go in
+// tiles of ring_backward_tile(a) (kRingTile, or L when fewer), each tile's P
+// and dS in p_work and ds_work [B, H, tile, L] f32 scratch. d_out [B, L, H D]
+// f32, out the forward's (in e).
+inline constexpr int64_t kRingTile = 128;
+int64_t ring_backward_tile(const AttentionShape& a);
 void launch_ring_backward_block(cudaStream_t s, const AttentionShape& a, int64_t block_rank,
                                 Elem e, const void* q, const void* k, const void* v,
                                 const float* lse, const float* d_out, const void* out,
