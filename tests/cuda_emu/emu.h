@@ -182,8 +182,9 @@ struct Launch {
   std::function<void()> body;
 };
 
+// The launch this OS thread is running (launches on other threads are their own).
 inline Launch*& active() {
-  static Launch* launch = nullptr;
+  static thread_local Launch* launch = nullptr;
   return launch;
 }
 

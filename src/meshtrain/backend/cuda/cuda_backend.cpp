@@ -425,7 +425,7 @@ void CudaBackend::context_attention_project(const ops::ContextDims& dims,
   ensure(saved.q, {B, H, L, D}, compute, MemCategory::activations);
   launch_attention_split(impl_->stream, a, qkv, cos_of(rope), sin_of(rope), elem(compute),
                          saved.q.raw(), kv_send,
-                         const_cast<char*>(bytes_of(kv_send, B * KV * L * D, compute)));
+                         bytes_of(kv_send, B * KV * L * D, compute));
 }
 
 void CudaBackend::context_attention_forward(const ops::ContextDims& dims, DType compute,
