@@ -2,7 +2,7 @@
 # backend/cuda/ is rewritten at configure time into a C++ file whose launches
 # and dynamic shared memory go through the emulator, and compiled with the
 # host compiler together with the backend's host code (cuda_backend.cpp,
-# runtime.cpp) against the emulated runtime, its namespace renamed
+# runtime.cpp, kind.cpp) against the emulated runtime, its namespace renamed
 # meshtrain::cuda_emu so that it links beside a real CUDA backend. The GEMMs
 # are the CPU backend's (cuda_emu/gemms_emu.cpp). test_cuda_emu runs the ops
 # suite and training runs through it against the CPU backend. Needs no CUDA
@@ -26,7 +26,7 @@ foreach(src ${emu_cu})
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${src})
   list(APPEND emu_sources ${out})
 endforeach()
-foreach(name cuda_backend runtime)
+foreach(name cuda_backend runtime kind)
   set(out ${emu_out}/${name}_host_emu.cpp)
   file(WRITE ${out}.in "// ${name}.cpp against the emulated runtime (tests/cuda_emu.cmake).\n"
                        "#include \"emu.h\"\n#define cuda cuda_emu\n"
@@ -39,9 +39,15 @@ add_executable(test_cuda_emu ${emu_sources} ${emu_tests})
 target_include_directories(test_cuda_emu BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/include
                                                         ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu
                                                         ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_definitions(test_cuda_emu PRIVATE MESHTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                                 MESHTRAIN_BINARY_DIR="${PROJECT_BINARY_DIR}")
 # Products and sums rounded one by one, as __fmul_rn / __fadd_rn promise.
 target_compile_options(test_cuda_emu PRIVATE -ffp-contract=off)
-target_link_libraries(test_cuda_emu PRIVATE meshtrain_optim meshtrain_model meshtrain_backend
-                                            GTest::gtest GTest::gtest_main meshtrain_warnings)
+# kind.cpp's cuda_backend_kind() (the registry's "cuda") is the emulated
+# backend's here: the archive's own is not linked, so the trainer and the
+# memory plan reach the emulated device by name.
+target_link_libraries(test_cuda_emu PRIVATE meshtrain_train meshtrain_optim meshtrain_model
+                                            meshtrain_backend GTest::gtest GTest::gtest_main
+                                            meshtrain_warnings)
 # Its own label, not `unit`: the sanitizers' runs would see its fibers' stack switches.
 gtest_discover_tests(test_cuda_emu DISCOVERY_TIMEOUT 60 PROPERTIES LABELS cuda_emu)

@@ -43,6 +43,11 @@ struct BackendKind {
                                                    int threads) = nullptr;
   // The start-up matmul peak probe's.
   ops::PeakProbeWorkspace (*peak_probe_workspace)(DType ab, int threads) = nullptr;
+  // Whether attention's and the classifier's buffers are allocated for each
+  // call and freed (the CUDA backend, whose caching allocator makes that
+  // cheap), so they never coexist; false: kept slots, grown and never shrunk
+  // (the CPU backend's Scratch), which add up.
+  bool per_call_buffers = false;
 };
 
 // The backend of the host-side commands (sample, eval, import, export).

@@ -379,7 +379,8 @@ double id_bytes(const TrainConfig& config, const LocalShape& s, const StageLayer
 
 // The backend's reused scratch slots (the CPU backend's Scratch: each one
 // grown to its largest request, the old buffer freed first, never shrunk), at
-// their size once every call of the step has run: oneDNN's scratchpad and
+// their size once every call of the step has run (a kind whose attention and
+// classifier buffers live for one call only holds the larger of the two): oneDNN's scratchpad and
 // the f16 staging over every GEMM through matmul() (model/block.cpp,
 // model/tensor_parallel.cpp, the fused classifier),
 // the attention kernels' per-thread buffer, the classifier's buffers (its
@@ -474,7 +475,9 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
     staging = std::max(staging, w.gemms.f16_staging);
     classifier = w.buffers;
   }
-  return static_cast<double>(onednn + staging + attention + classifier);
+  const size_t buffers =
+      kind.per_call_buffers ? std::max(attention, classifier) : attention + classifier;
+  return static_cast<double>(onednn + staging + buffers);
 }
 
 // The backend's grouped-GEMM slot (Scratch::grouped): the routed experts'

@@ -13,14 +13,36 @@ namespace meshtrain {
 
 namespace {
 
+// CudaBackend::reference_backward's f32 buffers for Q queries against T keys:
+// dS (and P when recomputed) [B, H, Q, T], dQ [B, H, Q, D], dK and dV [B, KV, T, D].
+size_t reference_backward_bytes(int64_t batch, int64_t heads, int64_t kv_heads, int64_t queries,
+                                int64_t keys, int64_t head_dim, bool recompute_probs) {
+  const auto f = static_cast<size_t>(sizeof(float));
+  const auto scores = static_cast<size_t>(batch * heads * queries * keys) * f;
+  const auto grads =
+      static_cast<size_t>(batch * (heads * queries + 2 * kv_heads * keys) * head_dim) * f;
+  return (recompute_probs ? 2 : 1) * scores + grads;
+}
+
 size_t attention_workspace(const ops::AttentionDims& d, DType, bool recompute_probs,
                            bool backward, int) {
   if (!backward) return 0;
-  const auto f = static_cast<size_t>(sizeof(float));
-  const auto scores = static_cast<size_t>(d.batch * d.n_heads * d.seq * d.seq) * f;
-  const auto grads =
-      static_cast<size_t>(d.batch * (d.n_heads + 2 * d.n_kv_heads) * d.seq * d.head_dim) * f;
-  return (recompute_probs ? 2 : 1) * scores + grads;
+  return reference_backward_bytes(d.batch, d.n_heads, d.n_kv_heads, d.seq, d.seq, d.head_dim,
+                                  recompute_probs);
+}
+
+size_t context_workspace(const ops::ContextDims& d, DType, bool recompute_probs, bool backward,
+                         int) {
+  if (!backward) return 0;
+  return reference_backward_bytes(d.batch, d.n_heads, d.n_kv_heads, d.local_seq, d.seq(),
+                                  d.head_dim, recompute_probs);
+}
+
+// The ring's backward: P and dS [B, H, tile, L] f32 (kernels.h's ring_backward_tile).
+size_t ring_workspace(const ops::ContextDims& d, DType, bool backward, int) {
+  if (!backward) return 0;
+  const int64_t tile = std::min(d.local_seq, cuda::kRingTile);
+  return 2 * static_cast<size_t>(d.batch * d.n_heads * tile * d.local_seq) * sizeof(float);
 }
 
 }  // namespace
@@ -39,11 +61,8 @@ BackendKind cuda_backend_kind() {
       .grouped_matmul_workspace = [](const ops::GroupedMatmulDims&, DType, DType, int, float,
                                      bool) { return size_t{0}; },
       .attention_workspace_bytes = attention_workspace,
-      .context_attention_workspace_bytes = [](const ops::ContextDims&, DType, bool, bool,
-                                              int) { return size_t{0}; },
-      .ring_attention_workspace_bytes = [](const ops::ContextDims&, DType, bool, int) {
-        return size_t{0};
-      },
+      .context_attention_workspace_bytes = context_workspace,
+      .ring_attention_workspace_bytes = ring_workspace,
       .classifier_workspace = [](int64_t rows, int64_t, int64_t vocab, DType compute, bool,
                                  int) {
         const auto chunk = static_cast<size_t>(std::min(rows, cuda::kClassifierRows));
@@ -57,6 +76,7 @@ BackendKind cuda_backend_kind() {
         return ops::PeakProbeWorkspace{n * n * (2 * dtype_size(ab) + sizeof(float)),
                                        {cuda::kGemmWorkspace, 0}};
       },
+      .per_call_buffers = true,
   };
 }
 
