@@ -1,5 +1,5 @@
 // The memory plan (train/memory_plan.h) for CUDA runs, on the emulated device
-// (tests/cuda_emu/emu.h): a one-rank trainer run with train.device = "cuda"
+// (tests/cuda_emu/emu.h): the CPU memory-plan tests' runs with train.device = "cuda"
 // (the registry's "cuda" is the emulated backend in this executable), its
 // tracker peaks per category against the prediction the run makes from the
 // cuda kind's workspaces (backend/cuda/kind.cpp), as the CPU runs are checked
@@ -21,38 +21,6 @@
 namespace meshtrain {
 namespace {
 
-TrainConfig tiny(const std::string& dir, const std::string& family, const std::string& out,
-                 ConfigOverrides extra) {
-  const bool llama = family == "llama";
-  return testing::tiny_run_config(fmt::format(R"(
-[model]
-family = "{}"
-dim = 32
-n_layers = 2
-n_heads = 4
-n_kv_heads = {}
-hidden_dim = 48
-vocab_size = 64
-max_seq_len = 16
-tie_embeddings = {}
-[train]
-device = "cuda"
-precision = "{}"
-steps = 2
-batch_size = 4
-micro_batch_size = 2
-seq_len = 16
-eval_interval = 0
-peak_flops = 1e11
-checkpoint_interval = -1
-[data]
-tokenizer = "bytes"
-)",
-                                              family, llama ? 2 : 4, llama ? "false" : "true",
-                                              llama ? "bf16" : "fp32"),
-                                  dir, out, std::move(extra), "memory_plan.toml");
-}
-
 TEST(CudaEmu, TrainerPeaksMatchTheMemoryPlan) {
   ASSERT_EQ(backend_kind("cuda").unavailable(), "");  // the emulated device
   const std::string dir = testing::scratch_dir();
@@ -72,11 +40,13 @@ TEST(CudaEmu, TrainerPeaksMatchTheMemoryPlan) {
   runs.push_back({"moe_capacity", "llama",
                   {{"moe.experts", "4"}, {"moe.top_k", "2"}, {"moe.hidden_dim", "24"},
                    {"moe.capacity_factor", "1.25"}, {"train.precision", "fp32"}}});
-  for (const Run& run : runs) {
+  for (Run& run : runs) {
     SCOPED_TRACE(run.name);
     TrainerOptions options;
     options.console = false;
-    Trainer trainer(tiny(dir, run.family, run.name, run.extra), options);
+    run.extra.push_back({"train.device", "cuda"});
+    run.extra.push_back({"train.out_dir", dir + "/" + run.name});
+    Trainer trainer(testing::memory_plan_config(dir, run.family, run.extra), options);
     trainer.run();
     testing::expect_memory_matches(trainer.memory_plan().at(0), trainer.tracker().snapshot(),
                                    run.name);

@@ -2,6 +2,7 @@
 // pipeline tests: the corpus, a config from a test's TOML plus overrides, and a run.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -46,6 +47,41 @@ inline TrainConfig tiny_run_config(std::string toml, const std::string& dir,
   toml += "train = \"" + dir + "/train.bin\"\nval = \"" + dir + "/val.bin\"\n";
   extra.insert(extra.begin(), {"train.out_dir", dir + "/" + out});
   return parse_config(toml, name, extra);
+}
+
+// The memory-plan tests' run: 3 layers of `family` (llama: grouped-query
+// attention, untied, bf16; gpt2: tied, fp32), 2 steps of 2 micro-batches of 2
+// x 16 byte tokens of `dir`'s corpus, one thread, output under dir/out.
+inline TrainConfig memory_plan_config(const std::string& dir, const std::string& family,
+                                      ConfigOverrides extra = {}) {
+  const bool llama = family == "llama";
+  return tiny_run_config(fmt::format(R"(
+[model]
+family = "{}"
+dim = 32
+n_layers = 3
+n_heads = 4
+n_kv_heads = {}
+hidden_dim = 48
+vocab_size = 64
+max_seq_len = 32
+tie_embeddings = {}
+[train]
+precision = "{}"
+steps = 2
+batch_size = 4
+micro_batch_size = 2
+seq_len = 16
+threads = 1
+eval_interval = 0
+peak_flops = 1e11
+checkpoint_interval = -1
+[data]
+tokenizer = "bytes"
+)",
+                                     family, llama ? 2 : 4, llama ? "false" : "true",
+                                     llama ? "bf16" : "fp32"),
+                         dir, "out", std::move(extra), "memory_plan.toml");
 }
 
 struct TrainerRun {

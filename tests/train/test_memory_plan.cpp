@@ -48,34 +48,7 @@ class MemoryPlanTest : public ::testing::Test {
   }
 
   TrainConfig config(const std::string& family, ConfigOverrides extra = {}) const {
-    const bool llama = family == "llama";
-    return testing::tiny_run_config(fmt::format(R"(
-[model]
-family = "{}"
-dim = 32
-n_layers = 3
-n_heads = 4
-n_kv_heads = {}
-hidden_dim = 48
-vocab_size = 64
-max_seq_len = 32
-tie_embeddings = {}
-[train]
-precision = "{}"
-steps = 2
-batch_size = 4
-micro_batch_size = 2
-seq_len = 16
-threads = 1
-eval_interval = 0
-peak_flops = 1e11
-checkpoint_interval = -1
-[data]
-tokenizer = "bytes"
-)",
-                                                family, llama ? 2 : 4, llama ? "false" : "true",
-                                                llama ? "bf16" : "fp32"),
-                                    dir_, "out", std::move(extra), "memory_plan.toml");
+    return testing::memory_plan_config(dir_, family, std::move(extra));
   }
   std::string dir_;
 };
