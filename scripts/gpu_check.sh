@@ -61,6 +61,19 @@ nccl_so=$(ls /usr/local/cuda/lib64/libnccl.so.2 /usr/local/cuda/lib/libnccl.so.2
 [[ -z $nccl_so ]] && nccl_so=$(wheel 'nccl/lib/libnccl.so.2')
 [[ -n $nccl_so ]] && export MESHTRAIN_NCCL=$nccl_so
 echo "NCCL: header ${nccl_h:-not found}, library ${nccl_so:-not found}"
+# cuDNN for the fused attention (backend/cuda/sdpa): cudnn.h for the build (the frontend's
+# headers are carried in build/gpu-vendor), libcudnn.so.9 and its engines' folder for the
+# run, and the toolkit's CUDA runtime for the frontend's own calls.
+cudnn_h=$(ls /usr/local/cuda/include/cudnn.h 2>/dev/null || wheel 'cudnn/include/cudnn.h')
+cudnn_so=$(ls /usr/local/cuda/lib64/libcudnn.so.9 /usr/local/cuda/lib/libcudnn.so.9 2>/dev/null | head -1)
+[[ -z $cudnn_so ]] && cudnn_so=$(wheel 'cudnn/lib/libcudnn.so.9')
+if [[ -n $cudnn_so ]]; then
+  export MESHTRAIN_CUDNN=$cudnn_so
+  export LD_LIBRARY_PATH=$(dirname "$cudnn_so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+cudart_so=$(ls /usr/local/cuda/lib64/libcudart.so.13 /usr/local/cuda/lib/libcudart.so.13 2>/dev/null | head -1)
+[[ -n $cudart_so ]] && export CUDNN_FRONTEND_CUDART_LIB_NAME=$cudart_so
+echo "cuDNN: header ${cudnn_h:-not found}, library ${cudnn_so:-not found}, runtime ${cudart_so:-not found}"
 
 section "build (backend only)"
 vendor=$PWD/build/gpu-vendor
@@ -68,6 +81,8 @@ build=build/gpu
 if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_BACKEND_ONLY=ON \
       -DMESHTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DMESHTRAIN_NATIVE=OFF \
       -DMESHTRAIN_VENDOR_INCLUDE="$vendor" ${nccl_h:+-DMESHTRAIN_NCCL_INCLUDE="$(dirname "$nccl_h")"} \
+      -DMESHTRAIN_CUDNN_FRONTEND="$vendor/cudnn-frontend/include" \
+      ${cudnn_h:+-DMESHTRAIN_CUDNN_INCLUDE="$(dirname "$cudnn_h")"} \
       >"$out/configure.log" 2>&1 &&
    cmake --build "$build" -j "$(nproc)" --target meshtrain-ops >"$out/build.log" 2>&1; then
   row "build" "PASS" "meshtrain-ops with the CUDA backend, sm_90, $((SECONDS - started)) s"
@@ -120,8 +135,14 @@ row "bf16 GEMM 8192^3" "$(rate "$out/perf_gemm8192.txt" 'proj .*bf16 fwd')" "goa
 implemented='^(matmul|grouped_matmul|(rms|layer)norm_.*|swiglu_.*|gelu_.*|attention_(forward|backward)|embedding_.*|fused_classifier|adamw_update|sum_squares)$'
 perf gpt2 --op "$implemented" --batch 8 --seq 1024 --dim 768 --heads 12 --kv-heads 12 --hidden 3072 --vocab 50257
 perf llama8b --op 'matmul|attention' --batch 4 --seq 2048 --dim 4096 --heads 32 --kv-heads 8 --hidden 14336 --vocab 128256
-row "attention fwd (GPT-2 shape)" "$(rate "$out/perf_gpt2.txt" '^attention_forward .*bf16')" "reference kernel, bf16"
-row "attention bwd (GPT-2 shape)" "$(rate "$out/perf_gpt2.txt" '^attention_backward .*bf16')" "reference kernel, bf16"
+path="cuDNN SDPA unless refused below, bf16"
+[[ -z $cudnn_h || -z $cudnn_so ]] && path="reference kernel (cuDNN not found), bf16"
+row "attention fwd (GPT-2 shape)" "$(rate "$out/perf_gpt2.txt" '^attention_forward .*bf16')" "$path"
+row "attention bwd (GPT-2 shape)" "$(rate "$out/perf_gpt2.txt" '^attention_backward .*bf16')" "$path"
+# Every shape cuDNN refused went to the reference kernels, told once on stderr (cuda_backend.cpp).
+refused=$(cat "$out"/ops_test.txt "$out"/perf_*.txt | grep -c "cuDNN's fused attention refused")
+row "cuDNN SDPA refusals" "$refused" \
+    "$(cat "$out"/ops_test.txt "$out"/perf_*.txt | grep -m1 "cuDNN's fused attention refused" | cut -c1-160)"
 
 section "training runs (the engine's bundle)"
 while IFS='|' read -r tag check result detail; do

@@ -26,6 +26,7 @@ foreach(src ${emu_cu})
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${src})
   list(APPEND emu_sources ${out})
 endforeach()
+# cuDNN's fused attention is cuda_emu/sdpa_emu.cpp's stand-in (the runner's contract on the host).
 foreach(name cuda_backend runtime kind)
   set(out ${emu_out}/${name}_host_emu.cpp)
   file(WRITE ${out}.in "// ${name}.cpp against the emulated runtime (tests/cuda_emu.cmake).\n"

@@ -59,6 +59,12 @@ struct Case {
   ModelConfig config;
   Precision precision;
   RecomputePolicy recompute;
+  // Attention on cuDNN's stand-in (sdpa_emu.h), which rounds at other points
+  // than the CPU backend's kernels: its gradients differ in the fourth digit
+  // (3.9e-4 in the first norm), and AdamW at lr 1e-2 on one batch amplifies
+  // that (5% in a norm by step 3). So step 0 is held to 1e-3 and the later
+  // losses to 2e-2; wrong gradients miss step 0's bound by far.
+  bool other_rounding = false;
 };
 
 std::vector<Case> cases() {
@@ -68,6 +74,12 @@ std::vector<Case> cases() {
   moe.moe.hidden_dim = 12;
   ModelConfig window = testing::tiny_llama(true);
   window.sliding_window = 5;
+  // Head width 8: bf16 attention takes the cuDNN path (its stand-in here, sdpa_emu.h).
+  ModelConfig fused = testing::tiny_llama(false);
+  fused.n_heads = 2;
+  fused.n_kv_heads = 1;
+  ModelConfig fused_window = fused;
+  fused_window.sliding_window = 5;
   ModelConfig qlora = testing::tiny_llama(false);
   qlora.lora.rank = 4;
   qlora.lora.targets = {"q_proj", "v_proj", "down_proj"};
@@ -82,6 +94,9 @@ std::vector<Case> cases() {
       {"gpt2 fp32", testing::tiny_gpt2(), Precision::fp32, {}},
       {"llama MoE fp32 (4 experts, top 2)", moe, Precision::fp32, {}},
       {"llama QLoRA bf16 (NF4 base, rank 4)", qlora, Precision::bf16, {}},
+      {"llama bf16, head_dim 8 (fused attention)", fused, Precision::bf16, {}, true},
+      {"llama bf16, head_dim 8 (fused attention), full recompute, window 5", fused_window,
+       Precision::bf16, {Recompute::full, 0}, true},
   };
 }
 
@@ -97,8 +112,13 @@ TEST(CudaEmu, TrainingEqualsTheCpuBackendStepByStep) {
     // Sums in another order (and bf16 rounding on top): as gpu_train_check.sh's tolerances.
     const double tol = c.precision == Precision::fp32 ? 1e-4 : 1e-2;
     for (size_t s = 0; s < kSteps; ++s) {
-      EXPECT_NEAR(got.losses[s], want.losses[s], tol * std::fabs(want.losses[s])) << "step " << s;
-      EXPECT_NEAR(got.norms[s], want.norms[s], tol * want.norms[s]) << "step " << s;
+      const bool loose = c.other_rounding && s > 0;
+      const double loss_tol = c.other_rounding ? (s == 0 ? 1e-3 : 2e-2) : tol;
+      EXPECT_NEAR(got.losses[s], want.losses[s], loss_tol * std::fabs(want.losses[s]))
+          << "step " << s;
+      if (loose) continue;
+      EXPECT_NEAR(got.norms[s], want.norms[s], (c.other_rounding ? 1e-3 : tol) * want.norms[s])
+          << "step " << s;
     }
     EXPECT_LT(want.losses.back(), want.losses.front());  // it trains
   }

@@ -211,8 +211,16 @@ void rope_table_values(int64_t head_dim, int64_t max_seq, std::span<const float>
 struct AttentionSaved {
   Tensor q, k, v;  // post-RoPE, compute dtype: q [B, H, T, D], k and v [B, KV, T, D]
   Tensor probs;    // softmax probabilities [B, H, T, T], compute dtype, zero above the diagonal
-  Tensor lse;      // ring: f32 [B, H, local]
+  Tensor lse;      // ring: f32 [B, H, local]; a fused kernel's (CUDA's cuDNN path) [B, H, T]
+  Tensor out;      // a fused kernel's output [B, T, H, D], compute dtype, for its backward
   bool recompute_probs = false;
+};
+
+// A fused attention kernel's bytes (BackendKind::fused_attention): what
+// forward keeps in AttentionSaved beside q, k and v, and the workspace of one
+// forward and of one backward call.
+struct FusedAttentionBytes {
+  size_t saved = 0, forward_workspace = 0, backward_workspace = 0;
 };
 
 // Ring attention's running softmax of the local queries over the blocks seen

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ struct BackendKind {
   // attention_forward's (backward = false) or attention_backward's workspace.
   size_t (*attention_workspace_bytes)(const ops::AttentionDims& dims, DType compute,
                                       bool recompute_probs, bool backward, int threads) = nullptr;
+  // A fused attention kernel (the CUDA backend's cuDNN path; nullptr: none):
+  // when it takes attention_forward's `dims` (whole rows) in `compute`, what
+  // forward keeps beside q, k and v instead of the probabilities, and each
+  // direction's buffers for one call, which replace attention_workspace_bytes.
+  std::optional<ops::FusedAttentionBytes> (*fused_attention)(const ops::AttentionDims& dims,
+                                                             DType compute) = nullptr;
   // context_attention_forward's or _backward's (context parallelism).
   size_t (*context_attention_workspace_bytes)(const ops::ContextDims& dims, DType compute,
                                               bool recompute_probs, bool backward,

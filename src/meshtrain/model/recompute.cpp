@@ -32,6 +32,7 @@ void swap_unkept(BlockActs& a, BlockActs& shared, Recompute mode) {
   swap(a.attn.v, shared.attn.v);
   swap(a.attn.probs, shared.attn.probs);
   swap(a.attn.lse, shared.attn.lse);
+  swap(a.attn.out, shared.attn.out);
   swap(a.att, shared.att);
   swap(a.mid, shared.mid);
   swap(a.ff_pre, shared.ff_pre);

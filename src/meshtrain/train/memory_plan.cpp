@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/backend/registry.h"
@@ -54,11 +55,15 @@ struct LocalShape {
   // Attention's saved state (ops::AttentionSaved): the probabilities [mb,
   // heads, seq, whole], and q (local) with k and v (the whole sequence's);
   // the ring: q, this rank's k and v and the f32 log-sum-exp, no probabilities.
-  double probs() const { return ring ? 0 : e * mb * heads * seq * whole; }
+  // A fused kernel (BackendKind::fused_attention) keeps its own state instead
+  // of the probabilities, also under selective recomputation.
+  std::optional<ops::FusedAttentionBytes> fused;
+  double probs() const { return ring || fused ? 0 : e * mb * heads * seq * whole; }
   double qkv_saved() const {
     if (ring) return e * n * (q + 2 * kv) + 4 * mb * heads * seq;
-    if (alltoall) return e * n * (q + 2 * kv);  // the sequence's, for heads / cp
-    return e * n * q + 2 * e * mb * whole * kv;
+    const double own = fused ? static_cast<double>(fused->saved) : 0;
+    if (alltoall) return e * n * (q + 2 * kv) + own;  // the sequence's, for heads / cp
+    return e * n * q + 2 * e * mb * whole * kv + own;
   }
   // Context parallelism's exchange buffers (model/block.cpp): all-gather:
   // this rank's k and v and the group's, in the compute dtype, and their f32
@@ -77,6 +82,28 @@ struct LocalShape {
     return alltoall ? (4 + e) * n * (q + 2 * kv) + 2 * 4 * cp * n : 0;
   }
 };
+
+// Whether a pass carries each token's record position (packed SFT records;
+// preference pairs, two conversations to a row).
+bool record_positions(const TrainConfig& config) {
+  return (config.data.sft() && config.data.sft_pack) || config.data.preference();
+}
+
+// The dims attention_forward runs with (model/block.cpp): this rank's heads
+// over its tokens, or under Ulysses (cp_comm = "alltoall") heads / cp over
+// the whole sequence; nullopt where context parallelism's own kernels run
+// (all-gather, ring).
+std::optional<ops::AttentionDims> one_rank_attention(const TrainConfig& config,
+                                                     int64_t micro_batch) {
+  const int64_t tp = config.parallel.tp, cp = config.parallel.cp;
+  const ops::AttentionDims local{micro_batch, config.train.seq_len / cp,
+                                 config.model.n_heads / tp, config.model.n_kv_heads / tp,
+                                 config.model.head_dim()};
+  if (cp == 1) return local;
+  if (parse_cp_comm(config.parallel.cp_comm) != CpComm::alltoall) return std::nullopt;
+  return ops::AttentionDims{micro_batch, config.train.seq_len, local.n_heads / cp,
+                            local.n_kv_heads / cp, local.head_dim};
+}
 
 LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t expert_rows = 0) {
   const ModelConfig& c = config.model;
@@ -115,6 +142,11 @@ LocalShape local_shape(const TrainConfig& config, int64_t micro_batch, int64_t e
     s.aux = m.aux_loss > 0;
     s.ep = config.parallel.ep > 1;
     s.expert_rows = s.ep && expert_rows > 0 ? static_cast<double>(expert_rows) : s.slots;
+  }
+  const BackendKind& kind = backend_kind(config.train.device);
+  if (const auto dims = one_rank_attention(config, micro_batch);
+      dims && kind.fused_attention != nullptr && !record_positions(config)) {
+    s.fused = kind.fused_attention(*dims, compute_dtype(config.train.precision));
   }
   return s;
 }
@@ -365,7 +397,7 @@ double id_bytes(const TrainConfig& config, const LocalShape& s, const StageLayer
   double ids = (stage.first ? 4 * s.n : 0) + (stage.last ? 4 * s.n : 0);
   // Per-token positions: packed records, or every context-parallel pass.
   // (Preference rows always: a pair's two conversations are segments of one row.)
-  if ((config.data.sft() && config.data.sft_pack) || config.data.preference() || s.cp > 1) {
+  if (record_positions(config) || s.cp > 1) {
     ids += 4 * s.n;
   }
   // Preference optimisation: the head's f32 token weights and token losses.
@@ -435,24 +467,18 @@ double scratch_slot_bytes(const TrainConfig& config, const LocalShape& s, const 
       }
     }
     const int64_t tp_size = config.parallel.tp;
-    const ops::AttentionDims dims{static_cast<int64_t>(s.mb), static_cast<int64_t>(s.seq),
-                                  config.model.n_heads / tp_size, config.model.n_kv_heads / tp_size,
-                                  config.model.head_dim()};
-    const ops::ContextDims context{dims.batch, dims.seq, dims.n_heads, dims.n_kv_heads,
-                                   dims.head_dim, ContextSplit{cp_rank, config.parallel.cp}};
-    // Ulysses: the one-rank kernel over the sequence, heads / cp of them.
-    const ops::AttentionDims ulysses{dims.batch, config.train.seq_len,
-                                     dims.n_heads / config.parallel.cp,
-                                     dims.n_kv_heads / config.parallel.cp, dims.head_dim};
+    const ops::ContextDims context{static_cast<int64_t>(s.mb), static_cast<int64_t>(s.seq),
+                                   config.model.n_heads / tp_size, config.model.n_kv_heads / tp_size,
+                                   config.model.head_dim(), ContextSplit{cp_rank, config.parallel.cp}};
+    const auto one_rank = one_rank_attention(config, context.batch);
     auto bytes = [&](bool recompute, bool backward) {
-      if (s.ring) return kind.ring_attention_workspace_bytes(context, dt, backward, threads);
-      if (s.alltoall) {
-        return kind.attention_workspace_bytes(ulysses, dt, recompute, backward, threads);
+      if (s.fused) return backward ? s.fused->backward_workspace : s.fused->forward_workspace;
+      if (one_rank) {
+        return kind.attention_workspace_bytes(*one_rank, dt, recompute, backward, threads);
       }
-      return context.split.active() ? kind.context_attention_workspace_bytes(
-                                          context, dt, recompute, backward, threads)
-                                    : kind.attention_workspace_bytes(dims, dt, recompute, backward,
-                                                                     threads);
+      return s.ring ? kind.ring_attention_workspace_bytes(context, dt, backward, threads)
+                    : kind.context_attention_workspace_bytes(context, dt, recompute, backward,
+                                                             threads);
     };
     // Training's forward and backward (selective: the probabilities
     // recomputed; full keeps them while a block recomputes) and evaluation's

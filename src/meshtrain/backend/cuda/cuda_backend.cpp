@@ -2,13 +2,18 @@
 
 #include <cuda_runtime_api.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <set>
 #include <vector>
 
 #include "meshtrain/backend/cuda/kernels.h"
 #include "meshtrain/backend/cuda/matmul.h"
 #include "meshtrain/backend/cuda/runtime.h"
+#include "meshtrain/backend/cuda/sdpa/sdpa.h"
 #include "meshtrain/tensor/nf4.h"
 #include "meshtrain/util/error.h"
 
@@ -31,6 +36,8 @@ struct CudaBackend::Impl {
   std::unique_ptr<CachingAllocator> allocator;
   Tensor gemm_workspace;
   std::unique_ptr<Gemms> gemms;
+  std::unique_ptr<SdpaRunner> sdpa;  // cuDNN's fused attention, where it takes a shape
+  std::set<std::string> sdpa_refusals;  // the reasons cuDNN gave, each told once
   cudaDeviceProp props{};
 };
 
@@ -46,11 +53,13 @@ CudaBackend::CudaBackend(MemoryTracker& tracker) : Backend(tracker), impl_(std::
   m.gemm_workspace = Tensor({static_cast<int64_t>(kGemmWorkspace / sizeof(float))}, DType::f32,
                             MemCategory::workspace, tracker, *m.allocator);
   m.gemms = std::make_unique<Gemms>(m.stream, m.gemm_workspace.raw());
+  m.sdpa = std::make_unique<SdpaRunner>(m.stream);
 }
 
 CudaBackend::~CudaBackend() {
   Impl& m = *impl_;
   cudaStreamSynchronize(m.stream);
+  m.sdpa.reset();
   m.gemms.reset();
   m.gemm_workspace = Tensor();
   m.allocator.reset();
@@ -298,24 +307,44 @@ void CudaBackend::attention_forward(const ops::AttentionDims& dims, const ops::R
                                     DType compute, const float* qkv, void* out,
                                     ops::AttentionSaved& saved) {
   const AttentionShape a = attention_shape(dims, rope);
-  require_shared(attention_shared_bytes(a), "attention", dims.seq);
+  const bool fused = takes_fused(dims, compute);
+  if (!fused) require_shared(attention_shared_bytes(a), "attention", dims.seq);
   const int64_t B = dims.batch, T = dims.seq, H = dims.n_heads, KV = dims.n_kv_heads;
   const int64_t D = dims.head_dim;
   ensure(saved.q, {B, H, T, D}, compute, MemCategory::activations);
-  ensure_saved(saved, {B, KV, T, D}, {B, H, T, T}, compute);
+  ensure_saved(saved, {B, KV, T, D}, fused ? Shape{} : Shape{B, H, T, T}, compute);
   const Elem e = elem(compute);
   launch_attention_split(impl_->stream, a, qkv, rope ? rope->cos.data<float>() : nullptr,
                          rope ? rope->sin.data<float>() : nullptr, e, saved.q.raw(), saved.k.raw(),
                          saved.v.raw());
-  launch_attention_forward(impl_->stream, a, e, saved.q.raw(), saved.k.raw(), saved.v.raw(),
-                           saved.probs.defined() ? saved.probs.raw() : nullptr, out);
+  if (!fused) {
+    saved.out = Tensor();
+    saved.lse = Tensor();
+    launch_attention_forward(impl_->stream, a, e, saved.q.raw(), saved.k.raw(), saved.v.raw(),
+                             saved.probs.defined() ? saved.probs.raw() : nullptr, out);
+    return;
+  }
+  // cuDNN's backward reads the output: kept here, copied to `out` for the model.
+  ensure(saved.out, {B, T, H, D}, compute, MemCategory::activations);
+  ensure(saved.lse, {B, H, T}, DType::f32, MemCategory::activations);
+  const SdpaShape s = sdpa_shape(dims, compute);
+  const Tensor workspace = sdpa_workspace(impl_->sdpa->forward_workspace(s));
+  impl_->sdpa->forward(s, {saved.q.raw(), saved.k.raw(), saved.v.raw(), saved.out.raw(),
+                           saved.lse.data<float>()},
+                       workspace.defined() ? workspace.raw() : nullptr);
+  check(cudaMemcpyAsync(out, saved.out.raw(), saved.out.bytes(), cudaMemcpyDeviceToDevice,
+                        impl_->stream),
+        "cudaMemcpyAsync (attention output)");
 }
 
 void CudaBackend::attention_backward(const ops::AttentionDims& dims, const ops::RopeTable* rope,
                                      DType compute, const ops::AttentionSaved& saved,
                                      const float* d_out, void* d_qkv) {
   const AttentionShape a = attention_shape(dims, rope);
-  const AttentionGrads g = reference_backward(a, compute, saved, d_out);
+  // The path forward took: cuDNN's keeps the output.
+  const AttentionGrads g = saved.out.defined()
+                               ? fused_backward(sdpa_shape(dims, compute), saved, d_out)
+                               : reference_backward(a, compute, saved, d_out);
   launch_attention_merge(impl_->stream, a, g.dq.data<float>(), g.dk.data<float>(),
                          g.dv.data<float>(), rope ? rope->cos.data<float>() : nullptr,
                          rope ? rope->sin.data<float>() : nullptr, elem(compute), d_qkv);
@@ -343,6 +372,57 @@ CudaBackend::AttentionGrads CudaBackend::reference_backward(const AttentionShape
                             kept ? nullptr : p.data<float>(), d_out, ds.data<float>(),
                             g.dq.data<float>(), g.dk.data<float>(), g.dv.data<float>());
   return g;
+}
+
+CudaBackend::AttentionGrads CudaBackend::fused_backward(const SdpaShape& s,
+                                                        const ops::AttentionSaved& saved,
+                                                        const float* d_out) {
+  const int64_t B = s.batch, T = s.seq, H = s.heads, KV = s.kv_heads, D = s.head_dim;
+  MESHTRAIN_CHECK(saved.out.defined() && saved.out.dtype() == s.dtype &&
+                      saved.out.numel() == B * T * H * D && saved.lse.numel() == B * H * T &&
+                      saved.q.numel() == B * H * T * D && saved.k.numel() == B * KV * T * D,
+                  "attention backward: saved tensors do not match dims/compute dtype");
+  // cuDNN takes dO and gives dQ, dK, dV in the inputs' dtype; the merge reads f32.
+  const Elem e = elem(s.dtype);
+  Tensor d_o = allocate({B, T, H, D}, s.dtype, MemCategory::workspace);
+  launch_convert(impl_->stream, Elem::f32, d_out, e, d_o.raw(), d_o.numel());
+  Tensor dq = allocate({B, H, T, D}, s.dtype, MemCategory::workspace);
+  Tensor dk = allocate({B, KV, T, D}, s.dtype, MemCategory::workspace);
+  Tensor dv = allocate({B, KV, T, D}, s.dtype, MemCategory::workspace);
+  const Tensor workspace = sdpa_workspace(impl_->sdpa->backward_workspace(s));
+  impl_->sdpa->backward(s,
+                        {saved.q.raw(), saved.k.raw(), saved.v.raw(), saved.out.raw(), d_o.raw(),
+                         saved.lse.data<float>(), dq.raw(), dk.raw(), dv.raw()},
+                        workspace.defined() ? workspace.raw() : nullptr);
+  AttentionGrads g{allocate({B, H, T, D}, DType::f32, MemCategory::workspace),
+                   allocate({B, KV, T, D}, DType::f32, MemCategory::workspace),
+                   allocate({B, KV, T, D}, DType::f32, MemCategory::workspace)};
+  launch_convert(impl_->stream, e, dq.raw(), Elem::f32, g.dq.raw(), dq.numel());
+  launch_convert(impl_->stream, e, dk.raw(), Elem::f32, g.dk.raw(), dk.numel());
+  launch_convert(impl_->stream, e, dv.raw(), Elem::f32, g.dv.raw(), dv.numel());
+  return g;
+}
+
+bool CudaBackend::takes_fused(const ops::AttentionDims& dims, DType compute) {
+  if (!sdpa_declines(dims, compute).empty()) return false;
+  const std::string why = impl_->sdpa->prepare(sdpa_shape(dims, compute));
+  if (why.empty()) return true;
+  // A shape cuDNN itself refused (the expected declines are not news).
+  if (impl_->sdpa_refusals.insert(why).second) {
+    std::fputs(fmt::format("cuda: cuDNN's fused attention refused batch {} seq {} heads {}/{} "
+                           "head_dim {}: {}; the reference kernels run it\n",
+                           dims.batch, dims.seq, dims.n_heads, dims.n_kv_heads, dims.head_dim,
+                           why)
+                   .c_str(),
+               stderr);
+  }
+  return false;
+}
+
+Tensor CudaBackend::sdpa_workspace(size_t bytes) {
+  if (bytes == 0) return Tensor();
+  return allocate({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::f32,
+                  MemCategory::workspace);
 }
 
 void CudaBackend::attention_decode(const ops::AttentionDims& dims, const ops::RopeTable* rope,
@@ -408,7 +488,7 @@ void CudaBackend::ensure_saved(ops::AttentionSaved& saved, const Shape& kv, cons
                                DType compute) {
   ensure(saved.k, kv, compute, MemCategory::activations);
   ensure(saved.v, kv, compute, MemCategory::activations);
-  if (saved.recompute_probs) {
+  if (saved.recompute_probs || probs.empty()) {
     saved.probs = Tensor();
   } else {
     ensure(saved.probs, probs, compute, MemCategory::activations);

@@ -15,6 +15,7 @@
 namespace meshtrain::cuda {
 
 struct AttentionShape;  // kernels.h
+struct SdpaShape;       // sdpa/sdpa.h
 
 // Rows of logits the fused classifier takes at a time: [rows, vocab] f32 and
 // their gradient in the compute dtype (1024 x 128K x 6 bytes = 0.8 GB).
@@ -144,7 +145,8 @@ class CudaBackend final : public Backend {
   void run_copies(const ops::CopyPlan& plan);  // on the stream, device to device
   // Keeps `t` when it has this shape and dtype on this device, else allocates it.
   void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category);
-  // A pass's keys and values, and its probabilities unless backward recomputes them.
+  // A pass's keys and values, and its probabilities (`probs` empty: none)
+  // unless backward recomputes them.
   void ensure_saved(ops::AttentionSaved& saved, const Shape& kv, const Shape& probs,
                     DType compute);
   // Throws a resource error when a kernel needs more shared memory per block
@@ -157,6 +159,13 @@ class CudaBackend final : public Backend {
   };
   AttentionGrads reference_backward(const AttentionShape& a, DType compute,
                                     const ops::AttentionSaved& saved, const float* d_out);
+  // cuDNN's fused attention (sdpa/sdpa.h): whether it takes `dims` in
+  // `compute` (its graphs built for this device), and its backward, the same
+  // grads from the output and statistics forward kept.
+  bool takes_fused(const ops::AttentionDims& dims, DType compute);
+  AttentionGrads fused_backward(const SdpaShape& s, const ops::AttentionSaved& saved,
+                                const float* d_out);
+  Tensor sdpa_workspace(size_t bytes);  // undefined for 0 bytes
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

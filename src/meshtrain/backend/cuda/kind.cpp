@@ -7,6 +7,7 @@
 #include "meshtrain/backend/cuda/cuda_backend.h"
 #include "meshtrain/backend/cuda/matmul.h"
 #include "meshtrain/backend/cuda/runtime.h"
+#include "meshtrain/backend/cuda/sdpa/sdpa.h"
 #include "meshtrain/backend/kinds.h"
 
 namespace meshtrain {
@@ -29,6 +30,26 @@ size_t attention_workspace(const ops::AttentionDims& d, DType, bool recompute_pr
   if (!backward) return 0;
   return reference_backward_bytes(d.batch, d.n_heads, d.n_kv_heads, d.seq, d.seq, d.head_dim,
                                   recompute_probs);
+}
+
+// The cuDNN path (CudaBackend::attention_forward, fused_backward): forward
+// keeps the output and the f32 statistics; backward holds dO and dQ, dK, dV
+// in the compute dtype, their f32 copies, and cuDNN's own workspace. That
+// last one is the chosen engine's, known only once a device built the graph:
+// counted as a flash-attention backward's dQ accumulator and row sums, f32
+// [B, H, T, D + 1] (an estimate, docs/gpu.md), and the forward's as none.
+std::optional<ops::FusedAttentionBytes> fused_attention(const ops::AttentionDims& d,
+                                                        DType compute) {
+  if (!cuda::sdpa_declines(d, compute).empty()) return std::nullopt;
+  const auto e = dtype_size(compute), f = sizeof(float);
+  const auto q = static_cast<size_t>(d.batch * d.seq * d.n_heads * d.head_dim);
+  const auto kv = static_cast<size_t>(d.batch * d.seq * d.n_kv_heads * d.head_dim);
+  const auto rows = static_cast<size_t>(d.batch * d.n_heads * d.seq);
+  return ops::FusedAttentionBytes{
+      .saved = e * q + f * rows,
+      .forward_workspace = 0,
+      .backward_workspace = e * q + (e + f) * (q + 2 * kv) + f * (q + rows),
+  };
 }
 
 size_t context_workspace(const ops::ContextDims& d, DType, bool recompute_probs, bool backward,
@@ -61,6 +82,7 @@ BackendKind cuda_backend_kind() {
       .grouped_matmul_workspace = [](const ops::GroupedMatmulDims&, DType, DType, int, float,
                                      bool) { return size_t{0}; },
       .attention_workspace_bytes = attention_workspace,
+      .fused_attention = fused_attention,
       .context_attention_workspace_bytes = context_workspace,
       .ring_attention_workspace_bytes = ring_workspace,
       .classifier_workspace = [](int64_t rows, int64_t, int64_t vocab, DType compute, bool,
