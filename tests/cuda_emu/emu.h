@@ -26,6 +26,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -112,6 +113,24 @@ inline cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 inline cudaError_t cudaFree(void* p) {
   std::free(p);
+  return cudaSuccess;
+}
+// Page-locked host memory: plain host memory here, its live allocations counted.
+inline constexpr unsigned cudaHostAllocDefault = 0;
+namespace emu {
+inline std::atomic<int64_t> pinned_blocks{0};  // live cudaHostAlloc blocks
+inline std::atomic<int64_t> pinned_made{0};    // every one made
+}  // namespace emu
+inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  ++emu::pinned_blocks;
+  ++emu::pinned_made;
+  return cudaSuccess;
+}
+inline cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  --emu::pinned_blocks;
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {

@@ -44,6 +44,11 @@ class Backend {
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src.bytes() bytes
   virtual void copy_from_host(const void* src, const Tensor& dst) = 0;
   virtual void synchronize() = 0;  // every issued operation has finished
+  // Host memory this device copies to and from at full speed, for what waits
+  // on the host between copies (offload's host tier, a checkpoint's file
+  // buffer and staging copy): page-locked on a GPU, where a copy to pageable
+  // memory goes through the driver's own buffer. Its tensors are host tensors.
+  virtual const Allocator& staging_allocator() const { return host_allocator(); }
 
   // ---- matmul: C[b] = alpha * op(A[b]) · op(B[b]) (+ bias[n]) (+ C[b] when
   // accumulate). A and B have dtype `ab` (f32, bf16 or f16); C has `c_dtype`

@@ -38,7 +38,8 @@ void write_json_atomic(const std::string& path, const json& value);
 
 // A tracked workspace buffer of whole floats for file data: min(limit, needed)
 // bytes rounded down to a float, at least one float; Error when limit < 4.
-Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker);
+Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker,
+                   const Allocator& allocator = host_allocator());
 uint64_t file_buffer_bytes(int64_t limit, uint64_t needed);  // that buffer's size
 
 // Streams the file through `buffer`: exists, size and XXH3-64 as the manifest
@@ -80,11 +81,12 @@ struct RankRecord {
 // Writes `dir`/rank_<rank>.safetensors with the replica-0 pieces of `map`,
 // streaming from `state` through a buffer of at most buffer_bytes; or, when
 // `staged` is given, straight from it (the owned elements in file order: state
-// by state, pieces in map order).
+// by state, pieces in map order). The buffer is `allocator`'s memory.
 RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
                            const layout::ShardMap& map, layout::StateAccess& state,
                            int64_t buffer_bytes, MemoryTracker& tracker,
-                           const float* staged = nullptr);
+                           const float* staged = nullptr,
+                           const Allocator& allocator = host_allocator());
 
 json rank_record_json(const RankRecord& record, int64_t step, const std::string& save_id);
 // Error naming `path` on anything malformed.

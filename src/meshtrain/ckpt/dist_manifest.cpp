@@ -231,9 +231,10 @@ uint64_t file_buffer_bytes(int64_t limit, uint64_t needed) {
   return bytes / 4 * 4;
 }
 
-Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker) {
+Tensor file_buffer(int64_t limit, uint64_t needed, MemoryTracker& tracker,
+                   const Allocator& allocator) {
   return Tensor({static_cast<int64_t>(file_buffer_bytes(limit, needed) / 4)}, DType::f32,
-                MemCategory::workspace, tracker);
+                MemCategory::workspace, tracker, allocator);
 }
 
 void stream_file(const std::string& dir, const ManifestFile& file, const Tensor& buffer,

@@ -69,7 +69,8 @@ void fsync_dir(const std::string& dir) {
 
 RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
                            const layout::ShardMap& map, layout::StateAccess& state,
-                           int64_t buffer_bytes, MemoryTracker& tracker, const float* staged) {
+                           int64_t buffer_bytes, MemoryTracker& tracker, const float* staged,
+                           const Allocator& allocator) {
   RankRecord record;
   record.rank = rank;
   std::vector<bool> seen(map.tensors.size(), false);
@@ -123,7 +124,7 @@ RankRecord write_rank_file(const std::string& dir, int rank, int64_t step,
       write_data(staged + done, std::min(chunk, total_floats - done));
     }
   } else {
-    const Tensor buffer = file_buffer(buffer_bytes, total, tracker);
+    const Tensor buffer = file_buffer(buffer_bytes, total, tracker, allocator);
     // Two halves: one is filled from the state while the other is written
     // (in whole 4096-byte units when the buffer is big enough: direct writes).
     int64_t capacity = buffer.numel();
@@ -369,8 +370,9 @@ RankRecord write_and_mark(const SaveContext& ctx, const std::string& tmp, int64_
                           const std::string& id, const layout::ShardMap& map,
                           layout::StateAccess& state) {
   fault_point("before_file", step);
-  RankRecord record = write_rank_file(tmp, ctx.options.rank, step, map, state,
-                                      ctx.options.buffer_bytes, ctx.tracker, ctx.staged);
+  RankRecord record = write_rank_file(
+      tmp, ctx.options.rank, step, map, state, ctx.options.buffer_bytes, ctx.tracker, ctx.staged,
+      ctx.options.staging != nullptr ? *ctx.options.staging : host_allocator());
   record.world = ctx.options.world;
   fault_point("after_file", step);
   write_json_atomic(join(tmp, done_file_name(ctx.options.rank)),
@@ -577,7 +579,8 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
   const int64_t staged = std::max<int64_t>(map.owned_state_numel(), 1);
   if (staging_.numel() != staged) {
     staging_ = Tensor();
-    staging_ = Tensor({staged}, DType::f32, MemCategory::workspace, *options_.tracker);
+    staging_ = Tensor({staged}, DType::f32, MemCategory::workspace, *options_.tracker,
+                      options_.staging != nullptr ? *options_.staging : host_allocator());
   }
   job->staged = std::make_unique<StagedState>(job->packed, staging_);
   for (size_t k = 0; k < layout::kStateKinds; ++k) {

@@ -59,6 +59,9 @@ struct SaveOptions {
   int keep_last = 0;                 // committed checkpoints kept by rank 0; 0: keep all
   double commit_timeout_s = 600;     // how long any rank waits for the others
   MemoryTracker* tracker = nullptr;  // where file buffers are counted; null: a private one
+  // The file buffer's and the async staging copy's memory (Backend::staging_allocator:
+  // page-locked when the state is on a GPU); null: host_allocator().
+  const Allocator* staging = nullptr;
   // Small files rank 0 copies into every checkpoint under their own names (the
   // run's tokenizer, so a moved checkpoint still has it), listed and
   // checksummed in the manifest's files like the rank files.

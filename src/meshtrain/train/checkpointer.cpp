@@ -55,6 +55,7 @@ Checkpointer::Checkpointer(const TrainConfig& config, DeviceMesh* mesh, Model& m
   options.async = config.ckpt.async;
   options.keep_last = static_cast<int>(config.ckpt.keep_last);
   options.tracker = &tracker;
+  options.staging = &model.backend().staging_allocator();
   options.carried_files = run_tokenizer_files(config.data);
   saver_ = std::make_unique<dist_ckpt::CheckpointSaver>(config.train.out_dir, options);
 }

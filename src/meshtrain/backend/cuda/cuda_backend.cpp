@@ -34,6 +34,7 @@ struct CudaBackend::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;  // every kernel, copy and GEMM: the device's compute_stream()
   std::unique_ptr<CachingAllocator> allocator;
+  PinnedAllocator pinned;
   Tensor gemm_workspace;
   std::unique_ptr<Gemms> gemms;
   std::unique_ptr<SdpaRunner> sdpa;  // cuDNN's fused attention, where it takes a shape
@@ -68,6 +69,8 @@ CudaBackend::~CudaBackend() {
 Device CudaBackend::device() const { return {DeviceKind::cuda, impl_->device}; }
 
 std::string CudaBackend::device_name() const { return impl_->props.name; }
+
+const Allocator& CudaBackend::staging_allocator() const { return impl_->pinned; }
 
 Tensor CudaBackend::allocate(Shape shape, DType dtype, MemCategory category) {
   return Tensor(std::move(shape), dtype, category, tracker(), *impl_->allocator);

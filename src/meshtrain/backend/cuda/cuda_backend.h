@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(const Tensor& src, void* dst) override;
   void copy_from_host(const void* src, const Tensor& dst) override;
   void synchronize() override;
+  const Allocator& staging_allocator() const override;  // page-locked host memory
 
   void matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b, DType c_dtype,
               void* c, float alpha, bool accumulate, const float* bias) override;

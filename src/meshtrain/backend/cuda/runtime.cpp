@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "meshtrain/util/error.h"
@@ -116,6 +118,24 @@ void* CachingAllocator::allocate(size_t bytes) const {
 void CachingAllocator::release(void* data, size_t) const {
   std::lock_guard<std::mutex> lock(mutex_);
   free_.emplace(sizes_.at(data), data);
+}
+
+void* PinnedAllocator::allocate(size_t bytes) const {
+  void* data = nullptr;
+  if (cudaHostAlloc(&data, std::max<size_t>(bytes, 1), cudaHostAllocDefault) != cudaSuccess) {
+    (void)cudaGetLastError();  // clears the error for the next call
+    throw std::bad_alloc();
+  }
+  std::memset(data, 0, bytes);
+  return data;
+}
+
+void PinnedAllocator::release(void* data, size_t) const { cudaFreeHost(data); }
+
+void PinnedAllocator::fill_zero(void* data, size_t bytes) const { std::memset(data, 0, bytes); }
+
+void PinnedAllocator::copy(DType from, const void* src, DType to, void* dst, size_t n) const {
+  convert(from, src, to, dst, n);
 }
 
 void CachingAllocator::fill_zero(void* data, size_t bytes) const {

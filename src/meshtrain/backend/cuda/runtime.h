@@ -68,4 +68,16 @@ class CachingAllocator final : public Allocator {
   mutable std::map<void*, size_t> sizes_;      // every block this allocator holds
 };
 
+// Page-locked host memory (cudaHostAlloc): what the device copies to and from
+// at full speed, asynchronously on a stream (Backend::staging_allocator). Its
+// tensors are host tensors: zeroed, copied and converted by the host.
+class PinnedAllocator final : public Allocator {
+ public:
+  Device device() const override { return {}; }
+  void* allocate(size_t bytes) const override;
+  void release(void* data, size_t bytes) const override;
+  void fill_zero(void* data, size_t bytes) const override;
+  void copy(DType from, const void* src, DType to, void* dst, size_t n) const override;
+};
+
 }  // namespace meshtrain::cuda

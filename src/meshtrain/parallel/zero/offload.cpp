@@ -75,7 +75,8 @@ OffloadStore::OffloadStore(std::string name, std::vector<OffloadChunkSpec> chunk
       return;  // no I/O thread
     case OffloadTier::cpu:
       for (auto& c : chunks_) {
-        c.home = Tensor({c.spec.numel}, c.spec.dtype, MemCategory::offloaded, *tracker_);
+        c.home = Tensor({c.spec.numel}, c.spec.dtype, MemCategory::offloaded, *tracker_,
+                        host_staging());
       }
       break;
     case OffloadTier::disk: open_file(); break;
@@ -350,6 +351,10 @@ Tensor OffloadStore::take_buffer(const Chunk& chunk) {
   return Tensor();
 }
 
+const Allocator& OffloadStore::host_staging() const {
+  return options_.device != nullptr ? options_.device->staging_allocator() : host_allocator();
+}
+
 Tensor OffloadStore::new_buffer(const Chunk& chunk) {
   if (options_.device != nullptr) {
     return options_.device->allocate({chunk.spec.numel}, chunk.spec.dtype,
@@ -435,7 +440,8 @@ void OffloadStore::transfer(const Chunk& c, const Tensor& buffer, bool to_tier) 
   } else if (device == nullptr) {
     file_io(c, static_cast<char*>(buffer.raw()), to_tier);
   } else {
-    const Tensor staging({c.spec.numel}, c.spec.dtype, MemCategory::offloaded, *tracker_);
+    const Tensor staging({c.spec.numel}, c.spec.dtype, MemCategory::offloaded, *tracker_,
+                         host_staging());
     if (to_tier) device->copy_to_host(buffer, staging.raw());
     file_io(c, static_cast<char*>(staging.raw()), to_tier);
     if (!to_tier) device->copy_from_host(staging.raw(), buffer);

@@ -158,6 +158,9 @@ class OffloadStore {
   // Runs `io` unlocked, counted in io_in_flight_; a failure becomes error_.
   void run_io(std::unique_lock<std::mutex>& lock, const std::function<void()>& io);
   Tensor new_buffer(const Chunk& chunk);  // resident memory for the chunk
+  // Host memory of the cpu tier and of the disk tier's staging: the device's
+  // staging allocator (page-locked on a GPU), or plain host memory.
+  const Allocator& host_staging() const;
   // Copies the chunk between `buffer` and its tier (to_tier: a write), counts it in stats_.
   void transfer(const Chunk& chunk, const Tensor& buffer, bool to_tier);
   // The disk tier's pread / pwrite of the chunk's bytes at `bytes` (host memory).
