@@ -372,7 +372,7 @@ RankRecord write_and_mark(const SaveContext& ctx, const std::string& tmp, int64_
   fault_point("before_file", step);
   RankRecord record = write_rank_file(
       tmp, ctx.options.rank, step, map, state, ctx.options.buffer_bytes, ctx.tracker, ctx.staged,
-      ctx.options.staging != nullptr ? *ctx.options.staging : host_allocator());
+      ctx.options.staging_memory());
   record.world = ctx.options.world;
   fault_point("after_file", step);
   write_json_atomic(join(tmp, done_file_name(ctx.options.rank)),
@@ -580,7 +580,7 @@ std::string CheckpointSaver::save(int64_t step, const layout::ShardMap& map,
   if (staging_.numel() != staged) {
     staging_ = Tensor();
     staging_ = Tensor({staged}, DType::f32, MemCategory::workspace, *options_.tracker,
-                      options_.staging != nullptr ? *options_.staging : host_allocator());
+                      options_.staging_memory());
   }
   job->staged = std::make_unique<StagedState>(job->packed, staging_);
   for (size_t k = 0; k < layout::kStateKinds; ++k) {

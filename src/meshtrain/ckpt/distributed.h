@@ -62,6 +62,7 @@ struct SaveOptions {
   // The file buffer's and the async staging copy's memory (Backend::staging_allocator:
   // page-locked when the state is on a GPU); null: host_allocator().
   const Allocator* staging = nullptr;
+  const Allocator& staging_memory() const { return staging != nullptr ? *staging : host_allocator(); }
   // Small files rank 0 copies into every checkpoint under their own names (the
   // run's tokenizer, so a moved checkpoint still has it), listed and
   // checksummed in the manifest's files like the rank files.
