@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,8 +61,9 @@ TEST(CudaEmu, TrainerPeaksMatchTheMemoryPlan) {
 
 // What waits on the host between copies is page-locked on a GPU
 // (Backend::staging_allocator): ZeRO's offload copies (the cpu tier's, the
-// disk tier's staging per transfer) and a checkpoint's async staging copy,
-// kept for the next save. The emulated runtime counts cudaHostAlloc blocks.
+// disk tier's staging per transfer), a checkpoint's async staging copy, kept
+// for the next save, and the buffer a resume reads the rank files through.
+// The emulated runtime counts cudaHostAlloc blocks.
 TEST(CudaEmu, OffloadAndCheckpointStagingArePinned) {
   using zero::OffloadOptions, zero::OffloadStore, zero::OffloadTier;
   const std::string dir = testing::scratch_dir();
@@ -97,19 +99,31 @@ TEST(CudaEmu, OffloadAndCheckpointStagingArePinned) {
     EXPECT_EQ(emu::pinned_blocks.load(), 0);  // every block given back
   }
   testing::write_phrase_corpus(dir, 64);
-  {
+  // A one-rank Llama on the emulated GPU, writing to dir/name; `check` sees it after its run.
+  auto train = [&](const std::string& name, ConfigOverrides extra, const std::string& resume,
+                   const std::function<void(Trainer&)>& check) {
     TrainerOptions options;
     options.console = false;
-    Trainer trainer(testing::memory_plan_config(
-                        dir, "llama",
-                        {{"ckpt.async", "true"}, {"train.checkpoint_interval", "1"},
-                         {"train.device", "cuda"}, {"train.out_dir", dir + "/async"}}),
-                    options);
+    options.resume_dir = resume;
+    options.allow_config_change = !resume.empty();
+    extra.push_back({"train.device", "cuda"});
+    extra.push_back({"train.out_dir", dir + "/" + name});
+    Trainer trainer(testing::memory_plan_config(dir, "llama", extra), options);
     trainer.run();
-    EXPECT_GT(emu::pinned_blocks.load(), 0);  // the staging copy, kept for the next save
-    testing::expect_memory_matches(trainer.memory_plan().at(0), trainer.tracker().snapshot(),
-                                   "async");
-  }
+    check(trainer);
+  };
+  train("async", {{"ckpt.async", "true"}, {"train.checkpoint_interval", "1"}}, "",
+        [](Trainer& trainer) {
+          EXPECT_GT(emu::pinned_blocks.load(), 0);  // the staging copy, kept for the next save
+          testing::expect_memory_matches(trainer.memory_plan().at(0),
+                                         trainer.tracker().snapshot(), "async");
+        });
+  EXPECT_EQ(emu::pinned_blocks.load(), 0);
+  // Resuming reads the rank files through a page-locked buffer too (no save in this run).
+  const int64_t made = emu::pinned_made.load();
+  train("resumed", {{"train.steps", "3"}, {"train.checkpoint_interval", "-1"}},
+        dir + "/async/step_2", [](Trainer&) {});
+  EXPECT_GT(emu::pinned_made.load(), made);
   EXPECT_EQ(emu::pinned_blocks.load(), 0);
 }
 

@@ -227,14 +227,15 @@ void stream_deliveries(const std::string& dir, const ManifestFile& file, uint64_
 
 void load_states(const Manifest& manifest, const std::string& dir, const layout::ShardMap& map,
                  layout::StateAccess& state, std::span<const StateKind> kinds,
-                 int64_t buffer_bytes, bool verify, MemoryTracker& tracker, uint64_t& bytes_read) {
+                 int64_t buffer_bytes, bool verify, MemoryTracker& tracker, uint64_t& bytes_read,
+                 const Allocator& staging) {
   map.validate();
   const std::string manifest_path = join(dir, kManifestFile);
   std::map<std::string, const ManifestTensor*> by_name;
   for (const ManifestTensor& t : manifest.tensors) by_name.emplace(t.name, &t);
   uint64_t largest = 0;
   for (const ManifestFile& f : manifest.files) largest = std::max(largest, f.bytes);
-  const Tensor buffer = detail::file_buffer(buffer_bytes, largest, tracker);
+  const Tensor buffer = detail::file_buffer(buffer_bytes, largest, tracker, staging);
   SourceFiles files(dir, manifest, verify, bytes_read);
   std::map<const ManifestShard*, std::vector<Run>> source_runs;
   struct FileDeliveries {
@@ -312,12 +313,13 @@ class GlobalOut : public layout::StateAccess {
 
 void load_checkpoint(const std::string& dir, const layout::ShardMap& map,
                      layout::StateAccess& state, int64_t buffer_bytes, bool verify,
-                     MemoryTracker* tracker, uint64_t* bytes_read) {
+                     MemoryTracker* tracker, uint64_t* bytes_read, const Allocator& staging) {
   const Manifest manifest = read_manifest(dir);
   MemoryTracker own;
   uint64_t local = 0;
   load_states(manifest, dir, map, state, kAllStates, buffer_bytes, verify,
-              tracker != nullptr ? *tracker : own, bytes_read != nullptr ? *bytes_read : local);
+              tracker != nullptr ? *tracker : own, bytes_read != nullptr ? *bytes_read : local,
+              staging);
 }
 
 void read_global_tensor(const Manifest& manifest, const std::string& dir, const std::string& name,
@@ -335,7 +337,8 @@ void read_global_tensor(const Manifest& manifest, const std::string& dir, const 
   MemoryTracker tracker;
   const StateKind kinds[] = {kind};
   uint64_t bytes_read = 0;
-  load_states(manifest, dir, map, access, kinds, kGlobalReadBuffer, false, tracker, bytes_read);
+  load_states(manifest, dir, map, access, kinds, kGlobalReadBuffer, false, tracker, bytes_read,
+              host_allocator());
 }
 
 }  // namespace meshtrain::dist_ckpt

@@ -152,11 +152,13 @@ void verify_checkpoint(const std::string& dir, int64_t buffer_bytes = 64 << 20,
 // caller loads another checkpoint or reinitialises. Without verify, only the
 // needed bytes are read. Error naming tensor and file when a region is not
 // covered or a shape differs. `bytes_read` (when given) gets the bytes read
-// from rank files added as they are read, a failed load's too.
+// from rank files added as they are read, a failed load's too. The read
+// buffer is `staging`'s memory (Backend::staging_allocator when `state` is on a GPU).
 void load_checkpoint(const std::string& dir, const layout::ShardMap& map,
                      layout::StateAccess& state, int64_t buffer_bytes = 64 << 20,
                      bool verify = true, MemoryTracker* tracker = nullptr,
-                     uint64_t* bytes_read = nullptr);
+                     uint64_t* bytes_read = nullptr,
+                     const Allocator& staging = host_allocator());
 
 // One whole global tensor of one state (numel of its shape f32 at `out`),
 // assembled from the shards. Memory: that tensor plus a small buffer.

@@ -105,7 +105,7 @@ void Checkpointer::load_files(const std::string& dir) {
   load_bytes_ = 0;
   if (dist_ckpt::is_sharded_checkpoint(dir)) {
     dist_ckpt::load_checkpoint(dir, map_, dp_.state(), buffer_bytes(config_), true, nullptr,
-                               &load_bytes_);
+                               &load_bytes_, model_.backend().staging_allocator());
   } else {
     load_legacy(dir);
   }
