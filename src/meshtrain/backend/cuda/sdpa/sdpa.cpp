@@ -180,8 +180,25 @@ std::string validate_sdpa(const SdpaShape& s, int sm_version) {
 }
 
 struct SdpaRunner::Impl {
+  CUstream_st* stream = nullptr;
   cudnnHandle_t handle = nullptr;
-  std::string no_handle;  // why there is no handle ("" when there is)
+  bool connected = false;  // the handle made, or why not in no_handle
+  std::string no_handle;   // why there is no handle ("" when there is)
+
+  // cuDNN loaded and a handle made on the stream, on the first shape (a run
+  // without 16-bit attention never maps cuDNN's libraries).
+  void connect() {
+    if (connected) return;
+    connected = true;
+    no_handle = load_cudnn();
+    if (!no_handle.empty()) return;
+    no_handle = check(fe::detail::create_handle(&handle), "cudnnCreate");
+    if (!no_handle.empty()) {
+      handle = nullptr;
+      return;
+    }
+    no_handle = check(fe::detail::set_stream(handle, stream), "cudnnSetStream");
+  }
   struct Graphs {
     fe::graph::Graph forward, backward;
     int64_t forward_workspace = 0, backward_workspace = 0;
@@ -205,15 +222,7 @@ struct SdpaRunner::Impl {
 };
 
 SdpaRunner::SdpaRunner(CUstream_st* stream) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.no_handle = load_cudnn();
-  if (!m.no_handle.empty()) return;
-  m.no_handle = check(fe::detail::create_handle(&m.handle), "cudnnCreate");
-  if (!m.no_handle.empty()) {
-    m.handle = nullptr;
-    return;
-  }
-  m.no_handle = check(fe::detail::set_stream(m.handle, stream), "cudnnSetStream");
+  impl_->stream = stream;
 }
 
 SdpaRunner::~SdpaRunner() {
@@ -225,6 +234,7 @@ std::string SdpaRunner::prepare(const SdpaShape& s) {
   auto [it, fresh] = m.shapes.try_emplace(s);
   if (!fresh) return it->second->why;
   auto graphs = std::make_unique<Impl::Graphs>();
+  m.connect();
   graphs->why = m.no_handle;
   if (graphs->why.empty()) {
     graphs->why = build(graphs->forward, forward_graph, s, 0, m.handle, "forward");

@@ -76,8 +76,9 @@ struct SdpaBackward {
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;
 };
 
-// The graphs of one device and stream: a cuDNN handle, and each shape's two
-// graphs built (heuristics' first choice) on first use and kept.
+// The graphs of one device and stream: a cuDNN handle (made with the first
+// shape), and each shape's two graphs built (heuristics' first choice) on
+// first use and kept.
 class SdpaRunner {
  public:
   explicit SdpaRunner(CUstream_st* stream);
