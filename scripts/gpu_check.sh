@@ -140,9 +140,8 @@ path="cuDNN SDPA unless refused below, bf16"
 row "attention fwd (GPT-2 shape)" "$(rate "$out/perf_gpt2.txt" '^attention_forward .*bf16')" "$path"
 row "attention bwd (GPT-2 shape)" "$(rate "$out/perf_gpt2.txt" '^attention_backward .*bf16')" "$path"
 # Every shape cuDNN refused went to the reference kernels, told once on stderr (cuda_backend.cpp).
-refused=$(cat "$out"/ops_test.txt "$out"/perf_*.txt | grep -c "cuDNN's fused attention refused")
-row "cuDNN SDPA refusals" "$refused" \
-    "$(cat "$out"/ops_test.txt "$out"/perf_*.txt | grep -m1 "cuDNN's fused attention refused" | cut -c1-160)"
+refusals=$(cat "$out"/ops_test.txt "$out"/perf_*.txt | grep "cuDNN's fused attention refused")
+row "cuDNN SDPA refusals" "$(grep -c . <<< "$refusals")" "$(head -1 <<< "$refusals" | cut -c1-160)"
 
 section "training runs (the engine's bundle)"
 while IFS='|' read -r tag check result detail; do

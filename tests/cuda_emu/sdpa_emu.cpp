@@ -7,7 +7,7 @@
 // the saved output and statistics, the conversions around the graphs, the
 // merge back into the qkv rows, recomputation's swaps and the memory plan's
 // count. It does not check cuDNN. Its backward workspace is the size the
-// CUDA kind estimates for cuDNN's (kind.cpp), which it does not use.
+// memory plan estimates for cuDNN's (sdpa.h), which it does not use.
 #include "sdpa_emu.h"
 
 #include <algorithm>
@@ -87,7 +87,7 @@ std::string SdpaRunner::prepare(const SdpaShape&) { return emu::fused_attention 
 size_t SdpaRunner::forward_workspace(const SdpaShape&) const { return 0; }
 
 size_t SdpaRunner::backward_workspace(const SdpaShape& s) const {
-  return static_cast<size_t>(s.batch * s.heads * s.seq * (s.head_dim + 1)) * sizeof(float);
+  return sdpa_backward_workspace_estimate(s);
 }
 
 void SdpaRunner::forward(const SdpaShape& s, const SdpaForward& io, void*) const {

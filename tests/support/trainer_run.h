@@ -39,6 +39,17 @@ inline void write_phrase_corpus(const std::string& dir, int vocab) {
   write_token_file(dir + "/val.bin", std::vector<uint16_t>(tokens.begin(), tokens.begin() + 800));
 }
 
+// The end of a quiet test run's [train] table (one thread, no evaluation, no
+// checkpoints, a fixed FLOP/s peak) and its [data] table of byte tokens, for
+// tiny_run_config.
+inline constexpr const char* kQuietRunTail = R"(threads = 1
+eval_interval = 0
+peak_flops = 1e11
+checkpoint_interval = -1
+[data]
+tokenizer = "bytes"
+)";
+
 // `toml` (ending in its [data] table) with dir/train.bin and dir/val.bin as
 // the data and dir/out as train.out_dir, then `extra`; `name` for errors.
 inline TrainConfig tiny_run_config(std::string toml, const std::string& dir,
@@ -72,15 +83,9 @@ steps = 2
 batch_size = 4
 micro_batch_size = 2
 seq_len = 16
-threads = 1
-eval_interval = 0
-peak_flops = 1e11
-checkpoint_interval = -1
-[data]
-tokenizer = "bytes"
-)",
+{})",
                                      family, llama ? 2 : 4, llama ? "false" : "true",
-                                     llama ? "bf16" : "fp32"),
+                                     llama ? "bf16" : "fp32", kQuietRunTail),
                          dir, "out", std::move(extra), "memory_plan.toml");
 }
 

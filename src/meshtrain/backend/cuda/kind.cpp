@@ -34,10 +34,8 @@ size_t attention_workspace(const ops::AttentionDims& d, DType, bool recompute_pr
 
 // The cuDNN path (CudaBackend::attention_forward, fused_backward): forward
 // keeps the output and the f32 statistics; backward holds dO and dQ, dK, dV
-// in the compute dtype, their f32 copies, and cuDNN's own workspace. That
-// last one is the chosen engine's, known only once a device built the graph:
-// counted as a flash-attention backward's dQ accumulator and row sums, f32
-// [B, H, T, D + 1] (an estimate, docs/gpu.md), and the forward's as none.
+// in the compute dtype, their f32 copies, and cuDNN's own workspace (the
+// estimate sdpa.h gives; the forward's counted as none).
 std::optional<ops::FusedAttentionBytes> fused_attention(const ops::AttentionDims& d,
                                                         DType compute) {
   if (!cuda::sdpa_declines(d, compute).empty()) return std::nullopt;
@@ -48,7 +46,9 @@ std::optional<ops::FusedAttentionBytes> fused_attention(const ops::AttentionDims
   return ops::FusedAttentionBytes{
       .saved = e * q + f * rows,
       .forward_workspace = 0,
-      .backward_workspace = e * q + (e + f) * (q + 2 * kv) + f * (q + rows),
+      .backward_workspace =
+          e * q + (e + f) * (q + 2 * kv) + cuda::sdpa_backward_workspace_estimate(
+                                               cuda::sdpa_shape(d, compute)),
   };
 }
 

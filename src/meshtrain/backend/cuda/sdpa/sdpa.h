@@ -56,6 +56,13 @@ inline std::string sdpa_shape_declines(const ops::AttentionDims& d, DType comput
   return "";
 }
 
+// What the memory plan counts for cuDNN's own backward workspace, which is the
+// engine's a device picks: a flash-attention backward's dQ accumulator and
+// row sums, f32 [B, H, T, D + 1] (an estimate until a GPU measures it).
+inline size_t sdpa_backward_workspace_estimate(const SdpaShape& s) {
+  return static_cast<size_t>(s.batch * s.heads * s.seq * (s.head_dim + 1)) * sizeof(float);
+}
+
 // "" when the frontend accepts both graphs of `shape` for compute capability
 // `sm_version` (90: Hopper, 80: Ampere), else its reason (one line).
 std::string validate_sdpa(const SdpaShape& shape, int sm_version);
