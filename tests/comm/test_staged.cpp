@@ -148,5 +148,60 @@ TEST(Staged, SplitStagesItsCallsToo) {
   EXPECT_EQ(f.copier.to_device_bytes - before, 10 * sizeof(float));
 }
 
+// Host memory that counts what it hands out and takes back (page-locked
+// memory on a GPU: what the staging buffers must come from).
+class CountingStaging final : public Allocator {
+ public:
+  Device device() const override { return {}; }
+  void* allocate(size_t bytes) const override {
+    ++allocations;
+    live += bytes;
+    return host_allocator().allocate(bytes);
+  }
+  void release(void* data, size_t bytes) const override {
+    live -= bytes;
+    host_allocator().release(data, bytes);
+  }
+  void fill_zero(void* data, size_t bytes) const override {
+    host_allocator().fill_zero(data, bytes);
+  }
+  void copy(DType from, const void* src, DType to, void* dst, size_t n) const override {
+    host_allocator().copy(from, src, to, dst, n);
+  }
+  mutable int allocations = 0;
+  mutable size_t live = 0;
+};
+
+TEST(Staged, BuffersComeFromTheStagingAllocatorAndAreReused) {
+  MemoryTracker tracker;
+  CountingCopier copier;
+  CountingStaging pinned;
+  {
+    StagedCommunicator staged(mpi_env().world(tracker, "pinned"), copier, tracker, pinned);
+    const std::unique_ptr<Communicator> half = staged.split(staged.rank() % 2, staged.rank(), "h");
+    const size_t comm_before = tracker.live(MemCategory::comm);
+    std::vector<float> x(1000);
+    for (int step = 0; step < 5; ++step) {
+      // A step's calls: sizes that recur, two buffers alive at once, and the
+      // split's calls from the same blocks.
+      x.assign(1000, 1.0f);
+      staged.all_reduce(x.data(), 1000, CommDType::f32, ReduceOp::sum);
+      EXPECT_EQ(x, std::vector<float>(1000, static_cast<float>(staged.size())));
+      Work a = staged.all_reduce_async(x.data(), 600, CommDType::f32, ReduceOp::max);
+      Work b = half->all_reduce_async(x.data() + 600, 400, CommDType::f32, ReduceOp::max);
+      a.wait();
+      b.wait();
+      EXPECT_EQ(x, std::vector<float>(1000, static_cast<float>(staged.size())));
+      if (step == 0) {
+        // 4000 and 2400 bytes share the 4 KiB class: two blocks, both live at once.
+        EXPECT_EQ(pinned.allocations, 2);
+      }
+    }
+    EXPECT_EQ(pinned.allocations, 2) << "later steps allocate nothing";
+    EXPECT_EQ(tracker.live(MemCategory::comm), comm_before) << "idle blocks are not tensors";
+  }
+  EXPECT_EQ(pinned.live, 0u) << "the last communicator gives every block back";
+}
+
 }  // namespace
 }  // namespace meshtrain

@@ -11,7 +11,13 @@
 // - Sequence numbers, stats, the flight recorder and the watchdog are the
 //   host communicator's: a staged call is one host call.
 // - Host staging buffers are tensors of category comm, held by the call until
-//   it completes.
+//   it completes, in memory from the `staging` allocator (page-locked on a
+//   GPU: Backend::staging_allocator). Blocks are kept for reuse after their
+//   call, by power-of-two size class, shared with the communicators split
+//   from this one and released with the last of them: a step's calls allocate
+//   from `staging` only the first time a size class is needed at once. Kept
+//   blocks are outside the tracker (as a caching allocator's free blocks);
+//   reused blocks are zero-filled as new ones are.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +26,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/tensor/memory_tracker.h"
+#include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain {
 
@@ -34,9 +41,9 @@ class DeviceCopier {
 
 class StagedCommunicator final : public Communicator {
  public:
-  // `copier` and `tracker` must outlive this communicator.
+  // `copier`, `tracker` and `staging` must outlive this communicator.
   StagedCommunicator(std::unique_ptr<Communicator> host, const DeviceCopier& copier,
-                     MemoryTracker& tracker);
+                     MemoryTracker& tracker, const Allocator& staging = host_allocator());
 
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
@@ -61,9 +68,15 @@ class StagedCommunicator final : public Communicator {
   uint64_t calls_issued() const override { return host_->calls_issued(); }
 
  private:
+  StagedCommunicator(std::unique_ptr<Communicator> host, const DeviceCopier& copier,
+                     MemoryTracker& tracker, std::shared_ptr<const Allocator> pool);
+  // A comm tensor of at least `bytes` from the pool.
+  Tensor stage_buffer(size_t bytes) const;
+
   std::unique_ptr<Communicator> host_;
   const DeviceCopier& copier_;
   MemoryTracker& tracker_;
+  std::shared_ptr<const Allocator> pool_;
 };
 
 }  // namespace meshtrain

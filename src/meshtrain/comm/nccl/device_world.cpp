@@ -61,8 +61,9 @@ CudaWorld make_cuda_world(Communicator& host_world, const std::string& requested
                                            std::move(options));
   } else {
     w.copier = std::make_unique<CudaCopier>(device, compute);
+    static const cuda::PinnedAllocator pinned;  // what the device copies to at full speed
     device_side = std::make_unique<StagedCommunicator>(
-        host_world.split(0, host_world.rank(), device_name), *w.copier, tracker);
+        host_world.split(0, host_world.rank(), device_name), *w.copier, tracker, pinned);
   }
   w.world = std::make_unique<RoutedCommunicator>(
       host_world.split(0, host_world.rank(), host_world.name()), std::move(device_side),
