@@ -23,7 +23,13 @@ Gemms::Gemms(cudaStream_t stream, void* workspace) : stream_(stream), workspace_
 Gemms::~Gemms() = default;
 
 void Gemms::run(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
-                DType c_dtype, void* c, float alpha, bool accumulate, const float* bias) {
+                DType c_dtype, void* c, float alpha, bool accumulate, const float* bias,
+                const void* c_in) {
+  if (accumulate && c_in != nullptr) {  // cuBLASLt reads C from c_in and writes D to c
+    cpu().matmul_add(dims, ab, a, b, static_cast<const float*>(c_in), static_cast<float*>(c),
+                     bias);
+    return;
+  }
   cpu().matmul(dims, ab, a, b, c_dtype, c, alpha, accumulate, bias);
 }
 

@@ -56,6 +56,15 @@ class Backend {
   virtual void matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
                       DType c_dtype, void* c, float alpha = 1.0f, bool accumulate = false,
                       const float* bias = nullptr) = 0;
+  // C = addend + op(A) · op(B) (+ bias[n]): a layer's output joining the
+  // residual stream `addend` (f32, C's dense shape, left as it is). Here a
+  // copy then an accumulating matmul; a device whose GEMM reads C from one
+  // buffer and writes D to another (cuBLASLt) saves the copy's pass.
+  virtual void matmul_add(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
+                          const float* addend, float* c, const float* bias = nullptr) {
+    convert(DType::f32, addend, DType::f32, c, dims.batch * dims.m * dims.n);
+    matmul(dims, ab, a, b, DType::f32, c, 1.0f, true, bias);
+  }
   // The groups' GEMMs of ops::GroupedMatmulDims, with matmul's dtypes, alpha
   // and accumulate; one call for the lot, so a device can run them at once.
   virtual void grouped_matmul(const ops::GroupedMatmulDims& dims, DType ab, const void* a,
@@ -113,6 +122,13 @@ class Backend {
   // row-parallel layer's reduced output joining the residual stream.
   virtual void residual_add(const float* residual, const float* y, const float* bias, float* out,
                             int64_t rows, int64_t n) = 0;
+  // residual_add, then the norm of the sum it writes, in one pass over each
+  // row (the sum is still in cache, or in registers on a GPU, when the norm
+  // reads it): out = norm(sum) in out_dtype, as rmsnorm_forward or
+  // layernorm_forward would compute it from `sum`, bit for bit.
+  virtual void residual_add_norm(const float* residual, const float* y, const float* bias,
+                                 float* sum, const ops::NormArgs& norm, DType out_dtype, void* out,
+                                 int64_t rows, int64_t n) = 0;
   // dst = src converted from `from` to `to` (round to nearest even, as the
   // allocator's copy); both in this device's memory. Float dtypes only.
   virtual void convert(DType from, const void* src, DType to, void* dst, int64_t n) = 0;

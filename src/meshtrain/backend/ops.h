@@ -159,6 +159,18 @@ CopyPlan head_group_copies(const HeadGroups& g, DType dtype, const void* rows, v
 CopyPlan context_sequence_copies(const ContextDims& dims, int64_t width, DType dtype,
                                  const void* by_rank, void* sequence, bool to_sequence);
 
+// Which norm Backend::residual_add_norm applies to the sum it writes, its
+// parameters and the statistics it saves (as rmsnorm_forward /
+// layernorm_forward: rstd [rows], and LayerNorm's mean [rows]).
+struct NormArgs {
+  bool layer_norm = false;  // LayerNorm (w, b, mean), else RMSNorm (w)
+  const float* w = nullptr;
+  const float* b = nullptr;
+  float* mean = nullptr;
+  float* rstd = nullptr;
+  float eps = 1e-5f;
+};
+
 // RMSNorm over groups of a strided f32 matrix (QK-norm, config.h QkNorm):
 // each of `rows` rows, `stride` values apart, has its first `count` values
 // normalised `width` at a time (a head's head_dim, or the whole

@@ -246,6 +246,15 @@ void add_cases(Backend& be, const OpsPerfShape& s, DType dt, std::vector<PerfCas
                        be.residual_add(x.data<float>(), dy.data<float>(), w.data<float>(),
                                        dx.data<float>(), rows, d);
                      }});
+    // The add and the norm after it in one pass: reads residual and y, writes
+    // the sum and the normalised rows (residual_add then rmsnorm_forward move
+    // the sum twice more).
+    cases.push_back({"residual_add_norm", shape + " rmsnorm", 0, n * (12 + esize), dt,
+                     [&be, &x, &dy, &dx, &w, &y, rstd, rows, d, dt] {
+                       const ops::NormArgs norm{.w = w.data<float>(), .rstd = rstd, .eps = 1e-5f};
+                       be.residual_add_norm(x.data<float>(), dy.data<float>(), nullptr,
+                                            dx.data<float>(), norm, dt, y.raw(), rows, d);
+                     }});
     cases.push_back({"convert", "n=" + std::to_string(rows * d) + " f32->" + name, 0,
                      n * (4 + esize), dt, [&be, &x, &y, rows, d, dt] {
                        be.convert(DType::f32, x.raw(), dt, y.raw(), rows * d);

@@ -302,6 +302,28 @@ void add_matmul_cases(std::vector<OpCase>& cases, Random& rng) {
               }
               return Outputs{{"c", out}};
             }});
+        // matmul_add: C = addend + op(A) op(B) (+ bias), the addend left as it
+        // was; dense f32 C only (the residual stream).
+        if (c != DType::f32 || s.strided || s.alpha != 1.0f) continue;
+      const Vec addend = rounded(rng.uniform(c_len), DType::f32);
+      cases.push_back(OpCase{
+          "matmul_add", fmt::format("b={} m={} n={} k={} {}{} ab={}{}{}", s.batch, s.m, s.n, s.k,
+                                    s.ta ? "t" : "n", s.tb ? "t" : "n", dtype_name(ab),
+                                    s.bias ? " bias" : "", s.bcast ? " broadcast_b" : ""),
+          max_nmse(ab),
+          [=](Probe& p) {
+            auto A = p.upload("a", ab, a), B = p.upload("b", ab, b);
+            auto R = p.upload("addend", DType::f32, addend), C = p.upload("c", DType::f32, c0);
+            auto Bias = p.upload("bias", DType::f32, bias);
+            p.backend().matmul_add(d, ab, A.data(), B.data(), R.as<float>(), C.as<float>(),
+                                   s.bias ? Bias.as<float>() : nullptr);
+            return Outputs{{"c", p.download(C)}, {"addend", p.download(R)}};
+          },
+          [=] {
+            Vec out = addend;
+            ref::matmul(d, a, b, out, 1.0, true, s.bias ? bias.data() : nullptr);
+            return Outputs{{"c", out}, {"addend", addend}};
+          }});
       }
     }
   }
@@ -419,6 +441,53 @@ void add_norm_cases(std::vector<OpCase>& cases, Random& rng) {
             ref::layernorm_forward(x, w, b, y, m, r, rows, dim, eps);
             return Outputs{{"y", y}, {"mean", m}, {"rstd", r}};
           }});
+      // Fused with the residual add before it: the norm of residual + (y + bias).
+      for (bool layer : {false, true}) {
+        const bool with_bias = layer;  // GPT-2's projections have one, Llama's do not
+        const Vec res = rounded(rng.uniform(rows * dim, -2, 2), DType::f32);
+        const Vec add = rounded(rng.uniform(rows * dim), DType::f32);
+        const Vec bias = rounded(rng.uniform(dim), DType::f32);
+        cases.push_back(OpCase{
+            "residual_add_norm", fmt::format("{} {}{}", params, layer ? "layernorm" : "rmsnorm",
+                                             with_bias ? " bias" : ""),
+            max_nmse(out),
+            [=](Probe& p) {
+              auto R = p.upload("residual", DType::f32, res), Y = p.upload("y", DType::f32, add);
+              auto Bias = p.upload("bias", DType::f32, bias), W = p.upload("w", DType::f32, w),
+                   Bb = p.upload("b", DType::f32, b);
+              auto S = p.upload("sum", DType::f32, Vec(x.size())),
+                   O = p.upload("out", out, Vec(x.size()));
+              auto M = p.upload("mean", DType::f32, Vec(static_cast<size_t>(rows))),
+                   Rs = p.upload("rstd", DType::f32, Vec(static_cast<size_t>(rows)));
+              const ops::NormArgs norm{.layer_norm = layer,
+                                       .w = W.as<float>(),
+                                       .b = layer ? Bb.as<float>() : nullptr,
+                                       .mean = layer ? M.as<float>() : nullptr,
+                                       .rstd = Rs.as<float>(),
+                                       .eps = static_cast<float>(eps)};
+              p.backend().residual_add_norm(R.as<float>(), Y.as<float>(),
+                                            with_bias ? Bias.as<float>() : nullptr, S.as<float>(),
+                                            norm, out, O.data(), rows, dim);
+              Outputs o{{"sum", p.download(S)}, {"out", p.download(O)}, {"rstd", p.download(Rs)}};
+              if (layer) o.emplace_back("mean", p.download(M));
+              return o;
+            },
+            [=] {
+              Vec sum(x.size()), y(x.size()), m(static_cast<size_t>(rows)),
+                  r(static_cast<size_t>(rows));
+              for (size_t i = 0; i < sum.size(); ++i) {
+                sum[i] = res[i] + add[i] + (with_bias ? bias[i % static_cast<size_t>(dim)] : 0.0);
+              }
+              if (layer) {
+                ref::layernorm_forward(sum, w, b, y, m, r, rows, dim, eps);
+              } else {
+                ref::rmsnorm_forward(sum, w, y, r, rows, dim, eps);
+              }
+              Outputs o{{"sum", sum}, {"out", y}, {"rstd", r}};
+              if (layer) o.emplace_back("mean", m);
+              return o;
+            }});
+      }
       if (out != DType::f32) continue;  // backward: f32 in and out
       const std::string bparams = fmt::format("rows={} dim={}", rows, dim);
       // The saved statistics as a forward pass leaves them (f32).

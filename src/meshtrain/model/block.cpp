@@ -318,18 +318,28 @@ const Tensor& Model::Impl::forward_trunk(Activations& acts, const int32_t* token
   return acts.residual[keep_all ? layers : layers % 2];
 }
 
-void Model::Impl::norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y,
-                               Tensor& mean, Tensor& rstd, int64_t rows, MemCategory category) {
-  const int64_t d = cfg.dim;
-  ensure(y, {rows, d}, dt, category);
+ops::NormArgs Model::Impl::norm_outputs(const Norm& norm, DType dt, Tensor& y, Tensor& mean,
+                                        Tensor& rstd, int64_t rows, MemCategory category) {
+  ensure(y, {rows, cfg.dim}, dt, category);
   ensure(rstd, {rows}, DType::f32, category);
+  ops::NormArgs args{.w = master(norm.weight), .rstd = rstd.data<float>(), .eps = cfg.norm_eps};
   if (norm.layer_norm()) {
     ensure(mean, {rows}, DType::f32, category);
-    backend.layernorm_forward(x.data<float>(), master(norm.weight), master(norm.bias), dt, y.raw(),
-                              mean.data<float>(), rstd.data<float>(), rows, d, cfg.norm_eps);
+    args.layer_norm = true;
+    args.b = master(norm.bias);
+    args.mean = mean.data<float>();
+  }
+  return args;
+}
+
+void Model::Impl::norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y,
+                               Tensor& mean, Tensor& rstd, int64_t rows, MemCategory category) {
+  const ops::NormArgs a = norm_outputs(norm, dt, y, mean, rstd, rows, category);
+  if (a.layer_norm) {
+    backend.layernorm_forward(x.data<float>(), a.w, a.b, dt, y.raw(), a.mean, a.rstd, rows,
+                              cfg.dim, a.eps);
   } else {
-    backend.rmsnorm_forward(x.data<float>(), master(norm.weight), dt, y.raw(), rstd.data<float>(),
-                            rows, d, cfg.norm_eps);
+    backend.rmsnorm_forward(x.data<float>(), a.w, dt, y.raw(), a.rstd, rows, cfg.dim, a.eps);
   }
 }
 
@@ -349,10 +359,13 @@ void Model::Impl::norm_backward(const Norm& norm, const Tensor& x, const Tensor&
 }
 
 void Model::Impl::linear_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y,
-                                 bool accumulate) {
+                                 const float* addend) {
   ops::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
-  const float* bias = lin.bias != kNoParam ? master(lin.bias) : nullptr;
-  backend.matmul(dims, dt, x, linear_weight(lin, dt), DType::f32, y, 1.0f, accumulate, bias);
+  if (addend != nullptr) {
+    backend.matmul_add(dims, dt, x, linear_weight(lin, dt), addend, y, bias_of(lin));
+  } else {
+    backend.matmul(dims, dt, x, linear_weight(lin, dt), DType::f32, y, 1.0f, false, bias_of(lin));
+  }
   lora_forward(lin, dt, x, rows, y);
 }
 
@@ -561,7 +574,7 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
   // Attention sub-block: mid = x + proj(attention(qkv(norm1(x)))).
   const void* xn1 = column_input(b.norm1, x, dt, a.xn1, a.mean1, a.rstd1, rows, act);
   ensure(ws.qkv, {rows, b.qkv.out}, DType::f32, MemCategory::workspace);
-  linear_forward(b.qkv, dt, xn1, rows, ws.qkv.data<float>(), false);
+  linear_forward(b.qkv, dt, xn1, rows, ws.qkv.data<float>());
   if (b.qk_norm.enabled()) qk_norm_forward(b, a, rows);
   ensure(a.att, {rows, b.proj.in}, dt, act);
   if (cache != nullptr) {
@@ -574,16 +587,15 @@ void Model::Impl::forward_block(int64_t layer, const Tensor& x, BlockActs& a, Te
     backend.attention_forward(dims, rope_table(), dt, ws.qkv.data<float>(), a.att.raw(), a.attn);
   }
   ensure(a.mid, x.shape(), DType::f32, act);
-  row_parallel_add(b.proj, dt, a.att.raw(), rows, x, a.mid);
-
   // Feed-forward sub-block: out = mid + ff_out(act(ff_in(norm2(mid)))), or a mixture of experts.
-  const void* xn2 = column_input(b.norm2, a.mid, dt, a.xn2, a.mean2, a.rstd2, rows, act);
+  const void* xn2 = row_parallel_add_norm(b.proj, dt, a.att.raw(), rows, x, a.mid, b.norm2, a.xn2,
+                                          a.mean2, a.rstd2, act);
   if (b.moe.enabled()) {
     moe_forward(layer, b, a, xn2, dt, rows, out);
     return;
   }
   ensure(a.ff_pre, {rows, b.ff_in.out}, DType::f32, act);
-  linear_forward(b.ff_in, dt, xn2, rows, a.ff_pre.data<float>(), false);
+  linear_forward(b.ff_in, dt, xn2, rows, a.ff_pre.data<float>());
   mlp_activation(a.ff_pre, dt, a.ff_act, rows, hidden, act);
   row_parallel_add(b.ff_out, dt, a.ff_act.raw(), rows, a.mid, out);
 }

@@ -316,11 +316,15 @@ struct Model::Impl {
 
   void norm_forward(const Norm& norm, const Tensor& x, DType dt, Tensor& y, Tensor& mean,
                     Tensor& rstd, int64_t rows, MemCategory category);
+  // y [rows, d] in dt, rstd (and a LayerNorm's mean) made to hold `rows`
+  // rows; the backend's description of the norm writing them.
+  ops::NormArgs norm_outputs(const Norm& norm, DType dt, Tensor& y, Tensor& mean, Tensor& rstd,
+                             int64_t rows, MemCategory category);
   void norm_backward(const Norm& norm, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                      const float* dy, float* dx, int64_t rows);
-  // y[rows, out] (=|+=) x · W (+ bias), x in dt.
+  // y[rows, out] = (addend +) x · W (+ bias), x in dt; addend f32 [rows, out].
   void linear_forward(const Linear& lin, DType dt, const void* x, int64_t rows, float* y,
-                      bool accumulate);
+                      const float* addend = nullptr);
   // Adds the weight (and bias) gradients, reports them ready, and writes
   // dx[rows, in] when dx != nullptr. dy: dY in dt; dy_f32: dY in f32 or nullptr
   // (then the bias gradient converts dy into `scratch`).
@@ -368,6 +372,18 @@ struct Model::Impl {
   // all-reduced (sequence parallel: reduce-scattered), the bias added once.
   void row_parallel_add(const Linear& lin, DType dt, const void* in, int64_t rows,
                         const Tensor& residual, Tensor& out);
+  // row_parallel_add, then column_input's norm of `out`: under tp the add
+  // and the norm are one pass over this rank's rows (residual_add_norm);
+  // returns the next column-parallel layer's input.
+  const void* row_parallel_add_norm(const Linear& lin, DType dt, const void* in, int64_t rows,
+                                    const Tensor& residual, Tensor& out, const Norm& norm,
+                                    Tensor& y, Tensor& mean, Tensor& rstd, MemCategory category);
+  // lin's partial sums over tp reduced: all rows, or (sequence parallel) this
+  // rank's rows; the bias not yet added.
+  const float* row_parallel_sum(const Linear& lin, DType dt, const void* in, int64_t rows);
+  const float* bias_of(const Linear& lin) const {
+    return lin.bias != kNoParam ? master(lin.bias) : nullptr;
+  }
   // ws.dx [rows, d] holds a column-parallel layer's partial d(input): summed
   // over tp; returns this rank's shard_rows(rows) rows.
   const float* reduce_input_grad(int64_t rows);

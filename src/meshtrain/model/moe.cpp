@@ -159,10 +159,10 @@ void Model::Impl::moe_forward(int64_t layer, const Block& b, BlockActs& a, const
     trace::Span shared("moe", "shared experts", layer);
     const int64_t hs = m.shared_hidden / tp.size();
     ensure(s.shared_pre, {rows, 2 * hs}, DType::f32, cat);
-    linear_forward(b.moe.shared_in, dt, xn2, rows, s.shared_pre.data<float>(), false);
+    linear_forward(b.moe.shared_in, dt, xn2, rows, s.shared_pre.data<float>());
     mlp_activation(s.shared_pre, dt, s.shared_act, rows, hs, cat);
     ensure(s.shared_y, {rows, d}, DType::f32, cat);
-    linear_forward(b.moe.shared_out, dt, s.shared_act.raw(), rows, s.shared_y.data<float>(), false);
+    linear_forward(b.moe.shared_out, dt, s.shared_act.raw(), rows, s.shared_y.data<float>());
     if (tp.active()) tp_all_reduce_sum(tp, s.shared_y.data<float>(), rows * d);
     if (b.moe.shared_gate == kNoParam) {
       backend.add_inplace(out.data<float>(), s.shared_y.data<float>() + row0 * d, own * d);

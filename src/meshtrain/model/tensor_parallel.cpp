@@ -28,30 +28,48 @@ const void* Model::Impl::all_rows(const Tensor& y, int64_t rows, DType dt) {
   return ws.column_input.raw();
 }
 
-void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, int64_t rows,
-                                   const Tensor& residual, Tensor& out) {
-  if (!tp.active()) {
-    out.copy_from(residual);
-    linear_forward(lin, dt, in, rows, out.data<float>(), true);
-    return;
-  }
-  // Each rank's product over its slice of the inputs is a partial sum; the
-  // bias (replicated) is added once, after the reduction.
+const float* Model::Impl::row_parallel_sum(const Linear& lin, DType dt, const void* in,
+                                           int64_t rows) {
+  // Each rank's product over its slice of the inputs is a partial sum.
   const int64_t d = cfg.dim, srows = shard_rows(rows);
   ensure(ws.partial, {rows, d}, DType::f32, MemCategory::workspace);
   ops::MatmulDims dims{.m = rows, .n = lin.out, .k = lin.in, .trans_b = lin.nn_linear};
   backend.matmul(dims, dt, in, linear_weight(lin, dt), DType::f32, ws.partial.data<float>());
   lora_forward(lin, dt, in, rows, ws.partial.data<float>());  // added on tp rank 0 only
-  const float* sum = ws.partial.data<float>();
-  if (sp) {
-    ensure(ws.partial_shard, {srows, d}, DType::f32, MemCategory::workspace);
-    tp_reduce_scatter_rows(tp, sum, ws.partial_shard.data<float>(), srows, d);
-    sum = ws.partial_shard.data<float>();
-  } else {
+  if (!sp) {
     tp_all_reduce_sum(tp, ws.partial.data<float>(), rows * d);
+    return ws.partial.data<float>();
   }
-  const float* bias = lin.bias != kNoParam ? master(lin.bias) : nullptr;
-  backend.residual_add(residual.data<float>(), sum, bias, out.data<float>(), srows, d);
+  ensure(ws.partial_shard, {srows, d}, DType::f32, MemCategory::workspace);
+  tp_reduce_scatter_rows(tp, ws.partial.data<float>(), ws.partial_shard.data<float>(), srows, d);
+  return ws.partial_shard.data<float>();
+}
+
+void Model::Impl::row_parallel_add(const Linear& lin, DType dt, const void* in, int64_t rows,
+                                   const Tensor& residual, Tensor& out) {
+  if (!tp.active()) {
+    linear_forward(lin, dt, in, rows, out.data<float>(), residual.data<float>());
+    return;
+  }
+  // The bias (replicated) is added once, after the reduction.
+  backend.residual_add(residual.data<float>(), row_parallel_sum(lin, dt, in, rows), bias_of(lin),
+                       out.data<float>(), shard_rows(rows), cfg.dim);
+}
+
+const void* Model::Impl::row_parallel_add_norm(const Linear& lin, DType dt, const void* in,
+                                               int64_t rows, const Tensor& residual, Tensor& out,
+                                               const Norm& norm, Tensor& y, Tensor& mean,
+                                               Tensor& rstd, MemCategory category) {
+  if (!tp.active()) {  // the add is the GEMM's (matmul_add)
+    row_parallel_add(lin, dt, in, rows, residual, out);
+    return column_input(norm, out, dt, y, mean, rstd, rows, category);
+  }
+  const float* sum = row_parallel_sum(lin, dt, in, rows);
+  const int64_t srows = shard_rows(rows);
+  const ops::NormArgs args = norm_outputs(norm, dt, y, mean, rstd, srows, category);
+  backend.residual_add_norm(residual.data<float>(), sum, bias_of(lin), out.data<float>(), args, dt,
+                            y.raw(), srows, cfg.dim);
+  return all_rows(y, rows, dt);
 }
 
 const float* Model::Impl::reduce_input_grad(int64_t rows) {

@@ -130,9 +130,7 @@ void residual_add(const float* residual, const float* y, const float* bias, floa
                   int64_t rows, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < n; ++j) {
-      out[r * n + j] = residual[r * n + j] + (y[r * n + j] + (bias != nullptr ? bias[j] : 0.0f));
-    }
+    residual_add_row(residual + r * n, y + r * n, bias, out + r * n, n);
   }
 }
 

@@ -27,6 +27,17 @@ void mul_inplace(float* x, const float* y, int64_t n);
 void add_product(float* x, const float* a, const float* b, int64_t n);
 void residual_add(const float* residual, const float* y, const float* bias, float* out,
                   int64_t rows, int64_t n);
+// One row of it: out[j] = residual[j] + (y[j] + bias[j]).
+inline void residual_add_row(const float* __restrict residual, const float* __restrict y,
+                             const float* __restrict bias, float* __restrict out, int64_t n) {
+  if (bias == nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) out[j] = residual[j] + y[j];
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) out[j] = residual[j] + (y[j] + bias[j]);
+  }
+}
 // dbias[j] += sum_r dy[r, j]  (deterministic order)
 void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n);
 

@@ -133,6 +133,12 @@ void CpuBackend::residual_add(const float* residual, const float* y, const float
   cpu::residual_add(residual, y, bias, out, rows, n);
 }
 
+void CpuBackend::residual_add_norm(const float* residual, const float* y, const float* bias,
+                                   float* sum, const ops::NormArgs& norm, DType out_dtype,
+                                   void* out, int64_t rows, int64_t n) {
+  cpu::residual_add_norm(residual, y, bias, sum, norm, out_dtype, out, rows, n);
+}
+
 void CpuBackend::convert(DType from, const void* src, DType to, void* dst, int64_t n) {
   meshtrain::convert(from, src, to, dst, static_cast<size_t>(n));
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "meshtrain/backend/cpu/activation.h"
 #include "meshtrain/backend/cpu/simd.h"
 
 namespace meshtrain::cpu {
@@ -43,10 +44,11 @@ void rms_row_backward(const float* __restrict x, const float* __restrict dy,
   }
 }
 
-}  // namespace
-
-void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y, float* rstd,
-                     int64_t rows, int64_t dim, float eps) {
+// The norms' forward over rows whose input `input(r)` gives: x's row, or the
+// residual add's sum, written just before (so still in cache) when fused.
+template <typename Input>
+void rms_rows(Input input, const float* w, DType out_dtype, void* y, float* rstd, int64_t rows,
+              int64_t dim, float eps) {
   simd::dispatch_store(out_dtype, y, [&](auto* out) {
 #pragma omp parallel
     {
@@ -54,7 +56,7 @@ void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y, f
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t n = dim;  // a local bound (not a captured reference) lets loops vectorise
-        const float* __restrict xr = x + r * n;
+        const float* __restrict xr = input(r);
         const float* __restrict wl = w;
         float* __restrict t = tmp.data();
         const float s = 1.0f / std::sqrt(sum_sq(xr, n) / static_cast<float>(n) + eps);
@@ -65,6 +67,42 @@ void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y, f
       }
     }
   });
+}
+
+template <typename Input>
+void layer_rows(Input input, const float* w, const float* b, DType out_dtype, void* y,
+                float* mean, float* rstd, int64_t rows, int64_t dim, float eps) {
+  simd::dispatch_store(out_dtype, y, [&](auto* out) {
+#pragma omp parallel
+    {
+      std::vector<float> tmp(static_cast<size_t>(dim));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = dim;
+        const float* __restrict xr = input(r);
+        const float* __restrict wl = w;
+        const float* __restrict bl = b;
+        float* __restrict t = tmp.data();
+        const float m = sum(xr, n) / static_cast<float>(n);
+        float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+        for (int64_t i = 0; i < n; ++i) var += (xr[i] - m) * (xr[i] - m);
+        const float s = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
+        mean[r] = m;
+        rstd[r] = s;
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) t[i] = (xr[i] - m) * s * wl[i] + bl[i];
+        simd::store_row(out + r * n, t, n);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void rmsnorm_forward(const float* x, const float* w, DType out_dtype, void* y, float* rstd,
+                     int64_t rows, int64_t dim, float eps) {
+  rms_rows([&](int64_t r) { return x + r * dim; }, w, out_dtype, y, rstd, rows, dim, eps);
 }
 
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
@@ -120,30 +158,22 @@ void group_rmsnorm_backward(const ops::GroupNormDims& dims, const float* saved, 
 
 void layernorm_forward(const float* x, const float* w, const float* b, DType out_dtype, void* y,
                        float* mean, float* rstd, int64_t rows, int64_t dim, float eps) {
-  simd::dispatch_store(out_dtype, y, [&](auto* out) {
-#pragma omp parallel
-    {
-      std::vector<float> tmp(static_cast<size_t>(dim));
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = dim;
-        const float* __restrict xr = x + r * n;
-        const float* __restrict wl = w;
-        const float* __restrict bl = b;
-        float* __restrict t = tmp.data();
-        const float m = sum(xr, n) / static_cast<float>(n);
-        float var = 0.0f;
-#pragma omp simd reduction(+ : var)
-        for (int64_t i = 0; i < n; ++i) var += (xr[i] - m) * (xr[i] - m);
-        const float s = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
-        mean[r] = m;
-        rstd[r] = s;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) t[i] = (xr[i] - m) * s * wl[i] + bl[i];
-        simd::store_row(out + r * n, t, n);
-      }
-    }
-  });
+  layer_rows([&](int64_t r) { return x + r * dim; }, w, b, out_dtype, y, mean, rstd, rows, dim,
+             eps);
+}
+
+void residual_add_norm(const float* residual, const float* y, const float* bias, float* sum,
+                       const ops::NormArgs& norm, DType out_dtype, void* out, int64_t rows,
+                       int64_t dim) {
+  auto input = [&](int64_t r) -> const float* {
+    residual_add_row(residual + r * dim, y + r * dim, bias, sum + r * dim, dim);
+    return sum + r * dim;
+  };
+  if (norm.layer_norm) {
+    layer_rows(input, norm.w, norm.b, out_dtype, out, norm.mean, norm.rstd, rows, dim, norm.eps);
+  } else {
+    rms_rows(input, norm.w, out_dtype, out, norm.rstd, rows, dim, norm.eps);
+  }
 }
 
 void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd,

@@ -24,6 +24,11 @@ void layernorm_forward(const float* x, const float* w, const float* b, DType out
 void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd,
                         const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t dim);
 
+// Backend::residual_add_norm: sum = residual + (y + bias), then its norm.
+void residual_add_norm(const float* residual, const float* y, const float* bias, float* sum,
+                       const ops::NormArgs& norm, DType out_dtype, void* out, int64_t rows,
+                       int64_t dim);
+
 // Backend::group_rmsnorm_forward / _backward (ops::GroupNormDims).
 void group_rmsnorm_forward(const ops::GroupNormDims& dims, float* x, const float* w, float* saved,
                            float* rstd);

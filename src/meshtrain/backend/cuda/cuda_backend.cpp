@@ -100,6 +100,12 @@ void CudaBackend::matmul(const ops::MatmulDims& dims, DType ab, const void* a, c
   impl_->gemms->run(dims, ab, a, b, c_dtype, c, alpha, accumulate, bias);
 }
 
+void CudaBackend::matmul_add(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
+                             const float* addend, float* c, const float* bias) {
+  MESHTRAIN_CHECK(dims.ldc == 0, "cuda: matmul_add takes a dense C");
+  impl_->gemms->run(dims, ab, a, b, DType::f32, c, 1.0f, true, bias, addend);
+}
+
 void CudaBackend::grouped_matmul(const ops::GroupedMatmulDims& dims, DType ab, const void* a,
                                  const void* b, DType c_dtype, void* c, float alpha,
                                  bool accumulate) {
@@ -249,6 +255,23 @@ void CudaBackend::add_product(float* x, const float* a, const float* b, int64_t 
 void CudaBackend::residual_add(const float* residual, const float* y, const float* bias, float* out,
                                int64_t rows, int64_t n) {
   launch_residual_add(impl_->stream, residual, y, bias, out, rows, n);
+}
+
+void CudaBackend::residual_add_norm(const float* residual, const float* y, const float* bias,
+                                    float* sum, const ops::NormArgs& norm, DType out_dtype,
+                                    void* out, int64_t rows, int64_t n) {
+  const ResidualNorm args{.residual = residual,
+                          .y = y,
+                          .bias = bias,
+                          .sum = sum,
+                          .w = norm.w,
+                          .b = norm.layer_norm ? norm.b : nullptr,
+                          .mean = norm.layer_norm ? norm.mean : nullptr,
+                          .rstd = norm.rstd,
+                          .eps = norm.eps};
+  MESHTRAIN_CHECK(!norm.layer_norm || norm.mean != nullptr,
+                  "cuda: residual_add_norm: a LayerNorm saves its mean");
+  launch_residual_add_norm(impl_->stream, args, elem(out_dtype), out, rows, n);
 }
 
 void CudaBackend::convert(DType from, const void* src, DType to, void* dst, int64_t n) {

@@ -39,6 +39,8 @@ class CudaBackend final : public Backend {
 
   void matmul(const ops::MatmulDims& dims, DType ab, const void* a, const void* b, DType c_dtype,
               void* c, float alpha, bool accumulate, const float* bias) override;
+  void matmul_add(const ops::MatmulDims& dims, DType ab, const void* a, const void* b,
+                  const float* addend, float* c, const float* bias) override;
   void grouped_matmul(const ops::GroupedMatmulDims& dims, DType ab, const void* a, const void* b,
                       DType c_dtype, void* c, float alpha, bool accumulate) override;
   double measure_matmul_peak_flops(DType ab, double seconds) override;
@@ -70,6 +72,9 @@ class CudaBackend final : public Backend {
   void add_product(float* x, const float* a, const float* b, int64_t n) override;
   void residual_add(const float* residual, const float* y, const float* bias, float* out,
                     int64_t rows, int64_t n) override;
+  void residual_add_norm(const float* residual, const float* y, const float* bias, float* sum,
+                         const ops::NormArgs& norm, DType out_dtype, void* out, int64_t rows,
+                         int64_t n) override;
   void convert(DType from, const void* src, DType to, void* dst, int64_t n) override;
   void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) override;
 

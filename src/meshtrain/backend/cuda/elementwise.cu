@@ -24,7 +24,7 @@ __global__ void add_product_kernel(float* x, const float* a, const float* b, int
 __global__ void residual_add_kernel(const float* residual, const float* y, const float* bias,
                                     float* out, int64_t rows, int64_t n) {
   MESHTRAIN_GRID_STRIDE(i, rows * n) {
-    out[i] = residual[i] + (y[i] + (bias != nullptr ? bias[i % n] : 0.0f));
+    out[i] = math::residual_sum(residual[i], y[i], bias, i % n);
   }
 }
 

@@ -51,6 +51,22 @@ void launch_layernorm_forward(cudaStream_t s, const float* x, const float* w, co
 void launch_layernorm_backward(cudaStream_t s, const float* x, const float* w, const float* mean,
                                const float* rstd, const float* dy, float* dx, float* dw,
                                float* db, int64_t rows, int64_t dim);
+// The residual add fused with the norm of its sum (Backend::residual_add_norm):
+// sum = residual + (y + bias) written as the norm reads it; the norm is
+// LayerNorm when `mean` is given (w, b), else RMSNorm (w).
+struct ResidualNorm {
+  const float* residual = nullptr;
+  const float* y = nullptr;
+  const float* bias = nullptr;
+  float* sum = nullptr;
+  const float* w = nullptr;
+  const float* b = nullptr;
+  float* mean = nullptr;
+  float* rstd = nullptr;
+  float eps = 0;
+};
+void launch_residual_add_norm(cudaStream_t s, const ResidualNorm& args, Elem out_dtype, void* out,
+                              int64_t rows, int64_t dim);
 // QK-norm: groups of `width` within the first `count` of each row, rows
 // `stride` apart (ops::GroupNormDims).
 struct GroupNorm {

@@ -138,6 +138,13 @@ MESHTRAIN_HD RingRescale ring_rescale(float m, float best) {
   return {to, expf(m - to)};
 }
 
+// ---- a row-parallel layer's output y (column j) joining the residual
+// stream r: r + (y + bias[j]), or r + y without a bias (the CPU backend's
+// residual_add_row).
+MESHTRAIN_HD float residual_sum(float r, float y, const float* bias, int64_t j) {
+  return bias != nullptr ? r + (y + bias[j]) : r + y;
+}
+
 // ---- norms: 1 / sqrt(mean of squares + eps) from the row's sum of squares
 // (RMSNorm) or sum of squared deviations (LayerNorm).
 MESHTRAIN_HD float inverse_rms(float sum_squares, int64_t n, float eps) {

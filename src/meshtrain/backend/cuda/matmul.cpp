@@ -125,12 +125,13 @@ void Gemms::prepare(const ops::MatmulDims& dims, DType ab, DType c_dtype, bool a
 }
 
 void Gemms::run(const ops::MatmulDims& dims, DType ab, const void* a, const void* b, DType c_dtype,
-                void* c, float alpha, bool accumulate, const float* bias) {
+                void* c, float alpha, bool accumulate, const float* bias, const void* c_in) {
   const CublasLt& lt = cublaslt();
   Plan& p = plan(dims, ab, c_dtype, accumulate, bias != nullptr);
   if (bias != nullptr) set(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float beta = accumulate ? 1.0f : 0.0f;
-  check(lt.matmul(handle_, p.op, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
+  const void* from = accumulate && c_in != nullptr ? c_in : c;
+  check(lt.matmul(handle_, p.op, &alpha, b, p.a, a, p.b, &beta, from, p.c, c, p.c, &p.algo,
                        workspace_, kGemmWorkspace, stream_),
         "cublasLtMatmul");
 }

@@ -27,8 +27,10 @@ class Gemms {
   Gemms(const Gemms&) = delete;
   Gemms& operator=(const Gemms&) = delete;
 
+  // accumulate: C is read from `c_in` when given (cuBLASLt's C and D apart), else from c.
   void run(const ops::MatmulDims& dims, DType ab, const void* a, const void* b, DType c_dtype,
-           void* c, float alpha, bool accumulate, const float* bias);
+           void* c, float alpha, bool accumulate, const float* bias,
+           const void* c_in = nullptr);
 
   // The plan for `dims` without running it: descriptors, layouts and an
   // algorithm the heuristic accepts (throws Error naming the shape if none).

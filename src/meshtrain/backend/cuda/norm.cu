@@ -6,14 +6,39 @@
 namespace meshtrain::cuda {
 namespace {
 
+// A norm's input rows: x, or (fused with the residual add) residual + (y +
+// bias), written to `sum` by the pass that first reads it. Each thread reads
+// back only what it wrote, so the later passes need no barrier.
+struct RowInput {
+  const float* x = nullptr;
+  const float* residual = nullptr;
+  const float* y = nullptr;
+  const float* bias = nullptr;
+  float* sum = nullptr;  // fused when given
+  __device__ const float* row(int64_t r, int64_t dim) const {
+    return (sum != nullptr ? sum : x) + r * dim;
+  }
+  // Value i of row r in the first pass over it.
+  __device__ float first(int64_t r, int64_t dim, int64_t i) const {
+    const int64_t at = r * dim + i;
+    if (sum == nullptr) return x[at];
+    const float v = math::residual_sum(residual[at], y[at], bias, i);
+    sum[at] = v;
+    return v;
+  }
+};
+
 template <typename E>
-__global__ void rmsnorm_forward_kernel(const float* x, const float* w, typename E::T* y,
-                                       float* rstd, int64_t dim, float eps) {
+__global__ void rmsnorm_forward_kernel(RowInput in, const float* w, typename E::T* y, float* rstd,
+                                       int64_t dim, float eps) {
   __shared__ float scratch[kThreads / 32];
   const int64_t r = blockIdx.x;
-  const float* xr = x + r * dim;
   float sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += kThreads) sq += xr[i] * xr[i];
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+    const float v = in.first(r, dim, i);
+    sq += v * v;
+  }
+  const float* xr = in.row(r, dim);
   const float s = math::inverse_rms(block_sum(sq, scratch), dim, eps);
   if (threadIdx.x == 0) rstd[r] = s;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) y[r * dim + i] = E::store(xr[i] * s * w[i]);
@@ -50,14 +75,14 @@ __global__ void rms_weight_grad_kernel(const float* x, const float* rstd, const 
 }
 
 template <typename E>
-__global__ void layernorm_forward_kernel(const float* x, const float* w, const float* b,
+__global__ void layernorm_forward_kernel(RowInput in, const float* w, const float* b,
                                          typename E::T* y, float* mean, float* rstd, int64_t dim,
                                          float eps) {
   __shared__ float scratch[kThreads / 32];
   const int64_t r = blockIdx.x;
-  const float* xr = x + r * dim;
   float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += xr[i];
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += in.first(r, dim, i);
+  const float* xr = in.row(r, dim);
   const float m = block_sum(sum, scratch) / static_cast<float>(dim);
   float var = 0.0f;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) var += (xr[i] - m) * (xr[i] - m);
@@ -162,16 +187,33 @@ __global__ void group_rmsnorm_backward_kernel(GroupNorm g, const float* saved, c
 
 unsigned rows_grid(int64_t rows) { return static_cast<unsigned>(rows); }
 
-}  // namespace
 
-void launch_rmsnorm_forward(cudaStream_t s, const float* x, const float* w, Elem out_dtype,
-                            void* y, float* rstd, int64_t rows, int64_t dim, float eps) {
+void rms_forward(cudaStream_t s, const RowInput& in, const float* w, Elem out_dtype, void* y,
+                 float* rstd, int64_t rows, int64_t dim, float eps) {
   if (rows == 0) return;
   with_elem(out_dtype, [&](auto e) {
     using E = decltype(e);
     rmsnorm_forward_kernel<E><<<rows_grid(rows), kThreads, 0, s>>>(
-        x, w, static_cast<typename E::T*>(y), rstd, dim, eps);
+        in, w, static_cast<typename E::T*>(y), rstd, dim, eps);
   });
+}
+
+void layer_forward(cudaStream_t s, const RowInput& in, const float* w, const float* b,
+                   Elem out_dtype, void* y, float* mean, float* rstd, int64_t rows, int64_t dim,
+                   float eps) {
+  if (rows == 0) return;
+  with_elem(out_dtype, [&](auto e) {
+    using E = decltype(e);
+    layernorm_forward_kernel<E><<<rows_grid(rows), kThreads, 0, s>>>(
+        in, w, b, static_cast<typename E::T*>(y), mean, rstd, dim, eps);
+  });
+}
+
+}  // namespace
+
+void launch_rmsnorm_forward(cudaStream_t s, const float* x, const float* w, Elem out_dtype,
+                            void* y, float* rstd, int64_t rows, int64_t dim, float eps) {
+  rms_forward(s, RowInput{.x = x}, w, out_dtype, y, rstd, rows, dim, eps);
   check_launch("rmsnorm_forward");
 }
 
@@ -186,13 +228,19 @@ void launch_rmsnorm_backward(cudaStream_t s, const float* x, const float* w, con
 void launch_layernorm_forward(cudaStream_t s, const float* x, const float* w, const float* b,
                               Elem out_dtype, void* y, float* mean, float* rstd, int64_t rows,
                               int64_t dim, float eps) {
-  if (rows == 0) return;
-  with_elem(out_dtype, [&](auto e) {
-    using E = decltype(e);
-    layernorm_forward_kernel<E><<<rows_grid(rows), kThreads, 0, s>>>(
-        x, w, b, static_cast<typename E::T*>(y), mean, rstd, dim, eps);
-  });
+  layer_forward(s, RowInput{.x = x}, w, b, out_dtype, y, mean, rstd, rows, dim, eps);
   check_launch("layernorm_forward");
+}
+
+void launch_residual_add_norm(cudaStream_t s, const ResidualNorm& a, Elem out_dtype, void* out,
+                              int64_t rows, int64_t dim) {
+  const RowInput in{.residual = a.residual, .y = a.y, .bias = a.bias, .sum = a.sum};
+  if (a.mean != nullptr) {
+    layer_forward(s, in, a.w, a.b, out_dtype, out, a.mean, a.rstd, rows, dim, a.eps);
+  } else {
+    rms_forward(s, in, a.w, out_dtype, out, a.rstd, rows, dim, a.eps);
+  }
+  check_launch("residual_add_norm");
 }
 
 void launch_layernorm_backward(cudaStream_t s, const float* x, const float* w, const float* mean,

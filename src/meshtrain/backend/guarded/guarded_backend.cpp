@@ -175,6 +175,11 @@ void GuardedBackend::residual_add(const float* residual, const float* y, const f
   inner_->residual_add(residual, y, bias, out, rows, n);
 }
 
+void GuardedBackend::residual_add_norm(const float* residual, const float* y, const float* bias, float* sum, const ops::NormArgs& norm, DType out_dtype, void* out, int64_t rows, int64_t n) {
+  const Scope scope("residual_add_norm", {residual, y, bias, sum, norm.w, norm.b, norm.mean, norm.rstd, out});
+  inner_->residual_add_norm(residual, y, bias, sum, norm, out_dtype, out, rows, n);
+}
+
 void GuardedBackend::convert(DType from, const void* src, DType to, void* dst, int64_t n) {
   const Scope scope("convert", {src, dst});
   inner_->convert(from, src, to, dst, n);

@@ -53,6 +53,7 @@ class GuardedBackend final : public Backend {
   void mul_inplace(float* x, const float* y, int64_t n) override;
   void add_product(float* x, const float* a, const float* b, int64_t n) override;
   void residual_add(const float* residual, const float* y, const float* bias, float* out, int64_t rows, int64_t n) override;
+  void residual_add_norm(const float* residual, const float* y, const float* bias, float* sum, const ops::NormArgs& norm, DType out_dtype, void* out, int64_t rows, int64_t n) override;
   void convert(DType from, const void* src, DType to, void* dst, int64_t n) override;
   void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t n) override;
   ops::RopeTable make_rope_table(int64_t head_dim, int64_t max_seq, std::span<const float> inv_freq) override;
