@@ -243,8 +243,21 @@ struct CausalBlocks {
 // rows skip masked key blocks): scores (and dP) [rows, key0:end) = q[rows]
 // k[key0:end)^T; out (and dQ) [rows] = P[rows, key0:end) v[key0:end). Key
 // block i: dK[keys] = dS[begin:T, keys]^T q[begin:T] (and dV from P, dO).
-MatmulDims score_dims(const CausalBlocks& blk, int64_t i, int64_t D, int64_t key0 = 0) {
-  return MatmulDims{1, blk.rows(i), blk.end(i) - key0, D, false, true, false, D, D, blk.seq};
+// The keys a query block's scores (and dP) are computed for: up to the
+// block's last query (the causal part), but in bf16 every key to the end of
+// the row. oneDNN 2.6 runs a bf16 GEMM whose C rows are narrower than their
+// stride on gemm:jit, not AMX's brgemm: 27–64 µs against 7 µs for a 64-row
+// block at T = 256 (DNNL_VERBOSE). The softmax reads only the causal part, so
+// the rest is computed and ignored: twice the score FLOPs, 2.3–2.9× faster
+// forward (docs/benchmarks.md). f32 and f16 (f32 GEMMs after staging) keep the
+// causal bound: full rows measured 10–15% slower there.
+int64_t score_end(const CausalBlocks& blk, int64_t i, DType compute) {
+  return compute == DType::bf16 ? blk.seq : blk.end(i);
+}
+MatmulDims score_dims(const CausalBlocks& blk, int64_t i, int64_t D, DType compute,
+                      int64_t key0 = 0) {
+  return MatmulDims{1, blk.rows(i), score_end(blk, i, compute) - key0, D, false, true, false,
+                    D, D, blk.seq};
 }
 MatmulDims output_dims(const CausalBlocks& blk, int64_t i, int64_t D, int64_t key0 = 0) {
   return MatmulDims{1, blk.rows(i), D, blk.end(i) - key0, false, false, false, blk.seq, D, D};
@@ -373,7 +386,7 @@ size_t max_pad(std::initializer_list<const std::vector<ThreadMatmul>*> groups) {
 BlockMatmuls score_matmuls(CpuContext& ctx, const CausalBlocks& blk, const KeySkip& skip,
                            DType compute, int64_t D) {
   return BlockMatmuls(ctx, blk, skip, compute, DType::f32,
-                      [&](int64_t i, int64_t key0) { return score_dims(blk, i, D, key0); },
+                      [&](int64_t i, int64_t key0) { return score_dims(blk, i, D, compute, key0); },
                       score_scale(D));
 }
 
@@ -511,8 +524,9 @@ void attention_backward(CpuContext& ctx, const AttentionDims& dims, const RopeTa
     std::optional<BlockMatmuls> qk;
     if (!kept) qk.emplace(score_matmuls(ctx, blk, skip, compute, D));
     // dP = dO v^T (the scores' shape); dQ = dS k (the output's), from the block's first key block.
-    BlockMatmuls dp_mm(ctx, blk, skip, compute, DType::f32,
-                       [&](int64_t i, int64_t key0) { return score_dims(blk, i, D, key0); });
+    BlockMatmuls dp_mm(ctx, blk, skip, compute, DType::f32, [&](int64_t i, int64_t key0) {
+      return score_dims(blk, i, D, compute, key0);
+    });
     BlockMatmuls dq_mm(ctx, blk, skip, compute, DType::f32,
                        [&](int64_t i, int64_t key0) { return output_dims(blk, i, D, key0); });
     // dK and dV sum over the group's heads (the first head overwrites, the others accumulate).
@@ -637,7 +651,7 @@ size_t attention_workspace_bytes(const AttentionDims& dims, DType compute, bool 
   const CausalBlocks blk(T);
   // dK and dV: the group's first head overwrites, the others accumulate.
   return blocked_workspace_bytes(
-      blk.count(), [&](int64_t i) { return score_dims(blk, i, D); },
+      blk.count(), [&](int64_t i) { return score_dims(blk, i, D, compute); },
       [&](int64_t i) { return output_dims(blk, i, D); },
       [&](int64_t i) { return key_grad_dims(blk, i, D); }, true, M, T, D, compute,
       recompute_probs, backward, threads);
