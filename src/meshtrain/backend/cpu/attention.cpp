@@ -251,8 +251,9 @@ struct CausalBlocks {
 // the rest is computed and ignored: twice the score FLOPs, 2.3–2.9× faster
 // forward (docs/benchmarks.md). f32 and f16 (f32 GEMMs after staging) keep the
 // causal bound: full rows measured 10–15% slower there.
+bool whole_score_rows(DType compute) { return compute == DType::bf16; }
 int64_t score_end(const CausalBlocks& blk, int64_t i, DType compute) {
-  return compute == DType::bf16 ? blk.seq : blk.end(i);
+  return whole_score_rows(compute) ? blk.seq : blk.end(i);
 }
 MatmulDims score_dims(const CausalBlocks& blk, int64_t i, int64_t D, DType compute,
                       int64_t key0 = 0) {
@@ -694,8 +695,10 @@ struct ContextBlocks {
 
 // scores / dP [rows, 0:keys) = a[rows] b[0:keys)^T (ldc = T); out / dQ [rows]
 // = P[rows, 0:keys) b[0:keys); dK / dV [0:keys) += dS[rows, 0:keys)^T a[rows].
-MatmulDims context_score_dims(const ContextBlocks& cb, int64_t n, int64_t D) {
-  return MatmulDims{1, cb.rows(n), cb.keys(n), D, false, true, false, D, D, cb.seq};
+// In bf16 over every key of the sequence (score_end says why).
+MatmulDims context_score_dims(const ContextBlocks& cb, int64_t n, int64_t D, DType compute) {
+  const int64_t keys = whole_score_rows(compute) ? cb.seq : cb.keys(n);
+  return MatmulDims{1, cb.rows(n), keys, D, false, true, false, D, D, cb.seq};
 }
 MatmulDims context_output_dims(const ContextBlocks& cb, int64_t n, int64_t D) {
   return MatmulDims{1, cb.rows(n), D, cb.keys(n), false, false, false, cb.seq, D, D};
@@ -796,7 +799,7 @@ void context_attention_forward(CpuContext& ctx, const ContextDims& dims, DType c
     // 2. Per group: scores over the whole sequence, masked softmax, out = P v.
     const ContextBlocks cb(dims);
     auto qk = per_context_block(ctx, cb, compute, DType::f32,
-                                [&](int64_t n) { return context_score_dims(cb, n, D); },
+                                [&](int64_t n) { return context_score_dims(cb, n, D, compute); },
                                 score_scale(D));
     auto pv = per_context_block(ctx, cb, compute, compute,
                                 [&](int64_t n) { return context_output_dims(cb, n, D); });
@@ -858,11 +861,11 @@ void context_attention_backward(CpuContext& ctx, const ContextDims& dims, const 
     std::vector<ThreadMatmul> qk;
     if (!kept) {
       qk = per_context_block(ctx, cb, compute, DType::f32,
-                             [&](int64_t n) { return context_score_dims(cb, n, D); },
+                             [&](int64_t n) { return context_score_dims(cb, n, D, compute); },
                              score_scale(D));
     }
     auto dp_mm = per_context_block(ctx, cb, compute, DType::f32,
-                                   [&](int64_t n) { return context_score_dims(cb, n, D); });
+                                   [&](int64_t n) { return context_score_dims(cb, n, D, compute); });
     auto dq_mm = per_context_block(ctx, cb, compute, DType::f32,
                                    [&](int64_t n) { return context_output_dims(cb, n, D); });
     auto dkv_mm = per_context_block(ctx, cb, compute, DType::f32,
@@ -947,7 +950,7 @@ size_t context_attention_workspace_bytes(const ContextDims& dims, DType compute,
   const ContextBlocks cb(dims);
   // dK and dV accumulate into zeroed buffers.
   return blocked_workspace_bytes(
-      cb.count(), [&](int64_t n) { return context_score_dims(cb, n, D); },
+      cb.count(), [&](int64_t n) { return context_score_dims(cb, n, D, compute); },
       [&](int64_t n) { return context_output_dims(cb, n, D); },
       [&](int64_t n) { return context_key_grad_dims(cb, n, D); }, false, M, T, D, compute,
       recompute_probs, backward, threads);
