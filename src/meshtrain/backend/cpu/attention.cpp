@@ -1088,13 +1088,16 @@ struct RingMask {
   }
   // The block's keys any of a group's query rows [r0, r0 + rows) sees
   // (row r is local token r % local_seq): chunk 0, chunk 1, both or none.
-  KeySpan tile_keys(int64_t b, int64_t r0, int64_t rows) const {
+  // The keys a tile's GEMMs run over: the chunks any of its rows sees, or
+  // (`whole`: bf16, score_end says why) the whole block once any is seen.
+  KeySpan tile_keys(int64_t b, int64_t r0, int64_t rows, bool whole) const {
     bool chunk[2] = {false, false};
     for (int64_t r = r0; r < r0 + rows; ++r) {
       const Ranges v = visible(b, r % d.local_seq);
       for (int64_t k = 0; k < 2; ++k) chunk[k] = chunk[k] || v.hi[k] > v.lo[k];
     }
     const int64_t c = d.local_seq / 2;
+    if ((chunk[0] || chunk[1]) && whole) return {0, 2 * c};
     if (chunk[0] && chunk[1]) return {0, 2 * c};
     if (chunk[0]) return {0, c};
     if (chunk[1]) return {c, c};
@@ -1171,7 +1174,7 @@ void ring_attention_forward_block(CpuContext& ctx, const ContextDims& dims, DTyp
       const int64_t b = g / KV;
       for (int64_t t = 0; t < tiles.count(); ++t) {
         const int64_t r0 = tiles.begin(t), n = tiles.rows(t);
-        const KeySpan span = mask.tile_keys(b, r0, n);
+        const KeySpan span = mask.tile_keys(b, r0, n, whole_score_rows(compute));
         if (span.keys == 0) continue;  // the block is after (or before) every query of the tile
         const int64_t j0 = span.first;
         qk.at(n, span.keys).run(tid, q + (g * M + r0) * D, k + (g * L + j0) * D, scores + j0, pad_g);
@@ -1285,7 +1288,7 @@ void ring_attention_backward_block(CpuContext& ctx, const ContextDims& dims, DTy
         simd::store_row(dout_g + r * D, d_out + ((b * L + r % L) * H + h0 + r / L) * D, D);
       for (int64_t t = 0; t < tiles.count(); ++t) {
         const int64_t r0 = tiles.begin(t), n = tiles.rows(t);
-        const KeySpan span = mask.tile_keys(b, r0, n);
+        const KeySpan span = mask.tile_keys(b, r0, n, whole_score_rows(compute));
         if (span.keys == 0) continue;
         const int64_t j0 = span.first, j1 = j0 + span.keys;
         qk.at(n, span.keys).run(tid, q + (g * M + r0) * D, k + (g * L + j0) * D, p + j0, pad_g);
