@@ -1087,9 +1087,8 @@ struct RingMask {
     return r;
   }
   // The block's keys any of a group's query rows [r0, r0 + rows) sees
-  // (row r is local token r % local_seq): chunk 0, chunk 1, both or none.
-  // The keys a tile's GEMMs run over: the chunks any of its rows sees, or
-  // (`whole`: bf16, score_end says why) the whole block once any is seen.
+  // (row r is local token r % local_seq): chunk 0, chunk 1, both or none;
+  // with `whole` (bf16, score_end says why) the whole block once any is seen.
   KeySpan tile_keys(int64_t b, int64_t r0, int64_t rows, bool whole) const {
     bool chunk[2] = {false, false};
     for (int64_t r = r0; r < r0 + rows; ++r) {
@@ -1097,11 +1096,9 @@ struct RingMask {
       for (int64_t k = 0; k < 2; ++k) chunk[k] = chunk[k] || v.hi[k] > v.lo[k];
     }
     const int64_t c = d.local_seq / 2;
-    if ((chunk[0] || chunk[1]) && whole) return {0, 2 * c};
-    if (chunk[0] && chunk[1]) return {0, 2 * c};
-    if (chunk[0]) return {0, c};
-    if (chunk[1]) return {c, c};
-    return {};
+    if (!chunk[0] && !chunk[1]) return {};
+    if (whole || (chunk[0] && chunk[1])) return {0, 2 * c};
+    return chunk[0] ? KeySpan{0, c} : KeySpan{c, c};
   }
 };
 

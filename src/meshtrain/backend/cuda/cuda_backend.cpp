@@ -260,13 +260,14 @@ void CudaBackend::residual_add(const float* residual, const float* y, const floa
 void CudaBackend::residual_add_norm(const float* residual, const float* y, const float* bias,
                                     float* sum, const ops::NormArgs& norm, DType out_dtype,
                                     void* out, int64_t rows, int64_t n) {
-  const ResidualNorm args{.residual = residual,
+  const ResidualNorm args{.layer_norm = norm.layer_norm,
+                          .residual = residual,
                           .y = y,
                           .bias = bias,
                           .sum = sum,
                           .w = norm.w,
-                          .b = norm.layer_norm ? norm.b : nullptr,
-                          .mean = norm.layer_norm ? norm.mean : nullptr,
+                          .b = norm.b,
+                          .mean = norm.mean,
                           .rstd = norm.rstd,
                           .eps = norm.eps};
   MESHTRAIN_CHECK(!norm.layer_norm || norm.mean != nullptr,

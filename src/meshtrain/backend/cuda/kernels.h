@@ -52,9 +52,10 @@ void launch_layernorm_backward(cudaStream_t s, const float* x, const float* w, c
                                const float* rstd, const float* dy, float* dx, float* dw,
                                float* db, int64_t rows, int64_t dim);
 // The residual add fused with the norm of its sum (Backend::residual_add_norm):
-// sum = residual + (y + bias) written as the norm reads it; the norm is
-// LayerNorm when `mean` is given (w, b), else RMSNorm (w).
+// sum = residual + (y + bias) written as the norm reads it; ops::NormArgs'
+// fields for the norm.
 struct ResidualNorm {
+  bool layer_norm = false;  // LayerNorm (w, b, mean), else RMSNorm (w)
   const float* residual = nullptr;
   const float* y = nullptr;
   const float* bias = nullptr;

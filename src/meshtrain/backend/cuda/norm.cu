@@ -187,7 +187,6 @@ __global__ void group_rmsnorm_backward_kernel(GroupNorm g, const float* saved, c
 
 unsigned rows_grid(int64_t rows) { return static_cast<unsigned>(rows); }
 
-
 void rms_forward(cudaStream_t s, const RowInput& in, const float* w, Elem out_dtype, void* y,
                  float* rstd, int64_t rows, int64_t dim, float eps) {
   if (rows == 0) return;
@@ -235,7 +234,7 @@ void launch_layernorm_forward(cudaStream_t s, const float* x, const float* w, co
 void launch_residual_add_norm(cudaStream_t s, const ResidualNorm& a, Elem out_dtype, void* out,
                               int64_t rows, int64_t dim) {
   const RowInput in{.residual = a.residual, .y = a.y, .bias = a.bias, .sum = a.sum};
-  if (a.mean != nullptr) {
+  if (a.layer_norm) {
     layer_forward(s, in, a.w, a.b, out_dtype, out, a.mean, a.rstd, rows, dim, a.eps);
   } else {
     rms_forward(s, in, a.w, out_dtype, out, a.rstd, rows, dim, a.eps);
