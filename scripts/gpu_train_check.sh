@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # gpu_check.sh's training runs, with the engine's bundle (scripts/gpu_bundle.sh):
 #   - a small Llama and a small GPT-2 (configs/gpu-check-*.toml), 20 steps in
-#     fp32 and in bf16, once on device A and once on device B; the loss and
-#     gradient-norm traces must agree within fp32: 1e-4 relative, bf16: 1e-2
-#     relative at every step (AdamW divides a gradient by its own scale, so a
-#     gradient off by a constant factor shows in the norms, hardly in the losses);
+#     fp32 and in bf16, once on device A and once on device B; the losses must
+#     agree within fp32: 1e-4 relative, bf16: 1e-2 relative at every step, and
+#     the gradient norms as closely over steps 1-5 (AdamW divides a gradient by
+#     its own scale, so a gradient off by a constant factor shows in the norms,
+#     hardly in the losses; later norms follow the trajectory, which AdamW
+#     amplifies: two summation orders on one CPU part by 30% in a norm near a
+#     loss spike while their losses stay within 2e-3, docs/gpu.md);
 #   - with B = cuda, the GPT-2 124M step (configs/gpu-check-gpt2-124M.toml):
 #     tokens/s and MFU over its steps after the second.
 # Prints one "ROW|check|result|detail" line per check for gpu_check.sh's table.
 # usage: bash scripts/gpu_train_check.sh OUT [A B]   (default A = cpu, B = cuda;
-# "cpu cpu" checks the plumbing on a machine without a GPU)
+# "cpu cpu" runs B in micro-batches of 4 instead of 8, another summation order
+# on one backend: the margin the tolerances leave, on a machine without a GPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1
@@ -50,26 +54,27 @@ if sorted(a) != sorted(b) or len(a) < 20:
     print(f"FAIL|steps differ: {len(a)} and {len(b)} logged")
     sys.exit(0)
 loss = max(abs(a[s][0] - b[s][0]) / abs(a[s][0]) for s in a)
-norm = max(abs(a[s][1] - b[s][1]) / abs(a[s][1]) for s in a)
+norm = max(abs(a[s][1] - b[s][1]) / abs(a[s][1]) for s in a if s <= 5)
 last = max(a)
 verdict = "PASS" if max(loss, norm) <= tolerance else "FAIL"
 print(f"{verdict}|max relative difference over {len(a)} steps: loss {loss:.1e}, gradient norm "
-      f"{norm:.1e} (tolerance {tolerance:g}); loss {a[1][0]:.4f} -> {a[last][0]:.4f} / "
+      f"{norm:.1e} over steps 1-5 (tolerance {tolerance:g}); loss {a[1][0]:.4f} -> {a[last][0]:.4f} / "
       f"{b[last][0]:.4f}")
 EOF
 }
 
+reorder=()
+[[ $a == "$b" ]] && reorder=(--train.micro_batch_size 4)
 for family in llama gpt2; do
   for precision in fp32 bf16; do
     tolerance=$([[ $precision == fp32 ]] && echo 1e-4 || echo 1e-2)
-    for device in "$a" "$b"; do
-      train "$family-$precision-$device" "configs/gpu-check-$family.toml" "$device" "$precision"
-    done
-    result=$(compare "$runs/$family-$precision-$a" "$runs/$family-$precision-$b" "$tolerance")
+    train "$family-$precision-A" "configs/gpu-check-$family.toml" "$a" "$precision"
+    train "$family-$precision-B" "configs/gpu-check-$family.toml" "$b" "$precision" "${reorder[@]}"
+    result=$(compare "$runs/$family-$precision-A" "$runs/$family-$precision-B" "$tolerance")
     if [[ $result == FAIL\|no\ metrics* ]]; then
-      result="FAIL|$(tail -1 "$out/train_$family-$precision-$b.txt")"
+      result="FAIL|$(tail -1 "$out/train_$family-$precision-B.txt")"
     fi
-    echo "ROW|train $family 20 steps $precision, $a vs $b|$result"
+    echo "ROW|train $family 20 steps $precision, $a vs $b${reorder[*]:+ (${reorder[*]})}|$result"
   done
 done
 
