@@ -109,8 +109,10 @@ void check_view(const Tensor& view, DType dtype, const Parameter& p, const char*
                                  : std::string("nothing"));
 }
 
-// q|k|v and gate|up run as one GEMM over adjacent weights.
+// q|k|v and gate|up run as one GEMM over adjacent weights. A routed MoE
+// layer has no dense feed-forward: its ff_in / ff_out hold no weight.
 void check_adjacent(const std::vector<Parameter>& params, const Linear& lin, Precision precision) {
+  if (lin.weight == kNoParam) return;
   if (params[lin.weight].spec.nf4) return;  // dequantised together into one workspace
   for (size_t k = 1; k < lin.n_weights; ++k) {
     const Parameter& prev = params[lin.weight + k - 1];
