@@ -51,7 +51,11 @@ class HostAllocator final : public Allocator {
 }  // namespace
 
 const Allocator& host_allocator() {
-  static const HostAllocator allocator;
+  // Never destroyed: a tensor held by another static (a cached backend's
+  // scratch) may be freed after this function's statics at exit, and must
+  // still find its allocator (UBSan's vptr check caught one in
+  // test_cuda_emu). The allocator has no state, so nothing is lost.
+  static const Allocator& allocator = *new HostAllocator;
   return allocator;
 }
 
