@@ -20,10 +20,19 @@
 // It checks what the kernels compute: their indices, masks, barriers and
 // reductions. It does not check their speed, the hardware's memory model
 // (no data race can occur), or anything that needs a device.
+//
+// Under AddressSanitizer every switch is announced with its fiber
+// annotations, so each fiber and the scheduler keep their own fake stack
+// (detect_stack_use_after_return). Without them ASan's one fake stack per OS
+// thread reclaims a suspended fiber's frames when the scheduler's are made, and
+// reports a kernel's reads of its own parameters as use after return.
 #pragma once
 
 #include <setjmp.h>
 #include <ucontext.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -199,7 +208,41 @@ struct Launch {
   ucontext_t scheduler_context{};
   unsigned current = 0;
   std::function<void()> body;
+  // AddressSanitizer's view of the switches (leaving / arrived): each fiber's
+  // saved fake stack, the scheduler's, and the scheduler's stack.
+  std::vector<void*> fiber_fake;
+  void* scheduler_fake = nullptr;
+  const void* scheduler_bottom = nullptr;
+  size_t scheduler_size = 0;
+  bool finishing = false;  // the fibers' last turn: they hand their fake stacks back
 };
+
+// Whether the switches are announced to AddressSanitizer.
+inline constexpr bool kAnnounceSwitches =
+#if defined(__SANITIZE_ADDRESS__)
+    true;
+#else
+    false;
+#endif
+
+// Before leaving for the stack [bottom, bottom + size): `save` keeps the
+// leaving side's fake stack (nullptr: it never comes back, ASan frees it).
+inline void leaving(void** save, const void* bottom, size_t size) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(save, bottom, size);
+#else
+  (void)save, (void)bottom, (void)size;
+#endif
+}
+// On arriving: `saved` is what this side kept when it left (nullptr the first
+// time); from_* receive the stack it came from.
+inline void arrived(void* saved, const void** from_bottom, size_t* from_size) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(saved, from_bottom, from_size);
+#else
+  (void)saved, (void)from_bottom, (void)from_size;
+#endif
+}
 
 // The launch this OS thread is running (launches on other threads are their own).
 inline Launch*& active() {
@@ -213,14 +256,23 @@ inline Launch*& active() {
 inline void wait(State at) {
   Launch& l = *active();
   l.state[l.current] = at;
-  if (_setjmp(l.resume[l.current].at) == 0) _longjmp(l.scheduler.at, 1);
+  if (_setjmp(l.resume[l.current].at) == 0) {
+    leaving(&l.fiber_fake[l.current], l.scheduler_bottom, l.scheduler_size);
+    _longjmp(l.scheduler.at, 1);
+  }
+  arrived(l.fiber_fake[l.current], &l.scheduler_bottom, &l.scheduler_size);
 }
 
 inline void fiber_entry() {
   Launch& l = *active();
+  arrived(nullptr, &l.scheduler_bottom, &l.scheduler_size);
   for (;;) {
     l.body();
     wait(State::done);
+    if (l.finishing) {
+      leaving(nullptr, l.scheduler_bottom, l.scheduler_size);
+      _longjmp(l.scheduler.at, 1);
+    }
   }
 }
 
@@ -249,7 +301,11 @@ inline bool open_barriers(Launch& l) {
 // Runs thread l.current until it waits or finishes the block.
 inline void step(Launch& l) {
   const unsigned i = l.current;
-  if (_setjmp(l.scheduler.at) != 0) return;
+  if (_setjmp(l.scheduler.at) != 0) {
+    arrived(l.scheduler_fake, nullptr, nullptr);
+    return;
+  }
+  leaving(&l.scheduler_fake, l.stacks[i].get(), kStackBytes);
   if (l.started[i]) _longjmp(l.resume[i].at, 1);
   l.started[i] = true;
   swapcontext(&l.scheduler_context, &l.fibers[i]);
@@ -264,6 +320,7 @@ inline void run(dim3 grid, dim3 block, size_t shared_bytes, const char* name,
   l.grid = grid;
   l.block = block;
   l.fibers.resize(n);
+  l.fiber_fake.assign(n, nullptr);
   l.resume.resize(n);
   l.started.assign(n, false);
   l.state.resize(n);
@@ -307,6 +364,15 @@ inline void run(dim3 grid, dim3 block, size_t shared_bytes, const char* name,
           }
         }
       }
+    }
+  }
+  if (kAnnounceSwitches) {
+    // Each fiber's last turn, so that ASan frees its fake stack.
+    l.finishing = true;
+    for (unsigned i = 0; i < n; ++i) {
+      if (!l.started[i]) continue;
+      l.current = i;
+      step(l);
     }
   }
   active() = outer;
