@@ -82,7 +82,7 @@ struct Reader {
   std::vector<int32_t> ids() {
     const auto n = scalar<uint32_t>();
     std::vector<int32_t> v(n);
-    std::memcpy(v.data(), data.data() + pos, 4 * size_t{n});
+    if (n > 0) std::memcpy(v.data(), data.data() + pos, 4 * size_t{n});  // empty: data() may be null
     pos += 4 * size_t{n};
     return v;
   }
