@@ -6,7 +6,7 @@
 #     the gradient norms as closely over steps 1-5 (AdamW divides a gradient by
 #     its own scale, so a gradient off by a constant factor shows in the norms,
 #     hardly in the losses; later norms follow the trajectory, which AdamW
-#     amplifies: two summation orders on one CPU part by 30% in a norm near a
+#     amplifies: two summation orders on one CPU part by 32% in a norm near a
 #     loss spike while their losses stay within 2e-3, docs/gpu.md);
 #   - with B = cuda, the GPT-2 124M step (configs/gpu-check-gpt2-124M.toml):
 #     tokens/s and MFU over its steps after the second.
