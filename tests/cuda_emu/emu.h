@@ -217,32 +217,24 @@ struct Launch {
   bool finishing = false;  // the fibers' last turn: they hand their fake stacks back
 };
 
-// Whether the switches are announced to AddressSanitizer.
-inline constexpr bool kAnnounceSwitches =
+// The switches announced to AddressSanitizer: leaving() before leaving for the
+// stack [bottom, bottom + size), `save` keeping the leaving side's fake stack
+// (nullptr: it never comes back, ASan frees it); arrived() on arriving, with
+// what this side kept when it left (nullptr the first time), from_* receiving
+// the stack it came from. Without ASan they do nothing.
 #if defined(__SANITIZE_ADDRESS__)
-    true;
-#else
-    false;
-#endif
-
-// Before leaving for the stack [bottom, bottom + size): `save` keeps the
-// leaving side's fake stack (nullptr: it never comes back, ASan frees it).
+inline constexpr bool kAnnounceSwitches = true;
 inline void leaving(void** save, const void* bottom, size_t size) {
-#if defined(__SANITIZE_ADDRESS__)
   __sanitizer_start_switch_fiber(save, bottom, size);
-#else
-  (void)save, (void)bottom, (void)size;
-#endif
 }
-// On arriving: `saved` is what this side kept when it left (nullptr the first
-// time); from_* receive the stack it came from.
 inline void arrived(void* saved, const void** from_bottom, size_t* from_size) {
-#if defined(__SANITIZE_ADDRESS__)
   __sanitizer_finish_switch_fiber(saved, from_bottom, from_size);
-#else
-  (void)saved, (void)from_bottom, (void)from_size;
-#endif
 }
+#else
+inline constexpr bool kAnnounceSwitches = false;
+inline void leaving(void**, const void*, size_t) {}
+inline void arrived(void*, const void**, size_t*) {}
+#endif
 
 // The launch this OS thread is running (launches on other threads are their own).
 inline Launch*& active() {
