@@ -290,8 +290,10 @@ inline bool open_barriers(Launch& l) {
   return opened;
 }
 
-// Runs thread l.current until it waits or finishes the block.
-inline void step(Launch& l) {
+// Runs thread l.current until it waits or finishes the block. Never inlined,
+// like make_fiber: a function that returns twice (_setjmp, getcontext) gets a
+// frame of its own, so no local of run() can be clobbered (-Wclobbered).
+[[gnu::noinline]] inline void step(Launch& l) {
   const unsigned i = l.current;
   if (_setjmp(l.scheduler.at) != 0) {
     arrived(l.scheduler_fake, nullptr, nullptr);
@@ -301,6 +303,15 @@ inline void step(Launch& l) {
   if (l.started[i]) _longjmp(l.resume[i].at, 1);
   l.started[i] = true;
   swapcontext(&l.scheduler_context, &l.fibers[i]);
+}
+
+// A fiber that enters fiber_entry on `stack`.
+[[gnu::noinline]] inline void make_fiber(ucontext_t& fiber, char* stack) {
+  getcontext(&fiber);
+  fiber.uc_stack.ss_sp = stack;
+  fiber.uc_stack.ss_size = kStackBytes;
+  fiber.uc_link = nullptr;
+  makecontext(&fiber, fiber_entry, 0);
 }
 
 // Runs `body` as every thread of every block of `grid` x `block` (1-D blocks).
@@ -321,11 +332,7 @@ inline void run(dim3 grid, dim3 block, size_t shared_bytes, const char* name,
   l.body = std::move(body);
   for (unsigned i = 0; i < n; ++i) {
     l.stacks.emplace_back(new char[kStackBytes]);
-    getcontext(&l.fibers[i]);
-    l.fibers[i].uc_stack.ss_sp = l.stacks[i].get();
-    l.fibers[i].uc_stack.ss_size = kStackBytes;
-    l.fibers[i].uc_link = nullptr;
-    makecontext(&l.fibers[i], fiber_entry, 0);
+    make_fiber(l.fibers[i], l.stacks[i].get());
   }
   Launch* outer = active();
   active() = &l;
