@@ -244,14 +244,20 @@ struct CausalBlocks {
 // k[key0:end)^T; out (and dQ) [rows] = P[rows, key0:end) v[key0:end). Key
 // block i: dK[keys] = dS[begin:T, keys]^T q[begin:T] (and dV from P, dO).
 // The keys a query block's scores (and dP) are computed for: up to the
-// block's last query (the causal part), but in bf16 every key to the end of
-// the row. oneDNN 2.6 runs a bf16 GEMM whose C rows are narrower than their
-// stride on gemm:jit, not AMX's brgemm: 27–64 µs against 7 µs for a 64-row
-// block at T = 256 (DNNL_VERBOSE). The softmax reads only the causal part, so
-// the rest is computed and ignored: twice the score FLOPs, 2.3–2.9× faster
-// forward (docs/benchmarks.md). f32 and f16 (f32 GEMMs after staging) keep the
-// causal bound: full rows measured 10–15% slower there.
-bool whole_score_rows(DType compute) { return compute == DType::bf16; }
+// block's last query (the causal part), but in bf16 on a CPU with AMX every
+// key to the end of the row. There oneDNN 2.6 runs a bf16 GEMM whose C rows
+// are narrower than their stride on gemm:jit, not AMX's brgemm: 27–64 µs
+// against 7 µs for a 64-row block at T = 256 (DNNL_VERBOSE). The softmax reads
+// only the causal part, so the rest is computed and ignored: twice the score
+// FLOPs, 2.3–3.1× faster forward (docs/benchmarks.md). Without AMX (AVX-512
+// BF16 brgemm, as on Zen 4) the wider GEMM does not pay: the causal bound was
+// 1.3× faster forward and 1.15× backward at T = 1024. f32 and f16 (f32 GEMMs
+// after staging) keep the causal bound: full rows measured 10–15% slower.
+bool whole_score_rows(DType compute) {
+  static const bool amx = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) ==
+                          dnnl_cpu_isa_avx512_core_amx;
+  return compute == DType::bf16 && amx;
+}
 int64_t score_end(const CausalBlocks& blk, int64_t i, DType compute) {
   return whole_score_rows(compute) ? blk.seq : blk.end(i);
 }
@@ -695,7 +701,7 @@ struct ContextBlocks {
 
 // scores / dP [rows, 0:keys) = a[rows] b[0:keys)^T (ldc = T); out / dQ [rows]
 // = P[rows, 0:keys) b[0:keys); dK / dV [0:keys) += dS[rows, 0:keys)^T a[rows].
-// In bf16 over every key of the sequence (score_end says why).
+// In bf16 with AMX over every key of the sequence (whole_score_rows says why).
 MatmulDims context_score_dims(const ContextBlocks& cb, int64_t n, int64_t D, DType compute) {
   const int64_t keys = whole_score_rows(compute) ? cb.seq : cb.keys(n);
   return MatmulDims{1, cb.rows(n), keys, D, false, true, false, D, D, cb.seq};
@@ -1088,7 +1094,7 @@ struct RingMask {
   }
   // The block's keys any of a group's query rows [r0, r0 + rows) sees
   // (row r is local token r % local_seq): chunk 0, chunk 1, both or none;
-  // with `whole` (bf16, score_end says why) the whole block once any is seen.
+  // with `whole` (bf16 with AMX, whole_score_rows says why) the whole block once any is seen.
   KeySpan tile_keys(int64_t b, int64_t r0, int64_t rows, bool whole) const {
     bool chunk[2] = {false, false};
     for (int64_t r = r0; r < r0 + rows; ++r) {
