@@ -151,22 +151,22 @@ TEST(AdamW, MatchesFloat64ReferenceOverSteps) {
 }
 
 TEST(SumSquares, ExactAndIndependentOfThreadCount) {
-  const int64_t n = 100003;
-  auto x = random_floats(n, 150);
-  double want = 0;
-  for (float xv : x) want += static_cast<double>(xv) * xv;
-  double one, two;
-  {
-    ScopedThreads t(1);
-    one = cpu::sum_squares(x.data(), n);
+  // One partial block; 16 whole blocks (two groups a thread sums side by
+  // side); 25 blocks and a partial one (the last group one block at a time).
+  for (const int64_t n : {int64_t{100003}, int64_t{16} << 14, (int64_t{25} << 14) + 5}) {
+    auto x = random_floats(n, 150);
+    double want = 0;
+    for (float xv : x) want += static_cast<double>(xv) * xv;
+    double sums[3];
+    for (int threads = 1; threads <= 3; ++threads) {
+      ScopedThreads t(threads);
+      sums[threads - 1] = cpu::sum_squares(x.data(), n);
+    }
+    EXPECT_NEAR(sums[0], want, 1e-12 * want) << n;
+    EXPECT_EQ(std::memcmp(&sums[0], &sums[1], sizeof(double)), 0) << n;
+    EXPECT_EQ(std::memcmp(&sums[0], &sums[2], sizeof(double)), 0) << n;
   }
-  {
-    ScopedThreads t(2);
-    two = cpu::sum_squares(x.data(), n);
-  }
-  EXPECT_NEAR(one, want, 1e-12 * want);
-  EXPECT_EQ(std::memcmp(&one, &two, sizeof one), 0);
-  EXPECT_EQ(cpu::sum_squares(x.data(), 0), 0.0);
+  EXPECT_EQ(cpu::sum_squares(nullptr, 0), 0.0);
 }
 
 }  // namespace
