@@ -123,7 +123,10 @@ int main(int argc, char** argv) {
     if (breakdown && s == 1) trace::start(trace::Clock::now());
     auto t0 = std::chrono::steady_clock::now();
     const double c0 = cpu_ms();
-    model.zero_grads();
+    {
+      trace::Span span("optimizer", "zero gradients");
+      model.zero_grads();
+    }
     loss = model.forward_backward(inputs.data(), targets.data(), batch, seq,
                                   1.0f / static_cast<float>(tokens)) / static_cast<double>(tokens);
     float scale = 1;

@@ -40,6 +40,18 @@ TEST(Tensor, ViewsAliasAndCheckBounds) {
   EXPECT_THROW(a.view(10, {4}), Error);
 }
 
+// Host zeroing runs in 1 MiB pieces over the threads: a view that starts
+// and ends off a piece's bound is zeroed exactly, its neighbours untouched.
+TEST(Tensor, ZeroCoversALargeViewExactly) {
+  MemoryTracker tracker;
+  const int64_t n = (int64_t{6} << 20) / 4 + 1000;
+  Tensor a({n}, DType::f32, MemCategory::grads, tracker);
+  float* x = a.data<float>();
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f;
+  a.view(3, {n - 5}).zero();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[i], i < 3 || i >= n - 2 ? 1.0f : 0.0f) << i;
+}
+
 TEST(DType, Bf16RoundsToNearestEven) {
   // 1 + 2^-8 is exactly between two bf16 values; ties go to even (1.0).
   EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + std::ldexp(1.0f, -8))), 1.0f);
