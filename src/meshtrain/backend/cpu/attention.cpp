@@ -251,7 +251,7 @@ struct CausalBlocks {
 // only the causal part, so the rest is computed and ignored: twice the score
 // FLOPs, 2.3–3.1× faster forward (docs/benchmarks.md). Without AMX (AVX-512
 // BF16 brgemm, as on Zen 4) the wider GEMM does not pay: the causal bound was
-// 1.3× faster forward and 1.15× backward at T = 1024. f32 and f16 (f32 GEMMs
+// 1.3× faster forward and 1.1–1.5× backward at T = 1024. f32 and f16 (f32 GEMMs
 // after staging) keep the causal bound: full rows measured 10–15% slower.
 bool whole_score_rows(DType compute) {
   static const bool amx = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) ==
