@@ -65,7 +65,12 @@ namespace {
 
 constexpr int64_t kSumBlock = 1 << 14;
 
-// Block [i0, i1) summed in double over 8 fixed lanes, then the lanes in a fixed tree.
+// A block's 8 lanes added in a fixed tree.
+double lane_total(const double* v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// Block [i0, i1) summed in double over 8 fixed lanes, then lane_total.
 double block_sum_squares(const float* x, int64_t i0, int64_t i1) {
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = i0;
@@ -76,7 +81,7 @@ double block_sum_squares(const float* x, int64_t i0, int64_t i1) {
     }
   }
   for (; i < i1; ++i) lane[0] += static_cast<double>(x[i]) * x[i];
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  return lane_total(lane);
 }
 
 // kStreams whole blocks from `first`, side by side: each block's lanes take
@@ -96,10 +101,7 @@ void interleaved_sum_squares(const float* x, int64_t first, double* out) {
       }
     }
   }
-  for (int s = 0; s < kStreams; ++s) {
-    const double* v = lane[s];
-    out[s] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-  }
+  for (int s = 0; s < kStreams; ++s) out[s] = lane_total(lane[s]);
 }
 
 }  // namespace
@@ -113,7 +115,7 @@ double sum_squares(const float* x, int64_t n) {
   const int64_t blocks = (n + kSumBlock - 1) / kSumBlock, whole = n / kSumBlock;
   const int64_t groups = (blocks + kStreams - 1) / kStreams;
   std::vector<double> partial(static_cast<size_t>(blocks));
-#pragma omp parallel for schedule(static) if (blocks > 1)
+#pragma omp parallel for schedule(static) if (groups > 1)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t b0 = g * kStreams, b1 = std::min(blocks, b0 + kStreams);
     if (b0 + kStreams <= whole) {
