@@ -285,8 +285,9 @@ class Backend {
 
   // ---- optimizer
   // p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p), m and v from grad * grad_scale;
-  // with a compute copy, also writes the updated parameter there.
-  virtual void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad, float* m,
+  // with a compute copy, also writes the updated parameter there; grad is
+  // left at 0 when hyper.clear_grad, else unchanged.
+  virtual void adamw_update(const ops::AdamWHyper& hyper, float* param, float* grad, float* m,
                             float* v, ops::ComputeCopy compute, int64_t n) = 0;
   // sum of x[i]^2 in double, the same bits for a given n whatever the thread count.
   virtual double sum_squares(const float* x, int64_t n) = 0;

@@ -331,6 +331,10 @@ struct AdamWHyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   int64_t step = 1;        // 1-based, for bias correction
   float grad_scale = 1.0f; // multiplies the gradient first (clipping)
+  // Leaves the gradient at 0 once read, so the next step accumulates into a
+  // cleared buffer without a zeroing pass of its own (one more write stream
+  // in a pass that reads it anyway).
+  bool clear_grad = false;
 };
 
 // Where the update also writes the parameter in the compute dtype: bf16 or

@@ -401,7 +401,7 @@ double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> tar
   return total;
 }
 
-void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, Vec& v) {
+void adamw_update(const AdamWHyper& hyper, Vec& param, Vec& grad, Vec& m, Vec& v) {
   const double b1 = hyper.beta1, b2 = hyper.beta2, t = static_cast<double>(hyper.step);
   const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
   for (size_t i = 0; i < param.size(); ++i) {
@@ -410,6 +410,7 @@ void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, 
     v[i] = b2 * v[i] + (1.0 - b2) * g * g;
     param[i] = param[i] * (1.0 - static_cast<double>(hyper.lr) * hyper.weight_decay) -
                hyper.lr / bc1 * m[i] / (std::sqrt(v[i] / bc2) + hyper.eps);
+    if (hyper.clear_grad) grad[i] = 0.0;
   }
 }
 

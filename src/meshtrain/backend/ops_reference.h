@@ -60,7 +60,8 @@ double fused_classifier(const Vec& h, const Vec& w, std::span<const int32_t> tar
                         int64_t dim, int64_t vocab, int64_t valid, double grad_scale, Vec* dh,
                         Vec* dw, Vec* row_losses, std::span<const float> row_weights = {});
 
-void adamw_update(const AdamWHyper& hyper, Vec& param, const Vec& grad, Vec& m, Vec& v);
+// grad is left at 0 when hyper.clear_grad.
+void adamw_update(const AdamWHyper& hyper, Vec& param, Vec& grad, Vec& m, Vec& v);
 
 // NF4 with double quantisation (tensor/nf4.h): the n values a packed buffer
 // holds, NF4[q] * (DYN[c] * s + offset), every product and sum in float64.

@@ -1356,26 +1356,31 @@ void add_optimizer_cases(std::vector<OpCase>& cases, Random& rng) {
     ops::AdamWHyper hyper;
     hyper.lr = 3e-3f, hyper.weight_decay = 0.1f, hyper.step = 7, hyper.grad_scale = 0.5f;
     for (DType copy : {DType::f32, DType::bf16, DType::f16}) {
-      const std::string params = fmt::format("n={} compute={}", n, dtype_name(copy));
-      cases.push_back(OpCase{
-          "adamw_update", params, max_nmse(copy),
-          [=](Probe& p) {
-            auto P = p.upload("param", DType::f32, param), G = p.upload("grad", DType::f32, grad);
-            auto M = p.upload("m", DType::f32, m), V = p.upload("v", DType::f32, v);
-            auto C = p.upload("compute", copy, Vec(static_cast<size_t>(n)));
-            p.backend().adamw_update(hyper, P.as<float>(), G.as<float>(), M.as<float>(),
-                                     V.as<float>(), ops::ComputeCopy(C.data(), copy), n);
-            Outputs out{{"param", p.download(P)}, {"m", p.download(M)}, {"v", p.download(V)}};
-            if (copy != DType::f32) out.emplace_back("compute", p.download(C));
-            return out;
-          },
-          [=] {
-            Vec pp = param, mm = m, vv = v;
-            ref::adamw_update(hyper, pp, grad, mm, vv);
-            Outputs out{{"param", pp}, {"m", mm}, {"v", vv}};
-            if (copy != DType::f32) out.emplace_back("compute", pp);
-            return out;
-          }});
+      for (const bool clear : {false, true}) {
+        hyper.clear_grad = clear;
+        const std::string params =
+            fmt::format("n={} compute={}{}", n, dtype_name(copy), clear ? " clear_grad" : "");
+        cases.push_back(OpCase{
+            "adamw_update", params, max_nmse(copy),
+            [=](Probe& p) {
+              auto P = p.upload("param", DType::f32, param), G = p.upload("grad", DType::f32, grad);
+              auto M = p.upload("m", DType::f32, m), V = p.upload("v", DType::f32, v);
+              auto C = p.upload("compute", copy, Vec(static_cast<size_t>(n)));
+              p.backend().adamw_update(hyper, P.as<float>(), G.as<float>(), M.as<float>(),
+                                       V.as<float>(), ops::ComputeCopy(C.data(), copy), n);
+              Outputs out{{"param", p.download(P)}, {"m", p.download(M)}, {"v", p.download(V)},
+                          {"grad", p.download(G)}};
+              if (copy != DType::f32) out.emplace_back("compute", p.download(C));
+              return out;
+            },
+            [=] {
+              Vec pp = param, gg = grad, mm = m, vv = v;
+              ref::adamw_update(hyper, pp, gg, mm, vv);
+              Outputs out{{"param", pp}, {"m", mm}, {"v", vv}, {"grad", gg}};
+              if (copy != DType::f32) out.emplace_back("compute", pp);
+              return out;
+            }});
+      }
     }
     cases.push_back(OpCase{"sum_squares", fmt::format("n={}", n), max_nmse(DType::f32),
                            [=](Probe& p) {

@@ -40,7 +40,7 @@ AdamW::AdamW(Model& model, const AdamWConfig& config)
   check_adamw_config(config);
 }
 
-void AdamW::step(float lr, float grad_scale) {
+void AdamW::step(float lr, float grad_scale, bool clear_grads) {
   ++step_count_;
   float* m = exp_avg_.data<float>();
   float* v = exp_avg_sq_.data<float>();
@@ -48,6 +48,7 @@ void AdamW::step(float lr, float grad_scale) {
   for (Parameter& p : model_.params()) {
     if (!p.spec.trainable) continue;  // frozen (LoRA's base): never written
     ops::AdamWHyper hyper = adamw_hyper(config_, p.spec, lr, step_count_, grad_scale);
+    hyper.clear_grad = clear_grads;
     ops::ComputeCopy compute;
     if (p.compute.defined()) compute = ops::ComputeCopy(p.compute.raw(), p.compute.dtype());
     model_.backend().adamw_update(hyper, p.master.data<float>(), p.grad.data<float>(),

@@ -36,7 +36,9 @@ class AdamW : public layout::StateAccess {
 
   // One update with learning rate lr; every gradient is first multiplied by
   // grad_scale (the clipping factor, 1 when not clipping). Increments step_count.
-  void step(float lr, float grad_scale = 1.0f);
+  // clear_grads: the trainable parameters' gradients are left at 0 by the same
+  // pass (then Model::zero_grads before the next step has nothing to do).
+  void step(float lr, float grad_scale = 1.0f, bool clear_grads = false);
 
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t step) { step_count_ = step; }

@@ -75,7 +75,12 @@ class ReplicatedDataParallel final : public DataParallel {
   }
   Communicator* group() override { return ddp_ ? &ddp_->dp() : nullptr; }
   void init_weights(uint64_t seed) override { model_.init_weights(seed); }
-  void begin_step() override { model_.zero_grads(); }
+  // The last applied step's update cleared the gradients; a skipped step's
+  // (the gates') are cleared here.
+  void begin_step() override {
+    if (!grads_clear_) model_.zero_grads();
+    grads_clear_ = false;
+  }
   void begin_micro_batch(bool first, bool last) override {
     if (ddp_) ddp_->begin_micro_batch(last);
   }
@@ -98,7 +103,8 @@ class ReplicatedDataParallel final : public DataParallel {
     return out;
   }
   void step(float lr, float grad_scale, StepRecord& r) override {
-    optimizer_.step(lr, grad_scale);
+    optimizer_.step(lr, grad_scale, /*clear_grads=*/true);
+    grads_clear_ = true;
     if (!ddp_) return;
     r.comm_ms = ddp_->last_sync().comm_seconds * 1e3;
     r.exposed_comm_ms = ddp_->last_sync().exposed_seconds * 1e3;
@@ -135,6 +141,7 @@ class ReplicatedDataParallel final : public DataParallel {
   std::unique_ptr<DistributedDataParallel> ddp_;  // after optimizer_: uses the model's hooks
   bool overlap_ = true;
   double bucket_mb_ = 0;
+  bool grads_clear_ = false;  // the flat gradients are all 0 (step() left them so)
 };
 
 // ZeRO: optimizer state (1), + gradients (2), + parameters (3) sharded over dp.

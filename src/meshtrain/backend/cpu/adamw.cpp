@@ -8,7 +8,7 @@
 
 namespace meshtrain::cpu {
 
-void adamw_update(const AdamWHyper& hyper, float* param, const float* grad, float* m, float* v,
+void adamw_update(const AdamWHyper& hyper, float* param, float* grad, float* m, float* v,
                   ComputeCopy compute, int64_t n) {
   // Same operation order as PyTorch 1.13's AdamW (single-tensor path):
   // p *= 1 - lr*wd; m, v updated; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
@@ -21,6 +21,7 @@ void adamw_update(const AdamWHyper& hyper, float* param, const float* grad, floa
   const float one_b1 = static_cast<float>(1.0 - static_cast<double>(b1));
   const float one_b2 = static_cast<float>(1.0 - static_cast<double>(b2));
   const float eps = hyper.eps, scale = hyper.grad_scale;
+  const bool clear = hyper.clear_grad;
   constexpr int64_t kBlock = 1024;
 #pragma omp parallel for schedule(static) if (n > 8192)
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
@@ -34,6 +35,7 @@ void adamw_update(const AdamWHyper& hyper, float* param, const float* grad, floa
     const __m512 vbc2 = _mm512_set1_ps(bc2_sqrt), veps = _mm512_set1_ps(eps), vstep = _mm512_set1_ps(step_size);
     for (; i + simd::kLanes <= i1; i += simd::kLanes) {
       const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), vscale);
+      if (clear) _mm512_storeu_ps(grad + i, _mm512_setzero_ps());
       const __m512 p = _mm512_mul_ps(_mm512_loadu_ps(param + i), vdecay);
       const __m512 mi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(m + i), vb1), _mm512_mul_ps(g, v1b1));
       const __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), vb2),
@@ -46,6 +48,7 @@ void adamw_update(const AdamWHyper& hyper, float* param, const float* grad, floa
 #endif
     for (; i < i1; ++i) {
       const float g = grad[i] * scale;
+      if (clear) grad[i] = 0.0f;
       const float p = param[i] * decay;
       const float mi = m[i] * b1 + g * one_b1;
       const float vi = v[i] * b2 + one_b2 * g * g;

@@ -307,7 +307,7 @@ void CpuBackend::moe_combine_backward(const ops::DispatchDims& dims, const int32
   cpu::moe_combine_backward(dims, rows, weights, y, d_out, grad_dtype, d_y, d_weights);
 }
 
-void CpuBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,
+void CpuBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, float* grad,
                               float* m, float* v, ops::ComputeCopy compute, int64_t n) {
   cpu::adamw_update(hyper, param, grad, m, v, compute, n);
 }

@@ -920,11 +920,11 @@ void CudaBackend::moe_combine_backward(const ops::DispatchDims& dims, const int3
 }
 
 // ---- optimizer
-void CudaBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,
+void CudaBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, float* grad,
                                float* m, float* v, ops::ComputeCopy compute, int64_t n) {
   const math::AdamWStep step = math::adamw_step(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
                                                 hyper.weight_decay, hyper.step, hyper.grad_scale);
-  launch_adamw(impl_->stream, step, param, grad, m, v,
+  launch_adamw(impl_->stream, step, param, grad, hyper.clear_grad, m, v,
                compute.data != nullptr ? elem(compute.dtype) : Elem::f32, compute.data, n);
 }
 

@@ -143,7 +143,7 @@ class CudaBackend final : public Backend {
                             const float* weights, const float* y, const float* d_out,
                             DType grad_dtype, void* d_y, float* d_weights) override;
 
-  void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad, float* m,
+  void adamw_update(const ops::AdamWHyper& hyper, float* param, float* grad, float* m,
                     float* v, ops::ComputeCopy compute, int64_t n) override;
   double sum_squares(const float* x, int64_t n) override;
 

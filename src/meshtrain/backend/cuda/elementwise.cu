@@ -72,11 +72,12 @@ __global__ void gelu_backward_kernel(const float* x, const float* dy, typename E
 }
 
 template <typename E>
-__global__ void adamw_kernel(math::AdamWStep step, float* param, const float* grad, float* m,
-                             float* v, typename E::T* copy, int64_t n) {
+__global__ void adamw_kernel(math::AdamWStep step, float* param, float* grad, bool clear_grad,
+                             float* m, float* v, typename E::T* copy, int64_t n) {
   MESHTRAIN_GRID_STRIDE(i, n) {
     float p = param[i], mi = m[i], vi = v[i];
     math::adamw_update(step, p, grad[i], mi, vi);
+    if (clear_grad) grad[i] = 0.0f;
     param[i] = p;
     m[i] = mi;
     v[i] = vi;
@@ -187,11 +188,11 @@ void launch_gelu_backward(cudaStream_t s, const float* x, const float* dy, Elem 
   check_launch("gelu_backward");
 }
 
-void launch_adamw(cudaStream_t s, const math::AdamWStep& step, float* param, const float* grad,
-                  float* m, float* v, Elem copy_dtype, void* copy, int64_t n) {
+void launch_adamw(cudaStream_t s, const math::AdamWStep& step, float* param, float* grad,
+                  bool clear_grad, float* m, float* v, Elem copy_dtype, void* copy, int64_t n) {
   with_elem(copy_dtype, [&](auto e) {
     using E = decltype(e);
-    adamw_kernel<E><<<blocks_for(n), kThreads, 0, s>>>(step, param, grad, m, v,
+    adamw_kernel<E><<<blocks_for(n), kThreads, 0, s>>>(step, param, grad, clear_grad, m, v,
                                                       static_cast<typename E::T*>(copy), n);
   });
   check_launch("adamw");

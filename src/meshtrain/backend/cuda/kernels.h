@@ -32,8 +32,9 @@ void launch_swiglu_backward(cudaStream_t s, const float* gate_up, const float* d
 void launch_gelu_forward(cudaStream_t s, const float* x, Elem out_dtype, void* y, int64_t n);
 void launch_gelu_backward(cudaStream_t s, const float* x, const float* dy, Elem grad_dtype,
                           void* dx, int64_t n);
-void launch_adamw(cudaStream_t s, const math::AdamWStep& step, float* param, const float* grad,
-                  float* m, float* v, Elem copy_dtype, void* copy, int64_t n);
+// clear_grad: grad is left at 0 (ops::AdamWHyper::clear_grad).
+void launch_adamw(cudaStream_t s, const math::AdamWStep& step, float* param, float* grad,
+                  bool clear_grad, float* m, float* v, Elem copy_dtype, void* copy, int64_t n);
 // sum of x^2 in double: fixed blocks of the input, each summed in a fixed
 // tree, then the blocks in a fixed tree: the bits depend on n only.
 int64_t sum_squares_partials(int64_t n);

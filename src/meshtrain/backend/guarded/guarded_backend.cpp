@@ -71,7 +71,7 @@ double GuardedBackend::fused_classifier(const ops::ClassifierArgs& args) {
   return inner_->fused_classifier(args);
 }
 
-void GuardedBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad,
+void GuardedBackend::adamw_update(const ops::AdamWHyper& hyper, float* param, float* grad,
                                   float* m, float* v, ops::ComputeCopy compute, int64_t n) {
   const Scope scope("adamw_update", {param, grad, m, v, compute.data});
   inner_->adamw_update(hyper, param, grad, m, v, compute, n);

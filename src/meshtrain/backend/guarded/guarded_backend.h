@@ -81,7 +81,7 @@ class GuardedBackend final : public Backend {
   void moe_permute_backward(const ops::DispatchDims& dims, const int32_t* rows, const float* d_out, float* dx) override;
   void moe_combine(const ops::DispatchDims& dims, const int32_t* rows, const float* weights, const float* y, float* out) override;
   void moe_combine_backward(const ops::DispatchDims& dims, const int32_t* rows, const float* weights, const float* y, const float* d_out, DType grad_dtype, void* d_y, float* d_weights) override;
-  void adamw_update(const ops::AdamWHyper& hyper, float* param, const float* grad, float* m, float* v, ops::ComputeCopy compute, int64_t n) override;
+  void adamw_update(const ops::AdamWHyper& hyper, float* param, float* grad, float* m, float* v, ops::ComputeCopy compute, int64_t n) override;
   double sum_squares(const float* x, int64_t n) override;
 
  private:

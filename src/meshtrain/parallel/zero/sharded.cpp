@@ -584,7 +584,7 @@ void ShardedDataParallel::step(float lr, float grad_scale) {
   for (size_t i = 0; i < flats_.size(); ++i) {
     Flat& f = flats_[i];
     if (!layout_.flats[i].trainable) continue;  // frozen: never written
-    const float* g = grad_shard(i);
+    float* g = grad_shard(i);
     const DType dtype = layout_.flats[i].dtype;
     const auto esize = static_cast<int64_t>(dtype_size(dtype));
     char* resident_compute = dtype != DType::f32 && !params_in_store_
