@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "meshtrain/tensor/tensor.h"
@@ -50,6 +54,39 @@ TEST(Tensor, ZeroCoversALargeViewExactly) {
   for (int64_t i = 0; i < n; ++i) x[i] = 1.0f;
   a.view(3, {n - 5}).zero();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[i], i < 3 || i >= n - 2 ? 1.0f : 0.0f) << i;
+}
+
+// The VmFlags line of the /proc/self/smaps mapping that holds address p.
+std::string mapping_flags(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream range(line);
+    if (range >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = lo <= at && at < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// Host buffers of 2 MiB and more start on a huge page and carry the huge-page
+// advice (VmFlags "hg"); smaller ones do not.
+TEST(Tensor, LargeHostBuffersAreAdvisedAsHugePages) {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  }
+  MemoryTracker tracker;
+  Tensor large({(int64_t{3} << 20) / 4}, DType::f32, MemCategory::grads, tracker);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.raw()) % (uintptr_t{2} << 20), 0u);
+  EXPECT_NE(mapping_flags(large.raw()).find(" hg"), std::string::npos) << mapping_flags(large.raw());
+  Tensor small({(int64_t{1} << 20) / 4}, DType::f32, MemCategory::grads, tracker);
+  EXPECT_EQ(mapping_flags(small.raw()).find(" hg"), std::string::npos) << mapping_flags(small.raw());
 }
 
 TEST(DType, Bf16RoundsToNearestEven) {

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <new>
 
+#include <sys/mman.h>
+
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -44,15 +46,26 @@ void zero_bytes(void* data, size_t bytes) {
   }
 }
 
+// Host buffers of 2 MiB and more are backed by transparent huge pages. Under
+// the kernel's default THP mode ("madvise") they would otherwise get 4 KiB
+// pages, and the GEMMs' strided reads of cold operands (the experts' weight
+// gradients read dY transposed, a row per page) miss the TLB: the fp32 MoE
+// step ran 4-12% slower (docs/benchmarks.md, "Huge pages").
+constexpr size_t kHugePage = size_t{2} << 20;
+
 class HostAllocator final : public Allocator {
  public:
   Device device() const override { return {}; }
   void* allocate(size_t bytes) const override {
-    // Large buffers page-aligned (direct I/O takes them as they are).
-    const size_t align = bytes >= (size_t{1} << 20) ? 4096 : 64;
+    // Large buffers page-aligned (direct I/O takes them as they are); from
+    // kHugePage up, whole huge pages, advised as such before the first touch.
+    const size_t align = bytes >= kHugePage ? kHugePage : bytes >= (size_t{1} << 20) ? 4096 : 64;
     const size_t rounded = bytes == 0 ? align : (bytes + align - 1) / align * align;
     void* data = std::aligned_alloc(align, rounded);
     if (data == nullptr) throw std::bad_alloc();
+    // Advice only: where the kernel has no transparent huge pages it fails
+    // or is ignored, and the buffer keeps 4 KiB pages.
+    if (align == kHugePage) static_cast<void>(madvise(data, rounded, MADV_HUGEPAGE));
     zero_bytes(data, rounded);
     return data;
   }
