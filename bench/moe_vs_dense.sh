@@ -8,7 +8,7 @@
 #    under torch.compile; without the venv those say SKIPPED.
 # Same threads, AdamW, one rank. Prints tokens/s, MFU over the active FLOPs
 # against meshtrain's measured matmul peak, each side's own peak, and
-# meshtrain MoE / side per round.
+# meshtrain MoE / side per round, by wall time and by process CPU time.
 # usage: bench/moe_vs_dense.sh [rounds=2] [threads=2] [precision=fp32]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,12 +43,14 @@ moe = [r for r in rows if r["side"] == "meshtrain"]
 m_med = statistics.median(r["tokens_per_s"] for r in moe)
 mfu_m = statistics.median(r["mfu"] for r in moe)
 peak_m = moe[0]["peak_gflops"]
+cpu = lambda r: statistics.median(r["step_cpu_ms"])  # process CPU time of a step, both sides
 print(f"{'side':36} {'params':>8} {'median tok/s':>12} {'MFU':>6} {'own peak':>8} {'MFU own':>7} "
-      f"{'MoE / side':>10}  per round")
+      f"{'MoE / side':>10}  per round  {'by CPU time':>11}  per round")
 for side in dict.fromkeys(r["side"] for r in rows):
     rs = [r for r in rows if r["side"] == side]
     med = statistics.median(r["tokens_per_s"] for r in rs)
     ratios = [m["tokens_per_s"] / r["tokens_per_s"] for m, r in zip(moe, rs)]
+    by_cpu = [cpu(r) / cpu(m) for m, r in zip(moe, rs)]
     if side.startswith("meshtrain"):
         mfu = statistics.median(r["mfu"] for r in rs)
     else:  # the MoE's active FLOPs per token: meshtrain's MFU scaled by the rate
@@ -56,9 +58,12 @@ for side in dict.fromkeys(r["side"] for r in rows):
     peak = statistics.median(r["peak_gflops"] for r in rs)
     own = mfu * peak_m / peak
     print(f"{side:36} {rs[0].get('params', 0) / 1e6:7.1f}M {med:12.0f} {mfu:6.1%} {peak:8.0f} "
-          f"{own:7.1%} {statistics.median(ratios):10.2f}  " + " ".join(f"{x:.2f}" for x in ratios))
+          f"{own:7.1%} {statistics.median(ratios):10.2f}  " + " ".join(f"{x:.2f}" for x in ratios) +
+          f"  {statistics.median(by_cpu):11.2f}  " + " ".join(f"{x:.2f}" for x in by_cpu))
 print(f"(MFU: active FLOPs per token {moe[0]['active_flops_per_token']:.3g} for the MoE, against "
       f"meshtrain's measured peak {peak_m:.0f} GFLOP/s; 'own peak': each side's GEMM peak; "
-      f"threads {moe[0]['threads']}, precision {moe[0]['precision']})")
+      f"threads {moe[0]['threads']}, precision {moe[0]['precision']}; 'by CPU time': the side's "
+      f"median process CPU time per step over the MoE's, a second reading: it leaves out the "
+      f"time a process waits for a CPU)")
 PY
 rm -f "$out"
