@@ -66,7 +66,7 @@ std::string mapping_flags(const void* p) {
     uintptr_t lo = 0, hi = 0;
     char dash = 0;
     std::istringstream range(line);
-    if (range >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+    if (range >> std::hex >> lo >> dash >> hi && dash == '-') {  // a mapping's first line
       inside = lo <= at && at < hi;
     } else if (inside && line.rfind("VmFlags:", 0) == 0) {
       return line;

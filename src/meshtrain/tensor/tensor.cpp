@@ -50,7 +50,7 @@ void zero_bytes(void* data, size_t bytes) {
 // the kernel's default THP mode ("madvise") they would otherwise get 4 KiB
 // pages, and the GEMMs' strided reads of cold operands (the experts' weight
 // gradients read dY transposed, a row per page) miss the TLB: the fp32 MoE
-// step ran 4-12% slower (docs/benchmarks.md, "Huge pages").
+// step ran 5-15% slower (docs/benchmarks.md, "Huge pages").
 constexpr size_t kHugePage = size_t{2} << 20;
 
 class HostAllocator final : public Allocator {
