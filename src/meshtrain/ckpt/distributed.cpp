@@ -184,6 +184,8 @@ using Clock = std::chrono::steady_clock;
 const std::regex kStepDir(R"(step_(\d+))");
 // Killed saves' directories and a killed rewrite of `latest` (AtomicFile's temporary).
 const std::regex kLeftover(R"(step_\d+\.(tmp|trash)|latest\.tmp\.\d+)");
+// A killed save's directory: step_<N>.tmp.
+const std::regex kKilledSave(R"((step_(\d+))\.tmp)");
 
 // Sleeps a little longer each time, up to 50 ms.
 struct Poll {
@@ -233,11 +235,30 @@ void remove_dir(const fs::path& dir) {
   }
 }
 
-// Leftovers of killed saves: never read, removed.
+// Leftovers of killed saves: never read, removed. A killed save's step_N.tmp
+// is renamed aside first: a rank that followed its stale open.json may still
+// be writing there, and must find the directory whole or gone. Removed in
+// place, it could see its own file vanish while the stale open.json was still
+// there, take that for a failure of the current save and give up.
 void remove_leftovers(const std::string& out_dir) {
   std::error_code ec;
+  std::vector<fs::path> found;
   for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
-    if (std::regex_match(entry.path().filename().string(), kLeftover)) remove_dir(entry.path());
+    if (std::regex_match(entry.path().filename().string(), kLeftover)) found.push_back(entry.path());
+  }
+  for (const fs::path& path : found) {
+    std::smatch m;
+    const std::string name = path.filename().string();
+    if (std::regex_match(name, m, kKilledSave)) {
+      const fs::path aside = join(out_dir, m[1].str() + ".trash");
+      remove_dir(aside);
+      MESHTRAIN_CHECK_AS(ErrorKind::io, ::rename(path.c_str(), aside.c_str()) == 0 || errno == ENOENT,
+                         "{}: cannot move {} aside: {}", out_dir, name, std::strerror(errno));
+      fault_point("leftover_aside", std::stoll(m[2].str()));
+      remove_dir(aside);
+    } else {
+      remove_dir(path);
+    }
   }
 }
 
