@@ -7,9 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <regex>
 
@@ -319,6 +321,35 @@ TEST(dist_ckpt_recovery, KilledAtEachPointOfTheProtocol) {
     EXPECT_EQ(read_file(out + "/latest"), "step_3\n");
     expect_recoverable(out, l);
   }
+}
+
+// A killed save's directory leaves its name before it is emptied, so a rank
+// that followed its stale open.json finds it whole or gone, never half removed
+// (CI once saw rank 1's file vanish while the stale open.json remained; rank 1
+// took that for a failure of the current save and gave up). Rank 0, killed
+// between the two, leaves it whole under another name.
+TEST(dist_ckpt_recovery, AKilledSavesDirectoryIsMovedAsideBeforeItIsEmptied) {
+  const std::string out = scratch_dir();
+  const Layout l = single_layout(test_tensors(50));  // one rank: no one else writes step_2.tmp
+  const std::string killed = out + "/step_2.tmp";
+  fs::create_directories(killed);
+  write_file(killed + "/open.json", R"({"step": 2, "save_id": "0123456789abcdef"})");
+  constexpr int kFiles = 40;
+  for (int i = 0; i < kFiles; ++i) write_file(fmt::format("{}/junk_{}", killed, i), "junk");
+  const int status = run_child([&] {
+    ::setenv("MESHTRAIN_CKPT_FAULT", "leftover_aside@2", 1);
+    save_loop(out, l, 2, 2);
+  });
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  EXPECT_FALSE(fs::exists(killed)) << "removed in place, not moved aside";
+  const std::string aside = out + "/step_2.trash";
+  ASSERT_TRUE(fs::is_directory(aside));
+  EXPECT_EQ(std::distance(fs::directory_iterator(aside), fs::directory_iterator{}), kFiles + 1);
+  save_loop(out, l, 2, 2);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(out)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_2"}));
 }
 
 }  // namespace

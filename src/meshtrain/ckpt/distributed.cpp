@@ -244,7 +244,9 @@ void remove_leftovers(const std::string& out_dir) {
   std::error_code ec;
   std::vector<fs::path> found;
   for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
-    if (std::regex_match(entry.path().filename().string(), kLeftover)) found.push_back(entry.path());
+    if (std::regex_match(entry.path().filename().string(), kLeftover)) {
+      found.push_back(entry.path());
+    }
   }
   for (const fs::path& path : found) {
     std::smatch m;
@@ -252,7 +254,8 @@ void remove_leftovers(const std::string& out_dir) {
     if (std::regex_match(name, m, kKilledSave)) {
       const fs::path aside = join(out_dir, m[1].str() + ".trash");
       remove_dir(aside);
-      MESHTRAIN_CHECK_AS(ErrorKind::io, ::rename(path.c_str(), aside.c_str()) == 0 || errno == ENOENT,
+      MESHTRAIN_CHECK_AS(ErrorKind::io,
+                         ::rename(path.c_str(), aside.c_str()) == 0 || errno == ENOENT,
                          "{}: cannot move {} aside: {}", out_dir, name, std::strerror(errno));
       fault_point("leftover_aside", std::stoll(m[2].str()));
       remove_dir(aside);
