@@ -337,7 +337,7 @@ TEST(dist_ckpt_recovery, AKilledSavesDirectoryIsMovedAsideBeforeItIsEmptied) {
   constexpr int kFiles = 40;
   for (int i = 0; i < kFiles; ++i) write_file(fmt::format("{}/junk_{}", killed, i), "junk");
   const int status = run_child([&] {
-    ::setenv("MESHTRAIN_CKPT_FAULT", "leftover_aside@2", 1);
+    ::setenv("MESHTRAIN_CKPT_FAULT", "retire@2", 1);
     save_loop(out, l, 2, 2);
   });
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;

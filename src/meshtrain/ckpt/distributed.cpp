@@ -185,7 +185,7 @@ const std::regex kStepDir(R"(step_(\d+))");
 // Killed saves' directories and a killed rewrite of `latest` (AtomicFile's temporary).
 const std::regex kLeftover(R"(step_\d+\.(tmp|trash)|latest\.tmp\.\d+)");
 // A killed save's directory: step_<N>.tmp.
-const std::regex kKilledSave(R"((step_(\d+))\.tmp)");
+const std::regex kKilledSave(R"(step_(\d+)\.tmp)");
 
 // Sleeps a little longer each time, up to 50 ms.
 struct Poll {
@@ -235,32 +235,38 @@ void remove_dir(const fs::path& dir) {
   }
 }
 
+// Removes out_dir/name, a directory of step `step`, by renaming it to
+// step_<step>.trash first (a leftover of that name removed before), so under its own name the directory is whole or
+// gone at every instant: a crash mid-removal leaves nothing that looks
+// committed, and a rank still writing into it never sees it half removed.
+void retire_dir(const std::string& out_dir, const std::string& name, int64_t step) {
+  const std::string aside = join(out_dir, step_name(step) + ".trash");
+  remove_dir(aside);
+  MESHTRAIN_CHECK_AS(ErrorKind::io,
+                     ::rename(join(out_dir, name).c_str(), aside.c_str()) == 0 || errno == ENOENT,
+                     "{}: cannot retire {}: {}", out_dir, name, std::strerror(errno));
+  fault_point("retire", step);
+  remove_dir(aside);
+}
+
 // Leftovers of killed saves: never read, removed. A killed save's step_N.tmp
-// is renamed aside first: a rank that followed its stale open.json may still
-// be writing there, and must find the directory whole or gone. Removed in
-// place, it could see its own file vanish while the stale open.json was still
-// there, take that for a failure of the current save and give up.
+// is retired: a rank that followed its stale open.json may still be writing
+// there. Removed in place, that rank could see its own file vanish while the
+// stale open.json was still there, take that for a failure of the current
+// save and give up.
 void remove_leftovers(const std::string& out_dir) {
   std::error_code ec;
-  std::vector<fs::path> found;
+  std::vector<std::string> found;
   for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
-    if (std::regex_match(entry.path().filename().string(), kLeftover)) {
-      found.push_back(entry.path());
-    }
+    std::string name = entry.path().filename().string();
+    if (std::regex_match(name, kLeftover)) found.push_back(std::move(name));
   }
-  for (const fs::path& path : found) {
+  for (const std::string& name : found) {
     std::smatch m;
-    const std::string name = path.filename().string();
     if (std::regex_match(name, m, kKilledSave)) {
-      const fs::path aside = join(out_dir, m[1].str() + ".trash");
-      remove_dir(aside);
-      MESHTRAIN_CHECK_AS(ErrorKind::io,
-                         ::rename(path.c_str(), aside.c_str()) == 0 || errno == ENOENT,
-                         "{}: cannot move {} aside: {}", out_dir, name, std::strerror(errno));
-      fault_point("leftover_aside", std::stoll(m[2].str()));
-      remove_dir(aside);
+      retire_dir(out_dir, name, std::stoll(m[1].str()));
     } else {
-      remove_dir(path);
+      remove_dir(join(out_dir, name));
     }
   }
 }
@@ -312,23 +318,19 @@ void install(const std::string& tmp, const std::string& final_dir) {
 }
 
 // keep_last: the oldest committed checkpoints beyond `keep`, never the one
-// `latest` names. Renamed to *.trash first, so a crash mid-removal leaves no
-// half-deleted directory that looks committed.
+// `latest` names, retired (retire_dir).
 void apply_retention(const std::string& out_dir, int keep) {
   if (keep <= 0) return;
   const std::string latest = read_latest(out_dir);
-  std::vector<std::string> sharded;
-  for (const auto& [step, name] : committed_steps(out_dir)) {
-    if (is_sharded_checkpoint(join(out_dir, name))) sharded.push_back(name);
+  std::vector<std::pair<int64_t, std::string>> sharded;
+  for (const auto& entry : committed_steps(out_dir)) {
+    if (is_sharded_checkpoint(join(out_dir, entry.second))) sharded.push_back(entry);
   }
   size_t excess = sharded.size() > static_cast<size_t>(keep) ? sharded.size() - keep : 0;
   for (size_t i = 0; i < sharded.size() && excess > 0; ++i) {
-    if (sharded[i] == latest) continue;
-    const std::string trash = join(out_dir, sharded[i] + ".trash");
-    MESHTRAIN_CHECK_AS(ErrorKind::io,
-                       ::rename(join(out_dir, sharded[i]).c_str(), trash.c_str()) == 0,
-                       "{}: cannot retire {}: {}", out_dir, sharded[i], std::strerror(errno));
-    remove_dir(trash);
+    const auto& [step, name] = sharded[i];
+    if (name == latest) continue;
+    retire_dir(out_dir, name, step);
     --excess;
   }
 }
